@@ -1,0 +1,1 @@
+//! kvgate-engine: placeholder, filled in by its issue.

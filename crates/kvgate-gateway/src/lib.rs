@@ -1,0 +1,1 @@
+//! kvgate-gateway: placeholder, filled in by its issue.

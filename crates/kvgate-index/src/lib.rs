@@ -1,0 +1,1 @@
+//! kvgate-index: placeholder, filled in by its issue.

@@ -1,0 +1,1 @@
+//! kvgate-mock: placeholder, filled in by its issue.

@@ -1,0 +1,1 @@
+//! kvgate-policy: placeholder, filled in by its issue.
