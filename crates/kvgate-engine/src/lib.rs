@@ -1,1 +1,67 @@
-//! kvgate-engine: placeholder, filled in by its issue.
+//! kvgate-engine: a pure, clock-injected discrete-event model of one SGLang/vLLM-like serving engine replica.
+//!
+//! The same [`Engine`] runs in the virtual-time simulator and, driven by a real-time task, behind
+//! the simulated engines' HTTP servers (`kvgate-mock`). The crate does no I/O, reads no clock,
+//! spawns no thread and draws no random number (`clippy.toml` enforces it): time is a `u64` of
+//! microseconds passed in by the host, and the same inputs always give the same outputs.
+//!
+//! # The model
+//! - **Scheduler steps.** Each step is a *prefill* step — up to `prefill_chunk_tokens` uncached
+//!   prompt tokens of admitted requests, first-come first-served, a long prompt chunked across
+//!   steps, lasting `tokens / prefill_tokens_per_sec` — or, when no prefill work is pending, a
+//!   *decode* step giving every decoding request one token and lasting
+//!   `decode_base_ms + decode_per_request_ms × batch`. Prefill has priority (SGLang without mixed
+//!   chunking). A request's first token is emitted at the end of the step completing its prefill;
+//!   it then needs `output_tokens - 1` decode steps.
+//! - **KV cache.** Capacity is counted in blocks of `block_size` tokens. A request reserves
+//!   `ceil((prompt + output) / block_size)` blocks at admission, minus the full prompt blocks
+//!   already in the prefix cache (matched by chained block hash, see [`block_hash`]). Admission is
+//!   FIFO and head-of-line: the head waits until fewer than `max_running_requests` run and enough
+//!   blocks are free after evicting unreferenced cached blocks, least recently released first. A
+//!   request that could never fit is rejected at once.
+//! - **Prefix cache.** Cached tokens are the matched blocks' tokens, capped at `prompt - 1` (one
+//!   token is always computed); prefill time depends only on uncached tokens. When prefill
+//!   completes, the prompt's full blocks enter the cache ([`KvEvent::BlockStored`]); when the
+//!   request finishes they become evictable, and its other blocks are freed. Eviction emits
+//!   [`KvEvent::BlockRemoved`].
+//! - **Load.** [`Engine::load`] reports SGLang's `/v1/loads` fields; `token_usage` counts blocks
+//!   held by admitted requests only (evictable cached blocks are free capacity).
+//!
+//! # The tokenizer
+//! One whitespace-separated word is one token; its id is the 32-bit FNV-1a hash of the word's
+//! UTF-8 bytes ([`tokenize`], [`token_id`]). The chat template ([`render_chat`]) renders each
+//! message as `<|role|> content ` in order, then `<|assistant|>`, so successive turns of one
+//! conversation share a prefix.
+//!
+//! # Driving an engine
+//! ```
+//! use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, tokenize};
+//!
+//! let mut engine = Engine::new(EngineConfig::default());
+//! let mut out = Vec::new();
+//! let prompt = tokenize(&"word ".repeat(4096));
+//! engine.submit(0, EngineRequest { id: 1, prompt, output_tokens: 1 }, &mut out);
+//! while let Some(at) = engine.next_event_time() {
+//!     engine.advance(at, &mut out);
+//! }
+//! // Two prefill steps of 2,048 tokens at 8,000 tokens/s.
+//! assert_eq!(out[0], EngineOutput::FirstToken { id: 1, at: 512_000 });
+//! ```
+
+mod blocks;
+mod config;
+mod events;
+mod load;
+mod scheduler;
+mod tokenizer;
+
+pub use config::{ConfigError, EngineConfig};
+pub use events::{EngineOutput, EngineRequest, KvEvent, KvEventBatch, RejectReason, RequestStats};
+pub use load::{EngineLoad, THROUGHPUT_WINDOW_US};
+pub use scheduler::Engine;
+pub use tokenizer::{
+    block_hash, count_tokens, prompt_block_hashes, render_chat, splitmix64, token_id, tokenize,
+};
+
+#[cfg(test)]
+mod tests;

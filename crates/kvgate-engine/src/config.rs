@@ -1,0 +1,193 @@
+//! Engine configuration: the reference replica's parameters as defaults, and validation that reports every problem at once.
+
+use serde::{Deserialize, Serialize};
+
+/// Parameters of one simulated engine replica.
+///
+/// `Default` is the reference replica of `shared/bench/SCENARIOS.md`: 8,000 prefill tokens/s,
+/// 2,048-token prefill chunks, decode steps of 6 ms + 0.35 ms per running request, at most 256
+/// running requests, 262,144 tokens of KV cache in 16-token blocks, prefix cache on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Uncached prompt tokens computed per second of prefill.
+    pub prefill_tokens_per_sec: f64,
+    /// Most uncached prompt tokens computed in one prefill step.
+    pub prefill_chunk_tokens: u32,
+    /// Fixed cost of one decode step, in milliseconds.
+    pub decode_base_ms: f64,
+    /// Added cost of one decode step per request in the batch, in milliseconds.
+    pub decode_per_request_ms: f64,
+    /// Most requests admitted (prefilling or decoding) at once.
+    pub max_running_requests: u32,
+    /// KV cache size in tokens (rounded down to whole blocks).
+    pub kv_capacity_tokens: u64,
+    /// Tokens per KV block (page).
+    pub block_size: u32,
+    /// Reuse the KV blocks of previously computed prompt prefixes.
+    pub prefix_cache: bool,
+    /// Emit `EngineOutput::Token` for every decoded token (switch off in virtual-time simulation).
+    pub emit_token_events: bool,
+    /// Record KV events for `Engine::drain_kv_events` (switch off when nobody consumes them).
+    pub emit_kv_events: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            prefill_tokens_per_sec: 8000.0,
+            prefill_chunk_tokens: 2048,
+            decode_base_ms: 6.0,
+            decode_per_request_ms: 0.35,
+            max_running_requests: 256,
+            kv_capacity_tokens: 262_144,
+            block_size: 16,
+            prefix_cache: true,
+            emit_token_events: true,
+            emit_kv_events: true,
+        }
+    }
+}
+
+/// One invalid configuration field.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("engine config `{field}`: {problem}")]
+pub struct ConfigError {
+    /// The field's name, as in the serialized form.
+    pub field: &'static str,
+    /// What is wrong with its value.
+    pub problem: String,
+}
+
+impl EngineConfig {
+    /// Checks every field; returns all problems found, not only the first.
+    pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
+        let mut errors = Vec::new();
+        let mut check = |ok: bool, field: &'static str, problem: String| {
+            if !ok {
+                errors.push(ConfigError { field, problem });
+            }
+        };
+        check(
+            self.prefill_tokens_per_sec.is_finite() && self.prefill_tokens_per_sec > 0.0,
+            "prefill_tokens_per_sec",
+            format!(
+                "must be a finite number > 0, got {}",
+                self.prefill_tokens_per_sec
+            ),
+        );
+        check(
+            self.prefill_chunk_tokens > 0,
+            "prefill_chunk_tokens",
+            "must be > 0".to_string(),
+        );
+        check(
+            self.decode_base_ms.is_finite() && self.decode_base_ms >= 0.0,
+            "decode_base_ms",
+            format!("must be a finite number >= 0, got {}", self.decode_base_ms),
+        );
+        check(
+            self.decode_per_request_ms.is_finite() && self.decode_per_request_ms >= 0.0,
+            "decode_per_request_ms",
+            format!(
+                "must be a finite number >= 0, got {}",
+                self.decode_per_request_ms
+            ),
+        );
+        check(
+            self.max_running_requests > 0,
+            "max_running_requests",
+            "must be > 0".to_string(),
+        );
+        check(self.block_size > 0, "block_size", "must be > 0".to_string());
+        check(
+            self.kv_capacity_tokens >= u64::from(self.block_size.max(1)),
+            "kv_capacity_tokens",
+            format!(
+                "must hold at least one block of {} tokens, got {}",
+                self.block_size, self.kv_capacity_tokens
+            ),
+        );
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// KV capacity in whole blocks.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.kv_capacity_tokens / u64::from(self.block_size.max(1))
+    }
+
+    /// Duration of a prefill step computing `tokens` uncached tokens, in microseconds (at least 1).
+    pub fn prefill_step_us(&self, tokens: u64) -> u64 {
+        duration_us(tokens as f64 / self.prefill_tokens_per_sec * 1e6)
+    }
+
+    /// Duration of a decode step over `batch` requests, in microseconds (at least 1).
+    pub fn decode_step_us(&self, batch: usize) -> u64 {
+        duration_us((self.decode_base_ms + self.decode_per_request_ms * batch as f64) * 1e3)
+    }
+}
+
+fn duration_us(micros: f64) -> u64 {
+    if micros.is_finite() {
+        (micros.round() as u64).max(1)
+    } else {
+        u64::MAX / 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_reference_replica() {
+        let config = EngineConfig::default();
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.capacity_blocks(), 16_384);
+        assert_eq!(config.prefill_step_us(2048), 256_000);
+        assert_eq!(config.decode_step_us(10), 9_500);
+    }
+
+    #[test]
+    fn validate_reports_every_error() {
+        let config = EngineConfig {
+            prefill_tokens_per_sec: 0.0,
+            prefill_chunk_tokens: 0,
+            decode_base_ms: f64::NAN,
+            decode_per_request_ms: -1.0,
+            max_running_requests: 0,
+            kv_capacity_tokens: 8,
+            block_size: 16,
+            ..EngineConfig::default()
+        };
+        let fields: Vec<_> = config
+            .validate()
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "prefill_tokens_per_sec",
+                "prefill_chunk_tokens",
+                "decode_base_ms",
+                "decode_per_request_ms",
+                "max_running_requests",
+                "kv_capacity_tokens"
+            ]
+        );
+    }
+
+    #[test]
+    fn partial_json_fills_defaults_and_unknown_fields_fail() {
+        let config: EngineConfig = serde_json::from_str(r#"{"block_size": 32}"#).unwrap();
+        assert_eq!(config.block_size, 32);
+        assert_eq!(config.prefill_chunk_tokens, 2048);
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"blocksize": 32}"#).is_err());
+    }
+}

@@ -1,0 +1,153 @@
+//! What goes into and comes out of an engine: requests, per-request outputs and stats, and KV cache events.
+
+use serde::{Deserialize, Serialize};
+
+/// One generation request, already tokenized.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineRequest {
+    /// Caller-chosen id, unique among the engine's live requests.
+    pub id: u64,
+    /// Prompt token ids (see `tokenize`).
+    pub prompt: Vec<u32>,
+    /// Tokens to generate; 0 is treated as 1.
+    pub output_tokens: u32,
+}
+
+/// Timing and token counts of one finished request. Times are the caller's microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestStats {
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache (not prefilled).
+    pub cached_tokens: u32,
+    pub completion_tokens: u32,
+    pub arrival_us: u64,
+    pub admitted_us: u64,
+    pub first_token_us: u64,
+    pub finished_us: u64,
+}
+
+impl RequestStats {
+    /// Time to first token: `first_token_us - arrival_us`.
+    pub fn ttft_us(&self) -> u64 {
+        self.first_token_us.saturating_sub(self.arrival_us)
+    }
+
+    /// End-to-end latency: `finished_us - arrival_us`.
+    pub fn latency_us(&self) -> u64 {
+        self.finished_us.saturating_sub(self.arrival_us)
+    }
+}
+
+/// Why a request was refused at submission.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("a request with this id is already in the engine")]
+    DuplicateId,
+    #[error(
+        "the request needs {required_tokens} KV tokens (prompt + output) but the KV cache holds {capacity_tokens}"
+    )]
+    ExceedsKvCapacity {
+        required_tokens: u64,
+        capacity_tokens: u64,
+    },
+}
+
+/// An event for the host, emitted by `Engine::submit` and `Engine::advance` in time order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineOutput {
+    /// The request's prefill completed and its first token was produced.
+    FirstToken { id: u64, at: u64 },
+    /// One more token (the 2nd and later); only with `emit_token_events`.
+    Token { id: u64, at: u64 },
+    /// The request produced its last token; its blocks were released.
+    Finished { id: u64, stats: RequestStats },
+    /// The request was refused at submission and never entered the engine.
+    Rejected { id: u64, reason: RejectReason },
+}
+
+impl EngineOutput {
+    /// The request this output concerns.
+    pub fn id(&self) -> u64 {
+        match self {
+            Self::FirstToken { id, .. }
+            | Self::Token { id, .. }
+            | Self::Finished { id, .. }
+            | Self::Rejected { id, .. } => *id,
+        }
+    }
+}
+
+/// A change to the prefix cache, in the shape of vLLM's KV events.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvEvent {
+    /// Consecutive blocks of one prompt were stored; `block_hashes[0]` chains on `parent_block_hash`.
+    BlockStored {
+        block_hashes: Vec<u64>,
+        parent_block_hash: Option<u64>,
+        /// Tokens of all stored blocks, `block_size` per block.
+        token_ids: Vec<u32>,
+        block_size: u32,
+    },
+    /// Blocks were evicted from the prefix cache.
+    BlockRemoved { block_hashes: Vec<u64> },
+    /// The whole prefix cache was cleared.
+    AllBlocksCleared,
+}
+
+/// KV events that happened at one instant, numbered in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEventBatch {
+    /// Strictly increasing from 0 within one engine.
+    pub seq: u64,
+    pub timestamp_us: u64,
+    pub events: Vec<KvEvent>,
+}
+
+/// Collects the KV events of one instant and numbers them into batches for the host.
+#[derive(Debug)]
+pub(crate) struct KvEventLog {
+    enabled: bool,
+    pending: Vec<KvEvent>,
+    batches: Vec<KvEventBatch>,
+    next_seq: u64,
+}
+
+impl KvEventLog {
+    pub(crate) fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            pending: Vec::new(),
+            batches: Vec::new(),
+            next_seq: 0,
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub(crate) fn push(&mut self, event: KvEvent) {
+        if self.enabled {
+            self.pending.push(event);
+        }
+    }
+
+    /// Closes the events pushed since the last flush into one batch stamped `at_us`.
+    pub(crate) fn flush(&mut self, at_us: u64) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.batches.push(KvEventBatch {
+            seq: self.next_seq,
+            timestamp_us: at_us,
+            events: std::mem::take(&mut self.pending),
+        });
+        self.next_seq += 1;
+    }
+
+    pub(crate) fn drain(&mut self) -> Vec<KvEventBatch> {
+        std::mem::take(&mut self.batches)
+    }
+}

@@ -1,0 +1,596 @@
+//! The engine: FIFO admission against the KV pool, chunked prefill with priority over batched decode, and the request lifecycle, advanced by an injected clock.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use crate::blocks::BlockPool;
+use crate::config::EngineConfig;
+use crate::events::{
+    EngineOutput, EngineRequest, KvEvent, KvEventBatch, KvEventLog, RejectReason, RequestStats,
+};
+use crate::load::{EngineLoad, ThroughputWindow};
+use crate::tokenizer::prompt_block_hashes;
+
+/// A discrete-event model of one serving engine replica.
+///
+/// Time is the caller's: `u64` microseconds since any epoch, never decreasing between calls.
+/// The host submits requests, asks `next_event_time` when the running scheduler step ends, and
+/// calls `advance` at (or after) that time; both append `EngineOutput`s in time order.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    pool: BlockPool,
+    slots: Vec<Option<Request>>,
+    free_slots: Vec<usize>,
+    slot_by_id: BTreeMap<u64, usize>,
+    waiting: VecDeque<usize>,
+    prefilling: VecDeque<usize>,
+    decoding: Vec<usize>,
+    /// (decode step at which the request's last token is produced, id, slot), earliest first.
+    finish_queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    /// Decode steps completed so far.
+    decode_steps: u64,
+    step: Option<Step>,
+    /// The chunks of the running prefill step (a reused buffer).
+    prefill_work: Vec<PrefillChunk>,
+    /// Set when admission may have become possible (a submit, a release, a cache store).
+    admission_pending: bool,
+    kv_events: KvEventLog,
+    evicted: Vec<u64>,
+    throughput: ThroughputWindow,
+    waiting_uncached_tokens: u64,
+    admitted_prefill_tokens: u64,
+    total_prompt_tokens: u64,
+    total_cached_tokens: u64,
+    total_generated_tokens: u64,
+}
+
+#[derive(Debug)]
+struct Request {
+    id: u64,
+    /// Kept until prefill completes (for `BlockStored` token ids), then dropped.
+    prompt: Vec<u32>,
+    prompt_len: u32,
+    output_tokens: u32,
+    /// Hashes of the prompt's full blocks (empty without prefix cache).
+    block_hashes: Vec<u64>,
+    total_blocks: u64,
+    /// Blocks held outside the cache.
+    private_blocks: u64,
+    /// `block_hashes[..referenced_blocks]` are cached blocks this request references.
+    referenced_blocks: usize,
+    cached_tokens: u32,
+    /// Uncached tokens estimated at submission (counted in `waiting_uncached_tokens`).
+    uncached_estimate: u32,
+    arrival_us: u64,
+    admitted_us: u64,
+    first_token_us: u64,
+    phase: Phase,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Prefilling {
+        remaining: u32,
+    },
+    Decoding {
+        /// Decode step at which the last token is produced.
+        finish_step: u64,
+        /// Index in `Engine::decoding`.
+        position: usize,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    start_us: u64,
+    end_us: u64,
+    kind: StepKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StepKind {
+    Prefill,
+    Decode,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PrefillChunk {
+    slot: usize,
+    id: u64,
+    tokens: u32,
+}
+
+impl Engine {
+    /// An idle engine with an empty cache. The config should have passed `validate()`;
+    /// zero-valued fields are clamped so the engine still makes progress.
+    pub fn new(config: EngineConfig) -> Self {
+        let config = EngineConfig {
+            block_size: config.block_size.max(1),
+            prefill_chunk_tokens: config.prefill_chunk_tokens.max(1),
+            max_running_requests: config.max_running_requests.max(1),
+            ..config
+        };
+        Self {
+            pool: BlockPool::new(config.capacity_blocks()),
+            kv_events: KvEventLog::new(config.emit_kv_events),
+            config,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            slot_by_id: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            prefilling: VecDeque::new(),
+            decoding: Vec::new(),
+            finish_queue: BinaryHeap::new(),
+            decode_steps: 0,
+            step: None,
+            prefill_work: Vec::new(),
+            admission_pending: false,
+            evicted: Vec::new(),
+            throughput: ThroughputWindow::default(),
+            waiting_uncached_tokens: 0,
+            admitted_prefill_tokens: 0,
+            total_prompt_tokens: 0,
+            total_cached_tokens: 0,
+            total_generated_tokens: 0,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// When the running scheduler step ends; `None` when the engine is idle.
+    pub fn next_event_time(&self) -> Option<u64> {
+        self.step.map(|step| step.end_us)
+    }
+
+    /// Requests in the engine (queued or admitted).
+    pub fn num_requests(&self) -> usize {
+        self.slot_by_id.len()
+    }
+
+    /// Advances to `now`, then queues `request`. A request that can never fit is answered at
+    /// once with `EngineOutput::Rejected`. An idle engine starts a step at `now`; otherwise the
+    /// request is considered when the running step ends (requests arriving at the same instant
+    /// as a step's start join that step).
+    pub fn submit(&mut self, now: u64, request: EngineRequest, out: &mut Vec<EngineOutput>) {
+        self.advance(now, out);
+        let EngineRequest {
+            id,
+            prompt,
+            output_tokens,
+        } = request;
+        let output_tokens = output_tokens.max(1);
+        let block_size = u64::from(self.config.block_size);
+        let required_tokens = prompt.len() as u64 + u64::from(output_tokens);
+        let total_blocks = required_tokens.div_ceil(block_size);
+        let reject = if prompt.is_empty() {
+            Some(RejectReason::EmptyPrompt)
+        } else if self.slot_by_id.contains_key(&id) {
+            Some(RejectReason::DuplicateId)
+        } else if total_blocks > self.pool.capacity_blocks() || prompt.len() > u32::MAX as usize {
+            Some(RejectReason::ExceedsKvCapacity {
+                required_tokens,
+                capacity_tokens: self.pool.capacity_blocks() * block_size,
+            })
+        } else {
+            None
+        };
+        if let Some(reason) = reject {
+            out.push(EngineOutput::Rejected { id, reason });
+            return;
+        }
+        let prompt_len = prompt.len() as u32;
+        let block_hashes = if self.config.prefix_cache {
+            prompt_block_hashes(&prompt, self.config.block_size as usize)
+        } else {
+            Vec::new()
+        };
+        let matched = self.pool.match_prefix(&block_hashes);
+        let uncached_estimate = prompt_len - self.cached_tokens_for(matched, prompt_len);
+        self.waiting_uncached_tokens += u64::from(uncached_estimate);
+        let request = Request {
+            id,
+            prompt,
+            prompt_len,
+            output_tokens,
+            block_hashes,
+            total_blocks,
+            private_blocks: 0,
+            referenced_blocks: 0,
+            cached_tokens: 0,
+            uncached_estimate,
+            arrival_us: now,
+            admitted_us: 0,
+            first_token_us: 0,
+            phase: Phase::Waiting,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(request);
+                slot
+            }
+            None => {
+                self.slots.push(Some(request));
+                self.slots.len() - 1
+            }
+        };
+        self.slot_by_id.insert(id, slot);
+        self.waiting.push_back(slot);
+        self.admission_pending = true;
+        // An idle engine starts at once; a step that started at this very instant is planned
+        // again so that simultaneous arrivals share it (nothing of it has run yet).
+        if self.step.is_none_or(|step| step.start_us == now) {
+            self.step = None;
+            self.schedule(now);
+        }
+    }
+
+    /// Completes every scheduler step that ends at or before `now`, appending their outputs.
+    pub fn advance(&mut self, now: u64, out: &mut Vec<EngineOutput>) {
+        while let Some(step) = self.step {
+            if step.end_us > now {
+                break;
+            }
+            self.step = None;
+            match step.kind {
+                StepKind::Prefill => self.complete_prefill(step.end_us, out),
+                StepKind::Decode => self.complete_decode(step.end_us, out),
+            }
+            self.schedule(step.end_us);
+        }
+    }
+
+    /// Drops request `id` (client disconnect), releasing its blocks. Emits nothing; returns
+    /// whether the request was in the engine. A step already running still takes its time.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        let Some(slot) = self.slot_by_id.remove(&id) else {
+            return false;
+        };
+        let request = self.slots[slot].take().expect("indexed slots are live");
+        self.free_slots.push(slot);
+        match request.phase {
+            Phase::Waiting => {
+                remove_value(&mut self.waiting, slot);
+                self.waiting_uncached_tokens -= u64::from(request.uncached_estimate);
+                self.admission_pending = true;
+                return true;
+            }
+            Phase::Prefilling { remaining } => {
+                remove_value(&mut self.prefilling, slot);
+                self.admitted_prefill_tokens -= u64::from(remaining);
+            }
+            Phase::Decoding { position, .. } => self.remove_from_decoding(position),
+        }
+        self.pool.release(
+            &request.block_hashes[..request.referenced_blocks],
+            request.private_blocks,
+        );
+        self.admission_pending = true;
+        true
+    }
+
+    /// KV event batches recorded since the last drain, oldest first.
+    pub fn drain_kv_events(&mut self) -> Vec<KvEventBatch> {
+        self.kv_events.drain()
+    }
+
+    /// Clears the prefix cache (emitting `AllBlocksCleared`) if no cached block is in use;
+    /// returns whether it did.
+    pub fn reset_prefix_cache(&mut self, now: u64) -> bool {
+        if !self.pool.clear_if_unreferenced() {
+            return false;
+        }
+        self.kv_events.push(KvEvent::AllBlocksCleared);
+        self.kv_events.flush(now);
+        true
+    }
+
+    /// A load snapshot at `now` (call after `advance(now)` for an up-to-date view).
+    pub fn load(&self, now: u64) -> EngineLoad {
+        let block_size = u64::from(self.config.block_size);
+        let capacity_blocks = self.pool.capacity_blocks();
+        let used_blocks = self.pool.used_blocks();
+        EngineLoad {
+            num_running_reqs: (self.prefilling.len() + self.decoding.len()) as u64,
+            num_waiting_reqs: self.waiting.len() as u64,
+            num_waiting_uncached_tokens: self.waiting_uncached_tokens,
+            num_pending_prefill_tokens: self.waiting_uncached_tokens + self.admitted_prefill_tokens,
+            num_used_tokens: used_blocks * block_size,
+            max_total_num_tokens: capacity_blocks * block_size,
+            token_usage: if capacity_blocks == 0 {
+                0.0
+            } else {
+                used_blocks as f64 / capacity_blocks as f64
+            },
+            gen_throughput: self.throughput.rate(now),
+            cache_hit_rate: if self.total_prompt_tokens == 0 {
+                0.0
+            } else {
+                self.total_cached_tokens as f64 / self.total_prompt_tokens as f64
+            },
+            max_running_requests: u64::from(self.config.max_running_requests),
+            total_prompt_tokens: self.total_prompt_tokens,
+            total_cached_tokens: self.total_cached_tokens,
+            total_generated_tokens: self.total_generated_tokens,
+            num_evictable_blocks: self.pool.evictable_blocks(),
+        }
+    }
+
+    /// Cached prompt tokens for `matched` full cached blocks: at least one token is computed.
+    fn cached_tokens_for(&self, matched: usize, prompt_len: u32) -> u32 {
+        let matched_tokens = matched as u64 * u64::from(self.config.block_size);
+        matched_tokens.min(u64::from(prompt_len.saturating_sub(1))) as u32
+    }
+
+    fn running(&self) -> usize {
+        self.prefilling.len() + self.decoding.len()
+    }
+
+    /// Admits what fits, then starts the next step at `at_us` (prefill first, else decode).
+    fn schedule(&mut self, at_us: u64) {
+        if self.admission_pending {
+            self.admit(at_us);
+        }
+        self.kv_events.flush(at_us);
+        if !self.prefilling.is_empty() {
+            self.prefill_work.clear();
+            let mut budget = self.config.prefill_chunk_tokens;
+            let mut step_tokens = 0u64;
+            for &slot in &self.prefilling {
+                let request = self.slots[slot]
+                    .as_ref()
+                    .expect("prefilling slots are live");
+                let Phase::Prefilling { remaining } = request.phase else {
+                    unreachable!("the prefilling queue holds prefilling requests");
+                };
+                let tokens = remaining.min(budget);
+                self.prefill_work.push(PrefillChunk {
+                    slot,
+                    id: request.id,
+                    tokens,
+                });
+                budget -= tokens;
+                step_tokens += u64::from(tokens);
+                if budget == 0 {
+                    break;
+                }
+            }
+            self.step = Some(Step {
+                start_us: at_us,
+                end_us: at_us + self.config.prefill_step_us(step_tokens),
+                kind: StepKind::Prefill,
+            });
+        } else if !self.decoding.is_empty() {
+            self.step = Some(Step {
+                start_us: at_us,
+                end_us: at_us + self.config.decode_step_us(self.decoding.len()),
+                kind: StepKind::Decode,
+            });
+        }
+    }
+
+    /// Admits queued requests head-of-line while a running slot and their blocks are available.
+    fn admit(&mut self, at_us: u64) {
+        self.admission_pending = false;
+        let max_running = self.config.max_running_requests as usize;
+        while let Some(&slot) = self.waiting.front() {
+            if self.running() >= max_running {
+                break;
+            }
+            let request = self.slots[slot].as_ref().expect("waiting slots are live");
+            let matched = self.pool.match_prefix(&request.block_hashes);
+            let new_blocks = request.total_blocks - matched as u64;
+            self.evicted.clear();
+            if !self.pool.try_allocate(
+                &request.block_hashes[..matched],
+                new_blocks,
+                &mut self.evicted,
+            ) {
+                break;
+            }
+            if !self.evicted.is_empty() && self.kv_events.enabled() {
+                self.kv_events.push(KvEvent::BlockRemoved {
+                    block_hashes: self.evicted.clone(),
+                });
+            }
+            let cached_tokens = self.cached_tokens_for(matched, request.prompt_len);
+            let request = self.slots[slot].as_mut().expect("waiting slots are live");
+            let remaining = request.prompt_len - cached_tokens;
+            request.cached_tokens = cached_tokens;
+            request.referenced_blocks = matched;
+            request.private_blocks = new_blocks;
+            request.admitted_us = at_us;
+            request.phase = Phase::Prefilling { remaining };
+            self.waiting_uncached_tokens -= u64::from(request.uncached_estimate);
+            self.admitted_prefill_tokens += u64::from(remaining);
+            self.total_prompt_tokens += u64::from(request.prompt_len);
+            self.total_cached_tokens += u64::from(cached_tokens);
+            self.waiting.pop_front();
+            self.prefilling.push_back(slot);
+        }
+    }
+
+    fn complete_prefill(&mut self, at_us: u64, out: &mut Vec<EngineOutput>) {
+        let work = std::mem::take(&mut self.prefill_work);
+        let mut first_tokens = 0;
+        for chunk in &work {
+            let Some(request) = self.slots[chunk.slot].as_mut() else {
+                continue; // cancelled during the step
+            };
+            let Phase::Prefilling { remaining } = &mut request.phase else {
+                continue; // cancelled, and the slot reused by a queued request
+            };
+            if request.id != chunk.id {
+                continue;
+            }
+            *remaining -= chunk.tokens;
+            self.admitted_prefill_tokens -= u64::from(chunk.tokens);
+            if *remaining == 0 {
+                first_tokens += 1;
+                self.finish_prefill(chunk.slot, at_us, out);
+            }
+        }
+        self.prefill_work = work;
+        while let Some(&slot) = self.prefilling.front() {
+            match &self.slots[slot] {
+                Some(request) if matches!(request.phase, Phase::Prefilling { .. }) => break,
+                _ => {
+                    self.prefilling.pop_front();
+                }
+            }
+        }
+        self.total_generated_tokens += first_tokens;
+        self.throughput.record(at_us, first_tokens);
+    }
+
+    /// The request's prefill is done: emit its first token, cache its prompt blocks, and move
+    /// it to decoding (or finish it).
+    fn finish_prefill(&mut self, slot: usize, at_us: u64, out: &mut Vec<EngineOutput>) {
+        let block_size = self.config.block_size as usize;
+        let request = self.slots[slot].as_mut().expect("checked by the caller");
+        request.first_token_us = at_us;
+        out.push(EngineOutput::FirstToken {
+            id: request.id,
+            at: at_us,
+        });
+        let n_full = request.block_hashes.len();
+        let mut run_start = None;
+        for index in request.referenced_blocks..=n_full {
+            let inserted = index < n_full && self.pool.store(request.block_hashes[index]);
+            match (inserted, run_start) {
+                (true, None) => run_start = Some(index),
+                (false, Some(start)) => {
+                    run_start = None;
+                    if self.kv_events.enabled() {
+                        self.kv_events.push(KvEvent::BlockStored {
+                            block_hashes: request.block_hashes[start..index].to_vec(),
+                            parent_block_hash: start
+                                .checked_sub(1)
+                                .map(|p| request.block_hashes[p]),
+                            token_ids: request.prompt[start * block_size..index * block_size]
+                                .to_vec(),
+                            block_size: block_size as u32,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        request.private_blocks -= (n_full - request.referenced_blocks) as u64;
+        request.referenced_blocks = n_full;
+        request.prompt = Vec::new();
+        self.admission_pending = true;
+        if request.output_tokens == 1 {
+            self.finish(slot, at_us, out);
+            return;
+        }
+        let finish_step = self.decode_steps + u64::from(request.output_tokens) - 1;
+        request.phase = Phase::Decoding {
+            finish_step,
+            position: self.decoding.len(),
+        };
+        self.finish_queue
+            .push(Reverse((finish_step, request.id, slot)));
+        self.decoding.push(slot);
+    }
+
+    fn complete_decode(&mut self, at_us: u64, out: &mut Vec<EngineOutput>) {
+        self.decode_steps += 1;
+        let batch = self.decoding.len() as u64;
+        self.total_generated_tokens += batch;
+        self.throughput.record(at_us, batch);
+        if self.config.emit_token_events {
+            out.extend(self.decoding.iter().map(|&slot| {
+                EngineOutput::Token {
+                    id: self.slots[slot]
+                        .as_ref()
+                        .expect("decoding slots are live")
+                        .id,
+                    at: at_us,
+                }
+            }));
+        }
+        while let Some(&Reverse((finish_step, id, slot))) = self.finish_queue.peek() {
+            if finish_step > self.decode_steps {
+                break;
+            }
+            self.finish_queue.pop();
+            let current = self.slots[slot].as_ref().is_some_and(|request| {
+                request.id == id
+                    && matches!(request.phase, Phase::Decoding { finish_step: f, .. } if f == finish_step)
+            });
+            if current {
+                self.finish(slot, at_us, out);
+            }
+        }
+    }
+
+    /// The request produced its last token: release its blocks and report its stats.
+    fn finish(&mut self, slot: usize, at_us: u64, out: &mut Vec<EngineOutput>) {
+        let request = self.slots[slot].take().expect("finishing slots are live");
+        self.free_slots.push(slot);
+        self.slot_by_id.remove(&request.id);
+        if let Phase::Decoding { position, .. } = request.phase {
+            self.remove_from_decoding(position);
+        }
+        self.pool.release(
+            &request.block_hashes[..request.referenced_blocks],
+            request.private_blocks,
+        );
+        self.admission_pending = true;
+        out.push(EngineOutput::Finished {
+            id: request.id,
+            stats: RequestStats {
+                prompt_tokens: request.prompt_len,
+                cached_tokens: request.cached_tokens,
+                completion_tokens: request.output_tokens,
+                arrival_us: request.arrival_us,
+                admitted_us: request.admitted_us,
+                first_token_us: request.first_token_us,
+                finished_us: at_us,
+            },
+        });
+    }
+
+    fn remove_from_decoding(&mut self, position: usize) {
+        self.decoding.swap_remove(position);
+        if let Some(&moved) = self.decoding.get(position) {
+            if let Some(Request {
+                phase: Phase::Decoding { position: p, .. },
+                ..
+            }) = self.slots[moved].as_mut()
+            {
+                *p = position;
+            }
+        }
+    }
+
+    /// Panics if internal accounting is inconsistent (tests only).
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        self.pool.check_invariants();
+        let load = self.load(0);
+        assert!((0.0..=1.0).contains(&load.token_usage), "{load:?}");
+        assert!(self.running() <= self.config.max_running_requests as usize);
+        assert_eq!(
+            self.slot_by_id.len(),
+            self.waiting.len() + self.prefilling.len() + self.decoding.len()
+        );
+        for (position, &slot) in self.decoding.iter().enumerate() {
+            let phase = self.slots[slot].as_ref().unwrap().phase;
+            assert!(matches!(phase, Phase::Decoding { position: p, .. } if p == position));
+        }
+        if !self.slot_by_id.is_empty() {
+            assert!(self.step.is_some(), "live requests but no running step");
+        }
+    }
+}
+
+fn remove_value(queue: &mut VecDeque<usize>, value: usize) {
+    if let Some(index) = queue.iter().position(|&v| v == value) {
+        queue.remove(index);
+    }
+}

@@ -1,0 +1,507 @@
+//! Behaviour tests of the whole engine: timing, prefix reuse, eviction, queueing, events, determinism.
+
+use proptest::prelude::*;
+
+use crate::*;
+
+/// Distinct tokens: `n` tokens starting at `start` (two prompts with different starts share nothing).
+fn tokens(start: u32, n: u32) -> Vec<u32> {
+    (start..start + n).collect()
+}
+
+fn request(id: u64, prompt: Vec<u32>, output_tokens: u32) -> EngineRequest {
+    EngineRequest {
+        id,
+        prompt,
+        output_tokens,
+    }
+}
+
+/// Everything an engine emitted for a workload.
+#[derive(Debug, Default, PartialEq)]
+struct Trace {
+    outputs: Vec<EngineOutput>,
+    kv_batches: Vec<KvEventBatch>,
+}
+
+impl Trace {
+    fn stats(&self, id: u64) -> RequestStats {
+        self.outputs
+            .iter()
+            .find_map(|output| match output {
+                EngineOutput::Finished { id: i, stats } if *i == id => Some(*stats),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("request {id} did not finish: {:?}", self.outputs))
+    }
+
+    fn events(&self) -> impl Iterator<Item = &KvEvent> {
+        self.kv_batches.iter().flat_map(|batch| &batch.events)
+    }
+}
+
+/// One step of a test workload.
+#[derive(Clone, Debug)]
+enum Action {
+    Submit(u64, EngineRequest),
+    Cancel(u64, u64),
+}
+
+impl Action {
+    fn at(&self) -> u64 {
+        match self {
+            Action::Submit(at, _) | Action::Cancel(at, _) => *at,
+        }
+    }
+}
+
+/// Replays `actions` (sorted by time) against a fresh engine, runs it until idle, and checks
+/// invariants after every call.
+fn simulate(config: EngineConfig, actions: Vec<Action>) -> (Engine, Trace) {
+    let mut engine = Engine::new(config);
+    let mut trace = Trace::default();
+    for action in actions {
+        while let Some(at) = engine.next_event_time().filter(|&at| at <= action.at()) {
+            engine.advance(at, &mut trace.outputs);
+            engine.check_invariants();
+        }
+        match action {
+            Action::Submit(at, request) => engine.submit(at, request, &mut trace.outputs),
+            Action::Cancel(_, id) => {
+                engine.cancel(id);
+            }
+        }
+        engine.check_invariants();
+        trace.kv_batches.extend(engine.drain_kv_events());
+    }
+    while let Some(at) = engine.next_event_time() {
+        engine.advance(at, &mut trace.outputs);
+        engine.check_invariants();
+        trace.kv_batches.extend(engine.drain_kv_events());
+    }
+    (engine, trace)
+}
+
+fn submits(requests: Vec<(u64, EngineRequest)>) -> Vec<Action> {
+    requests
+        .into_iter()
+        .map(|(at, request)| Action::Submit(at, request))
+        .collect()
+}
+
+/// A small pool for eviction and queueing cases: 8 blocks of 4 tokens.
+fn small_config() -> EngineConfig {
+    EngineConfig {
+        kv_capacity_tokens: 32,
+        block_size: 4,
+        ..EngineConfig::default()
+    }
+}
+
+#[test]
+fn hand_computed_timing_for_one_request() {
+    let (_, trace) = simulate(
+        EngineConfig::default(),
+        submits(vec![(1_000, request(7, tokens(0, 4096), 3))]),
+    );
+    // 2 prefill steps of 2,048 tokens at 8,000 tokens/s = 512 ms, then 2 decode steps of
+    // 6 ms + 0.35 ms x 1 = 6.35 ms each.
+    assert_eq!(
+        trace.outputs,
+        [
+            EngineOutput::FirstToken { id: 7, at: 513_000 },
+            EngineOutput::Token { id: 7, at: 519_350 },
+            EngineOutput::Token { id: 7, at: 525_700 },
+            EngineOutput::Finished {
+                id: 7,
+                stats: RequestStats {
+                    prompt_tokens: 4096,
+                    cached_tokens: 0,
+                    completion_tokens: 3,
+                    arrival_us: 1_000,
+                    admitted_us: 1_000,
+                    first_token_us: 513_000,
+                    finished_us: 525_700,
+                },
+            },
+        ]
+    );
+    assert_eq!(trace.stats(7).ttft_us(), 512_000);
+}
+
+#[test]
+fn ttft_grows_with_uncached_prompt_length() {
+    let ttft = |n| {
+        let (_, trace) = simulate(
+            EngineConfig::default(),
+            submits(vec![(0, request(1, tokens(0, n), 1))]),
+        );
+        trace.stats(1).ttft_us()
+    };
+    let ttfts: Vec<u64> = [100, 1000, 2048, 3000, 9000]
+        .into_iter()
+        .map(ttft)
+        .collect();
+    assert_eq!(ttfts, [12_500, 125_000, 256_000, 375_000, 1_125_000]);
+}
+
+#[test]
+fn repeated_prefix_is_cached_and_prefills_faster() {
+    let prompt = tokens(0, 4096);
+    let mut shares_half = tokens(0, 2048);
+    shares_half.extend(tokens(100_000, 2048));
+    let (engine, trace) = simulate(
+        EngineConfig::default(),
+        submits(vec![
+            (0, request(1, prompt.clone(), 1)),
+            (1_000_000, request(2, prompt, 1)),
+            (2_000_000, request(3, shares_half, 1)),
+        ]),
+    );
+    assert_eq!(trace.stats(1).cached_tokens, 0);
+    // Fully cached: every block matches, but the last token is always computed.
+    assert_eq!(trace.stats(2).cached_tokens, 4095);
+    assert_eq!(trace.stats(2).ttft_us(), 125);
+    assert_eq!(trace.stats(3).cached_tokens, 2048);
+    assert_eq!(trace.stats(3).ttft_us(), 256_000);
+    let load = engine.load(3_000_000);
+    assert_eq!(load.total_prompt_tokens, 3 * 4096);
+    assert_eq!(load.total_cached_tokens, 4095 + 2048);
+    assert!((load.cache_hit_rate - 6143.0 / 12288.0).abs() < 1e-12);
+}
+
+#[test]
+fn prefix_cache_off_caches_nothing() {
+    let config = EngineConfig {
+        prefix_cache: false,
+        ..EngineConfig::default()
+    };
+    let (_, trace) = simulate(
+        config,
+        submits(vec![
+            (0, request(1, tokens(0, 512), 1)),
+            (1_000_000, request(2, tokens(0, 512), 1)),
+        ]),
+    );
+    assert_eq!(trace.stats(2).cached_tokens, 0);
+    assert!(trace.kv_batches.is_empty());
+}
+
+#[test]
+fn lru_evicts_oldest_unreferenced_prefix_first() {
+    let a = tokens(0, 8);
+    let b = tokens(1_000, 8);
+    let c = tokens(2_000, 20);
+    let a_hashes = prompt_block_hashes(&a, 4);
+    let (_, trace) = simulate(
+        small_config(),
+        submits(vec![
+            (0, request(1, a.clone(), 1)),         // 3 blocks; leaves A's 2 cached
+            (1_000_000, request(2, b.clone(), 1)), // leaves B's 2 cached
+            (2_000_000, request(3, c, 1)),         // needs 6 of 8: evicts A (oldest)
+            (3_000_000, request(4, b, 1)),
+            (4_000_000, request(5, a, 1)),
+        ]),
+    );
+    let removed: Vec<&Vec<u64>> = trace
+        .events()
+        .filter_map(|event| match event {
+            KvEvent::BlockRemoved { block_hashes } => Some(block_hashes),
+            _ => None,
+        })
+        .collect();
+    // A's tail is released (and evicted) before its head.
+    assert_eq!(removed[0], &vec![a_hashes[1], a_hashes[0]]);
+    assert_eq!(trace.stats(4).cached_tokens, 7);
+    assert_eq!(trace.stats(5).cached_tokens, 0);
+}
+
+#[test]
+fn blocks_in_use_are_not_evicted() {
+    // A holds its 2 prompt blocks while decoding; B needs all free blocks but may not take A's.
+    let (_, trace) = simulate(
+        small_config(),
+        submits(vec![
+            (0, request(1, tokens(0, 8), 10)),       // 5 blocks, long decode
+            (10_000, request(2, tokens(500, 8), 6)), // 4 blocks: must wait for A
+        ]),
+    );
+    let a = trace.stats(1);
+    let b = trace.stats(2);
+    assert_eq!(b.admitted_us, a.finished_us);
+    assert!(!trace
+        .events()
+        .any(|e| matches!(e, KvEvent::BlockRemoved { .. })));
+}
+
+#[test]
+fn request_waits_when_kv_is_full_and_is_admitted_after_another_finishes() {
+    let mut engine = Engine::new(small_config());
+    let mut out = Vec::new();
+    // A needs ceil((20 + 10) / 4) = 8 blocks: the whole cache.
+    engine.submit(0, request(1, tokens(0, 20), 10), &mut out);
+    engine.submit(0, request(2, tokens(100, 4), 1), &mut out);
+    let load = engine.load(0);
+    assert_eq!((load.num_running_reqs, load.num_waiting_reqs), (1, 1));
+    assert_eq!(load.num_waiting_uncached_tokens, 4);
+    assert_eq!(load.token_usage, 1.0);
+    while let Some(at) = engine.next_event_time() {
+        engine.advance(at, &mut out);
+    }
+    let finished: Vec<RequestStats> = out
+        .iter()
+        .filter_map(|o| match o {
+            EngineOutput::Finished { stats, .. } => Some(*stats),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished.len(), 2);
+    assert_eq!(finished[1].admitted_us, finished[0].finished_us);
+    assert_eq!(engine.load(u64::MAX / 2).token_usage, 0.0);
+}
+
+#[test]
+fn max_running_requests_queues_the_rest() {
+    let config = EngineConfig {
+        max_running_requests: 2,
+        ..EngineConfig::default()
+    };
+    let (_, trace) = simulate(
+        config,
+        submits(
+            (1..=3)
+                .map(|id| (0, request(id, tokens(id as u32 * 1000, 16), 4)))
+                .collect(),
+        ),
+    );
+    assert_eq!(trace.stats(1).admitted_us, 0);
+    assert_eq!(trace.stats(2).admitted_us, 0);
+    assert_eq!(trace.stats(3).admitted_us, trace.stats(1).finished_us);
+}
+
+#[test]
+fn prefill_is_chunked_fifo_and_has_priority_over_decode() {
+    let (_, trace) = simulate(
+        EngineConfig::default(),
+        submits(vec![
+            (0, request(1, tokens(0, 3000), 2)),
+            (0, request(2, tokens(10_000, 1000), 2)),
+        ]),
+    );
+    // Step 1: 2048 of A (256 ms). Step 2: 952 of A + 1000 of B (244 ms). Then decode both.
+    assert_eq!(trace.stats(1).first_token_us, 500_000);
+    assert_eq!(trace.stats(2).first_token_us, 500_000);
+    assert_eq!(trace.stats(1).finished_us, 500_000 + 6_700);
+    // A request arriving mid-decode is prefilled before the next decode step.
+    let (_, trace) = simulate(
+        EngineConfig::default(),
+        submits(vec![
+            (0, request(1, tokens(0, 16), 100)),
+            (100_000, request(2, tokens(10_000, 800), 1)),
+        ]),
+    );
+    let decode_step_end = trace.outputs.iter().find_map(|o| match o {
+        EngineOutput::Token { at, .. } if *at >= 100_000 => Some(*at),
+        _ => None,
+    });
+    let b = trace.stats(2);
+    assert_eq!(Some(b.admitted_us), decode_step_end);
+    assert_eq!(b.first_token_us, b.admitted_us + 100_000);
+}
+
+#[test]
+fn token_events_follow_the_output_length_and_can_be_switched_off() {
+    let count = |emit_token_events| {
+        let config = EngineConfig {
+            emit_token_events,
+            ..EngineConfig::default()
+        };
+        let (_, trace) = simulate(config, submits(vec![(0, request(1, tokens(0, 10), 5))]));
+        assert_eq!(trace.stats(1).completion_tokens, 5);
+        trace
+            .outputs
+            .iter()
+            .filter(|o| matches!(o, EngineOutput::Token { .. }))
+            .count()
+    };
+    assert_eq!(count(true), 4);
+    assert_eq!(count(false), 0);
+}
+
+#[test]
+fn rejects_what_can_never_run() {
+    let mut engine = Engine::new(small_config());
+    let mut out = Vec::new();
+    engine.submit(0, request(1, tokens(0, 30), 3), &mut out);
+    engine.submit(0, request(2, Vec::new(), 3), &mut out);
+    engine.submit(0, request(3, tokens(0, 4), 1), &mut out);
+    engine.submit(0, request(3, tokens(0, 4), 1), &mut out);
+    assert_eq!(
+        out,
+        [
+            EngineOutput::Rejected {
+                id: 1,
+                reason: RejectReason::ExceedsKvCapacity {
+                    required_tokens: 33,
+                    capacity_tokens: 32
+                }
+            },
+            EngineOutput::Rejected {
+                id: 2,
+                reason: RejectReason::EmptyPrompt
+            },
+            EngineOutput::Rejected {
+                id: 3,
+                reason: RejectReason::DuplicateId
+            },
+        ]
+    );
+    assert_eq!(engine.num_requests(), 1);
+}
+
+#[test]
+fn cancel_releases_blocks_and_unblocks_the_queue() {
+    let mut engine = Engine::new(small_config());
+    let mut out = Vec::new();
+    engine.submit(0, request(1, tokens(0, 20), 10), &mut out);
+    engine.submit(0, request(2, tokens(100, 4), 1), &mut out);
+    assert!(engine.cancel(1));
+    assert!(!engine.cancel(1));
+    engine.check_invariants();
+    while let Some(at) = engine.next_event_time() {
+        engine.advance(at, &mut out);
+        engine.check_invariants();
+    }
+    let ids: Vec<u64> = out.iter().map(EngineOutput::id).collect();
+    assert_eq!(ids, [2, 2]);
+    assert_eq!(engine.load(10_000_000).num_used_tokens, 0);
+}
+
+#[test]
+fn kv_events_describe_stored_blocks_with_increasing_seqs() {
+    let prompt = tokens(0, 40);
+    let hashes = prompt_block_hashes(&prompt, 16);
+    let mut extended = prompt.clone();
+    extended.extend(tokens(500, 24));
+    let (_, trace) = simulate(
+        EngineConfig::default(),
+        submits(vec![
+            (0, request(1, prompt.clone(), 2)),
+            (1_000_000, request(2, extended.clone(), 1)),
+        ]),
+    );
+    let extended_hashes = prompt_block_hashes(&extended, 16);
+    assert_eq!(
+        trace.events().collect::<Vec<_>>(),
+        [
+            &KvEvent::BlockStored {
+                block_hashes: hashes.clone(),
+                parent_block_hash: None,
+                token_ids: prompt[..32].to_vec(),
+                block_size: 16,
+            },
+            &KvEvent::BlockStored {
+                block_hashes: extended_hashes[2..].to_vec(),
+                parent_block_hash: Some(hashes[1]),
+                token_ids: extended[32..64].to_vec(),
+                block_size: 16,
+            },
+        ]
+    );
+    let seqs: Vec<u64> = trace.kv_batches.iter().map(|b| b.seq).collect();
+    assert_eq!(seqs, [0, 1]);
+    assert_eq!(
+        trace.kv_batches[1].timestamp_us,
+        trace.stats(2).first_token_us
+    );
+}
+
+#[test]
+fn reset_prefix_cache_only_when_nothing_is_in_use() {
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    engine.submit(0, request(1, tokens(0, 64), 50), &mut out);
+    engine.advance(10_000, &mut out);
+    assert!(!engine.reset_prefix_cache(10_000));
+    while let Some(at) = engine.next_event_time() {
+        engine.advance(at, &mut out);
+    }
+    assert!(engine.reset_prefix_cache(2_000_000));
+    let batches = engine.drain_kv_events();
+    assert_eq!(batches.last().unwrap().events, [KvEvent::AllBlocksCleared]);
+    engine.submit(3_000_000, request(2, tokens(0, 64), 1), &mut out);
+    engine.advance(u64::MAX / 2, &mut out);
+    match out.last().unwrap() {
+        EngineOutput::Finished { stats, .. } => assert_eq!(stats.cached_tokens, 0),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn gen_throughput_reflects_recent_decode() {
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    for id in 0..10 {
+        engine.submit(0, request(id, tokens(id as u32 * 100, 16), 1000), &mut out);
+    }
+    engine.advance(2_000_000, &mut out);
+    let load = engine.load(2_000_000);
+    // 10 requests decoding, 6 ms + 3.5 ms per step: ~1,053 tokens/s.
+    assert!((1000.0..1100.0).contains(&load.gen_throughput), "{load:?}");
+    assert_eq!(load.num_running_reqs, 10);
+    assert!(load.token_usage > 0.0);
+}
+
+fn workload_strategy() -> impl Strategy<Value = Vec<Action>> {
+    let action = (
+        0u64..3_000_000,
+        0u64..40,
+        0u32..6,
+        1u32..200,
+        1u32..80,
+        prop::bool::weighted(0.15),
+    )
+        .prop_map(|(at, id, family, len, output, cancel)| {
+            if cancel {
+                Action::Cancel(at, id)
+            } else {
+                // Prompts of one family share prefixes of varying length.
+                Action::Submit(at, request(id, tokens(family * 10_000, len), output))
+            }
+        });
+    prop::collection::vec(action, 1..60).prop_map(|mut actions| {
+        actions.sort_by_key(Action::at);
+        actions
+    })
+}
+
+fn tight_config() -> EngineConfig {
+    EngineConfig {
+        kv_capacity_tokens: 512,
+        block_size: 8,
+        max_running_requests: 6,
+        prefill_chunk_tokens: 64,
+        ..EngineConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn token_usage_stays_in_unit_interval(actions in workload_strategy()) {
+        // `simulate` checks token_usage in [0, 1] and the block accounting after every call.
+        let (engine, trace) = simulate(tight_config(), actions);
+        prop_assert_eq!(engine.num_requests(), 0);
+        prop_assert_eq!(engine.load(u64::MAX / 2).token_usage, 0.0);
+        let seqs: Vec<u64> = trace.kv_batches.iter().map(|b| b.seq).collect();
+        prop_assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+    }
+
+    #[test]
+    fn same_inputs_same_outputs(actions in workload_strategy()) {
+        let first = simulate(tight_config(), actions.clone()).1;
+        let second = simulate(tight_config(), actions).1;
+        prop_assert_eq!(first, second);
+    }
+}
