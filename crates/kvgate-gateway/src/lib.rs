@@ -1,1 +1,25 @@
-//! kvgate-gateway: placeholder, filled in by its issue.
+//! kvgate-gateway: the HTTP gateway. It proxies OpenAI-compatible requests to engine workers
+//! chosen by a `kvgate-policy` policy, and owns everything with I/O around that choice: the worker
+//! registry, health checks, retries, circuit breakers and metrics.
+
+mod admin;
+mod body;
+mod config;
+mod error;
+mod health;
+mod metrics;
+mod proxy;
+mod registry;
+mod request;
+mod server;
+mod state;
+mod upstream;
+mod worker;
+
+pub use config::GatewayConfig;
+pub use error::ApiError;
+pub use proxy::Endpoint;
+pub use request::render_chat;
+pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};
+pub use state::{AppState, SharedState};
+pub use worker::{normalize_url, CircuitState};

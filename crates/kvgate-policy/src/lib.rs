@@ -1,1 +1,200 @@
-//! kvgate-policy: placeholder, filled in by its issue.
+//! kvgate-policy: routing policies as pure functions of candidates, loads, time and an RNG.
+//!
+//! The gateway and the virtual-time simulator call the same [`Policy::select`]: it never performs
+//! I/O, never reads a clock and never spawns a thread. Everything it needs is in its arguments.
+
+mod config;
+mod random;
+mod round_robin;
+
+pub use config::{build_policy, ConfigError, PolicyConfig, PolicyKind};
+pub use random::RandomPolicy;
+pub use round_robin::RoundRobinPolicy;
+
+use rand::RngCore;
+
+/// A worker as the host knows it. Ids are assigned by the host and never reused while it runs.
+pub type WorkerId = u32;
+
+/// The last load a worker's engine reported, as published by the load monitor.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadSample {
+    /// Fraction of KV capacity held by running and waiting requests, 0..1.
+    pub token_usage: f64,
+    pub num_running_reqs: u64,
+    pub num_waiting_reqs: u64,
+    pub num_waiting_uncached_tokens: u64,
+    /// Generated tokens per second, as the engine reports it (0 when unknown).
+    pub gen_throughput: f64,
+    /// KV capacity in tokens (0 when unknown).
+    pub max_total_num_tokens: u64,
+    /// When the sample was fetched, on the host's millisecond clock.
+    pub fetched_at_ms: u64,
+}
+
+/// One routable worker offered to a policy: healthy, circuit closed, serving the request's model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: WorkerId,
+    /// Requests this gateway has in flight on the worker.
+    pub in_flight: u64,
+    /// The worker's entry in the load snapshot, if it has one.
+    pub load: Option<LoadSample>,
+}
+
+/// What a policy may look at in a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutingKey<'a> {
+    /// No prompt was extracted (the policy did not ask for one).
+    None,
+    /// The prompt text (chat conversations rendered in order with role markers).
+    Text(&'a str),
+    /// Token ids, when the request carries `input_ids`.
+    Tokens(&'a [u32]),
+}
+
+/// A request as a policy sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteRequest<'a> {
+    pub key: RoutingKey<'a>,
+    /// Estimated prompt tokens (0 when unknown).
+    pub prompt_tokens: u64,
+}
+
+impl RouteRequest<'_> {
+    pub const EMPTY: RouteRequest<'static> = RouteRequest { key: RoutingKey::None, prompt_tokens: 0 };
+}
+
+/// The inputs that are not about the request: the time and a source of randomness.
+pub struct SelectContext<'r> {
+    /// The host's millisecond clock (wall time in the gateway, virtual time in the simulator).
+    pub now_ms: u64,
+    /// How often the load snapshot is refreshed; samples older than three intervals are stale.
+    pub load_poll_interval_ms: u64,
+    pub rng: &'r mut dyn RngCore,
+}
+
+/// Why a worker was chosen. Every decision carries one; hosts count them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    RoundRobin,
+    Random,
+    CacheHit,
+    CacheMiss,
+    ImbalanceOverload,
+    ImbalanceKvSpread,
+    ImbalanceCount,
+    PowerOfTwo,
+    LeastLoad,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 9] = [
+        Reason::RoundRobin,
+        Reason::Random,
+        Reason::CacheHit,
+        Reason::CacheMiss,
+        Reason::ImbalanceOverload,
+        Reason::ImbalanceKvSpread,
+        Reason::ImbalanceCount,
+        Reason::PowerOfTwo,
+        Reason::LeastLoad,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::RoundRobin => "round_robin",
+            Reason::Random => "random",
+            Reason::CacheHit => "cache_hit",
+            Reason::CacheMiss => "cache_miss",
+            Reason::ImbalanceOverload => "imbalance_overload",
+            Reason::ImbalanceKvSpread => "imbalance_kv_spread",
+            Reason::ImbalanceCount => "imbalance_count",
+            Reason::PowerOfTwo => "power_of_two",
+            Reason::LeastLoad => "least_load",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Prefix-match bookkeeping for regret metrics: the best match on any candidate vs the chosen one.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MatchInfo {
+    /// Best matched fraction of the prompt over all candidates, 0..1.
+    pub best_match_rate: f64,
+    /// Matched fraction of the prompt on the chosen worker, 0..1.
+    pub chosen_match_rate: f64,
+}
+
+/// A routing decision.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Decision {
+    pub worker: WorkerId,
+    pub reason: Reason,
+    /// Present for prefix-aware policies.
+    pub matches: Option<MatchInfo>,
+}
+
+/// Why no worker could be chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoRoute {
+    #[error("no healthy worker is available")]
+    NoCandidates,
+}
+
+/// A routing policy. Implementations keep their own state behind interior mutability so that one
+/// instance can serve concurrent requests; they never do I/O, read clocks or spawn threads.
+pub trait Policy: Send + Sync {
+    /// The policy's configuration name (`round_robin`, `cache_aware`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Choose one of `candidates` for `request`.
+    fn select(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: &[Candidate],
+        ctx: &mut SelectContext<'_>,
+    ) -> Result<Decision, NoRoute>;
+
+    /// Whether the policy reads [`Candidate::load`]; the host polls engines only when some policy does.
+    fn needs_loads(&self) -> bool {
+        false
+    }
+
+    /// Whether the policy reads [`RouteRequest::key`]; the host skips prompt extraction otherwise.
+    fn needs_routing_key(&self) -> bool {
+        false
+    }
+
+    /// A worker left the pool for good: forget everything about it.
+    fn remove_worker(&self, _worker: WorkerId) {}
+
+    /// Periodic maintenance (e.g. prefix-tree eviction), driven by the host's clock.
+    fn maintain(&self, _now_ms: u64) {}
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Small builders shared by the policy unit tests.
+    use rand::{rngs::SmallRng, SeedableRng};
+
+    use crate::Candidate;
+
+    /// Candidates with ids 0.. and the given in-flight counts, no loads.
+    pub fn candidates(in_flight: &[u64]) -> Vec<Candidate> {
+        in_flight
+            .iter()
+            .enumerate()
+            .map(|(id, &in_flight)| Candidate { id: id as u32, in_flight, load: None })
+            .collect()
+    }
+
+    pub fn ctx_rng(seed: u64) -> SmallRng {
+        SmallRng::seed_from_u64(seed)
+    }
+}

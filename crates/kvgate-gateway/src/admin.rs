@@ -1,0 +1,183 @@
+//! The gateway's own endpoints: liveness, readiness, models, metrics, and worker management
+//! (list, add, remove) behind the optional admin key.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::registry::RegistryError;
+use crate::state::SharedState;
+use crate::upstream::{discover_model, get};
+use crate::worker::{normalize_url, CircuitState, Worker};
+
+pub async fn health() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn readiness(State(state): State<SharedState>) -> Response {
+    let now = Instant::now();
+    let snapshot = state.registry.snapshot();
+    let ready = snapshot.workers.iter().filter(|w| w.is_routable(now)).count();
+    if ready > 0 {
+        Json(json!({"status": "ready", "healthy_workers": ready, "total_workers": snapshot.workers.len()}))
+            .into_response()
+    } else {
+        ApiError::NoHealthyWorker(String::new()).into_response()
+    }
+}
+
+/// `GET /v1/models`: the union of the models served by healthy workers.
+pub async fn models(State(state): State<SharedState>) -> impl IntoResponse {
+    let now = Instant::now();
+    let snapshot = state.registry.snapshot();
+    let data: Vec<_> = snapshot
+        .models
+        .values()
+        .filter(|pool| pool.workers.iter().any(|w| w.is_routable(now)))
+        .map(|pool| json!({"id": pool.model, "object": "model", "created": 0, "owned_by": "kvgate"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+/// Reject the request unless it carries the admin key (when one is configured).
+fn authorize(state: &SharedState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = &state.config.admin_api_key else { return Ok(()) };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(presented.as_bytes(), expected.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Serialize)]
+pub struct WorkerInfo {
+    pub id: u32,
+    pub url: String,
+    pub model_id: Option<String>,
+    pub healthy: bool,
+    pub in_flight: u64,
+    pub circuit_state: CircuitState,
+}
+
+impl WorkerInfo {
+    fn of(worker: &Worker, now: Instant) -> Self {
+        Self {
+            id: worker.id,
+            url: worker.url.clone(),
+            model_id: worker.model().map(str::to_string),
+            healthy: worker.is_healthy(),
+            in_flight: worker.in_flight(),
+            circuit_state: worker.circuit.state(now),
+        }
+    }
+}
+
+pub async fn list_workers(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let now = Instant::now();
+    let workers: Vec<_> = state.registry.snapshot().workers.iter().map(|w| WorkerInfo::of(w, now)).collect();
+    Ok(Json(json!({"workers": workers})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddWorker {
+    pub url: String,
+    #[serde(default)]
+    pub model_id: Option<String>,
+}
+
+pub async fn add_worker(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let request: AddWorker = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::BadRequest(format!("expected {{\"url\": \"http://...\", \"model_id\": \"...\"}}: {e}"))
+    })?;
+    let worker = register_worker(&state, &request.url, request.model_id).await?;
+    let info = WorkerInfo::of(&worker, Instant::now());
+    Ok((StatusCode::CREATED, Json(json!({"worker": info}))).into_response())
+}
+
+pub async fn remove_worker(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    Path(encoded): Path<String>,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let url = percent_encoding::percent_decode_str(&encoded)
+        .decode_utf8()
+        .map_err(|_| ApiError::BadRequest("worker URL is not valid UTF-8".into()))?;
+    match state.registry.remove(&url) {
+        Some(worker) => {
+            tracing::info!(worker = %worker.url, "worker removed");
+            Ok(Json(json!({"removed": worker.url})).into_response())
+        }
+        None => Err(ApiError::NotFound(format!("no worker {url} is registered"))),
+    }
+}
+
+/// Add a worker: learn its model (unless given) and its first health state, then publish it.
+/// A worker whose model cannot be learned yet is registered and retried by the health loop.
+pub async fn register_worker(
+    state: &SharedState,
+    url: &str,
+    model: Option<String>,
+) -> Result<Arc<Worker>, ApiError> {
+    let url = normalize_url(url).map_err(ApiError::BadRequest)?;
+    if state.registry.snapshot().find(&url).is_some() {
+        return Err(ApiError::Conflict(format!("worker {url} is already registered")));
+    }
+    let bearer = state.config.api_key.as_deref();
+    let model = match model {
+        Some(model) => Some(model),
+        None => match discover_model(&state.client, &url, bearer, state.health_timeout()).await {
+            Ok(model) => Some(model),
+            Err(error) => {
+                tracing::warn!(worker = %url, %error, "could not learn the worker's model yet; will retry");
+                None
+            }
+        },
+    };
+    let healthy = state.config.disable_health_check || probe(state, &url).await;
+    let worker = state.registry.add(&url, model, healthy).map_err(|e| match e {
+        RegistryError::InvalidUrl(message) => ApiError::BadRequest(message),
+        RegistryError::Duplicate(url) => ApiError::Conflict(format!("worker {url} is already registered")),
+    })?;
+    tracing::info!(worker = %worker.url, model = worker.model().unwrap_or("<unknown>"), healthy, "worker added");
+    Ok(worker)
+}
+
+/// One health check: 2xx from the health endpoint within the timeout.
+pub async fn probe(state: &SharedState, url: &str) -> bool {
+    let target = format!("{url}{}", state.config.health_check_endpoint);
+    matches!(
+        get(&state.client, &target, state.config.api_key.as_deref(), state.health_timeout()).await,
+        Ok((status, _)) if status.is_success()
+    )
+}

@@ -1,0 +1,95 @@
+//! The response body wrapper of a proxied request: passes the worker's frames through as they
+//! arrive, and on the way records time to first byte, total latency and the end of the request.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::metrics::Metrics;
+use crate::worker::Worker;
+
+/// Marks a request in flight on a worker; dropping it ends the request.
+pub struct InFlight {
+    worker: Arc<Worker>,
+    metrics: Arc<Metrics>,
+}
+
+impl InFlight {
+    pub fn begin(worker: Arc<Worker>, metrics: Arc<Metrics>) -> Self {
+        worker.begin_request();
+        metrics.in_flight.with_label_values(&[&worker.url]).inc();
+        Self { worker, metrics }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.worker.end_request();
+        self.metrics.in_flight.with_label_values(&[&self.worker.url]).dec();
+    }
+}
+
+/// Everything that must live exactly as long as the response body.
+pub struct RequestTail {
+    pub endpoint: &'static str,
+    pub started: Instant,
+    pub metrics: Arc<Metrics>,
+    #[allow(dead_code, reason = "held until the body ends: its Drop ends the request")]
+    pub in_flight: InFlight,
+    #[allow(dead_code, reason = "held until the body ends: its Drop frees a concurrency slot")]
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+pub struct MeteredBody {
+    inner: Incoming,
+    tail: RequestTail,
+    first_byte_seen: bool,
+}
+
+impl MeteredBody {
+    pub fn new(inner: Incoming, tail: RequestTail) -> Self {
+        Self { inner, tail, first_byte_seen: false }
+    }
+}
+
+impl Body for MeteredBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if !this.first_byte_seen {
+            if let Poll::Ready(Some(Ok(_)) | None) = &polled {
+                this.first_byte_seen = true;
+                let elapsed = this.tail.started.elapsed().as_secs_f64();
+                this.tail.metrics.ttfb.with_label_values(&[this.tail.endpoint]).observe(elapsed);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for MeteredBody {
+    fn drop(&mut self) {
+        let elapsed = self.tail.started.elapsed().as_secs_f64();
+        self.tail.metrics.duration.with_label_values(&[self.tail.endpoint]).observe(elapsed);
+    }
+}

@@ -1,0 +1,201 @@
+//! Gateway configuration: the one declaration of every `kvgate launch` option (flag, YAML key,
+//! default, help) and its validation.
+
+use clap::Args;
+use kvgate_policy::{ConfigError, PolicyConfig};
+use serde::{Deserialize, Serialize};
+
+/// Everything `kvgate launch` can be told. Flags and YAML keys come from these fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free port).
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Engine URLs to route to (more can be added at runtime with POST /workers).
+    #[arg(long = "worker-urls", num_args = 0.., value_name = "URL")]
+    pub worker_urls: Vec<String>,
+    /// Routing policy and its options.
+    #[command(flatten)]
+    pub routing: PolicyConfig,
+
+    /// Deadline for a worker's response headers, in seconds.
+    #[arg(long, default_value_t = 1800.0)]
+    pub request_timeout_secs: f64,
+    /// Largest accepted request body in bytes; larger bodies get 413.
+    #[arg(long, default_value_t = 512 * 1024 * 1024)]
+    pub max_payload_size: usize,
+    /// Most requests proxied at once; further requests get 429 (unset: no limit).
+    #[arg(long)]
+    pub max_concurrent_requests: Option<usize>,
+
+    /// Seconds between health checks of each worker.
+    #[arg(long, default_value_t = 10.0)]
+    pub health_check_interval_secs: f64,
+    /// Timeout of one health check, in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub health_check_timeout_secs: f64,
+    /// Path probed on each worker.
+    #[arg(long, default_value = "/health")]
+    pub health_check_endpoint: String,
+    /// Consecutive failed checks that mark a healthy worker unhealthy.
+    #[arg(long, default_value_t = 3)]
+    pub health_failure_threshold: u32,
+    /// Consecutive passed checks that mark an unhealthy worker healthy again.
+    #[arg(long, default_value_t = 2)]
+    pub health_success_threshold: u32,
+    /// Do not probe workers: every worker is considered healthy.
+    #[arg(long)]
+    pub disable_health_check: bool,
+
+    /// Retries of a failed request on other workers (connect errors, 502/503/504 before any byte).
+    #[arg(long, default_value_t = 3)]
+    pub retry_max_retries: u32,
+    /// First retry backoff in milliseconds (doubled per attempt, with jitter).
+    #[arg(long, default_value_t = 50)]
+    pub retry_initial_backoff_ms: u64,
+    /// Largest retry backoff in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub retry_max_backoff_ms: u64,
+    /// Never retry.
+    #[arg(long)]
+    pub disable_retries: bool,
+
+    /// Consecutive failures that open a worker's circuit.
+    #[arg(long, default_value_t = 5)]
+    pub cb_failure_threshold: u32,
+    /// Seconds an open circuit waits before letting a probe request through (half-open).
+    #[arg(long, default_value_t = 30.0)]
+    pub cb_timeout_duration_secs: f64,
+    /// Never open circuits.
+    #[arg(long)]
+    pub disable_circuit_breaker: bool,
+
+    /// When set, /workers requires `Authorization: Bearer KEY`.
+    #[arg(long, env = "KVGATE_ADMIN_API_KEY", hide_env_values = true)]
+    pub admin_api_key: Option<String>,
+    /// Bearer token sent to workers.
+    #[arg(long, env = "KVGATE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Log level (error, warn, info, debug, trace) or a tracing filter directive.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+    /// Add x-kvgate-worker and x-kvgate-route headers to proxied responses.
+    #[arg(long)]
+    pub expose_routing_headers: bool,
+    /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_grace_period_secs: f64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            config: GatewayConfig,
+        }
+        Defaults::parse_from(["kvgate"]).config
+    }
+}
+
+fn positive_seconds(errors: &mut Vec<ConfigError>, field: &'static str, value: f64) {
+    if !value.is_finite() || value <= 0.0 {
+        errors.push(ConfigError {
+            field,
+            message: format!("must be a finite number of seconds > 0, got {value}"),
+        });
+    }
+}
+
+impl GatewayConfig {
+    /// Check every option; returns all problems at once.
+    pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
+        let mut errors = self.routing.validate().err().unwrap_or_default();
+        positive_seconds(&mut errors, "request_timeout_secs", self.request_timeout_secs);
+        positive_seconds(&mut errors, "health_check_interval_secs", self.health_check_interval_secs);
+        positive_seconds(&mut errors, "health_check_timeout_secs", self.health_check_timeout_secs);
+        positive_seconds(&mut errors, "cb_timeout_duration_secs", self.cb_timeout_duration_secs);
+        if !self.shutdown_grace_period_secs.is_finite() || self.shutdown_grace_period_secs < 0.0 {
+            errors.push(ConfigError {
+                field: "shutdown_grace_period_secs",
+                message: format!("must be a finite number >= 0, got {}", self.shutdown_grace_period_secs),
+            });
+        }
+        for (field, value) in [
+            ("health_failure_threshold", self.health_failure_threshold),
+            ("health_success_threshold", self.health_success_threshold),
+            ("cb_failure_threshold", self.cb_failure_threshold),
+        ] {
+            if value == 0 {
+                errors.push(ConfigError { field, message: "must be at least 1".into() });
+            }
+        }
+        if self.max_concurrent_requests == Some(0) {
+            errors.push(ConfigError {
+                field: "max_concurrent_requests",
+                message: "must be at least 1 (leave unset for no limit)".into(),
+            });
+        }
+        if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
+            errors.push(ConfigError {
+                field: "retry_initial_backoff_ms",
+                message: "must not exceed retry_max_backoff_ms".into(),
+            });
+        }
+        if !self.health_check_endpoint.starts_with('/') {
+            errors.push(ConfigError {
+                field: "health_check_endpoint",
+                message: format!("must be a path starting with '/', got {:?}", self.health_check_endpoint),
+            });
+        }
+        for url in &self.worker_urls {
+            if let Err(message) = crate::worker::normalize_url(url) {
+                errors.push(ConfigError { field: "worker_urls", message });
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_loopback() {
+        let config = GatewayConfig::default();
+        assert_eq!(config.host, "127.0.0.1");
+        assert_eq!(config.port, 30000);
+        assert_eq!(config.health_check_endpoint, "/health");
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn all_errors_reported_at_once() {
+        let config = GatewayConfig {
+            request_timeout_secs: f64::NAN,
+            cb_timeout_duration_secs: f64::INFINITY,
+            health_failure_threshold: 0,
+            worker_urls: vec!["ftp://x".into()],
+            ..GatewayConfig::default()
+        };
+        let fields: Vec<_> = config.validate().unwrap_err().iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            ["request_timeout_secs", "cb_timeout_duration_secs", "health_failure_threshold", "worker_urls"]
+        );
+    }
+}

@@ -1,0 +1,75 @@
+//! The gateway's errors and their one mapping to HTTP: OpenAI-style JSON bodies
+//! `{"error": {"message", "type", "code"}}` with the matching status.
+
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+
+/// Every way a request can fail in the gateway itself (upstream answers are passed through).
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("missing or invalid admin API key")]
+    Unauthorized,
+    #[error("{0}")]
+    NotFound(String),
+    #[error("the model `{0}` does not exist or is not served by any worker")]
+    ModelNotFound(String),
+    #[error("request body exceeds the limit of {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("too many concurrent requests (limit {0})")]
+    TooManyRequests(usize),
+    #[error("no healthy worker is available{0}")]
+    NoHealthyWorker(String),
+    #[error("the worker did not answer within {0:.1} s")]
+    UpstreamTimeout(f64),
+    #[error("could not reach a worker: {0}")]
+    UpstreamUnreachable(String),
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) | ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::NoHealthyWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+        }
+    }
+
+    fn kind_and_code(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => ("invalid_request_error", "invalid_request"),
+            ApiError::Unauthorized => ("authentication_error", "invalid_api_key"),
+            ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
+            ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
+            ApiError::PayloadTooLarge(_) => ("invalid_request_error", "payload_too_large"),
+            ApiError::TooManyRequests(_) => ("rate_limit_error", "too_many_requests"),
+            ApiError::NoHealthyWorker(_) => ("service_unavailable", "no_healthy_worker"),
+            ApiError::UpstreamTimeout(_) => ("timeout_error", "upstream_timeout"),
+            ApiError::UpstreamUnreachable(_) => ("upstream_error", "upstream_unreachable"),
+            ApiError::Conflict(_) => ("invalid_request_error", "conflict"),
+        }
+    }
+}
+
+/// Render an OpenAI-style error body.
+pub fn error_body(message: &str, kind: &str, code: &str) -> String {
+    serde_json::json!({"error": {"message": message, "type": kind, "code": code}}).to_string()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (kind, code) = self.kind_and_code();
+        let mut response = (self.status(), error_body(&self.to_string(), kind, code)).into_response();
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        response
+    }
+}

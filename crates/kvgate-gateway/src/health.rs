@@ -1,0 +1,72 @@
+//! The background health loop: probes every worker on an interval, applies the failure/success
+//! thresholds, learns models that were not known yet, and refreshes the health and circuit gauges.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use tokio::sync::watch;
+
+use crate::admin::probe;
+use crate::state::SharedState;
+use crate::upstream::discover_model;
+use crate::worker::Worker;
+
+pub async fn run(state: SharedState, mut shutdown: watch::Receiver<bool>) {
+    let mut interval =
+        tokio::time::interval(Duration::from_secs_f64(state.config.health_check_interval_secs));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await; // workers were probed when they were added
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        check_all(&state).await;
+    }
+}
+
+/// One round over every registered worker, concurrently.
+pub async fn check_all(state: &SharedState) {
+    let snapshot = state.registry.snapshot();
+    let learned = join_all(snapshot.workers.iter().map(|w| check_worker(state, w))).await;
+    if learned.into_iter().any(|model_learned| model_learned) {
+        state.registry.refresh();
+    }
+    let now = Instant::now();
+    for worker in &snapshot.workers {
+        state.metrics.worker_healthy.with_label_values(&[&worker.url]).set(worker.is_healthy() as i64);
+        state
+            .metrics
+            .circuit_state
+            .with_label_values(&[&worker.url])
+            .set(worker.circuit.state(now).as_metric());
+    }
+}
+
+/// Returns true when the worker's model was learned in this round.
+async fn check_worker(state: &SharedState, worker: &Arc<Worker>) -> bool {
+    let mut learned = false;
+    if worker.model().is_none() {
+        let bearer = state.config.api_key.as_deref();
+        if let Ok(model) = discover_model(&state.client, &worker.url, bearer, state.health_timeout()).await {
+            tracing::info!(worker = %worker.url, %model, "learned the worker's model");
+            learned = worker.set_model(model);
+        }
+    }
+    if state.config.disable_health_check {
+        return learned;
+    }
+    let passed = probe(state, &worker.url).await;
+    let config = &state.config;
+    if let Some(healthy) =
+        worker.record_health(passed, config.health_failure_threshold, config.health_success_threshold)
+    {
+        if healthy {
+            tracing::info!(worker = %worker.url, "worker is healthy again");
+        } else {
+            tracing::warn!(worker = %worker.url, "worker marked unhealthy");
+        }
+    }
+    learned
+}

@@ -1,0 +1,150 @@
+//! Starting and stopping a gateway: validate the configuration, register the initial workers,
+//! build the router, serve, run the background loops, and shut down gracefully.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::{delete, get, post};
+use axum::serve::ListenerExt;
+use axum::Router;
+use futures_util::future::join_all;
+use kvgate_policy::ConfigError;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::admin;
+use crate::config::GatewayConfig;
+use crate::error::ApiError;
+use crate::health;
+use crate::proxy::{self, Endpoint};
+use crate::state::{AppState, SharedState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+    Config(Vec<ConfigError>),
+    #[error("{0}")]
+    State(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+}
+
+/// A running gateway.
+pub struct GatewayHandle {
+    pub addr: SocketAddr,
+    pub state: SharedState,
+    shutdown: watch::Sender<bool>,
+    server: JoinHandle<std::io::Result<()>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl GatewayHandle {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stop accepting, let in-flight requests finish for up to the grace period, stop the loops.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let grace = Duration::from_secs_f64(self.state.config.shutdown_grace_period_secs);
+        let server = self.server;
+        let abort = server.abort_handle();
+        if tokio::time::timeout(grace, server).await.is_err() {
+            tracing::warn!(
+                grace_secs = grace.as_secs_f64(),
+                "grace period over; dropping remaining requests"
+            );
+            abort.abort();
+        }
+        for task in self.background {
+            task.abort();
+        }
+    }
+}
+
+/// The HTTP routes of the gateway.
+pub fn router(state: SharedState) -> Router {
+    let mut router = Router::new()
+        .route("/health", get(admin::health))
+        .route("/readiness", get(admin::readiness))
+        .route("/v1/models", get(admin::models))
+        .route("/metrics", get(admin::metrics))
+        .route("/workers", get(admin::list_workers).post(admin::add_worker))
+        .route("/workers/{url}", delete(admin::remove_worker));
+    for endpoint in Endpoint::ALL {
+        router = router
+            .route(endpoint.path(), post(move |state, request| proxy::handle(state, endpoint, request)));
+    }
+    router
+        .fallback(
+            |uri: axum::http::Uri| async move { ApiError::NotFound(format!("no route for {}", uri.path())) },
+        )
+        .with_state(state)
+}
+
+/// Validate, bind, register the initial workers and serve in the background.
+pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
+    config.validate().map_err(StartError::Config)?;
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener =
+        TcpListener::bind(&addr).await.map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
+    let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+    let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
+
+    let initial = state.config.worker_urls.clone();
+    for result in join_all(initial.iter().map(|url| admin::register_worker(&state, url, None))).await {
+        if let Err(error) = result {
+            tracing::warn!(%error, "initial worker not registered");
+        }
+    }
+
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let background = vec![tokio::spawn(health::run(state.clone(), shutdown_rx.clone()))];
+    let app = router(state.clone());
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let mut stop = shutdown_rx;
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+            })
+            .await
+    });
+    tracing::info!(addr = %local_addr, policy = state.config.routing.policy.as_str(), "kvgate listening");
+    Ok(GatewayHandle { addr: local_addr, state, shutdown, server, background })
+}
+
+/// Run until SIGINT/SIGTERM, then shut down gracefully.
+pub async fn run(config: GatewayConfig) -> Result<(), StartError> {
+    let handle = start(config).await?;
+    shutdown_signal().await;
+    tracing::info!("shutting down: no new connections, waiting for in-flight requests");
+    handle.shutdown().await;
+    Ok(())
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}

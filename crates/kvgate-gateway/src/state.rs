@@ -1,0 +1,73 @@
+//! The shared state of a running gateway: configuration, registry, metrics, client and the load
+//! snapshot, built once at startup and handed to every handler and background task.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use http::HeaderValue;
+use kvgate_policy::{LoadSample, WorkerId};
+use tokio::sync::Semaphore;
+
+use crate::config::GatewayConfig;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::upstream::{build_client, HttpClient};
+use crate::worker::CircuitSettings;
+
+pub struct AppState {
+    pub config: GatewayConfig,
+    pub registry: Registry,
+    pub metrics: Arc<Metrics>,
+    pub client: HttpClient,
+    /// The latest engine loads by worker, published by the load monitor.
+    pub loads: ArcSwap<HashMap<WorkerId, LoadSample>>,
+    pub load_poll_interval_ms: u64,
+    pub concurrency: Option<Arc<Semaphore>>,
+    pub api_key_header: Option<HeaderValue>,
+    pub request_timeout: Duration,
+    started: Instant,
+}
+
+impl AppState {
+    /// Build the state from a validated configuration.
+    pub fn new(config: GatewayConfig) -> Result<Self, String> {
+        let metrics = Arc::new(Metrics::new());
+        let circuit = CircuitSettings {
+            enabled: !config.disable_circuit_breaker,
+            failure_threshold: config.cb_failure_threshold,
+            open_duration: Duration::from_secs_f64(config.cb_timeout_duration_secs),
+        };
+        let api_key_header = match &config.api_key {
+            Some(key) => Some(
+                HeaderValue::from_str(&format!("Bearer {key}"))
+                    .map_err(|_| "api_key contains characters not allowed in an HTTP header".to_string())?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            registry: Registry::new(config.routing.clone(), circuit, metrics.clone()),
+            metrics,
+            client: build_client(),
+            loads: ArcSwap::from_pointee(HashMap::new()),
+            load_poll_interval_ms: 1000,
+            concurrency: config.max_concurrent_requests.map(|n| Arc::new(Semaphore::new(n))),
+            api_key_header,
+            request_timeout: Duration::from_secs_f64(config.request_timeout_secs),
+            started: Instant::now(),
+            config,
+        })
+    }
+
+    /// Milliseconds since the gateway started: the clock handed to policies.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn health_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.config.health_check_timeout_secs)
+    }
+}
+
+pub type SharedState = Arc<AppState>;

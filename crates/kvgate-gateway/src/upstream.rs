@@ -1,0 +1,81 @@
+//! The pooled keep-alive HTTP client the gateway uses to talk to workers, and the small GET
+//! helpers for health checks and model discovery.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderName, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// One client for all workers: keep-alive pooled connections, TCP_NODELAY.
+pub fn build_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
+}
+
+/// Headers that describe one connection and must not be forwarded by a proxy (RFC 9110 7.6.1).
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "trailers"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// GET `url` with a deadline; returns the status and the whole (small) body.
+pub async fn get(
+    client: &HttpClient,
+    url: &str,
+    bearer: Option<&str>,
+    timeout: Duration,
+) -> Result<(StatusCode, Bytes), String> {
+    let mut builder = Request::get(url);
+    if let Some(token) = bearer {
+        builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = builder.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let exchange = async {
+        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok::<_, String>((status, body))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| format!("no answer within {:.1} s", timeout.as_secs_f64()))?
+}
+
+/// Ask a worker which model it serves (`GET /v1/models`, first entry).
+pub async fn discover_model(
+    client: &HttpClient,
+    worker_url: &str,
+    bearer: Option<&str>,
+    timeout: Duration,
+) -> Result<String, String> {
+    let (status, body) = get(client, &format!("{worker_url}/v1/models"), bearer, timeout).await?;
+    if !status.is_success() {
+        return Err(format!("GET /v1/models answered {status}"));
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| format!("GET /v1/models: invalid JSON: {e}"))?;
+    value["data"][0]["id"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| "GET /v1/models: no model id in data[0].id".to_string())
+}

@@ -1,0 +1,299 @@
+//! A worker (one engine replica) as the gateway tracks it: identity, model, health, in-flight count
+//! and circuit breaker.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use kvgate_policy::WorkerId;
+use serde::Serialize;
+
+/// Check and canonicalize a worker URL: `http://host:port[/prefix]`, no trailing slash.
+pub fn normalize_url(url: &str) -> Result<String, String> {
+    let trimmed = url.trim().trim_end_matches('/');
+    let uri: http::Uri =
+        trimmed.parse().map_err(|e| format!("worker URL {url:?} is not a valid URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(format!("worker URL {url:?}: scheme {other:?} is not supported, use http://"))
+        }
+        None => return Err(format!("worker URL {url:?} must start with http://")),
+    }
+    if uri.authority().is_none() {
+        return Err(format!("worker URL {url:?} has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("worker URL {url:?} must not carry a query string"));
+    }
+    Ok(trimmed.to_string())
+}
+
+/// Circuit breaker states, as exported in metrics (0, 1, 2) and /workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl CircuitState {
+    pub fn as_metric(self) -> i64 {
+        match self {
+            CircuitState::Closed => 0,
+            CircuitState::Open => 1,
+            CircuitState::HalfOpen => 2,
+        }
+    }
+}
+
+/// Settings shared by every worker's breaker.
+#[derive(Clone, Copy, Debug)]
+pub struct CircuitSettings {
+    pub enabled: bool,
+    pub failure_threshold: u32,
+    pub open_duration: Duration,
+}
+
+#[derive(Debug)]
+struct CircuitInner {
+    state: CircuitState,
+    consecutive_failures: u32,
+    opened_at: Option<Instant>,
+}
+
+/// closed → open after N consecutive failures → half-open after the timeout → closed on a success,
+/// open again on a failure.
+#[derive(Debug)]
+pub struct CircuitBreaker {
+    settings: CircuitSettings,
+    inner: Mutex<CircuitInner>,
+}
+
+impl CircuitBreaker {
+    pub fn new(settings: CircuitSettings) -> Self {
+        Self {
+            settings,
+            inner: Mutex::new(CircuitInner {
+                state: CircuitState::Closed,
+                consecutive_failures: 0,
+                opened_at: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CircuitInner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The state at `now` (an open circuit whose timeout passed turns half-open).
+    pub fn state(&self, now: Instant) -> CircuitState {
+        if !self.settings.enabled {
+            return CircuitState::Closed;
+        }
+        let mut inner = self.lock();
+        if inner.state == CircuitState::Open {
+            let opened = inner.opened_at.unwrap_or(now);
+            if now.saturating_duration_since(opened) >= self.settings.open_duration {
+                inner.state = CircuitState::HalfOpen;
+            }
+        }
+        inner.state
+    }
+
+    /// Whether new requests may go to the worker.
+    pub fn allows(&self, now: Instant) -> bool {
+        self.state(now) != CircuitState::Open
+    }
+
+    /// Returns true when this success closed a circuit that was not closed.
+    pub fn record_success(&self) -> bool {
+        if !self.settings.enabled {
+            return false;
+        }
+        let mut inner = self.lock();
+        inner.consecutive_failures = 0;
+        inner.opened_at = None;
+        std::mem::replace(&mut inner.state, CircuitState::Closed) != CircuitState::Closed
+    }
+
+    /// Returns true when this failure opened the circuit.
+    pub fn record_failure(&self, now: Instant) -> bool {
+        if !self.settings.enabled {
+            return false;
+        }
+        let mut inner = self.lock();
+        inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
+        let should_open = inner.state == CircuitState::HalfOpen
+            || inner.consecutive_failures >= self.settings.failure_threshold;
+        if should_open && inner.state != CircuitState::Open {
+            inner.state = CircuitState::Open;
+            inner.opened_at = Some(now);
+            return true;
+        }
+        false
+    }
+}
+
+/// One engine replica behind the gateway.
+#[derive(Debug)]
+pub struct Worker {
+    pub id: WorkerId,
+    /// Canonical URL, e.g. `http://127.0.0.1:8000`.
+    pub url: String,
+    /// The model it serves; unset until given or discovered from `/v1/models`.
+    model: OnceLock<String>,
+    healthy: AtomicBool,
+    consecutive_health_failures: AtomicU32,
+    consecutive_health_successes: AtomicU32,
+    in_flight: AtomicU64,
+    pub circuit: CircuitBreaker,
+}
+
+impl Worker {
+    pub fn new(
+        id: WorkerId,
+        url: String,
+        model: Option<String>,
+        healthy: bool,
+        circuit: CircuitSettings,
+    ) -> Self {
+        let model_cell = OnceLock::new();
+        if let Some(model) = model {
+            let _ = model_cell.set(model);
+        }
+        Self {
+            id,
+            url,
+            model: model_cell,
+            healthy: AtomicBool::new(healthy),
+            consecutive_health_failures: AtomicU32::new(0),
+            consecutive_health_successes: AtomicU32::new(0),
+            in_flight: AtomicU64::new(0),
+            circuit: CircuitBreaker::new(circuit),
+        }
+    }
+
+    pub fn model(&self) -> Option<&str> {
+        self.model.get().map(String::as_str)
+    }
+
+    /// Record a discovered model; returns false when one was already set.
+    pub fn set_model(&self, model: String) -> bool {
+        self.model.set(model).is_ok()
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Whether the worker may take new requests at `now`.
+    pub fn is_routable(&self, now: Instant) -> bool {
+        self.is_healthy() && self.model.get().is_some() && self.circuit.allows(now)
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn begin_request(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn end_request(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Apply one health-check result; returns the new health when it changed.
+    pub fn record_health(
+        &self,
+        passed: bool,
+        failure_threshold: u32,
+        success_threshold: u32,
+    ) -> Option<bool> {
+        if passed {
+            self.consecutive_health_failures.store(0, Ordering::Relaxed);
+            let successes = self.consecutive_health_successes.fetch_add(1, Ordering::Relaxed) + 1;
+            if !self.is_healthy() && successes >= success_threshold {
+                self.healthy.store(true, Ordering::Relaxed);
+                return Some(true);
+            }
+        } else {
+            self.consecutive_health_successes.store(0, Ordering::Relaxed);
+            let failures = self.consecutive_health_failures.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.is_healthy() && failures >= failure_threshold {
+                self.healthy.store(false, Ordering::Relaxed);
+                return Some(false);
+            }
+        }
+        None
+    }
+
+    /// Force the health state (first probe of a new worker).
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> CircuitBreaker {
+        CircuitBreaker::new(CircuitSettings {
+            enabled: true,
+            failure_threshold: 2,
+            open_duration: Duration::from_secs(10),
+        })
+    }
+
+    #[test]
+    fn circuit_opens_half_opens_and_closes() {
+        let cb = breaker();
+        let t0 = Instant::now();
+        assert!(!cb.record_failure(t0));
+        assert_eq!(cb.state(t0), CircuitState::Closed);
+        assert!(cb.record_failure(t0));
+        assert_eq!(cb.state(t0), CircuitState::Open);
+        assert!(!cb.allows(t0 + Duration::from_secs(5)));
+        assert_eq!(cb.state(t0 + Duration::from_secs(10)), CircuitState::HalfOpen);
+        // A failed probe opens it again at once.
+        let t1 = t0 + Duration::from_secs(11);
+        assert!(cb.record_failure(t1));
+        assert_eq!(cb.state(t1), CircuitState::Open);
+        assert_eq!(cb.state(t1 + Duration::from_secs(10)), CircuitState::HalfOpen);
+        cb.record_success();
+        assert_eq!(cb.state(t1 + Duration::from_secs(10)), CircuitState::Closed);
+    }
+
+    #[test]
+    fn success_resets_failure_count() {
+        let cb = breaker();
+        let t0 = Instant::now();
+        cb.record_failure(t0);
+        cb.record_success();
+        cb.record_failure(t0);
+        assert_eq!(cb.state(t0), CircuitState::Closed);
+    }
+
+    #[test]
+    fn health_thresholds() {
+        let settings =
+            CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::ZERO };
+        let worker = Worker::new(0, "http://127.0.0.1:1".into(), Some("m".into()), true, settings);
+        assert_eq!(worker.record_health(false, 2, 2), None);
+        assert_eq!(worker.record_health(false, 2, 2), Some(false));
+        assert_eq!(worker.record_health(true, 2, 2), None);
+        assert_eq!(worker.record_health(true, 2, 2), Some(true));
+    }
+
+    #[test]
+    fn url_normalization() {
+        assert_eq!(normalize_url("http://127.0.0.1:8000/").unwrap(), "http://127.0.0.1:8000");
+        assert!(normalize_url("127.0.0.1:8000").is_err());
+        assert!(normalize_url("https://x:1").is_err());
+        assert!(normalize_url("http://x:1/?a=b").is_err());
+        assert!(normalize_url("not a url").is_err());
+    }
+}

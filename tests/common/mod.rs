@@ -1,0 +1,169 @@
+//! Test doubles for the gateway's integration tests: small programmable upstream servers on
+//! 127.0.0.1 and helpers to start a gateway in front of them.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use kvgate_gateway::{GatewayConfig, GatewayHandle};
+use tokio::sync::Notify;
+
+/// How a test upstream behaves; flip fields at run time.
+pub struct Upstream {
+    pub name: String,
+    pub model: String,
+    pub url: String,
+    pub addr: SocketAddr,
+    pub requests: AtomicUsize,
+    pub healthy: AtomicBool,
+    /// Status for proxied endpoints (200 unless a test changes it).
+    pub status: AtomicU16,
+    /// When set, streaming answers pause after the first chunk until `release` is notified.
+    pub hold_stream: AtomicBool,
+    pub release: Notify,
+    /// Last Authorization header seen on a proxied request.
+    pub last_auth: std::sync::Mutex<Option<String>>,
+    /// Delay before answering proxied requests.
+    pub delay_ms: AtomicUsize,
+}
+
+async fn answer(State(up): State<Arc<Upstream>>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
+    up.requests.fetch_add(1, Ordering::SeqCst);
+    *up.last_auth.lock().unwrap() =
+        headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let delay = up.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay as u64)).await;
+    }
+    let status = StatusCode::from_u16(up.status.load(Ordering::SeqCst)).unwrap();
+    if status != StatusCode::OK {
+        return (status, format!(r#"{{"error":{{"message":"{} says {}"}}}}"#, up.name, status.as_u16()))
+            .into_response();
+    }
+    let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    if request["stream"].as_bool() == Some(true) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+        let up2 = up.clone();
+        tokio::spawn(async move {
+            let chunk =
+                |i: usize| Bytes::from(format!("data: {{\"worker\":\"{}\",\"i\":{i}}}\n\n", up2.name));
+            let _ = tx.send(Ok(chunk(0))).await;
+            if up2.hold_stream.load(Ordering::SeqCst) {
+                up2.release.notified().await;
+            }
+            for i in 1..3 {
+                let _ = tx.send(Ok(chunk(i))).await;
+            }
+            let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+        });
+        let stream =
+            futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+        return Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(stream))
+            .unwrap();
+    }
+    let echo = serde_json::json!({"worker": up.name, "model": request["model"], "object": "chat.completion"});
+    ([("content-type", "application/json")], echo.to_string()).into_response()
+}
+
+async fn health(State(up): State<Arc<Upstream>>) -> StatusCode {
+    if up.healthy.load(Ordering::SeqCst) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn models(State(up): State<Arc<Upstream>>) -> Response {
+    let body = serde_json::json!({"object": "list", "data": [{"id": up.model, "object": "model"}]});
+    ([("content-type", "application/json")], body.to_string()).into_response()
+}
+
+/// Start an upstream named `name` serving `model` on a free loopback port.
+pub async fn upstream(name: &str, model: &str) -> Arc<Upstream> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let up = Arc::new(Upstream {
+        name: name.to_string(),
+        model: model.to_string(),
+        url: format!("http://{addr}"),
+        addr,
+        requests: AtomicUsize::new(0),
+        healthy: AtomicBool::new(true),
+        status: AtomicU16::new(200),
+        hold_stream: AtomicBool::new(false),
+        release: Notify::new(),
+        last_auth: std::sync::Mutex::new(None),
+        delay_ms: AtomicUsize::new(0),
+    });
+    let app = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(answer))
+        .route("/v1/completions", post(answer))
+        .route("/generate", post(answer))
+        .route("/v1/embeddings", post(answer))
+        .with_state(up.clone());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    up
+}
+
+/// A loopback URL where nothing listens.
+pub async fn dead_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+/// A gateway config on a free port with fast health checks.
+pub fn config(worker_urls: Vec<String>) -> GatewayConfig {
+    GatewayConfig {
+        port: 0,
+        worker_urls,
+        health_check_interval_secs: 0.1,
+        health_check_timeout_secs: 1.0,
+        health_failure_threshold: 2,
+        health_success_threshold: 1,
+        retry_initial_backoff_ms: 1,
+        retry_max_backoff_ms: 5,
+        shutdown_grace_period_secs: 5.0,
+        ..GatewayConfig::default()
+    }
+}
+
+pub async fn gateway(config: GatewayConfig) -> GatewayHandle {
+    kvgate_gateway::start(config).await.expect("gateway starts")
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+pub fn chat(model: &str) -> serde_json::Value {
+    serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})
+}
+
+/// Poll `check` every 20 ms for up to `secs` seconds.
+pub async fn eventually(secs: f64, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}

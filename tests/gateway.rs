@@ -1,0 +1,415 @@
+//! Integration tests of `kvgate launch`'s gateway against real HTTP upstreams on 127.0.0.1.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn round_robin_spreads_evenly() {
+    let ups = [upstream("a", "m").await, upstream("b", "m").await, upstream("c", "m").await];
+    let gw = gateway(config(ups.iter().map(|u| u.url.clone()).collect())).await;
+    let client = client();
+    for _ in 0..30 {
+        let res =
+            client.post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    for up in &ups {
+        assert_eq!(up.requests.load(Ordering::SeqCst), 10, "worker {}", up.name);
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn non_streaming_body_and_endpoints_pass_through() {
+    let up = upstream("a", "m").await;
+    let mut cfg = config(vec![up.url.clone()]);
+    cfg.expose_routing_headers = true;
+    let gw = gateway(cfg).await;
+    let client = client();
+    for path in ["/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings"] {
+        let res = client
+            .post(format!("{}{path}", gw.url()))
+            .json(&json!({"model": "m", "prompt": "x"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        assert_eq!(res.headers()["x-kvgate-worker"], up.url.as_str());
+        assert_eq!(res.headers()["x-kvgate-route"], "round_robin");
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(body["worker"], "a");
+        assert_eq!(body["model"], "m");
+    }
+    // Routing headers are off by default.
+    let gw2 = gateway(config(vec![up.url.clone()])).await;
+    let res =
+        client.post(format!("{}/v1/chat/completions", gw2.url())).json(&chat("m")).send().await.unwrap();
+    assert!(res.headers().get("x-kvgate-worker").is_none());
+    gw.shutdown().await;
+    gw2.shutdown().await;
+}
+
+#[tokio::test]
+async fn sse_first_chunk_arrives_before_upstream_finishes() {
+    let up = upstream("a", "m").await;
+    up.hold_stream.store(true, Ordering::SeqCst);
+    let gw = gateway(config(vec![up.url.clone()])).await;
+    let res = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&json!({"model": "m", "stream": true, "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "text/event-stream");
+    let mut stream = res.bytes_stream();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("first chunk arrives while the upstream is still holding the stream")
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("\"i\":0"));
+    up.release.notify_one();
+    let mut rest = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap() {
+        rest.extend_from_slice(&chunk.unwrap());
+    }
+    let rest = String::from_utf8(rest).unwrap();
+    assert!(rest.contains("\"i\":2"), "{rest}");
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn dead_worker_is_retried_elsewhere_without_client_error() {
+    let live = upstream("live", "m").await;
+    let mut cfg = config(vec![dead_url().await, live.url.clone()]);
+    cfg.disable_health_check = true; // the dead worker stays "healthy": only retries can save us
+    let gw = gateway(cfg).await;
+    // The dead worker's model cannot be discovered; register it explicitly through the API.
+    let dead = dead_url().await;
+    let res = client()
+        .post(format!("{}/workers", gw.url()))
+        .json(&json!({"url": dead, "model_id": "m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    for _ in 0..10 {
+        let res =
+            client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    assert_eq!(live.requests.load(Ordering::SeqCst), 10);
+    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("kvgate_retries_total{endpoint=\"chat_completions\"}"), "{metrics}");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn status_503_is_retried_on_another_worker_once() {
+    let bad = upstream("bad", "m").await;
+    bad.status.store(503, Ordering::SeqCst);
+    let good = upstream("good", "m").await;
+    let mut cfg = config(vec![bad.url.clone(), good.url.clone()]);
+    cfg.disable_health_check = true;
+    let gw = gateway(cfg).await;
+    for _ in 0..4 {
+        let res =
+            client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    assert_eq!(good.requests.load(Ordering::SeqCst), 4);
+    // Never sent twice to the same worker by a retry: bad saw at most one attempt per request.
+    assert!(bad.requests.load(Ordering::SeqCst) <= 4);
+    // With retries disabled the worker's 503 reaches the client unchanged.
+    let mut cfg = config(vec![bad.url.clone()]);
+    cfg.disable_retries = true;
+    let gw2 = gateway(cfg).await;
+    let res =
+        client().post(format!("{}/v1/chat/completions", gw2.url())).json(&chat("m")).send().await.unwrap();
+    assert_eq!(res.status(), 503);
+    assert!(res.text().await.unwrap().contains("bad says 503"));
+    gw.shutdown().await;
+    gw2.shutdown().await;
+}
+
+#[tokio::test]
+async fn circuit_breaker_stops_traffic_to_a_failing_worker() {
+    let failing = upstream("failing", "m").await;
+    failing.status.store(500, Ordering::SeqCst);
+    let good = upstream("good", "m").await;
+    let mut cfg = config(vec![failing.url.clone(), good.url.clone()]);
+    cfg.disable_health_check = true;
+    cfg.cb_failure_threshold = 2;
+    cfg.cb_timeout_duration_secs = 60.0;
+    let gw = gateway(cfg).await;
+    for _ in 0..20 {
+        client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+    }
+    assert_eq!(failing.requests.load(Ordering::SeqCst), 2, "the circuit opened after two failures");
+    let workers: Value =
+        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+    let states: Vec<_> =
+        workers["workers"].as_array().unwrap().iter().map(|w| w["circuit_state"].clone()).collect();
+    assert!(states.contains(&json!("open")), "{workers}");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn health_transitions_remove_and_restore_a_worker() {
+    let a = upstream("a", "m").await;
+    let b = upstream("b", "m").await;
+    let gw = gateway(config(vec![a.url.clone(), b.url.clone()])).await;
+    let client = client();
+    b.healthy.store(false, Ordering::SeqCst);
+    let gw_url = gw.url();
+    assert!(
+        eventually(5.0, async || {
+            let w: Value =
+                client.get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+            w["workers"].as_array().unwrap().iter().any(|w| w["healthy"] == json!(false))
+        })
+        .await,
+        "b is marked unhealthy"
+    );
+    let before = b.requests.load(Ordering::SeqCst);
+    for _ in 0..6 {
+        let res = client.post(format!("{gw_url}/v1/chat/completions")).json(&chat("m")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    assert_eq!(b.requests.load(Ordering::SeqCst), before, "an unhealthy worker gets no requests");
+    b.healthy.store(true, Ordering::SeqCst);
+    assert!(
+        eventually(5.0, async || {
+            let w: Value =
+                client.get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+            w["workers"].as_array().unwrap().iter().all(|w| w["healthy"] == json!(true))
+        })
+        .await,
+        "b is restored"
+    );
+    for _ in 0..6 {
+        client.post(format!("{gw_url}/v1/chat/completions")).json(&chat("m")).send().await.unwrap();
+    }
+    assert!(b.requests.load(Ordering::SeqCst) > before);
+    // With every worker down, readiness fails and requests get 503.
+    a.healthy.store(false, Ordering::SeqCst);
+    b.healthy.store(false, Ordering::SeqCst);
+    assert!(
+        eventually(5.0, async || client.get(format!("{gw_url}/readiness")).send().await.unwrap().status()
+            == 503)
+        .await
+    );
+    let res = client.post(format!("{gw_url}/v1/chat/completions")).json(&chat("m")).send().await.unwrap();
+    assert_eq!(res.status(), 503);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "no_healthy_worker");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn workers_added_and_removed_at_runtime() {
+    let a = upstream("a", "m").await;
+    let b = upstream("b", "m").await;
+    let gw = gateway(config(vec![a.url.clone()])).await;
+    let client = client();
+    let res = client.post(format!("{}/workers", gw.url())).json(&json!({"url": b.url})).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    let added: Value = res.json().await.unwrap();
+    assert_eq!(added["worker"]["model_id"], "m", "model discovered from /v1/models");
+    let dup = client.post(format!("{}/workers", gw.url())).json(&json!({"url": b.url})).send().await.unwrap();
+    assert_eq!(dup.status(), 409);
+    for _ in 0..4 {
+        client.post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+    }
+    assert_eq!(b.requests.load(Ordering::SeqCst), 2);
+    let listed: Value =
+        client.get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed["workers"].as_array().unwrap().len(), 2);
+    for key in ["url", "model_id", "healthy", "in_flight", "circuit_state"] {
+        assert!(listed["workers"][0].get(key).is_some(), "{key} in {listed}");
+    }
+
+    // Removing a worker never drops its in-flight request.
+    b.hold_stream.store(true, Ordering::SeqCst);
+    a.hold_stream.store(true, Ordering::SeqCst);
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let res = client
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&json!({"model": "m", "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        streams.push(res);
+    }
+    let encoded: String = b.url.bytes().map(|c| format!("%{c:02X}")).collect();
+    let res = client.delete(format!("{}/workers/{encoded}", gw.url())).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    b.release.notify_one();
+    a.release.notify_one();
+    for res in streams {
+        let text = tokio::time::timeout(Duration::from_secs(5), res.text()).await.unwrap().unwrap();
+        assert!(text.contains("[DONE]"), "{text}");
+    }
+    let after = b.requests.load(Ordering::SeqCst);
+    for _ in 0..4 {
+        client.post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+    }
+    assert_eq!(b.requests.load(Ordering::SeqCst), after, "a removed worker gets no new requests");
+    let missing = client.delete(format!("{}/workers/{encoded}", gw.url())).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    gw.shutdown().await;
+}
+
+async fn expect_error(res: reqwest::Response, status: u16, code: &str) {
+    assert_eq!(res.status(), status);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(body["error"]["type"].is_string());
+}
+
+#[tokio::test]
+async fn error_bodies_are_openai_style() {
+    let m1 = upstream("a", "model-one").await;
+    let m2 = upstream("b", "model-two").await;
+    let mut cfg = config(vec![m1.url.clone(), m2.url.clone()]);
+    cfg.max_payload_size = 1024;
+    let gw = gateway(cfg).await;
+    let client = client();
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let send =
+        |body: &'static str| client.post(&url).header("content-type", "application/json").body(body).send();
+    expect_error(send("{not json").await.unwrap(), 400, "invalid_request").await;
+    expect_error(send(r#"{"model": 5}"#).await.unwrap(), 400, "invalid_request").await;
+    expect_error(send(r#"{"model":"model-one","stream":"yes"}"#).await.unwrap(), 400, "invalid_request")
+        .await;
+    expect_error(send(r#"{"model":"nope"}"#).await.unwrap(), 404, "model_not_found").await;
+    // Several models and no model field: the client must say which.
+    expect_error(send(r#"{"messages":[]}"#).await.unwrap(), 400, "invalid_request").await;
+    let big = format!(r#"{{"model":"model-one","prompt":"{}"}}"#, "x".repeat(2048));
+    expect_error(client.post(&url).body(big).send().await.unwrap(), 413, "payload_too_large").await;
+    let ok = send(r#"{"model":"model-two"}"#).await.unwrap();
+    assert_eq!(ok.json::<Value>().await.unwrap()["worker"], "b");
+    expect_error(client.get(format!("{}/nope", gw.url())).send().await.unwrap(), 404, "not_found").await;
+    let models: Value =
+        client.get(format!("{}/v1/models", gw.url())).send().await.unwrap().json().await.unwrap();
+    let ids: Vec<_> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["model-one", "model-two"]);
+
+    // No workers at all: 503.
+    let empty = gateway(config(vec![])).await;
+    let res = client.post(format!("{}/v1/completions", empty.url())).json(&chat("m")).send().await.unwrap();
+    expect_error(res, 503, "no_healthy_worker").await;
+    assert_eq!(client.get(format!("{}/readiness", empty.url())).send().await.unwrap().status(), 503);
+    assert_eq!(client.get(format!("{}/health", empty.url())).send().await.unwrap().status(), 200);
+    gw.shutdown().await;
+    empty.shutdown().await;
+}
+
+#[tokio::test]
+async fn single_model_pool_takes_missing_or_unknown_model() {
+    let up = upstream("a", "only").await;
+    let gw = gateway(config(vec![up.url.clone()])).await;
+    for body in [json!({"messages": []}), json!({"model": "whatever", "messages": []})] {
+        let res =
+            client().post(format!("{}/v1/chat/completions", gw.url())).json(&body).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{body}");
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn admin_api_requires_the_key() {
+    let up = upstream("a", "m").await;
+    let mut cfg = config(vec![up.url.clone()]);
+    cfg.admin_api_key = Some("s3cret".into());
+    cfg.api_key = Some("worker-key".into());
+    let gw = gateway(cfg).await;
+    let client = client();
+    let workers = format!("{}/workers", gw.url());
+    expect_error(client.get(&workers).send().await.unwrap(), 401, "invalid_api_key").await;
+    expect_error(client.get(&workers).bearer_auth("wrong").send().await.unwrap(), 401, "invalid_api_key")
+        .await;
+    expect_error(
+        client.post(&workers).json(&json!({"url": "http://127.0.0.1:9"})).send().await.unwrap(),
+        401,
+        "invalid_api_key",
+    )
+    .await;
+    expect_error(client.delete(format!("{workers}/x")).send().await.unwrap(), 401, "invalid_api_key").await;
+    assert_eq!(client.get(&workers).bearer_auth("s3cret").send().await.unwrap().status(), 200);
+    // Proxied requests are not admin requests, and carry the worker key upstream.
+    let res = client.post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(up.last_auth.lock().unwrap().as_deref(), Some("Bearer worker-key"));
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn upstream_timeout_is_504() {
+    let slow = upstream("slow", "m").await;
+    slow.delay_ms.store(2000, Ordering::SeqCst);
+    let mut cfg = config(vec![slow.url.clone()]);
+    cfg.request_timeout_secs = 0.2;
+    let gw = gateway(cfg).await;
+    let res =
+        client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+    expect_error(res, 504, "upstream_timeout").await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_lets_in_flight_requests_finish() {
+    let up = upstream("a", "m").await;
+    up.delay_ms.store(300, Ordering::SeqCst);
+    let gw = gateway(config(vec![up.url.clone()])).await;
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let pending = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.shutdown().await;
+    let res = pending.await.unwrap().unwrap();
+    assert_eq!(res.status(), 200);
+}
+
+#[tokio::test]
+async fn metrics_cover_requests_latency_and_decisions() {
+    let up = upstream("a", "m").await;
+    let gw = gateway(config(vec![up.url.clone()])).await;
+    let client = client();
+    client
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&chat("m"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    client.post(format!("{}/v1/chat/completions", gw.url())).body("{").send().await.unwrap();
+    let text = client.get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    for needle in [
+        format!(
+            "kvgate_requests_total{{endpoint=\"chat_completions\",status=\"200\",worker=\"{}\"}} 1",
+            up.url
+        ),
+        "kvgate_requests_total{endpoint=\"chat_completions\",status=\"400\",worker=\"none\"} 1".to_string(),
+        "kvgate_request_ttfb_seconds_count{endpoint=\"chat_completions\"} 1".to_string(),
+        "kvgate_request_duration_seconds_count{endpoint=\"chat_completions\"} 1".to_string(),
+        format!("kvgate_worker_in_flight{{worker=\"{}\"}} 0", up.url),
+        format!("kvgate_worker_healthy{{worker=\"{}\"}} 1", up.url),
+        format!("kvgate_worker_circuit_state{{worker=\"{}\"}} 0", up.url),
+        "kvgate_routing_decisions_total{model=\"m\",reason=\"round_robin\"} 1".to_string(),
+    ] {
+        assert!(text.contains(&needle), "missing {needle} in\n{text}");
+    }
+    gw.shutdown().await;
+}
