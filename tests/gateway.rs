@@ -413,3 +413,41 @@ async fn metrics_cover_requests_latency_and_decisions() {
     }
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn cache_aware_is_the_default_and_keeps_a_conversation_on_one_worker() {
+    let ups = [upstream("a", "m").await, upstream("b", "m").await, upstream("c", "m").await];
+    let mut cfg = config(ups.iter().map(|u| u.url.clone()).collect());
+    cfg.routing = kvgate_policy::PolicyConfig::default();
+    cfg.expose_routing_headers = true;
+    let gw = gateway(cfg).await;
+    let client = client();
+    let mut messages =
+        vec![json!({"role": "system", "content": "You are a terse assistant who answers in one line."})];
+    let mut workers = Vec::new();
+    let mut routes = Vec::new();
+    for turn in 0..5 {
+        messages.push(json!({"role": "user", "content": format!("question number {turn}")}));
+        let res = client
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&json!({"model": "m", "messages": messages}))
+            .send()
+            .await
+            .unwrap();
+        workers.push(res.headers()["x-kvgate-worker"].to_str().unwrap().to_string());
+        routes.push(res.headers()["x-kvgate-route"].to_str().unwrap().to_string());
+        messages.push(json!({"role": "assistant", "content": "an answer"}));
+    }
+    assert!(workers.iter().all(|w| w == &workers[0]), "{workers:?}");
+    assert_eq!(routes, ["cache_miss", "cache_hit", "cache_hit", "cache_hit", "cache_hit"]);
+    let text = client.get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    for needle in [
+        "kvgate_routing_decisions_total{model=\"m\",reason=\"cache_hit\"} 4",
+        "kvgate_routing_decisions_total{model=\"m\",reason=\"cache_miss\"} 1",
+        "kvgate_prefix_match_rate_count{kind=\"best\",model=\"m\"} 5",
+        "kvgate_prefix_match_rate_count{kind=\"chosen\",model=\"m\"} 5",
+    ] {
+        assert!(text.contains(needle), "missing {needle}");
+    }
+    gw.shutdown().await;
+}

@@ -140,6 +140,10 @@ pub fn config(worker_urls: Vec<String>) -> GatewayConfig {
         retry_initial_backoff_ms: 1,
         retry_max_backoff_ms: 5,
         shutdown_grace_period_secs: 5.0,
+        routing: kvgate_policy::PolicyConfig {
+            policy: kvgate_policy::PolicyKind::RoundRobin,
+            ..Default::default()
+        },
         ..GatewayConfig::default()
     }
 }

@@ -101,7 +101,10 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     }
 
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let background = vec![tokio::spawn(health::run(state.clone(), shutdown_rx.clone()))];
+    let background = vec![
+        tokio::spawn(health::run(state.clone(), shutdown_rx.clone())),
+        tokio::spawn(maintain_policies(state.clone(), shutdown_rx.clone())),
+    ];
     let app = router(state.clone());
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
@@ -116,6 +119,22 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     });
     tracing::info!(addr = %local_addr, policy = state.config.routing.policy.as_str(), "kvgate listening");
     Ok(GatewayHandle { addr: local_addr, state, shutdown, server, background })
+}
+
+/// Drive the policies' periodic maintenance (prefix-tree eviction) from the gateway's clock.
+async fn maintain_policies(state: SharedState, mut shutdown: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let now_ms = state.now_ms();
+        for pool in state.registry.snapshot().models.values() {
+            pool.policy.maintain(now_ms);
+        }
+    }
 }
 
 /// Run until SIGINT/SIGTERM, then shut down gracefully.

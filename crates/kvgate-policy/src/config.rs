@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Policy, RandomPolicy, RoundRobinPolicy};
+use crate::{CacheAwarePolicy, Policy, RandomPolicy, RoundRobinPolicy};
 
 /// The routing policies kvgate knows, by their configuration names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -16,6 +16,8 @@ pub enum PolicyKind {
     RoundRobin,
     /// Each request to a uniformly random worker.
     Random,
+    /// Longest prefix match while the pool is balanced; load balancing when it is not.
+    CacheAware,
 }
 
 impl PolicyKind {
@@ -23,8 +25,22 @@ impl PolicyKind {
         match self {
             PolicyKind::RoundRobin => "round_robin",
             PolicyKind::Random => "random",
+            PolicyKind::CacheAware => "cache_aware",
         }
     }
+}
+
+/// Where a cache-aware miss (no worker matches enough of the prompt) is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[clap(rename_all = "snake_case")]
+pub enum MissStrategy {
+    /// The worker with the fewest in-flight requests.
+    LeastLoad,
+    /// The worker with the lowest KV usage (needs fresh loads; else least_load).
+    MostFreeKv,
+    /// The worker holding the least prompt text in the prefix tree.
+    SmallestTree,
 }
 
 /// Every policy option. Flattened into `kvgate launch` and `kvgate sim`, read from YAML.
@@ -32,13 +48,64 @@ impl PolicyKind {
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     /// Routing policy.
-    #[arg(long = "policy", value_enum, default_value = "round_robin")]
+    #[arg(long = "policy", value_enum, default_value = "cache_aware")]
     pub policy: PolicyKind,
+
+    /// cache_aware: minimum matched fraction of the prompt for a cache hit, in (0, 1].
+    #[arg(long, default_value_t = 0.3)]
+    pub cache_threshold: f64,
+    /// cache_aware: in-flight spread (max - min) above which the pool may be imbalanced, > 0.
+    #[arg(long, default_value_t = 64.0)]
+    pub balance_abs_threshold: f64,
+    /// cache_aware: ratio max / min in-flight above which the pool may be imbalanced, >= 1.
+    #[arg(long, default_value_t = 1.5)]
+    pub balance_rel_threshold: f64,
+    /// cache_aware: KV usage spread (hottest - coldest engine) that makes the pool imbalanced,
+    /// in (0, 1]; 1.0 disables the term.
+    #[arg(long, default_value_t = 1.0)]
+    pub balance_token_usage_threshold: f64,
+    /// cache_aware: KV usage of the hottest engine that makes the pool imbalanced, in (0, 1];
+    /// 1.0 disables the term.
+    #[arg(long, default_value_t = 1.0)]
+    pub overload_token_usage_threshold: f64,
+    /// cache_aware: seconds between prefix-tree evictions, > 0.
+    #[arg(long, default_value_t = 120.0)]
+    pub eviction_interval: f64,
+    /// cache_aware: most prompt characters (or tokens) the tree keeps per worker, > 0.
+    #[arg(long, default_value_t = 67_108_864)]
+    pub max_tree_size: usize,
+    /// cache_aware: token-id prompts are matched in whole blocks of this many tokens, > 0.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// cache_aware: add the prompt tokens routed to a worker since its last load sample to its
+    /// KV usage estimate.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kv_inflight_correction: bool,
+    /// cache_aware: when the pool is imbalanced, prefer the best prefix match among workers
+    /// inside the acceptable load band before the plain least-loaded worker.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub rebalance_affinity: bool,
+    /// cache_aware: where a cache miss goes.
+    #[arg(long, value_enum, default_value = "least_load")]
+    pub cache_miss_strategy: MissStrategy,
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        Self { policy: PolicyKind::RoundRobin }
+        Self {
+            policy: PolicyKind::CacheAware,
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64.0,
+            balance_rel_threshold: 1.5,
+            balance_token_usage_threshold: 1.0,
+            overload_token_usage_threshold: 1.0,
+            eviction_interval: 120.0,
+            max_tree_size: 67_108_864,
+            block_size: 16,
+            kv_inflight_correction: true,
+            rebalance_affinity: true,
+            cache_miss_strategy: MissStrategy::LeastLoad,
+        }
     }
 }
 
@@ -53,7 +120,41 @@ pub struct ConfigError {
 impl PolicyConfig {
     /// Check every option; returns all problems at once.
     pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
-        Ok(())
+        let mut errors = Vec::new();
+        let mut check = |field: &'static str, value: f64, low: f64, high: f64, range: &str| {
+            if !value.is_finite() || value < low || value > high || value <= 0.0 {
+                errors.push(ConfigError {
+                    field,
+                    message: format!("must be a finite number in {range}, got {value}"),
+                });
+            }
+        };
+        check("cache_threshold", self.cache_threshold, 0.0, 1.0, "(0, 1]");
+        check("balance_abs_threshold", self.balance_abs_threshold, 0.0, f64::MAX, "(0, inf)");
+        check("balance_rel_threshold", self.balance_rel_threshold, 1.0, f64::MAX, "[1, inf)");
+        check("balance_token_usage_threshold", self.balance_token_usage_threshold, 0.0, 1.0, "(0, 1]");
+        check("overload_token_usage_threshold", self.overload_token_usage_threshold, 0.0, 1.0, "(0, 1]");
+        check("eviction_interval", self.eviction_interval, 0.0, f64::MAX, "(0, inf) seconds");
+        for (field, value) in [("max_tree_size", self.max_tree_size), ("block_size", self.block_size)] {
+            if value == 0 {
+                errors.push(ConfigError { field, message: "must be at least 1".into() });
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Whether a policy built from this configuration reads engine loads (the host then polls).
+    pub fn needs_loads(&self) -> bool {
+        match self.policy {
+            PolicyKind::RoundRobin | PolicyKind::Random => false,
+            PolicyKind::CacheAware => {
+                self.balance_token_usage_threshold < 1.0 || self.overload_token_usage_threshold < 1.0
+            }
+        }
     }
 }
 
@@ -62,5 +163,60 @@ pub fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
     match config.policy {
         PolicyKind::RoundRobin => Arc::new(RoundRobinPolicy::new()),
         PolicyKind::Random => Arc::new(RandomPolicy),
+        PolicyKind::CacheAware => Arc::new(CacheAwarePolicy::new(config)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(config: PolicyConfig) -> Vec<&'static str> {
+        config.validate().err().unwrap_or_default().iter().map(|e| e.field).collect()
+    }
+
+    #[test]
+    fn defaults_are_valid_and_count_only() {
+        let config = PolicyConfig::default();
+        config.validate().unwrap();
+        assert!(!config.needs_loads(), "both KV terms default to 1.0, which disables them");
+        assert_eq!(config.policy, PolicyKind::CacheAware);
+    }
+
+    #[test]
+    fn nan_inf_and_non_positive_thresholds_are_rejected_by_name() {
+        let bad = PolicyConfig {
+            cache_threshold: f64::NAN,
+            balance_abs_threshold: 0.0,
+            balance_rel_threshold: f64::INFINITY,
+            balance_token_usage_threshold: -0.1,
+            overload_token_usage_threshold: 1.5,
+            eviction_interval: f64::NEG_INFINITY,
+            max_tree_size: 0,
+            ..PolicyConfig::default()
+        };
+        assert_eq!(
+            fields(bad.clone()),
+            [
+                "cache_threshold",
+                "balance_abs_threshold",
+                "balance_rel_threshold",
+                "balance_token_usage_threshold",
+                "overload_token_usage_threshold",
+                "eviction_interval",
+                "max_tree_size"
+            ]
+        );
+        let message = bad.validate().unwrap_err()[0].to_string();
+        assert!(message.contains("cache_threshold") && message.contains("(0, 1]"), "{message}");
+    }
+
+    #[test]
+    fn a_kv_threshold_below_one_needs_loads() {
+        let spread = PolicyConfig { balance_token_usage_threshold: 0.3, ..PolicyConfig::default() };
+        let overload = PolicyConfig { overload_token_usage_threshold: 0.9, ..PolicyConfig::default() };
+        assert!(spread.needs_loads() && overload.needs_loads());
+        let round_robin = PolicyConfig { policy: PolicyKind::RoundRobin, ..spread };
+        assert!(!round_robin.needs_loads());
     }
 }

@@ -3,11 +3,13 @@
 //! The gateway and the virtual-time simulator call the same [`Policy::select`]: it never performs
 //! I/O, never reads a clock and never spawns a thread. Everything it needs is in its arguments.
 
+mod cache_aware;
 mod config;
 mod random;
 mod round_robin;
 
-pub use config::{build_policy, ConfigError, PolicyConfig, PolicyKind};
+pub use cache_aware::{CacheAwarePolicy, Imbalance, Thresholds};
+pub use config::{build_policy, ConfigError, MissStrategy, PolicyConfig, PolicyKind};
 pub use random::RandomPolicy;
 pub use round_robin::RoundRobinPolicy;
 

@@ -1,0 +1,335 @@
+//! `cache_aware`: route to the worker already holding the longest prefix of the prompt while the
+//! pool is balanced; when it is imbalanced (overload, KV spread or count spread), move load toward
+//! the coldest engine, keeping prefix affinity inside the acceptable load band when possible.
+
+mod imbalance;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use kvgate_index::{PrefixMatch, TextTree, TokenTree};
+use rand::Rng;
+
+pub use imbalance::{imbalance, in_band, kv_usable, Imbalance, Thresholds};
+
+use crate::config::{MissStrategy, PolicyConfig};
+use crate::{
+    Candidate, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, RoutingKey, SelectContext,
+    WorkerId,
+};
+
+/// KV usages closer than this are a tie (broken by in-flight count, then at random).
+const KV_TIE: f64 = 0.01;
+
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    thresholds: Thresholds,
+    cache_threshold: f64,
+    eviction_interval_ms: u64,
+    max_tree_size: usize,
+    block_size: usize,
+    kv_inflight_correction: bool,
+    rebalance_affinity: bool,
+    miss_strategy: MissStrategy,
+}
+
+#[derive(Default)]
+struct State {
+    text: TextTree,
+    tokens: TokenTree,
+    /// Prompt tokens (uncached estimate) routed to each worker, by routing time, for the
+    /// in-flight correction of its KV usage between load samples.
+    routed: HashMap<WorkerId, VecDeque<(u64, f64)>>,
+    last_eviction_ms: Option<u64>,
+}
+
+pub struct CacheAwarePolicy {
+    settings: Settings,
+    state: Mutex<State>,
+}
+
+impl CacheAwarePolicy {
+    pub fn new(config: &PolicyConfig) -> Self {
+        Self {
+            settings: Settings {
+                thresholds: Thresholds {
+                    balance_abs: config.balance_abs_threshold,
+                    balance_rel: config.balance_rel_threshold,
+                    kv_spread: config.balance_token_usage_threshold,
+                    overload: config.overload_token_usage_threshold,
+                },
+                cache_threshold: config.cache_threshold,
+                eviction_interval_ms: (config.eviction_interval * 1000.0) as u64,
+                max_tree_size: config.max_tree_size,
+                block_size: config.block_size.max(1),
+                kv_inflight_correction: config.kv_inflight_correction,
+                rebalance_affinity: config.rebalance_affinity,
+                miss_strategy: config.cache_miss_strategy,
+            },
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Elements the prefix tree holds for a worker (text bytes + token ids).
+    pub fn tree_size(&self, worker: WorkerId) -> usize {
+        let state = self.lock();
+        state.text.tenant_size(worker) + state.tokens.tenant_size(worker)
+    }
+}
+
+/// Everything the decision needs, computed before the tree descent.
+struct Inputs<'a> {
+    settings: &'a Settings,
+    candidates: &'a [Candidate],
+    in_flight: Vec<u64>,
+    kv: Option<Vec<f64>>,
+    imbalance: Option<Imbalance>,
+    tree_sizes: Vec<usize>,
+}
+
+struct Outcome {
+    index: usize,
+    reason: Reason,
+    matches: Option<MatchInfo>,
+}
+
+/// Indices in `indices` that minimise `key`, then one of them at random.
+fn pick_min_by<K: PartialOrd + Copy>(
+    indices: impl Iterator<Item = usize>,
+    key: impl Fn(usize) -> K,
+    rng: &mut dyn rand::RngCore,
+) -> Option<usize> {
+    let mut best: Vec<usize> = Vec::new();
+    let mut best_key: Option<K> = None;
+    for i in indices {
+        let k = key(i);
+        match best_key {
+            Some(b) if k > b => {}
+            Some(b) if k == b => best.push(i),
+            _ => {
+                best_key = Some(k);
+                best.clear();
+                best.push(i);
+            }
+        }
+    }
+    match best.len() {
+        0 => None,
+        1 => Some(best[0]),
+        n => Some(best[rng.random_range(0..n)]),
+    }
+}
+
+impl Inputs<'_> {
+    fn all(&self) -> std::ops::Range<usize> {
+        0..self.candidates.len()
+    }
+
+    /// Fewest in-flight requests; ties by KV usage when known, then at random.
+    fn least_in_flight(&self, rng: &mut dyn rand::RngCore) -> usize {
+        let kv_bucket = |i: usize| self.kv.as_ref().map_or(0, |kv| (kv[i] / KV_TIE) as i64);
+        pick_min_by(self.all(), |i| (self.in_flight[i], kv_bucket(i)), rng).expect("candidates are not empty")
+    }
+
+    /// Lowest KV usage (ties within 1%: fewer in-flight, then at random).
+    fn coldest(&self, rng: &mut dyn rand::RngCore) -> usize {
+        let Some(kv) = &self.kv else { return self.least_in_flight(rng) };
+        let coldest = kv.iter().copied().fold(f64::INFINITY, f64::min);
+        let near = self.all().filter(|&i| kv[i] - coldest < KV_TIE);
+        pick_min_by(near, |i| self.in_flight[i], rng).expect("the coldest is near itself")
+    }
+
+    /// Best prefix match among `indices` if it clears the cache threshold (ties: fewer in-flight,
+    /// then at random).
+    fn best_match(
+        &self,
+        indices: impl Iterator<Item = usize> + Clone,
+        matched: &[usize],
+        query_len: usize,
+        rng: &mut dyn rand::RngCore,
+    ) -> Option<usize> {
+        let best = indices.clone().map(|i| matched[i]).max()?;
+        if query_len == 0 || best as f64 / query_len as f64 <= self.settings.cache_threshold {
+            return None;
+        }
+        pick_min_by(indices.filter(|&i| matched[i] == best), |i| self.in_flight[i], rng)
+    }
+
+    fn decide(&self, prefix: &PrefixMatch, rng: &mut dyn rand::RngCore) -> Outcome {
+        let query_len = prefix.query_len();
+        let matched: Vec<usize> = self.candidates.iter().map(|c| prefix.matched(c.id)).collect();
+        let (index, reason) = match self.imbalance {
+            Some(imbalance) => {
+                let thresholds = &self.settings.thresholds;
+                let kv = self.kv.as_deref();
+                let band = self.all().filter(|&i| in_band(thresholds, i, &self.in_flight, kv));
+                let affine = if self.settings.rebalance_affinity {
+                    self.best_match(band, &matched, query_len, rng)
+                } else {
+                    None
+                };
+                let index = affine.unwrap_or_else(|| {
+                    if imbalance.is_kv() {
+                        self.coldest(rng)
+                    } else {
+                        self.least_in_flight(rng)
+                    }
+                });
+                (index, imbalance.reason())
+            }
+            None => match self.best_match(self.all(), &matched, query_len, rng) {
+                Some(index) => (index, Reason::CacheHit),
+                None => (self.on_miss(rng), Reason::CacheMiss),
+            },
+        };
+        let matches = (query_len > 0).then(|| MatchInfo {
+            best_match_rate: matched.iter().copied().max().unwrap_or(0) as f64 / query_len as f64,
+            chosen_match_rate: matched[index] as f64 / query_len as f64,
+        });
+        Outcome { index, reason, matches }
+    }
+
+    fn on_miss(&self, rng: &mut dyn rand::RngCore) -> usize {
+        match self.settings.miss_strategy {
+            MissStrategy::LeastLoad => self.least_in_flight(rng),
+            MissStrategy::MostFreeKv => self.coldest(rng),
+            MissStrategy::SmallestTree => {
+                pick_min_by(self.all(), |i| (self.tree_sizes[i], self.in_flight[i]), rng).expect("not empty")
+            }
+        }
+    }
+}
+
+impl State {
+    /// KV usage estimate: the engine's last sample plus the uncached prompt tokens routed to it since.
+    fn kv_estimate(&self, candidate: &Candidate, correction: bool) -> f64 {
+        let Some(load) = candidate.load else { return 0.0 };
+        let mut usage = load.token_usage;
+        if correction && load.max_total_num_tokens > 0 {
+            let routed: f64 = self
+                .routed
+                .get(&candidate.id)
+                .map(|q| q.iter().filter(|(at, _)| *at >= load.fetched_at_ms).map(|(_, tokens)| tokens).sum())
+                .unwrap_or(0.0);
+            usage += routed / load.max_total_num_tokens as f64;
+        }
+        usage.clamp(0.0, 1.0)
+    }
+
+    fn record_routed(&mut self, worker: WorkerId, now_ms: u64, tokens: f64, keep_ms: u64) {
+        let queue = self.routed.entry(worker).or_default();
+        while queue.front().is_some_and(|(at, _)| at.saturating_add(keep_ms) < now_ms) {
+            queue.pop_front();
+        }
+        if tokens > 0.0 {
+            queue.push_back((now_ms, tokens));
+        }
+    }
+}
+
+impl Policy for CacheAwarePolicy {
+    fn name(&self) -> &'static str {
+        "cache_aware"
+    }
+
+    fn needs_loads(&self) -> bool {
+        self.settings.thresholds.kv_spread < 1.0 || self.settings.thresholds.overload < 1.0
+    }
+
+    fn needs_routing_key(&self) -> bool {
+        true
+    }
+
+    fn select(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: &[Candidate],
+        ctx: &mut SelectContext<'_>,
+    ) -> Result<Decision, NoRoute> {
+        if candidates.is_empty() {
+            return Err(NoRoute::NoCandidates);
+        }
+        let settings = &self.settings;
+        let mut state = self.lock();
+        let kv = kv_usable(candidates, ctx.now_ms, ctx.load_poll_interval_ms).then(|| {
+            candidates
+                .iter()
+                .map(|c| state.kv_estimate(c, settings.kv_inflight_correction))
+                .collect::<Vec<_>>()
+        });
+        let in_flight: Vec<u64> = candidates.iter().map(|c| c.in_flight).collect();
+        let tree_sizes = match settings.miss_strategy {
+            MissStrategy::SmallestTree => candidates
+                .iter()
+                .map(|c| state.text.tenant_size(c.id) + state.tokens.tenant_size(c.id))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let inputs = Inputs {
+            settings,
+            candidates,
+            imbalance: imbalance(&settings.thresholds, &in_flight, kv.as_deref()),
+            in_flight,
+            kv,
+            tree_sizes,
+        };
+
+        let mut outcome = None;
+        let rng = &mut *ctx.rng;
+        let mut decide = |prefix: &PrefixMatch| {
+            let decided = inputs.decide(prefix, rng);
+            let id = candidates[decided.index].id;
+            outcome = Some(decided);
+            Some(id)
+        };
+        let now = ctx.now_ms;
+        match request.key {
+            RoutingKey::Text(text) if !text.is_empty() => {
+                state.text.match_and_insert(text.as_bytes(), now, &mut decide);
+            }
+            RoutingKey::Tokens(ids) if ids.len() >= settings.block_size => {
+                let whole_blocks = ids.len() / settings.block_size * settings.block_size;
+                state.tokens.match_and_insert(&ids[..whole_blocks], now, &mut decide);
+            }
+            _ => {
+                decide(&PrefixMatch::default());
+            }
+        }
+        let outcome = outcome.expect("the tree calls the chooser exactly once");
+        let worker = candidates[outcome.index].id;
+        let uncached =
+            request.prompt_tokens as f64 * (1.0 - outcome.matches.map_or(0.0, |m| m.chosen_match_rate));
+        state.record_routed(worker, now, uncached, ctx.load_poll_interval_ms.saturating_mul(4));
+        Ok(Decision { worker, reason: outcome.reason, matches: outcome.matches })
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        let mut state = self.lock();
+        state.text.remove_tenant(worker);
+        state.tokens.remove_tenant(worker);
+        state.routed.remove(&worker);
+    }
+
+    fn maintain(&self, now_ms: u64) {
+        let mut state = self.lock();
+        let due = match state.last_eviction_ms {
+            None => {
+                state.last_eviction_ms = Some(now_ms);
+                false
+            }
+            Some(last) => now_ms.saturating_sub(last) >= self.settings.eviction_interval_ms,
+        };
+        if due {
+            state.last_eviction_ms = Some(now_ms);
+            state.text.evict(self.settings.max_tree_size);
+            state.tokens.evict(self.settings.max_tree_size);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

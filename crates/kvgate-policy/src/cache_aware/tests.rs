@@ -1,0 +1,284 @@
+//! Decision tests of cache_aware: one `route` helper, many small scenarios.
+
+use rand::{rngs::SmallRng, SeedableRng};
+
+use super::*;
+use crate::{LoadSample, PolicyKind};
+
+const POLL_MS: u64 = 1000;
+
+fn kv_aware() -> PolicyConfig {
+    PolicyConfig {
+        policy: PolicyKind::CacheAware,
+        balance_token_usage_threshold: 0.3,
+        overload_token_usage_threshold: 0.9,
+        ..PolicyConfig::default()
+    }
+}
+
+/// Candidates with ids 0.., in-flight counts and, optionally, KV usage sampled at `fetched_at`.
+fn pool(in_flight: &[u64], kv: Option<&[f64]>, fetched_at: u64) -> Vec<Candidate> {
+    in_flight
+        .iter()
+        .enumerate()
+        .map(|(i, &in_flight)| Candidate {
+            id: i as u32,
+            in_flight,
+            load: kv.map(|kv| LoadSample {
+                token_usage: kv[i],
+                max_total_num_tokens: 100_000,
+                fetched_at_ms: fetched_at,
+                ..LoadSample::default()
+            }),
+        })
+        .collect()
+}
+
+struct Harness {
+    policy: CacheAwarePolicy,
+    rng: SmallRng,
+    now_ms: u64,
+}
+
+impl Harness {
+    fn new(config: PolicyConfig) -> Self {
+        Self { policy: CacheAwarePolicy::new(&config), rng: SmallRng::seed_from_u64(42), now_ms: 10_000 }
+    }
+
+    fn route(&mut self, text: &str, candidates: &[Candidate]) -> Decision {
+        let request = RouteRequest { key: RoutingKey::Text(text), prompt_tokens: text.len() as u64 / 4 };
+        self.route_request(&request, candidates)
+    }
+
+    fn route_request(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Decision {
+        let mut ctx =
+            SelectContext { now_ms: self.now_ms, load_poll_interval_ms: POLL_MS, rng: &mut self.rng };
+        self.policy.select(request, candidates, &mut ctx).unwrap()
+    }
+}
+
+const PROMPT: &str = "You are a helpful assistant. Summarise the following document in three bullet points.";
+
+#[test]
+fn repeated_prefixes_stick_to_one_worker() {
+    let mut h = Harness::new(PolicyConfig::default());
+    let candidates = pool(&[0, 0, 0, 0], None, 0);
+    let first = h.route(PROMPT, &candidates);
+    assert_eq!(first.reason, Reason::CacheMiss);
+    for turn in 0..20 {
+        let d = h.route(&format!("{PROMPT} turn {turn}"), &candidates);
+        assert_eq!((d.worker, d.reason), (first.worker, Reason::CacheHit), "turn {turn}");
+    }
+}
+
+#[test]
+fn misses_go_to_the_least_loaded_worker() {
+    let mut h = Harness::new(PolicyConfig::default());
+    let d = h.route("a completely new prompt", &pool(&[5, 2, 9], None, 0));
+    assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
+}
+
+#[test]
+fn defaults_are_count_only() {
+    let mut h = Harness::new(PolicyConfig::default());
+    let hot = pool(&[3, 3], Some(&[0.99, 0.0]), h.now_ms);
+    let owner = h.route(PROMPT, &hot).worker;
+    let d = h.route(PROMPT, &hot);
+    assert_eq!((d.worker, d.reason), (owner, Reason::CacheHit), "KV terms are off by default");
+    let mut skewed = pool(&[0, 0], None, 0);
+    skewed[owner as usize].in_flight = 100;
+    let d = h.route(PROMPT, &skewed);
+    assert_eq!((d.worker, d.reason), (1 - owner, Reason::ImbalanceCount));
+}
+
+#[test]
+fn one_hot_engine_triggers_the_spread_and_moves_load_to_the_coldest() {
+    let mut h = Harness::new(kv_aware());
+    let now = h.now_ms;
+    // Worker 0 owns the prefix and is hot; worker 2 is the coldest.
+    h.route(PROMPT, &pool(&[0], Some(&[0.0]), now));
+    let d = h.route(PROMPT, &pool(&[4, 4, 4], Some(&[0.7, 0.3, 0.05]), now));
+    assert_eq!((d.worker, d.reason), (2, Reason::ImbalanceKvSpread));
+    let m = d.matches.unwrap();
+    assert_eq!((m.best_match_rate, m.chosen_match_rate), (1.0, 0.0), "the regret of moving off the owner");
+}
+
+#[test]
+fn uniformly_high_kv_keeps_affinity() {
+    let mut h = Harness::new(kv_aware());
+    let now = h.now_ms;
+    h.route(PROMPT, &pool(&[0], Some(&[0.0]), now));
+    let d = h.route(PROMPT, &pool(&[4, 4, 4], Some(&[0.85, 0.8, 0.82]), now));
+    assert_eq!((d.worker, d.reason), (0, Reason::CacheHit));
+}
+
+#[test]
+fn above_the_ceiling_is_overload_and_never_lands_on_the_hot_engine() {
+    let mut h = Harness::new(kv_aware());
+    let now = h.now_ms;
+    h.route(PROMPT, &pool(&[0], Some(&[0.0]), now));
+    for _ in 0..20 {
+        // Counts tie; the owner is over the ceiling.
+        let d = h.route(PROMPT, &pool(&[4, 4, 4], Some(&[0.95, 0.86, 0.88]), now));
+        assert_eq!(d.reason, Reason::ImbalanceOverload);
+        assert_eq!(d.worker, 1, "the coldest engine, never the overloaded owner");
+    }
+}
+
+#[test]
+fn count_spread_with_even_kv_picks_the_shortest_queue() {
+    let mut h = Harness::new(kv_aware());
+    let d = h.route(PROMPT, &pool(&[200, 100, 90], Some(&[0.2, 0.2, 0.2]), h.now_ms));
+    assert_eq!((d.worker, d.reason), (2, Reason::ImbalanceCount));
+}
+
+#[test]
+fn partial_or_stale_snapshots_fall_back_to_count_only() {
+    let mut h = Harness::new(kv_aware());
+    let now = h.now_ms;
+    h.route(PROMPT, &pool(&[0], Some(&[0.0]), now));
+    let mut partial = pool(&[4, 4, 4], Some(&[0.99, 0.0, 0.0]), now);
+    partial[2].load = None;
+    let d = h.route(PROMPT, &partial);
+    assert_eq!((d.worker, d.reason), (0, Reason::CacheHit), "partial snapshot");
+    let stale = pool(&[4, 4, 4], Some(&[0.99, 0.0, 0.0]), now - 3 * POLL_MS - 1);
+    let d = h.route(PROMPT, &stale);
+    assert_eq!((d.worker, d.reason), (0, Reason::CacheHit), "stale snapshot");
+    let fresh = pool(&[4, 4, 4], Some(&[0.99, 0.0, 0.0]), now - 3 * POLL_MS);
+    assert_eq!(h.route(PROMPT, &fresh).reason, Reason::ImbalanceOverload, "exactly 3 intervals is fresh");
+}
+
+#[test]
+fn other_models_workers_are_never_chosen() {
+    let mut h = Harness::new(PolicyConfig::default());
+    // Worker 7 holds the prefix but is not a candidate (another model, or unhealthy).
+    h.route(PROMPT, &[Candidate { id: 7, in_flight: 0, load: None }]);
+    for _ in 0..10 {
+        let d = h.route(PROMPT, &pool(&[1, 0], None, 0));
+        assert!(d.worker < 2);
+    }
+}
+
+#[test]
+fn affinity_is_kept_inside_the_load_band_while_rebalancing() {
+    let run = |rebalance_affinity: bool| {
+        let mut h = Harness::new(PolicyConfig { rebalance_affinity, ..PolicyConfig::default() });
+        h.route(PROMPT, &pool(&[0, 5], None, 0)); // worker 0 learns the prefix
+        h.route("another prompt entirely", &pool(&[5, 0], None, 0)); // worker 1 learns another
+                                                                     // Worker 2 is hot, worker 0 (owner) is within the band of the least loaded worker 1.
+        let candidates = [
+            Candidate { id: 0, in_flight: 40, load: None },
+            Candidate { id: 1, in_flight: 10, load: None },
+            Candidate { id: 2, in_flight: 300, load: None },
+        ];
+        h.route(PROMPT, &candidates)
+    };
+    let affine = run(true);
+    assert_eq!((affine.worker, affine.reason), (0, Reason::ImbalanceCount));
+    assert_eq!(affine.matches.unwrap().chosen_match_rate, 1.0);
+    let plain = run(false);
+    assert_eq!((plain.worker, plain.reason), (1, Reason::ImbalanceCount));
+}
+
+#[test]
+fn a_hot_prefix_spreads_instead_of_thrashing() {
+    // One hot prefix, demand beyond one engine: in-flight grows where it is routed.
+    let mut h = Harness::new(PolicyConfig { balance_abs_threshold: 8.0, ..PolicyConfig::default() });
+    let mut in_flight = [0u64; 4];
+    for i in 0..200 {
+        let d = h.route(&format!("{PROMPT} #{i}"), &pool(&in_flight, None, 0));
+        in_flight[d.worker as usize] += 1;
+    }
+    let busiest = *in_flight.iter().max().unwrap() as f64;
+    let idlest = *in_flight.iter().min().unwrap() as f64;
+    assert!(idlest > 0.0, "every worker took part: {in_flight:?}");
+    assert!(
+        busiest <= 1.5 * idlest + 1.0 || busiest - idlest <= 9.0,
+        "within the balance thresholds: {in_flight:?}"
+    );
+    assert!(
+        h.policy.tree_size(0) + h.policy.tree_size(1) + h.policy.tree_size(2) + h.policy.tree_size(3) > 0
+    );
+}
+
+#[test]
+fn inflight_correction_sees_load_routed_since_the_last_sample() {
+    let run = |kv_inflight_correction: bool| {
+        let mut h = Harness::new(PolicyConfig { kv_inflight_correction, ..kv_aware() });
+        let now = h.now_ms;
+        let mut reasons = Vec::new();
+        for i in 0..30 {
+            // Loads were sampled before any of these requests: both engines look idle.
+            let request = format!("{i} {}", "word ".repeat(4000));
+            // Worker 0 always has the shorter queue, so misses land there until its KV estimate grows.
+            let candidates = pool(&[0, 1], Some(&[0.0, 0.0]), now - 1);
+            let d = h.route_request(
+                &RouteRequest { key: RoutingKey::Text(&request), prompt_tokens: 5_000 },
+                &candidates,
+            );
+            reasons.push(d.reason);
+        }
+        reasons
+    };
+    // 5,000 tokens per request on a 100,000-token engine: the spread term fires once the
+    // estimates diverge by 0.3, i.e. after a few requests land on one engine.
+    let corrected = run(true);
+    assert!(corrected.contains(&Reason::ImbalanceKvSpread), "{corrected:?}");
+    let uncorrected = run(false);
+    assert!(!uncorrected.iter().any(|r| matches!(r, Reason::ImbalanceKvSpread)), "{uncorrected:?}");
+}
+
+#[test]
+fn token_ids_route_in_whole_blocks() {
+    let mut h = Harness::new(PolicyConfig { block_size: 4, ..PolicyConfig::default() });
+    let candidates = pool(&[0, 0, 0], None, 0);
+    let route = |h: &mut Harness, ids: &[u32]| {
+        h.route_request(
+            &RouteRequest { key: RoutingKey::Tokens(ids), prompt_tokens: ids.len() as u64 },
+            &candidates,
+        )
+    };
+    let first = route(&mut h, &(0..10).collect::<Vec<u32>>()); // stored as 2 whole blocks: 0..8
+    let d = route(&mut h, &(0..13).collect::<Vec<u32>>()); // 3 whole blocks, 8 of 12 match
+    assert_eq!((d.worker, d.reason), (first.worker, Reason::CacheHit));
+    assert_eq!(d.matches.unwrap().chosen_match_rate, 8.0 / 12.0);
+    let short = route(&mut h, &[0, 1, 2]); // less than a block: no tree lookup at all
+    assert_eq!((short.reason, short.matches), (Reason::CacheMiss, None));
+}
+
+#[test]
+fn removing_a_worker_forgets_its_prefixes() {
+    let mut h = Harness::new(PolicyConfig::default());
+    let candidates = pool(&[0, 0], None, 0);
+    let owner = h.route(PROMPT, &candidates).worker;
+    assert!(h.policy.tree_size(owner) > 0);
+    h.policy.remove_worker(owner);
+    assert_eq!(h.policy.tree_size(owner), 0);
+}
+
+#[test]
+fn maintain_evicts_down_to_the_bound_on_the_interval() {
+    let mut h =
+        Harness::new(PolicyConfig { max_tree_size: 100, eviction_interval: 1.0, ..PolicyConfig::default() });
+    let only = pool(&[0], None, 0);
+    for i in 0..10 {
+        h.route(&format!("{i} {}", "x".repeat(50)), &only);
+    }
+    assert!(h.policy.tree_size(0) > 100);
+    h.policy.maintain(0);
+    assert!(h.policy.tree_size(0) > 100, "the first call only starts the clock");
+    h.policy.maintain(1000);
+    assert!(h.policy.tree_size(0) <= 100);
+}
+
+#[test]
+fn near_ties_are_broken_randomly() {
+    let mut h = Harness::new(PolicyConfig::default());
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..50 {
+        seen.insert(
+            h.route(&format!("fresh prompt {i} {}", "z".repeat(i)), &pool(&[0, 0, 0, 0], None, 0)).worker,
+        );
+    }
+    assert_eq!(seen.len(), 4, "equal loads do not herd onto one worker: {seen:?}");
+}
