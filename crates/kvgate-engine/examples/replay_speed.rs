@@ -5,15 +5,9 @@
 use kvgate_engine::{splitmix64, Engine, EngineConfig, EngineOutput, EngineRequest};
 
 fn main() {
-    let config = EngineConfig {
-        emit_token_events: false,
-        emit_kv_events: false,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig { emit_token_events: false, emit_kv_events: false, ..EngineConfig::default() };
     let n_engines = 8;
-    let mut engines: Vec<Engine> = (0..n_engines)
-        .map(|_| Engine::new(config.clone()))
-        .collect();
+    let mut engines: Vec<Engine> = (0..n_engines).map(|_| Engine::new(config.clone())).collect();
     let mut out = Vec::new();
     let started = std::time::Instant::now();
     let (mut finished, mut cached, mut prompt, mut ttft_sum) = (0u64, 0u64, 0u64, 0u64);
@@ -26,15 +20,7 @@ fn main() {
         let conversation = index / 4;
         let prompt_tokens: Vec<u32> = (0..len).map(|i| (conversation as u32) << 17 ^ i).collect();
         let engine = &mut engines[(conversation % n_engines as u64) as usize];
-        engine.submit(
-            at,
-            EngineRequest {
-                id: index,
-                prompt: prompt_tokens,
-                output_tokens: 343,
-            },
-            &mut out,
-        );
+        engine.submit(at, EngineRequest { id: index, prompt: prompt_tokens, output_tokens: 343 }, &mut out);
         for engine in engines.iter_mut() {
             engine.advance(at, &mut out);
         }

@@ -56,25 +56,16 @@ impl BlockPool {
 
     /// How many leading hashes of `hashes` are in the cache.
     pub(crate) fn match_prefix(&self, hashes: &[u64]) -> usize {
-        hashes
-            .iter()
-            .take_while(|hash| self.cached.contains_key(hash))
-            .count()
+        hashes.iter().take_while(|hash| self.cached.contains_key(hash)).count()
     }
 
     /// References the cached blocks `matched` and takes `new_blocks` private blocks, evicting
     /// LRU-first as needed (evicted hashes are appended to `evicted`). Does nothing and returns
     /// false when the blocks are not available.
-    pub(crate) fn try_allocate(
-        &mut self,
-        matched: &[u64],
-        new_blocks: u64,
-        evicted: &mut Vec<u64>,
-    ) -> bool {
-        let matched_evictable = matched
-            .iter()
-            .filter(|hash| self.cached.get(hash).is_some_and(|block| block.refs == 0))
-            .count() as u64;
+    pub(crate) fn try_allocate(&mut self, matched: &[u64], new_blocks: u64, evicted: &mut Vec<u64>) -> bool {
+        let matched_evictable =
+            matched.iter().filter(|hash| self.cached.get(hash).is_some_and(|block| block.refs == 0)).count()
+                as u64;
         let available = self.free_blocks() + self.evictable_blocks() - matched_evictable;
         if available < new_blocks {
             return false;
@@ -83,10 +74,7 @@ impl BlockPool {
             self.acquire(hash);
         }
         while self.free_blocks() < new_blocks {
-            let (_, hash) = self
-                .lru
-                .pop_first()
-                .expect("availability was checked above");
+            let (_, hash) = self.lru.pop_first().expect("availability was checked above");
             self.cached.remove(&hash);
             evicted.push(hash);
         }
@@ -116,10 +104,7 @@ impl BlockPool {
     /// evicted before its head) and frees `private` private blocks.
     pub(crate) fn release(&mut self, referenced: &[u64], private: u64) {
         for &hash in referenced.iter().rev() {
-            let block = self
-                .cached
-                .get_mut(&hash)
-                .expect("a referenced block stays cached");
+            let block = self.cached.get_mut(&hash).expect("a referenced block stays cached");
             debug_assert!(block.refs > 0);
             block.refs -= 1;
             if block.refs == 0 {
@@ -143,10 +128,7 @@ impl BlockPool {
     }
 
     fn acquire(&mut self, hash: u64) {
-        let block = self
-            .cached
-            .get_mut(&hash)
-            .expect("only cached blocks are acquired");
+        let block = self.cached.get_mut(&hash).expect("only cached blocks are acquired");
         if block.refs == 0 {
             self.lru.remove(&block.stamp);
         }

@@ -71,16 +71,9 @@ impl EngineConfig {
         check(
             self.prefill_tokens_per_sec.is_finite() && self.prefill_tokens_per_sec > 0.0,
             "prefill_tokens_per_sec",
-            format!(
-                "must be a finite number > 0, got {}",
-                self.prefill_tokens_per_sec
-            ),
+            format!("must be a finite number > 0, got {}", self.prefill_tokens_per_sec),
         );
-        check(
-            self.prefill_chunk_tokens > 0,
-            "prefill_chunk_tokens",
-            "must be > 0".to_string(),
-        );
+        check(self.prefill_chunk_tokens > 0, "prefill_chunk_tokens", "must be > 0".to_string());
         check(
             self.decode_base_ms.is_finite() && self.decode_base_ms >= 0.0,
             "decode_base_ms",
@@ -89,16 +82,9 @@ impl EngineConfig {
         check(
             self.decode_per_request_ms.is_finite() && self.decode_per_request_ms >= 0.0,
             "decode_per_request_ms",
-            format!(
-                "must be a finite number >= 0, got {}",
-                self.decode_per_request_ms
-            ),
+            format!("must be a finite number >= 0, got {}", self.decode_per_request_ms),
         );
-        check(
-            self.max_running_requests > 0,
-            "max_running_requests",
-            "must be > 0".to_string(),
-        );
+        check(self.max_running_requests > 0, "max_running_requests", "must be > 0".to_string());
         check(self.block_size > 0, "block_size", "must be > 0".to_string());
         check(
             self.kv_capacity_tokens >= u64::from(self.block_size.max(1)),
@@ -164,12 +150,7 @@ mod tests {
             block_size: 16,
             ..EngineConfig::default()
         };
-        let fields: Vec<_> = config
-            .validate()
-            .unwrap_err()
-            .into_iter()
-            .map(|e| e.field)
-            .collect();
+        let fields: Vec<_> = config.validate().unwrap_err().into_iter().map(|e| e.field).collect();
         assert_eq!(
             fields,
             [

@@ -48,10 +48,7 @@ pub enum RejectReason {
     #[error(
         "the request needs {required_tokens} KV tokens (prompt + output) but the KV cache holds {capacity_tokens}"
     )]
-    ExceedsKvCapacity {
-        required_tokens: u64,
-        capacity_tokens: u64,
-    },
+    ExceedsKvCapacity { required_tokens: u64, capacity_tokens: u64 },
 }
 
 /// An event for the host, emitted by `Engine::submit` and `Engine::advance` in time order.
@@ -116,12 +113,7 @@ pub(crate) struct KvEventLog {
 
 impl KvEventLog {
     pub(crate) fn new(enabled: bool) -> Self {
-        Self {
-            enabled,
-            pending: Vec::new(),
-            batches: Vec::new(),
-            next_seq: 0,
-        }
+        Self { enabled, pending: Vec::new(), batches: Vec::new(), next_seq: 0 }
     }
 
     pub(crate) fn enabled(&self) -> bool {

@@ -51,11 +51,7 @@ impl ThroughputWindow {
         if tokens == 0 {
             return;
         }
-        while self
-            .steps
-            .front()
-            .is_some_and(|&(t, _)| t + THROUGHPUT_WINDOW_US <= at_us)
-        {
+        while self.steps.front().is_some_and(|&(t, _)| t + THROUGHPUT_WINDOW_US <= at_us) {
             self.steps.pop_front();
         }
         self.steps.push_back((at_us, tokens));
@@ -63,12 +59,8 @@ impl ThroughputWindow {
 
     /// Tokens per second over `(now_us - window, now_us]`.
     pub(crate) fn rate(&self, now_us: u64) -> f64 {
-        let tokens: u64 = self
-            .steps
-            .iter()
-            .filter(|&&(t, _)| t + THROUGHPUT_WINDOW_US > now_us)
-            .map(|&(_, n)| n)
-            .sum();
+        let tokens: u64 =
+            self.steps.iter().filter(|&&(t, _)| t + THROUGHPUT_WINDOW_US > now_us).map(|&(_, n)| n).sum();
         tokens as f64 * 1e6 / THROUGHPUT_WINDOW_US as f64
     }
 }

@@ -157,11 +157,7 @@ impl Engine {
     /// as a step's start join that step).
     pub fn submit(&mut self, now: u64, request: EngineRequest, out: &mut Vec<EngineOutput>) {
         self.advance(now, out);
-        let EngineRequest {
-            id,
-            prompt,
-            output_tokens,
-        } = request;
+        let EngineRequest { id, prompt, output_tokens } = request;
         let output_tokens = output_tokens.max(1);
         let block_size = u64::from(self.config.block_size);
         let required_tokens = prompt.len() as u64 + u64::from(output_tokens);
@@ -264,10 +260,7 @@ impl Engine {
             }
             Phase::Decoding { position, .. } => self.remove_from_decoding(position),
         }
-        self.pool.release(
-            &request.block_hashes[..request.referenced_blocks],
-            request.private_blocks,
-        );
+        self.pool.release(&request.block_hashes[..request.referenced_blocks], request.private_blocks);
         self.admission_pending = true;
         true
     }
@@ -300,11 +293,7 @@ impl Engine {
             num_pending_prefill_tokens: self.waiting_uncached_tokens + self.admitted_prefill_tokens,
             num_used_tokens: used_blocks * block_size,
             max_total_num_tokens: capacity_blocks * block_size,
-            token_usage: if capacity_blocks == 0 {
-                0.0
-            } else {
-                used_blocks as f64 / capacity_blocks as f64
-            },
+            token_usage: if capacity_blocks == 0 { 0.0 } else { used_blocks as f64 / capacity_blocks as f64 },
             gen_throughput: self.throughput.rate(now),
             cache_hit_rate: if self.total_prompt_tokens == 0 {
                 0.0
@@ -340,18 +329,12 @@ impl Engine {
             let mut budget = self.config.prefill_chunk_tokens;
             let mut step_tokens = 0u64;
             for &slot in &self.prefilling {
-                let request = self.slots[slot]
-                    .as_ref()
-                    .expect("prefilling slots are live");
+                let request = self.slots[slot].as_ref().expect("prefilling slots are live");
                 let Phase::Prefilling { remaining } = request.phase else {
                     unreachable!("the prefilling queue holds prefilling requests");
                 };
                 let tokens = remaining.min(budget);
-                self.prefill_work.push(PrefillChunk {
-                    slot,
-                    id: request.id,
-                    tokens,
-                });
+                self.prefill_work.push(PrefillChunk { slot, id: request.id, tokens });
                 budget -= tokens;
                 step_tokens += u64::from(tokens);
                 if budget == 0 {
@@ -384,17 +367,11 @@ impl Engine {
             let matched = self.pool.match_prefix(&request.block_hashes);
             let new_blocks = request.total_blocks - matched as u64;
             self.evicted.clear();
-            if !self.pool.try_allocate(
-                &request.block_hashes[..matched],
-                new_blocks,
-                &mut self.evicted,
-            ) {
+            if !self.pool.try_allocate(&request.block_hashes[..matched], new_blocks, &mut self.evicted) {
                 break;
             }
             if !self.evicted.is_empty() && self.kv_events.enabled() {
-                self.kv_events.push(KvEvent::BlockRemoved {
-                    block_hashes: self.evicted.clone(),
-                });
+                self.kv_events.push(KvEvent::BlockRemoved { block_hashes: self.evicted.clone() });
             }
             let cached_tokens = self.cached_tokens_for(matched, request.prompt_len);
             let request = self.slots[slot].as_mut().expect("waiting slots are live");
@@ -452,10 +429,7 @@ impl Engine {
         let block_size = self.config.block_size as usize;
         let request = self.slots[slot].as_mut().expect("checked by the caller");
         request.first_token_us = at_us;
-        out.push(EngineOutput::FirstToken {
-            id: request.id,
-            at: at_us,
-        });
+        out.push(EngineOutput::FirstToken { id: request.id, at: at_us });
         let n_full = request.block_hashes.len();
         let mut run_start = None;
         for index in request.referenced_blocks..=n_full {
@@ -467,11 +441,8 @@ impl Engine {
                     if self.kv_events.enabled() {
                         self.kv_events.push(KvEvent::BlockStored {
                             block_hashes: request.block_hashes[start..index].to_vec(),
-                            parent_block_hash: start
-                                .checked_sub(1)
-                                .map(|p| request.block_hashes[p]),
-                            token_ids: request.prompt[start * block_size..index * block_size]
-                                .to_vec(),
+                            parent_block_hash: start.checked_sub(1).map(|p| request.block_hashes[p]),
+                            token_ids: request.prompt[start * block_size..index * block_size].to_vec(),
                             block_size: block_size as u32,
                         });
                     }
@@ -488,12 +459,8 @@ impl Engine {
             return;
         }
         let finish_step = self.decode_steps + u64::from(request.output_tokens) - 1;
-        request.phase = Phase::Decoding {
-            finish_step,
-            position: self.decoding.len(),
-        };
-        self.finish_queue
-            .push(Reverse((finish_step, request.id, slot)));
+        request.phase = Phase::Decoding { finish_step, position: self.decoding.len() };
+        self.finish_queue.push(Reverse((finish_step, request.id, slot)));
         self.decoding.push(slot);
     }
 
@@ -503,14 +470,9 @@ impl Engine {
         self.total_generated_tokens += batch;
         self.throughput.record(at_us, batch);
         if self.config.emit_token_events {
-            out.extend(self.decoding.iter().map(|&slot| {
-                EngineOutput::Token {
-                    id: self.slots[slot]
-                        .as_ref()
-                        .expect("decoding slots are live")
-                        .id,
-                    at: at_us,
-                }
+            out.extend(self.decoding.iter().map(|&slot| EngineOutput::Token {
+                id: self.slots[slot].as_ref().expect("decoding slots are live").id,
+                at: at_us,
             }));
         }
         while let Some(&Reverse((finish_step, id, slot))) = self.finish_queue.peek() {
@@ -536,10 +498,7 @@ impl Engine {
         if let Phase::Decoding { position, .. } = request.phase {
             self.remove_from_decoding(position);
         }
-        self.pool.release(
-            &request.block_hashes[..request.referenced_blocks],
-            request.private_blocks,
-        );
+        self.pool.release(&request.block_hashes[..request.referenced_blocks], request.private_blocks);
         self.admission_pending = true;
         out.push(EngineOutput::Finished {
             id: request.id,
@@ -558,10 +517,8 @@ impl Engine {
     fn remove_from_decoding(&mut self, position: usize) {
         self.decoding.swap_remove(position);
         if let Some(&moved) = self.decoding.get(position) {
-            if let Some(Request {
-                phase: Phase::Decoding { position: p, .. },
-                ..
-            }) = self.slots[moved].as_mut()
+            if let Some(Request { phase: Phase::Decoding { position: p, .. }, .. }) =
+                self.slots[moved].as_mut()
             {
                 *p = position;
             }
@@ -575,10 +532,7 @@ impl Engine {
         let load = self.load(0);
         assert!((0.0..=1.0).contains(&load.token_usage), "{load:?}");
         assert!(self.running() <= self.config.max_running_requests as usize);
-        assert_eq!(
-            self.slot_by_id.len(),
-            self.waiting.len() + self.prefilling.len() + self.decoding.len()
-        );
+        assert_eq!(self.slot_by_id.len(), self.waiting.len() + self.prefilling.len() + self.decoding.len());
         for (position, &slot) in self.decoding.iter().enumerate() {
             let phase = self.slots[slot].as_ref().unwrap().phase;
             assert!(matches!(phase, Phase::Decoding { position: p, .. } if p == position));

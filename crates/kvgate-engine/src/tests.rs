@@ -10,11 +10,7 @@ fn tokens(start: u32, n: u32) -> Vec<u32> {
 }
 
 fn request(id: u64, prompt: Vec<u32>, output_tokens: u32) -> EngineRequest {
-    EngineRequest {
-        id,
-        prompt,
-        output_tokens,
-    }
+    EngineRequest { id, prompt, output_tokens }
 }
 
 /// Everything an engine emitted for a workload.
@@ -83,27 +79,18 @@ fn simulate(config: EngineConfig, actions: Vec<Action>) -> (Engine, Trace) {
 }
 
 fn submits(requests: Vec<(u64, EngineRequest)>) -> Vec<Action> {
-    requests
-        .into_iter()
-        .map(|(at, request)| Action::Submit(at, request))
-        .collect()
+    requests.into_iter().map(|(at, request)| Action::Submit(at, request)).collect()
 }
 
 /// A small pool for eviction and queueing cases: 8 blocks of 4 tokens.
 fn small_config() -> EngineConfig {
-    EngineConfig {
-        kv_capacity_tokens: 32,
-        block_size: 4,
-        ..EngineConfig::default()
-    }
+    EngineConfig { kv_capacity_tokens: 32, block_size: 4, ..EngineConfig::default() }
 }
 
 #[test]
 fn hand_computed_timing_for_one_request() {
-    let (_, trace) = simulate(
-        EngineConfig::default(),
-        submits(vec![(1_000, request(7, tokens(0, 4096), 3))]),
-    );
+    let (_, trace) =
+        simulate(EngineConfig::default(), submits(vec![(1_000, request(7, tokens(0, 4096), 3))]));
     // 2 prefill steps of 2,048 tokens at 8,000 tokens/s = 512 ms, then 2 decode steps of
     // 6 ms + 0.35 ms x 1 = 6.35 ms each.
     assert_eq!(
@@ -132,16 +119,10 @@ fn hand_computed_timing_for_one_request() {
 #[test]
 fn ttft_grows_with_uncached_prompt_length() {
     let ttft = |n| {
-        let (_, trace) = simulate(
-            EngineConfig::default(),
-            submits(vec![(0, request(1, tokens(0, n), 1))]),
-        );
+        let (_, trace) = simulate(EngineConfig::default(), submits(vec![(0, request(1, tokens(0, n), 1))]));
         trace.stats(1).ttft_us()
     };
-    let ttfts: Vec<u64> = [100, 1000, 2048, 3000, 9000]
-        .into_iter()
-        .map(ttft)
-        .collect();
+    let ttfts: Vec<u64> = [100, 1000, 2048, 3000, 9000].into_iter().map(ttft).collect();
     assert_eq!(ttfts, [12_500, 125_000, 256_000, 375_000, 1_125_000]);
 }
 
@@ -172,16 +153,10 @@ fn repeated_prefix_is_cached_and_prefills_faster() {
 
 #[test]
 fn prefix_cache_off_caches_nothing() {
-    let config = EngineConfig {
-        prefix_cache: false,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig { prefix_cache: false, ..EngineConfig::default() };
     let (_, trace) = simulate(
         config,
-        submits(vec![
-            (0, request(1, tokens(0, 512), 1)),
-            (1_000_000, request(2, tokens(0, 512), 1)),
-        ]),
+        submits(vec![(0, request(1, tokens(0, 512), 1)), (1_000_000, request(2, tokens(0, 512), 1))]),
     );
     assert_eq!(trace.stats(2).cached_tokens, 0);
     assert!(trace.kv_batches.is_empty());
@@ -229,9 +204,7 @@ fn blocks_in_use_are_not_evicted() {
     let a = trace.stats(1);
     let b = trace.stats(2);
     assert_eq!(b.admitted_us, a.finished_us);
-    assert!(!trace
-        .events()
-        .any(|e| matches!(e, KvEvent::BlockRemoved { .. })));
+    assert!(!trace.events().any(|e| matches!(e, KvEvent::BlockRemoved { .. })));
 }
 
 #[test]
@@ -262,17 +235,10 @@ fn request_waits_when_kv_is_full_and_is_admitted_after_another_finishes() {
 
 #[test]
 fn max_running_requests_queues_the_rest() {
-    let config = EngineConfig {
-        max_running_requests: 2,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig { max_running_requests: 2, ..EngineConfig::default() };
     let (_, trace) = simulate(
         config,
-        submits(
-            (1..=3)
-                .map(|id| (0, request(id, tokens(id as u32 * 1000, 16), 4)))
-                .collect(),
-        ),
+        submits((1..=3).map(|id| (0, request(id, tokens(id as u32 * 1000, 16), 4))).collect()),
     );
     assert_eq!(trace.stats(1).admitted_us, 0);
     assert_eq!(trace.stats(2).admitted_us, 0);
@@ -283,10 +249,7 @@ fn max_running_requests_queues_the_rest() {
 fn prefill_is_chunked_fifo_and_has_priority_over_decode() {
     let (_, trace) = simulate(
         EngineConfig::default(),
-        submits(vec![
-            (0, request(1, tokens(0, 3000), 2)),
-            (0, request(2, tokens(10_000, 1000), 2)),
-        ]),
+        submits(vec![(0, request(1, tokens(0, 3000), 2)), (0, request(2, tokens(10_000, 1000), 2))]),
     );
     // Step 1: 2048 of A (256 ms). Step 2: 952 of A + 1000 of B (244 ms). Then decode both.
     assert_eq!(trace.stats(1).first_token_us, 500_000);
@@ -295,10 +258,7 @@ fn prefill_is_chunked_fifo_and_has_priority_over_decode() {
     // A request arriving mid-decode is prefilled before the next decode step.
     let (_, trace) = simulate(
         EngineConfig::default(),
-        submits(vec![
-            (0, request(1, tokens(0, 16), 100)),
-            (100_000, request(2, tokens(10_000, 800), 1)),
-        ]),
+        submits(vec![(0, request(1, tokens(0, 16), 100)), (100_000, request(2, tokens(10_000, 800), 1))]),
     );
     let decode_step_end = trace.outputs.iter().find_map(|o| match o {
         EngineOutput::Token { at, .. } if *at >= 100_000 => Some(*at),
@@ -312,17 +272,10 @@ fn prefill_is_chunked_fifo_and_has_priority_over_decode() {
 #[test]
 fn token_events_follow_the_output_length_and_can_be_switched_off() {
     let count = |emit_token_events| {
-        let config = EngineConfig {
-            emit_token_events,
-            ..EngineConfig::default()
-        };
+        let config = EngineConfig { emit_token_events, ..EngineConfig::default() };
         let (_, trace) = simulate(config, submits(vec![(0, request(1, tokens(0, 10), 5))]));
         assert_eq!(trace.stats(1).completion_tokens, 5);
-        trace
-            .outputs
-            .iter()
-            .filter(|o| matches!(o, EngineOutput::Token { .. }))
-            .count()
+        trace.outputs.iter().filter(|o| matches!(o, EngineOutput::Token { .. })).count()
     };
     assert_eq!(count(true), 4);
     assert_eq!(count(false), 0);
@@ -341,19 +294,10 @@ fn rejects_what_can_never_run() {
         [
             EngineOutput::Rejected {
                 id: 1,
-                reason: RejectReason::ExceedsKvCapacity {
-                    required_tokens: 33,
-                    capacity_tokens: 32
-                }
+                reason: RejectReason::ExceedsKvCapacity { required_tokens: 33, capacity_tokens: 32 }
             },
-            EngineOutput::Rejected {
-                id: 2,
-                reason: RejectReason::EmptyPrompt
-            },
-            EngineOutput::Rejected {
-                id: 3,
-                reason: RejectReason::DuplicateId
-            },
+            EngineOutput::Rejected { id: 2, reason: RejectReason::EmptyPrompt },
+            EngineOutput::Rejected { id: 3, reason: RejectReason::DuplicateId },
         ]
     );
     assert_eq!(engine.num_requests(), 1);
@@ -385,10 +329,7 @@ fn kv_events_describe_stored_blocks_with_increasing_seqs() {
     extended.extend(tokens(500, 24));
     let (_, trace) = simulate(
         EngineConfig::default(),
-        submits(vec![
-            (0, request(1, prompt.clone(), 2)),
-            (1_000_000, request(2, extended.clone(), 1)),
-        ]),
+        submits(vec![(0, request(1, prompt.clone(), 2)), (1_000_000, request(2, extended.clone(), 1))]),
     );
     let extended_hashes = prompt_block_hashes(&extended, 16);
     assert_eq!(
@@ -410,10 +351,7 @@ fn kv_events_describe_stored_blocks_with_increasing_seqs() {
     );
     let seqs: Vec<u64> = trace.kv_batches.iter().map(|b| b.seq).collect();
     assert_eq!(seqs, [0, 1]);
-    assert_eq!(
-        trace.kv_batches[1].timestamp_us,
-        trace.stats(2).first_token_us
-    );
+    assert_eq!(trace.kv_batches[1].timestamp_us, trace.stats(2).first_token_us);
 }
 
 #[test]
@@ -453,14 +391,7 @@ fn gen_throughput_reflects_recent_decode() {
 }
 
 fn workload_strategy() -> impl Strategy<Value = Vec<Action>> {
-    let action = (
-        0u64..3_000_000,
-        0u64..40,
-        0u32..6,
-        1u32..200,
-        1u32..80,
-        prop::bool::weighted(0.15),
-    )
+    let action = (0u64..3_000_000, 0u64..40, 0u32..6, 1u32..200, 1u32..80, prop::bool::weighted(0.15))
         .prop_map(|(at, id, family, len, output, cancel)| {
             if cancel {
                 Action::Cancel(at, id)

@@ -80,10 +80,7 @@ mod tests {
 
     #[test]
     fn one_word_one_token() {
-        assert_eq!(
-            tokenize("  hello   world\nagain\t"),
-            tokenize("hello world again")
-        );
+        assert_eq!(tokenize("  hello   world\nagain\t"), tokenize("hello world again"));
         assert_eq!(tokenize("hello world again").len(), 3);
         assert_eq!(count_tokens(" a b  c "), 3);
         assert!(tokenize(" \n ").is_empty());
@@ -105,10 +102,7 @@ mod tests {
         ]);
         let first_tokens = tokenize(&first);
         let second_tokens = tokenize(&second);
-        assert_eq!(
-            first_tokens[..first_tokens.len() - 1],
-            second_tokens[..first_tokens.len() - 1]
-        );
+        assert_eq!(first_tokens[..first_tokens.len() - 1], second_tokens[..first_tokens.len() - 1]);
     }
 
     #[test]

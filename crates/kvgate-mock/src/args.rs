@@ -1,0 +1,193 @@
+//! The mock fleet's options (one clap declaration, also the library's configuration) and their validation.
+
+use kvgate_engine::EngineConfig;
+
+/// How each simulated engine answers.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// A `kvgate-engine` model in real time: prefill, decode, KV cache, prefix reuse.
+    #[default]
+    Realistic,
+    /// A fixed small answer after `--gen-ms` (no model), for gateway overhead benchmarks.
+    Canned,
+}
+
+/// Options of `kvgate mock`: a fleet of simulated SGLang/vLLM engines on loopback.
+///
+/// Engine-model flags left unset take the reference replica's value (`EngineConfig::default()`).
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct MockArgs {
+    /// Number of simulated engines (one HTTP listener each).
+    #[arg(long, default_value_t = 1)]
+    pub count: usize,
+    /// First HTTP port; engine i listens on base_port + i (0 = pick free ports).
+    #[arg(long, default_value_t = 0)]
+    pub base_port: u16,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Model name served on /v1/models and in responses.
+    #[arg(long, default_value = "mock-model")]
+    pub model: String,
+    /// Engine behaviour.
+    #[arg(long, value_enum, default_value_t = EngineKind::Realistic)]
+    pub engine: EngineKind,
+    /// Canned engine: delay before answering, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub gen_ms: u64,
+    /// Model time runs this many times faster than wall time (2.0 = twice as fast).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Publish KV events over ZMQ PUB on kv_events_base_port + i (0 = pick free ports).
+    #[arg(long)]
+    pub kv_events_base_port: Option<u16>,
+    /// ZMQ topic of the KV event messages.
+    #[arg(long, default_value = "")]
+    pub kv_events_topic: String,
+    /// Always generate exactly max_tokens (as if every request set "ignore_eos": true).
+    #[arg(long)]
+    pub force_max_tokens: bool,
+    /// max_tokens of requests that give none.
+    #[arg(long, default_value_t = 16)]
+    pub default_max_tokens: u32,
+
+    /// Uncached prompt tokens prefilled per second [default: 8000].
+    #[arg(long)]
+    pub prefill_tokens_per_sec: Option<f64>,
+    /// Most prompt tokens per prefill step [default: 2048].
+    #[arg(long)]
+    pub prefill_chunk_tokens: Option<u32>,
+    /// Fixed decode step time in ms [default: 6.0].
+    #[arg(long)]
+    pub decode_base_ms: Option<f64>,
+    /// Decode step time per running request in ms [default: 0.35].
+    #[arg(long)]
+    pub decode_per_request_ms: Option<f64>,
+    /// Most running requests [default: 256].
+    #[arg(long)]
+    pub max_running_requests: Option<u32>,
+    /// KV cache capacity in tokens [default: 262144].
+    #[arg(long)]
+    pub kv_capacity_tokens: Option<u64>,
+    /// Tokens per KV block [default: 16].
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// Turn the prefix cache off.
+    #[arg(long)]
+    pub disable_prefix_cache: bool,
+
+    /// Fraction of generation requests answered with HTTP 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Fraction of generation responses whose connection is cut mid-body.
+    #[arg(long, default_value_t = 0.0)]
+    pub cut_stream_rate: f64,
+    /// Added delay before handling each generation request, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub extra_latency_ms: u64,
+    /// /health answers 503 once this many seconds have passed since start.
+    #[arg(long)]
+    pub unhealthy_after_secs: Option<f64>,
+    /// Seed of the fault-injection draws.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl Default for MockArgs {
+    /// The command-line defaults (parsed from an empty command line, so they cannot drift).
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            args: MockArgs,
+        }
+        <Command as clap::Parser>::parse_from(["kvgate-mock"]).args
+    }
+}
+
+impl MockArgs {
+    /// The engine model's configuration: the reference replica with the flags given applied.
+    pub fn engine_config(&self) -> EngineConfig {
+        let default = EngineConfig::default();
+        EngineConfig {
+            prefill_tokens_per_sec: self.prefill_tokens_per_sec.unwrap_or(default.prefill_tokens_per_sec),
+            prefill_chunk_tokens: self.prefill_chunk_tokens.unwrap_or(default.prefill_chunk_tokens),
+            decode_base_ms: self.decode_base_ms.unwrap_or(default.decode_base_ms),
+            decode_per_request_ms: self.decode_per_request_ms.unwrap_or(default.decode_per_request_ms),
+            max_running_requests: self.max_running_requests.unwrap_or(default.max_running_requests),
+            kv_capacity_tokens: self.kv_capacity_tokens.unwrap_or(default.kv_capacity_tokens),
+            block_size: self.block_size.unwrap_or(default.block_size),
+            prefix_cache: !self.disable_prefix_cache,
+            emit_token_events: true,
+            emit_kv_events: self.kv_events_base_port.is_some(),
+        }
+    }
+
+    /// Checks every option; returns all problems found, one per line.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut problems: Vec<String> = Vec::new();
+        if self.count == 0 {
+            problems.push("--count must be at least 1".into());
+        }
+        if self.base_port != 0 && usize::from(self.base_port) + self.count > 65_536 {
+            problems.push("--base-port + --count exceeds the port range".into());
+        }
+        if let Some(port) = self.kv_events_base_port.filter(|&port| port != 0) {
+            if usize::from(port) + self.count > 65_536 {
+                problems.push("--kv-events-base-port + --count exceeds the port range".into());
+            }
+        }
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            problems.push(format!("--time-scale must be a finite number > 0, got {}", self.time_scale));
+        }
+        for (flag, rate) in [("--fail-rate", self.fail_rate), ("--cut-stream-rate", self.cut_stream_rate)] {
+            if !(0.0..=1.0).contains(&rate) {
+                problems.push(format!("{flag} must be in [0, 1], got {rate}"));
+            }
+        }
+        if let Some(secs) = self.unhealthy_after_secs {
+            if !(secs.is_finite() && secs >= 0.0) {
+                problems.push(format!("--unhealthy-after-secs must be a finite number >= 0, got {secs}"));
+            }
+        }
+        if self.default_max_tokens == 0 {
+            problems.push("--default-max-tokens must be at least 1".into());
+        }
+        if let Err(errors) = self.engine_config().validate() {
+            problems.extend(errors.iter().map(ToString::to_string));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_reference_replica() {
+        let args = MockArgs::default();
+        assert_eq!(args.count, 1);
+        assert_eq!(args.host, "127.0.0.1");
+        assert_eq!(args.engine, EngineKind::Realistic);
+        assert_eq!(args.engine_config(), EngineConfig { emit_kv_events: false, ..EngineConfig::default() });
+        assert_eq!(args.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_lists_every_problem() {
+        let args = MockArgs {
+            count: 0,
+            time_scale: 0.0,
+            fail_rate: 2.0,
+            block_size: Some(0),
+            ..MockArgs::default()
+        };
+        let problems = args.validate().unwrap_err();
+        assert_eq!(problems.lines().count(), 4, "{problems}");
+    }
+}

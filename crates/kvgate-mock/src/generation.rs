@@ -1,0 +1,284 @@
+//! One generation request end to end, shared by every endpoint: output length, deterministic text, and the streaming or whole response built by an endpoint's `ResponseFormat`.
+
+use std::io;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use kvgate_engine::{splitmix64, EngineOutput, RequestStats};
+
+use crate::driver::RequestStream;
+use crate::server::{ApiError, AppState};
+
+/// Words of the generated text, picked deterministically from the prompt.
+const VOCAB: [&str; 32] = [
+    "the", "engine", "token", "cache", "block", "prefix", "route", "model", "batch", "queue", "decode",
+    "prefill", "page", "hash", "gate", "load", "reply", "answer", "simple", "quick", "steady", "light",
+    "river", "stone", "cloud", "paper", "signal", "window", "garden", "orbit", "echo", "amber",
+];
+
+/// What an endpoint asks the engine for.
+pub(crate) struct GenerationParams {
+    pub(crate) prompt: Vec<u32>,
+    /// Requested cap on generated tokens (`max_tokens`, `max_new_tokens`, ...), if any.
+    pub(crate) max_tokens: Option<u32>,
+    /// Generate exactly the cap.
+    pub(crate) ignore_eos: bool,
+    pub(crate) stream: bool,
+}
+
+/// Token counts and finish reason of a completed generation.
+pub(crate) struct Outcome {
+    pub(crate) prompt_tokens: u32,
+    pub(crate) completion_tokens: u32,
+    pub(crate) cached_tokens: u32,
+    /// "length" when the cap was reached, else "stop".
+    pub(crate) finish_reason: &'static str,
+    pub(crate) stats: RequestStats,
+}
+
+/// How one endpoint shapes its streamed chunks and whole bodies.
+pub(crate) trait ResponseFormat: Send + 'static {
+    /// Appends the SSE event(s) for generated token `index`, whose text is `piece`.
+    fn token_chunk(&mut self, index: u32, piece: &str, out: &mut Vec<u8>);
+    /// Appends the closing SSE events (finish reason, usage, `[DONE]`).
+    fn final_chunks(&mut self, outcome: &Outcome, out: &mut Vec<u8>);
+    /// The whole (non-streaming) JSON body.
+    fn full_body(&mut self, text: &str, outcome: &Outcome) -> Vec<u8>;
+}
+
+/// Appends `data: <json>\n\n`.
+pub(crate) fn sse_json(value: &serde_json::Value, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut *out, value).expect("a JSON value always serializes");
+    out.extend_from_slice(b"\n\n");
+}
+
+pub(crate) const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// A stable seed for a prompt's generated text and natural length.
+fn prompt_seed(prompt: &[u32]) -> u64 {
+    prompt.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &token| {
+        (hash ^ u64::from(token)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Tokens to generate: the cap when `ignore_eos` (or `--force-max-tokens`), else the smaller of
+/// the cap and a natural length of 8..=64 derived from the prompt.
+pub(crate) fn planned_output_tokens(seed: u64, cap: u32, exact: bool) -> u32 {
+    let cap = cap.max(1);
+    if exact {
+        cap
+    } else {
+        cap.min(8 + (splitmix64(seed) % 57) as u32)
+    }
+}
+
+/// The text of generated token `index`: a word, with a leading space after the first.
+pub(crate) fn token_piece(seed: u64, index: u32) -> String {
+    let word = VOCAB[(splitmix64(seed ^ u64::from(index).wrapping_mul(0x9e37)) % 32) as usize];
+    if index == 0 {
+        word.to_string()
+    } else {
+        format!(" {word}")
+    }
+}
+
+fn full_text(seed: u64, n_tokens: u32) -> String {
+    (0..n_tokens).map(|index| token_piece(seed, index)).collect()
+}
+
+fn outcome(stats: RequestStats, cap: u32) -> Outcome {
+    Outcome {
+        prompt_tokens: stats.prompt_tokens,
+        completion_tokens: stats.completion_tokens,
+        cached_tokens: stats.cached_tokens,
+        finish_reason: if stats.completion_tokens >= cap { "length" } else { "stop" },
+        stats,
+    }
+}
+
+/// How long a cut response waits after its last bytes before dropping the connection, so
+/// that the status line and those bytes reach the client first.
+const CUT_DELAY: Duration = Duration::from_millis(5);
+
+/// The error ending a cut response's body, after `CUT_DELAY`.
+async fn cut_error() -> io::Error {
+    tokio::time::sleep(CUT_DELAY).await;
+    io::Error::new(io::ErrorKind::ConnectionAborted, "injected connection cut")
+}
+
+/// A body that sends `head` and then drops the connection.
+pub(crate) fn cut_body(head: Bytes) -> Body {
+    let head = futures_util::stream::iter([Ok(head)]);
+    let cut = futures_util::stream::once(async { Err::<Bytes, io::Error>(cut_error().await) });
+    Body::from_stream(head.chain(cut))
+}
+
+/// Runs one generation on the worker's engine and answers in `format`; `cut` ends the
+/// connection halfway through the body.
+pub(crate) async fn respond<F: ResponseFormat>(
+    state: &AppState,
+    params: GenerationParams,
+    mut format: F,
+    cut: bool,
+) -> Response {
+    let Some(engine) = state.engine.as_ref() else {
+        return ApiError::internal("this worker has no engine model").into_response();
+    };
+    let seed = prompt_seed(&params.prompt);
+    let cap = params.max_tokens.unwrap_or(state.options.default_max_tokens).max(1);
+    let exact = params.ignore_eos || state.options.force_max_tokens;
+    let n_tokens = planned_output_tokens(seed, cap, exact);
+    let mut stream = engine.submit(params.prompt, n_tokens);
+    let first = stream.try_next();
+    if let Some(EngineOutput::Rejected { reason, .. }) = &first {
+        return ApiError::bad_request(format!("request rejected by the engine: {reason}")).into_response();
+    }
+    if params.stream {
+        stream_response(stream, first, format, seed, cap, cut)
+    } else {
+        let mut pending = first;
+        loop {
+            let output = match pending.take() {
+                Some(output) => Some(output),
+                None => stream.next().await,
+            };
+            match output {
+                Some(EngineOutput::Finished { stats, .. }) => {
+                    let body =
+                        format.full_body(&full_text(seed, stats.completion_tokens), &outcome(stats, cap));
+                    return whole_response(Bytes::from(body), cut);
+                }
+                Some(EngineOutput::Rejected { reason, .. }) => {
+                    return ApiError::bad_request(format!("request rejected: {reason}")).into_response();
+                }
+                Some(_) => {}
+                None => return ApiError::unavailable("the engine shut down").into_response(),
+            }
+        }
+    }
+}
+
+/// A JSON body; when `cut`, only its first half is sent before the connection is dropped.
+pub(crate) fn whole_response(body: Bytes, cut: bool) -> Response {
+    let content_type = HeaderValue::from_static("application/json");
+    if !cut {
+        return ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    }
+    let half_len = body.len() / 2;
+    ([(header::CONTENT_TYPE, content_type)], cut_body(body.slice(..half_len))).into_response()
+}
+
+struct StreamState<F> {
+    stream: RequestStream,
+    pending: Option<EngineOutput>,
+    format: F,
+    seed: u64,
+    cap: u32,
+    next_index: u32,
+    cut_at: Option<u32>,
+    finished: bool,
+}
+
+fn stream_response<F: ResponseFormat>(
+    stream: RequestStream,
+    first: Option<EngineOutput>,
+    format: F,
+    seed: u64,
+    cap: u32,
+    cut: bool,
+) -> Response {
+    let state = StreamState {
+        stream,
+        pending: first,
+        format,
+        seed,
+        cap,
+        next_index: 0,
+        cut_at: cut.then_some((cap / 2).max(1)),
+        finished: false,
+    };
+    let body = futures_util::stream::unfold(state, |mut state| async move {
+        if state.finished {
+            return None;
+        }
+        let output = match state.pending.take() {
+            Some(output) => Some(output),
+            None => state.stream.next().await,
+        };
+        let mut chunk = Vec::new();
+        match output {
+            Some(EngineOutput::FirstToken { .. } | EngineOutput::Token { .. }) => {
+                let index = state.next_index;
+                if state.cut_at.is_some_and(|cut_at| index >= cut_at) {
+                    state.finished = true;
+                    return Some((Err(cut_error().await), state));
+                }
+                state.next_index += 1;
+                let piece = token_piece(state.seed, index);
+                state.format.token_chunk(index, &piece, &mut chunk);
+            }
+            Some(EngineOutput::Finished { stats, .. }) => {
+                state.finished = true;
+                if state.cut_at.is_some() {
+                    return Some((Err(cut_error().await), state));
+                }
+                state.format.final_chunks(&outcome(stats, state.cap), &mut chunk);
+            }
+            Some(EngineOutput::Rejected { reason, .. }) => {
+                state.finished = true;
+                let error = serde_json::json!({"error": {
+                    "message": reason.to_string(), "type": "invalid_request_error", "code": 400}});
+                sse_json(&error, &mut chunk);
+                chunk.extend_from_slice(SSE_DONE);
+            }
+            None => {
+                state.finished = true;
+                return Some((Err(io::Error::other("the engine shut down mid-stream")), state));
+            }
+        }
+        Some((Ok(Bytes::from(chunk)), state))
+    });
+    sse_response(Body::from_stream(body))
+}
+
+/// A `text/event-stream` response around `body`.
+pub(crate) fn sse_response(body: Body) -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_length_is_capped_and_exact_on_request() {
+        for seed in 0..200 {
+            let natural = planned_output_tokens(seed, 1000, false);
+            assert!((8..=64).contains(&natural));
+            assert_eq!(planned_output_tokens(seed, 5, false), 5);
+            assert_eq!(planned_output_tokens(seed, 100, true), 100);
+        }
+        assert_eq!(planned_output_tokens(3, 0, true), 1);
+    }
+
+    #[test]
+    fn text_is_deterministic_words() {
+        let text = full_text(42, 5);
+        assert_eq!(text, full_text(42, 5));
+        assert_eq!(text.split(' ').count(), 5);
+        assert!(text.split(' ').all(|word| VOCAB.contains(&word)));
+    }
+}

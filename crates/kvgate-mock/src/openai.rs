@@ -1,0 +1,275 @@
+//! The OpenAI-compatible endpoints `/v1/chat/completions` and `/v1/completions`: request parsing and response shapes.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use kvgate_engine::{render_chat, tokenize};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::driver::unix_now_secs;
+use crate::generation::{respond, sse_json, GenerationParams, Outcome, ResponseFormat, SSE_DONE};
+use crate::server::{parse_json, ApiError, AppState};
+
+#[derive(Deserialize)]
+pub(crate) struct ChatRequest {
+    pub(crate) messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub(crate) stream: bool,
+    #[serde(default)]
+    pub(crate) max_tokens: Option<u32>,
+    #[serde(default)]
+    pub(crate) max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub(crate) ignore_eos: bool,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<MessageContent>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(default)]
+    text: Option<String>,
+}
+
+impl ChatMessage {
+    fn text(&self) -> String {
+        match &self.content {
+            None => String::new(),
+            Some(MessageContent::Text(text)) => text.clone(),
+            Some(MessageContent::Parts(parts)) => {
+                parts.iter().filter_map(|part| part.text.as_deref()).collect::<Vec<_>>().join(" ")
+            }
+        }
+    }
+}
+
+/// The prompt of a chat request: the messages rendered with the engines' chat template.
+pub(crate) fn chat_prompt(messages: &[ChatMessage]) -> String {
+    let pairs: Vec<(&str, String)> =
+        messages.iter().map(|message| (message.role.as_str(), message.text())).collect();
+    render_chat(&pairs)
+}
+
+#[derive(Deserialize)]
+pub(crate) struct CompletionRequest {
+    pub(crate) prompt: Prompt,
+    #[serde(default)]
+    pub(crate) stream: bool,
+    #[serde(default)]
+    pub(crate) max_tokens: Option<u32>,
+    #[serde(default)]
+    pub(crate) ignore_eos: bool,
+}
+
+/// A completion prompt: text, token ids, or a batch of one text.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+}
+
+impl Prompt {
+    fn into_tokens(self) -> Result<Vec<u32>, ApiError> {
+        match self {
+            Prompt::Text(text) => Ok(tokenize(&text)),
+            Prompt::Tokens(tokens) => Ok(tokens),
+            Prompt::Texts(texts) if texts.len() == 1 => Ok(tokenize(&texts[0])),
+            Prompt::Texts(_) => {
+                Err(ApiError::bad_request("batched prompts are not supported; send one prompt per request"))
+            }
+        }
+    }
+}
+
+fn usage(outcome: &Outcome) -> Value {
+    json!({
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
+    })
+}
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let cut = match state.inject_faults().await {
+        Ok(cut) => cut,
+        Err(response) => return response,
+    };
+    let request: ChatRequest = match parse_json(&body) {
+        Ok(request) => request,
+        Err(error) => return error.into_response(),
+    };
+    let params = GenerationParams {
+        prompt: tokenize(&chat_prompt(&request.messages)),
+        max_tokens: request.max_completion_tokens.or(request.max_tokens),
+        ignore_eos: request.ignore_eos,
+        stream: request.stream,
+    };
+    let format = OpenAiFormat::new(&state, OpenAiKind::Chat);
+    respond(&state, params, format, cut).await
+}
+
+/// `POST /v1/completions`.
+pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let cut = match state.inject_faults().await {
+        Ok(cut) => cut,
+        Err(response) => return response,
+    };
+    let request: CompletionRequest = match parse_json(&body) {
+        Ok(request) => request,
+        Err(error) => return error.into_response(),
+    };
+    let prompt = match request.prompt.into_tokens() {
+        Ok(prompt) => prompt,
+        Err(error) => return error.into_response(),
+    };
+    let params = GenerationParams {
+        prompt,
+        max_tokens: request.max_tokens,
+        ignore_eos: request.ignore_eos,
+        stream: request.stream,
+    };
+    let format = OpenAiFormat::new(&state, OpenAiKind::Completion);
+    respond(&state, params, format, cut).await
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OpenAiKind {
+    Chat,
+    Completion,
+}
+
+/// Chat or text completion bodies and chunks.
+struct OpenAiFormat {
+    kind: OpenAiKind,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl OpenAiFormat {
+    fn new(state: &AppState, kind: OpenAiKind) -> Self {
+        let prefix = match kind {
+            OpenAiKind::Chat => "chatcmpl",
+            OpenAiKind::Completion => "cmpl",
+        };
+        Self {
+            kind,
+            id: state.response_id(prefix),
+            created: unix_now_secs() as u64,
+            model: state.model.clone(),
+        }
+    }
+
+    fn envelope(&self, object: &str, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    fn chunk_object(&self) -> &'static str {
+        match self.kind {
+            OpenAiKind::Chat => "chat.completion.chunk",
+            OpenAiKind::Completion => "text_completion",
+        }
+    }
+}
+
+impl ResponseFormat for OpenAiFormat {
+    fn token_chunk(&mut self, index: u32, piece: &str, out: &mut Vec<u8>) {
+        let choice = match self.kind {
+            OpenAiKind::Chat if index == 0 => json!({"index": 0,
+                "delta": {"role": "assistant", "content": piece},
+                "logprobs": null, "finish_reason": null}),
+            OpenAiKind::Chat => json!({"index": 0, "delta": {"content": piece},
+                "logprobs": null, "finish_reason": null}),
+            OpenAiKind::Completion => json!({"index": 0, "text": piece,
+                "logprobs": null, "finish_reason": null}),
+        };
+        sse_json(&self.envelope(self.chunk_object(), json!([choice])), out);
+    }
+
+    fn final_chunks(&mut self, outcome: &Outcome, out: &mut Vec<u8>) {
+        let choice = match self.kind {
+            OpenAiKind::Chat => json!({"index": 0, "delta": {},
+                "logprobs": null, "finish_reason": outcome.finish_reason}),
+            OpenAiKind::Completion => json!({"index": 0, "text": "",
+                "logprobs": null, "finish_reason": outcome.finish_reason}),
+        };
+        sse_json(&self.envelope(self.chunk_object(), json!([choice])), out);
+        let mut usage_chunk = self.envelope(self.chunk_object(), json!([]));
+        usage_chunk["usage"] = usage(outcome);
+        sse_json(&usage_chunk, out);
+        out.extend_from_slice(SSE_DONE);
+    }
+
+    fn full_body(&mut self, text: &str, outcome: &Outcome) -> Vec<u8> {
+        let (object, choice) = match self.kind {
+            OpenAiKind::Chat => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text},
+                    "logprobs": null, "finish_reason": outcome.finish_reason}),
+            ),
+            OpenAiKind::Completion => (
+                "text_completion",
+                json!({"index": 0, "text": text,
+                    "logprobs": null, "finish_reason": outcome.finish_reason}),
+            ),
+        };
+        let mut body = self.envelope(object, json!([choice]));
+        body["usage"] = usage(outcome);
+        serde_json::to_vec(&body).expect("a JSON value always serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_messages_render_with_the_template() {
+        let request: ChatRequest = serde_json::from_str(
+            r#"{"messages": [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(chat_prompt(&request.messages), "<|system|> be brief <|user|> hi there <|assistant|>");
+    }
+
+    #[test]
+    fn completion_prompts_accept_text_and_token_ids() {
+        let tokens = |body: &str| {
+            serde_json::from_str::<CompletionRequest>(body)
+                .unwrap()
+                .prompt
+                .into_tokens()
+                .map_err(|e| format!("{e:?}"))
+        };
+        assert_eq!(tokens(r#"{"prompt": "a b c"}"#).unwrap().len(), 3);
+        assert_eq!(tokens(r#"{"prompt": [1, 2]}"#).unwrap(), [1, 2]);
+        assert_eq!(tokens(r#"{"prompt": ["a b"]}"#).unwrap().len(), 2);
+        assert!(tokens(r#"{"prompt": ["a", "b"]}"#).is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! One simulated engine's HTTP server: shared state, routes, OpenAI-style errors, health and fault injection.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kvgate_engine::splitmix64;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+use crate::args::{EngineKind, MockArgs};
+use crate::canned::CannedBodies;
+use crate::driver::EngineHandle;
+use crate::{canned, metrics, openai, sglang};
+
+/// Per-worker answering options taken from `MockArgs`.
+#[derive(Clone, Debug)]
+pub(crate) struct ServeOptions {
+    pub(crate) force_max_tokens: bool,
+    pub(crate) default_max_tokens: u32,
+    pub(crate) gen_ms: u64,
+    pub(crate) fail_rate: f64,
+    pub(crate) cut_stream_rate: f64,
+    pub(crate) extra_latency_ms: u64,
+    pub(crate) unhealthy_after: Option<Duration>,
+    pub(crate) seed: u64,
+}
+
+impl ServeOptions {
+    pub(crate) fn from_args(args: &MockArgs, worker_idx: usize) -> Self {
+        Self {
+            force_max_tokens: args.force_max_tokens,
+            default_max_tokens: args.default_max_tokens,
+            gen_ms: args.gen_ms,
+            fail_rate: args.fail_rate,
+            cut_stream_rate: args.cut_stream_rate,
+            extra_latency_ms: args.extra_latency_ms,
+            unhealthy_after: args.unhealthy_after_secs.map(Duration::from_secs_f64),
+            seed: splitmix64(args.seed ^ splitmix64(worker_idx as u64)),
+        }
+    }
+}
+
+/// Everything a worker's handlers share.
+pub(crate) struct AppState {
+    pub(crate) model: String,
+    pub(crate) worker_idx: usize,
+    pub(crate) started: Instant,
+    /// The engine model; `None` for the canned engine.
+    pub(crate) engine: Option<EngineHandle>,
+    pub(crate) options: ServeOptions,
+    pub(crate) canned: CannedBodies,
+    fault_draws: AtomicU64,
+    response_ids: AtomicU64,
+}
+
+impl AppState {
+    pub(crate) fn new(
+        model: String,
+        worker_idx: usize,
+        engine: Option<EngineHandle>,
+        options: ServeOptions,
+    ) -> Self {
+        Self {
+            canned: CannedBodies::new(&model),
+            model,
+            worker_idx,
+            started: Instant::now(),
+            engine,
+            options,
+            fault_draws: AtomicU64::new(0),
+            response_ids: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh response id such as `chatcmpl-0-17`.
+    pub(crate) fn response_id(&self, prefix: &str) -> String {
+        let n = self.response_ids.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{}-{n}", self.worker_idx)
+    }
+
+    /// Applies the fault flags to one generation request: the extra latency, then an injected
+    /// 500 (`Err`), or whether to cut the response's connection mid-body (`Ok(true)`).
+    pub(crate) async fn inject_faults(&self) -> Result<bool, Response> {
+        let options = &self.options;
+        if options.extra_latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(options.extra_latency_ms)).await;
+        }
+        if options.fail_rate <= 0.0 && options.cut_stream_rate <= 0.0 {
+            return Ok(false);
+        }
+        let draw = self.fault_draws.fetch_add(1, Ordering::Relaxed);
+        if unit_draw(options.seed, draw, 0) < options.fail_rate {
+            return Err(ApiError::injected().into_response());
+        }
+        Ok(unit_draw(options.seed, draw, 1) < options.cut_stream_rate)
+    }
+}
+
+/// A uniform draw in [0, 1) from (seed, draw number, salt).
+fn unit_draw(seed: u64, draw: u64, salt: u64) -> f64 {
+    let bits = splitmix64(seed ^ splitmix64(draw.wrapping_mul(2).wrapping_add(salt)));
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// An OpenAI-style error: `{"error": {"message", "type", "code"}}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", message: message.into() }
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", message: message.into() }
+    }
+
+    pub(crate) fn unavailable(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::SERVICE_UNAVAILABLE, kind: "server_error", message: message.into() }
+    }
+
+    fn injected() -> Self {
+        Self::internal("injected failure (--fail-rate)")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "code": self.status.as_u16(),
+        }});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// Parses a JSON request body, answering 400 on malformed input.
+pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))
+}
+
+/// The worker's routes; generation routes answer from the model or canned bodies.
+pub(crate) fn router(state: Arc<AppState>, kind: EngineKind) -> Router {
+    let router = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/loads", get(sglang::loads))
+        .route("/flush_cache", post(flush_cache))
+        .route("/metrics", get(metrics::metrics));
+    let router = match kind {
+        EngineKind::Realistic => router
+            .route("/v1/chat/completions", post(openai::chat))
+            .route("/v1/completions", post(openai::completions))
+            .route("/generate", post(sglang::generate)),
+        EngineKind::Canned => router
+            .route("/v1/chat/completions", post(canned::chat))
+            .route("/v1/completions", post(canned::completions))
+            .route("/generate", post(canned::generate)),
+    };
+    router.with_state(state)
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
+    let unhealthy = state.options.unhealthy_after.is_some_and(|after| state.started.elapsed() >= after);
+    if unhealthy {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "object": "list",
+        "data": [{"id": state.model, "object": "model", "owned_by": "kvgate-mock", "created": 0}],
+    }))
+}
+
+/// SGLang's `/flush_cache`: clears the prefix cache when no request uses it.
+async fn flush_cache(State(state): State<Arc<AppState>>) -> Response {
+    match &state.engine {
+        Some(engine) if !engine.flush_cache() => {
+            (StatusCode::BAD_REQUEST, "Cache not flushed: requests are running.").into_response()
+        }
+        _ => (StatusCode::OK, "Cache flushed.").into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_draws_are_uniform_enough() {
+        let n = 10_000;
+        let below = (0..n).filter(|&d| unit_draw(7, d, 0) < 0.25).count();
+        assert!((2_200..2_800).contains(&below), "{below}");
+        assert!((0..n).all(|d| (0.0..1.0).contains(&unit_draw(7, d, 1))));
+    }
+}

@@ -1,0 +1,205 @@
+//! SGLang's native endpoints: `/generate` (text or input_ids, `sampling_params`) and the `/v1/loads` load report.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use kvgate_engine::{tokenize, EngineLoad};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::driver::unix_now_secs;
+use crate::generation::{respond, sse_json, GenerationParams, Outcome, ResponseFormat, SSE_DONE};
+use crate::server::{parse_json, ApiError, AppState};
+
+#[derive(Deserialize)]
+struct GenerateRequest {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    input_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    sampling_params: SamplingParams,
+    #[serde(default)]
+    stream: bool,
+}
+
+#[derive(Deserialize, Default)]
+struct SamplingParams {
+    #[serde(default)]
+    max_new_tokens: Option<u32>,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+/// `POST /generate`.
+pub(crate) async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let cut = match state.inject_faults().await {
+        Ok(cut) => cut,
+        Err(response) => return response,
+    };
+    let request: GenerateRequest = match parse_json(&body) {
+        Ok(request) => request,
+        Err(error) => return error.into_response(),
+    };
+    let prompt = match (request.input_ids, request.text) {
+        (Some(ids), _) => ids,
+        (None, Some(text)) => tokenize(&text),
+        (None, None) => {
+            return ApiError::bad_request("either `text` or `input_ids` is required").into_response()
+        }
+    };
+    let params = GenerationParams {
+        prompt,
+        max_tokens: request.sampling_params.max_new_tokens,
+        ignore_eos: request.sampling_params.ignore_eos,
+        stream: request.stream,
+    };
+    let format = GenerateFormat {
+        id: state.response_id("gen"),
+        prompt_tokens: params.prompt.len(),
+        text: String::new(),
+    };
+    respond(&state, params, format, cut).await
+}
+
+/// SGLang `/generate` bodies; streamed chunks carry the cumulative text.
+struct GenerateFormat {
+    id: String,
+    prompt_tokens: usize,
+    text: String,
+}
+
+fn finish_reason(outcome: &Outcome) -> Value {
+    if outcome.finish_reason == "length" {
+        json!({"type": "length", "length": outcome.completion_tokens})
+    } else {
+        json!({"type": "stop", "matched": null})
+    }
+}
+
+impl GenerateFormat {
+    fn final_meta(&self, outcome: &Outcome) -> Value {
+        json!({
+            "id": self.id,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "cached_tokens": outcome.cached_tokens,
+            "finish_reason": finish_reason(outcome),
+            "e2e_latency": outcome.stats.latency_us() as f64 / 1e6,
+        })
+    }
+}
+
+impl ResponseFormat for GenerateFormat {
+    fn token_chunk(&mut self, index: u32, piece: &str, out: &mut Vec<u8>) {
+        self.text.push_str(piece);
+        let chunk = json!({
+            "text": self.text,
+            "meta_info": {
+                "id": self.id,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": index + 1,
+                "finish_reason": null,
+            },
+        });
+        sse_json(&chunk, out);
+    }
+
+    fn final_chunks(&mut self, outcome: &Outcome, out: &mut Vec<u8>) {
+        sse_json(&json!({"text": self.text, "meta_info": self.final_meta(outcome)}), out);
+        out.extend_from_slice(SSE_DONE);
+    }
+
+    fn full_body(&mut self, text: &str, outcome: &Outcome) -> Vec<u8> {
+        let body = json!({"text": text, "meta_info": self.final_meta(outcome)});
+        serde_json::to_vec(&body).expect("a JSON value always serializes")
+    }
+}
+
+/// `GET /v1/loads`: SGLang's load report for this worker's one data-parallel rank.
+pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let load = state.engine.as_ref().map(|engine| engine.load());
+    Json(loads_body(load.as_ref(), unix_now_secs()))
+}
+
+pub(crate) fn loads_body(load: Option<&EngineLoad>, unix_secs: f64) -> Value {
+    let idle = EngineLoad {
+        num_running_reqs: 0,
+        num_waiting_reqs: 0,
+        num_waiting_uncached_tokens: 0,
+        num_pending_prefill_tokens: 0,
+        num_used_tokens: 0,
+        max_total_num_tokens: 0,
+        token_usage: 0.0,
+        gen_throughput: 0.0,
+        cache_hit_rate: 0.0,
+        max_running_requests: 0,
+        total_prompt_tokens: 0,
+        total_cached_tokens: 0,
+        total_generated_tokens: 0,
+        num_evictable_blocks: 0,
+    };
+    let load = load.unwrap_or(&idle);
+    let utilization = if load.max_running_requests == 0 {
+        0.0
+    } else {
+        load.num_running_reqs as f64 / load.max_running_requests as f64
+    };
+    json!({
+        "timestamp": rfc3339(unix_secs),
+        "dp_rank_count": 1,
+        "loads": [{
+            "dp_rank": 0,
+            "num_running_reqs": load.num_running_reqs,
+            "num_waiting_reqs": load.num_waiting_reqs,
+            "num_waiting_uncached_tokens": load.num_waiting_uncached_tokens,
+            "num_total_reqs": load.num_running_reqs + load.num_waiting_reqs,
+            "num_used_tokens": load.num_used_tokens,
+            "max_total_num_tokens": load.max_total_num_tokens,
+            "token_usage": load.token_usage,
+            "gen_throughput": load.gen_throughput,
+            "cache_hit_rate": load.cache_hit_rate,
+            "utilization": utilization,
+            "max_running_requests": load.max_running_requests,
+        }],
+    })
+}
+
+/// Formats Unix seconds as RFC 3339 UTC with microseconds, e.g. `2025-01-02T03:04:05.000006Z`.
+pub(crate) fn rfc3339(unix_secs: f64) -> String {
+    let micros_total = (unix_secs.max(0.0) * 1e6) as u64;
+    let secs = micros_total / 1_000_000;
+    let micros = micros_total % 1_000_000;
+    let (days, secs_of_day) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        secs_of_day / 3600,
+        secs_of_day / 60 % 60,
+        secs_of_day % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0.0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(rfc3339(951_782_400.5), "2000-02-29T00:00:00.500000Z");
+        assert_eq!(rfc3339(1_735_787_045.0), "2025-01-02T03:04:05.000000Z");
+    }
+}

@@ -1,0 +1,113 @@
+//! Fault injection (500s, cut connections, added latency, failing health) and the canned engine.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{spawn, sse_payloads};
+use kvgate_mock::EngineKind;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_rate_answers_500_with_an_openai_error() {
+    let harness = spawn(|args| {
+        args.time_scale = 50.0;
+        args.fail_rate = 1.0;
+    })
+    .await;
+    for path in ["/v1/chat/completions", "/v1/completions", "/generate"] {
+        let response = harness.post(path, &json!({"prompt": "a"})).await;
+        assert_eq!(response.status(), 500, "{path}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["type"], "server_error");
+    }
+    assert_eq!(harness.get("/health").await.status(), 200);
+    harness.fleet.shutdown().await;
+
+    // A fraction: seeded draws, roughly half of 40.
+    let harness = spawn(|args| {
+        args.engine = EngineKind::Canned;
+        args.fail_rate = 0.5;
+        args.seed = 7;
+    })
+    .await;
+    let mut failures = 0;
+    for _ in 0..40 {
+        let response = harness.post("/v1/completions", &json!({"prompt": "a"})).await;
+        failures += usize::from(response.status() == 500);
+    }
+    assert!((8..=32).contains(&failures), "{failures}");
+    harness.fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_stream_rate_breaks_bodies_midway() {
+    for engine in [EngineKind::Realistic, EngineKind::Canned] {
+        let harness = spawn(|args| {
+            args.engine = engine;
+            args.time_scale = 50.0;
+            args.cut_stream_rate = 1.0;
+        })
+        .await;
+        for stream in [true, false] {
+            let body = json!({"prompt": "a b c", "max_tokens": 8, "ignore_eos": true,
+                "stream": stream});
+            let response = harness.post("/v1/completions", &body).await;
+            assert_eq!(response.status(), 200);
+            let text = response.text().await;
+            assert!(text.is_err(), "{engine:?} stream={stream}: body completed: {text:?}");
+        }
+        harness.fleet.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_latency_delays_answers() {
+    let harness = spawn(|args| {
+        args.engine = EngineKind::Canned;
+        args.extra_latency_ms = 200;
+    })
+    .await;
+    let started = Instant::now();
+    harness.post_json("/v1/completions", &json!({"prompt": "a"})).await;
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    harness.fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_turns_unhealthy_after_the_given_time() {
+    let harness = spawn(|args| {
+        args.engine = EngineKind::Canned;
+        args.unhealthy_after_secs = Some(0.3);
+    })
+    .await;
+    assert_eq!(harness.get("/health").await.status(), 200);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(harness.get("/health").await.status(), 503);
+    // Generation still answers.
+    harness.post_json("/v1/completions", &json!({"prompt": "a"})).await;
+    harness.fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canned_engine_answers_fixed_bodies() {
+    let harness = spawn(|args| args.engine = EngineKind::Canned).await;
+    let chat = harness
+        .post_json("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(chat["choices"][0]["message"]["content"], "ok ok");
+    assert_eq!(chat["usage"]["total_tokens"], 10);
+    let events = harness.post_sse("/v1/chat/completions", &json!({"messages": [], "stream": true})).await;
+    assert_eq!(events.len(), 4);
+    assert_eq!(events[3], "[DONE]");
+    let generate = harness.post_json("/generate", &json!({"text": "hi"})).await;
+    assert_eq!(generate["meta_info"]["completion_tokens"], 2);
+    let body =
+        harness.post("/v1/completions", &json!({"prompt": "x", "stream": true})).await.text().await.unwrap();
+    assert_eq!(sse_payloads(&body).last().unwrap(), "[DONE]");
+    let malformed = harness.client.post(format!("{}/generate", harness.url)).body("[").send().await.unwrap();
+    assert_eq!(malformed.status(), 400);
+    let load = harness.loads().await;
+    assert_eq!(load["num_running_reqs"], 0);
+    harness.fleet.shutdown().await;
+}
