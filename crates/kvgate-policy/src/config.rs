@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CacheAwarePolicy, Policy, RandomPolicy, RoundRobinPolicy};
+use crate::{
+    CacheAwarePolicy, LeastLoadPolicy, LeastLoadSettings, Policy, PowerOfTwoPolicy, RandomPolicy,
+    RoundRobinPolicy,
+};
 
 /// The routing policies kvgate knows, by their configuration names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -18,6 +21,10 @@ pub enum PolicyKind {
     Random,
     /// Longest prefix match while the pool is balanced; load balancing when it is not.
     CacheAware,
+    /// The less loaded of two random workers.
+    PowerOfTwo,
+    /// The worker with the least expected wait (queued prefill, KV pressure).
+    LeastLoad,
 }
 
 impl PolicyKind {
@@ -26,6 +33,8 @@ impl PolicyKind {
             PolicyKind::RoundRobin => "round_robin",
             PolicyKind::Random => "random",
             PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::LeastLoad => "least_load",
         }
     }
 }
@@ -88,6 +97,16 @@ pub struct PolicyConfig {
     /// cache_aware: where a cache miss goes.
     #[arg(long, value_enum, default_value = "least_load")]
     pub cache_miss_strategy: MissStrategy,
+
+    /// least_load: weight of the KV pressure term k / (1 - k), in seconds, > 0.
+    #[arg(long, default_value_t = 0.15)]
+    pub least_load_kv_pressure_weight: f64,
+    /// least_load: prompt tokens assumed for a request whose size is unknown, > 0.
+    #[arg(long, default_value_t = 1024.0)]
+    pub least_load_mean_prefill_tokens: f64,
+    /// least_load: tokens/s assumed when an engine reports no throughput, > 0.
+    #[arg(long, default_value_t = 2000.0)]
+    pub least_load_default_throughput: f64,
 }
 
 impl Default for PolicyConfig {
@@ -105,6 +124,9 @@ impl Default for PolicyConfig {
             kv_inflight_correction: true,
             rebalance_affinity: true,
             cache_miss_strategy: MissStrategy::LeastLoad,
+            least_load_kv_pressure_weight: 0.15,
+            least_load_mean_prefill_tokens: 1024.0,
+            least_load_default_throughput: 2000.0,
         }
     }
 }
@@ -135,6 +157,15 @@ impl PolicyConfig {
         check("balance_token_usage_threshold", self.balance_token_usage_threshold, 0.0, 1.0, "(0, 1]");
         check("overload_token_usage_threshold", self.overload_token_usage_threshold, 0.0, 1.0, "(0, 1]");
         check("eviction_interval", self.eviction_interval, 0.0, f64::MAX, "(0, inf) seconds");
+        check("least_load_kv_pressure_weight", self.least_load_kv_pressure_weight, 0.0, f64::MAX, "(0, inf)");
+        check(
+            "least_load_mean_prefill_tokens",
+            self.least_load_mean_prefill_tokens,
+            0.0,
+            f64::MAX,
+            "(0, inf)",
+        );
+        check("least_load_default_throughput", self.least_load_default_throughput, 0.0, f64::MAX, "(0, inf)");
         for (field, value) in [("max_tree_size", self.max_tree_size), ("block_size", self.block_size)] {
             if value == 0 {
                 errors.push(ConfigError { field, message: "must be at least 1".into() });
@@ -151,6 +182,7 @@ impl PolicyConfig {
     pub fn needs_loads(&self) -> bool {
         match self.policy {
             PolicyKind::RoundRobin | PolicyKind::Random => false,
+            PolicyKind::PowerOfTwo | PolicyKind::LeastLoad => true,
             PolicyKind::CacheAware => {
                 self.balance_token_usage_threshold < 1.0 || self.overload_token_usage_threshold < 1.0
             }
@@ -164,6 +196,12 @@ pub fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
         PolicyKind::RoundRobin => Arc::new(RoundRobinPolicy::new()),
         PolicyKind::Random => Arc::new(RandomPolicy),
         PolicyKind::CacheAware => Arc::new(CacheAwarePolicy::new(config)),
+        PolicyKind::PowerOfTwo => Arc::new(PowerOfTwoPolicy),
+        PolicyKind::LeastLoad => Arc::new(LeastLoadPolicy::new(LeastLoadSettings {
+            kv_pressure_weight: config.least_load_kv_pressure_weight,
+            mean_prefill_tokens: config.least_load_mean_prefill_tokens,
+            default_throughput: config.least_load_default_throughput,
+        })),
     }
 }
 

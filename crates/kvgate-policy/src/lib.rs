@@ -5,11 +5,17 @@
 
 mod cache_aware;
 mod config;
+mod inflight;
+mod least_load;
+mod pick;
+mod power_of_two;
 mod random;
 mod round_robin;
 
 pub use cache_aware::{CacheAwarePolicy, Imbalance, Thresholds};
 pub use config::{build_policy, ConfigError, MissStrategy, PolicyConfig, PolicyKind};
+pub use least_load::{LeastLoadPolicy, LeastLoadSettings};
+pub use power_of_two::PowerOfTwoPolicy;
 pub use random::RandomPolicy;
 pub use round_robin::RoundRobinPolicy;
 

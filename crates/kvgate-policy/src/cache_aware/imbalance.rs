@@ -1,6 +1,7 @@
 //! The imbalance test of cache_aware (overload OR KV spread OR count spread), the KV view it is
 //! computed on, and the "acceptable load band" used to keep affinity while rebalancing.
 
+use crate::inflight::fresh_load;
 use crate::{Candidate, Reason};
 
 /// The four thresholds of the imbalance test.
@@ -37,14 +38,7 @@ impl Imbalance {
 /// A worker's KV usage is known only when every candidate has a fresh sample: a partial or stale
 /// snapshot must not drive the KV terms.
 pub fn kv_usable(candidates: &[Candidate], now_ms: u64, poll_interval_ms: u64) -> bool {
-    let max_age = poll_interval_ms.saturating_mul(3);
-    !candidates.is_empty()
-        && candidates.iter().all(|c| match c.load {
-            Some(load) => {
-                now_ms.saturating_sub(load.fetched_at_ms) <= max_age && load.token_usage.is_finite()
-            }
-            None => false,
-        })
+    !candidates.is_empty() && candidates.iter().all(|c| fresh_load(c, now_ms, poll_interval_ms).is_some())
 }
 
 fn min_max<T: Copy + PartialOrd>(values: impl Iterator<Item = T>) -> Option<(T, T)> {

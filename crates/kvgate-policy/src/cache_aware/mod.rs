@@ -4,15 +4,15 @@
 
 mod imbalance;
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use kvgate_index::{PrefixMatch, TextTree, TokenTree};
-use rand::Rng;
 
 pub use imbalance::{imbalance, in_band, kv_usable, Imbalance, Thresholds};
 
 use crate::config::{MissStrategy, PolicyConfig};
+use crate::inflight::RoutedLog;
+use crate::pick::pick_min_by;
 use crate::{
     Candidate, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, RoutingKey, SelectContext,
     WorkerId,
@@ -39,7 +39,7 @@ struct State {
     tokens: TokenTree,
     /// Prompt tokens (uncached estimate) routed to each worker, by routing time, for the
     /// in-flight correction of its KV usage between load samples.
-    routed: HashMap<WorkerId, VecDeque<(u64, f64)>>,
+    routed: RoutedLog,
     last_eviction_ms: Option<u64>,
 }
 
@@ -95,33 +95,6 @@ struct Outcome {
     index: usize,
     reason: Reason,
     matches: Option<MatchInfo>,
-}
-
-/// Indices in `indices` that minimise `key`, then one of them at random.
-fn pick_min_by<K: PartialOrd + Copy>(
-    indices: impl Iterator<Item = usize>,
-    key: impl Fn(usize) -> K,
-    rng: &mut dyn rand::RngCore,
-) -> Option<usize> {
-    let mut best: Vec<usize> = Vec::new();
-    let mut best_key: Option<K> = None;
-    for i in indices {
-        let k = key(i);
-        match best_key {
-            Some(b) if k > b => {}
-            Some(b) if k == b => best.push(i),
-            _ => {
-                best_key = Some(k);
-                best.clear();
-                best.push(i);
-            }
-        }
-    }
-    match best.len() {
-        0 => None,
-        1 => Some(best[0]),
-        n => Some(best[rng.random_range(0..n)]),
-    }
 }
 
 impl Inputs<'_> {
@@ -210,24 +183,9 @@ impl State {
         let Some(load) = candidate.load else { return 0.0 };
         let mut usage = load.token_usage;
         if correction && load.max_total_num_tokens > 0 {
-            let routed: f64 = self
-                .routed
-                .get(&candidate.id)
-                .map(|q| q.iter().filter(|(at, _)| *at >= load.fetched_at_ms).map(|(_, tokens)| tokens).sum())
-                .unwrap_or(0.0);
-            usage += routed / load.max_total_num_tokens as f64;
+            usage += self.routed.since(candidate.id, load.fetched_at_ms) / load.max_total_num_tokens as f64;
         }
         usage.clamp(0.0, 1.0)
-    }
-
-    fn record_routed(&mut self, worker: WorkerId, now_ms: u64, tokens: f64, keep_ms: u64) {
-        let queue = self.routed.entry(worker).or_default();
-        while queue.front().is_some_and(|(at, _)| at.saturating_add(keep_ms) < now_ms) {
-            queue.pop_front();
-        }
-        if tokens > 0.0 {
-            queue.push_back((now_ms, tokens));
-        }
     }
 }
 
@@ -303,7 +261,7 @@ impl Policy for CacheAwarePolicy {
         let worker = candidates[outcome.index].id;
         let uncached =
             request.prompt_tokens as f64 * (1.0 - outcome.matches.map_or(0.0, |m| m.chosen_match_rate));
-        state.record_routed(worker, now, uncached, ctx.load_poll_interval_ms.saturating_mul(4));
+        state.routed.record(worker, now, uncached, ctx.load_poll_interval_ms.saturating_mul(4));
         Ok(Decision { worker, reason: outcome.reason, matches: outcome.matches })
     }
 
@@ -311,7 +269,7 @@ impl Policy for CacheAwarePolicy {
         let mut state = self.lock();
         state.text.remove_tenant(worker);
         state.tokens.remove_tenant(worker);
-        state.routed.remove(&worker);
+        state.routed.forget(worker);
     }
 
     fn maintain(&self, now_ms: u64) {

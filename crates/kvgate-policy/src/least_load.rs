@@ -1,0 +1,154 @@
+//! `least_load`: route to the worker with the least expected wait,
+//! `(queued uncached tokens + in-flight prompt tokens) / throughput + w * k / (1 - k)`,
+//! where k is the KV usage (clamped below 1) and throughput the engine's reported generation
+//! throughput (or a default). Between load samples, the prompt tokens routed since the sample are
+//! added (in-flight correction); without a fresh sample, in-flight requests count as the mean
+//! prompt size each.
+
+use std::sync::Mutex;
+
+use crate::inflight::{fresh_load, RoutedLog};
+use crate::pick::pick_min_by;
+use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+
+/// The knobs of the expected-wait estimate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LeastLoadSettings {
+    pub kv_pressure_weight: f64,
+    pub mean_prefill_tokens: f64,
+    pub default_throughput: f64,
+}
+
+pub struct LeastLoadPolicy {
+    settings: LeastLoadSettings,
+    routed: Mutex<RoutedLog>,
+}
+
+/// Expected waits closer than this many seconds are a tie.
+const WAIT_TIE_SECS: f64 = 1e-4;
+
+impl LeastLoadPolicy {
+    pub fn new(settings: LeastLoadSettings) -> Self {
+        Self { settings, routed: Mutex::new(RoutedLog::default()) }
+    }
+
+    /// Expected wait in seconds on `candidate`.
+    pub fn expected_wait(&self, candidate: &Candidate, routed: &RoutedLog, ctx: &SelectContext<'_>) -> f64 {
+        let s = &self.settings;
+        match fresh_load(candidate, ctx.now_ms, ctx.load_poll_interval_ms) {
+            Some(load) => {
+                let since = routed.since(candidate.id, load.fetched_at_ms);
+                let tokens = load.num_waiting_uncached_tokens as f64 + since;
+                let throughput =
+                    if load.gen_throughput > 0.0 { load.gen_throughput } else { s.default_throughput };
+                let mut k = load.token_usage;
+                if load.max_total_num_tokens > 0 {
+                    k += since / load.max_total_num_tokens as f64;
+                }
+                let k = k.clamp(0.0, 0.99);
+                tokens / throughput + s.kv_pressure_weight * k / (1.0 - k)
+            }
+            None => candidate.in_flight as f64 * s.mean_prefill_tokens / s.default_throughput,
+        }
+    }
+}
+
+impl Policy for LeastLoadPolicy {
+    fn name(&self) -> &'static str {
+        "least_load"
+    }
+
+    fn needs_loads(&self) -> bool {
+        true
+    }
+
+    fn select(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: &[Candidate],
+        ctx: &mut SelectContext<'_>,
+    ) -> Result<Decision, NoRoute> {
+        if candidates.is_empty() {
+            return Err(NoRoute::NoCandidates);
+        }
+        let mut routed = self.routed.lock().unwrap_or_else(|p| p.into_inner());
+        let waits: Vec<(i64, u64)> = candidates
+            .iter()
+            .map(|c| ((self.expected_wait(c, &routed, ctx) / WAIT_TIE_SECS) as i64, c.in_flight))
+            .collect();
+        let index = pick_min_by(0..candidates.len(), |i| waits[i], ctx.rng).expect("not empty");
+        let worker: WorkerId = candidates[index].id;
+        let tokens = if request.prompt_tokens > 0 {
+            request.prompt_tokens as f64
+        } else {
+            self.settings.mean_prefill_tokens
+        };
+        routed.record(worker, ctx.now_ms, tokens, ctx.load_poll_interval_ms.saturating_mul(4));
+        Ok(Decision { worker, reason: Reason::LeastLoad, matches: None })
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        self.routed.lock().unwrap_or_else(|p| p.into_inner()).forget(worker);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{candidates, ctx_rng};
+    use crate::LoadSample;
+
+    const SETTINGS: LeastLoadSettings = LeastLoadSettings {
+        kv_pressure_weight: 0.15,
+        mean_prefill_tokens: 1024.0,
+        default_throughput: 2000.0,
+    };
+
+    fn sample(waiting_tokens: u64, usage: f64) -> Option<LoadSample> {
+        Some(LoadSample {
+            num_waiting_uncached_tokens: waiting_tokens,
+            token_usage: usage,
+            max_total_num_tokens: 100_000,
+            fetched_at_ms: 1000,
+            ..LoadSample::default()
+        })
+    }
+
+    #[test]
+    fn prefers_the_idle_engine() {
+        let policy = LeastLoadPolicy::new(SETTINGS);
+        let mut pool = candidates(&[0, 0, 0]);
+        pool[0].load = sample(8000, 0.2);
+        pool[1].load = sample(0, 0.1);
+        pool[2].load = sample(0, 0.8);
+        let mut rng = ctx_rng(1);
+        let mut ctx = SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng };
+        let d = policy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap();
+        assert_eq!((d.worker, d.reason), (1, Reason::LeastLoad));
+    }
+
+    #[test]
+    fn inflight_correction_spreads_a_burst_between_samples() {
+        let policy = LeastLoadPolicy::new(SETTINGS);
+        let mut pool = candidates(&[0, 0]);
+        pool[0].load = sample(0, 0.1);
+        pool[1].load = sample(0, 0.1);
+        let mut rng = ctx_rng(2);
+        let mut ctx = SelectContext { now_ms: 1500, load_poll_interval_ms: 1000, rng: &mut rng };
+        let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: 4000 };
+        let mut counts = [0; 2];
+        for _ in 0..10 {
+            counts[policy.select(&request, &pool, &mut ctx).unwrap().worker as usize] += 1;
+        }
+        assert_eq!(counts, [5, 5], "the same stale sample, yet the burst alternates");
+    }
+
+    #[test]
+    fn without_samples_in_flight_counts_decide() {
+        let policy = LeastLoadPolicy::new(SETTINGS);
+        let pool = candidates(&[7, 2, 9]);
+        let mut rng = ctx_rng(3);
+        let mut ctx = SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng };
+        assert_eq!(policy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 1);
+    }
+}

@@ -1,0 +1,31 @@
+//! Tie-breaking shared by the policies: the minimum by a key, ties broken with the injected RNG so
+//! that several gateway replicas do not herd onto the same worker.
+
+use rand::Rng;
+
+/// One of the indices that minimise `key`, chosen at random among ties.
+pub fn pick_min_by<K: PartialOrd + Copy>(
+    indices: impl Iterator<Item = usize>,
+    key: impl Fn(usize) -> K,
+    rng: &mut dyn rand::RngCore,
+) -> Option<usize> {
+    let mut best: Vec<usize> = Vec::new();
+    let mut best_key: Option<K> = None;
+    for i in indices {
+        let k = key(i);
+        match best_key {
+            Some(b) if k > b => {}
+            Some(b) if k == b => best.push(i),
+            _ => {
+                best_key = Some(k);
+                best.clear();
+                best.push(i);
+            }
+        }
+    }
+    match best.len() {
+        0 => None,
+        1 => Some(best[0]),
+        n => Some(best[rng.random_range(0..n)]),
+    }
+}
