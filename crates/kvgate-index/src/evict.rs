@@ -17,12 +17,8 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
     /// [`RadixTree::tenant_size`]); `total_elements` decreases by at most that much.
     pub fn evict(&mut self, max_elements_per_tenant: usize) -> usize {
         let bound = max_elements_per_tenant;
-        let mut over: Vec<TenantId> = self
-            .sizes
-            .iter()
-            .filter(|&(_, &s)| s > bound)
-            .map(|(&t, _)| t)
-            .collect();
+        let mut over: Vec<TenantId> =
+            self.sizes.iter().filter(|&(_, &s)| s > bound).map(|(&t, _)| t).collect();
         if over.is_empty() {
             return 0;
         }

@@ -1,7 +1,7 @@
 //! Read side of the tree: the single descent along a query, the fast edge comparison, and
 //! [`PrefixMatch`], the per-tenant matched lengths built from the descent's path.
 
-use crate::node::{Node, NodeId, ROOT};
+use crate::node::{NodeId, ROOT};
 use crate::tree::RadixTree;
 use crate::TenantId;
 
@@ -101,11 +101,7 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
             let l = 1 + common_prefix_len(&label[1..], &key[pos + 1..]);
             pos += l;
             let full = l == label.len();
-            path.push(Step {
-                node: child,
-                end: pos,
-                full,
-            });
+            path.push(Step { node: child, end: pos, full });
             if !full {
                 break;
             }
@@ -116,38 +112,45 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
 
     /// Fills `out` from a descent `path` (see [`RadixTree::descend`]).
     ///
-    /// Tenancy is prefix-closed, so each node's tenant set is a subset of its parent's. Walking the
-    /// path bottom-up, a node contributes only the tenants missing from the node below it, and a
-    /// node whose set has the same size as the one below it contributes nothing.
+    /// Tenancy is prefix-closed, so each node's tenant set is a subset of its parent's and the
+    /// first node's set holds every tenant that matched anything. The entries start as that set
+    /// (sorted, so no sort is needed); walking down, each time the set shrinks (a smaller set
+    /// is a different set) the previous node's tenants get the previous node's end, and deeper
+    /// nodes overwrite them. Nodes with an unchanged set cost O(1).
     pub(crate) fn fill_match(&self, query_len: usize, path: &[Step], out: &mut PrefixMatch) {
         out.clear(query_len);
-        let Some(last) = path.last() else {
+        let Some((first, rest)) = path.split_first() else {
             return;
         };
-        out.best = last.end;
-        let mut below: Option<&Node<T>> = None;
-        for step in path.iter().rev() {
-            let node = &self.nodes[step.node as usize];
-            match below {
-                None => out
-                    .entries
-                    .extend(node.tenants.iter().map(|e| (e.tenant, step.end))),
-                Some(b) if b.tenants.len() == node.tenants.len() => continue,
-                Some(b) => {
-                    let mut j = 0;
-                    let sub = &b.tenants;
-                    for e in &node.tenants {
-                        if j < sub.len() && sub[j].tenant == e.tenant {
-                            j += 1;
-                        } else {
-                            out.entries.push((e.tenant, step.end));
-                        }
-                    }
-                }
+        out.best = path[path.len() - 1].end;
+        let top = &self.nodes[first.node as usize].tenants;
+        out.entries.extend(top.iter().map(|e| (e.tenant, first.end)));
+        let mut prev = *first;
+        let mut prev_len = top.len();
+        for step in rest {
+            let len = self.nodes[step.node as usize].tenants.len();
+            if len != prev_len {
+                self.assign(prev, &mut out.entries);
+                prev_len = len;
             }
-            below = Some(node);
+            prev = *step;
         }
-        out.entries.sort_unstable_by_key(|e| e.0);
+        if prev.node != first.node {
+            self.assign(prev, &mut out.entries);
+        }
+    }
+
+    /// Sets the matched length of every tenant of `step`'s node to `step.end` (merge walk: the
+    /// node's tenants are a sorted subset of the sorted entries).
+    #[inline]
+    fn assign(&self, step: Step, entries: &mut [(TenantId, usize)]) {
+        let mut j = 0;
+        for e in &self.nodes[step.node as usize].tenants {
+            while entries[j].0 != e.tenant {
+                j += 1;
+            }
+            entries[j].1 = step.end;
+        }
     }
 
     /// Read-only match of `key` against the tree.

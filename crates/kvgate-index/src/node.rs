@@ -37,12 +37,7 @@ pub(crate) struct Node<T> {
 
 impl<T: Copy + Ord> Node<T> {
     pub(crate) fn new(label: Box<[T]>, parent: NodeId) -> Self {
-        Node {
-            label,
-            parent,
-            children: Vec::new(),
-            tenants: Vec::new(),
-        }
+        Node { label, parent, children: Vec::new(), tenants: Vec::new() }
     }
 
     #[inline]
@@ -58,9 +53,7 @@ impl<T: Copy + Ord> Node<T> {
         if c.len() <= 8 {
             return c.iter().find(|(k, _)| *k == first).map(|&(_, id)| id);
         }
-        c.binary_search_by(|(k, _)| k.cmp(&first))
-            .ok()
-            .map(|i| c[i].1)
+        c.binary_search_by(|(k, _)| k.cmp(&first)).ok().map(|i| c[i].1)
     }
 
     /// Points the child slot for `first` at `id` (inserting the slot if absent).

@@ -134,10 +134,7 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
 
     /// Unlinks a node (which must hold no tenant and have no child) and frees its slot.
     pub(crate) fn unlink_and_free(&mut self, id: NodeId) {
-        let node = std::mem::replace(
-            &mut self.nodes[id as usize],
-            Node::new(Box::default(), FREE),
-        );
+        let node = std::mem::replace(&mut self.nodes[id as usize], Node::new(Box::default(), FREE));
         debug_assert!(node.tenants.is_empty() && node.children.is_empty());
         self.nodes[node.parent as usize].remove_child(node.label[0]);
         self.live -= 1;
@@ -157,11 +154,7 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
         let tenants = node
             .tenants
             .iter()
-            .map(|e| TenantEntry {
-                tenant: e.tenant,
-                children: 1,
-                last_access: e.last_access,
-            })
+            .map(|e| TenantEntry { tenant: e.tenant, children: 1, last_access: e.last_access })
             .collect();
         let mut upper = Node::new(upper_label, parent);
         upper.children.push((lower_first, id));
@@ -186,14 +179,7 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
                 0
             }
             Err(i) => {
-                node.tenants.insert(
-                    i,
-                    TenantEntry {
-                        tenant,
-                        children: 0,
-                        last_access: now,
-                    },
-                );
+                node.tenants.insert(i, TenantEntry { tenant, children: 0, last_access: now });
                 let len = node.label.len();
                 let parent = node.parent;
                 if parent != ROOT {
@@ -223,11 +209,7 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
         }
         if pos < key.len() {
             let mut leaf = Node::new(key[pos..].into(), last);
-            leaf.tenants.push(TenantEntry {
-                tenant,
-                children: 0,
-                last_access: now,
-            });
+            leaf.tenants.push(TenantEntry { tenant, children: 0, last_access: now });
             let first = key[pos];
             let len = key.len() - pos;
             let id = self.alloc(leaf);

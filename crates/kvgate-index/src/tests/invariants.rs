@@ -49,11 +49,8 @@ impl<T: Copy + Eq + Ord + std::hash::Hash + std::fmt::Debug> RadixTree<T> {
                 stack.push(c);
             }
             for e in &node.tenants {
-                let n = node
-                    .children
-                    .iter()
-                    .filter(|&&(_, c)| self.nodes[c as usize].holds(e.tenant))
-                    .count();
+                let n =
+                    node.children.iter().filter(|&&(_, c)| self.nodes[c as usize].holds(e.tenant)).count();
                 assert_eq!(e.children as usize, n, "child count of {id}/{}", e.tenant);
             }
         }
@@ -65,10 +62,7 @@ impl<T: Copy + Eq + Ord + std::hash::Hash + std::fmt::Debug> RadixTree<T> {
         assert_eq!(free, self.free.len(), "free list");
         assert_eq!(free + reached + 1, self.nodes.len(), "arena accounting");
         for &f in &self.free {
-            assert!(
-                self.nodes[f as usize].is_free(),
-                "free list slot {f} in use"
-            );
+            assert!(self.nodes[f as usize].is_free(), "free list slot {f} in use");
         }
     }
 }

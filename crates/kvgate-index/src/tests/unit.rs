@@ -142,8 +142,7 @@ macro_rules! unit_suite {
                 assert_eq!((pm.matched(7), pm.matched(9)), (3, 6));
                 assert_eq!(tree.tenant_size(9), 6);
                 // Full hit for the holder: refresh only.
-                let got = tree
-                    .match_and_insert(&key, 7, |pm| Some(pm.iter().max_by_key(|e| e.1).unwrap().0));
+                let got = tree.match_and_insert(&key, 7, |pm| Some(pm.iter().max_by_key(|e| e.1).unwrap().0));
                 assert_eq!(got, Some(9));
                 assert_eq!(tree.total_elements(), 9);
             }
@@ -186,11 +185,7 @@ macro_rules! unit_suite {
                 assert_eq!(m(&tree, "aaaaaaaaaa").matched(1), 0);
                 assert_eq!(m(&tree, "bbbbbbbbbb").matched(1), 10);
                 assert_eq!(m(&tree, "cccccccccc").matched(1), 10);
-                assert_eq!(
-                    m(&tree, "dddddddddd").matched(2),
-                    10,
-                    "other tenant untouched"
-                );
+                assert_eq!(m(&tree, "dddddddddd").matched(2), 10, "other tenant untouched");
                 assert_eq!(tree.total_elements(), 30);
                 assert_eq!(tree.evict(0), 30);
                 tree.check_invariants();
@@ -254,12 +249,7 @@ macro_rules! unit_suite {
             fn heap_bytes_cover_the_labels() {
                 let mut tree = Tree::new();
                 for i in 0..50u64 {
-                    ins(
-                        &mut tree,
-                        &format!("common system prompt {i} then more"),
-                        (i % 5) as TenantId,
-                        i,
-                    );
+                    ins(&mut tree, &format!("common system prompt {i} then more"), (i % 5) as TenantId, i);
                 }
                 let bytes = tree.approx_heap_bytes();
                 assert!(bytes >= tree.total_elements() * std::mem::size_of::<$elem>());
