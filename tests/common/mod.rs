@@ -34,6 +34,45 @@ pub struct Upstream {
     pub last_auth: std::sync::Mutex<Option<String>>,
     /// Delay before answering proxied requests.
     pub delay_ms: AtomicUsize,
+    /// Body of `GET /v1/loads` (SGLang shape); empty means 404.
+    pub loads_body: std::sync::Mutex<String>,
+    /// Delay before answering `GET /v1/loads`.
+    pub loads_delay_ms: AtomicUsize,
+    /// Number of `GET /v1/loads` requests seen.
+    pub loads_polls: AtomicUsize,
+    /// Body of `GET /metrics` (vLLM Prometheus text); empty means 404.
+    pub metrics_body: std::sync::Mutex<String>,
+}
+
+async fn metrics(State(up): State<Arc<Upstream>>) -> Response {
+    let body = up.metrics_body.lock().unwrap().clone();
+    if body.is_empty() {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    body.into_response()
+}
+
+/// An SGLang `/v1/loads` body with one rank.
+pub fn sglang_loads(token_usage: f64, running: u64, waiting_tokens: u64) -> String {
+    serde_json::json!({"timestamp": "0", "dp_rank_count": 1, "loads": [{
+        "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0,
+        "num_waiting_uncached_tokens": waiting_tokens, "num_total_reqs": running,
+        "num_used_tokens": 0, "max_total_num_tokens": 100000, "token_usage": token_usage,
+        "gen_throughput": 1000.0, "cache_hit_rate": 0.0, "utilization": 0.0, "max_running_requests": 256}]})
+    .to_string()
+}
+
+async fn loads(State(up): State<Arc<Upstream>>) -> Response {
+    up.loads_polls.fetch_add(1, Ordering::SeqCst);
+    let delay = up.loads_delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay as u64)).await;
+    }
+    let body = up.loads_body.lock().unwrap().clone();
+    if body.is_empty() {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    ([("content-type", "application/json")], body).into_response()
 }
 
 async fn answer(State(up): State<Arc<Upstream>>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
@@ -105,10 +144,16 @@ pub async fn upstream(name: &str, model: &str) -> Arc<Upstream> {
         release: Notify::new(),
         last_auth: std::sync::Mutex::new(None),
         delay_ms: AtomicUsize::new(0),
+        loads_body: std::sync::Mutex::new(sglang_loads(0.0, 0, 0)),
+        loads_delay_ms: AtomicUsize::new(0),
+        loads_polls: AtomicUsize::new(0),
+        metrics_body: std::sync::Mutex::new(String::new()),
     });
     let app = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
+        .route("/v1/loads", get(loads))
+        .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(answer))
         .route("/v1/completions", post(answer))
         .route("/generate", post(answer))

@@ -47,7 +47,13 @@ pub async fn models(State(state): State<SharedState>) -> impl IntoResponse {
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
+    crate::monitor::update_age_gauges(&state);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+/// `GET /get_loads`: the load monitor's snapshot, with each entry's age.
+pub async fn get_loads(State(state): State<SharedState>) -> impl IntoResponse {
+    Json(crate::monitor::snapshot_json(&state))
 }
 
 /// Reject the request unless it carries the admin key (when one is configured).
@@ -135,6 +141,7 @@ pub async fn remove_worker(
         .map_err(|_| ApiError::BadRequest("worker URL is not valid UTF-8".into()))?;
     match state.registry.remove(&url) {
         Some(worker) => {
+            crate::monitor::forget(&state, worker.id);
             tracing::info!(worker = %worker.url, "worker removed");
             Ok(Json(json!({"removed": worker.url})).into_response())
         }

@@ -22,6 +22,13 @@ pub struct GatewayConfig {
     #[command(flatten)]
     pub routing: PolicyConfig,
 
+    /// Seconds between engine load polls (used only while a policy consumes loads).
+    #[arg(long, default_value_t = 1.0)]
+    pub load_monitor_interval: f64,
+    /// Milliseconds between engine load polls; overrides --load-monitor-interval.
+    #[arg(long)]
+    pub load_monitor_interval_ms: Option<u64>,
+
     /// Deadline for a worker's response headers, in seconds.
     #[arg(long, default_value_t = 1800.0)]
     pub request_timeout_secs: f64,
@@ -117,10 +124,22 @@ fn positive_seconds(errors: &mut Vec<ConfigError>, field: &'static str, value: f
 }
 
 impl GatewayConfig {
+    /// The effective load poll interval in milliseconds.
+    pub fn load_poll_interval_ms(&self) -> u64 {
+        self.load_monitor_interval_ms.unwrap_or((self.load_monitor_interval * 1000.0).round().max(1.0) as u64)
+    }
+
     /// Check every option; returns all problems at once.
     pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
         let mut errors = self.routing.validate().err().unwrap_or_default();
         positive_seconds(&mut errors, "request_timeout_secs", self.request_timeout_secs);
+        positive_seconds(&mut errors, "load_monitor_interval", self.load_monitor_interval);
+        if self.load_monitor_interval_ms == Some(0) {
+            errors.push(ConfigError {
+                field: "load_monitor_interval_ms",
+                message: "must be at least 1".into(),
+            });
+        }
         positive_seconds(&mut errors, "health_check_interval_secs", self.health_check_interval_secs);
         positive_seconds(&mut errors, "health_check_timeout_secs", self.health_check_timeout_secs);
         positive_seconds(&mut errors, "cb_timeout_duration_secs", self.cb_timeout_duration_secs);

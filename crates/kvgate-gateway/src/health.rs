@@ -65,6 +65,7 @@ async fn check_worker(state: &SharedState, worker: &Arc<Worker>) -> bool {
         if healthy {
             tracing::info!(worker = %worker.url, "worker is healthy again");
         } else {
+            crate::monitor::forget(state, worker.id);
             tracing::warn!(worker = %worker.url, "worker marked unhealthy");
         }
     }

@@ -7,7 +7,9 @@ mod body;
 mod config;
 mod error;
 mod health;
+mod loads;
 mod metrics;
+mod monitor;
 mod proxy;
 mod registry;
 mod request;
@@ -18,6 +20,7 @@ mod worker;
 
 pub use config::GatewayConfig;
 pub use error::ApiError;
+pub use loads::{parse_sglang, parse_vllm};
 pub use proxy::Endpoint;
 pub use request::render_chat;
 pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};

@@ -2,7 +2,8 @@
 //! circuit state and routing decisions, rendered as text at GET /metrics.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Latency buckets in seconds, from sub-millisecond proxy overhead to long generations.
@@ -23,6 +24,9 @@ pub struct Metrics {
     pub circuit_state: IntGaugeVec,
     pub decisions: IntCounterVec,
     pub match_rate: HistogramVec,
+    pub load_poll_duration: Histogram,
+    pub load_poll_failures: IntCounterVec,
+    pub load_snapshot_age: GaugeVec,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
@@ -92,6 +96,27 @@ impl Metrics {
                 &["model", "kind"],
                 vec![0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0],
             ),
+            load_poll_duration: register(
+                &registry,
+                Histogram::with_opts(
+                    HistogramOpts::new("kvgate_load_poll_duration_seconds", "Duration of one engine load poll.")
+                        .buckets(LATENCY_BUCKETS.to_vec()),
+                )
+                .expect("valid metric"),
+            ),
+            load_poll_failures: counter(
+                "kvgate_load_poll_failures_total",
+                "Failed engine load polls per worker.",
+                &["worker"],
+            ),
+            load_snapshot_age: register(
+                &registry,
+                GaugeVec::new(
+                    Opts::new("kvgate_load_snapshot_age_seconds", "Age of each worker's load sample."),
+                    &["worker"],
+                )
+                .expect("valid metric"),
+            ),
             registry,
         }
     }
@@ -101,6 +126,7 @@ impl Metrics {
         let _ = self.in_flight.remove_label_values(&[url]);
         let _ = self.worker_healthy.remove_label_values(&[url]);
         let _ = self.circuit_state.remove_label_values(&[url]);
+        let _ = self.load_poll_failures.remove_label_values(&[url]);
     }
 
     /// Prometheus text exposition.

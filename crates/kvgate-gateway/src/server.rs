@@ -18,6 +18,7 @@ use crate::admin;
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
 use crate::health;
+use crate::monitor;
 use crate::proxy::{self, Endpoint};
 use crate::state::{AppState, SharedState};
 
@@ -71,6 +72,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/readiness", get(admin::readiness))
         .route("/v1/models", get(admin::models))
         .route("/metrics", get(admin::metrics))
+        .route("/get_loads", get(admin::get_loads))
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{url}", delete(admin::remove_worker));
     for endpoint in Endpoint::ALL {
@@ -104,6 +106,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     let background = vec![
         tokio::spawn(health::run(state.clone(), shutdown_rx.clone())),
         tokio::spawn(maintain_policies(state.clone(), shutdown_rx.clone())),
+        tokio::spawn(monitor::run(state.clone(), shutdown_rx.clone())),
     ];
     let app = router(state.clone());
     let listener = listener.tap_io(|tcp| {

@@ -24,6 +24,8 @@ pub struct AppState {
     /// The latest engine loads by worker, published by the load monitor.
     pub loads: ArcSwap<HashMap<WorkerId, LoadSample>>,
     pub load_poll_interval_ms: u64,
+    /// Whether the load monitor polled in its last round (some policy consumes loads).
+    pub monitor_active: std::sync::atomic::AtomicBool,
     pub concurrency: Option<Arc<Semaphore>>,
     pub api_key_header: Option<HeaderValue>,
     pub request_timeout: Duration,
@@ -51,7 +53,8 @@ impl AppState {
             metrics,
             client: build_client(),
             loads: ArcSwap::from_pointee(HashMap::new()),
-            load_poll_interval_ms: 1000,
+            load_poll_interval_ms: config.load_poll_interval_ms(),
+            monitor_active: std::sync::atomic::AtomicBool::new(false),
             concurrency: config.max_concurrent_requests.map(|n| Arc::new(Semaphore::new(n))),
             api_key_header,
             request_timeout: Duration::from_secs_f64(config.request_timeout_secs),

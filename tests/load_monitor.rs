@@ -1,0 +1,165 @@
+//! Integration tests of the load monitor and the load-driven policies against loopback upstreams.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use kvgate_policy::{PolicyConfig, PolicyKind};
+use serde_json::Value;
+
+fn with_policy(urls: Vec<String>, routing: PolicyConfig) -> kvgate_gateway::GatewayConfig {
+    let mut cfg = config(urls);
+    cfg.routing = routing;
+    cfg.load_monitor_interval_ms = Some(50);
+    cfg
+}
+
+async fn loads(gw: &kvgate_gateway::GatewayHandle) -> Value {
+    client().get(format!("{}/get_loads", gw.url())).send().await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test]
+async fn polls_for_cache_aware_with_a_kv_threshold_and_not_otherwise() {
+    let up = upstream("a", "m").await;
+    let kv_aware = PolicyConfig { balance_token_usage_threshold: 0.5, ..PolicyConfig::default() };
+    let gw = gateway(with_policy(vec![up.url.clone()], kv_aware)).await;
+    let gw_url = gw.url();
+    assert!(
+        eventually(5.0, async || {
+            let body: Value =
+                client().get(format!("{gw_url}/get_loads")).send().await.unwrap().json().await.unwrap();
+            body["polling"] == true && body["loads"].as_array().is_some_and(|l| l.len() == 1)
+        })
+        .await
+    );
+    let body = loads(&gw).await;
+    assert_eq!(body["loads"][0]["worker"], up.url.as_str());
+    assert!(body["loads"][0]["age_ms"].as_u64().unwrap() < 5000);
+    gw.shutdown().await;
+
+    // Default cache_aware (both KV terms 1.0) and round_robin consume no loads: no polling.
+    for routing in
+        [PolicyConfig::default(), PolicyConfig { policy: PolicyKind::RoundRobin, ..PolicyConfig::default() }]
+    {
+        let quiet = upstream("q", "m").await;
+        let gw = gateway(with_policy(vec![quiet.url.clone()], routing)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(quiet.loads_polls.load(Ordering::SeqCst), 0);
+        let body = loads(&gw).await;
+        assert_eq!(body["polling"], false);
+        assert_eq!(body["loads"].as_array().unwrap().len(), 0);
+        gw.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_hung_worker_does_not_delay_the_others_and_removed_workers_vanish() {
+    let fast = upstream("fast", "m").await;
+    let hung = upstream("hung", "m").await;
+    hung.loads_delay_ms.store(60_000, Ordering::SeqCst);
+    let routing = PolicyConfig { policy: PolicyKind::PowerOfTwo, ..PolicyConfig::default() };
+    let mut cfg = with_policy(vec![fast.url.clone(), hung.url.clone()], routing);
+    cfg.load_monitor_interval_ms = Some(100);
+    let gw = gateway(cfg).await;
+    let gw_url = gw.url();
+    assert!(
+        eventually(2.0, async || {
+            let body: Value =
+                client().get(format!("{gw_url}/get_loads")).send().await.unwrap().json().await.unwrap();
+            body["loads"].as_array().unwrap().iter().any(|l| l["worker"] == fast.url.as_str())
+        })
+        .await,
+        "the fast worker's entry is published while the other hangs"
+    );
+    // Its entry stays fresh: ages stay near the interval, not the hung worker's delay.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let body = loads(&gw).await;
+    let entries = body["loads"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{body}");
+    assert!(entries[0]["age_ms"].as_u64().unwrap() < 400, "{body}");
+    let metrics = client().get(format!("{gw_url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(&format!("kvgate_load_poll_failures_total{{worker=\"{}\"}}", hung.url)));
+    assert!(metrics.contains("kvgate_load_poll_duration_seconds_count"));
+    assert!(metrics.contains(&format!("kvgate_load_snapshot_age_seconds{{worker=\"{}\"}}", fast.url)));
+
+    let encoded: String = fast.url.bytes().map(|c| format!("%{c:02X}")).collect();
+    client().delete(format!("{gw_url}/workers/{encoded}")).send().await.unwrap();
+    let body = loads(&gw).await;
+    assert_eq!(body["loads"].as_array().unwrap().len(), 0, "removed at once: {body}");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn vllm_metrics_are_used_when_there_is_no_v1_loads_and_garbage_is_skipped() {
+    let vllm = upstream("vllm", "m").await;
+    vllm.loads_body.lock().unwrap().clear(); // 404: not SGLang
+    *vllm.metrics_body.lock().unwrap() = "# HELP vllm:kv_cache_usage_perc x\n\
+        vllm:kv_cache_usage_perc{model_name=\"m\"} 0.42\nvllm:num_requests_running{model_name=\"m\"} 3\n\
+        vllm:num_requests_waiting{model_name=\"m\"} 1\n"
+        .into();
+    let garbage = upstream("garbage", "m").await;
+    *garbage.loads_body.lock().unwrap() = "{not json".into();
+    let routing = PolicyConfig { policy: PolicyKind::LeastLoad, ..PolicyConfig::default() };
+    let gw = gateway(with_policy(vec![vllm.url.clone(), garbage.url.clone()], routing)).await;
+    let gw_url = gw.url();
+    assert!(
+        eventually(5.0, async || {
+            let body: Value =
+                client().get(format!("{gw_url}/get_loads")).send().await.unwrap().json().await.unwrap();
+            body["loads"].as_array().unwrap().len() == 1
+        })
+        .await
+    );
+    let body = loads(&gw).await;
+    let entry = &body["loads"][0];
+    assert_eq!(entry["worker"], vllm.url.as_str());
+    assert_eq!((entry["token_usage"].as_f64(), entry["num_running_reqs"].as_u64()), (Some(0.42), Some(3)));
+    // The worker with a malformed report has no entry, and routing still works.
+    for _ in 0..4 {
+        let res =
+            client().post(format!("{gw_url}/v1/chat/completions")).json(&chat("m")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    gw.shutdown().await;
+}
+
+async fn share_of_idle(policy: PolicyKind) -> usize {
+    let busy = upstream("busy", "m").await;
+    let idle = upstream("idle", "m").await;
+    *busy.loads_body.lock().unwrap() = sglang_loads(0.9, 200, 50_000);
+    *idle.loads_body.lock().unwrap() = sglang_loads(0.05, 1, 0);
+    let gw = gateway(with_policy(
+        vec![busy.url.clone(), idle.url.clone()],
+        PolicyConfig { policy, ..PolicyConfig::default() },
+    ))
+    .await;
+    let gw_url = gw.url();
+    assert!(
+        eventually(5.0, async || {
+            let body: Value =
+                client().get(format!("{gw_url}/get_loads")).send().await.unwrap().json().await.unwrap();
+            body["loads"].as_array().unwrap().len() == 2
+        })
+        .await
+    );
+    for _ in 0..20 {
+        let res = client()
+            .post(format!("{gw_url}/v1/completions"))
+            .json(&serde_json::json!({"model": "m", "prompt": "hi"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    gw.shutdown().await;
+    idle.requests.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn power_of_two_and_least_load_prefer_the_idle_engine() {
+    assert_eq!(share_of_idle(PolicyKind::PowerOfTwo).await, 20);
+    let least_load = share_of_idle(PolicyKind::LeastLoad).await;
+    assert!(least_load >= 19, "least_load sent {least_load}/20 to the idle engine");
+}
