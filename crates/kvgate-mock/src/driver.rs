@@ -58,7 +58,8 @@ struct Shared {
 
 struct DriverState {
     engine: Engine,
-    streams: HashMap<u64, mpsc::UnboundedSender<EngineOutput>>,
+    /// Each live request's channel, and whether it wants `Token` outputs (streaming).
+    streams: HashMap<u64, (mpsc::UnboundedSender<EngineOutput>, bool)>,
     outputs: Vec<EngineOutput>,
     next_id: u64,
     closed: bool,
@@ -70,9 +71,11 @@ impl DriverState {
         for output in self.outputs.drain(..) {
             let id = output.id();
             let last = matches!(output, EngineOutput::Finished { .. } | EngineOutput::Rejected { .. });
-            if let Some(stream) = self.streams.get(&id) {
-                // A closed receiver is cleaned up by its `RequestStream`'s drop.
-                let _ = stream.send(output);
+            if let Some((stream, wants_tokens)) = self.streams.get(&id) {
+                if *wants_tokens || !matches!(output, EngineOutput::Token { .. }) {
+                    // A closed receiver is cleaned up by its `RequestStream`'s drop.
+                    let _ = stream.send(output);
+                }
             }
             if last {
                 self.streams.remove(&id);
@@ -142,8 +145,9 @@ impl EngineHandle {
         }
     }
 
-    /// Submits a request now; its outputs arrive on the returned stream.
-    pub(crate) fn submit(&self, prompt: Vec<u32>, output_tokens: u32) -> RequestStream {
+    /// Submits a request now; its outputs arrive on the returned stream (`Token` outputs only
+    /// when `wants_tokens`: a whole response needs just the first token and the finish).
+    pub(crate) fn submit(&self, prompt: Vec<u32>, output_tokens: u32, wants_tokens: bool) -> RequestStream {
         let (sender, receiver) = mpsc::unbounded_channel();
         let id = {
             let mut state = self.lock();
@@ -153,7 +157,7 @@ impl EngineHandle {
                 // Dropping the sender ends the stream at once.
                 drop(sender);
             } else {
-                state.streams.insert(id, sender);
+                state.streams.insert(id, (sender, wants_tokens));
                 let now = self.shared.clock.now_us();
                 let DriverState { engine, outputs, .. } = &mut *state;
                 engine.submit(now, EngineRequest { id, prompt, output_tokens }, outputs);

@@ -133,7 +133,7 @@ pub(crate) async fn respond<F: ResponseFormat>(
     let cap = params.max_tokens.unwrap_or(state.options.default_max_tokens).max(1);
     let exact = params.ignore_eos || state.options.force_max_tokens;
     let n_tokens = planned_output_tokens(seed, cap, exact);
-    let mut stream = engine.submit(params.prompt, n_tokens);
+    let mut stream = engine.submit(params.prompt, n_tokens, params.stream);
     let first = stream.try_next();
     if let Some(EngineOutput::Rejected { reason, .. }) = &first {
         return ApiError::bad_request(format!("request rejected by the engine: {reason}")).into_response();

@@ -56,8 +56,24 @@ async fn subscriber_receives_stored_and_removed_blocks_in_order() {
     let mut subscriber = SubSocket::new();
     subscriber.connect(&endpoints[0]).await.unwrap();
     subscriber.subscribe("").await.unwrap();
-    // Let the subscription reach the publisher.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Wait until the subscription reaches the publisher: flushing the (empty) cache publishes
+    // an `AllBlocksCleared` batch; probe at most 50 times.
+    let mut subscribed = false;
+    for _ in 0..50 {
+        let flush = harness.client.post(format!("{}/flush_cache", harness.url)).send();
+        assert_eq!(flush.await.unwrap().status(), 200);
+        if let Ok(message) = tokio::time::timeout(Duration::from_millis(100), subscriber.recv()).await {
+            let probe = decode(message.unwrap().into_vec());
+            assert_eq!(probe.events[0].0, "AllBlocksCleared");
+            subscribed = true;
+            break;
+        }
+    }
+    assert!(subscribed, "the subscriber never received a probe batch");
+    // Drain probe batches still in flight.
+    while let Ok(message) = tokio::time::timeout(Duration::from_millis(100), subscriber.recv()).await {
+        assert_eq!(decode(message.unwrap().into_vec()).events[0].0, "AllBlocksCleared");
+    }
 
     let prompts: Vec<String> = (0..3).map(|i| words(i * 100, 32)).collect();
     for prompt in &prompts {
