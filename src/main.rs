@@ -1,10 +1,13 @@
-//! The `kvgate` command line: `launch` (the gateway) and the other subcommands.
+//! The `kvgate` command line: `launch` (the gateway, optionally in front of in-process simulated
+//! engines) and `mock` (a fleet of simulated engines).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kvgate_gateway::GatewayConfig;
+use kvgate_mock::MockArgs;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -17,7 +20,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway in front of SGLang/vLLM workers.
-    Launch(Box<GatewayConfig>),
+    Launch(Box<LaunchArgs>),
+    /// Run a fleet of simulated SGLang/vLLM engines, one HTTP port each.
+    Mock(Box<MockArgs>),
+}
+
+#[derive(clap::Args)]
+struct LaunchArgs {
+    #[command(flatten)]
+    gateway: GatewayConfig,
+    /// Also start this many simulated engines in-process on free loopback ports and route to
+    /// them (the demo: no GPU needed).
+    #[arg(long, value_name = "N")]
+    mock_workers: Option<usize>,
 }
 
 fn init_logging(level: &str, json: bool) {
@@ -33,6 +48,51 @@ fn init_logging(level: &str, json: bool) {
     }
 }
 
+/// The mock fleet options for `--mock-workers N`: reference engines, default model name.
+fn demo_fleet(count: usize) -> MockArgs {
+    #[derive(Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        mock: MockArgs,
+    }
+    let mut args = Defaults::parse_from(["mock"]).mock;
+    args.count = count;
+    args
+}
+
+async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
+    let mut config = args.gateway;
+    let fleet = match args.mock_workers {
+        Some(count) if count > 0 => {
+            let fleet =
+                kvgate_mock::spawn_fleet(demo_fleet(count)).await.context("starting the mock engines")?;
+            config.worker_urls.extend(fleet.urls());
+            Some(fleet)
+        }
+        _ => None,
+    };
+    let handle = kvgate_gateway::start(config).await?;
+    let url = handle.url();
+    if let Some(fleet) = &fleet {
+        println!("kvgate is routing to {} simulated engines: {}", fleet.urls().len(), fleet.urls().join(" "));
+        println!("gateway: {url}   (metrics: {url}/metrics, workers: {url}/workers)");
+        println!("try:");
+        println!(
+            "  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    \
+             -d '{{\"model\": \"mock-model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello there\"}}], \"max_tokens\": 16}}'"
+        );
+    } else {
+        println!("kvgate listening on {url}");
+    }
+    kvgate_gateway::shutdown_signal().await;
+    tracing::info!("shutting down: no new connections, waiting for in-flight requests");
+    handle.shutdown().await;
+    if let Some(fleet) = fleet {
+        fleet.shutdown().await;
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -43,9 +103,13 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Launch(config) => {
-            init_logging(&config.log_level, config.log_json);
-            runtime.block_on(kvgate_gateway::run(*config)).map_err(anyhow::Error::from)
+        Command::Launch(args) => {
+            init_logging(&args.gateway.log_level, args.gateway.log_json);
+            runtime.block_on(launch(*args))
+        }
+        Command::Mock(args) => {
+            init_logging("info", false);
+            runtime.block_on(kvgate_mock::run_fleet(*args))
         }
     };
     match result {

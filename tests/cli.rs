@@ -1,0 +1,77 @@
+//! End-to-end tests of the `kvgate` binary: the README's demo command and startup errors.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn kvgate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kvgate"))
+}
+
+/// Kills the child when the test ends, pass or fail.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn demo_command_serves_a_chat_completion() {
+    let mut child = Child(
+        kvgate()
+            .args(["launch", "--mock-workers", "2", "--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("gateway: ") {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+            }
+        }
+    });
+    let url = rx.recv_timeout(Duration::from_secs(30)).expect("the demo prints the gateway URL");
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = serde_json::json!({"model": "mock-model", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8});
+    let started = Instant::now();
+    let res = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let answer: serde_json::Value = res.json().await.unwrap();
+    assert!(answer["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{answer}");
+    assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let workers: serde_json::Value =
+        client.get(format!("{url}/workers")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(workers["workers"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn an_unknown_policy_is_a_clear_startup_error() {
+    let out = kvgate().args(["launch", "--policy", "fastest"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for name in ["round_robin", "random", "cache_aware", "power_of_two", "least_load"] {
+        assert!(stderr.contains(name), "{stderr}");
+    }
+}
+
+#[test]
+fn invalid_thresholds_are_rejected_with_the_field_name() {
+    let out = kvgate()
+        .args(["launch", "--port", "0", "--balance-token-usage-threshold", "NaN", "--cache-threshold", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("balance_token_usage_threshold") && stderr.contains("cache_threshold"),
+        "{stderr}"
+    );
+}
