@@ -1,0 +1,410 @@
+//! `kvgate sim` options (one clap declaration), the engine configuration they give, and the run list they expand to (policies x sweep grid).
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use kvgate_engine::EngineConfig;
+use kvgate_policy::{PolicyConfig, PolicyKind};
+
+use crate::trace::TraceFormat;
+use crate::SimError;
+
+/// Options of `kvgate sim`: replay a trace in virtual time through kvgate's routing policies
+/// onto a fleet of simulated engines.
+///
+/// Engine-model flags left unset take the reference replica's value (`EngineConfig::default()`),
+/// as in `kvgate mock`; the engine's KV block size is `--kv-block-size` because `--block-size`
+/// is the cache_aware policy's.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct SimArgs {
+    /// Trace file.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Trace file format.
+    #[arg(long, value_enum, default_value_t = TraceFormat::Mooncake)]
+    pub trace_format: TraceFormat,
+    /// Number of simulated engines (workers).
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// Policies to compare, comma-separated. Each is a policy name, optionally followed by
+    /// `:flag=value` overrides of the policy flags below (snake_case names), e.g.
+    /// `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9`.
+    /// (`--policy` is ignored: every run takes its policy from this list.)
+    #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
+    pub policies: Vec<String>,
+    #[command(flatten)]
+    pub policy: PolicyConfig,
+
+    /// Uncached prompt tokens prefilled per second [default: 8000].
+    #[arg(long)]
+    pub prefill_tokens_per_sec: Option<f64>,
+    /// Most prompt tokens per prefill step [default: 2048].
+    #[arg(long)]
+    pub prefill_chunk_tokens: Option<u32>,
+    /// Fixed decode step time in ms [default: 6.0].
+    #[arg(long)]
+    pub decode_base_ms: Option<f64>,
+    /// Decode step time per running request in ms [default: 0.35].
+    #[arg(long)]
+    pub decode_per_request_ms: Option<f64>,
+    /// Most running requests per engine [default: 256].
+    #[arg(long)]
+    pub max_running_requests: Option<u32>,
+    /// KV cache capacity per engine in tokens [default: 262144].
+    #[arg(long)]
+    pub kv_capacity_tokens: Option<u64>,
+    /// Tokens per KV block of the engines [default: 16].
+    #[arg(long)]
+    pub kv_block_size: Option<u32>,
+    /// Turn the engines' prefix cache off.
+    #[arg(long)]
+    pub disable_prefix_cache: bool,
+
+    /// Trace timestamps are divided by this (2 = twice the request rate).
+    #[arg(long, default_value_t = 1.0)]
+    pub rate_scale: f64,
+    /// Replay only the first K requests (in arrival order).
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Simulated load monitor: every engine's load is sampled this often (virtual ms).
+    #[arg(long, default_value_t = 1000)]
+    pub load_monitor_interval_ms: u64,
+    /// Seed of the policies' random draws.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw TTFT CDFs and per-engine KV usage over time into this PNG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Sweep a policy flag over values, `NAME=V1,V2,...` (snake_case name); repeat for a grid.
+    /// Every listed policy runs at every grid point; the report names the best setting per metric.
+    #[arg(long = "sweep", value_name = "NAME=V1,V2,...")]
+    pub sweep: Vec<String>,
+}
+
+impl SimArgs {
+    /// Defaults for everything but the trace (as an empty command line would give).
+    pub fn new(trace: impl Into<PathBuf>) -> SimArgs {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            args: SimArgs,
+        }
+        let mut args = <Command as clap::Parser>::parse_from(["kvgate-sim", "--trace", "-"]).args;
+        args.trace = trace.into();
+        args
+    }
+
+    /// The engines' configuration: the reference replica with the flags given applied, and no
+    /// per-token or KV events (the simulator consumes neither).
+    pub fn engine_config(&self) -> EngineConfig {
+        let default = EngineConfig::default();
+        EngineConfig {
+            prefill_tokens_per_sec: self.prefill_tokens_per_sec.unwrap_or(default.prefill_tokens_per_sec),
+            prefill_chunk_tokens: self.prefill_chunk_tokens.unwrap_or(default.prefill_chunk_tokens),
+            decode_base_ms: self.decode_base_ms.unwrap_or(default.decode_base_ms),
+            decode_per_request_ms: self.decode_per_request_ms.unwrap_or(default.decode_per_request_ms),
+            max_running_requests: self.max_running_requests.unwrap_or(default.max_running_requests),
+            kv_capacity_tokens: self.kv_capacity_tokens.unwrap_or(default.kv_capacity_tokens),
+            block_size: self.kv_block_size.unwrap_or(default.block_size),
+            prefix_cache: !self.disable_prefix_cache,
+            emit_token_events: false,
+            emit_kv_events: false,
+        }
+    }
+
+    /// Checks the options and expands them into the runs to simulate, in report order: for each
+    /// grid point (first sweep axis slowest), each listed policy. Reports every problem at once.
+    pub fn runs(&self) -> Result<Vec<RunSpec>, SimError> {
+        let mut problems = Vec::new();
+        if self.workers == 0 {
+            problems.push("--workers must be at least 1".to_string());
+        }
+        if !(self.rate_scale.is_finite() && self.rate_scale > 0.0) {
+            problems.push(format!("--rate-scale must be a finite number > 0, got {}", self.rate_scale));
+        }
+        if self.load_monitor_interval_ms == 0 {
+            problems.push("--load-monitor-interval-ms must be at least 1".to_string());
+        }
+        if self.max_requests == Some(0) {
+            problems.push("--max-requests must be at least 1".to_string());
+        }
+        if let Err(errors) = self.engine_config().validate() {
+            problems.extend(errors.iter().map(ToString::to_string));
+        }
+        let entries: Vec<PolicyEntry> = self
+            .policies
+            .iter()
+            .map(|text| text.trim())
+            .filter(|text| !text.is_empty())
+            .filter_map(|text| PolicyEntry::parse(text).map_err(|e| problems.push(e)).ok())
+            .collect();
+        if entries.is_empty() && problems.is_empty() {
+            problems.push("--policies names no policy".to_string());
+        }
+        let axes: Vec<SweepAxis> = self
+            .sweep
+            .iter()
+            .filter_map(|text| SweepAxis::parse(text).map_err(|e| problems.push(e)).ok())
+            .collect();
+        let mut runs = Vec::new();
+        for point in grid(&axes) {
+            for entry in &entries {
+                let mut overrides = entry.overrides.clone();
+                overrides.extend(point.iter().cloned());
+                let label = label(&entry.name, &overrides);
+                match policy_config(&self.policy, entry.kind, &overrides) {
+                    Ok(policy) => runs.push(RunSpec {
+                        label,
+                        entry: entry.text.clone(),
+                        policy,
+                        sweep_point: point.clone(),
+                    }),
+                    Err(error) => problems.push(format!("{label}: {error}")),
+                }
+            }
+        }
+        problems.dedup();
+        if problems.is_empty() {
+            Ok(runs)
+        } else {
+            Err(SimError::InvalidOptions(problems))
+        }
+    }
+}
+
+/// One simulation to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSpec {
+    /// Policy name and every override, e.g. `cache_aware balance_token_usage_threshold=0.2`.
+    pub label: String,
+    /// The `--policies` entry it came from.
+    pub entry: String,
+    pub policy: PolicyConfig,
+    /// The sweep grid point (empty without `--sweep`).
+    pub sweep_point: Vec<(String, String)>,
+}
+
+/// A flag override, `(snake_case name, value as written)`.
+pub type Override = (String, String);
+
+#[derive(Clone, Debug)]
+struct PolicyEntry {
+    text: String,
+    name: String,
+    kind: PolicyKind,
+    overrides: Vec<Override>,
+}
+
+impl PolicyEntry {
+    fn parse(text: &str) -> Result<PolicyEntry, String> {
+        let mut parts = text.split(':');
+        let name = parts.next().unwrap_or_default().trim().to_string();
+        let kind = PolicyKind::from_str(&name, false).map_err(|_| {
+            let known: Vec<String> = PolicyKind::value_variants()
+                .iter()
+                .filter_map(|kind| kind.to_possible_value().map(|value| value.get_name().to_string()))
+                .collect();
+            format!("unknown policy `{name}` in --policies (known: {})", known.join(", "))
+        })?;
+        let overrides = parts
+            .map(|part| match part.split_once('=') {
+                Some((key, value)) => Ok((key.trim().to_string(), value.trim().to_string())),
+                None => Err(format!("`{part}` in --policies entry `{text}` is not flag=value")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(PolicyEntry { text: text.to_string(), name, kind, overrides })
+    }
+}
+
+#[derive(Clone, Debug)]
+struct SweepAxis {
+    name: String,
+    values: Vec<String>,
+}
+
+impl SweepAxis {
+    fn parse(text: &str) -> Result<SweepAxis, String> {
+        let (name, values) =
+            text.split_once('=').ok_or_else(|| format!("--sweep `{text}` is not NAME=V1,V2,..."))?;
+        let values: Vec<String> =
+            values.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
+        if values.is_empty() {
+            return Err(format!("--sweep `{text}` lists no value"));
+        }
+        Ok(SweepAxis { name: name.trim().to_string(), values })
+    }
+}
+
+/// Every combination of the axes' values, the first axis varying slowest; one empty point
+/// when there is no axis.
+fn grid(axes: &[SweepAxis]) -> Vec<Vec<Override>> {
+    let mut points: Vec<Vec<Override>> = vec![Vec::new()];
+    for axis in axes {
+        points = points
+            .iter()
+            .flat_map(|point| {
+                axis.values.iter().map(move |value| {
+                    let mut point = point.clone();
+                    point.push((axis.name.clone(), value.clone()));
+                    point
+                })
+            })
+            .collect();
+    }
+    points
+}
+
+fn label(name: &str, overrides: &[Override]) -> String {
+    let mut label = name.to_string();
+    for (key, value) in overrides {
+        label.push(' ');
+        label.push_str(key);
+        label.push('=');
+        label.push_str(value);
+    }
+    label
+}
+
+/// `base` with `policy` and the overrides applied (by serialized field name), validated. Every
+/// problem is reported, separated by "; ".
+pub fn policy_config(
+    base: &PolicyConfig,
+    kind: PolicyKind,
+    overrides: &[Override],
+) -> Result<PolicyConfig, String> {
+    let mut value = serde_json::to_value(base).map_err(|e| e.to_string())?;
+    let mut problems = Vec::new();
+    for (key, raw) in overrides {
+        let fields = value.as_object_mut().expect("PolicyConfig serializes to an object");
+        if key == "policy" || !fields.contains_key(key) {
+            let mut known: Vec<&str> = fields.keys().map(String::as_str).filter(|k| *k != "policy").collect();
+            known.sort_unstable();
+            problems.push(format!("unknown policy flag `{key}` (known: {})", known.join(", ")));
+            continue;
+        }
+        let previous = fields.insert(key.clone(), parse_value(raw));
+        if let Err(error) = serde_json::from_value::<PolicyConfig>(value.clone()) {
+            problems.push(format!("invalid value `{raw}` for {key}: {error}"));
+            let fields = value.as_object_mut().expect("still an object");
+            fields.insert(key.clone(), previous.expect("the field exists"));
+        }
+    }
+    let mut config: PolicyConfig = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    config.policy = kind;
+    if let Err(errors) = config.validate() {
+        problems.extend(errors.iter().map(ToString::to_string));
+    }
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// A flag value as JSON: a bool, an integer, a float, else a string (enum names).
+fn parse_value(raw: &str) -> serde_json::Value {
+    if let Ok(flag) = raw.parse::<bool>() {
+        return flag.into();
+    }
+    if let Ok(integer) = raw.parse::<u64>() {
+        return integer.into();
+    }
+    if let Ok(integer) = raw.parse::<i64>() {
+        return integer.into();
+    }
+    match raw.parse::<f64>() {
+        Ok(float) if float.is_finite() => float.into(),
+        _ => raw.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(extra: &[&str]) -> Result<Vec<RunSpec>, SimError> {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            args: SimArgs,
+        }
+        let mut argv = vec!["kvgate-sim", "--trace", "t.jsonl"];
+        argv.extend_from_slice(extra);
+        <Command as clap::Parser>::try_parse_from(argv).unwrap().args.runs()
+    }
+
+    #[test]
+    fn defaults_are_round_robin_and_cache_aware_on_the_reference_replica() {
+        let args = SimArgs::new("t.jsonl");
+        assert_eq!(args.workers, 8);
+        assert_eq!(args.load_monitor_interval_ms, 1000);
+        let engine = args.engine_config();
+        assert_eq!(
+            engine,
+            EngineConfig { emit_token_events: false, emit_kv_events: false, ..EngineConfig::default() }
+        );
+        let labels: Vec<String> = args.runs().unwrap().into_iter().map(|run| run.label).collect();
+        assert_eq!(labels, ["round_robin", "cache_aware"]);
+    }
+
+    #[test]
+    fn entries_take_overrides_and_sweeps_make_a_grid() {
+        let runs = runs(&[
+            "--policies",
+            "random,cache_aware:overload_token_usage_threshold=0.9:rebalance_affinity=false",
+            "--sweep",
+            "balance_token_usage_threshold=0.1,0.2",
+            "--sweep",
+            "max_tree_size=1000",
+        ])
+        .unwrap();
+        let labels: Vec<&str> = runs.iter().map(|run| run.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "random balance_token_usage_threshold=0.1 max_tree_size=1000",
+                "cache_aware overload_token_usage_threshold=0.9 rebalance_affinity=false balance_token_usage_threshold=0.1 max_tree_size=1000",
+                "random balance_token_usage_threshold=0.2 max_tree_size=1000",
+                "cache_aware overload_token_usage_threshold=0.9 rebalance_affinity=false balance_token_usage_threshold=0.2 max_tree_size=1000",
+            ]
+        );
+        let tuned = &runs[3].policy;
+        assert_eq!(tuned.policy, PolicyKind::CacheAware);
+        assert_eq!((tuned.balance_token_usage_threshold, tuned.overload_token_usage_threshold), (0.2, 0.9));
+        assert!(!tuned.rebalance_affinity);
+        assert_eq!(tuned.max_tree_size, 1000);
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let Err(SimError::InvalidOptions(problems)) = runs(&[
+            "--workers",
+            "0",
+            "--policies",
+            "round_robin,nope,cache_aware:cache_threshold=2",
+            "--sweep",
+            "no_such_flag=1",
+            "--sweep",
+            "block_size=0.5",
+        ]) else {
+            panic!("expected invalid options");
+        };
+        let all = problems.join("\n");
+        for needle in ["--workers", "unknown policy `nope`", "unknown policy flag `no_such_flag`"] {
+            assert!(all.contains(needle), "{all}");
+        }
+        let Err(SimError::InvalidOptions(problems)) =
+            runs(&["--policies", "cache_aware:cache_threshold=2", "--sweep", "block_size=0.5"])
+        else {
+            panic!("expected invalid options");
+        };
+        assert!(
+            problems.iter().any(|p| p.contains("cache_threshold") && p.contains("(0, 1]")),
+            "{problems:?}"
+        );
+        assert!(problems.iter().any(|p| p.contains("invalid value `0.5` for block_size")), "{problems:?}");
+    }
+}

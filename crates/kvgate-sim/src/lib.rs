@@ -1,0 +1,155 @@
+//! kvgate-sim: `kvgate sim`, a deterministic discrete-event simulator that replays a trace in virtual time through kvgate's routing policies onto simulated engines.
+//!
+//! The policies are the gateway's own objects ([`kvgate_policy::build_policy`]), called exactly
+//! as the gateway calls them: the candidates are all workers with the in-flight counts the gateway
+//! would track (+1 when routed, -1 when the request finishes), their load is the latest sample of
+//! a simulated load monitor that polls every engine every `--load-monitor-interval-ms` of virtual
+//! time (only for policies that read loads, as the gateway polls only then), and
+//! `Policy::maintain` runs every virtual second. The engines are [`kvgate_engine::Engine`]s with
+//! the reference replica's parameters unless flags say otherwise.
+//!
+//! Trace lines become prompts as `shared/bench/SCENARIOS.md` describes ([`trace`]); the same
+//! prompts rendered as text drive `kvgate replay` over HTTP.
+//!
+//! Same trace, options and seed: byte-identical markdown and JSON.
+
+mod args;
+mod plot;
+mod report;
+mod sim;
+pub mod trace;
+
+#[cfg(test)]
+mod tests;
+
+use std::time::{Duration, Instant};
+
+pub use args::{policy_config, Override, RunSpec, SimArgs};
+pub use report::{
+    percentile, BestSetting, Metrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
+};
+pub use sim::{simulate, KvTick, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US};
+pub use trace::{Trace, TraceError, TraceFormat, TraceRequest};
+
+/// Why a simulation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("invalid sim options:\n  {}", .0.join("\n  "))]
+    InvalidOptions(Vec<String>),
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error("writing {path}: {message}")]
+    Output { path: String, message: String },
+}
+
+/// Loads `--trace` and runs every policy (and sweep point) on it. Prints progress on stderr.
+pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
+    args.runs()?;
+    let trace = Trace::load(&args.trace, args.trace_format)?;
+    Ok(run_on_trace(args, &trace, true)?)
+}
+
+/// Runs every policy (and sweep point) of `args` on `trace` (`args.trace` only names it in the
+/// report). With `show_progress`, runs longer than a few seconds report progress on stderr.
+pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Result<SimReport, SimError> {
+    let runs = args.runs()?;
+    let trace = trace.truncated(args.max_requests);
+    let ceiling = trace.cache_ceiling();
+    let setup = SimSetup {
+        n_workers: args.workers,
+        engine: args.engine_config(),
+        rate_scale: args.rate_scale,
+        load_monitor_interval_ms: args.load_monitor_interval_ms,
+        seed: args.seed,
+    };
+    let times: Vec<f64> = trace.requests.iter().map(|r| r.timestamp_ms).collect();
+    let span_ms = times.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+        - times.iter().copied().fold(f64::INFINITY, f64::min);
+    let trace_info = TraceInfo {
+        path: args.trace.display().to_string(),
+        requests: trace.requests.len(),
+        prompt_tokens: ceiling.prompt_tokens,
+        ceiling_cached_tokens: ceiling.cached_tokens,
+        ceiling_hit_rate: ceiling.rate(),
+        span_s: span_ms.max(0.0) / 1000.0 / args.rate_scale,
+    };
+    let mut reports = Vec::with_capacity(runs.len());
+    let n_runs = runs.len();
+    for (run_index, spec) in runs.into_iter().enumerate() {
+        let started = Instant::now();
+        let mut last_print = started;
+        let total = trace.requests.len();
+        let mut progress = |arrived: usize, now_us: u64| {
+            if show_progress && arrived.is_multiple_of(256) && last_print.elapsed() >= Duration::from_secs(3)
+            {
+                last_print = Instant::now();
+                eprintln!(
+                    "sim [{}/{n_runs}] {}: {arrived}/{total} requests, virtual {:.0} s, wall {:.1} s",
+                    run_index + 1,
+                    spec.label,
+                    now_us as f64 / 1e6,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        };
+        let outcome = simulate(&trace, &setup, &spec.policy, &mut progress);
+        if show_progress && started.elapsed() >= Duration::from_secs(3) {
+            eprintln!(
+                "sim [{}/{n_runs}] {}: done in {:.1} s wall",
+                run_index + 1,
+                spec.label,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        let (metrics, ttft_ms_sorted) = Metrics::from_outcome(&outcome, ceiling.rate());
+        let kv_series = outcome
+            .kv_ticks
+            .iter()
+            .map(|tick| ((tick.at_us - outcome.first_arrival_us) as f64 / 1e6, tick.token_usage.clone()))
+            .collect();
+        reports.push(RunReport {
+            label: spec.label,
+            entry: spec.entry,
+            sweep_point: spec.sweep_point,
+            policy: spec.policy,
+            metrics,
+            decisions: report::decision_counts(&outcome),
+            ttft_ms_sorted,
+            kv_series,
+        });
+    }
+    let sweep_best = if args.sweep.is_empty() { Vec::new() } else { report::best_settings(&reports) };
+    Ok(SimReport {
+        trace: trace_info,
+        setup: SetupInfo {
+            workers: setup.n_workers,
+            rate_scale: setup.rate_scale,
+            load_monitor_interval_ms: setup.load_monitor_interval_ms,
+            seed: setup.seed,
+            engine: setup.engine,
+        },
+        runs: reports,
+        sweep_best,
+    })
+}
+
+/// Writes the report's outputs: `--json` and `--plot` files.
+pub fn write_outputs(args: &SimArgs, report: &SimReport) -> Result<(), SimError> {
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json() + "\n")
+            .map_err(|e| SimError::Output { path: path.display().to_string(), message: e.to_string() })?;
+    }
+    if let Some(path) = &args.plot {
+        plot::draw(report, path)
+            .map_err(|message| SimError::Output { path: path.display().to_string(), message })?;
+    }
+    Ok(())
+}
+
+/// `kvgate sim`: runs, prints the markdown report on stdout, writes `--json` / `--plot`.
+pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
+    let report = run(&args)?;
+    print!("{}", report.markdown());
+    write_outputs(&args, &report)?;
+    Ok(())
+}

@@ -1,0 +1,382 @@
+//! The simulator's report: per-run metrics computed from a simulation's outcome, the sweep's best settings, and their markdown and JSON renderings.
+
+use std::fmt::Write as _;
+
+use kvgate_engine::EngineConfig;
+use kvgate_policy::{PolicyConfig, Reason};
+use serde::Serialize;
+
+use crate::sim::SimOutcome;
+
+/// The whole report of `kvgate sim`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    pub trace: TraceInfo,
+    pub setup: SetupInfo,
+    pub runs: Vec<RunReport>,
+    /// Best grid point per metric, per `--policies` entry (empty without `--sweep`).
+    pub sweep_best: Vec<BestSetting>,
+}
+
+/// What was replayed.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceInfo {
+    pub path: String,
+    pub requests: usize,
+    pub prompt_tokens: u64,
+    /// Prompt tokens an infinite cache could serve (leading blocks seen before).
+    pub ceiling_cached_tokens: u64,
+    /// `ceiling_cached_tokens / prompt_tokens`.
+    pub ceiling_hit_rate: f64,
+    /// Virtual time from the first to the last arrival, after `--rate-scale`.
+    pub span_s: f64,
+}
+
+/// The fleet and the simulation options.
+#[derive(Clone, Debug, Serialize)]
+pub struct SetupInfo {
+    pub workers: usize,
+    pub rate_scale: f64,
+    pub load_monitor_interval_ms: u64,
+    pub seed: u64,
+    pub engine: EngineConfig,
+}
+
+/// One simulated run (a policy at one setting).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    pub label: String,
+    /// The `--policies` entry the run came from.
+    pub entry: String,
+    pub sweep_point: Vec<(String, String)>,
+    pub policy: PolicyConfig,
+    pub metrics: Metrics,
+    /// Decisions by reason (reasons the run never gave are left out).
+    pub decisions: Vec<(String, u64)>,
+    /// Sorted TTFTs in ms (for the CDF plot; not in JSON).
+    #[serde(skip)]
+    pub ttft_ms_sorted: Vec<f64>,
+    /// Per-engine KV usage at every monitor tick (for the plot; not in JSON).
+    #[serde(skip)]
+    pub kv_series: Vec<(f64, Vec<f64>)>,
+}
+
+/// The numbers compared across runs. Latencies in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Metrics {
+    pub completed: u64,
+    pub rejected: u64,
+    pub unrouted: u64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p90_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub e2e_p50_ms: f64,
+    pub e2e_p99_ms: f64,
+    /// Mean of admitted - arrival.
+    pub mean_queue_ms: f64,
+    /// Cached over prompt tokens of the completed requests.
+    pub cache_hit_rate: f64,
+    /// `cache_hit_rate` over the trace's infinite-cache ceiling.
+    pub hit_of_ceiling: f64,
+    /// Completed requests over the time from the first arrival to the last completion.
+    pub completed_per_s: f64,
+    /// Mean over monitor ticks of (max - min) KV usage across engines.
+    pub kv_spread_mean: f64,
+    pub kv_usage_mean: f64,
+    pub kv_usage_max: f64,
+    /// Mean prefix match rate of the chosen worker and of the best worker (prefix-aware policies).
+    pub chosen_match_mean: Option<f64>,
+    pub best_match_mean: Option<f64>,
+    /// Virtual seconds from the first arrival to the last completion.
+    pub makespan_s: f64,
+}
+
+/// A metric that runs are compared on, and which way is better.
+#[derive(Clone, Copy, Debug)]
+pub struct MetricDef {
+    pub name: &'static str,
+    pub higher_is_better: bool,
+    pub get: fn(&Metrics) -> f64,
+}
+
+/// The metrics a sweep picks the best setting for.
+pub const SWEEP_METRICS: [MetricDef; 9] = [
+    MetricDef { name: "ttft_p50_ms", higher_is_better: false, get: |m| m.ttft_p50_ms },
+    MetricDef { name: "ttft_p90_ms", higher_is_better: false, get: |m| m.ttft_p90_ms },
+    MetricDef { name: "ttft_p99_ms", higher_is_better: false, get: |m| m.ttft_p99_ms },
+    MetricDef { name: "e2e_p50_ms", higher_is_better: false, get: |m| m.e2e_p50_ms },
+    MetricDef { name: "e2e_p99_ms", higher_is_better: false, get: |m| m.e2e_p99_ms },
+    MetricDef { name: "mean_queue_ms", higher_is_better: false, get: |m| m.mean_queue_ms },
+    MetricDef { name: "cache_hit_rate", higher_is_better: true, get: |m| m.cache_hit_rate },
+    MetricDef { name: "completed_per_s", higher_is_better: true, get: |m| m.completed_per_s },
+    MetricDef { name: "kv_spread_mean", higher_is_better: false, get: |m| m.kv_spread_mean },
+];
+
+/// The best grid point of one `--policies` entry for one metric.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BestSetting {
+    pub entry: String,
+    pub metric: &'static str,
+    pub value: f64,
+    pub sweep_point: Vec<(String, String)>,
+    pub label: String,
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn sorted_ms(values: impl Iterator<Item = u64>) -> Vec<f64> {
+    let mut values: Vec<u64> = values.collect();
+    values.sort_unstable();
+    values.into_iter().map(|us| us as f64 / 1000.0).collect()
+}
+
+fn ratio(numerator: f64, denominator: f64) -> f64 {
+    if denominator > 0.0 {
+        numerator / denominator
+    } else {
+        0.0
+    }
+}
+
+impl Metrics {
+    /// Summarises a simulation; `ceiling` is the trace's infinite-cache hit rate.
+    pub fn from_outcome(outcome: &SimOutcome, ceiling: f64) -> (Metrics, Vec<f64>) {
+        let finished = &outcome.finished;
+        let ttft = sorted_ms(finished.iter().map(|s| s.ttft_us()));
+        let e2e = sorted_ms(finished.iter().map(|s| s.latency_us()));
+        let queue_sum: u64 = finished.iter().map(|s| s.admitted_us.saturating_sub(s.arrival_us)).sum();
+        let prompt: u64 = finished.iter().map(|s| u64::from(s.prompt_tokens)).sum();
+        let cached: u64 = finished.iter().map(|s| u64::from(s.cached_tokens)).sum();
+        let last_finish = finished.iter().map(|s| s.finished_us).max().unwrap_or(outcome.first_arrival_us);
+        let makespan_s = last_finish.saturating_sub(outcome.first_arrival_us) as f64 / 1e6;
+        let ticks = &outcome.kv_ticks;
+        let mut spread_sum = 0.0;
+        let mut usage_sum = 0.0;
+        let mut usage_max: f64 = 0.0;
+        let mut samples = 0usize;
+        for tick in ticks {
+            let lo = tick.token_usage.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = tick.token_usage.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if hi.is_finite() {
+                spread_sum += hi - lo;
+                usage_max = usage_max.max(hi);
+            }
+            usage_sum += tick.token_usage.iter().sum::<f64>();
+            samples += tick.token_usage.len();
+        }
+        let cache_hit_rate = ratio(cached as f64, prompt as f64);
+        let n_match = outcome.match_decisions as f64;
+        let metrics = Metrics {
+            completed: finished.len() as u64,
+            rejected: outcome.rejected,
+            unrouted: outcome.unrouted,
+            ttft_p50_ms: percentile(&ttft, 50.0),
+            ttft_p90_ms: percentile(&ttft, 90.0),
+            ttft_p99_ms: percentile(&ttft, 99.0),
+            e2e_p50_ms: percentile(&e2e, 50.0),
+            e2e_p99_ms: percentile(&e2e, 99.0),
+            mean_queue_ms: ratio(queue_sum as f64 / 1000.0, finished.len() as f64),
+            cache_hit_rate,
+            hit_of_ceiling: ratio(cache_hit_rate, ceiling),
+            completed_per_s: ratio(finished.len() as f64, makespan_s),
+            kv_spread_mean: ratio(spread_sum, ticks.len() as f64),
+            kv_usage_mean: ratio(usage_sum, samples as f64),
+            kv_usage_max: usage_max,
+            chosen_match_mean: (n_match > 0.0).then(|| outcome.chosen_match_sum / n_match),
+            best_match_mean: (n_match > 0.0).then(|| outcome.best_match_sum / n_match),
+            makespan_s,
+        };
+        (metrics, ttft)
+    }
+}
+
+/// Decision counts by reason name, in `Reason::ALL` order, leaving out zeros.
+pub fn decision_counts(outcome: &SimOutcome) -> Vec<(String, u64)> {
+    Reason::ALL
+        .iter()
+        .zip(&outcome.decisions)
+        .filter(|(_, &count)| count > 0)
+        .map(|(reason, &count)| (reason.as_str().to_string(), count))
+        .collect()
+}
+
+/// For each `--policies` entry and metric, the first run (in grid order) with the best value.
+pub fn best_settings(runs: &[RunReport]) -> Vec<BestSetting> {
+    let mut entries: Vec<&str> = Vec::new();
+    for run in runs {
+        if !entries.contains(&run.entry.as_str()) {
+            entries.push(&run.entry);
+        }
+    }
+    let mut best = Vec::new();
+    for entry in entries {
+        for metric in SWEEP_METRICS {
+            let mut chosen: Option<(&RunReport, f64)> = None;
+            for run in runs.iter().filter(|run| run.entry == entry) {
+                let value = (metric.get)(&run.metrics);
+                let better = match chosen {
+                    None => true,
+                    Some((_, current)) if metric.higher_is_better => value > current,
+                    Some((_, current)) => value < current,
+                };
+                if better {
+                    chosen = Some((run, value));
+                }
+            }
+            if let Some((run, value)) = chosen {
+                best.push(BestSetting {
+                    entry: entry.to_string(),
+                    metric: metric.name,
+                    value,
+                    sweep_point: run.sweep_point.clone(),
+                    label: run.label.clone(),
+                });
+            }
+        }
+    }
+    best
+}
+
+/// Renders one metric of a run for the markdown table.
+type Cell = fn(&Metrics) -> String;
+
+fn fmt_ms(ms: f64) -> String {
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else {
+        format!("{ms:.1}")
+    }
+}
+
+fn pct(rate: f64) -> String {
+    format!("{:.1}%", rate * 100.0)
+}
+
+impl SimReport {
+    /// Side-by-side markdown: one column per run.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let t = &self.trace;
+        let s = &self.setup;
+        let _ = writeln!(
+            out,
+            "Trace `{}`: {} requests over {:.0} s (after rate scale {}), {} prompt tokens; \
+             infinite-cache ceiling {} of prompt tokens.",
+            t.path,
+            t.requests,
+            t.span_s,
+            s.rate_scale,
+            t.prompt_tokens,
+            pct(t.ceiling_hit_rate)
+        );
+        let e = &s.engine;
+        let _ = writeln!(
+            out,
+            "Fleet: {} engines ({} prefill tok/s, chunk {}, decode {} ms + {} ms/req, max {} running, \
+             KV {} tokens in blocks of {}, prefix cache {}); load monitor every {} ms; seed {}.\n",
+            s.workers,
+            e.prefill_tokens_per_sec,
+            e.prefill_chunk_tokens,
+            e.decode_base_ms,
+            e.decode_per_request_ms,
+            e.max_running_requests,
+            e.kv_capacity_tokens,
+            e.block_size,
+            if e.prefix_cache { "on" } else { "off" },
+            s.load_monitor_interval_ms,
+            s.seed
+        );
+        let mut header = String::from("| metric |");
+        let mut rule = String::from("| --- |");
+        for run in &self.runs {
+            let _ = write!(header, " {} |", run.label);
+            rule.push_str(" ---: |");
+        }
+        let _ = writeln!(out, "{header}\n{rule}");
+        let rows: [(&str, Cell); 17] = [
+            ("TTFT p50 (ms)", |m| fmt_ms(m.ttft_p50_ms)),
+            ("TTFT p90 (ms)", |m| fmt_ms(m.ttft_p90_ms)),
+            ("TTFT p99 (ms)", |m| fmt_ms(m.ttft_p99_ms)),
+            ("e2e p50 (ms)", |m| fmt_ms(m.e2e_p50_ms)),
+            ("e2e p99 (ms)", |m| fmt_ms(m.e2e_p99_ms)),
+            ("mean queueing (ms)", |m| fmt_ms(m.mean_queue_ms)),
+            ("cache hit rate", |m| pct(m.cache_hit_rate)),
+            ("hit rate / ceiling", |m| pct(m.hit_of_ceiling)),
+            ("completed req/s", |m| format!("{:.2}", m.completed_per_s)),
+            ("KV spread mean (max-min)", |m| format!("{:.3}", m.kv_spread_mean)),
+            ("KV usage mean", |m| format!("{:.3}", m.kv_usage_mean)),
+            ("KV usage max", |m| format!("{:.3}", m.kv_usage_max)),
+            ("chosen / best match", |m| match (m.chosen_match_mean, m.best_match_mean) {
+                (Some(chosen), Some(best)) => format!("{} / {}", pct(chosen), pct(best)),
+                _ => "-".to_string(),
+            }),
+            ("completed", |m| m.completed.to_string()),
+            ("rejected by engine", |m| m.rejected.to_string()),
+            ("unrouted", |m| m.unrouted.to_string()),
+            ("makespan (s)", |m| format!("{:.1}", m.makespan_s)),
+        ];
+        for (name, cell) in rows {
+            let mut line = format!("| {name} |");
+            for run in &self.runs {
+                let _ = write!(line, " {} |", cell(&run.metrics));
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        let mut reasons: Vec<&str> = Vec::new();
+        for reason in Reason::ALL {
+            if self.runs.iter().any(|run| run.decisions.iter().any(|(name, _)| name == reason.as_str())) {
+                reasons.push(reason.as_str());
+            }
+        }
+        for reason in reasons {
+            let mut line = format!("| decisions: {reason} |");
+            for run in &self.runs {
+                let count = run.decisions.iter().find(|(name, _)| name == reason).map_or(0, |(_, c)| *c);
+                let _ = write!(line, " {count} |");
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        if !self.sweep_best.is_empty() {
+            let _ = writeln!(out, "\nBest setting per metric:\n\n| policy | metric | best | setting |\n| --- | --- | ---: | --- |");
+            for best in &self.sweep_best {
+                let setting: Vec<String> = best.sweep_point.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} |",
+                    best.entry,
+                    best.metric,
+                    if best.metric.contains("rate") { pct(best.value) } else { format!("{:.3}", best.value) },
+                    setting.join(" ")
+                );
+            }
+        }
+        out
+    }
+
+    /// The report as pretty JSON (same inputs, same bytes).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("the report always serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let values: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&values, 50.0), 50.0);
+        assert_eq!(percentile(&values, 99.0), 99.0);
+        assert_eq!(percentile(&values, 100.0), 100.0);
+        assert_eq!(percentile(&[7.0], 1.0), 7.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+}

@@ -1,0 +1,190 @@
+//! End-to-end tests of the simulator on small hand-made traces: determinism, prefix affinity, TTFT accounting, sweeps, outputs.
+
+use crate::trace::{Trace, TraceRequest};
+use crate::{run, run_on_trace, write_outputs, SimArgs, SimError, SimReport};
+
+fn request(timestamp_ms: f64, input_length: u32, output_length: u32, hash_ids: &[u64]) -> TraceRequest {
+    TraceRequest { timestamp_ms, input_length, output_length, hash_ids: hash_ids.to_vec() }
+}
+
+/// `n` requests every `gap_ms`, each one shared 512-token block then a block of its own.
+fn shared_prefix_trace(n: u64, gap_ms: f64) -> Trace {
+    Trace { requests: (0..n).map(|i| request(i as f64 * gap_ms, 1024, 4, &[0, 1000 + i])).collect() }
+}
+
+/// A mixed trace: a few conversations that grow turn by turn, plus one-off prompts.
+fn mixed_trace() -> Trace {
+    let mut requests = Vec::new();
+    for i in 0..60u64 {
+        let conversation = i % 5;
+        let turns = 1 + i / 5;
+        let mut ids: Vec<u64> = (0..turns).map(|t| conversation * 100 + t).collect();
+        if i % 7 == 0 {
+            ids = vec![10_000 + i, 10_001 + i];
+        }
+        let input = (ids.len() as u32 * 512).saturating_sub(100).max(1);
+        requests.push(request(i as f64 * 37.0, input, 20 + (i as u32 % 13), &ids));
+    }
+    Trace { requests }
+}
+
+fn args(policies: &str, workers: usize) -> SimArgs {
+    let mut args = SimArgs::new("inline");
+    args.policies = policies.split(',').map(str::to_string).collect();
+    args.workers = workers;
+    args
+}
+
+fn simulate(args: &SimArgs, trace: &Trace) -> SimReport {
+    run_on_trace(args, trace, false).unwrap()
+}
+
+#[test]
+fn same_inputs_give_identical_json_and_markdown() {
+    let mut args = args(
+        "round_robin,random,power_of_two,least_load,cache_aware,\
+         cache_aware:balance_token_usage_threshold=0.05:overload_token_usage_threshold=0.5",
+        3,
+    );
+    args.seed = 7;
+    args.rate_scale = 4.0;
+    let trace = mixed_trace();
+    let first = simulate(&args, &trace);
+    let second = simulate(&args, &trace);
+    assert_eq!(first.to_json(), second.to_json());
+    assert_eq!(first.markdown(), second.markdown());
+    assert_eq!(first.runs.len(), 6);
+    for run in &first.runs {
+        assert_eq!(run.metrics.completed, 60, "{}", run.label);
+    }
+    // The seed matters to random routing.
+    args.seed = 8;
+    let other = simulate(&args, &trace);
+    assert_ne!(first.runs[1].metrics, other.runs[1].metrics);
+}
+
+#[test]
+fn cache_aware_keeps_a_shared_prefix_on_one_engine() {
+    let report = simulate(&args("round_robin,cache_aware", 8), &shared_prefix_trace(40, 200.0));
+    let round_robin = &report.runs[0].metrics;
+    let cache_aware = &report.runs[1].metrics;
+    // Round robin prefills the shared block once per engine (8 times); cache_aware once.
+    assert_eq!(round_robin.cache_hit_rate, 32.0 * 512.0 / (40.0 * 1024.0));
+    assert_eq!(cache_aware.cache_hit_rate, 39.0 * 512.0 / (40.0 * 1024.0));
+    assert!(cache_aware.hit_of_ceiling > round_robin.hit_of_ceiling);
+    assert_eq!(cache_aware.hit_of_ceiling, 1.0);
+    assert!(
+        report.runs[1].decisions.contains(&("cache_hit".to_string(), 39)),
+        "{:?}",
+        report.runs[1].decisions
+    );
+    assert_eq!(report.trace.ceiling_hit_rate, 39.0 * 512.0 / (40.0 * 1024.0));
+}
+
+#[test]
+fn ttft_of_one_request_on_an_idle_engine_matches_the_hand_computation() {
+    // 4096 tokens at 8000 tok/s in two 2048-token chunks: 2 x 256 ms = 512 ms to the first
+    // token, then 2 decode steps of 6 + 0.35 x 1 ms for the other 2 tokens.
+    let trace = Trace { requests: vec![request(250.0, 4096, 3, &[1, 2, 3, 4, 5, 6, 7, 8])] };
+    let report = simulate(&args("round_robin", 1), &trace);
+    let metrics = &report.runs[0].metrics;
+    assert_eq!(metrics.ttft_p50_ms, 512.0);
+    assert_eq!(metrics.ttft_p99_ms, 512.0);
+    assert_eq!(metrics.e2e_p50_ms, 512.0 + 2.0 * 6.35);
+    assert_eq!(metrics.mean_queue_ms, 0.0);
+    assert_eq!(metrics.cache_hit_rate, 0.0);
+    // Engine flags reach the engines: twice the prefill rate halves the TTFT.
+    let mut fast = args("round_robin", 1);
+    fast.prefill_tokens_per_sec = Some(16_000.0);
+    assert_eq!(simulate(&fast, &trace).runs[0].metrics.ttft_p50_ms, 256.0);
+}
+
+#[test]
+fn rate_scale_divides_timestamps_and_a_busy_engine_queues() {
+    // Two 4096-token requests 100 ms apart on one engine: the second waits for the first's prefill.
+    let trace = Trace { requests: vec![request(0.0, 4096, 1, &[1; 8]), request(200.0, 4096, 1, &[9; 8])] };
+    let slow = simulate(&args("round_robin", 1), &trace);
+    let mut scaled = args("round_robin", 1);
+    scaled.rate_scale = 2.0;
+    let fast = simulate(&scaled, &trace);
+    // Unscaled: the second arrives at 200 ms and is admitted at once, sharing prefill steps.
+    assert!(fast.runs[0].metrics.ttft_p99_ms >= slow.runs[0].metrics.ttft_p99_ms);
+    assert_eq!(fast.trace.span_s, 0.1);
+}
+
+#[test]
+fn requests_larger_than_the_kv_cache_are_counted_as_rejected() {
+    let trace = Trace { requests: vec![request(0.0, 2000, 10, &[1, 2, 3, 4]), request(1.0, 100, 10, &[5])] };
+    let mut args = args("round_robin", 1);
+    args.kv_capacity_tokens = Some(1024);
+    let metrics = simulate(&args, &trace).runs[0].metrics.clone();
+    assert_eq!((metrics.completed, metrics.rejected), (1, 1));
+}
+
+#[test]
+fn sweep_runs_the_grid_and_names_the_best_setting() {
+    let mut args = args("cache_aware", 8);
+    args.sweep = vec!["cache_threshold=1.0,0.3".to_string(), "balance_abs_threshold=64,32".to_string()];
+    let report = simulate(&args, &shared_prefix_trace(40, 200.0));
+    let labels: Vec<&str> = report.runs.iter().map(|run| run.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "cache_aware cache_threshold=1.0 balance_abs_threshold=64",
+            "cache_aware cache_threshold=1.0 balance_abs_threshold=32",
+            "cache_aware cache_threshold=0.3 balance_abs_threshold=64",
+            "cache_aware cache_threshold=0.3 balance_abs_threshold=32",
+        ]
+    );
+    // A threshold of 1.0 never counts a half-matched prompt as a hit.
+    let hit = report.sweep_best.iter().find(|best| best.metric == "cache_hit_rate").unwrap();
+    assert_eq!(hit.sweep_point[0], ("cache_threshold".to_string(), "0.3".to_string()));
+    assert_eq!(hit.value, report.runs[2].metrics.cache_hit_rate);
+    assert!(hit.value > report.runs[0].metrics.cache_hit_rate);
+    assert_eq!(report.sweep_best.len(), crate::SWEEP_METRICS.len());
+    assert!(report.markdown().contains("Best setting per metric"));
+}
+
+#[test]
+fn trace_errors_from_a_file_name_the_line() {
+    let path = std::env::temp_dir().join(format!("kvgate-sim-bad-{}.jsonl", std::process::id()));
+    std::fs::write(
+        &path,
+        "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 1, \"input_length\": \"five\", \"output_length\": 1, \"hash_ids\": [1]}\n",
+    )
+    .unwrap();
+    let error = run(&SimArgs::new(&path)).unwrap_err().to_string();
+    std::fs::remove_file(&path).unwrap();
+    assert!(error.starts_with("trace line 2:"), "{error}");
+    let missing = run(&SimArgs::new("/nonexistent/trace.jsonl")).unwrap_err().to_string();
+    assert!(missing.contains("/nonexistent/trace.jsonl"), "{missing}");
+}
+
+#[test]
+fn invalid_options_fail_before_reading_the_trace() {
+    let mut args = SimArgs::new("/nonexistent/trace.jsonl");
+    args.rate_scale = 0.0;
+    let error = run(&args).unwrap_err();
+    assert!(matches!(error.downcast_ref::<SimError>(), Some(SimError::InvalidOptions(_))), "{error}");
+}
+
+#[test]
+fn writes_json_and_a_png() {
+    let dir = std::env::temp_dir().join(format!("kvgate-sim-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut args = args("round_robin,cache_aware", 3);
+    args.json = Some(dir.join("report.json"));
+    args.plot = Some(dir.join("report.png"));
+    let report = simulate(&args, &mixed_trace());
+    write_outputs(&args, &report).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(json["runs"][1]["label"], "cache_aware");
+    assert_eq!(json["runs"][1]["metrics"]["completed"], 60);
+    let png = std::fs::read(dir.join("report.png")).unwrap();
+    assert_eq!(&png[..4], b"\x89PNG");
+    crate::plot::draw_with(&report, &dir.join("plain.png"), false).unwrap();
+    assert_eq!(&std::fs::read(dir.join("plain.png")).unwrap()[..4], b"\x89PNG");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
