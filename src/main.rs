@@ -10,6 +10,10 @@ use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
 use tracing_subscriber::EnvFilter;
 
+/// The proxy allocates and frees small buffers per request; mimalloc keeps that cheap.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "kvgate", version, about = "An LLM inference gateway with KV-cache-aware routing")]
 struct Cli {

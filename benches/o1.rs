@@ -1,0 +1,184 @@
+//! Scenario O1 (../shared/bench/SCENARIOS.md): gateway overhead. 64 concurrent clients post a
+//! fixed chat body to 4 instant simulated engines, straight to one engine and through kvgate, in
+//! one run; prints requests/s, latency p50/p99, the ratio to direct, and kvgate's CPU time per
+//! proxied request (process CPU seconds over the run / requests).
+//!
+//! `cargo bench --bench o1` (env: O1_SECS=20, O1_CLIENTS=64, O1_PROMPT_BYTES=8192).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start `kvgate ARGS` and collect stdout lines until `done` says enough.
+fn spawn(args: &[&str], mut done: impl FnMut(&[String]) -> bool) -> (Proc, Vec<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kvgate binary");
+    let mut lines = Vec::new();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    while !done(&lines) {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            panic!("kvgate {args:?} exited early: {lines:?}");
+        }
+        lines.push(line.trim().to_string());
+    }
+    std::thread::spawn(move || for _ in reader.lines() {});
+    (Proc(child), lines)
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0 // USER_HZ is 100 on Linux
+}
+
+struct Run {
+    requests: usize,
+    errors: usize,
+    secs: f64,
+    latencies_us: Vec<u32>,
+}
+
+impl Run {
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.secs
+    }
+    fn pct(&self, q: f64) -> f64 {
+        let i = ((self.latencies_us.len() as f64 - 1.0) * q).round() as usize;
+        self.latencies_us.get(i).copied().unwrap_or(0) as f64 / 1000.0
+    }
+}
+
+async fn load(url: &str, body: Bytes, clients: usize, secs: u64) -> Run {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<_, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(clients).build(connector);
+    let client = Arc::new(client);
+    let uri: hyper::Uri = format!("{url}/v1/chat/completions").parse().unwrap();
+    // Warm up the connections.
+    for _ in 0..clients {
+        let req = hyper::Request::post(uri.clone())
+            .header("content-type", "application/json")
+            .body(Full::new(body.clone()))
+            .unwrap();
+        let _ = client.request(req).await.map(|r| r.into_body());
+    }
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (client, uri, body) = (client.clone(), uri.clone(), body.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut errors, mut latencies) = (0usize, 0usize, Vec::with_capacity(1 << 16));
+                while Instant::now() < deadline {
+                    let sent = Instant::now();
+                    let req = hyper::Request::post(uri.clone())
+                        .header("content-type", "application/json")
+                        .body(Full::new(body.clone()))
+                        .unwrap();
+                    match client.request(req).await {
+                        Ok(res) if res.status().is_success() => match res.into_body().collect().await {
+                            Ok(_) => {
+                                ok += 1;
+                                latencies.push(sent.elapsed().as_micros() as u32);
+                            }
+                            Err(_) => errors += 1,
+                        },
+                        _ => errors += 1,
+                    }
+                }
+                (ok, errors, latencies)
+            })
+        })
+        .collect();
+    let mut run = Run { requests: 0, errors: 0, secs: 0.0, latencies_us: Vec::new() };
+    for task in tasks {
+        let (ok, errors, latencies) = task.await.unwrap();
+        run.requests += ok;
+        run.errors += errors;
+        run.latencies_us.extend(latencies);
+    }
+    run.secs = started.elapsed().as_secs_f64();
+    run.latencies_us.sort_unstable();
+    run
+}
+
+fn chat_body(prompt_bytes: usize) -> Bytes {
+    let words: String =
+        (0..).map(|i| format!("w{} ", i % 997)).take_while(|_| true).take(prompt_bytes / 5 + 1).collect();
+    let prompt = &words[..prompt_bytes.min(words.len())];
+    Bytes::from(
+        serde_json::json!({"model": "mock-model", "max_tokens": 16,
+            "messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": prompt}]})
+        .to_string(),
+    )
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let secs = env_or("O1_SECS", 20);
+    let clients = env_or("O1_CLIENTS", 64) as usize;
+    let prompt_bytes = env_or("O1_PROMPT_BYTES", 8192) as usize;
+    let body = chat_body(prompt_bytes);
+    let (_engines, lines) =
+        spawn(&["mock", "--count", "4", "--engine", "canned", "--gen-ms", "0"], |l| l.len() >= 4);
+    let urls: Vec<String> = lines.iter().filter_map(|l| l.split(": ").nth(1).map(str::to_string)).collect();
+
+    println!("O1: {clients} clients, {secs} s per run, body {} bytes, 4 canned engines", body.len());
+    println!("| target | req/s | p50 ms | p99 ms | errors | vs direct | kvgate CPU us/req |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let direct = load(&urls[0], body.clone(), clients, secs).await;
+    println!(
+        "| direct (one engine) | {:.0} | {:.2} | {:.2} | {} | 1.00 | — |",
+        direct.rps(),
+        direct.pct(0.5),
+        direct.pct(0.99),
+        direct.errors
+    );
+    for policy in ["round_robin", "cache_aware"] {
+        let mut args =
+            vec!["launch", "--port", "0", "--policy", policy, "--log-level", "warn", "--worker-urls"];
+        args.extend(urls.iter().map(String::as_str));
+        let (gateway, lines) = spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
+        let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap().to_string();
+        let cpu_before = cpu_seconds(gateway.0.id());
+        let run = load(&url, body.clone(), clients, secs).await;
+        let cpu = cpu_seconds(gateway.0.id()) - cpu_before;
+        println!(
+            "| kvgate {policy} | {:.0} | {:.2} | {:.2} | {} | {:.2} | {:.1} |",
+            run.rps(),
+            run.pct(0.5),
+            run.pct(0.99),
+            run.errors,
+            run.rps() / direct.rps(),
+            cpu * 1e6 / (run.requests + clients) as f64
+        );
+    }
+}
