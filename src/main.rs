@@ -54,14 +54,7 @@ fn init_logging(level: &str, json: bool) {
 
 /// The mock fleet options for `--mock-workers N`: reference engines, default model name.
 fn demo_fleet(count: usize) -> MockArgs {
-    #[derive(Parser)]
-    struct Defaults {
-        #[command(flatten)]
-        mock: MockArgs,
-    }
-    let mut args = Defaults::parse_from(["mock"]).mock;
-    args.count = count;
-    args
+    MockArgs { count, ..MockArgs::default() }
 }
 
 async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
