@@ -1,0 +1,236 @@
+//! kvgate-replay: `kvgate replay`, which sends a trace as real streaming HTTP requests to any OpenAI-compatible endpoint at its recorded (scaled) times and measures what the client sees.
+//!
+//! Each trace line becomes the same prompt the simulator routes on, as text
+//! ([`kvgate_sim::trace::prompt_text`]), sent with `"stream": true`, `"max_tokens"` =
+//! `output_length`, `"ignore_eos": true` and `"stream_options": {"include_usage": true}`. TTFT is
+//! the time from sending to the first SSE `data:` event, end-to-end the time to `data: [DONE]`;
+//! the cache hit rate comes from `usage.prompt_tokens_details.cached_tokens` of the final usage
+//! chunk. Runs are bounded by `--max-requests` and an overall `--deadline-secs`.
+
+mod report;
+mod request;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvgate_sim::trace::{Trace, TraceFormat};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+pub use report::ReplayReport;
+pub use request::{request_body, send, Endpoint, Observed, RequestError, SseReader};
+
+/// Options of `kvgate replay`.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct ReplayArgs {
+    /// Trace file.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Trace file format.
+    #[arg(long, value_enum, default_value_t = TraceFormat::Mooncake)]
+    pub trace_format: TraceFormat,
+    /// Base URL of the OpenAI-compatible endpoint, e.g. http://127.0.0.1:30000.
+    #[arg(long)]
+    pub url: String,
+    /// Model name to send [default: the first model of GET /v1/models].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Trace timestamps are divided by this (10 = ten times faster).
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Send only the first K requests (in arrival order).
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Most requests in flight at once; a request due while the limit is reached waits.
+    #[arg(long)]
+    pub concurrency_limit: Option<usize>,
+    /// Endpoint to send to.
+    #[arg(long, value_enum, default_value_t = Endpoint::Completions)]
+    pub endpoint: Endpoint,
+    /// Give up on requests still running this many seconds after the first was sent
+    /// [default: the scaled trace span + 600].
+    #[arg(long)]
+    pub deadline_secs: Option<f64>,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Name of this run in the report (e.g. the gateway under test).
+    #[arg(long)]
+    pub label: Option<String>,
+}
+
+impl ReplayArgs {
+    /// Defaults for everything but the trace and the URL.
+    pub fn new(trace: impl Into<PathBuf>, url: impl Into<String>) -> ReplayArgs {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            args: ReplayArgs,
+        }
+        let mut args =
+            <Command as clap::Parser>::parse_from(["kvgate-replay", "--trace", "-", "--url", "-"]).args;
+        args.trace = trace.into();
+        args.url = url.into();
+        args
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        if !(self.speedup.is_finite() && self.speedup > 0.0) {
+            problems.push(format!("--speedup must be a finite number > 0, got {}", self.speedup));
+        }
+        if self.max_requests == Some(0) {
+            problems.push("--max-requests must be at least 1".to_string());
+        }
+        if self.concurrency_limit == Some(0) {
+            problems.push("--concurrency-limit must be at least 1".to_string());
+        }
+        if let Some(deadline) = self.deadline_secs {
+            if !(deadline.is_finite() && deadline > 0.0) {
+                problems.push(format!("--deadline-secs must be a finite number > 0, got {deadline}"));
+            }
+        }
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            problems.push(format!("--url must start with http:// or https://, got {:?}", self.url));
+        }
+        anyhow::ensure!(problems.is_empty(), "invalid replay options:\n  {}", problems.join("\n  "));
+        Ok(())
+    }
+}
+
+/// Loads `--trace` and replays it.
+pub async fn run(args: &ReplayArgs) -> anyhow::Result<ReplayReport> {
+    args.validate()?;
+    let trace = Trace::load(&args.trace, args.trace_format)?;
+    run_on_trace(args, &trace).await
+}
+
+/// The first model the server lists on `GET /v1/models`.
+pub async fn discover_model(client: &reqwest::Client, base_url: &str) -> anyhow::Result<String> {
+    let url = format!("{base_url}/v1/models");
+    let response = client.get(&url).send().await.with_context(|| format!("GET {url}"))?;
+    let status = response.status();
+    anyhow::ensure!(status.is_success(), "GET {url}: HTTP {status}");
+    let body: serde_json::Value =
+        response.json().await.with_context(|| format!("GET {url}: reading JSON"))?;
+    body["data"][0]["id"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("GET {url}: no model in {body}"))
+}
+
+/// Replays `trace` (`args.trace` only names it in the report).
+pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<ReplayReport> {
+    args.validate()?;
+    let trace = trace.truncated(args.max_requests);
+    let base_url = args.url.trim_end_matches('/').to_string();
+    let client = reqwest::Client::builder().build().context("building the HTTP client")?;
+    let model = match &args.model {
+        Some(model) => model.clone(),
+        None => discover_model(&client, &base_url).await?,
+    };
+    let url = format!("{base_url}{}", args.endpoint.path());
+    let first_ms = trace.requests.first().map_or(0.0, |r| r.timestamp_ms);
+    let offsets: Vec<Duration> = trace
+        .requests
+        .iter()
+        .map(|r| Duration::from_secs_f64(((r.timestamp_ms - first_ms) / 1000.0 / args.speedup).max(0.0)))
+        .collect();
+    let span = offsets.last().copied().unwrap_or_default();
+    let deadline = Duration::from_secs_f64(args.deadline_secs.unwrap_or(span.as_secs_f64() + 600.0));
+    let limit = Arc::new(Semaphore::new(args.concurrency_limit.unwrap_or(Semaphore::MAX_PERMITS)));
+
+    let started = Instant::now();
+    let hard_stop = tokio::time::Instant::from_std(started) + deadline;
+    let mut tasks: JoinSet<(Duration, Result<Observed, RequestError>)> = JoinSet::new();
+    let mut send_delay_total = Duration::ZERO;
+    let mut sent = 0usize;
+    let mut results = Vec::new();
+    let total = trace.requests.len();
+    let mut last_progress = Instant::now();
+    for (request, offset) in trace.requests.iter().zip(&offsets) {
+        let due = tokio::time::Instant::from_std(started + *offset);
+        if due >= hard_stop {
+            break;
+        }
+        tokio::time::sleep_until(due).await;
+        let permit = tokio::select! {
+            permit = limit.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            _ = tokio::time::sleep_until(hard_stop) => break,
+        };
+        // Collect what has finished so far (keeps memory flat on long runs).
+        while let Some(joined) = tasks.try_join_next() {
+            results.push(
+                joined.map(|(_, result)| result).unwrap_or_else(|e| Err(RequestError::Send(e.to_string()))),
+            );
+        }
+        let send_delay = started.elapsed().saturating_sub(*offset);
+        send_delay_total += send_delay;
+        sent += 1;
+        let body = request::request_body(request, &model, args.endpoint);
+        let client = client.clone();
+        let url = url.clone();
+        tasks.spawn(async move {
+            let result = send(&client, &url, &body).await;
+            drop(permit);
+            (send_delay, result)
+        });
+        if last_progress.elapsed() >= Duration::from_secs(5) {
+            last_progress = Instant::now();
+            eprintln!(
+                "replay: {sent}/{total} sent, {} done, {:.0} s",
+                results.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let mut deadline_hits = 0u64;
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                Some(joined) => results.push(
+                    joined.map(|(_, result)| result).unwrap_or_else(|e| Err(RequestError::Send(e.to_string()))),
+                ),
+                None => break,
+            },
+            _ = tokio::time::sleep_until(hard_stop) => {
+                deadline_hits = tasks.len() as u64;
+                tasks.abort_all();
+                break;
+            }
+        }
+    }
+    let wall = started.elapsed();
+    let ceiling = trace.cache_ceiling();
+    Ok(ReplayReport::new(report::Inputs {
+        label: args.label.clone().unwrap_or_else(|| base_url.clone()),
+        trace: args.trace.display().to_string(),
+        url,
+        model,
+        endpoint: args.endpoint,
+        speedup: args.speedup,
+        requests_in_trace: total,
+        sent,
+        results,
+        deadline_hits,
+        mean_send_delay: if sent == 0 { Duration::ZERO } else { send_delay_total / sent as u32 },
+        wall,
+        ceiling_hit_rate: ceiling.rate(),
+    }))
+}
+
+/// `kvgate replay`: replays, prints the markdown report on stdout, writes `--json`.
+pub async fn run_cli(args: ReplayArgs) -> anyhow::Result<()> {
+    let report = run(&args).await?;
+    print!("{}", report.markdown());
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json() + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

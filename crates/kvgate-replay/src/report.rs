@@ -1,0 +1,177 @@
+//! The replay report: client-side latency percentiles, cache hit rate from the servers' usage, errors; markdown and JSON.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use kvgate_sim::percentile;
+use serde::Serialize;
+
+use crate::request::{Endpoint, Observed, RequestError};
+
+/// Error messages kept as samples in the report.
+const ERROR_SAMPLES: usize = 5;
+
+/// What `kvgate replay` measured. Latencies in milliseconds of wall time.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayReport {
+    pub label: String,
+    pub trace: String,
+    pub url: String,
+    pub model: String,
+    pub endpoint: Endpoint,
+    pub speedup: f64,
+    pub requests_in_trace: usize,
+    pub sent: usize,
+    pub succeeded: u64,
+    pub errors: u64,
+    /// Requests still running at the deadline (counted in `errors`).
+    pub deadline_hits: u64,
+    pub error_samples: Vec<String>,
+    pub ttft_p50_ms: f64,
+    pub ttft_p90_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub e2e_p50_ms: f64,
+    pub e2e_p99_ms: f64,
+    /// Mean lateness of sends behind the trace schedule (client-side queueing).
+    pub mean_send_delay_ms: f64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    /// `cached_tokens / prompt_tokens` over the successful requests.
+    pub cache_hit_rate: f64,
+    /// The trace's infinite-cache ceiling, and the hit rate as a fraction of it.
+    pub ceiling_hit_rate: f64,
+    pub hit_of_ceiling: f64,
+    /// Successful requests over the wall time of the run.
+    pub completed_per_s: f64,
+    pub wall_s: f64,
+}
+
+pub(crate) struct Inputs {
+    pub label: String,
+    pub trace: String,
+    pub url: String,
+    pub model: String,
+    pub endpoint: Endpoint,
+    pub speedup: f64,
+    pub requests_in_trace: usize,
+    pub sent: usize,
+    pub results: Vec<Result<Observed, RequestError>>,
+    pub deadline_hits: u64,
+    pub mean_send_delay: Duration,
+    pub wall: Duration,
+    pub ceiling_hit_rate: f64,
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+fn ratio(numerator: f64, denominator: f64) -> f64 {
+    if denominator > 0.0 {
+        numerator / denominator
+    } else {
+        0.0
+    }
+}
+
+impl ReplayReport {
+    pub(crate) fn new(inputs: Inputs) -> ReplayReport {
+        let ok: Vec<&Observed> = inputs.results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let mut error_samples: Vec<String> = Vec::new();
+        for error in inputs.results.iter().filter_map(|r| r.as_ref().err()) {
+            let message = error.to_string();
+            if error_samples.len() < ERROR_SAMPLES && !error_samples.contains(&message) {
+                error_samples.push(message);
+            }
+        }
+        if inputs.deadline_hits > 0 && error_samples.len() < ERROR_SAMPLES {
+            error_samples.push(format!("{} requests still running at the deadline", inputs.deadline_hits));
+        }
+        let sorted = |f: fn(&Observed) -> Duration| {
+            let mut values: Vec<f64> = ok.iter().map(|o| ms(f(o))).collect();
+            values.sort_by(f64::total_cmp);
+            values
+        };
+        let ttft = sorted(|o| o.ttft);
+        let e2e = sorted(|o| o.e2e);
+        let prompt_tokens: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
+        let cached_tokens: u64 = ok.iter().map(|o| o.cached_tokens).sum();
+        let cache_hit_rate = ratio(cached_tokens as f64, prompt_tokens as f64);
+        let errors = inputs.results.len() as u64 - ok.len() as u64 + inputs.deadline_hits;
+        ReplayReport {
+            label: inputs.label,
+            trace: inputs.trace,
+            url: inputs.url,
+            model: inputs.model,
+            endpoint: inputs.endpoint,
+            speedup: inputs.speedup,
+            requests_in_trace: inputs.requests_in_trace,
+            sent: inputs.sent,
+            succeeded: ok.len() as u64,
+            errors,
+            deadline_hits: inputs.deadline_hits,
+            error_samples,
+            ttft_p50_ms: percentile(&ttft, 50.0),
+            ttft_p90_ms: percentile(&ttft, 90.0),
+            ttft_p99_ms: percentile(&ttft, 99.0),
+            e2e_p50_ms: percentile(&e2e, 50.0),
+            e2e_p99_ms: percentile(&e2e, 99.0),
+            mean_send_delay_ms: ms(inputs.mean_send_delay),
+            prompt_tokens,
+            cached_tokens,
+            completion_tokens: ok.iter().map(|o| o.completion_tokens).sum(),
+            cache_hit_rate,
+            ceiling_hit_rate: inputs.ceiling_hit_rate,
+            hit_of_ceiling: ratio(cache_hit_rate, inputs.ceiling_hit_rate),
+            completed_per_s: ratio(ok.len() as f64, inputs.wall.as_secs_f64()),
+            wall_s: inputs.wall.as_secs_f64(),
+        }
+    }
+
+    /// The same latency table as `kvgate sim`, one column for this run.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "Replay of `{}` ({} of {} requests, speedup {}) to {} (model `{}`), {:.1} s wall; \
+             infinite-cache ceiling {:.1}% of prompt tokens.\n",
+            self.trace,
+            self.sent,
+            self.requests_in_trace,
+            self.speedup,
+            self.url,
+            self.model,
+            self.wall_s,
+            self.ceiling_hit_rate * 100.0
+        );
+        let _ = writeln!(out, "| metric | {} |\n| --- | ---: |", self.label);
+        let rows = [
+            ("TTFT p50 (ms)", format!("{:.1}", self.ttft_p50_ms)),
+            ("TTFT p90 (ms)", format!("{:.1}", self.ttft_p90_ms)),
+            ("TTFT p99 (ms)", format!("{:.1}", self.ttft_p99_ms)),
+            ("e2e p50 (ms)", format!("{:.1}", self.e2e_p50_ms)),
+            ("e2e p99 (ms)", format!("{:.1}", self.e2e_p99_ms)),
+            ("cache hit rate", format!("{:.1}%", self.cache_hit_rate * 100.0)),
+            ("hit rate / ceiling", format!("{:.1}%", self.hit_of_ceiling * 100.0)),
+            ("completed req/s", format!("{:.2}", self.completed_per_s)),
+            ("mean send delay (ms)", format!("{:.1}", self.mean_send_delay_ms)),
+            ("succeeded", self.succeeded.to_string()),
+            ("errors", self.errors.to_string()),
+        ];
+        for (name, value) in rows {
+            let _ = writeln!(out, "| {name} | {value} |");
+        }
+        if !self.error_samples.is_empty() {
+            let _ = writeln!(out, "\nErrors (samples):");
+            for sample in &self.error_samples {
+                let _ = writeln!(out, "- {sample}");
+            }
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("the report always serializes")
+    }
+}
