@@ -1,5 +1,5 @@
 //! The `kvgate` command line: `launch` (the gateway, optionally in front of in-process simulated
-//! engines) and `mock` (a fleet of simulated engines).
+//! engines), `mock` (a fleet of simulated engines) and `sim` (the virtual-time policy simulator).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -27,6 +27,8 @@ enum Command {
     Launch(Box<LaunchArgs>),
     /// Run a fleet of simulated SGLang/vLLM engines, one HTTP port each.
     Mock(Box<MockArgs>),
+    /// Replay a trace through routing policies onto simulated engines, in virtual time.
+    Sim(Box<kvgate_sim::SimArgs>),
 }
 
 #[derive(clap::Args)]
@@ -108,6 +110,7 @@ fn main() -> ExitCode {
             init_logging("info", false);
             runtime.block_on(kvgate_mock::run_fleet(*args))
         }
+        Command::Sim(args) => kvgate_sim::run_cli(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
