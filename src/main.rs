@@ -1,5 +1,6 @@
 //! The `kvgate` command line: `launch` (the gateway, optionally in front of in-process simulated
-//! engines), `mock` (a fleet of simulated engines) and `sim` (the virtual-time policy simulator).
+//! engines), `mock` (a fleet of simulated engines), `sim` (the virtual-time policy simulator) and
+//! `replay` (a trace sent as real HTTP requests).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -29,6 +30,8 @@ enum Command {
     Mock(Box<MockArgs>),
     /// Replay a trace through routing policies onto simulated engines, in virtual time.
     Sim(Box<kvgate_sim::SimArgs>),
+    /// Send a trace as real HTTP requests to any OpenAI-compatible endpoint and measure it.
+    Replay(Box<kvgate_replay::ReplayArgs>),
 }
 
 #[derive(clap::Args)]
@@ -111,6 +114,7 @@ fn main() -> ExitCode {
             runtime.block_on(kvgate_mock::run_fleet(*args))
         }
         Command::Sim(args) => kvgate_sim::run_cli(*args),
+        Command::Replay(args) => runtime.block_on(kvgate_replay::run_cli(*args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
