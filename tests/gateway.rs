@@ -266,6 +266,9 @@ async fn workers_added_and_removed_at_runtime() {
     assert_eq!(b.requests.load(Ordering::SeqCst), after, "a removed worker gets no new requests");
     let missing = client.delete(format!("{}/workers/{encoded}", gw.url())).send().await.unwrap();
     assert_eq!(missing.status(), 404);
+    // An unencoded URL in the path works too.
+    let res = client.delete(format!("{}/workers/{}", gw.url(), a.url)).send().await.unwrap();
+    assert_eq!(res.status(), 200);
     gw.shutdown().await;
 }
 

@@ -133,12 +133,9 @@ pub async fn add_worker(
 pub async fn remove_worker(
     State(state): State<SharedState>,
     headers: HeaderMap,
-    Path(encoded): Path<String>,
+    Path(url): Path<String>,
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
-    let url = percent_encoding::percent_decode_str(&encoded)
-        .decode_utf8()
-        .map_err(|_| ApiError::BadRequest("worker URL is not valid UTF-8".into()))?;
     match state.registry.remove(&url) {
         Some(worker) => {
             crate::monitor::forget(&state, worker.id);

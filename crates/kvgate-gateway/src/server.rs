@@ -74,7 +74,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(admin::metrics))
         .route("/get_loads", get(admin::get_loads))
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
-        .route("/workers/{url}", delete(admin::remove_worker));
+        .route("/workers/{*url}", delete(admin::remove_worker));
     for endpoint in Endpoint::ALL {
         router = router
             .route(endpoint.path(), post(move |state, request| proxy::handle(state, endpoint, request)));
