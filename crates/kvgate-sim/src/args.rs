@@ -28,7 +28,8 @@ pub struct SimArgs {
     pub workers: usize,
     /// Policies to compare, comma-separated. Each is a policy name, optionally followed by
     /// `:flag=value` overrides of the policy flags below (snake_case names), e.g.
-    /// `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9`.
+    /// `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9`, and
+    /// optionally by `@LABEL`, the run's name in the report (default: the name and overrides).
     /// (`--policy` is ignored: every run takes its policy from this list.)
     #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
     pub policies: Vec<String>,
@@ -154,7 +155,10 @@ impl SimArgs {
             for entry in &entries {
                 let mut overrides = entry.overrides.clone();
                 overrides.extend(point.iter().cloned());
-                let label = label(&entry.name, &overrides);
+                let label = match &entry.label {
+                    Some(name) => label(name, &point),
+                    None => label(&entry.name, &overrides),
+                };
                 match policy_config(&self.policy, entry.kind, &overrides) {
                     Ok(policy) => runs.push(RunSpec {
                         label,
@@ -194,13 +198,19 @@ pub type Override = (String, String);
 struct PolicyEntry {
     text: String,
     name: String,
+    label: Option<String>,
     kind: PolicyKind,
     overrides: Vec<Override>,
 }
 
 impl PolicyEntry {
     fn parse(text: &str) -> Result<PolicyEntry, String> {
-        let mut parts = text.split(':');
+        let (spec, label) = match text.rsplit_once('@') {
+            Some((spec, label)) if !label.trim().is_empty() => (spec, Some(label.trim().to_string())),
+            Some(_) => return Err(format!("--policies entry `{text}` has an empty @label")),
+            None => (text, None),
+        };
+        let mut parts = spec.split(':');
         let name = parts.next().unwrap_or_default().trim().to_string();
         let kind = PolicyKind::from_str(&name, false).map_err(|_| {
             let known: Vec<String> = PolicyKind::value_variants()
@@ -215,7 +225,7 @@ impl PolicyEntry {
                 None => Err(format!("`{part}` in --policies entry `{text}` is not flag=value")),
             })
             .collect::<Result<_, _>>()?;
-        Ok(PolicyEntry { text: text.to_string(), name, kind, overrides })
+        Ok(PolicyEntry { text: text.to_string(), name, label, kind, overrides })
     }
 }
 
@@ -354,7 +364,8 @@ mod tests {
     fn entries_take_overrides_and_sweeps_make_a_grid() {
         let runs = runs(&[
             "--policies",
-            "random,cache_aware:overload_token_usage_threshold=0.9:rebalance_affinity=false",
+            "random,cache_aware:overload_token_usage_threshold=0.9:rebalance_affinity=false,\
+             cache_aware:cache_threshold=0.5@strict",
             "--sweep",
             "balance_token_usage_threshold=0.1,0.2",
             "--sweep",
@@ -367,11 +378,15 @@ mod tests {
             [
                 "random balance_token_usage_threshold=0.1 max_tree_size=1000",
                 "cache_aware overload_token_usage_threshold=0.9 rebalance_affinity=false balance_token_usage_threshold=0.1 max_tree_size=1000",
+                "strict balance_token_usage_threshold=0.1 max_tree_size=1000",
                 "random balance_token_usage_threshold=0.2 max_tree_size=1000",
                 "cache_aware overload_token_usage_threshold=0.9 rebalance_affinity=false balance_token_usage_threshold=0.2 max_tree_size=1000",
+                "strict balance_token_usage_threshold=0.2 max_tree_size=1000",
             ]
         );
-        let tuned = &runs[3].policy;
+        assert_eq!(runs[5].policy.cache_threshold, 0.5);
+        assert_eq!(runs[5].entry, "cache_aware:cache_threshold=0.5@strict");
+        let tuned = &runs[4].policy;
         assert_eq!(tuned.policy, PolicyKind::CacheAware);
         assert_eq!((tuned.balance_token_usage_threshold, tuned.overload_token_usage_threshold), (0.2, 0.9));
         assert!(!tuned.rebalance_affinity);
