@@ -8,6 +8,23 @@
 //! * [`RadixTree::match_and_insert`] does the routing hot path in one descent: match, let the
 //!   caller choose a tenant from the [`PrefixMatch`], insert for that tenant.
 //! * [`RadixTree::evict`] is a per-tenant LRU bound; [`RadixTree::remove_tenant`] drops a worker.
+//!
+//! ```
+//! use kvgate_index::TextTree;
+//!
+//! let mut tree = TextTree::new();
+//! tree.insert(b"<sys>be brief</sys> hello", 1, 10);
+//! // Route a prompt: the closure sees the per-tenant match and picks a worker (here the best
+//! // match, else worker 2); the prompt is then recorded for it in the same descent.
+//! let chosen = tree.match_and_insert(b"<sys>be brief</sys> bonjour", 11, |m| {
+//!     assert_eq!(m.matched(1), 20);
+//!     m.iter().max_by_key(|&(_, len)| len).map(|(t, _)| t).or(Some(2))
+//! });
+//! assert_eq!(chosen, Some(1));
+//! assert_eq!(tree.prefix_match(b"<sys>be brief</sys> bonjour").matched(1), 27);
+//! tree.evict(20); // each tenant keeps at most 20 elements, least recently used leaves go first
+//! assert!(tree.tenant_size(1) <= 20);
+//! ```
 
 mod evict;
 mod matching;

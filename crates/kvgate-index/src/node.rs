@@ -1,5 +1,5 @@
-//! Arena node of the radix tree: edge label, parent link, children keyed by first element, and
-//! the sorted per-node tenant list with last-access times and per-tenant child counts.
+//! Arena node of the radix tree: edge label, depth, parent link, children keyed by first element,
+//! and the sorted per-node tenant list with last-access times.
 
 use crate::TenantId;
 
@@ -16,9 +16,9 @@ pub(crate) const FREE: NodeId = NodeId::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TenantEntry {
     pub(crate) tenant: TenantId,
-    /// How many children of this node the same tenant holds (0 = the node is a leaf for it).
-    pub(crate) children: u32,
-    /// Last access time (caller's clock) of this tenant on this node.
+    /// Last access time (caller's clock) of this tenant on this node. Never older than the
+    /// tenant's time on any child of the node (refreshes take the max), which is what lets
+    /// eviction find LRU leaves by sorting.
     pub(crate) last_access: u64,
 }
 
@@ -29,6 +29,8 @@ pub(crate) struct Node<T> {
     pub(crate) label: Box<[T]>,
     /// Parent node, [`FREE`] when the slot is on the free list (the root's parent is itself).
     pub(crate) parent: NodeId,
+    /// Key position at the end of this node's label (the root's is 0).
+    pub(crate) depth: u32,
     /// Children sorted by the first element of their label.
     pub(crate) children: Vec<(T, NodeId)>,
     /// Tenants holding this node, sorted by tenant id.
@@ -36,11 +38,11 @@ pub(crate) struct Node<T> {
 }
 
 impl<T: Copy + Ord> Node<T> {
-    pub(crate) fn new(label: Box<[T]>, parent: NodeId) -> Self {
-        Node { label, parent, children: Vec::new(), tenants: Vec::new() }
+    pub(crate) fn new(label: Box<[T]>, parent: NodeId, depth: u32) -> Self {
+        Node { label, parent, depth, children: Vec::new(), tenants: Vec::new() }
     }
 
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn is_free(&self) -> bool {
         self.parent == FREE
     }
@@ -61,12 +63,6 @@ impl<T: Copy + Ord> Node<T> {
         match self.children.binary_search_by(|(k, _)| k.cmp(&first)) {
             Ok(i) => self.children[i].1 = id,
             Err(i) => self.children.insert(i, (first, id)),
-        }
-    }
-
-    pub(crate) fn remove_child(&mut self, first: T) {
-        if let Ok(i) = self.children.binary_search_by(|(k, _)| k.cmp(&first)) {
-            self.children.remove(i);
         }
     }
 

@@ -40,7 +40,7 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
     /// An empty tree.
     pub fn new() -> Self {
         RadixTree {
-            nodes: vec![Node::new(Box::default(), ROOT)],
+            nodes: vec![Node::new(Box::default(), ROOT, 0)],
             free: Vec::new(),
             sizes: HashMap::new(),
             total: 0,
@@ -54,6 +54,13 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
     /// with it; if `choose` returns `Some(tenant)`, inserts `key` for that tenant, continuing from
     /// where the match stopped and refreshing the tenant's last-access time to `now` on every node
     /// of the path. Returns whatever `choose` returned.
+    ///
+    /// Times should come from a non-decreasing clock; if `now` is older than a time already
+    /// recorded on a node, the later time is kept (a node's time never goes backwards, which
+    /// keeps a parent at least as recent as its children for [`RadixTree::evict`]).
+    ///
+    /// Allocates only for what it stores: the new leaf's label and, when the match stops inside
+    /// an edge, the two halves of the split edge.
     pub fn match_and_insert<F>(&mut self, key: &[T], now: u64, choose: F) -> Option<TenantId>
     where
         F: FnOnce(&PrefixMatch) -> Option<TenantId>,
@@ -71,7 +78,8 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
         chosen
     }
 
-    /// Inserts `key` for `tenant`, refreshing its last-access time to `now` along the path.
+    /// Inserts `key` for `tenant`, refreshing its last-access time to `now` along the path
+    /// (same as [`RadixTree::match_and_insert`] with a fixed choice).
     pub fn insert(&mut self, key: &[T], tenant: TenantId, now: u64) {
         let mut path = std::mem::take(&mut self.scratch_path);
         let pos = self.descend(key, &mut path);
@@ -132,14 +140,30 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
         }
     }
 
-    /// Unlinks a node (which must hold no tenant and have no child) and frees its slot.
-    pub(crate) fn unlink_and_free(&mut self, id: NodeId) {
-        let node = std::mem::replace(&mut self.nodes[id as usize], Node::new(Box::default(), FREE));
-        debug_assert!(node.tenants.is_empty() && node.children.is_empty());
-        self.nodes[node.parent as usize].remove_child(node.label[0]);
-        self.live -= 1;
-        self.total -= node.label.len();
-        self.free.push(id);
+    /// Frees a batch of tenantless nodes (whose children are all in the batch too), touching
+    /// the surviving parents in arena order.
+    pub(crate) fn free_batch(&mut self, ids: &[NodeId]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut gone = vec![false; self.nodes.len()];
+        for &id in ids {
+            gone[id as usize] = true;
+        }
+        let mut parents: Vec<NodeId> =
+            ids.iter().map(|&id| self.nodes[id as usize].parent).filter(|&p| !gone[p as usize]).collect();
+        parents.sort_unstable();
+        parents.dedup();
+        for p in parents {
+            self.nodes[p as usize].children.retain(|&(_, c)| !gone[c as usize]);
+        }
+        for &id in ids {
+            let node = std::mem::replace(&mut self.nodes[id as usize], Node::new(Box::default(), FREE, 0));
+            debug_assert!(node.tenants.is_empty());
+            self.live -= 1;
+            self.total -= node.label.len();
+            self.free.push(id);
+        }
     }
 
     /// Splits node `id` after `at` label elements; returns the new upper node, which takes the
@@ -154,9 +178,10 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
         let tenants = node
             .tenants
             .iter()
-            .map(|e| TenantEntry { tenant: e.tenant, children: 1, last_access: e.last_access })
+            .map(|e| TenantEntry { tenant: e.tenant, last_access: e.last_access })
             .collect();
-        let mut upper = Node::new(upper_label, parent);
+        let depth = node.depth - node.label.len() as u32;
+        let mut upper = Node::new(upper_label, parent, depth);
         upper.children.push((lower_first, id));
         upper.tenants = tenants;
         let first = upper.label[0];
@@ -168,26 +193,21 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
         up
     }
 
-    /// Gives `tenant` node `id` (whose parent it already holds) or refreshes it.
+    /// Gives `tenant` node `id` (whose parent it already holds) or refreshes it to `now` (or
+    /// keeps a later time if the caller's clock went back).
     /// Returns the label length if the tenant newly holds the node, else 0.
     #[inline]
     fn touch(&mut self, id: NodeId, tenant: TenantId, now: u64) -> usize {
         let node = &mut self.nodes[id as usize];
         match node.tenant_pos(tenant) {
             Ok(i) => {
-                node.tenants[i].last_access = now;
+                let e = &mut node.tenants[i];
+                e.last_access = e.last_access.max(now);
                 0
             }
             Err(i) => {
-                node.tenants.insert(i, TenantEntry { tenant, children: 0, last_access: now });
-                let len = node.label.len();
-                let parent = node.parent;
-                if parent != ROOT {
-                    let p = &mut self.nodes[parent as usize];
-                    let j = p.tenant_pos(tenant).expect("tenancy is prefix-closed");
-                    p.tenants[j].children += 1;
-                }
-                len
+                node.tenants.insert(i, TenantEntry { tenant, last_access: now });
+                node.label.len()
             }
         }
     }
@@ -208,17 +228,13 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
             start = step.end;
         }
         if pos < key.len() {
-            let mut leaf = Node::new(key[pos..].into(), last);
-            leaf.tenants.push(TenantEntry { tenant, children: 0, last_access: now });
+            let depth = u32::try_from(key.len()).expect("key longer than u32::MAX elements");
+            let mut leaf = Node::new(key[pos..].into(), last, depth);
+            leaf.tenants.push(TenantEntry { tenant, last_access: now });
             let first = key[pos];
             let len = key.len() - pos;
             let id = self.alloc(leaf);
             self.nodes[last as usize].set_child(first, id);
-            if last != ROOT {
-                let p = &mut self.nodes[last as usize];
-                let j = p.tenant_pos(tenant).expect("tenancy is prefix-closed");
-                p.tenants[j].children += 1;
-            }
             added += len;
         }
         if added > 0 {

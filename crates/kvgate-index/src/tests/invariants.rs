@@ -48,10 +48,15 @@ impl<T: Copy + Eq + Ord + std::hash::Hash + std::fmt::Debug> RadixTree<T> {
                 }
                 stack.push(c);
             }
-            for e in &node.tenants {
-                let n =
-                    node.children.iter().filter(|&&(_, c)| self.nodes[c as usize].holds(e.tenant)).count();
-                assert_eq!(e.children as usize, n, "child count of {id}/{}", e.tenant);
+            for &(_, c) in &node.children {
+                let child = &self.nodes[c as usize];
+                assert_eq!(child.depth, node.depth + child.label.len() as u32, "depth of {c}");
+                if id != ROOT {
+                    for ce in &child.tenants {
+                        let pe = node.tenants[node.tenant_pos(ce.tenant).unwrap()];
+                        assert!(pe.last_access >= ce.last_access, "child {c} newer than parent");
+                    }
+                }
             }
         }
         assert_eq!(reached, self.live, "live count");
@@ -64,5 +69,39 @@ impl<T: Copy + Eq + Ord + std::hash::Hash + std::fmt::Debug> RadixTree<T> {
         for &f in &self.free {
             assert!(self.nodes[f as usize].is_free(), "free list slot {f} in use");
         }
+    }
+
+    /// Reference eviction, straight from the definition: while a tenant is over the bound, drop
+    /// its leaf (held node with no held child) with the oldest time, deepest first, then lowest
+    /// slot. Quadratic; for tests only.
+    pub(crate) fn naive_evict(&mut self, bound: usize) -> usize {
+        let mut evicted = 0;
+        for t in self.tenants() {
+            while self.tenant_size(t) > bound {
+                let leaf = (1..self.nodes.len())
+                    .filter(|&id| {
+                        let n = &self.nodes[id];
+                        n.holds(t) && n.children.iter().all(|&(_, c)| !self.nodes[c as usize].holds(t))
+                    })
+                    .min_by_key(|&id| {
+                        let n = &self.nodes[id];
+                        (n.tenants[n.tenant_pos(t).unwrap()].last_access, u32::MAX - n.depth, id)
+                    })
+                    .expect("a tenant over the bound holds a leaf");
+                let node = &mut self.nodes[leaf];
+                node.tenants.remove(node.tenant_pos(t).unwrap());
+                let len = node.label.len();
+                if node.tenants.is_empty() {
+                    self.free_batch(&[leaf as NodeId]);
+                }
+                evicted += len;
+                let size = self.sizes.get_mut(&t).unwrap();
+                *size -= len;
+                if *size == 0 {
+                    self.sizes.remove(&t);
+                }
+            }
+        }
+        evicted
     }
 }

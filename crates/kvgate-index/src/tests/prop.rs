@@ -216,6 +216,44 @@ macro_rules! prop_suite {
                         }
                     }
                 }
+
+                /// Eviction equals the reference LRU-leaf eviction, also when the caller's clock
+                /// is not monotonic (times are random here).
+                #[test]
+                fn eviction_matches_naive_lru(
+                    ops in prop::collection::vec((op(true), 0u64..12), 1..50),
+                ) {
+                    let mut tree: RadixTree<E> = RadixTree::new();
+                    let mut keys: Vec<Vec<E>> = Vec::new();
+                    for (op, now) in ops {
+                        match op {
+                            Op::Insert(k, t) => {
+                                tree.insert(&k, t, now);
+                                keys.push(k);
+                            }
+                            Op::MatchInsert(k, c) => {
+                                tree.match_and_insert(&k, now, |pm| choose(pm, c));
+                                keys.push(k);
+                            }
+                            Op::Remove(t) => tree.remove_tenant(t),
+                            Op::Evict(bound) => {
+                                let mut naive = tree.clone();
+                                let want = naive.naive_evict(bound);
+                                let got = tree.evict(bound);
+                                prop_assert_eq!(got, want);
+                                prop_assert_eq!(tree.total_elements(), naive.total_elements());
+                                prop_assert_eq!(tree.node_count(), naive.node_count());
+                                for t in 0..TENANTS {
+                                    prop_assert_eq!(tree.tenant_size(t), naive.tenant_size(t));
+                                }
+                                for k in &keys {
+                                    prop_assert_eq!(tree.prefix_match(k), naive.prefix_match(k));
+                                }
+                            }
+                        }
+                        tree.check_invariants();
+                    }
+                }
             }
         }
     };
