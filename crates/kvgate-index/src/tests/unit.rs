@@ -246,6 +246,24 @@ macro_rules! unit_suite {
             }
 
             #[test]
+            fn wide_fanout_nodes() {
+                // More than 8 children per node: the child lookup switches to binary search.
+                let mut tree = Tree::new();
+                let firsts: Vec<char> = ('A'..='Z').chain('a'..='z').collect();
+                for (i, &c) in firsts.iter().enumerate() {
+                    ins(&mut tree, &format!("{c}-root"), (i % 3) as TenantId, i as u64);
+                    ins(&mut tree, &format!("shared:{c}-leaf"), 7, i as u64);
+                }
+                for (i, &c) in firsts.iter().enumerate() {
+                    assert_eq!(m(&tree, &format!("{c}-root")).matched((i % 3) as TenantId), 6);
+                    assert_eq!(m(&tree, &format!("shared:{c}-leaf!")).matched(7), 13);
+                    assert_eq!(m(&tree, &format!("shared:{c}-x")).matched(7), 9);
+                }
+                assert_eq!(m(&tree, "shared:?").matched(7), 7);
+                assert_eq!(m(&tree, "?").best(), 0);
+            }
+
+            #[test]
             fn heap_bytes_cover_the_labels() {
                 let mut tree = Tree::new();
                 for i in 0..50u64 {
@@ -260,4 +278,12 @@ macro_rules! unit_suite {
 }
 
 unit_suite!(text, u8, |c: char| c as u8);
+
+#[test]
+fn trees_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<crate::TextTree>();
+    assert_send_sync::<crate::TokenTree>();
+    assert_send_sync::<crate::PrefixMatch>();
+}
 unit_suite!(token, u32, |c: char| 70_000 + c as u32);
