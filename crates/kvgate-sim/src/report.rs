@@ -247,6 +247,32 @@ pub fn best_settings(runs: &[RunReport]) -> Vec<BestSetting> {
 /// Renders one metric of a run for the markdown table.
 type Cell = fn(&Metrics) -> String;
 
+/// The markdown rows, in order; the first `ROW_PER_RUN_METRICS` are the columns of sweep tables.
+const METRIC_ROWS: [(&str, Cell); 17] = [
+    ("TTFT p50 (ms)", |m| fmt_ms(m.ttft_p50_ms)),
+    ("TTFT p90 (ms)", |m| fmt_ms(m.ttft_p90_ms)),
+    ("TTFT p99 (ms)", |m| fmt_ms(m.ttft_p99_ms)),
+    ("e2e p50 (ms)", |m| fmt_ms(m.e2e_p50_ms)),
+    ("e2e p99 (ms)", |m| fmt_ms(m.e2e_p99_ms)),
+    ("mean queueing (ms)", |m| fmt_ms(m.mean_queue_ms)),
+    ("cache hit rate", |m| pct(m.cache_hit_rate)),
+    ("hit rate / ceiling", |m| pct(m.hit_of_ceiling)),
+    ("completed req/s", |m| format!("{:.2}", m.completed_per_s)),
+    ("KV spread mean (max-min)", |m| format!("{:.3}", m.kv_spread_mean)),
+    ("KV usage mean", |m| format!("{:.3}", m.kv_usage_mean)),
+    ("KV usage max", |m| format!("{:.3}", m.kv_usage_max)),
+    ("chosen / best match", |m| match (m.chosen_match_mean, m.best_match_mean) {
+        (Some(chosen), Some(best)) => format!("{} / {}", pct(chosen), pct(best)),
+        _ => "-".to_string(),
+    }),
+    ("completed", |m| m.completed.to_string()),
+    ("rejected by engine", |m| m.rejected.to_string()),
+    ("unrouted", |m| m.unrouted.to_string()),
+    ("makespan (s)", |m| format!("{:.1}", m.makespan_s)),
+];
+
+const ROW_PER_RUN_METRICS: usize = 12;
+
 fn fmt_ms(ms: f64) -> String {
     if ms >= 100.0 {
         format!("{ms:.0}")
@@ -260,7 +286,8 @@ fn pct(rate: f64) -> String {
 }
 
 impl SimReport {
-    /// Side-by-side markdown: one column per run.
+    /// Markdown: metrics side by side, one column per run; with a sweep, one row per run and
+    /// the best setting per metric.
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         let t = &self.trace;
@@ -293,6 +320,32 @@ impl SimReport {
             s.load_monitor_interval_ms,
             s.seed
         );
+        if self.sweep_best.is_empty() {
+            self.side_by_side(&mut out);
+        } else {
+            self.one_row_per_run(&mut out);
+            let _ = writeln!(
+                out,
+                "\nBest setting per metric:\n\n| policy | metric | best | setting |\n| --- | --- | ---: | --- |"
+            );
+            for best in &self.sweep_best {
+                let setting: Vec<String> = best.sweep_point.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let value = if best.metric.ends_with("_ms") {
+                    fmt_ms(best.value)
+                } else if best.metric.ends_with("rate") {
+                    pct(best.value)
+                } else {
+                    format!("{:.3}", best.value)
+                };
+                let _ =
+                    writeln!(out, "| {} | {} | {value} | {} |", best.entry, best.metric, setting.join(" "));
+            }
+        }
+        out
+    }
+
+    /// Metrics as rows, one column per run.
+    fn side_by_side(&self, out: &mut String) {
         let mut header = String::from("| metric |");
         let mut rule = String::from("| --- |");
         for run in &self.runs {
@@ -300,29 +353,7 @@ impl SimReport {
             rule.push_str(" ---: |");
         }
         let _ = writeln!(out, "{header}\n{rule}");
-        let rows: [(&str, Cell); 17] = [
-            ("TTFT p50 (ms)", |m| fmt_ms(m.ttft_p50_ms)),
-            ("TTFT p90 (ms)", |m| fmt_ms(m.ttft_p90_ms)),
-            ("TTFT p99 (ms)", |m| fmt_ms(m.ttft_p99_ms)),
-            ("e2e p50 (ms)", |m| fmt_ms(m.e2e_p50_ms)),
-            ("e2e p99 (ms)", |m| fmt_ms(m.e2e_p99_ms)),
-            ("mean queueing (ms)", |m| fmt_ms(m.mean_queue_ms)),
-            ("cache hit rate", |m| pct(m.cache_hit_rate)),
-            ("hit rate / ceiling", |m| pct(m.hit_of_ceiling)),
-            ("completed req/s", |m| format!("{:.2}", m.completed_per_s)),
-            ("KV spread mean (max-min)", |m| format!("{:.3}", m.kv_spread_mean)),
-            ("KV usage mean", |m| format!("{:.3}", m.kv_usage_mean)),
-            ("KV usage max", |m| format!("{:.3}", m.kv_usage_max)),
-            ("chosen / best match", |m| match (m.chosen_match_mean, m.best_match_mean) {
-                (Some(chosen), Some(best)) => format!("{} / {}", pct(chosen), pct(best)),
-                _ => "-".to_string(),
-            }),
-            ("completed", |m| m.completed.to_string()),
-            ("rejected by engine", |m| m.rejected.to_string()),
-            ("unrouted", |m| m.unrouted.to_string()),
-            ("makespan (s)", |m| format!("{:.1}", m.makespan_s)),
-        ];
-        for (name, cell) in rows {
+        for (name, cell) in METRIC_ROWS {
             let mut line = format!("| {name} |");
             for run in &self.runs {
                 let _ = write!(line, " {} |", cell(&run.metrics));
@@ -343,21 +374,27 @@ impl SimReport {
             }
             let _ = writeln!(out, "{line}");
         }
-        if !self.sweep_best.is_empty() {
-            let _ = writeln!(out, "\nBest setting per metric:\n\n| policy | metric | best | setting |\n| --- | --- | ---: | --- |");
-            for best in &self.sweep_best {
-                let setting: Vec<String> = best.sweep_point.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {} | {} |",
-                    best.entry,
-                    best.metric,
-                    if best.metric.contains("rate") { pct(best.value) } else { format!("{:.3}", best.value) },
-                    setting.join(" ")
-                );
-            }
+    }
+
+    /// One row per run (sweeps have many runs with long labels), the main metrics as columns.
+    fn one_row_per_run(&self, out: &mut String) {
+        let shown = &METRIC_ROWS[..ROW_PER_RUN_METRICS];
+        let mut header = String::from("| run |");
+        let mut rule = String::from("| --- |");
+        for (name, _) in shown {
+            let _ = write!(header, " {name} |");
+            rule.push_str(" ---: |");
         }
-        out
+        let _ = writeln!(out, "{header} decisions |\n{rule} --- |");
+        for run in &self.runs {
+            let mut line = format!("| {} |", run.label);
+            for (_, cell) in shown {
+                let _ = write!(line, " {} |", cell(&run.metrics));
+            }
+            let decisions: Vec<String> =
+                run.decisions.iter().map(|(name, count)| format!("{name} {count}")).collect();
+            let _ = writeln!(out, "{line} {} |", decisions.join(", "));
+        }
     }
 
     /// The report as pretty JSON (same inputs, same bytes).
