@@ -51,12 +51,14 @@
 mod blocks;
 mod config;
 mod events;
+mod flags;
 mod load;
 mod scheduler;
 mod tokenizer;
 
 pub use config::{ConfigError, EngineConfig};
 pub use events::{EngineOutput, EngineRequest, KvEvent, KvEventBatch, RejectReason, RequestStats};
+pub use flags::EngineFlags;
 pub use load::{EngineLoad, THROUGHPUT_WINDOW_US};
 pub use scheduler::Engine;
 pub use tokenizer::{

@@ -1,6 +1,6 @@
 //! The mock fleet's options (one clap declaration, also the library's configuration) and their validation.
 
-use kvgate_engine::EngineConfig;
+use kvgate_engine::{EngineConfig, EngineFlags};
 
 /// How each simulated engine answers.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -51,30 +51,9 @@ pub struct MockArgs {
     #[arg(long, default_value_t = 16)]
     pub default_max_tokens: u32,
 
-    /// Uncached prompt tokens prefilled per second [default: 8000].
-    #[arg(long)]
-    pub prefill_tokens_per_sec: Option<f64>,
-    /// Most prompt tokens per prefill step [default: 2048].
-    #[arg(long)]
-    pub prefill_chunk_tokens: Option<u32>,
-    /// Fixed decode step time in ms [default: 6.0].
-    #[arg(long)]
-    pub decode_base_ms: Option<f64>,
-    /// Decode step time per running request in ms [default: 0.35].
-    #[arg(long)]
-    pub decode_per_request_ms: Option<f64>,
-    /// Most running requests [default: 256].
-    #[arg(long)]
-    pub max_running_requests: Option<u32>,
-    /// KV cache capacity in tokens [default: 262144].
-    #[arg(long)]
-    pub kv_capacity_tokens: Option<u64>,
-    /// Tokens per KV block [default: 16].
-    #[arg(long)]
-    pub block_size: Option<u32>,
-    /// Turn the prefix cache off.
-    #[arg(long)]
-    pub disable_prefix_cache: bool,
+    /// Engine model parameters (each unset flag keeps the reference replica's value).
+    #[command(flatten)]
+    pub engine_flags: EngineFlags,
 
     /// Fraction of generation requests answered with HTTP 500.
     #[arg(long, default_value_t = 0.0)]
@@ -108,18 +87,10 @@ impl Default for MockArgs {
 impl MockArgs {
     /// The engine model's configuration: the reference replica with the flags given applied.
     pub fn engine_config(&self) -> EngineConfig {
-        let default = EngineConfig::default();
         EngineConfig {
-            prefill_tokens_per_sec: self.prefill_tokens_per_sec.unwrap_or(default.prefill_tokens_per_sec),
-            prefill_chunk_tokens: self.prefill_chunk_tokens.unwrap_or(default.prefill_chunk_tokens),
-            decode_base_ms: self.decode_base_ms.unwrap_or(default.decode_base_ms),
-            decode_per_request_ms: self.decode_per_request_ms.unwrap_or(default.decode_per_request_ms),
-            max_running_requests: self.max_running_requests.unwrap_or(default.max_running_requests),
-            kv_capacity_tokens: self.kv_capacity_tokens.unwrap_or(default.kv_capacity_tokens),
-            block_size: self.block_size.unwrap_or(default.block_size),
-            prefix_cache: !self.disable_prefix_cache,
             emit_token_events: true,
             emit_kv_events: self.kv_events_base_port.is_some(),
+            ..self.engine_flags.config()
         }
     }
 
@@ -184,7 +155,7 @@ mod tests {
             count: 0,
             time_scale: 0.0,
             fail_rate: 2.0,
-            block_size: Some(0),
+            engine_flags: EngineFlags { kv_block_size: Some(0), ..EngineFlags::default() },
             ..MockArgs::default()
         };
         let problems = args.validate().unwrap_err();

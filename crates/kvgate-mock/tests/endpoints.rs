@@ -160,7 +160,7 @@ async fn output_length_honours_max_tokens() {
 async fn malformed_and_impossible_requests_get_openai_errors() {
     let harness = spawn(|args| {
         args.time_scale = 50.0;
-        args.kv_capacity_tokens = Some(256);
+        args.engine_flags.kv_capacity_tokens = Some(256);
     })
     .await;
     for path in ["/v1/chat/completions", "/v1/completions", "/generate"] {

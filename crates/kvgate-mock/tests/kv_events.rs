@@ -48,7 +48,7 @@ async fn subscriber_receives_stored_and_removed_blocks_in_order() {
     let harness = spawn(|args| {
         args.time_scale = 50.0;
         args.kv_events_base_port = Some(0);
-        args.kv_capacity_tokens = Some(80);
+        args.engine_flags.kv_capacity_tokens = Some(80);
     })
     .await;
     let endpoints = harness.fleet.kv_event_endpoints();

@@ -33,8 +33,8 @@ fn metric(text: &str, name: &str) -> f64 {
 async fn loads_and_metrics_reflect_running_and_waiting_requests() {
     // 400 prompt tokens at 100 tokens/s: 4 s of prefill; one request runs at a time.
     let harness = spawn(|args| {
-        args.prefill_tokens_per_sec = Some(100.0);
-        args.max_running_requests = Some(1);
+        args.engine_flags.prefill_tokens_per_sec = Some(100.0);
+        args.engine_flags.max_running_requests = Some(1);
     })
     .await;
     let idle = harness.loads().await;
