@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::ValueEnum;
-use kvgate_engine::EngineConfig;
+use kvgate_engine::{EngineConfig, EngineFlags};
 use kvgate_policy::{PolicyConfig, PolicyKind};
 
 use crate::trace::TraceFormat;
@@ -13,8 +13,8 @@ use crate::SimError;
 /// onto a fleet of simulated engines.
 ///
 /// Engine-model flags left unset take the reference replica's value (`EngineConfig::default()`),
-/// as in `kvgate mock`; the engine's KV block size is `--kv-block-size` because `--block-size`
-/// is the cache_aware policy's.
+/// as in `kvgate mock` (the same `EngineFlags`); the engine's KV block size is `--kv-block-size`
+/// because `--block-size` is the cache_aware policy's.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
 pub struct SimArgs {
     /// Trace file.
@@ -36,30 +36,9 @@ pub struct SimArgs {
     #[command(flatten)]
     pub policy: PolicyConfig,
 
-    /// Uncached prompt tokens prefilled per second [default: 8000].
-    #[arg(long)]
-    pub prefill_tokens_per_sec: Option<f64>,
-    /// Most prompt tokens per prefill step [default: 2048].
-    #[arg(long)]
-    pub prefill_chunk_tokens: Option<u32>,
-    /// Fixed decode step time in ms [default: 6.0].
-    #[arg(long)]
-    pub decode_base_ms: Option<f64>,
-    /// Decode step time per running request in ms [default: 0.35].
-    #[arg(long)]
-    pub decode_per_request_ms: Option<f64>,
-    /// Most running requests per engine [default: 256].
-    #[arg(long)]
-    pub max_running_requests: Option<u32>,
-    /// KV cache capacity per engine in tokens [default: 262144].
-    #[arg(long)]
-    pub kv_capacity_tokens: Option<u64>,
-    /// Tokens per KV block of the engines [default: 16].
-    #[arg(long)]
-    pub kv_block_size: Option<u32>,
-    /// Turn the engines' prefix cache off.
-    #[arg(long)]
-    pub disable_prefix_cache: bool,
+    /// Engine-model flags (shared with `kvgate mock`).
+    #[command(flatten)]
+    pub engine: EngineFlags,
 
     /// Trace timestamps are divided by this (2 = twice the request rate).
     #[arg(long, default_value_t = 1.0)]
@@ -101,19 +80,7 @@ impl SimArgs {
     /// The engines' configuration: the reference replica with the flags given applied, and no
     /// per-token or KV events (the simulator consumes neither).
     pub fn engine_config(&self) -> EngineConfig {
-        let default = EngineConfig::default();
-        EngineConfig {
-            prefill_tokens_per_sec: self.prefill_tokens_per_sec.unwrap_or(default.prefill_tokens_per_sec),
-            prefill_chunk_tokens: self.prefill_chunk_tokens.unwrap_or(default.prefill_chunk_tokens),
-            decode_base_ms: self.decode_base_ms.unwrap_or(default.decode_base_ms),
-            decode_per_request_ms: self.decode_per_request_ms.unwrap_or(default.decode_per_request_ms),
-            max_running_requests: self.max_running_requests.unwrap_or(default.max_running_requests),
-            kv_capacity_tokens: self.kv_capacity_tokens.unwrap_or(default.kv_capacity_tokens),
-            block_size: self.kv_block_size.unwrap_or(default.block_size),
-            prefix_cache: !self.disable_prefix_cache,
-            emit_token_events: false,
-            emit_kv_events: false,
-        }
+        EngineConfig { emit_token_events: false, emit_kv_events: false, ..self.engine.config() }
     }
 
     /// Checks the options and expands them into the runs to simulate, in report order: for each
@@ -358,6 +325,19 @@ mod tests {
         );
         let labels: Vec<String> = args.runs().unwrap().into_iter().map(|run| run.label).collect();
         assert_eq!(labels, ["round_robin", "cache_aware"]);
+    }
+
+    #[test]
+    fn engine_and_policy_block_sizes_are_separate_flags() {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            args: SimArgs,
+        }
+        let argv = ["kvgate-sim", "--trace", "t", "--kv-block-size", "32", "--block-size", "64"];
+        let args = <Command as clap::Parser>::try_parse_from(argv).unwrap().args;
+        assert_eq!(args.engine_config().block_size, 32);
+        assert_eq!(args.runs().unwrap()[1].policy.block_size, 64);
     }
 
     #[test]

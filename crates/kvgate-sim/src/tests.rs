@@ -95,7 +95,7 @@ fn ttft_of_one_request_on_an_idle_engine_matches_the_hand_computation() {
     assert_eq!(metrics.cache_hit_rate, 0.0);
     // Engine flags reach the engines: twice the prefill rate halves the TTFT.
     let mut fast = args("round_robin", 1);
-    fast.prefill_tokens_per_sec = Some(16_000.0);
+    fast.engine.prefill_tokens_per_sec = Some(16_000.0);
     assert_eq!(simulate(&fast, &trace).runs[0].metrics.ttft_p50_ms, 256.0);
 }
 
@@ -116,7 +116,7 @@ fn rate_scale_divides_timestamps_and_a_busy_engine_queues() {
 fn requests_larger_than_the_kv_cache_are_counted_as_rejected() {
     let trace = Trace { requests: vec![request(0.0, 2000, 10, &[1, 2, 3, 4]), request(1.0, 100, 10, &[5])] };
     let mut args = args("round_robin", 1);
-    args.kv_capacity_tokens = Some(1024);
+    args.engine.kv_capacity_tokens = Some(1024);
     let metrics = simulate(&args, &trace).runs[0].metrics.clone();
     assert_eq!((metrics.completed, metrics.rejected), (1, 1));
 }
