@@ -169,10 +169,10 @@ pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<Re
         let send_delay = started.elapsed().saturating_sub(*offset);
         send_delay_total += send_delay;
         sent += 1;
-        let body = request::request_body(request, &model, args.endpoint);
-        let client = client.clone();
-        let url = url.clone();
+        let (client, url, model, request) = (client.clone(), url.clone(), model.clone(), request.clone());
+        let endpoint = args.endpoint;
         tasks.spawn(async move {
+            let body = request::request_body(&request, &model, endpoint);
             let result = send(&client, &url, &body).await;
             drop(permit);
             (send_delay, result)
