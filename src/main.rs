@@ -42,6 +42,9 @@ struct LaunchArgs {
     /// them (the demo: no GPU needed).
     #[arg(long, value_name = "N")]
     mock_workers: Option<usize>,
+    /// Threads of the async runtime (default: one per CPU core).
+    #[arg(long, value_name = "N")]
+    worker_threads: Option<usize>,
 }
 
 fn init_logging(level: &str, json: bool) {
@@ -97,7 +100,13 @@ async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Launch(args) = &cli.command {
+        if let Some(threads) = args.worker_threads.filter(|&n| n > 0) {
+            builder.worker_threads(threads);
+        }
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("kvgate: cannot start the async runtime: {error}");
