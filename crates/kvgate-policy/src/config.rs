@@ -184,7 +184,9 @@ impl PolicyConfig {
             PolicyKind::RoundRobin | PolicyKind::Random => false,
             PolicyKind::PowerOfTwo | PolicyKind::LeastLoad => true,
             PolicyKind::CacheAware => {
-                self.balance_token_usage_threshold < 1.0 || self.overload_token_usage_threshold < 1.0
+                self.balance_token_usage_threshold < 1.0
+                    || self.overload_token_usage_threshold < 1.0
+                    || self.cache_miss_strategy == MissStrategy::MostFreeKv
             }
         }
     }
@@ -256,5 +258,8 @@ mod tests {
         assert!(spread.needs_loads() && overload.needs_loads());
         let round_robin = PolicyConfig { policy: PolicyKind::RoundRobin, ..spread };
         assert!(!round_robin.needs_loads());
+        let most_free_kv =
+            PolicyConfig { cache_miss_strategy: MissStrategy::MostFreeKv, ..PolicyConfig::default() };
+        assert!(most_free_kv.needs_loads(), "a miss strategy that reads KV usage needs loads too");
     }
 }

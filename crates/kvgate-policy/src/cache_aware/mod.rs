@@ -31,6 +31,8 @@ struct Settings {
     kv_inflight_correction: bool,
     rebalance_affinity: bool,
     miss_strategy: MissStrategy,
+    /// From [`PolicyConfig::needs_loads`], the one place that decides it.
+    needs_loads: bool,
 }
 
 #[derive(Default)]
@@ -65,6 +67,7 @@ impl CacheAwarePolicy {
                 kv_inflight_correction: config.kv_inflight_correction,
                 rebalance_affinity: config.rebalance_affinity,
                 miss_strategy: config.cache_miss_strategy,
+                needs_loads: config.needs_loads(),
             },
             state: Mutex::new(State::default()),
         }
@@ -195,7 +198,7 @@ impl Policy for CacheAwarePolicy {
     }
 
     fn needs_loads(&self) -> bool {
-        self.settings.thresholds.kv_spread < 1.0 || self.settings.thresholds.overload < 1.0
+        self.settings.needs_loads
     }
 
     fn needs_routing_key(&self) -> bool {
