@@ -63,3 +63,32 @@ async fn cache_aware_serves_more_prompt_tokens_from_cache_than_round_robin() {
     assert!(cache_aware > round_robin + 0.2, "cache_aware {cache_aware:.2} vs round_robin {round_robin:.2}");
     assert_eq!(reasons.iter().filter(|r| *r == "cache_miss").count(), 7, "{reasons:?}");
 }
+
+#[tokio::test]
+async fn a_stream_cut_after_bytes_reached_the_client_is_not_retried() {
+    let fleet =
+        spawn_fleet(MockArgs { count: 2, time_scale: 50.0, cut_stream_rate: 1.0, ..MockArgs::default() })
+            .await
+            .unwrap();
+    let mut cfg = config(fleet.urls());
+    cfg.disable_circuit_breaker = true;
+    let gw = gateway(cfg).await;
+    let res = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&json!({"model": "mock-model", "stream": true, "max_tokens": 32,
+            "messages": [{"role": "user", "content": "tell me a long story"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "headers and first bytes were already sent");
+    let body = tokio::time::timeout(Duration::from_secs(10), res.text()).await.unwrap();
+    // Either the client sees the cut as an error, or a body without the final [DONE].
+    assert!(body.map_or(true, |text| !text.contains("[DONE]")));
+    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    assert!(
+        !metrics.contains("kvgate_retries_total{"),
+        "no retry after bytes reached the client:\n{metrics}"
+    );
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}

@@ -454,3 +454,50 @@ async fn cache_aware_is_the_default_and_keeps_a_conversation_on_one_worker() {
     }
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn over_the_concurrency_limit_is_429_and_slots_are_returned() {
+    let up = upstream("a", "m").await;
+    up.hold_stream.store(true, Ordering::SeqCst);
+    let mut cfg = config(vec![up.url.clone()]);
+    cfg.max_concurrent_requests = Some(1);
+    let gw = gateway(cfg).await;
+    let client = client();
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let held = client.post(&url).json(&json!({"model": "m", "stream": true})).send().await.unwrap();
+    assert_eq!(held.status(), 200);
+    expect_error(client.post(&url).json(&chat("m")).send().await.unwrap(), 429, "too_many_requests").await;
+    up.release.notify_one();
+    held.text().await.unwrap();
+    // The slot is free again once the streamed body ended.
+    assert!(
+        eventually(5.0, async || client.post(&url).json(&chat("m")).send().await.unwrap().status() == 200)
+            .await
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_worker_unreachable_is_502_after_trying_each_once() {
+    let mut cfg = config(vec![]);
+    cfg.disable_health_check = true;
+    let gw = gateway(cfg).await;
+    for _ in 0..3 {
+        let res = client()
+            .post(format!("{}/workers", gw.url()))
+            .json(&json!({"url": dead_url().await, "model_id": "m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201);
+    }
+    let res =
+        client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+    expect_error(res, 502, "upstream_unreachable").await;
+    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("kvgate_retries_total{endpoint=\"chat_completions\"} 2"),
+        "three workers, two retries"
+    );
+    gw.shutdown().await;
+}

@@ -172,7 +172,11 @@ async fn proxy(
             }
             Attempt::Unreachable(message) => last_failure = Some(Failure::Unreachable(message)),
         }
-        if retries >= retries_allowed {
+        let untried_left = {
+            let now = Instant::now();
+            pool.workers.iter().any(|w| !tried.contains(&w.id) && w.is_routable(now))
+        };
+        if retries >= retries_allowed || !untried_left {
             let failure = last_failure.expect("a retryable failure was just recorded");
             return Ok(failure_response(state, endpoint, started, failure, permit));
         }
