@@ -501,3 +501,33 @@ async fn every_worker_unreachable_is_502_after_trying_each_once() {
     );
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_worker_that_starts_after_the_gateway_is_learned_and_used() {
+    let url = dead_url().await;
+    let gw = gateway(config(vec![url.clone()])).await;
+    let res =
+        client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+    assert_eq!(res.status(), 503, "nothing serves yet");
+    let late = upstream_on("late", "m", url.trim_start_matches("http://")).await;
+    let gw_url = gw.url();
+    assert!(
+        eventually(5.0, async || {
+            client()
+                .post(format!("{gw_url}/v1/chat/completions"))
+                .json(&chat("m"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == 200
+        })
+        .await,
+        "the health loop learns the model and the worker becomes routable"
+    );
+    assert!(late.requests.load(Ordering::SeqCst) >= 1);
+    let workers: Value =
+        client().get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(workers["workers"][0]["model_id"], "m");
+    gw.shutdown().await;
+}

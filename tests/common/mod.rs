@@ -130,7 +130,12 @@ async fn models(State(up): State<Arc<Upstream>>) -> Response {
 
 /// Start an upstream named `name` serving `model` on a free loopback port.
 pub async fn upstream(name: &str, model: &str) -> Arc<Upstream> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    upstream_on(name, model, "127.0.0.1:0").await
+}
+
+/// Start an upstream on a given loopback address.
+pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let up = Arc::new(Upstream {
         name: name.to_string(),
