@@ -6,7 +6,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
 use tracing_subscriber::EnvFilter;
@@ -36,6 +37,10 @@ enum Command {
 
 #[derive(clap::Args)]
 struct LaunchArgs {
+    /// YAML file with any of the options below (keys are the snake_case field names of
+    /// docs/CONFIG.md, routing options under `routing:`); flags on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     #[command(flatten)]
     gateway: GatewayConfig,
     /// Also start this many simulated engines in-process on free loopback ports and route to
@@ -98,8 +103,32 @@ async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Apply `--config FILE` under the flags given explicitly on the command line.
+fn apply_config_file(args: &mut LaunchArgs, matches: &ArgMatches) -> anyhow::Result<()> {
+    let Some(path) = &args.config else { return Ok(()) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let explicit: Vec<String> = matches
+        .ids()
+        .map(|id| id.as_str().to_string())
+        .filter(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
+        .collect();
+    args.gateway = GatewayConfig::with_file(&text, &args.gateway, &explicit)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    if let (Command::Launch(args), Some(launch)) = (&mut cli.command, matches.subcommand_matches("launch")) {
+        if let Err(error) = apply_config_file(args, launch) {
+            eprintln!("kvgate: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Command::Launch(args) = &cli.command {
         if let Some(threads) = args.worker_threads.filter(|&n| n > 0) {

@@ -75,3 +75,53 @@ fn invalid_thresholds_are_rejected_with_the_field_name() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_config_file_with_an_unknown_key_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("kvgate-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "port: 0\nrouting:\n  cache_treshold: 0.4\n").unwrap();
+    let out = kvgate().args(["launch", "--config", bad.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cache_treshold"), "{stderr}");
+    // A valid file is validated like flags: NaN thresholds are rejected by name.
+    let nan = dir.join("nan.yaml");
+    std::fs::write(&nan, "port: 0\nrouting:\n  balance_token_usage_threshold: .nan\n").unwrap();
+    let out = kvgate().args(["launch", "--config", nan.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("balance_token_usage_threshold"));
+}
+
+#[tokio::test]
+async fn a_config_file_configures_the_demo_and_flags_override_it() {
+    let dir = std::env::temp_dir().join(format!("kvgate-cli-ok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gw.yaml");
+    std::fs::write(&file, "port: 1\nexpose_routing_headers: true\nrouting:\n  policy: round_robin\n")
+        .unwrap();
+    let mut child = Child(
+        kvgate()
+            .args(["launch", "--config", file.to_str().unwrap(), "--mock-workers", "1", "--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("gateway: ") {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+            }
+        }
+    });
+    let url = rx.recv_timeout(Duration::from_secs(30)).expect("--port 0 overrides the file's port 1");
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = serde_json::json!({"model": "mock-model", "prompt": "hello", "max_tokens": 2});
+    let res = client.post(format!("{url}/v1/completions")).json(&body).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["x-kvgate-route"], "round_robin", "routing options come from the file");
+}

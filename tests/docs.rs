@@ -48,9 +48,13 @@ fn render() -> String {
         "# kvgate configuration reference\n\n\
          Generated from the configuration schema by `KVGATE_UPDATE_DOCS=1 cargo test --test docs`;\n\
          do not edit by hand. The second column is the field's name in the configuration structs\n\
-         (`GatewayConfig`, `PolicyConfig`, `MockArgs`).\n\n\
+         (`GatewayConfig`, `PolicyConfig`, `MockArgs`), which is also its key in the YAML file of\n\
+         `kvgate launch --config FILE` (the policy options, from `--policy` to\n\
+         `--least-load-default-throughput`, go under `routing:`).\n\n\
          ## `kvgate launch`\n\n{launch}\n\
-         `kvgate launch` also takes `--mock-workers N`: start N simulated engines in-process and route to them.\n\n\
+         `kvgate launch` also takes `--config FILE` (YAML; flags given on the command line override it),\n\
+         `--mock-workers N` (start N simulated engines in-process and route to them) and\n\
+         `--worker-threads N` (async runtime threads).\n\n\
          ## `kvgate mock`\n\n{mock}"
     )
 }

@@ -124,6 +124,29 @@ fn positive_seconds(errors: &mut Vec<ConfigError>, field: &'static str, value: f
 }
 
 impl GatewayConfig {
+    /// Read a YAML configuration file (keys are the field names, routing options under
+    /// `routing:`) and lay the command line's explicitly given flags (`explicit`: their clap ids,
+    /// which are the field names) over it. Unknown keys and wrong types are errors.
+    pub fn with_file(yaml: &str, cli: &GatewayConfig, explicit: &[String]) -> Result<GatewayConfig, String> {
+        let file: GatewayConfig = if yaml.trim().is_empty() {
+            GatewayConfig::default()
+        } else {
+            serde_norway::from_str(yaml).map_err(|e| format!("invalid configuration file: {e}"))?
+        };
+        // YAML values (not JSON) so that NaN and infinities survive the merge and reach validation.
+        let as_value = |config: &GatewayConfig| serde_norway::to_value(config).map_err(|e| e.to_string());
+        let mut merged = as_value(&file)?;
+        let given = as_value(cli)?;
+        for id in explicit {
+            if let Some(value) = given.get(id) {
+                merged[id] = value.clone();
+            } else if let Some(value) = given["routing"].get(id) {
+                merged["routing"][id] = value.clone();
+            }
+        }
+        serde_norway::from_value(merged).map_err(|e| format!("invalid configuration: {e}"))
+    }
+
     /// The effective load poll interval in milliseconds.
     pub fn load_poll_interval_ms(&self) -> u64 {
         self.load_monitor_interval_ms.unwrap_or((self.load_monitor_interval * 1000.0).round().max(1.0) as u64)
@@ -200,6 +223,33 @@ mod tests {
         assert_eq!(config.port, 30000);
         assert_eq!(config.health_check_endpoint, "/health");
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn yaml_file_with_command_line_overrides() {
+        let yaml = "port: 31000\nworker_urls: [\"http://127.0.0.1:8000\"]\nrouting:\n  policy: round_robin\n  cache_threshold: 0.5\n";
+        let cli = GatewayConfig { port: 32000, ..GatewayConfig::default() };
+        let merged = GatewayConfig::with_file(yaml, &cli, &["port".to_string()]).unwrap();
+        assert_eq!(merged.port, 32000, "an explicit flag wins over the file");
+        assert_eq!(merged.worker_urls, ["http://127.0.0.1:8000"]);
+        assert_eq!(merged.routing.policy, kvgate_policy::PolicyKind::RoundRobin);
+        assert_eq!(merged.routing.cache_threshold, 0.5);
+        assert_eq!(merged.health_check_endpoint, "/health", "unset keys keep their defaults");
+        let flag =
+            GatewayConfig::with_file(yaml, &GatewayConfig::default(), &["cache_threshold".to_string()]);
+        assert_eq!(flag.unwrap().routing.cache_threshold, 0.3, "routing flags override too");
+        assert_eq!(GatewayConfig::with_file("", &cli, &[]).unwrap(), GatewayConfig::default());
+    }
+
+    #[test]
+    fn yaml_unknown_keys_and_wrong_types_are_errors() {
+        let unknown = GatewayConfig::with_file("prot: 1\n", &GatewayConfig::default(), &[]).unwrap_err();
+        assert!(unknown.contains("prot"), "{unknown}");
+        let nested =
+            GatewayConfig::with_file("routing:\n  cache_treshold: 1\n", &GatewayConfig::default(), &[]);
+        assert!(nested.unwrap_err().contains("cache_treshold"));
+        let wrong = GatewayConfig::with_file("port: many\n", &GatewayConfig::default(), &[]).unwrap_err();
+        assert!(wrong.contains("port"), "{wrong}");
     }
 
     #[test]
