@@ -6,6 +6,11 @@
 //! the time from sending to the first SSE `data:` event, end-to-end the time to `data: [DONE]`;
 //! the cache hit rate comes from `usage.prompt_tokens_details.cached_tokens` of the final usage
 //! chunk. Runs are bounded by `--max-requests` and an overall `--deadline-secs`.
+//!
+//! Several `--url`s are replayed one after another (never concurrently: they usually share the
+//! fleet) with the same trace and options, and reported side by side. `--flush-cache-urls` names
+//! the engines behind them; each gets `POST /flush_cache` (SGLang's endpoint) before every target's
+//! run, so each target starts from cold caches.
 
 mod report;
 mod request;
@@ -19,7 +24,7 @@ use kvgate_sim::trace::{Trace, TraceFormat};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-pub use report::ReplayReport;
+pub use report::{json_all, markdown_all, ReplayReport};
 pub use request::{request_body, send, Endpoint, Observed, RequestError, SseReader};
 
 /// Options of `kvgate replay`.
@@ -31,9 +36,10 @@ pub struct ReplayArgs {
     /// Trace file format.
     #[arg(long, value_enum, default_value_t = TraceFormat::Mooncake)]
     pub trace_format: TraceFormat,
-    /// Base URL of the OpenAI-compatible endpoint, e.g. http://127.0.0.1:30000.
-    #[arg(long)]
-    pub url: String,
+    /// Base URL(s) of the OpenAI-compatible endpoint(s), e.g. http://127.0.0.1:30000; several are
+    /// replayed one after another with the same trace and options, and reported side by side.
+    #[arg(long, num_args = 1.., required = true)]
+    pub url: Vec<String>,
     /// Model name to send [default: the first model of GET /v1/models].
     #[arg(long)]
     pub model: Option<String>,
@@ -56,9 +62,17 @@ pub struct ReplayArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Name of this run in the report (e.g. the gateway under test).
-    #[arg(long)]
-    pub label: Option<String>,
+    /// Name of each run in the report (e.g. the gateway under test), one per --url in order
+    /// [default: the URL].
+    #[arg(long, num_args = 1..)]
+    pub label: Vec<String>,
+    /// Engine base URLs to send `POST /flush_cache` (SGLang's endpoint) before each target's run,
+    /// so every target starts from cold caches.
+    #[arg(long, num_args = 1..)]
+    pub flush_cache_urls: Vec<String>,
+    /// Seconds to wait between one target's run and the next.
+    #[arg(long, default_value_t = 0.0)]
+    pub pause_secs: f64,
 }
 
 impl ReplayArgs {
@@ -72,8 +86,19 @@ impl ReplayArgs {
         let mut args =
             <Command as clap::Parser>::parse_from(["kvgate-replay", "--trace", "-", "--url", "-"]).args;
         args.trace = trace.into();
-        args.url = url.into();
+        args.url = vec![url.into()];
         args
+    }
+
+    /// The report label of target `index`: its `--label`, else its URL; repeated labels get ` #N`.
+    fn label(&self, index: usize) -> String {
+        let label_of = |i: usize| self.label.get(i).cloned().unwrap_or_else(|| self.url[i].clone());
+        let label = label_of(index);
+        if (0..index).any(|i| label_of(i) == label) {
+            format!("{label} #{}", index + 1)
+        } else {
+            label
+        }
     }
 
     fn validate(&self) -> anyhow::Result<()> {
@@ -92,19 +117,113 @@ impl ReplayArgs {
                 problems.push(format!("--deadline-secs must be a finite number > 0, got {deadline}"));
             }
         }
-        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
-            problems.push(format!("--url must start with http:// or https://, got {:?}", self.url));
+        if self.url.is_empty() {
+            problems.push("--url is required".to_string());
+        }
+        for (flag, urls) in [("--url", &self.url), ("--flush-cache-urls", &self.flush_cache_urls)] {
+            for url in urls {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    problems.push(format!("{flag} must start with http:// or https://, got {url:?}"));
+                }
+            }
+        }
+        if self.label.len() > self.url.len() {
+            problems.push(format!(
+                "--label given {} times but --url only {} (one label per URL)",
+                self.label.len(),
+                self.url.len()
+            ));
+        }
+        if !(self.pause_secs.is_finite() && self.pause_secs >= 0.0) {
+            problems.push(format!("--pause-secs must be a finite number >= 0, got {}", self.pause_secs));
         }
         anyhow::ensure!(problems.is_empty(), "invalid replay options:\n  {}", problems.join("\n  "));
         Ok(())
     }
 }
 
-/// Loads `--trace` and replays it.
+/// Loads `--trace` and replays it against the one `--url`.
 pub async fn run(args: &ReplayArgs) -> anyhow::Result<ReplayReport> {
     args.validate()?;
     let trace = Trace::load(&args.trace, args.trace_format)?;
     run_on_trace(args, &trace).await
+}
+
+/// Loads `--trace` and replays it against every `--url` in turn: one report per URL, in order.
+pub async fn run_all(args: &ReplayArgs) -> anyhow::Result<Vec<ReplayReport>> {
+    args.validate()?;
+    let trace = Trace::load(&args.trace, args.trace_format)?;
+    run_all_on_trace(args, &trace).await
+}
+
+/// Replays `trace` against the one `--url` (after flushing `--flush-cache-urls`, if any).
+pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<ReplayReport> {
+    args.validate()?;
+    anyhow::ensure!(
+        args.url.len() == 1,
+        "run_on_trace replays one --url, got {} (use run_all_on_trace)",
+        args.url.len()
+    );
+    run_target(args, trace, 0).await
+}
+
+/// Replays `trace` against every `--url` in turn, sequentially, flushing `--flush-cache-urls`
+/// before each and pausing `--pause-secs` between them.
+pub async fn run_all_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<Vec<ReplayReport>> {
+    args.validate()?;
+    let mut reports = Vec::with_capacity(args.url.len());
+    for index in 0..args.url.len() {
+        if index > 0 && args.pause_secs > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(args.pause_secs)).await;
+        }
+        if args.url.len() > 1 {
+            eprintln!("replay: target {}/{}: {}", index + 1, args.url.len(), args.url[index]);
+        }
+        reports.push(run_target(args, trace, index).await?);
+    }
+    Ok(reports)
+}
+
+async fn run_target(args: &ReplayArgs, trace: &Trace, index: usize) -> anyhow::Result<ReplayReport> {
+    let client = reqwest::Client::builder().build().context("building the HTTP client")?;
+    flush_caches(&client, &args.flush_cache_urls).await?;
+    replay_one(args, trace, &client, &args.url[index], args.label(index))
+        .await
+        .with_context(|| format!("replaying to {}", args.url[index]))
+}
+
+/// How often a flush refused because requests are still running (HTTP 400) is retried.
+const FLUSH_ATTEMPTS: u32 = 20;
+const FLUSH_RETRY_DELAY: Duration = Duration::from_millis(250);
+
+/// `POST {url}/flush_cache` to each engine; any failure is an error. A refusal while requests are
+/// still running (HTTP 400, e.g. ones aborted at the previous target's deadline) is retried a few
+/// times.
+pub async fn flush_caches(client: &reqwest::Client, base_urls: &[String]) -> anyhow::Result<()> {
+    for base_url in base_urls {
+        let url = format!("{}/flush_cache", base_url.trim_end_matches('/'));
+        let mut attempt = 1;
+        loop {
+            let response = client
+                .post(&url)
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await
+                .with_context(|| format!("flushing the cache: POST {url}"))?;
+            let status = response.status();
+            if status.is_success() {
+                break;
+            }
+            let body = response.text().await.unwrap_or_default();
+            if status == reqwest::StatusCode::BAD_REQUEST && attempt < FLUSH_ATTEMPTS {
+                attempt += 1;
+                tokio::time::sleep(FLUSH_RETRY_DELAY).await;
+                continue;
+            }
+            anyhow::bail!("flushing the cache: POST {url}: HTTP {status} {}", body.trim());
+        }
+    }
+    Ok(())
 }
 
 /// The first model the server lists on `GET /v1/models`.
@@ -121,15 +240,19 @@ pub async fn discover_model(client: &reqwest::Client, base_url: &str) -> anyhow:
         .with_context(|| format!("GET {url}: no model in {body}"))
 }
 
-/// Replays `trace` (`args.trace` only names it in the report).
-pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<ReplayReport> {
-    args.validate()?;
+/// Replays `trace` to `base_url` (`args.trace` only names it in the report).
+async fn replay_one(
+    args: &ReplayArgs,
+    trace: &Trace,
+    client: &reqwest::Client,
+    base_url: &str,
+    label: String,
+) -> anyhow::Result<ReplayReport> {
     let trace = trace.truncated(args.max_requests);
-    let base_url = args.url.trim_end_matches('/').to_string();
-    let client = reqwest::Client::builder().build().context("building the HTTP client")?;
+    let base_url = base_url.trim_end_matches('/').to_string();
     let model = match &args.model {
         Some(model) => model.clone(),
-        None => discover_model(&client, &base_url).await?,
+        None => discover_model(client, &base_url).await?,
     };
     let url = format!("{base_url}{}", args.endpoint.path());
     let first_ms = trace.requests.first().map_or(0.0, |r| r.timestamp_ms);
@@ -205,7 +328,7 @@ pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<Re
     let wall = started.elapsed();
     let ceiling = trace.cache_ceiling();
     Ok(ReplayReport::new(report::Inputs {
-        label: args.label.clone().unwrap_or_else(|| base_url.clone()),
+        label,
         trace: args.trace.display().to_string(),
         url,
         model,
@@ -221,12 +344,13 @@ pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<Re
     }))
 }
 
-/// `kvgate replay`: replays, prints the markdown report on stdout, writes `--json`.
+/// `kvgate replay`: replays every `--url`, prints the markdown report (side by side for several)
+/// on stdout, writes `--json` (an object for one URL, an array for several).
 pub async fn run_cli(args: ReplayArgs) -> anyhow::Result<()> {
-    let report = run(&args).await?;
-    print!("{}", report.markdown());
+    let reports = run_all(&args).await?;
+    print!("{}", markdown_all(&reports));
     if let Some(path) = &args.json {
-        std::fs::write(path, report.to_json() + "\n")
+        std::fs::write(path, json_all(&reports) + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

@@ -131,9 +131,16 @@ impl ReplayReport {
 
     /// The same latency table as `kvgate sim`, one column for this run.
     pub fn markdown(&self) -> String {
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
+        let mut out = self.header();
+        out.push('\n');
+        out.push_str(&table(std::slice::from_ref(self)));
+        self.push_error_samples(&mut out, "Errors (samples):");
+        out
+    }
+
+    /// One line naming the trace, the target and the run.
+    fn header(&self) -> String {
+        format!(
             "Replay of `{}` ({} of {} requests, speedup {}) to {} (model `{}`), {:.1} s wall; \
              infinite-cache ceiling {:.1}% of prompt tokens.\n",
             self.trace,
@@ -144,9 +151,21 @@ impl ReplayReport {
             self.model,
             self.wall_s,
             self.ceiling_hit_rate * 100.0
-        );
-        let _ = writeln!(out, "| metric | {} |\n| --- | ---: |", self.label);
-        let rows = [
+        )
+    }
+
+    fn push_error_samples(&self, out: &mut String, title: &str) {
+        if !self.error_samples.is_empty() {
+            let _ = writeln!(out, "\n{title}");
+            for sample in &self.error_samples {
+                let _ = writeln!(out, "- {sample}");
+            }
+        }
+    }
+
+    /// The metric rows of the table, as (name, formatted value).
+    fn rows(&self) -> [(&'static str, String); 11] {
+        [
             ("TTFT p50 (ms)", format!("{:.1}", self.ttft_p50_ms)),
             ("TTFT p90 (ms)", format!("{:.1}", self.ttft_p90_ms)),
             ("TTFT p99 (ms)", format!("{:.1}", self.ttft_p99_ms)),
@@ -158,20 +177,60 @@ impl ReplayReport {
             ("mean send delay (ms)", format!("{:.1}", self.mean_send_delay_ms)),
             ("succeeded", self.succeeded.to_string()),
             ("errors", self.errors.to_string()),
-        ];
-        for (name, value) in rows {
-            let _ = writeln!(out, "| {name} | {value} |");
-        }
-        if !self.error_samples.is_empty() {
-            let _ = writeln!(out, "\nErrors (samples):");
-            for sample in &self.error_samples {
-                let _ = writeln!(out, "- {sample}");
-            }
-        }
-        out
+        ]
     }
 
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("the report always serializes")
+    }
+}
+
+/// The metric table with one column per report.
+fn table(reports: &[ReplayReport]) -> String {
+    let mut out = String::from("| metric |");
+    for report in reports {
+        let _ = write!(out, " {} |", report.label.replace('|', "\\|"));
+    }
+    out.push_str("\n| --- |");
+    out.push_str(&" ---: |".repeat(reports.len()));
+    out.push('\n');
+    let rows: Vec<_> = reports.iter().map(ReplayReport::rows).collect();
+    for (row, (name, _)) in ReplayReport::rows(&reports[0]).iter().enumerate() {
+        let _ = write!(out, "| {name} |");
+        for values in &rows {
+            let _ = write!(out, " {} |", values[row].1);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The markdown of a run: [`ReplayReport::markdown`] for one report; for several, one table with a
+/// column per target, then each target's header line and error samples.
+pub fn markdown_all(reports: &[ReplayReport]) -> String {
+    match reports {
+        [] => String::new(),
+        [report] => report.markdown(),
+        _ => {
+            let mut out = format!(
+                "Replay of `{}` to {} targets, one after another.\n\n",
+                reports[0].trace,
+                reports.len()
+            );
+            out.push_str(&table(reports));
+            for report in reports {
+                let _ = write!(out, "\n**{}**: {}", report.label, report.header());
+                report.push_error_samples(&mut out, &format!("Errors of {} (samples):", report.label));
+            }
+            out
+        }
+    }
+}
+
+/// The JSON of a run: one object for one report, an array for several.
+pub fn json_all(reports: &[ReplayReport]) -> String {
+    match reports {
+        [report] => report.to_json(),
+        _ => serde_json::to_string_pretty(reports).expect("reports always serialize"),
     }
 }

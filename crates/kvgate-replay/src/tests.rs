@@ -2,7 +2,7 @@
 
 use kvgate_mock::{spawn_fleet, MockArgs};
 
-use crate::{run, run_on_trace, Endpoint, ReplayArgs};
+use crate::{markdown_all, run, run_all, run_all_on_trace, run_on_trace, Endpoint, ReplayArgs};
 
 /// Five requests; the later ones repeat the first one's leading block(s).
 const TRACE: &str = r#"{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}
@@ -26,7 +26,7 @@ async fn replays_a_trace_against_a_simulated_engine_and_sees_cached_prefixes() {
     let mut args = ReplayArgs::new(&path, &url);
     args.speedup = 10.0;
     args.json = Some(json.clone());
-    args.label = Some("direct".to_string());
+    args.label = vec!["direct".to_string()];
     let report = run(&args).await.unwrap();
     assert_eq!(report.model, "mock-model", "discovered from /v1/models");
     assert_eq!((report.sent, report.succeeded, report.errors), (5, 5, 0), "{:?}", report.error_samples);
@@ -101,4 +101,142 @@ fn invalid_options_are_all_reported() {
     for needle in ["--speedup", "--concurrency-limit", "--url"] {
         assert!(error.contains(needle), "{error}");
     }
+    let mut args = ReplayArgs::new("t.jsonl", "http://127.0.0.1:1");
+    args.label = vec!["a".to_string(), "b".to_string()];
+    args.flush_cache_urls = vec!["127.0.0.1:2".to_string()];
+    args.pause_secs = -1.0;
+    let error = args.validate().unwrap_err().to_string();
+    for needle in ["--label", "--flush-cache-urls", "--pause-secs"] {
+        assert!(error.contains(needle), "{error}");
+    }
+}
+
+#[test]
+fn url_and_label_are_repeatable_on_the_command_line() {
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: ReplayArgs,
+    }
+    let parse = |argv: &[&str]| <Command as clap::Parser>::try_parse_from(argv).map(|c| c.args);
+    let args = parse(&[
+        "replay",
+        "--trace",
+        "t",
+        "--url",
+        "http://a",
+        "http://b",
+        "--url",
+        "http://c",
+        "--label",
+        "A",
+        "--flush-cache-urls",
+        "http://e1",
+        "http://e2",
+        "--pause-secs",
+        "2",
+    ])
+    .unwrap();
+    assert_eq!(args.url, ["http://a", "http://b", "http://c"]);
+    assert_eq!(args.label, ["A"]);
+    assert_eq!(args.flush_cache_urls, ["http://e1", "http://e2"]);
+    assert_eq!(args.pause_secs, 2.0);
+    assert_eq!(
+        (args.label(0), args.label(1), args.label(2)),
+        ("A".into(), "http://b".into(), "http://c".into())
+    );
+    assert!(parse(&["replay", "--trace", "t"]).is_err(), "--url is required");
+    let twice = ReplayArgs { url: vec!["http://a".into(), "http://a".into()], ..ReplayArgs::new("t", "-") };
+    assert_eq!((twice.label(0), twice.label(1)), ("http://a".into(), "http://a #2".into()));
+    assert_eq!(ReplayArgs::new("t", "http://x").url, ["http://x"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compares_two_gateways_in_one_run_with_cold_caches() {
+    let (one, two) = (spawn_fleet(fast_engines()).await.unwrap(), spawn_fleet(fast_engines()).await.unwrap());
+    let path = std::env::temp_dir().join(format!("kvgate-replay-two-{}.jsonl", std::process::id()));
+    std::fs::write(&path, TRACE).unwrap();
+    let json = path.with_extension("json");
+    let mut args = ReplayArgs::new(&path, one.urls()[0].clone());
+    args.url.push(two.urls()[0].clone());
+    args.label = vec!["first".to_string(), "second".to_string()];
+    args.flush_cache_urls = one.urls().into_iter().chain(two.urls()).collect();
+    args.pause_secs = 0.05;
+    args.speedup = 10.0;
+    args.json = Some(json.clone());
+    let reports = run_all(&args).await.unwrap();
+    assert_eq!(reports.len(), 2);
+    for (report, (label, url)) in
+        reports.iter().zip([("first", one.urls()[0].clone()), ("second", two.urls()[0].clone())])
+    {
+        assert_eq!((report.sent, report.succeeded, report.errors), (5, 5, 0), "{:?}", report.error_samples);
+        assert_eq!(report.label, label);
+        assert!(report.url.starts_with(&url), "{} vs {url}", report.url);
+    }
+    let markdown = markdown_all(&reports);
+    assert!(markdown.contains("| metric | first | second |"), "{markdown}");
+    assert!(markdown.contains("| --- | ---: | ---: |"), "{markdown}");
+    assert!(markdown.contains("| succeeded | 5 | 5 |"), "{markdown}");
+    assert!(
+        markdown.contains("**first**: Replay of") && markdown.contains("**second**: Replay of"),
+        "{markdown}"
+    );
+    // A single run still renders (and serializes) exactly as before.
+    assert_eq!(markdown_all(&reports[..1]), reports[0].markdown());
+    crate::run_cli(args).await.unwrap();
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let written = written.as_array().expect("several reports are a JSON array");
+    assert_eq!(written.len(), 2);
+    assert_eq!((written[0]["label"].as_str(), written[1]["succeeded"].as_u64()), (Some("first"), Some(5)));
+    std::fs::remove_file(&path).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushing_between_targets_keeps_the_second_run_from_reusing_the_first_runs_cache() {
+    let fleet = spawn_fleet(fast_engines()).await.unwrap();
+    let trace = kvgate_sim::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let url = fleet.urls()[0].clone();
+    let mut args = ReplayArgs::new("inline", url.clone());
+    args.url.push(url.clone());
+    args.model = Some("mock-model".to_string());
+    args.speedup = 10.0;
+    // One request at a time: the hits depend only on the order, not on timing.
+    args.concurrency_limit = Some(1);
+    args.flush_cache_urls = vec![url.clone()];
+    let flushed = run_all_on_trace(&args, &trace).await.unwrap();
+    assert_eq!(flushed.len(), 2);
+    assert!(flushed.iter().all(|r| r.succeeded == 5), "{flushed:?}");
+    assert!(flushed[0].cached_tokens > 0, "{flushed:?}");
+    assert_eq!(flushed[0].cached_tokens, flushed[1].cached_tokens, "{flushed:?}");
+    assert_eq!(flushed[0].cache_hit_rate, flushed[1].cache_hit_rate);
+    assert_eq!((flushed[0].label.as_str(), flushed[1].label.as_str()), (url.as_str(), &*format!("{url} #2")));
+    // Without the flush the second run finds the first one's prefixes already cached.
+    args.flush_cache_urls.clear();
+    let warm = run_all_on_trace(&args, &trace).await.unwrap();
+    assert!(warm[1].cached_tokens > flushed[1].cached_tokens, "{warm:?}");
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_flush_is_a_clear_error() {
+    let trace = kvgate_sim::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    // A port nothing listens on.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let fleet = spawn_fleet(fast_engines()).await.unwrap();
+    let mut args = ReplayArgs::new("inline", fleet.urls()[0].clone());
+    args.model = Some("mock-model".to_string());
+    args.flush_cache_urls = vec![closed.clone()];
+    let error = format!("{:#}", run_all_on_trace(&args, &trace).await.unwrap_err());
+    assert!(error.contains(&format!("POST {closed}/flush_cache")), "{error}");
+    // An HTTP error status (here 404: no such route) fails too, without retrying.
+    args.flush_cache_urls = vec![format!("{}/nowhere", fleet.urls()[0])];
+    let error = format!("{:#}", run_on_trace(&args, &trace).await.unwrap_err());
+    assert!(error.contains("flushing the cache") && error.contains("404"), "{error}");
+    fleet.shutdown().await;
 }
