@@ -4,6 +4,8 @@
 use clap::{Args, Command, CommandFactory, Parser};
 use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
+use kvgate_replay::ReplayArgs;
+use kvgate_sim::SimArgs;
 
 #[derive(Parser)]
 struct Launch {
@@ -44,6 +46,8 @@ fn table(command: &Command) -> String {
 fn render() -> String {
     let launch = table(&Launch::command());
     let mock = table(&Mock::augment_args(Command::new("mock")));
+    let sim = table(&SimArgs::augment_args(Command::new("sim")));
+    let replay = table(&ReplayArgs::augment_args(Command::new("replay")));
     format!(
         "# kvgate configuration reference\n\n\
          Generated from the configuration schema by `KVGATE_UPDATE_DOCS=1 cargo test --test docs`;\n\
@@ -55,7 +59,9 @@ fn render() -> String {
          `kvgate launch` also takes `--config FILE` (YAML; flags given on the command line override it),\n\
          `--mock-workers N` (start N simulated engines in-process and route to them) and\n\
          `--worker-threads N` (async runtime threads).\n\n\
-         ## `kvgate mock`\n\n{mock}"
+         ## `kvgate mock`\n\n{mock}\n\
+         ## `kvgate sim`\n\n{sim}\n\
+         ## `kvgate replay`\n\n{replay}"
     )
 }
 
