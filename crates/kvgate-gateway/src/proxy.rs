@@ -135,7 +135,7 @@ async fn proxy(
     let snapshot = state.registry.snapshot();
     let pool = match snapshot.pool_for(fields.model.as_deref()) {
         Some(pool) => pool.clone(),
-        None => return Err(no_pool_error(&snapshot.models.len(), fields.model.as_deref())),
+        None => return Err(no_pool_error(snapshot.models.len(), fields.model.as_deref())),
     };
     let key = if pool.policy.needs_routing_key() { fields.routing_key() } else { OwnedKey::None };
     let route_request = RouteRequest {
@@ -186,7 +186,7 @@ async fn proxy(
     }
 }
 
-fn no_pool_error(model_count: &usize, model: Option<&str>) -> ApiError {
+fn no_pool_error(model_count: usize, model: Option<&str>) -> ApiError {
     match (model_count, model) {
         (0, _) => ApiError::NoHealthyWorker(String::new()),
         (_, Some(model)) => ApiError::ModelNotFound(model.to_string()),
