@@ -531,3 +531,30 @@ async fn a_worker_that_starts_after_the_gateway_is_learned_and_used() {
     assert_eq!(workers["workers"][0]["model_id"], "m");
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_stream_ends_the_request() {
+    let up = upstream("a", "m").await;
+    up.hold_stream.store(true, Ordering::SeqCst);
+    let gw = gateway(config(vec![up.url.clone()])).await;
+    let gw_url = gw.url();
+    let in_flight = async || {
+        let w: Value = client().get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+        w["workers"][0]["in_flight"].as_u64().unwrap()
+    };
+    let res = client()
+        .post(format!("{gw_url}/v1/chat/completions"))
+        .json(&json!({"model": "m", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = res.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    assert_eq!(in_flight().await, 1);
+    drop(stream); // the client goes away while the upstream is still streaming
+    assert!(eventually(5.0, async || in_flight().await == 0).await, "in-flight count returns to 0");
+    let metrics = client().get(format!("{gw_url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("kvgate_request_duration_seconds_count{endpoint=\"chat_completions\"} 1"));
+    up.release.notify_one();
+    gw.shutdown().await;
+}
