@@ -151,34 +151,51 @@ async fn main() {
         spawn(&["mock", "--count", "4", "--engine", "canned", "--gen-ms", "0"], |l| l.len() >= 4);
     let urls: Vec<String> = lines.iter().filter_map(|l| l.split(": ").nth(1).map(str::to_string)).collect();
 
-    println!("O1: {clients} clients, {secs} s per run, body {} bytes, 4 canned engines", body.len());
-    println!("| target | req/s | p50 ms | p99 ms | errors | vs direct | kvgate CPU us/req |");
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
-    let direct = load(&urls[0], body.clone(), clients, secs).await;
+    let threads = std::env::var("O1_GATEWAY_THREADS").unwrap_or_else(|_| "0".into());
+    let rounds = env_or("O1_ROUNDS", 1).max(1);
     println!(
-        "| direct (one engine) | {:.0} | {:.2} | {:.2} | {} | 1.00 | — |",
-        direct.rps(),
-        direct.pct(0.5),
-        direct.pct(0.99),
-        direct.errors
+        "O1: {clients} clients, {secs} s per run, body {} bytes, 4 canned engines, gateway threads {threads} (0 = one per core), {rounds} round(s)",
+        body.len()
     );
-    for policy in ["round_robin", "cache_aware"] {
-        let mut args =
-            vec!["launch", "--port", "0", "--policy", policy, "--log-level", "warn", "--worker-urls"];
-        args.extend(urls.iter().map(String::as_str));
-        let (gateway, lines) = spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
-        let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap().to_string();
-        let cpu_before = cpu_seconds(gateway.0.id());
-        let run = load(&url, body.clone(), clients, secs).await;
-        let cpu = cpu_seconds(gateway.0.id()) - cpu_before;
+    println!("| round | target | req/s | p50 ms | p99 ms | errors | vs direct | kvgate CPU us/req |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut ratios: Vec<(&str, f64)> = Vec::new();
+    for round in 1..=rounds {
+        // Direct and through-gateway runs alternate, so each ratio compares neighbours in time.
+        let direct = load(&urls[0], body.clone(), clients, secs).await;
         println!(
-            "| kvgate {policy} | {:.0} | {:.2} | {:.2} | {} | {:.2} | {:.1} |",
-            run.rps(),
-            run.pct(0.5),
-            run.pct(0.99),
-            run.errors,
-            run.rps() / direct.rps(),
-            cpu * 1e6 / (run.requests + clients) as f64
+            "| {round} | direct (one engine) | {:.0} | {:.2} | {:.2} | {} | 1.00 | — |",
+            direct.rps(),
+            direct.pct(0.5),
+            direct.pct(0.99),
+            direct.errors
         );
+        for policy in ["round_robin", "cache_aware"] {
+            let mut args = vec!["launch", "--port", "0", "--policy", policy, "--log-level", "warn"];
+            args.extend(["--worker-threads", threads.as_str(), "--worker-urls"]);
+            args.extend(urls.iter().map(String::as_str));
+            let (gateway, lines) = spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
+            let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap().to_string();
+            let cpu_before = cpu_seconds(gateway.0.id());
+            let run = load(&url, body.clone(), clients, secs).await;
+            let cpu = cpu_seconds(gateway.0.id()) - cpu_before;
+            let ratio = run.rps() / direct.rps();
+            ratios.push((policy, ratio));
+            println!(
+                "| {round} | kvgate {policy} | {:.0} | {:.2} | {:.2} | {} | {ratio:.2} | {:.1} |",
+                run.rps(),
+                run.pct(0.5),
+                run.pct(0.99),
+                run.errors,
+                cpu * 1e6 / (run.requests + clients) as f64
+            );
+        }
+    }
+    if rounds > 1 {
+        for policy in ["round_robin", "cache_aware"] {
+            let mut mine: Vec<f64> = ratios.iter().filter(|(p, _)| *p == policy).map(|(_, r)| *r).collect();
+            mine.sort_by(f64::total_cmp);
+            println!("median ratio kvgate {policy} / direct: {:.2}", mine[mine.len() / 2]);
+        }
     }
 }
