@@ -18,16 +18,9 @@ impl Drop for Child {
     }
 }
 
-#[tokio::test]
-async fn demo_command_serves_a_chat_completion() {
-    let mut child = Child(
-        kvgate()
-            .args(["launch", "--mock-workers", "2", "--port", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+/// Start `kvgate ARGS` (a demo with mock workers) and return it with the gateway URL it prints.
+fn launch_demo(args: &[&str]) -> (Child, String) {
+    let mut child = Child(kvgate().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap());
     let stdout = child.0.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -37,7 +30,13 @@ async fn demo_command_serves_a_chat_completion() {
             }
         }
     });
-    let url = rx.recv_timeout(Duration::from_secs(30)).expect("the demo prints the gateway URL");
+    let url = rx.recv_timeout(Duration::from_secs(30)).expect("kvgate prints the gateway URL");
+    (child, url)
+}
+
+#[tokio::test]
+async fn demo_command_serves_a_chat_completion() {
+    let (_child, url) = launch_demo(&["launch", "--mock-workers", "2", "--port", "0"]);
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let body = serde_json::json!({"model": "mock-model", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8});
     let started = Instant::now();
@@ -101,24 +100,9 @@ async fn a_config_file_configures_the_demo_and_flags_override_it() {
     let file = dir.join("gw.yaml");
     std::fs::write(&file, "port: 1\nexpose_routing_headers: true\nrouting:\n  policy: round_robin\n")
         .unwrap();
-    let mut child = Child(
-        kvgate()
-            .args(["launch", "--config", file.to_str().unwrap(), "--mock-workers", "1", "--port", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("gateway: ") {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
-            }
-        }
-    });
-    let url = rx.recv_timeout(Duration::from_secs(30)).expect("--port 0 overrides the file's port 1");
+    // `--port 0` must override the file's port 1, or no URL is printed.
+    let (_child, url) =
+        launch_demo(&["launch", "--config", file.to_str().unwrap(), "--mock-workers", "1", "--port", "0"]);
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let body = serde_json::json!({"model": "mock-model", "prompt": "hello", "max_tokens": 2});
     let res = client.post(format!("{url}/v1/completions")).json(&body).send().await.unwrap();
