@@ -12,32 +12,32 @@ use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::metrics::Metrics;
+use crate::proxy::Endpoint;
 use crate::worker::Worker;
 
 /// Marks a request in flight on a worker; dropping it ends the request.
 pub struct InFlight {
     worker: Arc<Worker>,
-    metrics: Arc<Metrics>,
 }
 
 impl InFlight {
-    pub fn begin(worker: Arc<Worker>, metrics: Arc<Metrics>) -> Self {
+    pub fn begin(worker: Arc<Worker>) -> Self {
         worker.begin_request();
-        metrics.in_flight.with_label_values(&[&worker.url]).inc();
-        Self { worker, metrics }
+        worker.series.in_flight.inc();
+        Self { worker }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.worker.end_request();
-        self.metrics.in_flight.with_label_values(&[&self.worker.url]).dec();
+        self.worker.series.in_flight.dec();
     }
 }
 
 /// Everything that must live exactly as long as the response body.
 pub struct RequestTail {
-    pub endpoint: &'static str,
+    pub endpoint: Endpoint,
     pub started: Instant,
     pub metrics: Arc<Metrics>,
     #[allow(dead_code, reason = "held until the body ends: its Drop ends the request")]
@@ -72,7 +72,7 @@ impl Body for MeteredBody {
             if let Poll::Ready(Some(Ok(_)) | None) = &polled {
                 this.first_byte_seen = true;
                 let elapsed = this.tail.started.elapsed().as_secs_f64();
-                this.tail.metrics.ttfb.with_label_values(&[this.tail.endpoint]).observe(elapsed);
+                this.tail.metrics.ttfb(this.tail.endpoint).observe(elapsed);
             }
         }
         polled
@@ -90,6 +90,6 @@ impl Body for MeteredBody {
 impl Drop for MeteredBody {
     fn drop(&mut self) {
         let elapsed = self.tail.started.elapsed().as_secs_f64();
-        self.tail.metrics.duration.with_label_values(&[self.tail.endpoint]).observe(elapsed);
+        self.tail.metrics.duration(self.tail.endpoint).observe(elapsed);
     }
 }

@@ -1,10 +1,15 @@
 //! Prometheus metrics of the gateway: requests, latencies, in-flight, retries, worker health,
 //! circuit state and routing decisions, rendered as text at GET /metrics.
 
+use std::sync::OnceLock;
+
+use kvgate_policy::Reason;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::proxy::Endpoint;
 
 /// Latency buckets in seconds, from sub-millisecond proxy overhead to long generations.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -27,6 +32,25 @@ pub struct Metrics {
     pub load_poll_duration: Histogram,
     pub load_poll_failures: IntCounterVec,
     pub load_snapshot_age: GaugeVec,
+    /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
+    ttfb_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
+    duration_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
+}
+
+/// The series one worker touches on every request, resolved when it is registered.
+#[derive(Debug)]
+pub struct WorkerSeries {
+    pub in_flight: IntGauge,
+    /// `kvgate_requests_total{status="200"}` per endpoint; other statuses take the slow path.
+    ok_requests: [OnceLock<IntCounter>; Endpoint::ALL.len()],
+}
+
+/// The series of one model's routing decisions, resolved on first use.
+#[derive(Default)]
+pub struct PoolSeries {
+    decisions: [OnceLock<IntCounter>; Reason::ALL.len()],
+    match_best: OnceLock<Histogram>,
+    match_chosen: OnceLock<Histogram>,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
@@ -118,6 +142,56 @@ impl Metrics {
                 .expect("valid metric"),
             ),
             registry,
+            ttfb_series: Default::default(),
+            duration_series: Default::default(),
+        }
+    }
+
+    pub fn ttfb(&self, endpoint: Endpoint) -> &Histogram {
+        self.ttfb_series[endpoint as usize].get_or_init(|| self.ttfb.with_label_values(&[endpoint.label()]))
+    }
+
+    pub fn duration(&self, endpoint: Endpoint) -> &Histogram {
+        self.duration_series[endpoint as usize]
+            .get_or_init(|| self.duration.with_label_values(&[endpoint.label()]))
+    }
+
+    pub fn worker_series(&self, url: &str) -> WorkerSeries {
+        WorkerSeries { in_flight: self.in_flight.with_label_values(&[url]), ok_requests: Default::default() }
+    }
+
+    /// Count a finished request to a worker by endpoint and status.
+    pub fn count_request(
+        &self,
+        endpoint: Endpoint,
+        status: http::StatusCode,
+        url: &str,
+        series: &WorkerSeries,
+    ) {
+        if status == http::StatusCode::OK {
+            series.ok_requests[endpoint as usize]
+                .get_or_init(|| self.requests.with_label_values(&[endpoint.label(), "200", url]))
+                .inc();
+        } else {
+            self.requests.with_label_values(&[endpoint.label(), status.as_str(), url]).inc();
+        }
+    }
+
+    /// Count one routing decision of `model`'s policy, with its prefix-match rates if any.
+    pub fn count_decision(&self, model: &str, series: &PoolSeries, decision: &kvgate_policy::Decision) {
+        let reason = decision.reason;
+        series.decisions[reason as usize]
+            .get_or_init(|| self.decisions.with_label_values(&[model, reason.as_str()]))
+            .inc();
+        if let Some(matches) = decision.matches {
+            series
+                .match_best
+                .get_or_init(|| self.match_rate.with_label_values(&[model, "best"]))
+                .observe(matches.best_match_rate);
+            series
+                .match_chosen
+                .get_or_init(|| self.match_rate.with_label_values(&[model, "chosen"]))
+                .observe(matches.chosen_match_rate);
         }
     }
 
@@ -142,5 +216,37 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_series_are_the_labelled_ones() {
+        // The caches index by discriminant: it must be the position in ALL.
+        for (i, reason) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*reason as usize, i);
+        }
+        for (i, endpoint) in Endpoint::ALL.iter().enumerate() {
+            assert_eq!(*endpoint as usize, i);
+        }
+        let metrics = Metrics::new();
+        let series = metrics.worker_series("http://w");
+        metrics.count_request(Endpoint::Generate, http::StatusCode::OK, "http://w", &series);
+        metrics.count_request(Endpoint::Generate, http::StatusCode::OK, "http://w", &series);
+        metrics.count_request(Endpoint::Generate, http::StatusCode::NOT_FOUND, "http://w", &series);
+        series.in_flight.inc();
+        metrics.ttfb(Endpoint::Embeddings).observe(0.1);
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"kvgate_requests_total{endpoint="generate",status="200",worker="http://w"} 2"#)
+        );
+        assert!(
+            text.contains(r#"kvgate_requests_total{endpoint="generate",status="404",worker="http://w"} 1"#)
+        );
+        assert!(text.contains(r#"kvgate_worker_in_flight{worker="http://w"} 1"#));
+        assert!(text.contains(r#"kvgate_request_ttfb_seconds_count{endpoint="embeddings"} 1"#));
     }
 }

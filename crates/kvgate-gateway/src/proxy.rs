@@ -221,15 +221,7 @@ fn choose(
         rng: &mut rng,
     };
     let decision = pool.policy.select(request, &candidates, &mut ctx).ok()?;
-    state.metrics.decisions.with_label_values(&[&pool.model, decision.reason.as_str()]).inc();
-    if let Some(matches) = decision.matches {
-        state.metrics.match_rate.with_label_values(&[&pool.model, "best"]).observe(matches.best_match_rate);
-        state
-            .metrics
-            .match_rate
-            .with_label_values(&[&pool.model, "chosen"])
-            .observe(matches.chosen_match_rate);
-    }
+    state.metrics.count_decision(&pool.model, &pool.series, &decision);
     let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
     Some((worker, decision))
 }
@@ -266,7 +258,7 @@ async fn attempt(
         headers.insert(header::AUTHORIZATION, token.clone());
     }
 
-    let in_flight = InFlight::begin(worker.clone(), state.metrics.clone());
+    let in_flight = InFlight::begin(worker.clone());
     let sent = tokio::time::timeout(state.request_timeout, state.client.request(upstream)).await;
     let now = Instant::now();
     match sent {
@@ -367,14 +359,8 @@ fn respond(
         }
         parts.headers.insert(ROUTE_HEADER.clone(), HeaderValue::from_static(decision.reason.as_str()));
     }
-    state.metrics.requests.with_label_values(&[endpoint.label(), parts.status.as_str(), &worker.url]).inc();
+    state.metrics.count_request(endpoint, parts.status, &worker.url, &worker.series);
     tracing::debug!(endpoint = endpoint.label(), worker = %worker.url, reason = decision.reason.as_str(), status = %parts.status, "proxied");
-    let tail = RequestTail {
-        endpoint: endpoint.label(),
-        started,
-        metrics: state.metrics.clone(),
-        in_flight,
-        permit,
-    };
+    let tail = RequestTail { endpoint, started, metrics: state.metrics.clone(), in_flight, permit };
     Response::from_parts(parts, Body::new(MeteredBody::new(body, tail)))
 }

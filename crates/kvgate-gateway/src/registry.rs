@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use kvgate_policy::{build_policy, Policy, PolicyConfig};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PoolSeries};
 use crate::worker::{normalize_url, CircuitSettings, Worker};
 
 /// The workers serving one model, and that model's policy.
@@ -16,6 +16,7 @@ pub struct ModelPool {
     pub model: String,
     pub workers: Vec<Arc<Worker>>,
     pub policy: Arc<dyn Policy>,
+    pub series: PoolSeries,
 }
 
 /// An immutable view of the registry.
@@ -92,8 +93,9 @@ impl Registry {
         if current.find(&url).is_some() {
             return Err(RegistryError::Duplicate(url));
         }
+        let series = self.metrics.worker_series(&url);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let worker = Arc::new(Worker::new(id, url, model, healthy, self.circuit));
+        let worker = Arc::new(Worker::new(id, url, model, healthy, self.circuit, series));
         let mut workers = current.workers.clone();
         workers.push(worker.clone());
         self.publish(&mut policies, workers);
@@ -139,7 +141,7 @@ impl Registry {
                     .entry(model.clone())
                     .or_insert_with(|| build_policy(&self.policy_config))
                     .clone();
-                (model.clone(), Arc::new(ModelPool { model, workers, policy }))
+                (model.clone(), Arc::new(ModelPool { model, workers, policy, series: PoolSeries::default() }))
             })
             .collect();
         self.snapshot.store(Arc::new(PoolSnapshot { workers, models }));

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use kvgate_policy::WorkerId;
 use serde::Serialize;
 
+use crate::metrics::WorkerSeries;
+
 /// Check and canonicalize a worker URL: `http://host:port[/prefix]`, no trailing slash.
 pub fn normalize_url(url: &str) -> Result<String, String> {
     let trimmed = url.trim().trim_end_matches('/');
@@ -149,6 +151,7 @@ pub struct Worker {
     consecutive_health_successes: AtomicU32,
     in_flight: AtomicU64,
     pub circuit: CircuitBreaker,
+    pub series: WorkerSeries,
 }
 
 impl Worker {
@@ -158,6 +161,7 @@ impl Worker {
         model: Option<String>,
         healthy: bool,
         circuit: CircuitSettings,
+        series: WorkerSeries,
     ) -> Self {
         let model_cell = OnceLock::new();
         if let Some(model) = model {
@@ -172,6 +176,7 @@ impl Worker {
             consecutive_health_successes: AtomicU32::new(0),
             in_flight: AtomicU64::new(0),
             circuit: CircuitBreaker::new(circuit),
+            series,
         }
     }
 
@@ -281,7 +286,8 @@ mod tests {
     fn health_thresholds() {
         let settings =
             CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::ZERO };
-        let worker = Worker::new(0, "http://127.0.0.1:1".into(), Some("m".into()), true, settings);
+        let series = crate::metrics::Metrics::new().worker_series("http://127.0.0.1:1");
+        let worker = Worker::new(0, "http://127.0.0.1:1".into(), Some("m".into()), true, settings, series);
         assert_eq!(worker.record_health(false, 2, 2), None);
         assert_eq!(worker.record_health(false, 2, 2), Some(false));
         assert_eq!(worker.record_health(true, 2, 2), None);
