@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -42,6 +42,8 @@ pub struct Upstream {
     pub loads_polls: AtomicUsize,
     /// Body of `GET /metrics` (vLLM Prometheus text); empty means 404.
     pub metrics_body: std::sync::Mutex<String>,
+    /// Client addresses (one per TCP connection) that carried proxied requests.
+    pub peers: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
 }
 
 async fn metrics(State(up): State<Arc<Upstream>>) -> Response {
@@ -75,8 +77,14 @@ async fn loads(State(up): State<Arc<Upstream>>) -> Response {
     ([("content-type", "application/json")], body).into_response()
 }
 
-async fn answer(State(up): State<Arc<Upstream>>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
+async fn answer(
+    State(up): State<Arc<Upstream>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     up.requests.fetch_add(1, Ordering::SeqCst);
+    up.peers.lock().unwrap().insert(peer);
     *up.last_auth.lock().unwrap() =
         headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
     let delay = up.delay_ms.load(Ordering::SeqCst);
@@ -153,6 +161,7 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
         loads_delay_ms: AtomicUsize::new(0),
         loads_polls: AtomicUsize::new(0),
         metrics_body: std::sync::Mutex::new(String::new()),
+        peers: std::sync::Mutex::new(Default::default()),
     });
     let app = Router::new()
         .route("/health", get(health))
@@ -165,7 +174,7 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
         .route("/v1/embeddings", post(answer))
         .with_state(up.clone());
     tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
     });
     up
 }

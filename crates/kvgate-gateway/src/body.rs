@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::conn::UpstreamBody;
 use crate::metrics::Metrics;
 use crate::proxy::Endpoint;
 use crate::worker::Worker;
@@ -47,13 +47,13 @@ pub struct RequestTail {
 }
 
 pub struct MeteredBody {
-    inner: Incoming,
+    inner: UpstreamBody,
     tail: RequestTail,
     first_byte_seen: bool,
 }
 
 impl MeteredBody {
-    pub fn new(inner: Incoming, tail: RequestTail) -> Self {
+    pub fn new(inner: UpstreamBody, tail: RequestTail) -> Self {
         Self { inner, tail, first_byte_seen: false }
     }
 }

@@ -5,6 +5,7 @@
 mod admin;
 mod body;
 mod config;
+mod conn;
 mod error;
 mod health;
 mod loads;

@@ -10,11 +10,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use hyper::body::Incoming;
 use kvgate_policy::{Candidate, Decision, RouteRequest, RoutingKey, SelectContext};
 use rand::Rng;
 
 use crate::body::{InFlight, MeteredBody, RequestTail};
+use crate::conn::{self, SendError, UpstreamBody};
 use crate::error::ApiError;
 use crate::registry::ModelPool;
 use crate::request::{estimate_tokens, OwnedKey, RequestFields};
@@ -62,7 +62,7 @@ static ROUTE_HEADER: HeaderName = HeaderName::from_static("x-kvgate-route");
 enum Failure {
     /// A 502/503/504 answer, not yet read: passed through as is.
     Response {
-        response: http::Response<Incoming>,
+        response: http::Response<UpstreamBody>,
         worker: Arc<Worker>,
         decision: Decision,
         in_flight: InFlight,
@@ -73,9 +73,9 @@ enum Failure {
 
 /// Outcome of one attempt on one worker.
 enum Attempt {
-    Done(http::Response<Incoming>, InFlight),
+    Done(http::Response<UpstreamBody>, InFlight),
     /// 502/503/504 before any byte went to the client.
-    RetryableStatus(http::Response<Incoming>, InFlight),
+    RetryableStatus(http::Response<UpstreamBody>, InFlight),
     /// Connection could not be established.
     Unreachable(String),
     Fatal(ApiError),
@@ -244,7 +244,7 @@ async fn attempt(
 ) -> Attempt {
     let mut upstream = http::Request::new(Full::new(body));
     *upstream.method_mut() = http::Method::POST;
-    *upstream.uri_mut() = match format!("{}{}", worker.url, path_and_query).parse() {
+    *upstream.uri_mut() = match worker.conns.target(path_and_query) {
         Ok(uri) => uri,
         Err(e) => return Attempt::Fatal(ApiError::BadRequest(format!("invalid request path: {e}"))),
     };
@@ -259,7 +259,7 @@ async fn attempt(
     }
 
     let in_flight = InFlight::begin(worker.clone());
-    let sent = tokio::time::timeout(state.request_timeout, state.client.request(upstream)).await;
+    let sent = tokio::time::timeout(state.request_timeout, conn::send(worker, upstream)).await;
     let now = Instant::now();
     match sent {
         Ok(Ok(response)) => {
@@ -278,15 +278,15 @@ async fn attempt(
             }
             Attempt::Done(response, in_flight)
         }
-        Ok(Err(error)) => {
+        Ok(Err(SendError::Connect(message))) => {
             record_failure(state, worker, "connect", now);
-            let message = format!("{}: {}", worker.url, error_chain(&error));
-            if error.is_connect() {
-                tracing::debug!(worker = %worker.url, %message, "connect failed, will retry elsewhere");
-                Attempt::Unreachable(message)
-            } else {
-                Attempt::Fatal(ApiError::UpstreamUnreachable(message))
-            }
+            let message = format!("{}: {message}", worker.url);
+            tracing::debug!(worker = %worker.url, %message, "connect failed, will retry elsewhere");
+            Attempt::Unreachable(message)
+        }
+        Ok(Err(SendError::Exchange(error))) => {
+            record_failure(state, worker, "connect", now);
+            Attempt::Fatal(ApiError::UpstreamUnreachable(format!("{}: {}", worker.url, error_chain(&error))))
         }
         Err(_) => {
             record_failure(state, worker, "timeout", now);
@@ -344,7 +344,7 @@ fn respond(
     started: Instant,
     worker: &Worker,
     decision: &Decision,
-    response: http::Response<Incoming>,
+    response: http::Response<UpstreamBody>,
     in_flight: InFlight,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Response {

@@ -116,6 +116,7 @@ impl Registry {
         }
         self.publish(&mut policies, workers);
         self.metrics.remove_worker(&removed.url);
+        removed.conns.clear();
         Some(removed)
     }
 

@@ -124,7 +124,8 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     Ok(GatewayHandle { addr: local_addr, state, shutdown, server, background })
 }
 
-/// Drive the policies' periodic maintenance (prefix-tree eviction) from the gateway's clock.
+/// Once a second: the policies' maintenance (prefix-tree eviction) on the gateway's clock, and
+/// closing idle upstream connections that expired or were closed by their worker.
 async fn maintain_policies(state: SharedState, mut shutdown: watch::Receiver<bool>) {
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -134,8 +135,13 @@ async fn maintain_policies(state: SharedState, mut shutdown: watch::Receiver<boo
             _ = shutdown.changed() => return,
         }
         let now_ms = state.now_ms();
-        for pool in state.registry.snapshot().models.values() {
+        let snapshot = state.registry.snapshot();
+        for pool in snapshot.models.values() {
             pool.policy.maintain(now_ms);
+        }
+        let now = std::time::Instant::now();
+        for worker in &snapshot.workers {
+            worker.conns.sweep(now);
         }
     }
 }

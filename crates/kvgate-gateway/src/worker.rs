@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use kvgate_policy::WorkerId;
 use serde::Serialize;
 
+use crate::conn::ConnPool;
 use crate::metrics::WorkerSeries;
 
 /// Check and canonicalize a worker URL: `http://host:port[/prefix]`, no trailing slash.
@@ -152,6 +153,8 @@ pub struct Worker {
     in_flight: AtomicU64,
     pub circuit: CircuitBreaker,
     pub series: WorkerSeries,
+    /// Keep-alive connections to this worker for proxied requests.
+    pub conns: ConnPool,
 }
 
 impl Worker {
@@ -169,7 +172,6 @@ impl Worker {
         }
         Self {
             id,
-            url,
             model: model_cell,
             healthy: AtomicBool::new(healthy),
             consecutive_health_failures: AtomicU32::new(0),
@@ -177,6 +179,8 @@ impl Worker {
             in_flight: AtomicU64::new(0),
             circuit: CircuitBreaker::new(circuit),
             series,
+            conns: ConnPool::new(&url),
+            url,
         }
     }
 

@@ -1,0 +1,159 @@
+//! The gateway's keep-alive connections to workers: reused across requests, replaced when the
+//! worker closed them while idle, and sent to the worker URL's path prefix.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test]
+async fn sequential_requests_reuse_one_upstream_connection() {
+    let up = upstream("a", "m").await;
+    let gw = gateway(config(vec![up.url.clone()])).await;
+    let client = client();
+    for i in 0..20 {
+        let mut body = chat("m");
+        body["stream"] = serde_json::json!(i % 4 == 0);
+        let res = client.post(format!("{}/v1/chat/completions", gw.url())).json(&body).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        res.bytes().await.unwrap();
+    }
+    assert_eq!(up.requests.load(Ordering::SeqCst), 20);
+    assert_eq!(up.peers.lock().unwrap().len(), 1, "every request should ride the same kept-alive connection");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_requests_open_connections_then_reuse_them() {
+    let up = upstream("a", "m").await;
+    up.delay_ms.store(20, Ordering::SeqCst);
+    let gw = gateway(config(vec![up.url.clone()])).await;
+    let client = client();
+    for _wave in 0..3 {
+        let sends = (0..8).map(|_| {
+            let (client, url) = (client.clone(), format!("{}/v1/chat/completions", gw.url()));
+            async move { client.post(url).json(&chat("m")).send().await.unwrap().status() }
+        });
+        for status in futures_util::future::join_all(sends).await {
+            assert_eq!(status, 200);
+        }
+    }
+    let peers = up.peers.lock().unwrap().len();
+    assert!((1..=8).contains(&peers), "24 requests, at most 8 at a time, used {peers} connections");
+    gw.shutdown().await;
+}
+
+/// A raw HTTP/1.1 worker that answers one request per connection, keep-alive style (no
+/// `Connection: close`), then closes the connection: what an engine's keep-alive timeout does.
+struct OneShotWorker {
+    url: String,
+    connections: AtomicUsize,
+    request_lines: Mutex<Vec<String>>,
+}
+
+async fn one_shot_worker() -> Arc<OneShotWorker> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let worker = Arc::new(OneShotWorker {
+        url: format!("http://{}", listener.local_addr().unwrap()),
+        connections: AtomicUsize::new(0),
+        request_lines: Mutex::new(Vec::new()),
+    });
+    let state = worker.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            state.connections.fetch_add(1, Ordering::SeqCst);
+            let state = state.clone();
+            tokio::spawn(async move {
+                let mut data = Vec::new();
+                let mut buf = [0u8; 4096];
+                let head_end = loop {
+                    if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => data.extend_from_slice(&buf[..n]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&data[..head_end]).to_string();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+                    })
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                while data.len() < head_end + length {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => data.extend_from_slice(&buf[..n]),
+                    }
+                }
+                state.request_lines.lock().unwrap().push(head.lines().next().unwrap_or("").to_string());
+                let body = r#"{"object":"chat.completion"}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                // Dropping the stream closes the connection the gateway keeps in its pool.
+            });
+        }
+    });
+    worker
+}
+
+async fn gateway_for(worker_url: &str) -> kvgate_gateway::GatewayHandle {
+    let mut config = config(vec![]);
+    config.disable_health_check = true;
+    let gw = gateway(config).await;
+    let res = client()
+        .post(format!("{}/workers", gw.url()))
+        .json(&serde_json::json!({"url": worker_url, "model_id": "m"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.text().await.unwrap());
+    gw
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_worker_closed_is_replaced_without_error() {
+    let worker = one_shot_worker().await;
+    let gw = gateway_for(&worker.url).await;
+    let client = client();
+    for _ in 0..5 {
+        let res =
+            client.post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+        res.bytes().await.unwrap();
+        // Let the worker close the connection the gateway just pooled.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(worker.connections.load(Ordering::SeqCst), 5);
+    assert_eq!(worker.request_lines.lock().unwrap().len(), 5, "each request was sent exactly once");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_url_path_prefix_is_kept() {
+    let worker = one_shot_worker().await;
+    let gw = gateway_for(&format!("{}/engine/a/", worker.url)).await;
+    let res = client()
+        .post(format!("{}/v1/completions?x=1", gw.url()))
+        .json(&serde_json::json!({"model": "m", "prompt": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        worker.request_lines.lock().unwrap().as_slice(),
+        ["POST /engine/a/v1/completions?x=1 HTTP/1.1"]
+    );
+    gw.shutdown().await;
+}
