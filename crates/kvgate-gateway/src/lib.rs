@@ -8,6 +8,7 @@ mod config;
 mod conn;
 mod error;
 mod health;
+mod listen;
 mod loads;
 mod metrics;
 mod monitor;

@@ -44,6 +44,11 @@ impl Endpoint {
         }
     }
 
+    /// The endpoint served at `path`, if any.
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        Endpoint::ALL.into_iter().find(|endpoint| endpoint.path() == path)
+    }
+
     /// The metrics label.
     pub fn label(self) -> &'static str {
         match self {
@@ -81,7 +86,17 @@ enum Attempt {
     Fatal(ApiError),
 }
 
+/// The axum handler of a proxied endpoint.
 pub async fn handle(State(state): State<Arc<AppState>>, endpoint: Endpoint, request: Request) -> Response {
+    serve(state, endpoint, request).await
+}
+
+/// Proxy one request, whatever its body type (the accept loop hands hyper's body over unboxed).
+pub async fn serve<B>(state: Arc<AppState>, endpoint: Endpoint, request: http::Request<B>) -> Response
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let started = Instant::now();
     match proxy(&state, endpoint, request, started).await {
         Ok(response) => response,
@@ -94,7 +109,11 @@ pub async fn handle(State(state): State<Arc<AppState>>, endpoint: Endpoint, requ
     }
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
@@ -104,12 +123,16 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     }
 }
 
-async fn proxy(
+async fn proxy<B>(
     state: &Arc<AppState>,
     endpoint: Endpoint,
-    request: Request,
+    request: http::Request<B>,
     started: Instant,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let permit = match &state.concurrency {
         Some(semaphore) => Some(
             semaphore

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::routing::{delete, get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
 use futures_util::future::join_all;
 use kvgate_policy::ConfigError;
@@ -18,6 +17,7 @@ use crate::admin;
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
 use crate::health;
+use crate::listen;
 use crate::monitor;
 use crate::proxy::{self, Endpoint};
 use crate::state::{AppState, SharedState};
@@ -37,7 +37,7 @@ pub struct GatewayHandle {
     pub addr: SocketAddr,
     pub state: SharedState,
     shutdown: watch::Sender<bool>,
-    server: JoinHandle<std::io::Result<()>>,
+    server: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
 }
 
@@ -108,18 +108,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         tokio::spawn(maintain_policies(state.clone(), shutdown_rx.clone())),
         tokio::spawn(monitor::run(state.clone(), shutdown_rx.clone())),
     ];
-    let app = router(state.clone());
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let mut stop = shutdown_rx;
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-            })
-            .await
-    });
+    let server = tokio::spawn(listen::serve(listener, state.clone(), router(state.clone()), shutdown_rx));
     tracing::info!(addr = %local_addr, policy = state.config.routing.policy.as_str(), "kvgate listening");
     Ok(GatewayHandle { addr: local_addr, state, shutdown, server, background })
 }
