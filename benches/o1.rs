@@ -3,7 +3,12 @@
 //! one run; prints requests/s, latency p50/p99, the ratio to direct, and kvgate's CPU time per
 //! proxied request (process CPU seconds over the run / requests).
 //!
-//! `cargo bench --bench o1` (env: O1_SECS=20, O1_CLIENTS=64, O1_PROMPT_BYTES=8192).
+//! A third target, the floor, is a bare hyper proxy (this binary re-executed): hyper-util's pooled
+//! client, no body parsing, no policy but round robin, no metrics. It shows what the HTTP stack
+//! and loopback TCP cost on their own, so kvgate's own share can be read off.
+//!
+//! `cargo bench --bench o1` (env: O1_SECS=20, O1_CLIENTS=64, O1_PROMPT_BYTES=8192, O1_ROUNDS=1,
+//! O1_GATEWAY_THREADS=0).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -29,19 +34,21 @@ impl Drop for Proc {
 }
 
 /// Start `kvgate ARGS` and collect stdout lines until `done` says enough.
-fn spawn(args: &[&str], mut done: impl FnMut(&[String]) -> bool) -> (Proc, Vec<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kvgate binary");
+fn spawn(args: &[&str], done: impl FnMut(&[String]) -> bool) -> (Proc, Vec<String>) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+    command.args(args);
+    spawn_command(command, done)
+}
+
+fn spawn_command(mut command: Command, mut done: impl FnMut(&[String]) -> bool) -> (Proc, Vec<String>) {
+    let args = format!("{command:?}");
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("kvgate binary");
     let mut lines = Vec::new();
     let mut reader = BufReader::new(child.stdout.take().unwrap());
     while !done(&lines) {
         let mut line = String::new();
         if reader.read_line(&mut line).unwrap() == 0 {
-            panic!("kvgate {args:?} exited early: {lines:?}");
+            panic!("{args} exited early: {lines:?}");
         }
         lines.push(line.trim().to_string());
     }
@@ -141,8 +148,42 @@ fn chat_body(prompt_bytes: usize) -> Bytes {
     )
 }
 
+const BARE_PROXY_ENV: &str = "O1_BARE_PROXY_UPSTREAMS";
+
+/// The floor target: forward every request as it comes to the next upstream, nothing else.
+async fn bare_proxy(upstreams: Vec<String>) {
+    use hyper::body::Incoming;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!("bare proxy listening on http://{}", listener.local_addr().unwrap());
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<_, Incoming> =
+        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1024).build(connector);
+    let next = Arc::new(AtomicUsize::new(0));
+    let upstreams = Arc::new(upstreams);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let _ = stream.set_nodelay(true);
+        let (client, next, upstreams) = (client.clone(), next.clone(), upstreams.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let upstream = &upstreams[next.fetch_add(1, Ordering::Relaxed) % upstreams.len()];
+                let (mut parts, body) = request.into_parts();
+                parts.uri = format!("{upstream}{}", parts.uri.path()).parse().unwrap();
+                client.request(hyper::Request::from_parts(parts, body))
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+        });
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if let Ok(upstreams) = std::env::var(BARE_PROXY_ENV) {
+        return bare_proxy(upstreams.split(',').map(str::to_string).collect()).await;
+    }
     let secs = env_or("O1_SECS", 20);
     let clients = env_or("O1_CLIENTS", 64) as usize;
     let prompt_bytes = env_or("O1_PROMPT_BYTES", 8192) as usize;
@@ -157,7 +198,7 @@ async fn main() {
         "O1: {clients} clients, {secs} s per run, body {} bytes, 4 canned engines, gateway threads {threads} (0 = one per core), {rounds} round(s)",
         body.len()
     );
-    println!("| round | target | req/s | p50 ms | p99 ms | errors | vs direct | kvgate CPU us/req |");
+    println!("| round | target | req/s | p50 ms | p99 ms | errors | vs direct | proxy CPU us/req |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut ratios: Vec<(&str, f64)> = Vec::new();
     for round in 1..=rounds {
@@ -170,19 +211,35 @@ async fn main() {
             direct.pct(0.99),
             direct.errors
         );
-        for policy in ["round_robin", "cache_aware"] {
-            let mut args = vec!["launch", "--port", "0", "--policy", policy, "--log-level", "warn"];
-            args.extend(["--worker-threads", threads.as_str(), "--worker-urls"]);
-            args.extend(urls.iter().map(String::as_str));
-            let (gateway, lines) = spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
-            let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap().to_string();
+        for policy in ["bare", "round_robin", "cache_aware"] {
+            let (gateway, url) = if policy == "bare" {
+                let mut command = Command::new(std::env::current_exe().unwrap());
+                command.env(BARE_PROXY_ENV, urls.join(","));
+                let (proxy, lines) =
+                    spawn_command(command, |l| l.iter().any(|l| l.starts_with("bare proxy listening on")));
+                let url = lines.iter().find_map(|l| l.strip_prefix("bare proxy listening on ")).unwrap();
+                (proxy, url.to_string())
+            } else {
+                let mut args = vec!["launch", "--port", "0", "--policy", policy, "--log-level", "warn"];
+                args.extend(["--worker-threads", threads.as_str(), "--worker-urls"]);
+                args.extend(urls.iter().map(String::as_str));
+                let (gateway, lines) =
+                    spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
+                let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap();
+                (gateway, url.to_string())
+            };
             let cpu_before = cpu_seconds(gateway.0.id());
             let run = load(&url, body.clone(), clients, secs).await;
             let cpu = cpu_seconds(gateway.0.id()) - cpu_before;
             let ratio = run.rps() / direct.rps();
             ratios.push((policy, ratio));
+            let target = if policy == "bare" {
+                "bare hyper proxy (floor)".to_string()
+            } else {
+                format!("kvgate {policy}")
+            };
             println!(
-                "| {round} | kvgate {policy} | {:.0} | {:.2} | {:.2} | {} | {ratio:.2} | {:.1} |",
+                "| {round} | {target} | {:.0} | {:.2} | {:.2} | {} | {ratio:.2} | {:.1} |",
                 run.rps(),
                 run.pct(0.5),
                 run.pct(0.99),
@@ -192,10 +249,10 @@ async fn main() {
         }
     }
     if rounds > 1 {
-        for policy in ["round_robin", "cache_aware"] {
+        for policy in ["bare", "round_robin", "cache_aware"] {
             let mut mine: Vec<f64> = ratios.iter().filter(|(p, _)| *p == policy).map(|(_, r)| *r).collect();
             mine.sort_by(f64::total_cmp);
-            println!("median ratio kvgate {policy} / direct: {:.2}", mine[mine.len() / 2]);
+            println!("median ratio {policy} / direct: {:.2}", mine[mine.len() / 2]);
         }
     }
 }
