@@ -1,5 +1,5 @@
-//! The pooled keep-alive HTTP client the gateway uses to talk to workers, and the small GET
-//! helpers for health checks and model discovery.
+//! The pooled HTTP client of the background loops (health checks, model discovery, load polls)
+//! and their small GET helpers. Proxied requests use `conn.rs` instead.
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use hyper_util::rt::TokioExecutor;
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// One client for all workers: keep-alive pooled connections, TCP_NODELAY.
+/// One client for the background loops: keep-alive pooled connections, TCP_NODELAY.
 pub fn build_client() -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
