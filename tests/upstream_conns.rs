@@ -157,3 +157,42 @@ async fn a_worker_url_path_prefix_is_kept() {
     );
     gw.shutdown().await;
 }
+
+/// Large bodies both ways: the request connection is driven by the request's own task, so flow
+/// control (a full socket buffer, a slow reader) must keep it moving in both directions.
+#[tokio::test]
+async fn large_request_and_answer_bodies_pass_through_whole() {
+    use axum::routing::post;
+    const ANSWER_BYTES: usize = 4 << 20;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(AtomicUsize::new(0));
+    let seen_by_worker = seen.clone();
+    let app = axum::Router::new()
+        .route(
+            "/v1/completions",
+            post(move |body: bytes::Bytes| {
+                let seen = seen_by_worker.clone();
+                async move {
+                    seen.store(body.len(), Ordering::SeqCst);
+                    vec![b'x'; ANSWER_BYTES]
+                }
+            }),
+        )
+        .layer(axum::extract::DefaultBodyLimit::disable());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let gw = gateway_for(&url).await;
+    let prompt = "y".repeat(3 << 20);
+    let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
+    for _ in 0..2 {
+        let res =
+            client().post(format!("{}/v1/completions", gw.url())).body(body.clone()).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        let answer = res.bytes().await.unwrap();
+        assert_eq!(answer.len(), ANSWER_BYTES);
+        assert_eq!(seen.load(Ordering::SeqCst), body.len());
+    }
+    gw.shutdown().await;
+}
