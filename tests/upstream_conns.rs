@@ -55,6 +55,34 @@ struct OneShotWorker {
     request_lines: Mutex<Vec<String>>,
 }
 
+/// Read one HTTP/1.1 request (head and content-length body); returns the head.
+async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&data[..head_end]).to_string();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    while data.len() < head_end + length {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(head)
+}
+
 async fn one_shot_worker() -> Arc<OneShotWorker> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let worker = Arc::new(OneShotWorker {
@@ -68,31 +96,7 @@ async fn one_shot_worker() -> Arc<OneShotWorker> {
             state.connections.fetch_add(1, Ordering::SeqCst);
             let state = state.clone();
             tokio::spawn(async move {
-                let mut data = Vec::new();
-                let mut buf = [0u8; 4096];
-                let head_end = loop {
-                    if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => data.extend_from_slice(&buf[..n]),
-                    }
-                };
-                let head = String::from_utf8_lossy(&data[..head_end]).to_string();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
-                    })
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                while data.len() < head_end + length {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => data.extend_from_slice(&buf[..n]),
-                    }
-                }
+                let Some(head) = read_request(&mut stream).await else { return };
                 state.request_lines.lock().unwrap().push(head.lines().next().unwrap_or("").to_string());
                 let body = r#"{"object":"chat.completion"}"#;
                 let answer = format!(
@@ -194,5 +198,46 @@ async fn large_request_and_answer_bodies_pass_through_whole() {
         assert_eq!(answer.len(), ANSWER_BYTES);
         assert_eq!(seen.load(Ordering::SeqCst), body.len());
     }
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_that_dies_mid_stream_ends_the_client_response() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if read_request(&mut stream).await.is_none() {
+                    return;
+                }
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                let chunk = "data: {\"i\":0}\n\n";
+                let first = format!("{head}{:x}\r\n{chunk}\r\n", chunk.len());
+                let _ = stream.write_all(first.as_bytes()).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                // The engine dies: the connection goes away in the middle of the chunked stream.
+            });
+        }
+    });
+    let gw = gateway_for(&url).await;
+    let res = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&serde_json::json!({"model": "m", "stream": true, "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let read_all = tokio::time::timeout(Duration::from_secs(5), res.bytes()).await;
+    let read_all = read_all.expect("the client's response ends when the worker's does");
+    assert!(read_all.is_err(), "a truncated stream must not look complete to the client");
+    let gw_url = gw.url();
+    let idle = eventually(5.0, async || {
+        let workers: serde_json::Value =
+            client().get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+        workers["workers"][0]["in_flight"].as_u64() == Some(0)
+    })
+    .await;
+    assert!(idle, "the request ended in the gateway too");
     gw.shutdown().await;
 }
