@@ -12,6 +12,17 @@ pub enum EngineKind {
     Canned,
 }
 
+/// How KV event batches are encoded (vLLM has shipped both).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvEventEncoding {
+    /// Positional msgpack arrays (older vLLM, msgspec `array_like=True`):
+    /// `[ts, [["BlockStored", ...], ...], dp_rank]`.
+    #[default]
+    Array,
+    /// Msgpack maps keyed by field name, events tagged with `"type"` (current vLLM).
+    Map,
+}
+
 /// Options of `kvgate mock`: a fleet of simulated SGLang/vLLM engines on loopback.
 ///
 /// Engine-model flags left unset take the reference replica's value (`EngineConfig::default()`).
@@ -44,6 +55,20 @@ pub struct MockArgs {
     /// ZMQ topic of the KV event messages.
     #[arg(long, default_value = "")]
     pub kv_events_topic: String,
+    /// Msgpack form of the KV event batches.
+    #[arg(long, value_enum, default_value_t = KvEventEncoding::Array)]
+    pub kv_events_encoding: KvEventEncoding,
+    /// Serve vLLM's KV event replay (ZMQ ROUTER) on kv_events_replay_base_port + i (0 = pick free
+    /// ports); needs --kv-events-base-port.
+    #[arg(long)]
+    pub kv_events_replay_base_port: Option<u16>,
+    /// KV event batches each worker keeps for replay (the most recent ones).
+    #[arg(long, default_value_t = 10_000)]
+    pub kv_events_buffer_steps: usize,
+    /// Fault injection: every K-th KV event batch is numbered and kept for replay but not
+    /// published, so subscribers see a sequence gap.
+    #[arg(long, value_name = "K")]
+    pub kv_events_drop_every: Option<u64>,
     /// Always generate exactly max_tokens (as if every request set "ignore_eos": true).
     #[arg(long)]
     pub force_max_tokens: bool,
@@ -70,6 +95,14 @@ pub struct MockArgs {
     /// Seed of the fault-injection draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+/// Worker `worker_idx`'s port given a base port (0 stays 0: a free port).
+pub(crate) fn worker_port(base: u16, worker_idx: usize) -> u16 {
+    if base == 0 {
+        return 0;
+    }
+    u16::try_from(usize::from(base) + worker_idx).unwrap_or(u16::MAX)
 }
 
 impl Default for MockArgs {
@@ -103,11 +136,7 @@ impl MockArgs {
         if self.base_port != 0 && usize::from(self.base_port) + self.count > 65_536 {
             problems.push("--base-port + --count exceeds the port range".into());
         }
-        if let Some(port) = self.kv_events_base_port.filter(|&port| port != 0) {
-            if usize::from(port) + self.count > 65_536 {
-                problems.push("--kv-events-base-port + --count exceeds the port range".into());
-            }
-        }
+        problems.extend(self.kv_event_problems());
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
             problems.push(format!("--time-scale must be a finite number > 0, got {}", self.time_scale));
         }
@@ -132,6 +161,34 @@ impl MockArgs {
         } else {
             Err(problems.join("\n"))
         }
+    }
+
+    fn kv_event_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let ports = [
+            ("--kv-events-base-port", self.kv_events_base_port),
+            ("--kv-events-replay-base-port", self.kv_events_replay_base_port),
+        ];
+        for (flag, base) in ports {
+            if base.is_some_and(|port| port != 0 && usize::from(port) + self.count > 65_536) {
+                problems.push(format!("{flag} + --count exceeds the port range"));
+            }
+        }
+        if self.kv_events_base_port.is_none() {
+            if self.kv_events_replay_base_port.is_some() {
+                problems.push("--kv-events-replay-base-port needs --kv-events-base-port".into());
+            }
+            if self.kv_events_drop_every.is_some() {
+                problems.push("--kv-events-drop-every needs --kv-events-base-port".into());
+            }
+        }
+        if self.kv_events_buffer_steps == 0 {
+            problems.push("--kv-events-buffer-steps must be at least 1".into());
+        }
+        if self.kv_events_drop_every == Some(0) {
+            problems.push("--kv-events-drop-every must be at least 1".into());
+        }
+        problems
     }
 }
 
@@ -160,5 +217,31 @@ mod tests {
         };
         let problems = args.validate().unwrap_err();
         assert_eq!(problems.lines().count(), 4, "{problems}");
+    }
+
+    #[test]
+    fn kv_event_flags_are_checked_together() {
+        let defaults = MockArgs::default();
+        assert_eq!(defaults.kv_events_encoding, KvEventEncoding::Array);
+        assert_eq!(defaults.kv_events_buffer_steps, 10_000);
+        let orphans = MockArgs {
+            kv_events_replay_base_port: Some(0),
+            kv_events_drop_every: Some(0),
+            kv_events_buffer_steps: 0,
+            ..MockArgs::default()
+        };
+        let problems = orphans.validate().unwrap_err();
+        assert_eq!(problems.lines().count(), 4, "{problems}");
+        let full = MockArgs {
+            count: 2,
+            kv_events_base_port: Some(5557),
+            kv_events_replay_base_port: Some(65_535),
+            kv_events_drop_every: Some(3),
+            ..MockArgs::default()
+        };
+        assert_eq!(
+            full.validate().unwrap_err(),
+            "--kv-events-replay-base-port + --count exceeds the port range"
+        );
     }
 }

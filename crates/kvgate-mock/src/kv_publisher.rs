@@ -1,19 +1,59 @@
-//! Publishes an engine's KV events over ZMQ PUB in vLLM's wire format (topic, 8-byte big-endian sequence number, msgpack `KVEventBatch`).
-//!
-//! The payload is what vLLM's msgspec structs (`array_like=True`, events `tag=True`) encode to:
-//! `[ts, [event, ...], data_parallel_rank]` with each event one of
-//! `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]`,
-//! `["BlockRemoved", block_hashes, medium]` or `["AllBlocksCleared"]` (`lora_id` and `medium`
-//! are nil).
+//! Publishes an engine's KV events over ZMQ PUB in vLLM's wire format (topic, 8-byte big-endian sequence number, msgpack `KVEventBatch`), keeping them for replay and dropping some on request (fault injection).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context;
 use bytes::Bytes;
-use kvgate_engine::{KvEvent, KvEventBatch};
-use tokio::sync::mpsc;
+use kvgate_engine::KvEventBatch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
+use crate::args::KvEventEncoding;
 use crate::driver::EngineClock;
+use crate::kv_encoding::encode_batch;
+use crate::kv_events::stopped;
+use crate::kv_replay::ReplayBuffer;
+
+/// Lost-message fault injection: batches that are numbered and buffered but not sent on PUB.
+#[derive(Debug, Default)]
+pub(crate) struct KvEventFaults {
+    /// Every K-th batch (seq K-1, 2K-1, ...) is dropped.
+    drop_every: Option<u64>,
+    /// The next this many batches are dropped.
+    drop_next: AtomicUsize,
+}
+
+impl KvEventFaults {
+    pub(crate) fn new(drop_every: Option<u64>) -> Self {
+        Self { drop_every: drop_every.filter(|&every| every > 0), drop_next: AtomicUsize::new(0) }
+    }
+
+    /// Drops the next `n` batches (on top of any still pending).
+    pub(crate) fn drop_next(&self, n: usize) {
+        let _ = self
+            .drop_next
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |pending| Some(pending.saturating_add(n)));
+    }
+
+    /// Whether the batch numbered `seq` is to be lost (consumes one pending `drop_next`).
+    fn take_drop(&self, seq: u64) -> bool {
+        let pending = self
+            .drop_next
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |pending| pending.checked_sub(1));
+        pending.is_ok() || self.drop_every.is_some_and(|every| seq % every == every - 1)
+    }
+}
+
+/// What a publisher does with each batch besides sending it.
+pub(crate) struct PublishOptions {
+    pub(crate) topic: String,
+    pub(crate) encoding: KvEventEncoding,
+    /// Where every batch is kept for replay (`None`: replay is off).
+    pub(crate) buffer: Option<Arc<ReplayBuffer>>,
+    pub(crate) faults: Arc<KvEventFaults>,
+}
 
 /// A bound PUB socket and the endpoint subscribers connect to.
 pub(crate) struct KvPublisher {
@@ -37,90 +77,47 @@ impl KvPublisher {
         &self.endpoint
     }
 
-    /// Publishes every batch received on `batches` until the channel closes.
+    /// Publishes every batch received on `batches` until `stop` turns true (or the channel
+    /// closes), then closes the socket (the port is free again when the task ends).
     pub(crate) fn spawn(
         mut self,
-        topic: String,
+        options: PublishOptions,
         clock: EngineClock,
         mut batches: mpsc::UnboundedReceiver<KvEventBatch>,
+        mut stop: watch::Receiver<bool>,
     ) -> JoinHandle<()> {
-        let topic = Bytes::from(topic.into_bytes());
         tokio::spawn(async move {
-            while let Some(batch) = batches.recv().await {
-                let payload = encode_batch(&batch, clock.unix_secs_at(batch.timestamp_us), 0);
-                let frames = vec![
-                    topic.clone(),
-                    Bytes::copy_from_slice(&batch.seq.to_be_bytes()),
-                    Bytes::from(payload),
-                ];
-                let message = ZmqMessage::try_from(frames).expect("three frames are not empty");
+            let topic = Bytes::from(options.topic.clone().into_bytes());
+            loop {
+                let batch = tokio::select! {
+                    biased;
+                    () = stopped(&mut stop) => break,
+                    batch = batches.recv() => match batch {
+                        Some(batch) => batch,
+                        None => break,
+                    },
+                };
+                let timestamp_secs = clock.unix_secs_at(batch.timestamp_us);
+                let payload = Bytes::from(encode_batch(&batch, timestamp_secs, 0, options.encoding));
+                if let Some(buffer) = &options.buffer {
+                    buffer.push(batch.seq, payload.clone());
+                }
+                if options.faults.take_drop(batch.seq) {
+                    tracing::debug!(seq = batch.seq, endpoint = %self.endpoint, "KV event batch dropped (fault injection)");
+                    continue;
+                }
+                let mut message = ZmqMessage::from(topic.clone());
+                message.push_back(Bytes::copy_from_slice(&batch.seq.to_be_bytes()));
+                message.push_back(payload);
                 if let Err(error) = self.socket.send(message).await {
                     tracing::warn!(%error, endpoint = %self.endpoint, "KV event publish failed");
                 }
             }
+            for error in self.socket.close().await {
+                tracing::warn!(%error, "closing the KV event publisher");
+            }
         })
     }
-}
-
-/// Encodes one batch as vLLM's msgpack `KVEventBatch`.
-pub(crate) fn encode_batch(batch: &KvEventBatch, timestamp_secs: f64, dp_rank: u32) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    encode_into(&mut out, batch, timestamp_secs, dp_rank).expect("writing to a Vec cannot fail");
-    out
-}
-
-fn encode_into(
-    out: &mut Vec<u8>,
-    batch: &KvEventBatch,
-    timestamp_secs: f64,
-    dp_rank: u32,
-) -> Result<(), Box<dyn std::error::Error>> {
-    use rmp::encode::{write_array_len, write_f64, write_nil, write_str, write_uint};
-
-    let len = |n: usize| u32::try_from(n).expect("fewer than 2^32 items");
-    write_array_len(out, 3)?;
-    write_f64(out, timestamp_secs)?;
-    write_array_len(out, len(batch.events.len()))?;
-    for event in &batch.events {
-        match event {
-            KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => {
-                write_array_len(out, 7)?;
-                write_str(out, "BlockStored")?;
-                write_array_len(out, len(block_hashes.len()))?;
-                for &hash in block_hashes {
-                    write_uint(out, hash)?;
-                }
-                match parent_block_hash {
-                    Some(hash) => {
-                        write_uint(out, *hash)?;
-                    }
-                    None => write_nil(out)?,
-                }
-                write_array_len(out, len(token_ids.len()))?;
-                for &token in token_ids {
-                    write_uint(out, u64::from(token))?;
-                }
-                write_uint(out, u64::from(*block_size))?;
-                write_nil(out)?; // lora_id
-                write_nil(out)?; // medium
-            }
-            KvEvent::BlockRemoved { block_hashes } => {
-                write_array_len(out, 3)?;
-                write_str(out, "BlockRemoved")?;
-                write_array_len(out, len(block_hashes.len()))?;
-                for &hash in block_hashes {
-                    write_uint(out, hash)?;
-                }
-                write_nil(out)?; // medium
-            }
-            KvEvent::AllBlocksCleared => {
-                write_array_len(out, 1)?;
-                write_str(out, "AllBlocksCleared")?;
-            }
-        }
-    }
-    write_uint(out, u64::from(dp_rank))?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -128,36 +125,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn encodes_like_msgspec_array_like_tagged_structs() {
-        let batch = KvEventBatch {
-            seq: 3,
-            timestamp_us: 0,
-            events: vec![
-                KvEvent::BlockStored {
-                    block_hashes: vec![1, u64::MAX],
-                    parent_block_hash: None,
-                    token_ids: vec![7, 8],
-                    block_size: 1,
-                },
-                KvEvent::BlockRemoved { block_hashes: vec![1] },
-                KvEvent::AllBlocksCleared,
-            ],
-        };
-        let bytes = encode_batch(&batch, 1.5, 0);
-        let mut expected = vec![0x93, 0xcb];
-        expected.extend_from_slice(&1.5f64.to_be_bytes());
-        expected.push(0x93); // three events
-        expected.extend_from_slice(&[0x97, 0xab]);
-        expected.extend_from_slice(b"BlockStored");
-        expected.extend_from_slice(&[0x92, 0x01, 0xcf]);
-        expected.extend_from_slice(&u64::MAX.to_be_bytes());
-        expected.extend_from_slice(&[0xc0, 0x92, 0x07, 0x08, 0x01, 0xc0, 0xc0]);
-        expected.extend_from_slice(&[0x93, 0xac]);
-        expected.extend_from_slice(b"BlockRemoved");
-        expected.extend_from_slice(&[0x91, 0x01, 0xc0]);
-        expected.extend_from_slice(&[0x91, 0xb0]);
-        expected.extend_from_slice(b"AllBlocksCleared");
-        expected.push(0x00); // dp rank
-        assert_eq!(bytes, expected);
+    fn drops_the_next_n_then_every_kth() {
+        let faults = KvEventFaults::new(Some(3));
+        faults.drop_next(2);
+        let dropped: Vec<u64> = (0..9).filter(|&seq| faults.take_drop(seq)).collect();
+        assert_eq!(dropped, [0, 1, 2, 5, 8]);
+        let never = KvEventFaults::new(None);
+        assert!((0..100).all(|seq| !never.take_drop(seq)));
+        never.drop_next(usize::MAX);
+        never.drop_next(1);
+        assert!(never.take_drop(0));
     }
 }

@@ -3,7 +3,8 @@
 //! Every worker serves `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `POST /generate` (SGLang native), `GET /v1/loads` (SGLang's load
 //! report), `GET /metrics` (vLLM metric names) and `POST /flush_cache`, and optionally
-//! publishes KV events over ZMQ in vLLM's wire format. Generation is streamed (SSE, one chunk
+//! publishes KV events over ZMQ in vLLM's wire format (positional or map msgpack, with vLLM's
+//! ROUTER replay socket and a lost-message fault hook). Generation is streamed (SSE, one chunk
 //! per token, a final usage chunk, `data: [DONE]`) or returned whole, with OpenAI-shaped usage
 //! including `prompt_tokens_details.cached_tokens`.
 //!
@@ -22,7 +23,10 @@ mod args;
 mod canned;
 mod driver;
 mod generation;
+mod kv_encoding;
+mod kv_events;
 mod kv_publisher;
+mod kv_replay;
 mod metrics;
 mod openai;
 mod server;
@@ -33,13 +37,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use args::{EngineKind, MockArgs};
+pub use args::{EngineKind, KvEventEncoding, MockArgs};
 
+use args::worker_port;
 use driver::{EngineClock, EngineHandle};
-use kv_publisher::KvPublisher;
+use kv_publisher::KvEventFaults;
 use server::{AppState, ServeOptions};
 
 /// How long `MockFleet::shutdown` waits for open connections before dropping them.
@@ -49,8 +54,13 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 pub struct MockFleet {
     urls: Vec<String>,
     kv_event_endpoints: Vec<String>,
+    kv_event_replay_endpoints: Vec<String>,
+    /// Each worker's lost-message fault hook, in worker order (empty without KV events).
+    kv_event_faults: Vec<Arc<KvEventFaults>>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
+    /// Tasks that own a ZMQ socket and close it once `shutdown` turns true.
+    sockets: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
     engines: Vec<EngineHandle>,
 }
@@ -67,14 +77,34 @@ impl MockFleet {
         self.kv_event_endpoints.clone()
     }
 
+    /// ZMQ endpoints (`tcp://host:port`) of the workers' KV event replay (ROUTER) sockets, in
+    /// worker order; empty unless `--kv-events-replay-base-port` was given.
+    pub fn kv_event_replay_endpoints(&self) -> Vec<String> {
+        self.kv_event_replay_endpoints.clone()
+    }
+
+    /// Fault injection: worker `worker_idx`'s next `n` KV event batches are numbered and kept
+    /// for replay but not published, so a subscriber sees a sequence gap (a lost message).
+    /// Fails when that worker publishes no KV events.
+    pub fn drop_kv_event_batches(&self, worker_idx: usize, n: usize) -> anyhow::Result<()> {
+        let faults = self.kv_event_faults.get(worker_idx).with_context(|| {
+            format!("mock engine {worker_idx} publishes no KV events ({} do)", self.kv_event_faults.len())
+        })?;
+        faults.drop_next(n);
+        Ok(())
+    }
+
     /// Stops accepting connections, ends open generation streams, and waits (briefly) for
-    /// the servers to finish.
+    /// the servers to finish. Every listening port (HTTP, KV events, replay) is closed when
+    /// this returns, so a new fleet can bind the same ports at once.
     pub async fn shutdown(mut self) {
         self.signal_stop();
-        for server in std::mem::take(&mut self.servers) {
-            let abort = server.abort_handle();
-            if tokio::time::timeout(SHUTDOWN_GRACE, server).await.is_err() {
-                abort.abort();
+        let servers = std::mem::take(&mut self.servers);
+        let sockets = std::mem::take(&mut self.sockets);
+        for mut task in servers.into_iter().chain(sockets) {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
             }
         }
         for task in std::mem::take(&mut self.background) {
@@ -93,7 +123,7 @@ impl MockFleet {
 impl Drop for MockFleet {
     fn drop(&mut self) {
         self.signal_stop();
-        for task in self.servers.iter().chain(&self.background) {
+        for task in self.servers.iter().chain(&self.sockets).chain(&self.background) {
             task.abort();
         }
     }
@@ -107,20 +137,16 @@ pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
     let mut fleet = MockFleet {
         urls: Vec::new(),
         kv_event_endpoints: Vec::new(),
+        kv_event_replay_endpoints: Vec::new(),
+        kv_event_faults: Vec::new(),
         shutdown,
         servers: Vec::new(),
+        sockets: Vec::new(),
         background: Vec::new(),
         engines: Vec::new(),
     };
     for worker_idx in 0..args.count {
-        let offset = |base: u16| {
-            if base == 0 {
-                0
-            } else {
-                base + worker_idx as u16
-            }
-        };
-        let port = offset(args.base_port);
+        let port = worker_port(args.base_port, worker_idx);
         let listener = TcpListener::bind((args.host.as_str(), port))
             .await
             .with_context(|| format!("binding mock engine {worker_idx} on {}:{port}", args.host))?;
@@ -129,18 +155,15 @@ pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
             EngineKind::Canned => None,
             EngineKind::Realistic => {
                 let clock = EngineClock::new(args.time_scale);
-                let kv_events = match args.kv_events_base_port {
-                    Some(base) => {
-                        let publisher = KvPublisher::bind(&args.host, offset(base)).await?;
-                        fleet.kv_event_endpoints.push(publisher.endpoint().to_string());
-                        let (sender, receiver) = mpsc::unbounded_channel();
-                        let topic = args.kv_events_topic.clone();
-                        fleet.background.push(publisher.spawn(topic, clock, receiver));
-                        Some(sender)
-                    }
-                    None => None,
-                };
-                let (engine, driver) = EngineHandle::spawn(config.clone(), clock, kv_events);
+                let kv_events = kv_events::start(&args, worker_idx, clock, &shutdown_rx).await?;
+                let batches = kv_events.map(|kv_events| {
+                    fleet.kv_event_endpoints.push(kv_events.endpoint);
+                    fleet.kv_event_replay_endpoints.extend(kv_events.replay_endpoint);
+                    fleet.kv_event_faults.push(kv_events.faults);
+                    fleet.sockets.extend(kv_events.tasks);
+                    kv_events.batches
+                });
+                let (engine, driver) = EngineHandle::spawn(config.clone(), clock, batches);
                 fleet.background.push(driver);
                 fleet.engines.push(engine.clone());
                 Some(engine)
@@ -171,6 +194,9 @@ pub async fn run_fleet(args: MockArgs) -> anyhow::Result<()> {
     }
     for (worker_idx, endpoint) in fleet.kv_event_endpoints().iter().enumerate() {
         println!("mock engine {worker_idx} KV events: {endpoint}");
+    }
+    for (worker_idx, endpoint) in fleet.kv_event_replay_endpoints().iter().enumerate() {
+        println!("mock engine {worker_idx} KV event replay: {endpoint}");
     }
     tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
     fleet.shutdown().await;
