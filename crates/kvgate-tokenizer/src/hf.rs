@@ -1,0 +1,76 @@
+//! A Hugging Face tokenizer with its chat templates: renders chats as transformers' `apply_chat_template` and encodes as `tokenizer(text, add_special_tokens=...)`.
+
+use std::collections::BTreeMap;
+
+use minijinja::Value;
+
+use crate::chat::{cut_after_final_message, tag_final_message, ChatInput};
+use crate::error::TokenizerError;
+use crate::template::{context, ChatTemplates};
+
+pub(crate) struct HfTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    templates: Option<ChatTemplates>,
+    /// `bos_token`, `eos_token`, ... as template variables.
+    special_tokens: BTreeMap<String, Value>,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("vocab_size", &self.tokenizer.get_vocab_size(true))
+            .field("templates", &self.templates)
+            .field("special_tokens", &self.special_tokens)
+            .finish()
+    }
+}
+
+impl HfTokenizer {
+    pub(crate) fn new(
+        tokenizer: tokenizers::Tokenizer,
+        templates: Option<ChatTemplates>,
+        special_tokens: BTreeMap<String, Value>,
+    ) -> HfTokenizer {
+        HfTokenizer { tokenizer, templates, special_tokens }
+    }
+
+    pub(crate) fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let encoding = self
+            .tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map_err(|error| TokenizerError::Encode { message: error.to_string() })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// `apply_chat_template(messages, tokenize=False, ...)`.
+    pub(crate) fn render_chat(&self, input: ChatInput) -> Result<String, TokenizerError> {
+        let Some(templates) = &self.templates else {
+            return Err(TokenizerError::NoChatTemplate {
+                message: "the tokenizer has no chat template (tokenizer_config.json `chat_template` or \
+                          chat_template.jinja); pass one with --chat-template"
+                    .to_string(),
+            });
+        };
+        if input.messages.len() == Some(0) {
+            return Err(TokenizerError::invalid_request("`messages` is empty"));
+        }
+        let (messages, final_text) = if input.continue_final_message {
+            let (messages, final_text) = tag_final_message(&input.messages)?;
+            (messages, Some(final_text))
+        } else {
+            (input.messages, None)
+        };
+        let has_tools = input.tools.is_some();
+        let named = [
+            ("messages", messages),
+            ("tools", input.tools.unwrap_or(Value::from(()))),
+            ("documents", Value::from(())),
+            ("add_generation_prompt", Value::from(input.add_generation_prompt)),
+        ];
+        let rendered = templates.render(has_tools, context(&self.special_tokens, &input.kwargs, named))?;
+        match final_text {
+            Some(final_text) => cut_after_final_message(rendered, &final_text),
+            None => Ok(rendered),
+        }
+    }
+}

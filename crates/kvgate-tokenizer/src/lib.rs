@@ -1,0 +1,153 @@
+//! Turns requests into the token ids an engine computes: Hugging Face tokenizers with chat templates rendered as transformers renders them, or the mock engines' word tokenizer.
+//!
+//! Chat requests are rendered the way vLLM and SGLang render them, with transformers'
+//! `apply_chat_template` (Jinja2, `trim_blocks` and `lstrip_blocks`, `raise_exception`,
+//! `strftime_now`, a `tojson` without HTML escaping, the special tokens as variables), then
+//! tokenized without adding special tokens; completion prompts are tokenized with them.
+//! Everything is read from local files; nothing is downloaded.
+
+mod chat;
+mod error;
+mod hf;
+mod load;
+mod mock;
+mod pyfmt;
+mod strftime;
+mod template;
+
+use std::path::Path;
+
+pub use error::{ErrorSide, TokenizerError};
+
+use chat::ChatInput;
+use hf::HfTokenizer;
+
+/// How the gateway turns requests into the token ids an engine computes. Cheap to share
+/// between threads (`Send + Sync`); templates are compiled once, at load.
+#[derive(Debug)]
+pub struct Tokenizer {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Hf(Box<HfTokenizer>),
+    Mock,
+}
+
+/// The chat options of vLLM's chat API that change the prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatOptions {
+    /// Append the template's assistant header (default true, as in vLLM's API).
+    pub add_generation_prompt: bool,
+    /// Render the final message open-ended so the model continues it (needs `add_generation_prompt: false`).
+    pub continue_final_message: bool,
+    /// The request's `tools` (an array of objects), given to the template as `tools`.
+    pub tools: Option<serde_json::Value>,
+    /// Extra template variables (an object). As in vLLM, its `add_generation_prompt`,
+    /// `continue_final_message` and `tools` override the fields above.
+    pub chat_template_kwargs: Option<serde_json::Value>,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        ChatOptions {
+            add_generation_prompt: true,
+            continue_final_message: false,
+            tools: None,
+            chat_template_kwargs: None,
+        }
+    }
+}
+
+impl Tokenizer {
+    /// A Hugging Face tokenizer: `path` is a directory holding tokenizer.json (and
+    /// tokenizer_config.json with `chat_template`, bos/eos tokens, ...) or a tokenizer.json file
+    /// (then tokenizer_config.json is looked for beside it). `chat_template` (a file with the
+    /// Jinja template) overrides the model's. The model's template is, as transformers finds it,
+    /// `chat_template.jinja` (plus `additional_chat_templates/*.jinja`) if present, else
+    /// tokenizer_config.json's `chat_template` (a string, or a list of {name, template}: "default"
+    /// is used, "tool_use" when tools are given). No download ever.
+    pub fn from_path(path: &Path, chat_template: Option<&Path>) -> Result<Tokenizer, TokenizerError> {
+        let hf = load::load(path, chat_template)?;
+        Ok(Tokenizer { kind: Kind::Hf(Box::new(hf)) })
+    }
+
+    /// The kvgate mock engines' own tokenizer (crates/kvgate-engine: one whitespace word = one
+    /// token; chats rendered with `kvgate_engine::render_chat` as crates/kvgate-mock does).
+    pub fn mock() -> Tokenizer {
+        Tokenizer { kind: Kind::Mock }
+    }
+
+    /// Token ids of a completion prompt as the engine computes them (add_special_tokens = true).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        match &self.kind {
+            Kind::Hf(hf) => hf.encode(text, true),
+            Kind::Mock => Ok(kvgate_engine::tokenize(text)),
+        }
+    }
+
+    /// Token ids of a chat request's prompt. `messages` is the request's `messages` array as sent
+    /// (content as a string or a list of parts is passed to the template as is).
+    ///
+    /// Objects in a `serde_json::Value` have sorted keys unless serde_json's `preserve_order`
+    /// feature is on; where a template prints objects (`tools | tojson`) the engine keeps the
+    /// client's order, so prefer [`Tokenizer::encode_chat_request`] with the raw body.
+    pub fn encode_chat(
+        &self,
+        messages: &serde_json::Value,
+        options: &ChatOptions,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        match &self.kind {
+            Kind::Hf(hf) => hf.encode(&hf.render_chat(ChatInput::from_json(messages, options)?)?, false),
+            Kind::Mock => Ok(kvgate_engine::tokenize(&self.render_chat(messages, options)?)),
+        }
+    }
+
+    /// The rendered chat prompt text (before tokenization), for tests and debugging.
+    pub fn render_chat(
+        &self,
+        messages: &serde_json::Value,
+        options: &ChatOptions,
+    ) -> Result<String, TokenizerError> {
+        match &self.kind {
+            Kind::Hf(hf) => hf.render_chat(ChatInput::from_json(messages, options)?),
+            Kind::Mock => mock::render_chat(&chat::json_value(messages)),
+        }
+    }
+
+    /// Token ids of a `/v1/chat/completions` request given as its raw JSON body: `messages`,
+    /// `tools`, `add_generation_prompt`, `continue_final_message` and `chat_template_kwargs` are
+    /// read from it (other fields are ignored), keeping the client's key order.
+    pub fn encode_chat_request(&self, body: &[u8]) -> Result<Vec<u32>, TokenizerError> {
+        match &self.kind {
+            Kind::Hf(hf) => hf.encode(&hf.render_chat(ChatInput::from_body(body)?)?, false),
+            Kind::Mock => Ok(kvgate_engine::tokenize(&self.render_chat_request(body)?)),
+        }
+    }
+
+    /// The rendered prompt of a raw chat request body (see [`Tokenizer::encode_chat_request`]).
+    pub fn render_chat_request(&self, body: &[u8]) -> Result<String, TokenizerError> {
+        match &self.kind {
+            Kind::Hf(hf) => hf.render_chat(ChatInput::from_body(body)?),
+            Kind::Mock => mock::render_chat(&mock::messages_from_body(body)?),
+        }
+    }
+
+    /// True for the mock engines' tokenizer.
+    pub fn is_mock(&self) -> bool {
+        matches!(self.kind, Kind::Mock)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_is_shareable() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert!(ChatOptions::default().add_generation_prompt);
+    }
+}

@@ -1,0 +1,136 @@
+//! Every case of testdata/reference.json (made by transformers, see make_reference.py) renders to the same text and the same token ids here.
+
+use std::path::PathBuf;
+
+use kvgate_tokenizer::{ChatOptions, Tokenizer, TokenizerError};
+use serde_json::Value;
+
+fn testdata() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata")
+}
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(testdata().join("reference.json")).expect("read reference.json");
+    serde_json::from_str(&text).expect("parse reference.json")
+}
+
+fn cases(kind: &str) -> Vec<Value> {
+    let reference = reference();
+    let cases = reference["cases"].as_array().expect("cases").clone();
+    cases.into_iter().filter(|case| case["kind"] == kind).collect()
+}
+
+fn tiny() -> Tokenizer {
+    Tokenizer::from_path(&testdata().join("tiny-chatml"), None).expect("load tiny-chatml")
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value.as_array().expect("ids").iter().map(|id| id.as_u64().expect("id") as u32).collect()
+}
+
+/// The request's messages and options, read from the body as the gateway would.
+fn messages_and_options(body: &Value) -> (Value, ChatOptions) {
+    let options = ChatOptions {
+        add_generation_prompt: body.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true),
+        continue_final_message: body.get("continue_final_message").and_then(Value::as_bool).unwrap_or(false),
+        tools: body.get("tools").cloned(),
+        chat_template_kwargs: body.get("chat_template_kwargs").cloned(),
+    };
+    (body["messages"].clone(), options)
+}
+
+/// Compares every case and reports all differences at once.
+fn check_all(failures: Vec<String>) {
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn reference_covers_the_planned_cases() {
+    let reference = reference();
+    assert!(reference["versions"]["transformers"].is_string());
+    assert!(cases("chat").len() >= 12);
+    assert!(cases("completion").len() >= 3);
+}
+
+#[test]
+fn chat_request_bodies_render_and_encode_as_transformers() {
+    let tokenizer = tiny();
+    let mut failures = Vec::new();
+    for case in cases("chat") {
+        let name = case["name"].as_str().unwrap_or_default();
+        let body = case["request"].as_str().expect("request").as_bytes();
+        match tokenizer.render_chat_request(body) {
+            Ok(text) if text == case["text"] => {}
+            Ok(text) => failures.push(format!("{name}: text\n  got:  {text:?}\n  want: {:?}", case["text"])),
+            Err(error) => failures.push(format!("{name}: render error {error}")),
+        }
+        match tokenizer.encode_chat_request(body) {
+            Ok(got) if got == ids(&case["ids"]) => {}
+            Ok(got) => {
+                failures.push(format!("{name}: ids\n  got:  {got:?}\n  want: {:?}", ids(&case["ids"])))
+            }
+            Err(error) => failures.push(format!("{name}: encode error {error}")),
+        }
+    }
+    check_all(failures);
+}
+
+/// The serde_json API gives the same results where the key order of objects does not show in
+/// the prompt (serde_json's maps are sorted; the tools cases print objects with `tojson`).
+#[test]
+fn chat_json_values_render_and_encode_as_transformers() {
+    let tokenizer = tiny();
+    let mut failures = Vec::new();
+    let mut compared = 0;
+    for case in cases("chat") {
+        let name = case["name"].as_str().unwrap_or_default();
+        let body: Value = serde_json::from_str(case["request"].as_str().expect("request")).expect("body");
+        let (messages, options) = messages_and_options(&body);
+        let text = tokenizer.render_chat(&messages, &options);
+        let encoded = tokenizer.encode_chat(&messages, &options);
+        if case["sorted_keys_same"] != true {
+            assert!(text.is_ok() && encoded.is_ok(), "{name}: {text:?}");
+            continue;
+        }
+        compared += 1;
+        match text {
+            Ok(text) if text == case["text"] => {}
+            other => failures.push(format!("{name}: text {other:?}\n  want: {:?}", case["text"])),
+        }
+        match encoded {
+            Ok(got) if got == ids(&case["ids"]) => {}
+            other => failures.push(format!("{name}: ids {other:?}")),
+        }
+    }
+    check_all(failures);
+    assert!(compared >= 10);
+}
+
+#[test]
+fn completion_prompts_encode_as_transformers() {
+    let tokenizer = tiny();
+    let mut failures = Vec::new();
+    for case in cases("completion") {
+        let name = case["name"].as_str().unwrap_or_default();
+        let prompt = case["prompt"].as_str().expect("prompt");
+        match tokenizer.encode_prompt(prompt) {
+            Ok(got) if got == ids(&case["ids"]) => {}
+            other => failures.push(format!("{name}: {other:?}\n  want: {:?}", ids(&case["ids"]))),
+        }
+    }
+    check_all(failures);
+}
+
+#[test]
+fn raised_template_errors_carry_the_template_message() {
+    let tokenizer = tiny();
+    let error_cases = cases("chat_error");
+    assert!(!error_cases.is_empty());
+    for case in error_cases {
+        let body = case["request"].as_str().expect("request").as_bytes();
+        match tokenizer.render_chat_request(body) {
+            Err(TokenizerError::TemplateRaised { message }) => assert_eq!(message, case["error"]),
+            other => panic!("{}: expected TemplateRaised, got {other:?}", case["name"]),
+        }
+    }
+}
