@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses a subset
 
+pub mod kv;
+
 use std::time::Duration;
 
 use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
