@@ -250,16 +250,19 @@ fn write_py_repr(out: &mut String, value: &Value) {
         ValueKind::Number => write_number(out, value, false),
         ValueKind::String => write_py_string_repr(out, value.as_str().unwrap_or_default()),
         ValueKind::Seq => {
-            out.push('[');
+            let (open, close) = if value.is_tuple() { ('(', ")") } else { ('[', "]") };
+            out.push(open);
+            let mut count = 0;
             if let Ok(items) = value.try_iter() {
                 for (index, item) in items.enumerate() {
                     if index > 0 {
                         out.push_str(", ");
                     }
                     write_py_repr(out, &item);
+                    count += 1;
                 }
             }
-            out.push(']');
+            out.push_str(if open == '(' && count == 1 { ",)" } else { close });
         }
         ValueKind::Map => {
             out.push('{');

@@ -200,6 +200,83 @@ COMPLETION_CASES = [
     ("completion_empty", ""),
 ]
 
+# Templates given as the chat template override (--chat-template): Jinja2 features real
+# templates use, to check that the Rust renderer behaves as transformers' Jinja2 environment.
+TEMPLATE_MESSAGES = [
+    {"role": "system", "content": "  Be brief.  ", "name": "setup"},
+    {"role": "user", "content": "a,b,c"},
+    {"role": "assistant", "content": "Ok."},
+    {"role": "user", "content": [{"type": "text", "text": "x"}]},
+]
+TEMPLATE_CASES = [
+    (
+        "tojson_options",
+        "{{ tools | tojson }}\n{{ tools | tojson(indent=2) }}\n{{ tools | tojson(sort_keys=true) }}\n"
+        "{{ tools | tojson(ensure_ascii=true) }}\n{{ tools | tojson(separators=(',', ':')) }}\n"
+        "{{ tools[0] | tojson(indent='\t') }}\n{{ [] | tojson(indent=2) }}{{ {} | tojson }}{{ 'x<y>&\\'z' | tojson }}",
+        TEMPLATE_MESSAGES,
+        {"tools": [WEATHER_TOOL, {"type": "function", "function": {"name": "f", "parameters": {
+            "emoji": "🚀 ü \u2028 \u0007", "numbers": [0.1, 1e-05, 1e16, 123456789.5, -0.0, 3]}}}]},
+    ),
+    (
+        "python_printing",
+        "{{ missing }}|{{ none }}|{{ true }}|{{ false }}|{{ [1, 'a', none, true, 2.5, \"it's\"] }}|"
+        "{{ {'k': 'v', 'n': none} }}|{{ messages[0] }}|{{ messages[3]['content'] }}|{{ 1e20 }}|{{ 0.1 + 0.2 }}|"
+        "{{ 10 / 4 }}|{{ 10 / 5 }}|{{ 7 // 2 }}|{{ 2 ** 10 }}|{{ false | string }}|{{ range(3) | list }}|"
+        "{{ 'a\\nb' }}|{{ ['a\\nb', 'q\"'] }}",
+        TEMPLATE_MESSAGES,
+        {},
+    ),
+    (
+        "python_methods",
+        "{{ messages[0].content.strip() }}|{{ messages[1].content.split(',') }}|{{ 'Hello'.startswith('He') }}|"
+        "{{ 'x'.upper() }}|{% for key, value in messages[0].items() %}{{ key }}={{ value }};{% endfor %}|"
+        "{{ messages[1].get('name', 'anon') }}|{{ '  x '.lstrip() }}.|{{ 'abc'.replace('b', 'B') }}|"
+        "{{ 'a b'.title() }}|{{ messages[0].keys() | list }}|{{ ', '.join(['p', 'q']) }}|{{ 'abc'.endswith(('c', 'z')) }}",
+        TEMPLATE_MESSAGES,
+        {},
+    ),
+    (
+        "loops_and_filters",
+        "{% set ns = namespace(count=0) %}"
+        "{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}"
+        "{% set ns.count = ns.count + 1 %}{{ loop.index }}/{{ loop.length }}:{{ m.role }}"
+        "{% if loop.last %}!{% endif %}{% if m.role == 'assistant' %}{% break %}{% endif %} {% endfor %}"
+        "|{{ ns.count }}|{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='role') | join('+') }}"
+        "|{{ messages | length }}|{{ (messages[::-1] | first).role }}|{{ messages[1:3] | map(attribute='role') | list }}"
+        "|{{ messages[0].content is string }}|{{ messages[3].content is string }}|{{ messages[0] is mapping }}"
+        "|{{ messages[0].name is defined }}|{{ messages[1].name is defined }}|{{ messages[1].name is undefined }}"
+        "|{{ messages[0]['content'] | trim }}|{{ 'ab' * 3 }}|{{ 'b' in 'abc' }}|{{ 'user' in messages | map(attribute='role') }}"
+        "|{{ '%s-%d' | format('a', 3) }}|{{ {'b': 1, 'a': 2} | dictsort }}|{{ [3, 1, 2] | sort }}|{{ ['x', 'y'] | last }}",
+        TEMPLATE_MESSAGES,
+        {},
+    ),
+    (
+        "whitespace_control",
+        "<start>\n{% for m in messages %}\n    {% if m.role == 'user' %}\n  U: {{ m.content }}\n    {% else %}\n"
+        "  {{- ' O: ' -}}  {{ m.role }}\n    {% endif %}\n{%+ if true %}  kept{% endif %}\n{% endfor %}\n"
+        "{# a comment #}\n  {#- trimmed comment -#}  \n<end>\n",
+        TEMPLATE_MESSAGES[:3],
+        {},
+    ),
+    (
+        "generation_and_macros",
+        "{% macro show(m) -%}[{{ m.role | upper }}]{%- endmacro %}"
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ show(m) }}{{ m.content }}"
+        "{% endgeneration %}{% else %}{{ show(m) }}{% endif %}\n{% endfor %}"
+        "{% set footer %}bye {{ messages | length }}{% endset %}{{ footer | trim }}",
+        TEMPLATE_MESSAGES[:3],
+        {},
+    ),
+    (
+        "special_tokens_and_kwargs",
+        "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|{{ unk_token is defined }}|{{ additional_special_tokens }}"
+        "|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}|{{ flavour }}|{{ eos_token_override | default('none') }}",
+        TEMPLATE_MESSAGES[:1],
+        {"chat_template_kwargs": {"flavour": "vanilla", "bos_token": "<BOS>"}, "add_generation_prompt": False},
+    ),
+]
+
 ERROR_CASES = [
     ("unsupported_role", [{"role": "critic", "content": "This is bad."}], {}),
 ]
@@ -211,10 +288,11 @@ def request_body(messages, options):
     return json.dumps(body, ensure_ascii=False)
 
 
-def render(tokenizer, messages, options):
+def render(tokenizer, messages, options, chat_template=None):
     kwargs = dict(options.get("chat_template_kwargs") or {})
     return tokenizer.apply_chat_template(
         messages,
+        chat_template=chat_template,
         tools=options.get("tools"),
         tokenize=False,
         add_generation_prompt=options.get("add_generation_prompt", True),
@@ -249,6 +327,16 @@ def main():
         })
     for name, prompt in COMPLETION_CASES:
         cases.append({"name": name, "kind": "completion", "prompt": prompt, "ids": tokenizer(prompt)["input_ids"]})
+    for name, template, messages, options in TEMPLATE_CASES:
+        text = render(tokenizer, messages, options, template)
+        cases.append({
+            "name": name,
+            "kind": "template",
+            "template": template,
+            "request": request_body(messages, options),
+            "text": text,
+            "ids": tokenizer(text, add_special_tokens=False)["input_ids"],
+        })
     for name, messages, options in ERROR_CASES:
         try:
             render(tokenizer, messages, options)

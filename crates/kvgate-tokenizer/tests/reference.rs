@@ -134,3 +134,45 @@ fn raised_template_errors_carry_the_template_message() {
         }
     }
 }
+
+/// A fresh directory under the system temp dir for one test.
+fn scratch_dir(name: &str) -> PathBuf {
+    let directory = std::env::temp_dir().join(format!("kvgate-tokenizer-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&directory);
+    std::fs::create_dir_all(&directory).expect("create scratch dir");
+    directory
+}
+
+/// Templates given as an override exercise the Jinja2 features real templates use (tojson
+/// options, Python printing and methods, loops, filters, whitespace control, macros).
+#[test]
+fn override_templates_render_as_transformers() {
+    let directory = scratch_dir("template-cases");
+    let mut failures = Vec::new();
+    let template_cases = cases("template");
+    assert!(template_cases.len() >= 5);
+    for case in template_cases {
+        let name = case["name"].as_str().unwrap_or_default();
+        let template_path = directory.join(format!("{name}.jinja"));
+        std::fs::write(&template_path, case["template"].as_str().expect("template")).expect("write template");
+        let tokenizer = match Tokenizer::from_path(&testdata().join("tiny-chatml"), Some(&template_path)) {
+            Ok(tokenizer) => tokenizer,
+            Err(error) => {
+                failures.push(format!("{name}: load error {error}"));
+                continue;
+            }
+        };
+        let body = case["request"].as_str().expect("request").as_bytes();
+        match tokenizer.render_chat_request(body) {
+            Ok(text) if text == case["text"] => {}
+            Ok(text) => failures.push(format!("{name}: text\n  got:  {text:?}\n  want: {:?}", case["text"])),
+            Err(error) => failures.push(format!("{name}: render error {error}")),
+        }
+        match tokenizer.encode_chat_request(body) {
+            Ok(got) if got == ids(&case["ids"]) => {}
+            other => failures.push(format!("{name}: ids {other:?}")),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&directory);
+    check_all(failures);
+}
