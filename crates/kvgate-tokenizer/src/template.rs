@@ -74,8 +74,8 @@ impl ChatTemplates {
     /// Renders the selected template with `context` (a map value).
     pub(crate) fn render(&self, has_tools: bool, context: Value) -> Result<String, TokenizerError> {
         let name = self.select(has_tools)?;
-        let template = self.env.get_template(name).map_err(|error| render_error(&error))?;
-        template.render(context).map_err(|error| render_error(&error))
+        let template = self.env.get_template(name).map_err(|error| render_error(&error, ""))?;
+        template.render(context).map_err(|error| render_error(&error, template.source()))
     }
 }
 
@@ -131,7 +131,8 @@ fn raise_exception(message: Option<Value>) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, text.clone()).with_source(RaisedException(text)))
 }
 
-fn render_error(error: &Error) -> TokenizerError {
+/// A rendering error; `template_text` is the template's source, to quote the failing line.
+fn render_error(error: &Error, template_text: &str) -> TokenizerError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(current) = source {
         if let Some(raised) = current.downcast_ref::<RaisedException>() {
@@ -139,10 +140,14 @@ fn render_error(error: &Error) -> TokenizerError {
         }
         source = current.source();
     }
-    let message = match error.detail() {
+    let mut message = match error.detail() {
         Some(detail) => format!("{}: {detail}", error.kind()),
         None => error.kind().to_string(),
     };
+    let quoted = error.line().and_then(|line| template_text.lines().nth(line.saturating_sub(1)));
+    if let Some(quoted) = quoted {
+        message.push_str(&format!("\n    {}", quoted.trim()));
+    }
     TokenizerError::Render { message, line: error.line() }
 }
 
