@@ -242,6 +242,7 @@ fn choose(
         now_ms: state.now_ms(),
         load_poll_interval_ms: state.load_poll_interval_ms,
         rng: &mut rng,
+        prefix_index: Some(&pool.prefix.tree),
     };
     let decision = pool.policy.select(request, &candidates, &mut ctx).ok()?;
     state.metrics.count_decision(&pool.model, &pool.series, &decision);

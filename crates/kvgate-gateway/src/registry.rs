@@ -6,17 +6,33 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use kvgate_index::{ApproxIndex, BlockIndex};
 use kvgate_policy::{build_policy, Policy, PolicyConfig};
 
 use crate::metrics::{Metrics, PoolSeries};
 use crate::worker::{normalize_url, CircuitSettings, Worker};
 
-/// The workers serving one model, and that model's policy.
+/// The workers serving one model, and that model's policy and prefix indexes.
 pub struct ModelPool {
     pub model: String,
     pub workers: Vec<Arc<Worker>>,
     pub policy: Arc<dyn Policy>,
+    pub prefix: Arc<ModelPrefix>,
     pub series: PoolSeries,
+}
+
+/// One model's prefix indexes: the approximate tree of what was routed where, and the exact
+/// index its workers' KV events feed. Kept while the model has workers.
+pub struct ModelPrefix {
+    pub tree: ApproxIndex,
+    pub exact: Arc<BlockIndex>,
+}
+
+/// What a model keeps across registry changes.
+#[derive(Clone)]
+struct ModelState {
+    policy: Arc<dyn Policy>,
+    prefix: Arc<ModelPrefix>,
 }
 
 /// An immutable view of the registry.
@@ -55,8 +71,9 @@ pub enum RegistryError {
 
 pub struct Registry {
     snapshot: ArcSwap<PoolSnapshot>,
-    /// Serializes mutations; the policies live here so a model keeps its policy across changes.
-    policies: Mutex<BTreeMap<String, Arc<dyn Policy>>>,
+    /// Serializes mutations; each model's policy and indexes live here so that a model keeps
+    /// them across changes.
+    models: Mutex<BTreeMap<String, ModelState>>,
     next_id: AtomicU32,
     policy_config: PolicyConfig,
     circuit: CircuitSettings,
@@ -67,7 +84,7 @@ impl Registry {
     pub fn new(policy_config: PolicyConfig, circuit: CircuitSettings, metrics: Arc<Metrics>) -> Self {
         Self {
             snapshot: ArcSwap::from_pointee(PoolSnapshot::default()),
-            policies: Mutex::new(BTreeMap::new()),
+            models: Mutex::new(BTreeMap::new()),
             next_id: AtomicU32::new(0),
             policy_config,
             circuit,
@@ -88,7 +105,7 @@ impl Registry {
     /// Register a worker. `healthy` is its initial health (true when health checks are off).
     pub fn add(&self, url: &str, model: Option<String>, healthy: bool) -> Result<Arc<Worker>, RegistryError> {
         let url = normalize_url(url).map_err(RegistryError::InvalidUrl)?;
-        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.snapshot.load();
         if current.find(&url).is_some() {
             return Err(RegistryError::Duplicate(url));
@@ -98,7 +115,7 @@ impl Registry {
         let worker = Arc::new(Worker::new(id, url, model, healthy, self.circuit, series));
         let mut workers = current.workers.clone();
         workers.push(worker.clone());
-        self.publish(&mut policies, workers);
+        self.publish(&mut models, workers);
         self.metrics.worker_healthy.with_label_values(&[&worker.url]).set(healthy as i64);
         self.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
         Ok(worker)
@@ -107,14 +124,15 @@ impl Registry {
     /// Remove a worker. Requests already sent to it finish normally (they hold their own handle).
     pub fn remove(&self, url: &str) -> Option<Arc<Worker>> {
         let url = normalize_url(url).ok()?;
-        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.snapshot.load();
         let removed = current.find(&url)?.clone();
         let workers = current.workers.iter().filter(|w| w.id != removed.id).cloned().collect();
-        if let Some(policy) = removed.model().and_then(|model| policies.get(model)) {
-            policy.remove_worker(removed.id);
+        if let Some(state) = removed.model().and_then(|model| models.get(model)) {
+            state.policy.remove_worker(removed.id);
+            state.prefix.tree.remove_tenant(removed.id);
         }
-        self.publish(&mut policies, workers);
+        self.publish(&mut models, workers);
         self.metrics.remove_worker(&removed.url);
         removed.conns.clear();
         Some(removed)
@@ -122,29 +140,43 @@ impl Registry {
 
     /// Rebuild the model pools after a worker learned its model.
     pub fn refresh(&self) {
-        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let workers = self.snapshot.load().workers.clone();
-        self.publish(&mut policies, workers);
+        self.publish(&mut models, workers);
     }
 
-    fn publish(&self, policies: &mut BTreeMap<String, Arc<dyn Policy>>, workers: Vec<Arc<Worker>>) {
+    fn publish(&self, models: &mut BTreeMap<String, ModelState>, workers: Vec<Arc<Worker>>) {
         let mut grouped: BTreeMap<String, Vec<Arc<Worker>>> = BTreeMap::new();
         for worker in &workers {
             if let Some(model) = worker.model() {
                 grouped.entry(model.to_string()).or_default().push(worker.clone());
             }
         }
-        policies.retain(|model, _| grouped.contains_key(model));
-        let models = grouped
+        models.retain(|model, _| grouped.contains_key(model));
+        let pools = grouped
             .into_iter()
             .map(|(model, workers)| {
-                let policy = policies
-                    .entry(model.clone())
-                    .or_insert_with(|| build_policy(&self.policy_config))
-                    .clone();
-                (model.clone(), Arc::new(ModelPool { model, workers, policy, series: PoolSeries::default() }))
+                let state = models.entry(model.clone()).or_insert_with(|| self.new_model()).clone();
+                let pool = ModelPool {
+                    model: model.clone(),
+                    workers,
+                    policy: state.policy,
+                    prefix: state.prefix,
+                    series: PoolSeries::default(),
+                };
+                (model, Arc::new(pool))
             })
             .collect();
-        self.snapshot.store(Arc::new(PoolSnapshot { workers, models }));
+        self.snapshot.store(Arc::new(PoolSnapshot { workers, models: pools }));
+    }
+
+    fn new_model(&self) -> ModelState {
+        ModelState {
+            policy: build_policy(&self.policy_config),
+            prefix: Arc::new(ModelPrefix {
+                tree: ApproxIndex::new(self.policy_config.tree_settings()),
+                exact: Arc::new(BlockIndex::new()),
+            }),
+        }
     }
 }

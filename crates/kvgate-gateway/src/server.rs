@@ -127,6 +127,7 @@ async fn maintain_policies(state: SharedState, mut shutdown: watch::Receiver<boo
         let snapshot = state.registry.snapshot();
         for pool in snapshot.models.values() {
             pool.policy.maintain(now_ms);
+            pool.prefix.tree.maintain(now_ms);
         }
         let now = std::time::Instant::now();
         for worker in &snapshot.workers {

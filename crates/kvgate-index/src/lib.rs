@@ -1,7 +1,13 @@
-//! kvgate-index: the approximate prefix index (a per-model radix tree of which tenant was sent which prefix, and when).
+//! kvgate-index: the prefix indexes, approximate (a radix tree of which worker was sent which prefix, and when) and exact (a block index fed by the engines' KV events), behind one seam.
 //!
 //! The crate is a pure core: no I/O, no clock, no threads, no randomness. Time is an input
 //! (`now: u64`, milliseconds from a caller-defined epoch).
+//!
+//! * [`PrefixIndex`] is the seam policies use: "how much of this prompt does each worker hold",
+//!   answered by [`ApproxIndex`] (the trees below) or [`BlockIndex`] (exact, event-fed).
+//! * [`BlockIndex`] maps kvgate's chained content hash of each KV block to the engine caches
+//!   holding it; [`CacheBlocks`] applies one cache's stored/removed events to it. Queries run
+//!   concurrently with writers (sharded locks, one block at a time).
 //!
 //! * [`RadixTree<T>`] is generic over the element: `u8` for UTF-8 prompt text ([`TextTree`]) and
 //!   `u32` for token ids ([`TokenTree`]); one implementation serves both.
@@ -26,15 +32,19 @@
 //! assert!(tree.tenant_size(1) <= 20);
 //! ```
 
+mod block;
 mod evict;
 mod matching;
 mod node;
+mod prefix;
 mod tree;
 
 #[cfg(test)]
 mod tests;
 
+pub use block::{content_hash, ApplyError, BlockIndex, CacheBlocks, CacheId, StoredBlocks, ROOT_HASH};
 pub use matching::PrefixMatch;
+pub use prefix::{ApproxIndex, ExactRecordingTree, IndexKind, PrefixIndex, PromptKey, TreeSettings};
 pub use tree::RadixTree;
 
 /// Worker id, assigned by the host.

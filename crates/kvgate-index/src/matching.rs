@@ -46,10 +46,22 @@ impl PrefixMatch {
         self.entries.len()
     }
 
-    fn clear(&mut self, query_len: usize) {
+    /// An empty match for a query of `query_len` elements.
+    pub fn empty(query_len: usize) -> Self {
+        PrefixMatch { query_len, best: 0, entries: Vec::new() }
+    }
+
+    pub(crate) fn reset(&mut self, query_len: usize) {
         self.query_len = query_len;
         self.best = 0;
         self.entries.clear();
+    }
+
+    /// Appends a tenant's matched length; tenants must come in increasing id order.
+    pub(crate) fn push(&mut self, tenant: TenantId, matched: usize) {
+        debug_assert!(self.entries.last().is_none_or(|&(last, _)| last < tenant));
+        self.entries.push((tenant, matched));
+        self.best = self.best.max(matched);
     }
 }
 
@@ -118,7 +130,7 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
     /// is a different set) the previous node's tenants get the previous node's end, and deeper
     /// nodes overwrite them. Nodes with an unchanged set cost O(1).
     pub(crate) fn fill_match(&self, query_len: usize, path: &[Step], out: &mut PrefixMatch) {
-        out.clear(query_len);
+        out.reset(query_len);
         let Some((first, rest)) = path.split_first() else {
             return;
         };

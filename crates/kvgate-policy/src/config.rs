@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use kvgate_index::TreeSettings;
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -52,6 +53,30 @@ pub enum MissStrategy {
     SmallestTree,
 }
 
+/// Which prefix index cache_aware matches requests against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[clap(rename_all = "snake_case")]
+pub enum PrefixIndexMode {
+    /// The exact index when every candidate's KV events flow, else the approximate tree.
+    Auto,
+    /// Always the approximate tree of what was routed where.
+    Approximate,
+    /// The exact index whenever the model has KV events; workers without flowing events count
+    /// as holding nothing.
+    Exact,
+}
+
+impl PrefixIndexMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefixIndexMode::Auto => "auto",
+            PrefixIndexMode::Approximate => "approximate",
+            PrefixIndexMode::Exact => "exact",
+        }
+    }
+}
+
 /// Every policy option. Flattened into `kvgate launch` and `kvgate sim`, read from YAML.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
@@ -97,6 +122,10 @@ pub struct PolicyConfig {
     /// cache_aware: where a cache miss goes.
     #[arg(long, value_enum, default_value = "least_load")]
     pub cache_miss_strategy: MissStrategy,
+    /// cache_aware: the prefix index requests are matched against: the exact index built from
+    /// the engines' KV events, or the approximate tree of what was routed where.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub prefix_index: PrefixIndexMode,
 
     /// least_load: weight of the KV pressure term k / (1 - k), in seconds, > 0.
     #[arg(long, default_value_t = 0.15)]
@@ -124,6 +153,7 @@ impl Default for PolicyConfig {
             kv_inflight_correction: true,
             rebalance_affinity: true,
             cache_miss_strategy: MissStrategy::LeastLoad,
+            prefix_index: PrefixIndexMode::Auto,
             least_load_kv_pressure_weight: 0.15,
             least_load_mean_prefill_tokens: 1024.0,
             least_load_default_throughput: 2000.0,
@@ -176,6 +206,21 @@ impl PolicyConfig {
         } else {
             Err(errors)
         }
+    }
+
+    /// The approximate index's settings (the host keeps one tree index per model).
+    pub fn tree_settings(&self) -> TreeSettings {
+        TreeSettings {
+            max_elements_per_tenant: self.max_tree_size,
+            eviction_interval_ms: (self.eviction_interval * 1000.0) as u64,
+            block_size: self.block_size,
+        }
+    }
+
+    /// Whether requests are matched against the exact event-fed index when one exists: the host
+    /// then tokenizes prompts and feeds the index.
+    pub fn uses_exact_index(&self) -> bool {
+        self.policy == PolicyKind::CacheAware && self.prefix_index != PrefixIndexMode::Approximate
     }
 
     /// Whether a policy built from this configuration reads engine loads (the host then polls).

@@ -84,7 +84,7 @@ impl Policy for LeastLoadPolicy {
             self.settings.mean_prefill_tokens
         };
         routed.record(worker, ctx.now_ms, tokens, ctx.load_poll_interval_ms.saturating_mul(4));
-        Ok(Decision { worker, reason: Reason::LeastLoad, matches: None })
+        Ok(Decision { worker, reason: Reason::LeastLoad, matches: None, index: None })
     }
 
     fn remove_worker(&self, worker: WorkerId) {
@@ -122,7 +122,8 @@ mod tests {
         pool[1].load = sample(0, 0.1);
         pool[2].load = sample(0, 0.8);
         let mut rng = ctx_rng(1);
-        let mut ctx = SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         let d = policy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap();
         assert_eq!((d.worker, d.reason), (1, Reason::LeastLoad));
     }
@@ -134,7 +135,8 @@ mod tests {
         pool[0].load = sample(0, 0.1);
         pool[1].load = sample(0, 0.1);
         let mut rng = ctx_rng(2);
-        let mut ctx = SelectContext { now_ms: 1500, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 1500, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: 4000 };
         let mut counts = [0; 2];
         for _ in 0..10 {
@@ -148,7 +150,8 @@ mod tests {
         let policy = LeastLoadPolicy::new(SETTINGS);
         let pool = candidates(&[7, 2, 9]);
         let mut rng = ctx_rng(3);
-        let mut ctx = SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         assert_eq!(policy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 1);
     }
 }

@@ -13,7 +13,8 @@ mod random;
 mod round_robin;
 
 pub use cache_aware::{CacheAwarePolicy, Imbalance, Thresholds};
-pub use config::{build_policy, ConfigError, MissStrategy, PolicyConfig, PolicyKind};
+pub use config::{build_policy, ConfigError, MissStrategy, PolicyConfig, PolicyKind, PrefixIndexMode};
+pub use kvgate_index::{IndexKind, PrefixIndex, PromptKey};
 pub use least_load::{LeastLoadPolicy, LeastLoadSettings};
 pub use power_of_two::PowerOfTwoPolicy;
 pub use random::RandomPolicy;
@@ -57,8 +58,19 @@ pub enum RoutingKey<'a> {
     None,
     /// The prompt text (chat conversations rendered in order with role markers).
     Text(&'a str),
-    /// Token ids, when the request carries `input_ids`.
+    /// Token ids: given by the request (`input_ids`) or computed by the host's tokenizer.
     Tokens(&'a [u32]),
+}
+
+impl<'a> RoutingKey<'a> {
+    /// The key as a prefix index takes it (`None` for no prompt or an empty one).
+    pub fn prompt(self) -> Option<PromptKey<'a>> {
+        match self {
+            RoutingKey::Text(text) if !text.is_empty() => Some(PromptKey::Text(text)),
+            RoutingKey::Tokens(ids) if !ids.is_empty() => Some(PromptKey::Tokens(ids)),
+            _ => None,
+        }
+    }
 }
 
 /// A request as a policy sees it.
@@ -73,13 +85,17 @@ impl RouteRequest<'_> {
     pub const EMPTY: RouteRequest<'static> = RouteRequest { key: RoutingKey::None, prompt_tokens: 0 };
 }
 
-/// The inputs that are not about the request: the time and a source of randomness.
+/// The inputs that are not about the request: the time, a source of randomness, and the
+/// model's prefix index (which worker holds how much of a prompt).
 pub struct SelectContext<'r> {
     /// The host's millisecond clock (wall time in the gateway, virtual time in the simulator).
     pub now_ms: u64,
     /// How often the load snapshot is refreshed; samples older than three intervals are stale.
     pub load_poll_interval_ms: u64,
     pub rng: &'r mut dyn RngCore,
+    /// The index prefix-aware policies match the request against: the approximate tree or the
+    /// exact event-fed index, as the host decides (`None`: every prompt is a miss).
+    pub prefix_index: Option<&'r dyn PrefixIndex>,
 }
 
 /// Why a worker was chosen. Every decision carries one; hosts count them.
@@ -146,6 +162,8 @@ pub struct Decision {
     pub reason: Reason,
     /// Present for prefix-aware policies.
     pub matches: Option<MatchInfo>,
+    /// The prefix index the decision consulted (prefix-aware policies with an index).
+    pub index: Option<IndexKind>,
 }
 
 /// Why no worker could be chosen.

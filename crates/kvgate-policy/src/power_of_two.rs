@@ -53,7 +53,7 @@ impl Policy for PowerOfTwoPolicy {
                 candidates[pick].id
             }
         };
-        Ok(Decision { worker, reason: Reason::PowerOfTwo, matches: None })
+        Ok(Decision { worker, reason: Reason::PowerOfTwo, matches: None, index: None })
     }
 }
 
@@ -67,7 +67,8 @@ mod tests {
     fn never_picks_the_busier_of_two_and_prefers_the_idle_engine() {
         let pool = candidates(&[50, 0]);
         let mut rng = ctx_rng(3);
-        let mut ctx = SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         for _ in 0..50 {
             assert_eq!(PowerOfTwoPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 1);
         }
@@ -80,10 +81,12 @@ mod tests {
         pool[0].load = Some(LoadSample { num_running_reqs: 40, fetched_at_ms: 900, ..LoadSample::default() });
         pool[1].load = Some(LoadSample { num_running_reqs: 3, fetched_at_ms: 900, ..LoadSample::default() });
         let mut rng = ctx_rng(4);
-        let mut ctx = SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         assert_eq!(PowerOfTwoPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 1);
         // A stale sample is ignored: in-flight counts decide.
-        let mut ctx = SelectContext { now_ms: 10_000, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 10_000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         assert_eq!(PowerOfTwoPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 0);
     }
 
@@ -91,7 +94,8 @@ mod tests {
     fn spreads_over_equal_workers() {
         let pool = candidates(&[0, 0, 0, 0]);
         let mut rng = ctx_rng(5);
-        let mut ctx = SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         let mut seen = [0; 4];
         for _ in 0..400 {
             seen[PowerOfTwoPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker as usize] +=

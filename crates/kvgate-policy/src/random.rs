@@ -22,7 +22,7 @@ impl Policy for RandomPolicy {
             return Err(NoRoute::NoCandidates);
         }
         let idx = ctx.rng.random_range(0..candidates.len());
-        Ok(Decision { worker: candidates[idx].id, reason: Reason::Random, matches: None })
+        Ok(Decision { worker: candidates[idx].id, reason: Reason::Random, matches: None, index: None })
     }
 }
 
@@ -36,7 +36,8 @@ mod tests {
         let pool = candidates(&[0, 0, 0, 0]);
         let run = |seed| {
             let mut rng = ctx_rng(seed);
-            let mut ctx = SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng };
+            let mut ctx =
+                SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
             (0..200)
                 .map(|_| RandomPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker)
                 .collect::<Vec<_>>()

@@ -34,6 +34,7 @@ impl Policy for RoundRobinPolicy {
             worker: candidates[turn % candidates.len()].id,
             reason: Reason::RoundRobin,
             matches: None,
+            index: None,
         })
     }
 }
@@ -48,7 +49,8 @@ mod tests {
         let policy = RoundRobinPolicy::new();
         let pool = candidates(&[0, 0, 0]);
         let mut rng = ctx_rng(1);
-        let mut ctx = SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         let picks: Vec<_> =
             (0..6).map(|_| policy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker).collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
@@ -58,7 +60,8 @@ mod tests {
     fn empty_pool_is_no_route() {
         let policy = RoundRobinPolicy::new();
         let mut rng = ctx_rng(1);
-        let mut ctx = SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng };
+        let mut ctx =
+            SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         assert_eq!(policy.select(&RouteRequest::EMPTY, &[], &mut ctx), Err(NoRoute::NoCandidates));
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use kvgate_engine::EngineConfig;
-use kvgate_policy::{PolicyConfig, Reason};
+use kvgate_policy::{IndexKind, PolicyConfig, Reason};
 use serde::Serialize;
 
 use crate::sim::SimOutcome;
@@ -67,6 +67,7 @@ pub struct Metrics {
     pub completed: u64,
     pub rejected: u64,
     pub unrouted: u64,
+    pub ttft_mean_ms: f64,
     pub ttft_p50_ms: f64,
     pub ttft_p90_ms: f64,
     pub ttft_p99_ms: f64,
@@ -100,7 +101,8 @@ pub struct MetricDef {
 }
 
 /// The metrics a sweep picks the best setting for.
-pub const SWEEP_METRICS: [MetricDef; 9] = [
+pub const SWEEP_METRICS: [MetricDef; 10] = [
+    MetricDef { name: "ttft_mean_ms", higher_is_better: false, get: |m| m.ttft_mean_ms },
     MetricDef { name: "ttft_p50_ms", higher_is_better: false, get: |m| m.ttft_p50_ms },
     MetricDef { name: "ttft_p90_ms", higher_is_better: false, get: |m| m.ttft_p90_ms },
     MetricDef { name: "ttft_p99_ms", higher_is_better: false, get: |m| m.ttft_p99_ms },
@@ -177,6 +179,7 @@ impl Metrics {
             completed: finished.len() as u64,
             rejected: outcome.rejected,
             unrouted: outcome.unrouted,
+            ttft_mean_ms: ratio(ttft.iter().sum::<f64>(), ttft.len() as f64),
             ttft_p50_ms: percentile(&ttft, 50.0),
             ttft_p90_ms: percentile(&ttft, 90.0),
             ttft_p99_ms: percentile(&ttft, 99.0),
@@ -197,14 +200,18 @@ impl Metrics {
     }
 }
 
-/// Decision counts by reason name, in `Reason::ALL` order, leaving out zeros.
+/// Decision counts by reason name, in `Reason::ALL` order, then by the prefix index consulted
+/// (`prefix_index=exact`), leaving out zeros.
 pub fn decision_counts(outcome: &SimOutcome) -> Vec<(String, u64)> {
-    Reason::ALL
+    let reasons = Reason::ALL
         .iter()
         .zip(&outcome.decisions)
-        .filter(|(_, &count)| count > 0)
-        .map(|(reason, &count)| (reason.as_str().to_string(), count))
-        .collect()
+        .map(|(reason, &count)| (reason.as_str().to_string(), count));
+    let indexes = IndexKind::ALL
+        .iter()
+        .zip(outcome.index_decisions)
+        .map(|(kind, count)| (format!("prefix_index={}", kind.as_str()), count));
+    reasons.chain(indexes).filter(|(_, count)| *count > 0).collect()
 }
 
 /// For each `--policies` entry and metric, the first run (in grid order) with the best value.
@@ -248,7 +255,8 @@ pub fn best_settings(runs: &[RunReport]) -> Vec<BestSetting> {
 type Cell = fn(&Metrics) -> String;
 
 /// The markdown rows, in order; the first `ROW_PER_RUN_METRICS` are the columns of sweep tables.
-const METRIC_ROWS: [(&str, Cell); 17] = [
+const METRIC_ROWS: [(&str, Cell); 18] = [
+    ("TTFT mean (ms)", |m| fmt_ms(m.ttft_mean_ms)),
     ("TTFT p50 (ms)", |m| fmt_ms(m.ttft_p50_ms)),
     ("TTFT p90 (ms)", |m| fmt_ms(m.ttft_p90_ms)),
     ("TTFT p99 (ms)", |m| fmt_ms(m.ttft_p99_ms)),
@@ -271,7 +279,7 @@ const METRIC_ROWS: [(&str, Cell); 17] = [
     ("makespan (s)", |m| format!("{:.1}", m.makespan_s)),
 ];
 
-const ROW_PER_RUN_METRICS: usize = 12;
+const ROW_PER_RUN_METRICS: usize = 13;
 
 fn fmt_ms(ms: f64) -> String {
     if ms >= 100.0 {

@@ -8,9 +8,12 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, RequestStats};
+use std::sync::Arc;
+
+use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, KvEvent, RequestStats};
+use kvgate_index::{ApproxIndex, BlockIndex, CacheBlocks, CacheId, PrefixIndex, StoredBlocks};
 use kvgate_policy::{
-    build_policy, Candidate, LoadSample, Policy, PolicyConfig, Reason, RouteRequest, RoutingKey,
+    build_policy, Candidate, IndexKind, LoadSample, Policy, PolicyConfig, Reason, RouteRequest, RoutingKey,
     SelectContext,
 };
 use rand::rngs::StdRng;
@@ -50,6 +53,10 @@ pub struct SimOutcome {
     pub rejected: u64,
     /// Decisions by reason, indexed like `Reason::ALL`.
     pub decisions: Vec<u64>,
+    /// Decisions by the prefix index they consulted, indexed like `IndexKind::ALL`.
+    pub index_decisions: [u64; 2],
+    /// KV events the engines emitted that the exact index refused (should stay 0).
+    pub refused_kv_events: u64,
     /// Sum over decisions of the chosen worker's prefix match rate, and of the best one.
     pub chosen_match_sum: f64,
     pub best_match_sum: f64,
@@ -72,21 +79,53 @@ enum Event {
 pub type Progress<'a> = &'a mut dyn FnMut(usize, u64);
 
 /// Runs `trace` through a fresh policy built from `policy` and a fresh fleet.
+///
+/// Prefix-aware routing consults, as in the gateway, the host's index for the model: the exact
+/// index fed by the engines' KV events when the policy uses it (the simulated engines' events
+/// always flow, so `prefix_index=auto` is exact here), else the approximate tree.
 pub fn simulate(
     trace: &Trace,
     setup: &SimSetup,
     policy: &PolicyConfig,
     progress: Progress<'_>,
 ) -> SimOutcome {
-    let policy = build_policy(policy);
-    Simulation::new(trace, setup, policy).run(progress)
+    let prefix = if policy.uses_exact_index() {
+        let index = Arc::new(BlockIndex::new());
+        let caches = (0..setup.n_workers as u32)
+            .map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 }))
+            .collect();
+        Prefix::Exact { index, caches }
+    } else {
+        Prefix::Approximate(Box::new(ApproxIndex::new(policy.tree_settings())))
+    };
+    Simulation::new(trace, setup, build_policy(policy), prefix).run(progress)
+}
+
+/// The model's prefix index, as the host keeps it.
+enum Prefix {
+    Approximate(Box<ApproxIndex>),
+    /// The engines' KV events applied, one writer per engine.
+    Exact {
+        index: Arc<BlockIndex>,
+        caches: Vec<CacheBlocks>,
+    },
+}
+
+impl Prefix {
+    fn index(&self) -> &dyn PrefixIndex {
+        match self {
+            Prefix::Approximate(tree) => &**tree,
+            Prefix::Exact { index, .. } => &**index,
+        }
+    }
 }
 
 struct Simulation<'a> {
     trace: &'a Trace,
     setup: &'a SimSetup,
-    policy: std::sync::Arc<dyn Policy>,
+    policy: Arc<dyn Policy>,
     needs_loads: bool,
+    prefix: Prefix,
     engines: Vec<Engine>,
     in_flight: Vec<u64>,
     loads: Vec<Option<LoadSample>>,
@@ -103,19 +142,22 @@ struct Simulation<'a> {
 }
 
 impl<'a> Simulation<'a> {
-    fn new(trace: &'a Trace, setup: &'a SimSetup, policy: std::sync::Arc<dyn Policy>) -> Self {
+    fn new(trace: &'a Trace, setup: &'a SimSetup, policy: Arc<dyn Policy>, prefix: Prefix) -> Self {
         let order = trace.arrival_order();
         let arrival_us = order
             .iter()
             .map(|&i| (trace.requests[i].timestamp_ms * 1000.0 / setup.rate_scale).round() as u64)
             .collect();
         let n = setup.n_workers;
+        let engine =
+            EngineConfig { emit_kv_events: matches!(prefix, Prefix::Exact { .. }), ..setup.engine.clone() };
         Simulation {
             trace,
             setup,
             needs_loads: policy.needs_loads(),
             policy,
-            engines: (0..n).map(|_| Engine::new(setup.engine.clone())).collect(),
+            prefix,
+            engines: (0..n).map(|_| Engine::new(engine.clone())).collect(),
             in_flight: vec![0; n],
             loads: vec![None; n],
             scheduled: vec![None; n],
@@ -158,6 +200,9 @@ impl<'a> Simulation<'a> {
                 }
                 Event::Maintain => {
                     self.policy.maintain(now / 1000);
+                    if let Prefix::Approximate(tree) = &self.prefix {
+                        tree.maintain(now / 1000);
+                    }
                     if self.busy() {
                         self.push(now + MAINTAIN_INTERVAL_US, Event::Maintain);
                     }
@@ -199,6 +244,7 @@ impl<'a> Simulation<'a> {
             now_ms: now / 1000,
             load_poll_interval_ms: self.setup.load_monitor_interval_ms,
             rng: &mut self.rng,
+            prefix_index: Some(self.prefix.index()),
         };
         let decision = match self.policy.select(&route, &candidates, &mut ctx) {
             Ok(decision) => decision,
@@ -210,6 +256,9 @@ impl<'a> Simulation<'a> {
         };
         let reason_index = Reason::ALL.iter().position(|&r| r == decision.reason).unwrap_or(0);
         self.outcome.decisions[reason_index] += 1;
+        if let Some(kind) = decision.index {
+            self.outcome.index_decisions[IndexKind::ALL.iter().position(|&k| k == kind).unwrap_or(0)] += 1;
+        }
         if let Some(matches) = decision.matches {
             self.outcome.chosen_match_sum += matches.chosen_match_rate;
             self.outcome.best_match_sum += matches.best_match_rate;
@@ -223,8 +272,18 @@ impl<'a> Simulation<'a> {
         self.after_engine_call(worker);
     }
 
-    /// Accounts the outputs of an engine call and puts the engine's next step in the heap.
+    /// Accounts the outputs of an engine call, applies its KV events to the exact index, and puts
+    /// the engine's next step in the heap.
     fn after_engine_call(&mut self, worker: usize) {
+        if let Prefix::Exact { caches, .. } = &mut self.prefix {
+            for batch in self.engines[worker].drain_kv_events() {
+                for event in &batch.events {
+                    if !apply_event(&mut caches[worker], event) {
+                        self.outcome.refused_kv_events += 1;
+                    }
+                }
+            }
+        }
         for output in self.outputs.drain(..) {
             match output {
                 EngineOutput::Finished { stats, .. } => {
@@ -269,5 +328,28 @@ impl<'a> Simulation<'a> {
             }
         }
         self.outcome.kv_ticks.push(KvTick { at_us: now, token_usage: usage });
+    }
+}
+
+/// Applies one engine KV event to its cache's writer; false when the index refused it.
+fn apply_event(cache: &mut CacheBlocks, event: &KvEvent) -> bool {
+    match event {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => cache
+            .apply_stored(StoredBlocks {
+                block_hashes,
+                parent_block_hash: *parent_block_hash,
+                token_ids,
+                block_size: *block_size,
+                medium: None,
+            })
+            .is_ok(),
+        KvEvent::BlockRemoved { block_hashes } => {
+            cache.apply_removed(block_hashes, None);
+            true
+        }
+        KvEvent::AllBlocksCleared => {
+            cache.clear();
+            true
+        }
     }
 }

@@ -6,17 +6,14 @@ mod imbalance;
 
 use std::sync::Mutex;
 
-use kvgate_index::{PrefixMatch, TextTree, TokenTree};
+use kvgate_index::PrefixMatch;
 
 pub use imbalance::{imbalance, in_band, kv_usable, Imbalance, Thresholds};
 
 use crate::config::{MissStrategy, PolicyConfig};
 use crate::inflight::RoutedLog;
 use crate::pick::pick_min_by;
-use crate::{
-    Candidate, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, RoutingKey, SelectContext,
-    WorkerId,
-};
+use crate::{Candidate, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
 
 /// KV usages closer than this are a tie (broken by in-flight count, then at random).
 const KV_TIE: f64 = 0.01;
@@ -25,9 +22,6 @@ const KV_TIE: f64 = 0.01;
 struct Settings {
     thresholds: Thresholds,
     cache_threshold: f64,
-    eviction_interval_ms: u64,
-    max_tree_size: usize,
-    block_size: usize,
     kv_inflight_correction: bool,
     rebalance_affinity: bool,
     miss_strategy: MissStrategy,
@@ -35,19 +29,13 @@ struct Settings {
     needs_loads: bool,
 }
 
-#[derive(Default)]
-struct State {
-    text: TextTree,
-    tokens: TokenTree,
-    /// Prompt tokens (uncached estimate) routed to each worker, by routing time, for the
-    /// in-flight correction of its KV usage between load samples.
-    routed: RoutedLog,
-    last_eviction_ms: Option<u64>,
-}
-
+/// cache_aware's own state. The prefix index is not here: the host owns it (one per model) and
+/// hands it in through [`SelectContext::prefix_index`].
 pub struct CacheAwarePolicy {
     settings: Settings,
-    state: Mutex<State>,
+    /// Prompt tokens (uncached estimate) routed to each worker, by routing time, for the
+    /// in-flight correction of its KV usage between load samples.
+    routed: Mutex<RoutedLog>,
 }
 
 impl CacheAwarePolicy {
@@ -61,26 +49,17 @@ impl CacheAwarePolicy {
                     overload: config.overload_token_usage_threshold,
                 },
                 cache_threshold: config.cache_threshold,
-                eviction_interval_ms: (config.eviction_interval * 1000.0) as u64,
-                max_tree_size: config.max_tree_size,
-                block_size: config.block_size.max(1),
                 kv_inflight_correction: config.kv_inflight_correction,
                 rebalance_affinity: config.rebalance_affinity,
                 miss_strategy: config.cache_miss_strategy,
                 needs_loads: config.needs_loads(),
             },
-            state: Mutex::new(State::default()),
+            routed: Mutex::new(RoutedLog::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Elements the prefix tree holds for a worker (text bytes + token ids).
-    pub fn tree_size(&self, worker: WorkerId) -> usize {
-        let state = self.lock();
-        state.text.tenant_size(worker) + state.tokens.tenant_size(worker)
+    fn lock(&self) -> std::sync::MutexGuard<'_, RoutedLog> {
+        self.routed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -180,16 +159,14 @@ impl Inputs<'_> {
     }
 }
 
-impl State {
-    /// KV usage estimate: the engine's last sample plus the uncached prompt tokens routed to it since.
-    fn kv_estimate(&self, candidate: &Candidate, correction: bool) -> f64 {
-        let Some(load) = candidate.load else { return 0.0 };
-        let mut usage = load.token_usage;
-        if correction && load.max_total_num_tokens > 0 {
-            usage += self.routed.since(candidate.id, load.fetched_at_ms) / load.max_total_num_tokens as f64;
-        }
-        usage.clamp(0.0, 1.0)
+/// KV usage estimate: the engine's last sample plus the uncached prompt tokens routed to it since.
+fn kv_estimate(routed: &RoutedLog, candidate: &Candidate, correction: bool) -> f64 {
+    let Some(load) = candidate.load else { return 0.0 };
+    let mut usage = load.token_usage;
+    if correction && load.max_total_num_tokens > 0 {
+        usage += routed.since(candidate.id, load.fetched_at_ms) / load.max_total_num_tokens as f64;
     }
+    usage.clamp(0.0, 1.0)
 }
 
 impl Policy for CacheAwarePolicy {
@@ -215,19 +192,20 @@ impl Policy for CacheAwarePolicy {
             return Err(NoRoute::NoCandidates);
         }
         let settings = &self.settings;
-        let mut state = self.lock();
+        let mut routed = self.lock();
         let kv = kv_usable(candidates, ctx.now_ms, ctx.load_poll_interval_ms).then(|| {
             candidates
                 .iter()
-                .map(|c| state.kv_estimate(c, settings.kv_inflight_correction))
+                .map(|c| kv_estimate(&routed, c, settings.kv_inflight_correction))
                 .collect::<Vec<_>>()
         });
         let in_flight: Vec<u64> = candidates.iter().map(|c| c.in_flight).collect();
-        let tree_sizes = match settings.miss_strategy {
-            MissStrategy::SmallestTree => candidates
-                .iter()
-                .map(|c| state.text.tenant_size(c.id) + state.tokens.tenant_size(c.id))
-                .collect(),
+        let index = ctx.prefix_index;
+        let tree_sizes = match (settings.miss_strategy, index) {
+            (MissStrategy::SmallestTree, Some(index)) => {
+                candidates.iter().map(|c| index.tenant_size(c.id)).collect()
+            }
+            (MissStrategy::SmallestTree, None) => vec![0; candidates.len()],
             _ => Vec::new(),
         };
         let inputs = Inputs {
@@ -248,47 +226,29 @@ impl Policy for CacheAwarePolicy {
             Some(id)
         };
         let now = ctx.now_ms;
-        match request.key {
-            RoutingKey::Text(text) if !text.is_empty() => {
-                state.text.match_and_insert(text.as_bytes(), now, &mut decide);
-            }
-            RoutingKey::Tokens(ids) if ids.len() >= settings.block_size => {
-                let whole_blocks = ids.len() / settings.block_size * settings.block_size;
-                state.tokens.match_and_insert(&ids[..whole_blocks], now, &mut decide);
+        match (index, request.key.prompt()) {
+            (Some(index), Some(key)) => {
+                index.route(key, now, &mut decide);
             }
             _ => {
                 decide(&PrefixMatch::default());
             }
         }
-        let outcome = outcome.expect("the tree calls the chooser exactly once");
+        let outcome = outcome.expect("the index calls the chooser exactly once");
         let worker = candidates[outcome.index].id;
         let uncached =
             request.prompt_tokens as f64 * (1.0 - outcome.matches.map_or(0.0, |m| m.chosen_match_rate));
-        state.routed.record(worker, now, uncached, ctx.load_poll_interval_ms.saturating_mul(4));
-        Ok(Decision { worker, reason: outcome.reason, matches: outcome.matches })
+        routed.record(worker, now, uncached, ctx.load_poll_interval_ms.saturating_mul(4));
+        Ok(Decision {
+            worker,
+            reason: outcome.reason,
+            matches: outcome.matches,
+            index: index.map(|index| index.kind()),
+        })
     }
 
     fn remove_worker(&self, worker: WorkerId) {
-        let mut state = self.lock();
-        state.text.remove_tenant(worker);
-        state.tokens.remove_tenant(worker);
-        state.routed.forget(worker);
-    }
-
-    fn maintain(&self, now_ms: u64) {
-        let mut state = self.lock();
-        let due = match state.last_eviction_ms {
-            None => {
-                state.last_eviction_ms = Some(now_ms);
-                false
-            }
-            Some(last) => now_ms.saturating_sub(last) >= self.settings.eviction_interval_ms,
-        };
-        if due {
-            state.last_eviction_ms = Some(now_ms);
-            state.text.evict(self.settings.max_tree_size);
-            state.tokens.evict(self.settings.max_tree_size);
-        }
+        self.lock().forget(worker);
     }
 }
 

@@ -2,8 +2,10 @@
 
 use rand::{rngs::SmallRng, SeedableRng};
 
+use kvgate_index::{ApproxIndex, BlockIndex, CacheBlocks, CacheId, StoredBlocks};
+
 use super::*;
-use crate::{LoadSample, PolicyKind};
+use crate::{IndexKind, LoadSample, PolicyKind, PrefixIndex, RoutingKey};
 
 const POLL_MS: u64 = 1000;
 
@@ -36,13 +38,20 @@ fn pool(in_flight: &[u64], kv: Option<&[f64]>, fetched_at: u64) -> Vec<Candidate
 
 struct Harness {
     policy: CacheAwarePolicy,
+    /// The host's approximate index for the model (the gateway keeps one per model).
+    index: ApproxIndex,
     rng: SmallRng,
     now_ms: u64,
 }
 
 impl Harness {
     fn new(config: PolicyConfig) -> Self {
-        Self { policy: CacheAwarePolicy::new(&config), rng: SmallRng::seed_from_u64(42), now_ms: 10_000 }
+        Self {
+            policy: CacheAwarePolicy::new(&config),
+            index: ApproxIndex::new(config.tree_settings()),
+            rng: SmallRng::seed_from_u64(42),
+            now_ms: 10_000,
+        }
     }
 
     fn route(&mut self, text: &str, candidates: &[Candidate]) -> Decision {
@@ -51,9 +60,15 @@ impl Harness {
     }
 
     fn route_request(&mut self, request: &RouteRequest<'_>, candidates: &[Candidate]) -> Decision {
-        let mut ctx =
-            SelectContext { now_ms: self.now_ms, load_poll_interval_ms: POLL_MS, rng: &mut self.rng };
-        self.policy.select(request, candidates, &mut ctx).unwrap()
+        let mut ctx = SelectContext {
+            now_ms: self.now_ms,
+            load_poll_interval_ms: POLL_MS,
+            rng: &mut self.rng,
+            prefix_index: Some(&self.index),
+        };
+        let decision = self.policy.select(request, candidates, &mut ctx).unwrap();
+        assert_eq!(decision.index, Some(IndexKind::Approximate));
+        decision
     }
 }
 
@@ -197,7 +212,7 @@ fn a_hot_prefix_spreads_instead_of_thrashing() {
         "within the balance thresholds: {in_flight:?}"
     );
     assert!(
-        h.policy.tree_size(0) + h.policy.tree_size(1) + h.policy.tree_size(2) + h.policy.tree_size(3) > 0
+        h.index.tenant_size(0) + h.index.tenant_size(1) + h.index.tenant_size(2) + h.index.tenant_size(3) > 0
     );
 }
 
@@ -251,9 +266,10 @@ fn removing_a_worker_forgets_its_prefixes() {
     let mut h = Harness::new(PolicyConfig::default());
     let candidates = pool(&[0, 0], None, 0);
     let owner = h.route(PROMPT, &candidates).worker;
-    assert!(h.policy.tree_size(owner) > 0);
+    assert!(h.index.tenant_size(owner) > 0);
     h.policy.remove_worker(owner);
-    assert_eq!(h.policy.tree_size(owner), 0);
+    h.index.remove_tenant(owner);
+    assert_eq!(h.index.tenant_size(owner), 0);
 }
 
 #[test]
@@ -264,11 +280,11 @@ fn maintain_evicts_down_to_the_bound_on_the_interval() {
     for i in 0..10 {
         h.route(&format!("{i} {}", "x".repeat(50)), &only);
     }
-    assert!(h.policy.tree_size(0) > 100);
-    h.policy.maintain(0);
-    assert!(h.policy.tree_size(0) > 100, "the first call only starts the clock");
-    h.policy.maintain(1000);
-    assert!(h.policy.tree_size(0) <= 100);
+    assert!(h.index.tenant_size(0) > 100);
+    h.index.maintain(0);
+    assert!(h.index.tenant_size(0) > 100, "the first call only starts the clock");
+    h.index.maintain(1000);
+    assert!(h.index.tenant_size(0) <= 100);
 }
 
 #[test]
@@ -281,4 +297,85 @@ fn near_ties_are_broken_randomly() {
         );
     }
     assert_eq!(seen.len(), 4, "equal loads do not herd onto one worker: {seen:?}");
+}
+
+// ---- the exact index --------------------------------------------------------------------------
+
+/// cache_aware over the event-fed index: workers hold what their (simulated) engines stored.
+struct ExactHarness {
+    policy: CacheAwarePolicy,
+    index: std::sync::Arc<BlockIndex>,
+    caches: Vec<CacheBlocks>,
+    rng: SmallRng,
+}
+
+impl ExactHarness {
+    fn new(workers: u32) -> Self {
+        let index = std::sync::Arc::new(BlockIndex::new());
+        let caches =
+            (0..workers).map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 })).collect();
+        Self {
+            policy: CacheAwarePolicy::new(&PolicyConfig::default()),
+            index,
+            caches,
+            rng: SmallRng::seed_from_u64(7),
+        }
+    }
+
+    /// Worker `worker`'s engine stored the first `blocks` 4-token blocks of `tokens`.
+    fn store(&mut self, worker: usize, tokens: &[u32], blocks: usize) {
+        let hashes: Vec<u64> = (0..blocks as u64).map(|b| b + 1000 * tokens[0] as u64).collect();
+        let event = StoredBlocks {
+            block_hashes: &hashes,
+            parent_block_hash: None,
+            token_ids: &tokens[..blocks * 4],
+            block_size: 4,
+            medium: None,
+        };
+        self.caches[worker].apply_stored(event).unwrap();
+    }
+
+    fn route(&mut self, tokens: &[u32], in_flight: &[u64]) -> Decision {
+        let request = RouteRequest { key: RoutingKey::Tokens(tokens), prompt_tokens: tokens.len() as u64 };
+        let mut ctx = SelectContext {
+            now_ms: 0,
+            load_poll_interval_ms: POLL_MS,
+            rng: &mut self.rng,
+            prefix_index: Some(&*self.index),
+        };
+        self.policy.select(&request, &pool(in_flight, None, 0), &mut ctx).unwrap()
+    }
+}
+
+#[test]
+fn exact_index_routes_to_the_engine_that_holds_the_blocks() {
+    let mut h = ExactHarness::new(3);
+    let prompt: Vec<u32> = (1..=20).collect();
+    h.store(2, &prompt, 4); // 16 of 20 tokens
+    h.store(0, &prompt, 1);
+    let d = h.route(&prompt, &[0, 0, 5]);
+    assert_eq!((d.worker, d.reason, d.index), (2, Reason::CacheHit, Some(IndexKind::Exact)));
+    assert_eq!(d.matches.unwrap().chosen_match_rate, 16.0 / 20.0);
+    // Routing does not teach the exact index anything: only the engine's events do.
+    let other: Vec<u32> = (100..120).collect();
+    let first = h.route(&other, &[0, 0, 0]);
+    let again = h.route(&other, &[0, 0, 0]);
+    assert_eq!((first.reason, again.reason), (Reason::CacheMiss, Reason::CacheMiss));
+    // Evicted in the engine: the hit is gone at once.
+    h.caches[2].clear();
+    let d = h.route(&prompt, &[0, 0, 0]);
+    assert_eq!(d.reason, Reason::CacheMiss, "4 of 20 tokens on worker 0 is under the cache threshold");
+}
+
+#[test]
+fn without_an_index_every_prompt_is_a_miss() {
+    let policy = CacheAwarePolicy::new(&PolicyConfig::default());
+    let mut rng = SmallRng::seed_from_u64(1);
+    let request = RouteRequest { key: RoutingKey::Text(PROMPT), prompt_tokens: 10 };
+    for _ in 0..3 {
+        let mut ctx =
+            SelectContext { now_ms: 0, load_poll_interval_ms: POLL_MS, rng: &mut rng, prefix_index: None };
+        let d = policy.select(&request, &pool(&[3, 1], None, 0), &mut ctx).unwrap();
+        assert_eq!((d.worker, d.reason, d.index), (1, Reason::CacheMiss, None));
+    }
 }

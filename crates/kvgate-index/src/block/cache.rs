@@ -1,0 +1,204 @@
+//! One engine cache's side of the block index: the engine's own block hashes mapped to kvgate's
+//! content hashes, per storage medium, applied to the shared index as stored and removed events
+//! arrive.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+
+use super::hash::{content_hash, PreHashed, ROOT_HASH};
+use super::{BlockIndex, CacheId};
+
+/// A `BlockStored` event, as the index needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct StoredBlocks<'a> {
+    /// The engine's hashes of the stored blocks, in prompt order.
+    pub block_hashes: &'a [u64],
+    /// The engine's hash of the block before the first one (`None`: the prompt's first block).
+    pub parent_block_hash: Option<u64>,
+    /// Tokens of all stored blocks, `block_size` per block.
+    pub token_ids: &'a [u32],
+    pub block_size: u32,
+    /// Where the blocks live (`None` or `"GPU"`: the engine's main cache; e.g. `"CPU"`: an
+    /// offload tier). A block counts as held while any medium holds it.
+    pub medium: Option<&'a str>,
+}
+
+/// Why a stored event was not applied. The index is unchanged when one is returned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    #[error("block_size must be at least 1")]
+    ZeroBlockSize,
+    #[error("{tokens} token ids do not fill {blocks} blocks of {block_size}")]
+    TokenCount { tokens: usize, blocks: usize, block_size: u32 },
+    #[error("block size {got} differs from the model's {known}")]
+    BlockSizeMismatch { got: u32, known: usize },
+    #[error("parent block {0:#x} is not in this cache's index (its store was missed or removed)")]
+    UnknownParent(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct EngineBlock {
+    content: u64,
+    /// One bit per medium holding the block.
+    media: u8,
+}
+
+/// The blocks one engine cache holds, as the index knows them. One writer per cache: whoever
+/// applies that cache's events owns it. Dropping it removes the cache from the index.
+#[derive(Debug)]
+pub struct CacheBlocks {
+    index: Arc<BlockIndex>,
+    id: CacheId,
+    key: u64,
+    engine: HashMap<u64, EngineBlock, BuildHasherDefault<PreHashed>>,
+    /// Engine blocks per content hash (two engine hashes may name the same content).
+    content_refs: HashMap<u64, u32, BuildHasherDefault<PreHashed>>,
+    /// Medium names seen, by bit; bit 0 is the main cache (`None` or "GPU").
+    media: Vec<String>,
+}
+
+impl CacheBlocks {
+    /// The writer for cache `id` of `index`. Two writers for one cache would fight: keep one.
+    pub fn new(index: Arc<BlockIndex>, id: CacheId) -> Self {
+        Self {
+            index,
+            id,
+            key: id.key(),
+            engine: HashMap::default(),
+            content_refs: HashMap::default(),
+            media: Vec::new(),
+        }
+    }
+
+    pub fn id(&self) -> CacheId {
+        self.id
+    }
+
+    pub fn index(&self) -> &Arc<BlockIndex> {
+        &self.index
+    }
+
+    /// Distinct blocks (by content) this cache holds.
+    pub fn len(&self) -> usize {
+        self.content_refs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.content_refs.is_empty()
+    }
+
+    /// Applies a `BlockStored` event. A block already held gains the medium.
+    pub fn apply_stored(&mut self, stored: StoredBlocks<'_>) -> Result<(), ApplyError> {
+        let block_size = stored.block_size;
+        if block_size == 0 {
+            return Err(ApplyError::ZeroBlockSize);
+        }
+        let blocks = stored.block_hashes.len();
+        if stored.token_ids.len() != blocks * block_size as usize {
+            return Err(ApplyError::TokenCount { tokens: stored.token_ids.len(), blocks, block_size });
+        }
+        let mut parent = match stored.parent_block_hash {
+            None => ROOT_HASH,
+            Some(engine_hash) => match self.engine.get(&engine_hash) {
+                Some(block) => block.content,
+                None => return Err(ApplyError::UnknownParent(engine_hash)),
+            },
+        };
+        if !self.index.accept_block_size(block_size) {
+            return Err(ApplyError::BlockSizeMismatch { got: block_size, known: self.index.block_size() });
+        }
+        let bit = self.medium_bit(stored.medium);
+        let chunks = stored.token_ids.chunks_exact(block_size as usize);
+        for (&engine_hash, tokens) in stored.block_hashes.iter().zip(chunks) {
+            let content = content_hash(parent, tokens);
+            parent = content;
+            match self.engine.get_mut(&engine_hash) {
+                Some(block) if block.content == content => block.media |= bit,
+                Some(_) => {
+                    // The engine reused a hash for other content: the old block is gone.
+                    self.forget(engine_hash);
+                    self.hold(engine_hash, content, bit);
+                }
+                None => self.hold(engine_hash, content, bit),
+            }
+        }
+        self.index.set_size(self.key, self.len());
+        Ok(())
+    }
+
+    /// Applies a `BlockRemoved` event; returns how many of the hashes were unknown (ignored).
+    pub fn apply_removed(&mut self, block_hashes: &[u64], medium: Option<&str>) -> usize {
+        let bit = self.medium_bit(medium);
+        let mut unknown = 0;
+        for &engine_hash in block_hashes {
+            match self.engine.get_mut(&engine_hash) {
+                Some(block) => {
+                    block.media &= !bit;
+                    if block.media == 0 {
+                        self.forget(engine_hash);
+                    }
+                }
+                None => unknown += 1,
+            }
+        }
+        self.index.set_size(self.key, self.len());
+        unknown
+    }
+
+    /// Forgets every block of this cache (`AllBlocksCleared`, a gap in the event stream, an
+    /// engine restart).
+    pub fn clear(&mut self) {
+        for &content in self.content_refs.keys() {
+            self.index.remove_holder(content, self.key);
+        }
+        self.engine.clear();
+        self.content_refs.clear();
+        self.index.set_size(self.key, 0);
+    }
+
+    fn hold(&mut self, engine_hash: u64, content: u64, bit: u8) {
+        self.engine.insert(engine_hash, EngineBlock { content, media: bit });
+        let refs = self.content_refs.entry(content).or_insert(0);
+        *refs += 1;
+        if *refs == 1 {
+            self.index.add_holder(content, self.key);
+        }
+    }
+
+    fn forget(&mut self, engine_hash: u64) {
+        let Some(block) = self.engine.remove(&engine_hash) else { return };
+        if let Some(refs) = self.content_refs.get_mut(&block.content) {
+            *refs -= 1;
+            if *refs == 0 {
+                self.content_refs.remove(&block.content);
+                self.index.remove_holder(block.content, self.key);
+            }
+        }
+    }
+
+    /// The bit of a medium name; the main cache (`None`, "GPU") is bit 0, at most 8 media (the
+    /// eighth and later share the last bit).
+    fn medium_bit(&mut self, medium: Option<&str>) -> u8 {
+        let name = match medium {
+            None => return 1,
+            Some(name) if name.eq_ignore_ascii_case("gpu") => return 1,
+            Some(name) => name,
+        };
+        let position = match self.media.iter().position(|known| known == name) {
+            Some(position) => position,
+            None if self.media.len() < 7 => {
+                self.media.push(name.to_string());
+                self.media.len() - 1
+            }
+            None => 6,
+        };
+        1 << (position + 1)
+    }
+}
+
+impl Drop for CacheBlocks {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}

@@ -1,0 +1,205 @@
+//! The prefix-index seam: "how much of this prompt does each worker hold", answered by the
+//! approximate tree (what was routed where) or the exact block index (what the engines reported
+//! holding), behind one trait so that policies stay ignorant of which.
+
+use std::sync::Mutex;
+
+use crate::block::BlockIndex;
+use crate::{PrefixMatch, TenantId, TextTree, TokenTree};
+
+/// Which index answered a prefix query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IndexKind {
+    /// The radix tree of what this gateway routed where.
+    Approximate,
+    /// The block index fed by the engines' KV events.
+    Exact,
+}
+
+impl IndexKind {
+    pub const ALL: [IndexKind; 2] = [IndexKind::Approximate, IndexKind::Exact];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IndexKind::Approximate => "approximate",
+            IndexKind::Exact => "exact",
+        }
+    }
+}
+
+/// A prompt as an index sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptKey<'a> {
+    Text(&'a str),
+    Tokens(&'a [u32]),
+}
+
+/// A prefix index as a routing policy uses it.
+pub trait PrefixIndex: Send + Sync {
+    fn kind(&self) -> IndexKind;
+
+    /// One routing step: computes each worker's overlap with `key`, calls `choose` with it
+    /// exactly once, and, for an index that learns from routing, records the chosen worker as
+    /// holding `key` at `now_ms`. Returns what `choose` returned.
+    fn route(
+        &self,
+        key: PromptKey<'_>,
+        now_ms: u64,
+        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
+    ) -> Option<TenantId>;
+
+    /// How much a worker holds (tree elements, or blocks), for "smallest holder" strategies.
+    fn tenant_size(&self, tenant: TenantId) -> usize;
+}
+
+/// Settings of the approximate index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeSettings {
+    /// Most elements (text bytes or token ids) kept per worker; LRU leaves go first.
+    pub max_elements_per_tenant: usize,
+    /// Milliseconds between evictions.
+    pub eviction_interval_ms: u64,
+    /// Token-id prompts are matched and recorded in whole blocks of this many tokens.
+    pub block_size: usize,
+}
+
+#[derive(Debug, Default)]
+struct Trees {
+    text: TextTree,
+    tokens: TokenTree,
+    last_eviction_ms: Option<u64>,
+}
+
+/// The approximate index: radix trees (text and token ids) of the prompts routed to each worker.
+#[derive(Debug)]
+pub struct ApproxIndex {
+    settings: TreeSettings,
+    trees: Mutex<Trees>,
+}
+
+impl ApproxIndex {
+    pub fn new(settings: TreeSettings) -> Self {
+        let settings = TreeSettings { block_size: settings.block_size.max(1), ..settings };
+        Self { settings, trees: Mutex::new(Trees::default()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Trees> {
+        self.trees.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records that `tenant` was sent `key` at `now_ms`.
+    pub fn record(&self, key: PromptKey<'_>, tenant: TenantId, now_ms: u64) {
+        self.route(key, now_ms, &mut |_| Some(tenant));
+    }
+
+    /// Periodic maintenance on the host's clock: per-worker LRU eviction every
+    /// `eviction_interval_ms` (the first call only starts the clock).
+    pub fn maintain(&self, now_ms: u64) {
+        let mut trees = self.lock();
+        let due = match trees.last_eviction_ms {
+            None => {
+                trees.last_eviction_ms = Some(now_ms);
+                false
+            }
+            Some(last) => now_ms.saturating_sub(last) >= self.settings.eviction_interval_ms,
+        };
+        if due {
+            trees.last_eviction_ms = Some(now_ms);
+            let bound = self.settings.max_elements_per_tenant;
+            trees.text.evict(bound);
+            trees.tokens.evict(bound);
+        }
+    }
+
+    /// A worker left for good.
+    pub fn remove_tenant(&self, tenant: TenantId) {
+        let mut trees = self.lock();
+        trees.text.remove_tenant(tenant);
+        trees.tokens.remove_tenant(tenant);
+    }
+}
+
+impl PrefixIndex for ApproxIndex {
+    fn kind(&self) -> IndexKind {
+        IndexKind::Approximate
+    }
+
+    fn route(
+        &self,
+        key: PromptKey<'_>,
+        now_ms: u64,
+        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
+    ) -> Option<TenantId> {
+        let block_size = self.settings.block_size;
+        match key {
+            PromptKey::Text(text) if !text.is_empty() => {
+                self.lock().text.match_and_insert(text.as_bytes(), now_ms, choose)
+            }
+            PromptKey::Tokens(ids) if ids.len() >= block_size => {
+                let whole_blocks = ids.len() / block_size * block_size;
+                self.lock().tokens.match_and_insert(&ids[..whole_blocks], now_ms, choose)
+            }
+            _ => choose(&PrefixMatch::default()),
+        }
+    }
+
+    fn tenant_size(&self, tenant: TenantId) -> usize {
+        let trees = self.lock();
+        trees.text.tenant_size(tenant) + trees.tokens.tenant_size(tenant)
+    }
+}
+
+impl PrefixIndex for BlockIndex {
+    fn kind(&self) -> IndexKind {
+        IndexKind::Exact
+    }
+
+    /// Text keys match nothing: the exact index knows token ids only.
+    fn route(
+        &self,
+        key: PromptKey<'_>,
+        _now_ms: u64,
+        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
+    ) -> Option<TenantId> {
+        let mut matched = PrefixMatch::default();
+        if let PromptKey::Tokens(ids) = key {
+            self.overlap(ids, &mut matched);
+        }
+        choose(&matched)
+    }
+
+    fn tenant_size(&self, tenant: TenantId) -> usize {
+        self.worker_blocks(tenant)
+    }
+}
+
+/// Routes on the exact index and also records each choice in the approximate tree, so the tree
+/// is warm when the host has to fall back to it (a worker whose events stopped).
+#[derive(Clone, Copy)]
+pub struct ExactRecordingTree<'a> {
+    pub exact: &'a BlockIndex,
+    pub tree: &'a ApproxIndex,
+}
+
+impl PrefixIndex for ExactRecordingTree<'_> {
+    fn kind(&self) -> IndexKind {
+        IndexKind::Exact
+    }
+
+    fn route(
+        &self,
+        key: PromptKey<'_>,
+        now_ms: u64,
+        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
+    ) -> Option<TenantId> {
+        let chosen = self.exact.route(key, now_ms, choose);
+        if let Some(tenant) = chosen {
+            self.tree.record(key, tenant, now_ms);
+        }
+        chosen
+    }
+
+    fn tenant_size(&self, tenant: TenantId) -> usize {
+        self.exact.tenant_size(tenant)
+    }
+}
