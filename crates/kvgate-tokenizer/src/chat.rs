@@ -12,6 +12,8 @@ pub(crate) struct ChatInput {
     /// The `messages` array, passed to the template as sent.
     pub(crate) messages: Value,
     pub(crate) tools: Option<Value>,
+    /// vLLM's `documents` (RAG templates), none unless given.
+    pub(crate) documents: Option<Value>,
     pub(crate) add_generation_prompt: bool,
     pub(crate) continue_final_message: bool,
     /// `chat_template_kwargs` without the names that set the fields above.
@@ -25,6 +27,8 @@ struct ChatRequestBody {
     messages: Value,
     #[serde(default)]
     tools: Option<Value>,
+    #[serde(default)]
+    documents: Option<Value>,
     #[serde(default)]
     add_generation_prompt: Option<bool>,
     #[serde(default)]
@@ -42,13 +46,8 @@ impl ChatInput {
         let messages = json_value(messages);
         let tools = options.tools.as_ref().filter(|tools| !tools.is_null()).map(json_value);
         let kwargs = options.chat_template_kwargs.as_ref().map(json_value);
-        ChatInput::build(
-            messages,
-            tools,
-            options.add_generation_prompt,
-            options.continue_final_message,
-            kwargs,
-        )
+        let flags = (options.add_generation_prompt, options.continue_final_message);
+        ChatInput::build(messages, tools, None, flags, kwargs)
     }
 
     /// From a whole `/v1/chat/completions` request body (other fields are ignored).
@@ -57,25 +56,27 @@ impl ChatInput {
             TokenizerError::invalid_request(format!("the body is not a chat request: {error}"))
         })?;
         let tools = request.tools.filter(|tools| !tools.is_none());
+        let documents = request.documents.filter(|documents| !documents.is_none());
         let defaults = ChatOptions::default();
-        ChatInput::build(
-            request.messages,
-            tools,
+        let flags = (
             request.add_generation_prompt.unwrap_or(defaults.add_generation_prompt),
             request.continue_final_message.unwrap_or(defaults.continue_final_message),
-            request.chat_template_kwargs.filter(|kwargs| !kwargs.is_none()),
-        )
+        );
+        let kwargs = request.chat_template_kwargs.filter(|kwargs| !kwargs.is_none());
+        ChatInput::build(request.messages, tools, documents, flags, kwargs)
     }
 
     /// Checks the shapes and applies `chat_template_kwargs` as vLLM does: its keys override the
-    /// request's `add_generation_prompt`, `continue_final_message` and `tools`.
+    /// request's `add_generation_prompt`, `continue_final_message`, `tools` and `documents`.
+    /// `flags` are (add_generation_prompt, continue_final_message).
     fn build(
         messages: Value,
         mut tools: Option<Value>,
-        mut add_generation_prompt: bool,
-        mut continue_final_message: bool,
+        mut documents: Option<Value>,
+        flags: (bool, bool),
         kwargs: Option<Value>,
     ) -> Result<ChatInput, TokenizerError> {
+        let (mut add_generation_prompt, mut continue_final_message) = flags;
         if messages.kind() != ValueKind::Seq {
             return Err(TokenizerError::invalid_request(format!(
                 "`messages` must be an array, not {}",
@@ -96,6 +97,7 @@ impl ChatInput {
                     "add_generation_prompt" => add_generation_prompt = flag(&name, &value)?,
                     "continue_final_message" => continue_final_message = flag(&name, &value)?,
                     "tools" => tools = Some(value).filter(|tools| !tools.is_none()),
+                    "documents" => documents = Some(value).filter(|documents| !documents.is_none()),
                     // vLLM drops these; they are not template variables.
                     "chat_template" | "tokenize" => {}
                     "messages" => {
@@ -120,7 +122,14 @@ impl ChatInput {
                  defaults to true: set it to false to continue the final message)",
             ));
         }
-        Ok(ChatInput { messages, tools, add_generation_prompt, continue_final_message, kwargs: extra })
+        Ok(ChatInput {
+            messages,
+            tools,
+            documents,
+            add_generation_prompt,
+            continue_final_message,
+            kwargs: extra,
+        })
     }
 }
 

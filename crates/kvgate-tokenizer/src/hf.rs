@@ -64,7 +64,7 @@ impl HfTokenizer {
         let named = [
             ("messages", messages),
             ("tools", input.tools.unwrap_or(Value::from(()))),
-            ("documents", Value::from(())),
+            ("documents", input.documents.unwrap_or(Value::from(()))),
             ("add_generation_prompt", Value::from(input.add_generation_prompt)),
         ];
         let rendered = templates.render(has_tools, context(&self.special_tokens, &input.kwargs, named))?;

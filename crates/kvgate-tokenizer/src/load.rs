@@ -24,9 +24,14 @@ pub(crate) fn load(path: &Path, chat_template: Option<&Path>) -> Result<HfTokeni
     };
     let tokenizer_bytes =
         std::fs::read(&tokenizer_file).map_err(|source| io_error(&tokenizer_file, source))?;
-    let tokenizer = tokenizers::Tokenizer::from_bytes(&tokenizer_bytes).map_err(|error| {
-        TokenizerError::InvalidTokenizer { path: tokenizer_file.clone(), message: error.to_string() }
-    })?;
+    let invalid_tokenizer =
+        |message: String| TokenizerError::InvalidTokenizer { path: tokenizer_file.clone(), message };
+    let mut tokenizer = tokenizers::Tokenizer::from_bytes(&tokenizer_bytes)
+        .map_err(|error| invalid_tokenizer(error.to_string()))?;
+    // transformers encodes without the truncation and padding a tokenizer.json may carry
+    // (`tokenizer(text)` turns them off), and so do the engines.
+    tokenizer.with_truncation(None).map_err(|error| invalid_tokenizer(error.to_string()))?;
+    tokenizer.with_padding(None);
 
     let config_path = directory.join("tokenizer_config.json");
     let config = read_json_if_exists(&config_path)?;

@@ -80,6 +80,17 @@ fn chat_template_kwargs_become_variables_and_override_options_as_in_vllm() {
     let body = br#"{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tools": [{"b": 1, "a": 2}]}}"#;
     assert_eq!(tokenizer.render_chat_request(body).unwrap(), "True [{'b': 1, 'a': 2}]  <|endoftext|>");
 
+    let documents = with_template("documents", "{{ documents | tojson }}");
+    let body =
+        br#"{"messages": [{"role": "user", "content": "x"}], "documents": [{"title": "t", "text": "d"}]}"#;
+    assert_eq!(documents.render_chat_request(body).unwrap(), r#"[{"title": "t", "text": "d"}]"#);
+    let options = ChatOptions {
+        chat_template_kwargs: Some(json!({"documents": [{"z": 1}]})),
+        ..ChatOptions::default()
+    };
+    assert_eq!(documents.render_chat(&messages, &options).unwrap(), r#"[{"z": 1}]"#);
+    assert_eq!(documents.render_chat(&messages, &ChatOptions::default()).unwrap(), "null");
+
     for kwargs in [json!("not an object"), json!({"messages": []}), json!({"add_generation_prompt": "yes"})] {
         let options = ChatOptions { chat_template_kwargs: Some(kwargs), ..ChatOptions::default() };
         let error = tokenizer.render_chat(&messages, &options).unwrap_err();

@@ -195,3 +195,21 @@ fn template_syntax_errors_name_the_template_and_line() {
         "{error}"
     );
 }
+
+#[test]
+fn truncation_and_padding_in_tokenizer_json_are_ignored_as_transformers_does() {
+    let text = std::fs::read_to_string(tiny_dir().join("tokenizer.json")).unwrap();
+    let mut tokenizer_json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    tokenizer_json["truncation"] =
+        json!({"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0});
+    tokenizer_json["padding"] = json!({"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"});
+    let directory = scratch_dir("truncating");
+    std::fs::write(directory.join("tokenizer.json"), tokenizer_json.to_string()).unwrap();
+    let tokenizer = Tokenizer::from_path(&directory, None).expect("load");
+    // transformers 4.57.6 on this file: tokenizer("the gateway routes requests to engines").
+    let expected = vec![0, 641, 609, 2117, 652, 423, 588];
+    assert_eq!(tokenizer.encode_prompt("the gateway routes requests to engines").unwrap(), expected);
+    let model = Tokenizer::from_path(&tiny_dir(), None).unwrap();
+    assert_eq!(model.encode_prompt("the gateway routes requests to engines").unwrap(), expected);
+}
