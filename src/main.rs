@@ -65,9 +65,34 @@ fn init_logging(level: &str, json: bool) {
     }
 }
 
-/// The mock fleet options for `--mock-workers N`: reference engines, default model name.
+/// The mock fleet options for `--mock-workers N`: reference engines, default model name, KV
+/// events and their replay on free ports.
 fn demo_fleet(count: usize) -> MockArgs {
-    MockArgs { count, ..MockArgs::default() }
+    MockArgs {
+        count,
+        kv_events_base_port: Some(0),
+        kv_events_replay_base_port: Some(0),
+        ..MockArgs::default()
+    }
+}
+
+/// Routes to the in-process fleet: its URLs, KV event endpoints, and (unless the user gave a
+/// tokenizer) the engines' own tokenizer.
+fn wire_fleet(config: &mut GatewayConfig, fleet: &kvgate_mock::MockFleet) {
+    // Workers given on the command line come first and have no KV events (unless given).
+    let given = config.worker_urls.len();
+    if config.kv_events_endpoints.is_empty() {
+        config.kv_events_endpoints = vec![kvgate_gateway::NO_ENDPOINT.to_string(); given];
+    }
+    if config.kv_events_replay_endpoints.is_empty() {
+        config.kv_events_replay_endpoints = vec![kvgate_gateway::NO_ENDPOINT.to_string(); given];
+    }
+    config.worker_urls.extend(fleet.urls());
+    config.kv_events_endpoints.extend(fleet.kv_event_endpoints());
+    config.kv_events_replay_endpoints.extend(fleet.kv_event_replay_endpoints());
+    if config.tokenizer_path.is_none() {
+        config.mock_tokenizer = true;
+    }
 }
 
 async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
@@ -76,7 +101,7 @@ async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
         Some(count) if count > 0 => {
             let fleet =
                 kvgate_mock::spawn_fleet(demo_fleet(count)).await.context("starting the mock engines")?;
-            config.worker_urls.extend(fleet.urls());
+            wire_fleet(&mut config, &fleet);
             Some(fleet)
         }
         _ => None,

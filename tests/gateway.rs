@@ -410,7 +410,7 @@ async fn metrics_cover_requests_latency_and_decisions() {
         format!("kvgate_worker_in_flight{{worker=\"{}\"}} 0", up.url),
         format!("kvgate_worker_healthy{{worker=\"{}\"}} 1", up.url),
         format!("kvgate_worker_circuit_state{{worker=\"{}\"}} 0", up.url),
-        "kvgate_routing_decisions_total{model=\"m\",reason=\"round_robin\"} 1".to_string(),
+        "kvgate_routing_decisions_total{index=\"none\",model=\"m\",reason=\"round_robin\"} 1".to_string(),
     ] {
         assert!(text.contains(&needle), "missing {needle} in\n{text}");
     }
@@ -445,8 +445,8 @@ async fn cache_aware_is_the_default_and_keeps_a_conversation_on_one_worker() {
     assert_eq!(routes, ["cache_miss", "cache_hit", "cache_hit", "cache_hit", "cache_hit"]);
     let text = client.get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
     for needle in [
-        "kvgate_routing_decisions_total{model=\"m\",reason=\"cache_hit\"} 4",
-        "kvgate_routing_decisions_total{model=\"m\",reason=\"cache_miss\"} 1",
+        "kvgate_routing_decisions_total{index=\"approximate\",model=\"m\",reason=\"cache_hit\"} 4",
+        "kvgate_routing_decisions_total{index=\"approximate\",model=\"m\",reason=\"cache_miss\"} 1",
         "kvgate_prefix_match_rate_count{kind=\"best\",model=\"m\"} 5",
         "kvgate_prefix_match_rate_count{kind=\"chosen\",model=\"m\"} 5",
     ] {

@@ -146,6 +146,15 @@ impl Engine {
         self.step.map(|step| step.end_us)
     }
 
+    /// Leading tokens of `prompt` whose KV blocks are in the prefix cache now (whole blocks,
+    /// before the engine's cap of `prompt - 1` cached tokens): the ground truth a prefix index
+    /// is checked against.
+    pub fn cached_prefix_tokens(&self, prompt: &[u32]) -> usize {
+        let block_size = self.config.block_size as usize;
+        let hashes = crate::prompt_block_hashes(prompt, block_size);
+        self.pool.match_prefix(&hashes) * block_size
+    }
+
     /// Requests in the engine (queued or admitted).
     pub fn num_requests(&self) -> usize {
         self.slot_by_id.len()

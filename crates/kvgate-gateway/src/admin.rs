@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::ApiError;
+use crate::kv_events::KvEventsSource;
 use crate::registry::RegistryError;
 use crate::state::SharedState;
 use crate::upstream::{discover_model, get};
@@ -48,6 +49,9 @@ pub async fn models(State(state): State<SharedState>) -> impl IntoResponse {
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
     crate::monitor::update_age_gauges(&state);
+    for pool in state.registry.snapshot().models.values().filter(|pool| pool.has_kv_events) {
+        state.metrics.kv_index_blocks.with_label_values(&[&pool.model]).set(pool.prefix.exact.len() as i64);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
 }
 
@@ -83,6 +87,18 @@ pub struct WorkerInfo {
     pub healthy: bool,
     pub in_flight: u64,
     pub circuit_state: CircuitState,
+    /// The worker's KV event publishers, and how many of its ranks' events flow into the index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<KvEventsInfo>,
+}
+
+#[derive(Serialize)]
+pub struct KvEventsInfo {
+    #[serde(flatten)]
+    pub source: KvEventsSource,
+    pub live_ranks: usize,
+    /// Every rank's events flow: the exact index is current for this worker.
+    pub flowing: bool,
 }
 
 impl WorkerInfo {
@@ -94,6 +110,11 @@ impl WorkerInfo {
             healthy: worker.is_healthy(),
             in_flight: worker.in_flight(),
             circuit_state: worker.circuit.state(now),
+            kv_events: worker.kv_events.clone().map(|source| KvEventsInfo {
+                source,
+                live_ranks: worker.kv_live_ranks(),
+                flowing: worker.kv_events_flowing(),
+            }),
         }
     }
 }
@@ -114,6 +135,12 @@ pub struct AddWorker {
     pub url: String,
     #[serde(default)]
     pub model_id: Option<String>,
+    /// `tcp://host:port` of the engine's KV event publisher (comma-separated per data-parallel rank).
+    #[serde(default)]
+    pub kv_events_endpoint: Option<String>,
+    /// `tcp://host:port` of its replay socket (same shape).
+    #[serde(default)]
+    pub kv_events_replay_endpoint: Option<String>,
 }
 
 pub async fn add_worker(
@@ -123,9 +150,14 @@ pub async fn add_worker(
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
     let request: AddWorker = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::BadRequest(format!("expected {{\"url\": \"http://...\", \"model_id\": \"...\"}}: {e}"))
+        ApiError::BadRequest(format!(
+            "expected {{\"url\": \"http://...\", \"model_id\": \"...\", \"kv_events_endpoint\": \"tcp://...\", \"kv_events_replay_endpoint\": \"tcp://...\"}} (all but url optional): {e}"
+        ))
     })?;
-    let worker = register_worker(&state, &request.url, request.model_id).await?;
+    let events = request.kv_events_endpoint.as_deref().unwrap_or("");
+    let kv_events = KvEventsSource::parse(events, request.kv_events_replay_endpoint.as_deref())
+        .map_err(ApiError::BadRequest)?;
+    let worker = register_worker(&state, &request.url, request.model_id, kv_events).await?;
     let info = WorkerInfo::of(&worker, Instant::now());
     Ok((StatusCode::CREATED, Json(json!({"worker": info}))).into_response())
 }
@@ -152,6 +184,7 @@ pub async fn register_worker(
     state: &SharedState,
     url: &str,
     model: Option<String>,
+    kv_events: Option<KvEventsSource>,
 ) -> Result<Arc<Worker>, ApiError> {
     let url = normalize_url(url).map_err(ApiError::BadRequest)?;
     if state.registry.snapshot().find(&url).is_some() {
@@ -169,10 +202,11 @@ pub async fn register_worker(
         },
     };
     let healthy = state.config.disable_health_check || probe(state, &url).await;
-    let worker = state.registry.add(&url, model, healthy).map_err(|e| match e {
+    let worker = state.registry.add(&url, model, healthy, kv_events).map_err(|e| match e {
         RegistryError::InvalidUrl(message) => ApiError::BadRequest(message),
         RegistryError::Duplicate(url) => ApiError::Conflict(format!("worker {url} is already registered")),
     })?;
+    crate::kv_events::subscribe(state, &worker);
     tracing::info!(worker = %worker.url, model = worker.model().unwrap_or("<unknown>"), healthy, "worker added");
     Ok(worker)
 }

@@ -3,6 +3,8 @@
 
 use clap::Args;
 use kvgate_policy::{ConfigError, PolicyConfig};
+
+use crate::kv_events::KvEventsSource;
 use serde::{Deserialize, Serialize};
 
 /// Everything `kvgate launch` can be told. Flags and YAML keys come from these fields.
@@ -21,6 +23,30 @@ pub struct GatewayConfig {
     /// Routing policy and its options.
     #[command(flatten)]
     pub routing: PolicyConfig,
+
+    /// ZMQ endpoints of the workers' KV event publishers (vLLM/SGLang `--kv-events-config`),
+    /// one per --worker-urls entry in the same order: `tcp://host:port`, several comma-separated
+    /// for data-parallel ranks, `-` for a worker without events.
+    #[arg(long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
+    pub kv_events_endpoints: Vec<String>,
+    /// ZMQ endpoints of the workers' KV event replay sockets, shaped like --kv-events-endpoints
+    /// (`-` for none). Replay fills gaps and rebuilds the index after a start or restart.
+    #[arg(long = "kv-events-replay-endpoints", num_args = 0.., value_name = "ENDPOINT")]
+    pub kv_events_replay_endpoints: Vec<String>,
+    /// ZMQ topic the engines publish KV events under.
+    #[arg(long, default_value = "")]
+    pub kv_events_topic: String,
+    /// Tokenizer for matching requests to KV blocks: a Hugging Face tokenizer.json, or a directory
+    /// holding it and tokenizer_config.json (the chat template). Never downloaded.
+    #[arg(long, value_name = "DIR_OR_FILE")]
+    pub tokenizer_path: Option<std::path::PathBuf>,
+    /// Chat template file (Jinja) overriding the tokenizer's.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<std::path::PathBuf>,
+    /// Tokenize as kvgate's simulated engines do (one word = one token); set by
+    /// `launch --mock-workers`.
+    #[arg(long)]
+    pub mock_tokenizer: bool,
 
     /// Seconds between engine load polls (used only while a policy consumes loads).
     #[arg(long, default_value_t = 1.0)]
@@ -204,10 +230,57 @@ impl GatewayConfig {
                 errors.push(ConfigError { field: "worker_urls", message });
             }
         }
+        self.validate_kv_events(&mut errors);
+        if self.tokenizer_path.is_some() && self.mock_tokenizer {
+            errors.push(ConfigError {
+                field: "mock_tokenizer",
+                message: "conflicts with tokenizer_path: give one tokenizer".into(),
+            });
+        }
+        if self.chat_template.is_some() && self.tokenizer_path.is_none() {
+            errors.push(ConfigError {
+                field: "chat_template",
+                message: "needs tokenizer_path (the template is rendered for that tokenizer)".into(),
+            });
+        }
         if errors.is_empty() {
             Ok(())
         } else {
             Err(errors)
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// The KV events source of the `index`-th entry of `worker_urls` (validated by `validate`).
+    pub fn kv_events_source(&self, index: usize) -> Result<Option<KvEventsSource>, String> {
+        let Some(events) = self.kv_events_endpoints.get(index) else { return Ok(None) };
+        KvEventsSource::parse(events, self.kv_events_replay_endpoints.get(index).map(String::as_str))
+    }
+
+    fn validate_kv_events(&self, errors: &mut Vec<ConfigError>) {
+        let (urls, events, replay) =
+            (self.worker_urls.len(), self.kv_events_endpoints.len(), self.kv_events_replay_endpoints.len());
+        if events > 0 && events != urls {
+            errors.push(ConfigError {
+                field: "kv_events_endpoints",
+                message: format!(
+                    "{events} entries for {urls} worker URLs: give one per worker (`-` for none)"
+                ),
+            });
+        }
+        if replay > 0 && replay != events {
+            errors.push(ConfigError {
+                field: "kv_events_replay_endpoints",
+                message: format!(
+                    "{replay} entries for {events} KV events endpoints: give one per worker (`-` for none)"
+                ),
+            });
+        }
+        for index in 0..events {
+            if let Err(message) = self.kv_events_source(index) {
+                errors.push(ConfigError { field: "kv_events_endpoints", message });
+            }
         }
     }
 }
@@ -265,6 +338,36 @@ mod tests {
         assert_eq!(
             fields,
             ["request_timeout_secs", "cb_timeout_duration_secs", "health_failure_threshold", "worker_urls"]
+        );
+    }
+
+    #[test]
+    fn kv_events_endpoints_are_one_per_worker() {
+        let urls = vec!["http://127.0.0.1:1".to_string(), "http://127.0.0.1:2".to_string()];
+        let good = GatewayConfig {
+            worker_urls: urls.clone(),
+            kv_events_endpoints: vec!["tcp://127.0.0.1:5557".into(), "-".into()],
+            kv_events_replay_endpoints: vec!["tcp://127.0.0.1:5558".into(), "-".into()],
+            ..GatewayConfig::default()
+        };
+        good.validate().unwrap();
+        assert_eq!(
+            good.kv_events_source(0).unwrap().unwrap().ranks[0].replay.as_deref(),
+            Some("tcp://127.0.0.1:5558")
+        );
+        assert_eq!(good.kv_events_source(1).unwrap(), None);
+        let bad = GatewayConfig {
+            worker_urls: urls,
+            kv_events_endpoints: vec!["tcp://*:5557".into()],
+            kv_events_replay_endpoints: vec!["-".into(), "-".into()],
+            mock_tokenizer: true,
+            tokenizer_path: Some("t.json".into()),
+            ..GatewayConfig::default()
+        };
+        let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            ["kv_events_endpoints", "kv_events_replay_endpoints", "kv_events_endpoints", "mock_tokenizer"]
         );
     }
 }

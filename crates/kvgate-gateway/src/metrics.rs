@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use kvgate_policy::Reason;
+use kvgate_policy::{IndexKind, Reason};
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -32,6 +32,14 @@ pub struct Metrics {
     pub load_poll_duration: Histogram,
     pub load_poll_failures: IntCounterVec,
     pub load_snapshot_age: GaugeVec,
+    pub kv_events_batches: IntCounterVec,
+    pub kv_events_malformed: IntCounterVec,
+    pub kv_events_refused: IntCounterVec,
+    pub kv_events_gaps: IntCounterVec,
+    pub kv_events_restarts: IntCounterVec,
+    pub kv_events_live_ranks: IntGaugeVec,
+    pub kv_index_blocks: IntGaugeVec,
+    pub tokenize_failures: IntCounterVec,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
     ttfb_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
     duration_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
@@ -45,10 +53,21 @@ pub struct WorkerSeries {
     ok_requests: [OnceLock<IntCounter>; Endpoint::ALL.len()],
 }
 
+/// The `index` label of a decision: none, approximate, exact.
+const INDEX_LABELS: [&str; 3] = ["none", "approximate", "exact"];
+
+fn index_slot(index: Option<IndexKind>) -> usize {
+    match index {
+        None => 0,
+        Some(IndexKind::Approximate) => 1,
+        Some(IndexKind::Exact) => 2,
+    }
+}
+
 /// The series of one model's routing decisions, resolved on first use.
 #[derive(Default)]
 pub struct PoolSeries {
-    decisions: [OnceLock<IntCounter>; Reason::ALL.len()],
+    decisions: [[OnceLock<IntCounter>; INDEX_LABELS.len()]; Reason::ALL.len()],
     match_best: OnceLock<Histogram>,
     match_chosen: OnceLock<Histogram>,
 }
@@ -111,8 +130,8 @@ impl Metrics {
             ),
             decisions: counter(
                 "kvgate_routing_decisions_total",
-                "Routing decisions by model and reason.",
-                &["model", "reason"],
+                "Routing decisions by model, reason and the prefix index consulted (index=exact: the engines' KV events; approximate: the tree of what was routed where; none).",
+                &["model", "reason", "index"],
             ),
             match_rate: histogram(
                 "kvgate_prefix_match_rate",
@@ -140,6 +159,46 @@ impl Metrics {
                     &["worker"],
                 )
                 .expect("valid metric"),
+            ),
+            kv_events_batches: counter(
+                "kvgate_kv_events_batches_total",
+                "KV event batches applied to the exact index, per worker.",
+                &["worker"],
+            ),
+            kv_events_malformed: counter(
+                "kvgate_kv_events_malformed_total",
+                "KV event messages that could not be decoded (the worker's index entries are cleared).",
+                &["worker"],
+            ),
+            kv_events_refused: counter(
+                "kvgate_kv_events_refused_total",
+                "KV events of well-formed batches not applied, by reason (unknown_parent, inconsistent, lora, other_group, unknown_event).",
+                &["worker", "reason"],
+            ),
+            kv_events_gaps: counter(
+                "kvgate_kv_events_gaps_total",
+                "Sequence gaps in a worker's KV events, by recovery: replay (filled from the engine's buffer) or cleared.",
+                &["worker", "recovery"],
+            ),
+            kv_events_restarts: counter(
+                "kvgate_kv_events_restarts_total",
+                "Engine restarts seen in a worker's KV events (the sequence went back; its entries were cleared).",
+                &["worker"],
+            ),
+            kv_events_live_ranks: gauge(
+                "kvgate_kv_events_live_ranks",
+                "Data-parallel ranks of a worker whose KV event subscription is connected and in sync.",
+                &["worker"],
+            ),
+            kv_index_blocks: gauge(
+                "kvgate_kv_index_blocks",
+                "Distinct KV blocks in a model's exact index.",
+                &["model"],
+            ),
+            tokenize_failures: counter(
+                "kvgate_tokenize_failures_total",
+                "Requests the gateway could not tokenize (routed on their text instead), by endpoint.",
+                &["endpoint"],
             ),
             registry,
             ttfb_series: Default::default(),
@@ -180,8 +239,9 @@ impl Metrics {
     /// Count one routing decision of `model`'s policy, with its prefix-match rates if any.
     pub fn count_decision(&self, model: &str, series: &PoolSeries, decision: &kvgate_policy::Decision) {
         let reason = decision.reason;
-        series.decisions[reason as usize]
-            .get_or_init(|| self.decisions.with_label_values(&[model, reason.as_str()]))
+        let slot = index_slot(decision.index);
+        series.decisions[reason as usize][slot]
+            .get_or_init(|| self.decisions.with_label_values(&[model, reason.as_str(), INDEX_LABELS[slot]]))
             .inc();
         if let Some(matches) = decision.matches {
             series
@@ -201,6 +261,7 @@ impl Metrics {
         let _ = self.worker_healthy.remove_label_values(&[url]);
         let _ = self.circuit_state.remove_label_values(&[url]);
         let _ = self.load_poll_failures.remove_label_values(&[url]);
+        let _ = self.kv_events_live_ranks.remove_label_values(&[url]);
     }
 
     /// Prometheus text exposition.

@@ -10,7 +10,10 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use kvgate_policy::{Candidate, Decision, RouteRequest, RoutingKey, SelectContext};
+use kvgate_index::ExactRecordingTree;
+use kvgate_policy::{
+    Candidate, Decision, PrefixIndex, PrefixIndexMode, RouteRequest, RoutingKey, SelectContext,
+};
 use rand::Rng;
 
 use crate::body::{InFlight, MeteredBody, RequestTail};
@@ -62,6 +65,7 @@ impl Endpoint {
 
 static WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvgate-worker");
 static ROUTE_HEADER: HeaderName = HeaderName::from_static("x-kvgate-route");
+static INDEX_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefix-index");
 
 /// What the last failed attempt left, returned to the client when no retry is possible.
 enum Failure {
@@ -160,7 +164,11 @@ where
         Some(pool) => pool.clone(),
         None => return Err(no_pool_error(snapshot.models.len(), fields.model.as_deref())),
     };
-    let key = if pool.policy.needs_routing_key() { fields.routing_key() } else { OwnedKey::None };
+    let key = if pool.policy.needs_routing_key() {
+        crate::tokenize::routing_key(state, &pool, endpoint, &fields, &bytes)
+    } else {
+        OwnedKey::None
+    };
     let route_request = RouteRequest {
         key: match &key {
             OwnedKey::None => RoutingKey::None,
@@ -228,26 +236,51 @@ fn choose(
 ) -> Option<(Arc<Worker>, Decision)> {
     let now = Instant::now();
     let loads = state.loads.load();
+    let mut events_flowing = true;
     let candidates: Vec<Candidate> = pool
         .workers
         .iter()
         .filter(|w| !tried.contains(&w.id) && w.is_routable(now))
-        .map(|w| Candidate { id: w.id, in_flight: w.in_flight(), load: loads.get(&w.id).copied() })
+        .map(|w| {
+            events_flowing &= w.kv_events_flowing();
+            Candidate { id: w.id, in_flight: w.in_flight(), load: loads.get(&w.id).copied() }
+        })
         .collect();
     if candidates.is_empty() {
         return None;
     }
+    let exact = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
+    let prefix_index: &dyn PrefixIndex =
+        if use_exact_index(state, pool, request, events_flowing) { &exact } else { &pool.prefix.tree };
     let mut rng = rand::rng();
     let mut ctx = SelectContext {
         now_ms: state.now_ms(),
         load_poll_interval_ms: state.load_poll_interval_ms,
         rng: &mut rng,
-        prefix_index: Some(&pool.prefix.tree),
+        prefix_index: Some(prefix_index),
     };
     let decision = pool.policy.select(request, &candidates, &mut ctx).ok()?;
     state.metrics.count_decision(&pool.model, &pool.series, &decision);
     let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
     Some((worker, decision))
+}
+
+/// Whether to match against the exact index: the model's workers publish KV events, the request
+/// has token ids, and the mode allows it (`auto`: every candidate's events flow).
+fn use_exact_index(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    events_flowing: bool,
+) -> bool {
+    if !pool.has_kv_events || !matches!(request.key, RoutingKey::Tokens(_)) {
+        return false;
+    }
+    match state.config.routing.prefix_index {
+        PrefixIndexMode::Auto => events_flowing,
+        PrefixIndexMode::Exact => true,
+        PrefixIndexMode::Approximate => false,
+    }
 }
 
 fn backoff(state: &AppState, retry: u32) -> Duration {
@@ -382,6 +415,9 @@ fn respond(
             parts.headers.insert(WORKER_HEADER.clone(), value);
         }
         parts.headers.insert(ROUTE_HEADER.clone(), HeaderValue::from_static(decision.reason.as_str()));
+        if let Some(index) = decision.index {
+            parts.headers.insert(INDEX_HEADER.clone(), HeaderValue::from_static(index.as_str()));
+        }
     }
     state.metrics.count_request(endpoint, parts.status, &worker.url, &worker.series);
     tracing::debug!(endpoint = endpoint.label(), worker = %worker.url, reason = decision.reason.as_str(), status = %parts.status, "proxied");

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use kvgate_index::{ApproxIndex, BlockIndex};
 use kvgate_policy::{build_policy, Policy, PolicyConfig};
 
+use crate::kv_events::KvEventsSource;
 use crate::metrics::{Metrics, PoolSeries};
 use crate::worker::{normalize_url, CircuitSettings, Worker};
 
@@ -19,6 +20,8 @@ pub struct ModelPool {
     pub policy: Arc<dyn Policy>,
     pub prefix: Arc<ModelPrefix>,
     pub series: PoolSeries,
+    /// Whether any of its workers publishes KV events (the exact index can be fed).
+    pub has_kv_events: bool,
 }
 
 /// One model's prefix indexes: the approximate tree of what was routed where, and the exact
@@ -103,7 +106,13 @@ impl Registry {
     }
 
     /// Register a worker. `healthy` is its initial health (true when health checks are off).
-    pub fn add(&self, url: &str, model: Option<String>, healthy: bool) -> Result<Arc<Worker>, RegistryError> {
+    pub fn add(
+        &self,
+        url: &str,
+        model: Option<String>,
+        healthy: bool,
+        kv_events: Option<KvEventsSource>,
+    ) -> Result<Arc<Worker>, RegistryError> {
         let url = normalize_url(url).map_err(RegistryError::InvalidUrl)?;
         let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.snapshot.load();
@@ -112,7 +121,7 @@ impl Registry {
         }
         let series = self.metrics.worker_series(&url);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let worker = Arc::new(Worker::new(id, url, model, healthy, self.circuit, series));
+        let worker = Arc::new(Worker::new(id, url, model, healthy, self.circuit, series, kv_events));
         let mut workers = current.workers.clone();
         workers.push(worker.clone());
         self.publish(&mut models, workers);
@@ -135,6 +144,7 @@ impl Registry {
         self.publish(&mut models, workers);
         self.metrics.remove_worker(&removed.url);
         removed.conns.clear();
+        removed.stop_kv_events();
         Some(removed)
     }
 
@@ -159,6 +169,7 @@ impl Registry {
                 let state = models.entry(model.clone()).or_insert_with(|| self.new_model()).clone();
                 let pool = ModelPool {
                     model: model.clone(),
+                    has_kv_events: workers.iter().any(|w| w.kv_events.is_some()),
                     workers,
                     policy: state.policy,
                     prefix: state.prefix,

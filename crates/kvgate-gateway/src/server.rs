@@ -62,6 +62,9 @@ impl GatewayHandle {
         for task in self.background {
             task.abort();
         }
+        for worker in &self.state.registry.snapshot().workers {
+            worker.stop_kv_events();
+        }
     }
 }
 
@@ -95,8 +98,17 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
 
-    let initial = state.config.worker_urls.clone();
-    for result in join_all(initial.iter().map(|url| admin::register_worker(&state, url, None))).await {
+    let initial: Vec<_> = state
+        .config
+        .worker_urls
+        .iter()
+        .enumerate()
+        .map(|(index, url)| {
+            let source = state.config.kv_events_source(index).expect("validated with the configuration");
+            admin::register_worker(&state, url, None, source)
+        })
+        .collect();
+    for result in join_all(initial).await {
         if let Err(error) = result {
             tracing::warn!(%error, "initial worker not registered");
         }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 use kvgate_policy::{LoadSample, WorkerId};
+use kvgate_tokenizer::Tokenizer;
 use tokio::sync::Semaphore;
 
 use crate::config::GatewayConfig;
@@ -29,6 +30,8 @@ pub struct AppState {
     pub concurrency: Option<Arc<Semaphore>>,
     pub api_key_header: Option<HeaderValue>,
     pub request_timeout: Duration,
+    /// Turns requests into the engines' token ids, for the exact index (when configured).
+    pub tokenizer: Option<Arc<Tokenizer>>,
     started: Instant,
 }
 
@@ -48,7 +51,16 @@ impl AppState {
             ),
             None => None,
         };
+        let tokenizer = match (&config.tokenizer_path, config.mock_tokenizer) {
+            (Some(path), _) => Some(Arc::new(
+                Tokenizer::from_path(path, config.chat_template.as_deref())
+                    .map_err(|e| format!("loading the tokenizer: {e}"))?,
+            )),
+            (None, true) => Some(Arc::new(Tokenizer::mock())),
+            (None, false) => None,
+        };
         Ok(Self {
+            tokenizer,
             registry: Registry::new(config.routing.clone(), circuit, metrics.clone()),
             metrics,
             client: build_client(),

@@ -9,6 +9,7 @@ use kvgate_policy::WorkerId;
 use serde::Serialize;
 
 use crate::conn::ConnPool;
+use crate::kv_events::KvEventsSource;
 use crate::metrics::WorkerSeries;
 
 /// Check and canonicalize a worker URL: `http://host:port[/prefix]`, no trailing slash.
@@ -155,6 +156,12 @@ pub struct Worker {
     pub series: WorkerSeries,
     /// Keep-alive connections to this worker for proxied requests.
     pub conns: ConnPool,
+    /// Where its engine publishes KV events, if it does.
+    pub kv_events: Option<KvEventsSource>,
+    /// Per data-parallel rank: the subscription is connected and in sync.
+    kv_live: Box<[AtomicBool]>,
+    /// The subscriptions' tasks, aborted when the worker is removed.
+    kv_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl Worker {
@@ -165,6 +172,7 @@ impl Worker {
         healthy: bool,
         circuit: CircuitSettings,
         series: WorkerSeries,
+        kv_events: Option<KvEventsSource>,
     ) -> Self {
         let model_cell = OnceLock::new();
         if let Some(model) = model {
@@ -181,6 +189,41 @@ impl Worker {
             series,
             conns: ConnPool::new(&url),
             url,
+            kv_live: (0..kv_events.as_ref().map_or(0, |source| source.ranks.len()))
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            kv_events,
+            kv_tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether every rank's KV events flow into the index (false without KV events).
+    pub fn kv_events_flowing(&self) -> bool {
+        !self.kv_live.is_empty() && self.kv_live.iter().all(|live| live.load(Ordering::Relaxed))
+    }
+
+    /// Ranks whose KV event subscription is connected and in sync.
+    pub fn kv_live_ranks(&self) -> usize {
+        self.kv_live.iter().filter(|live| live.load(Ordering::Relaxed)).count()
+    }
+
+    pub(crate) fn set_kv_live(&self, rank: u32, live: bool) {
+        if let Some(flag) = self.kv_live.get(rank as usize) {
+            flag.store(live, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn set_kv_tasks(&self, tasks: Vec<tokio::task::AbortHandle>) {
+        *self.kv_tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+    }
+
+    /// Stops the KV event subscriptions (their blocks leave the index as the tasks end).
+    pub fn stop_kv_events(&self) {
+        for task in self.kv_tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            task.abort();
+        }
+        for rank in 0..self.kv_live.len() {
+            self.set_kv_live(rank as u32, false);
         }
     }
 
@@ -291,7 +334,8 @@ mod tests {
         let settings =
             CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::ZERO };
         let series = crate::metrics::Metrics::new().worker_series("http://127.0.0.1:1");
-        let worker = Worker::new(0, "http://127.0.0.1:1".into(), Some("m".into()), true, settings, series);
+        let worker =
+            Worker::new(0, "http://127.0.0.1:1".into(), Some("m".into()), true, settings, series, None);
         assert_eq!(worker.record_health(false, 2, 2), None);
         assert_eq!(worker.record_health(false, 2, 2), Some(false));
         assert_eq!(worker.record_health(true, 2, 2), None);

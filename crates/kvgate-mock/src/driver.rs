@@ -179,6 +179,16 @@ impl EngineHandle {
         state.engine.load(now)
     }
 
+    /// Leading prompt tokens whose KV blocks the engine's prefix cache holds now.
+    pub(crate) fn cached_prefix_tokens(&self, prompt: &[u32]) -> usize {
+        let mut state = self.lock();
+        let now = self.shared.clock.now_us();
+        let DriverState { engine, outputs, .. } = &mut *state;
+        engine.advance(now, outputs);
+        state.dispatch(self.shared.kv_events.as_ref());
+        state.engine.cached_prefix_tokens(prompt)
+    }
+
     /// Clears the prefix cache if nothing uses it (SGLang `/flush_cache`).
     pub(crate) fn flush_cache(&self) -> bool {
         let mut state = self.lock();

@@ -83,6 +83,13 @@ impl MockFleet {
         self.kv_event_replay_endpoints.clone()
     }
 
+    /// Leading tokens of `prompt` whose KV blocks worker `worker_idx`'s prefix cache holds now
+    /// (the engine's ground truth, for checking an index fed by its KV events); 0 for a canned
+    /// engine or an unknown worker.
+    pub fn cached_prefix_tokens(&self, worker_idx: usize, prompt: &[u32]) -> usize {
+        self.engines.get(worker_idx).map_or(0, |engine| engine.cached_prefix_tokens(prompt))
+    }
+
     /// Fault injection: worker `worker_idx`'s next `n` KV event batches are numbered and kept
     /// for replay but not published, so a subscriber sees a sequence gap (a lost message).
     /// Fails when that worker publishes no KV events.

@@ -1,0 +1,482 @@
+//! The exact prefix index over real ZMQ sockets: the gateway subscribes to `kvgate mock` engines'
+//! KV events (both encodings), keeps an index equal to what the engines cache through stores,
+//! evictions, lost messages (replay or clear), engine restarts and malformed payloads, and
+//! routes on it.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{client, config, eventually, gateway};
+use kvgate_gateway::{GatewayConfig, GatewayHandle};
+use kvgate_index::{BlockIndex, PrefixMatch};
+use kvgate_mock::{spawn_fleet, KvEventEncoding, MockArgs, MockFleet};
+use kvgate_policy::{PolicyKind, PrefixIndexMode};
+use serde_json::json;
+
+const MODEL: &str = "mock-model";
+
+/// A prompt of `words` words (one token each for the mock engines), distinct per `seed`.
+fn prompt(seed: usize, words: usize) -> String {
+    (0..words).map(|i| format!("p{seed}w{i}")).collect::<Vec<_>>().join(" ")
+}
+
+fn tokens(text: &str) -> Vec<u32> {
+    kvgate_engine::tokenize(text)
+}
+
+/// Engines with room for 10 blocks of 16 tokens: 48-token prompts evict each other quickly.
+fn small_engines(args: &mut MockArgs) {
+    args.time_scale = 50.0;
+    args.kv_events_base_port = Some(0);
+    args.kv_events_replay_base_port = Some(0);
+    args.engine_flags.kv_capacity_tokens = Some(160);
+}
+
+async fn fleet(count: usize, tune: impl FnOnce(&mut MockArgs)) -> MockFleet {
+    let mut args = MockArgs { count, ..MockArgs::default() };
+    small_engines(&mut args);
+    tune(&mut args);
+    spawn_fleet(args).await.expect("the mock fleet starts")
+}
+
+/// A cache_aware gateway subscribed to every engine of `fleet` (with replay unless told otherwise).
+fn gateway_config(fleet: &MockFleet) -> GatewayConfig {
+    let mut cfg = config(fleet.urls());
+    cfg.routing.policy = PolicyKind::CacheAware;
+    cfg.kv_events_endpoints = fleet.kv_event_endpoints();
+    cfg.kv_events_replay_endpoints = fleet.kv_event_replay_endpoints();
+    cfg.mock_tokenizer = true;
+    cfg.expose_routing_headers = true;
+    cfg
+}
+
+fn index_of(gw: &GatewayHandle) -> Arc<BlockIndex> {
+    gw.state.registry.snapshot().models.get(MODEL).expect("the model's pool").prefix.exact.clone()
+}
+
+fn worker_id(gw: &GatewayHandle, url: &str) -> u32 {
+    gw.state.registry.snapshot().find(url).expect("a registered worker").id
+}
+
+/// Waits until every worker's KV events flow (subscribed and replayed).
+async fn wait_flowing(gw: &GatewayHandle) {
+    let flowing = eventually(10.0, async || {
+        let snapshot = gw.state.registry.snapshot();
+        !snapshot.workers.is_empty() && snapshot.workers.iter().all(|w| w.kv_events_flowing())
+    })
+    .await;
+    assert!(flowing, "every worker's KV events flow within 10 s");
+}
+
+/// Sends a completion straight to an engine (so the gateway only sees its events).
+async fn complete_on(url: &str, text: &str) {
+    let res = client()
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"model": MODEL, "prompt": text, "max_tokens": 1}))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+}
+
+/// Whether, for every prompt and every engine, the gateway's index holds exactly the blocks the
+/// engine's cache holds.
+fn index_equals_engines(gw: &GatewayHandle, fleet: &MockFleet, prompts: &[Vec<u32>]) -> Result<(), String> {
+    let index = index_of(gw);
+    for prompt in prompts {
+        let mut matched = PrefixMatch::default();
+        index.overlap(prompt, &mut matched);
+        for (worker_idx, url) in fleet.urls().iter().enumerate() {
+            let engine = fleet.cached_prefix_tokens(worker_idx, prompt);
+            let indexed = matched.matched(worker_id(gw, url));
+            if engine != indexed {
+                return Err(format!(
+                    "worker {worker_idx}: engine caches {engine} tokens, index says {indexed}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn assert_in_sync(gw: &GatewayHandle, fleet: &MockFleet, prompts: &[Vec<u32>]) {
+    let mut last = Ok(());
+    let synced = eventually(5.0, async || {
+        last = index_equals_engines(gw, fleet, prompts);
+        last.is_ok()
+    })
+    .await;
+    assert!(synced, "the index matches the engines within 5 s: {last:?}");
+}
+
+async fn metrics(gw: &GatewayHandle) -> String {
+    client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
+}
+
+/// The value of the first metric line starting with `series`, 0 when absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_follows_stores_and_evictions_in_both_encodings() {
+    for encoding in [KvEventEncoding::Array, KvEventEncoding::Map] {
+        let fleet = fleet(2, |args| args.kv_events_encoding = encoding).await;
+        let gw = gateway(gateway_config(&fleet)).await;
+        wait_flowing(&gw).await;
+        let urls = fleet.urls();
+        let mut sent = Vec::new();
+        // 10 prompts of 3 blocks (4 while running) on 2 engines of 10 blocks: the oldest are evicted.
+        for i in 0..10 {
+            let text = prompt(i, 48);
+            complete_on(&urls[i % 2], &text).await;
+            sent.push(tokens(&text));
+        }
+        assert_in_sync(&gw, &fleet, &sent).await;
+        let evicted =
+            sent.iter().filter(|p| fleet.cached_prefix_tokens(0, p) + fleet.cached_prefix_tokens(1, p) == 0);
+        assert!(evicted.count() > 0, "{encoding:?}: some prompts were evicted");
+        let text = metrics(&gw).await;
+        assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 0.0, "{encoding:?}");
+        assert!(metric(&text, "kvgate_kv_events_batches_total") > 0.0, "{text}");
+        gw.shutdown().await;
+        fleet.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_batch_is_recovered_through_replay() {
+    let fleet = fleet(1, |_| {}).await;
+    let gw = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&gw).await;
+    let url = &fleet.urls()[0];
+    let mut sent = Vec::new();
+    for i in 0..2 {
+        let text = prompt(i, 48);
+        complete_on(url, &text).await;
+        sent.push(tokens(&text));
+    }
+    assert_in_sync(&gw, &fleet, &sent).await;
+    fleet.drop_kv_event_batches(0, 1).unwrap();
+    for i in 2..5 {
+        let text = prompt(i, 48);
+        complete_on(url, &text).await;
+        sent.push(tokens(&text));
+    }
+    assert_in_sync(&gw, &fleet, &sent).await;
+    let text = metrics(&gw).await;
+    assert!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"replay\"") >= 1.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 0.0);
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_replay_a_gap_clears_the_workers_entries() {
+    let fleet = fleet(1, |_| {}).await;
+    let mut cfg = gateway_config(&fleet);
+    cfg.kv_events_replay_endpoints.clear();
+    let gw = gateway(cfg).await;
+    wait_flowing(&gw).await;
+    let url = fleet.urls()[0].clone();
+    // A 160-token engine keeps two 48-token prompts whole.
+    let kept = tokens(&prompt(0, 48));
+    complete_on(&url, &prompt(0, 48)).await;
+    assert_in_sync(&gw, &fleet, std::slice::from_ref(&kept)).await;
+    assert_eq!(fleet.cached_prefix_tokens(0, &kept), 48);
+    fleet.drop_kv_event_batches(0, 1).unwrap();
+    complete_on(&url, &prompt(1, 16)).await; // its store is lost
+    complete_on(&url, &prompt(2, 16)).await; // the gap shows: clear, then apply this batch
+    let index = index_of(&gw);
+    let cleared = eventually(5.0, async || {
+        let mut matched = PrefixMatch::default();
+        index.overlap(&tokens(&prompt(2, 16)), &mut matched);
+        matched.best() == 16
+    })
+    .await;
+    assert!(cleared, "the batch after the gap is applied");
+    let mut matched = PrefixMatch::default();
+    index.overlap(&kept, &mut matched);
+    assert_eq!(matched.best(), 0, "entries from before the gap are gone although the engine still has them");
+    assert!(fleet.cached_prefix_tokens(0, &kept) > 0);
+    let text = metrics(&gw).await;
+    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 1.0, "{text}");
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+/// Free loopback ports for a restartable one-engine fleet (HTTP, KV events, replay).
+async fn free_ports() -> [u16; 3] {
+    let mut ports = [0; 3];
+    let listeners: Vec<_> =
+        futures_util::future::join_all((0..3).map(|_| tokio::net::TcpListener::bind("127.0.0.1:0"))).await;
+    for (port, listener) in ports.iter_mut().zip(listeners) {
+        *port = listener.unwrap().local_addr().unwrap().port();
+    }
+    ports
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_clears_its_entries() {
+    let [http, events, replay] = free_ports().await;
+    let pinned = |args: &mut MockArgs| {
+        args.base_port = http;
+        args.kv_events_base_port = Some(events);
+        args.kv_events_replay_base_port = Some(replay);
+    };
+    let first = fleet(1, pinned).await;
+    let gw = gateway(gateway_config(&first)).await;
+    wait_flowing(&gw).await;
+    let url = first.urls()[0].clone();
+    let before = tokens(&prompt(0, 48));
+    complete_on(&url, &prompt(0, 48)).await;
+    assert_in_sync(&gw, &first, std::slice::from_ref(&before)).await;
+    first.shutdown().await;
+
+    let second = fleet(1, pinned).await;
+    let index = index_of(&gw);
+    let id = worker_id(&gw, &url);
+    let forgotten = eventually(10.0, async || index.worker_blocks(id) == 0).await;
+    assert!(forgotten, "the restarted engine's old blocks leave the index");
+    wait_flowing(&gw).await;
+    let after = tokens(&prompt(1, 48));
+    complete_on(&url, &prompt(1, 48)).await;
+    assert_in_sync(&gw, &second, &[before, after]).await;
+    gw.shutdown().await;
+    second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_fed_the_same_streams_hold_the_same_index() {
+    let fleet = fleet(2, |_| {}).await;
+    let first = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&first).await;
+    // Traffic through the first gateway only; the second starts late and replays.
+    let mut sent = Vec::new();
+    for i in 0..5 {
+        let text = prompt(i, 40 + i);
+        let res = client()
+            .post(format!("{}/v1/completions", first.url()))
+            .json(&json!({"model": MODEL, "prompt": text, "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        sent.push(tokens(&text));
+    }
+    let second = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&second).await;
+    assert_in_sync(&first, &fleet, &sent).await;
+    assert_in_sync(&second, &fleet, &sent).await;
+    // Worker ids are each gateway's own: compare the dumps by worker URL.
+    let by_url = |gw: &GatewayHandle| {
+        let snapshot = gw.state.registry.snapshot();
+        let url_of = |id: u32| snapshot.workers.iter().find(|w| w.id == id).map(|w| w.url.clone());
+        index_of(gw)
+            .dump()
+            .into_iter()
+            .map(|(block, holders)| {
+                (block, holders.iter().map(|c| (url_of(c.worker), c.rank)).collect::<Vec<_>>())
+            })
+            .collect::<Vec<_>>()
+    };
+    let dump = by_url(&first);
+    assert!(dump.len() >= 4, "{} blocks", dump.len());
+    assert_eq!(dump, by_url(&second));
+    first.shutdown().await;
+    second.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_route_on_the_exact_index_and_say_so() {
+    let fleet = fleet(3, |args| args.engine_flags.kv_capacity_tokens = Some(4096)).await;
+    let gw = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&gw).await;
+    let text = prompt(7, 200);
+    // Cached on engine 2 behind the gateway's back: only its KV events tell.
+    complete_on(&fleet.urls()[2], &text).await;
+    let index = index_of(&gw);
+    assert!(eventually(5.0, async || index.worker_blocks(worker_id(&gw, &fleet.urls()[2])) > 0).await);
+    for body in [
+        json!({"model": MODEL, "prompt": format!("{text} and more"), "max_tokens": 1}),
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "unrelated"}], "max_tokens": 1}),
+    ] {
+        let path = if body.get("prompt").is_some() { "completions" } else { "chat/completions" };
+        let res = client().post(format!("{}/v1/{path}", gw.url())).json(&body).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.headers()["x-kvgate-prefix-index"], "exact");
+        if path == "completions" {
+            assert_eq!(res.headers()["x-kvgate-route"], "cache_hit");
+            assert_eq!(res.headers()["x-kvgate-worker"], fleet.urls()[2].as_str());
+        }
+    }
+    let text = metrics(&gw).await;
+    assert_eq!(
+        metric(
+            &text,
+            "kvgate_routing_decisions_total{index=\"exact\",model=\"mock-model\",reason=\"cache_hit\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(metric(&text, "kvgate_kv_index_blocks{model=\"mock-model\"}") >= 12.0, "{text}");
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_events_from_every_worker_auto_uses_the_tree() {
+    let fleet = fleet(2, |_| {}).await;
+    let mut cfg = gateway_config(&fleet);
+    cfg.kv_events_endpoints[1] = "-".into();
+    cfg.kv_events_replay_endpoints[1] = "-".into();
+    let gw = gateway(cfg).await;
+    let with_events = fleet.urls()[0].clone();
+    let flowing =
+        async || gw.state.registry.snapshot().find(&with_events).is_some_and(|w| w.kv_events_flowing());
+    assert!(eventually(10.0, flowing).await);
+    let body = json!({"model": MODEL, "prompt": prompt(1, 20), "max_tokens": 1});
+    let res = client().post(format!("{}/v1/completions", gw.url())).json(&body).send().await.unwrap();
+    assert_eq!(res.headers()["x-kvgate-prefix-index"], "approximate");
+    gw.shutdown().await;
+    // Forcing the exact index routes on it anyway (the worker without events holds nothing).
+    let mut cfg = gateway_config(&fleet);
+    cfg.kv_events_endpoints[1] = "-".into();
+    cfg.kv_events_replay_endpoints[1] = "-".into();
+    cfg.routing.prefix_index = PrefixIndexMode::Exact;
+    let gw = gateway(cfg).await;
+    let res = client().post(format!("{}/v1/completions", gw.url())).json(&body).send().await.unwrap();
+    assert_eq!(res.headers()["x-kvgate-prefix-index"], "exact");
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_added_at_run_time_subscribe_and_removed_ones_take_their_blocks() {
+    let fleet = fleet(1, |_| {}).await;
+    let mut cfg = config(Vec::new());
+    cfg.routing.policy = PolicyKind::CacheAware;
+    cfg.mock_tokenizer = true;
+    let gw = gateway(cfg).await;
+    let url = fleet.urls()[0].clone();
+    let body = json!({
+        "url": url,
+        "kv_events_endpoint": fleet.kv_event_endpoints()[0],
+        "kv_events_replay_endpoint": fleet.kv_event_replay_endpoints()[0],
+    });
+    let res = client().post(format!("{}/workers", gw.url())).json(&body).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    wait_flowing(&gw).await;
+    let listed: serde_json::Value =
+        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+    let events = &listed["workers"][0]["kv_events"];
+    assert_eq!(
+        (events["flowing"].as_bool(), events["live_ranks"].as_u64()),
+        (Some(true), Some(1)),
+        "{listed}"
+    );
+    complete_on(&url, &prompt(3, 48)).await;
+    let index = index_of(&gw);
+    let id = worker_id(&gw, &url);
+    assert!(eventually(5.0, async || index.worker_blocks(id) == 3).await);
+    let encoded = url.replace(':', "%3A").replace('/', "%2F");
+    let res = client().delete(format!("{}/workers/{encoded}", gw.url())).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(eventually(5.0, async || index.worker_blocks(id) == 0 && index.is_empty()).await);
+    let bad = json!({"url": "http://127.0.0.1:1", "kv_events_endpoint": "tcp://*:5557"});
+    let res = client().post(format!("{}/workers", gw.url())).json(&bad).send().await.unwrap();
+    assert_eq!(res.status(), 400);
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+/// `[ts, [events], 0]` (positional encoding) with one event, hand-built.
+fn batch(event: &[u8]) -> Vec<u8> {
+    let mut payload = vec![0x93, 0xcb];
+    payload.extend_from_slice(&1.0f64.to_be_bytes());
+    payload.push(0x91);
+    payload.extend_from_slice(event);
+    payload.push(0x00);
+    payload
+}
+
+/// `["BlockStored", [1], nil, [tokens...], 2, nil, nil]` for two tokens < 128.
+fn block_stored(hash: u8, parent: Option<u8>, tokens: [u8; 2]) -> Vec<u8> {
+    let mut event = vec![0x97, 0xab];
+    event.extend_from_slice(b"BlockStored");
+    event.extend_from_slice(&[0x91, hash]);
+    event.push(parent.unwrap_or(0xc0));
+    event.extend_from_slice(&[0x92, tokens[0], tokens[1], 0x02, 0xc0, 0xc0]);
+    event
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_are_counted_and_survived() {
+    use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+    let upstream = common::upstream("w", MODEL).await;
+    let mut publisher = PubSocket::new();
+    let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let mut cfg = config(vec![upstream.url.clone()]);
+    cfg.routing.policy = PolicyKind::CacheAware;
+    cfg.kv_events_endpoints = vec![endpoint];
+    cfg.mock_tokenizer = true;
+    let gw = gateway(cfg).await;
+    let mut seq = 0u64;
+    let mut send = async |frames: Vec<Vec<u8>>| {
+        let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
+        publisher.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+    };
+    // Probe until the subscription reached the publisher (ZMQ's slow joiner).
+    let mut cleared = vec![0x91, 0xb0];
+    cleared.extend_from_slice(b"AllBlocksCleared");
+    let mut subscribed = false;
+    for _ in 0..100 {
+        send(vec![Vec::new(), seq.to_be_bytes().to_vec(), batch(&cleared)]).await;
+        seq += 1;
+        if metric(&metrics(&gw).await, "kvgate_kv_events_batches_total") > 0.0 {
+            subscribed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(subscribed, "the gateway's subscription reached the publisher");
+    let garbage = [
+        vec![Vec::new(), seq.to_be_bytes().to_vec()],  // two frames
+        vec![Vec::new(), vec![0; 7], batch(&cleared)], // a 7-byte sequence
+        vec![Vec::new(), (seq + 1).to_be_bytes().to_vec(), vec![0xc1, 0xff]], // not msgpack
+        vec![Vec::new(), (seq + 2).to_be_bytes().to_vec(), batch(&[0xa3, b'B', b'a', b'd'])], // event not an array
+    ];
+    for frames in garbage {
+        send(frames).await;
+    }
+    // Still alive: a well-formed batch with an unknown event and a stored block is applied.
+    let mut future = vec![0x91, 0xa6];
+    future.extend_from_slice(b"Future");
+    send(vec![Vec::new(), 100u64.to_be_bytes().to_vec(), batch(&future)]).await;
+    send(vec![Vec::new(), 101u64.to_be_bytes().to_vec(), batch(&block_stored(1, None, [7, 8]))]).await;
+    send(vec![Vec::new(), 102u64.to_be_bytes().to_vec(), batch(&block_stored(2, Some(1), [9, 10]))]).await;
+    let index = index_of(&gw);
+    let applied = eventually(5.0, async || {
+        let mut matched = PrefixMatch::default();
+        index.overlap(&[7, 8, 9, 10, 11], &mut matched);
+        matched.best() == 4
+    })
+    .await;
+    assert!(applied, "the batches after the garbage were applied");
+    let text = metrics(&gw).await;
+    assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 4.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"unknown_event\""), 1.0, "{text}");
+    let res =
+        client().post(format!("{}/v1/completions", gw.url())).json(&json!({"prompt": "hi"})).send().await;
+    assert_eq!(res.unwrap().status(), 200, "the gateway still serves");
+    gw.shutdown().await;
+}
