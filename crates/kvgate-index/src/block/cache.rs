@@ -52,8 +52,11 @@ pub struct CacheBlocks {
     id: CacheId,
     key: u64,
     engine: HashMap<u64, EngineBlock, BuildHasherDefault<PreHashed>>,
-    /// Engine blocks per content hash (two engine hashes may name the same content).
-    content_refs: HashMap<u64, u32, BuildHasherDefault<PreHashed>>,
+    /// Content hashes held through more than one engine hash: how many more (rare; an engine
+    /// that hashes extra keys, e.g. a cache salt, names the same tokens twice).
+    extra_refs: HashMap<u64, u32, BuildHasherDefault<PreHashed>>,
+    /// Distinct content hashes held.
+    distinct: usize,
     /// Medium names seen, by bit; bit 0 is the main cache (`None` or "GPU").
     media: Vec<String>,
 }
@@ -66,7 +69,8 @@ impl CacheBlocks {
             id,
             key: id.key(),
             engine: HashMap::default(),
-            content_refs: HashMap::default(),
+            extra_refs: HashMap::default(),
+            distinct: 0,
             media: Vec::new(),
         }
     }
@@ -81,11 +85,11 @@ impl CacheBlocks {
 
     /// Distinct blocks (by content) this cache holds.
     pub fn len(&self) -> usize {
-        self.content_refs.len()
+        self.distinct
     }
 
     pub fn is_empty(&self) -> bool {
-        self.content_refs.is_empty()
+        self.distinct == 0
     }
 
     /// Applies a `BlockStored` event. A block already held gains the medium.
@@ -149,30 +153,37 @@ impl CacheBlocks {
     /// Forgets every block of this cache (`AllBlocksCleared`, a gap in the event stream, an
     /// engine restart).
     pub fn clear(&mut self) {
-        for &content in self.content_refs.keys() {
-            self.index.remove_holder(content, self.key);
+        for block in self.engine.values() {
+            // A content held twice is removed once; the second call finds nothing.
+            self.index.remove_holder(block.content, self.key);
         }
         self.engine.clear();
-        self.content_refs.clear();
+        self.extra_refs.clear();
+        self.distinct = 0;
         self.index.set_size(self.key, 0);
     }
 
     fn hold(&mut self, engine_hash: u64, content: u64, bit: u8) {
         self.engine.insert(engine_hash, EngineBlock { content, media: bit });
-        let refs = self.content_refs.entry(content).or_insert(0);
-        *refs += 1;
-        if *refs == 1 {
-            self.index.add_holder(content, self.key);
+        if self.index.add_holder(content, self.key) {
+            self.distinct += 1;
+        } else {
+            *self.extra_refs.entry(content).or_insert(0) += 1;
         }
     }
 
     fn forget(&mut self, engine_hash: u64) {
         let Some(block) = self.engine.remove(&engine_hash) else { return };
-        if let Some(refs) = self.content_refs.get_mut(&block.content) {
-            *refs -= 1;
-            if *refs == 0 {
-                self.content_refs.remove(&block.content);
+        match self.extra_refs.get_mut(&block.content) {
+            Some(extra) => {
+                *extra -= 1;
+                if *extra == 0 {
+                    self.extra_refs.remove(&block.content);
+                }
+            }
+            None => {
                 self.index.remove_holder(block.content, self.key);
+                self.distinct -= 1;
             }
         }
     }

@@ -172,11 +172,16 @@ impl BlockIndex {
         }
     }
 
-    fn add_holder(&self, hash: u64, key: u64) {
+    /// Adds `key` to the block's holders; false if it held the block already.
+    fn add_holder(&self, hash: u64, key: u64) -> bool {
         let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
         let holders = shard.entry(hash).or_default();
-        if let Err(at) = holders.binary_search(&key) {
-            holders.insert(at, key);
+        match holders.binary_search(&key) {
+            Ok(_) => false,
+            Err(at) => {
+                holders.insert(at, key);
+                true
+            }
         }
     }
 
