@@ -12,13 +12,13 @@ fn tiny() -> Tokenizer {
 
 /// The tiny model with `template` as its chat template.
 fn with_template(name: &str, template: &str) -> Tokenizer {
-    let directory = std::env::temp_dir().join(format!("kvgate-tokenizer-chat-{}", std::process::id()));
+    let directory = std::env::temp_dir().join(format!("kvgate-tokenizer-chat-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&directory).expect("mkdir");
     let path = directory.join(format!("{name}.jinja"));
     std::fs::write(&path, template).expect("write");
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join("tiny-chatml");
     let tokenizer = Tokenizer::from_path(&model, Some(&path)).expect("load");
-    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&directory);
     tokenizer
 }
 

@@ -9,16 +9,31 @@ fn tiny_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join("tiny-chatml")
 }
 
-/// A fresh directory under the system temp dir for one test.
-fn scratch_dir(name: &str) -> PathBuf {
+/// A fresh directory under the system temp dir for one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch_dir(name: &str) -> Scratch {
     let directory = std::env::temp_dir().join(format!("kvgate-tokenizer-load-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&directory);
     std::fs::create_dir_all(&directory).expect("create scratch dir");
-    directory
+    Scratch(directory)
 }
 
 /// A model directory with the tiny tokenizer.json and the given extra files.
-fn model_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
+fn model_dir(name: &str, files: &[(&str, &str)]) -> Scratch {
     let directory = scratch_dir(name);
     std::fs::copy(tiny_dir().join("tokenizer.json"), directory.join("tokenizer.json")).expect("copy");
     for (file, contents) in files {
