@@ -7,8 +7,9 @@ Run from the repository root with the Python `tokenizers` package installed
     python3 crates/kvgate-tokenizer/testdata/make_tokenizer.py
 
 The corpus is this repository's docs plus a few non-English and emoji lines. The output is
-committed; tests never run this script. Re-running it after the docs changed gives a different
-vocabulary, so reference.json must then be made again (make_reference.py).
+committed; tests never run this script. Re-running it gives a different vocabulary (the docs
+change, and the BPE trainer breaks ties in no fixed order), so reference.json must then be made
+again with make_reference.py.
 """
 
 import glob
