@@ -109,3 +109,40 @@ async fn a_config_file_configures_the_demo_and_flags_override_it() {
     assert_eq!(res.status(), 200);
     assert_eq!(res.headers()["x-kvgate-route"], "round_robin", "routing options come from the file");
 }
+
+#[tokio::test]
+async fn the_demo_routes_on_the_engines_kv_events() {
+    let (_child, url) =
+        launch_demo(&["launch", "--mock-workers", "2", "--port", "0", "--expose-routing-headers"]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let workers: serde_json::Value =
+            client.get(format!("{url}/workers")).send().await.unwrap().json().await.unwrap();
+        let flowing =
+            workers["workers"].as_array().unwrap().iter().all(|w| w["kv_events"]["flowing"] == true);
+        if flowing {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the demo's KV events flow within 10 s: {workers}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let content = (0..64).map(|i| format!("word{i}")).collect::<Vec<_>>().join(" ");
+    let body = serde_json::json!({"model": "mock-model", "max_tokens": 1,
+        "messages": [{"role": "user", "content": content}]});
+    let first = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(first.headers()["x-kvgate-prefix-index"], "exact");
+    let owner = first.headers()["x-kvgate-worker"].clone();
+    // Once the engine's stored-blocks event arrived, the same conversation is a hit there.
+    let mut route = String::new();
+    for _ in 0..100 {
+        let res = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+        route = res.headers()["x-kvgate-route"].to_str().unwrap().to_string();
+        if route == "cache_hit" {
+            assert_eq!(res.headers()["x-kvgate-worker"], owner);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no cache hit on the exact index: last route {route}");
+}

@@ -54,7 +54,11 @@ fn gateway_config(fleet: &MockFleet) -> GatewayConfig {
 }
 
 fn index_of(gw: &GatewayHandle) -> Arc<BlockIndex> {
-    gw.state.registry.snapshot().models.get(MODEL).expect("the model's pool").prefix.exact.clone()
+    model_index(gw, MODEL)
+}
+
+fn model_index(gw: &GatewayHandle, model: &str) -> Arc<BlockIndex> {
+    gw.state.registry.snapshot().models.get(model).expect("the model's pool").prefix.exact.clone()
 }
 
 fn worker_id(gw: &GatewayHandle, url: &str) -> u32 {
@@ -409,61 +413,104 @@ fn batch(event: &[u8]) -> Vec<u8> {
     payload
 }
 
-/// `["BlockStored", [1], nil, [tokens...], 2, nil, nil]` for two tokens < 128.
-fn block_stored(hash: u8, parent: Option<u8>, tokens: [u8; 2]) -> Vec<u8> {
-    let mut event = vec![0x97, 0xab];
-    event.extend_from_slice(b"BlockStored");
-    event.extend_from_slice(&[0x91, hash]);
-    event.push(parent.unwrap_or(0xc0));
-    event.extend_from_slice(&[0x92, tokens[0], tokens[1], 0x02, 0xc0, 0xc0]);
+/// `["BlockStored", hashes, parent, token_ids, 16, nil, nil]`, written with `rmp`.
+fn block_stored(hashes: &[u64], parent: Option<u64>, token_ids: &[u32], block_size: u32) -> Vec<u8> {
+    use rmp::encode::{write_array_len, write_nil, write_str, write_uint};
+    let mut event = Vec::new();
+    write_array_len(&mut event, 7).unwrap();
+    write_str(&mut event, "BlockStored").unwrap();
+    write_array_len(&mut event, hashes.len() as u32).unwrap();
+    for &hash in hashes {
+        write_uint(&mut event, hash).unwrap();
+    }
+    match parent {
+        Some(hash) => drop(write_uint(&mut event, hash).unwrap()),
+        None => write_nil(&mut event).unwrap(),
+    }
+    write_array_len(&mut event, token_ids.len() as u32).unwrap();
+    for &token in token_ids {
+        write_uint(&mut event, u64::from(token)).unwrap();
+    }
+    write_uint(&mut event, u64::from(block_size)).unwrap();
+    write_nil(&mut event).unwrap();
+    write_nil(&mut event).unwrap();
     event
+}
+
+fn all_blocks_cleared() -> Vec<u8> {
+    let mut event = vec![0x91, 0xb0];
+    event.extend_from_slice(b"AllBlocksCleared");
+    event
+}
+
+/// A KV event publisher the test drives by hand (an engine that says what the test wants).
+struct Publisher {
+    socket: zeromq::PubSocket,
+    endpoint: String,
+    seq: u64,
+}
+
+impl Publisher {
+    async fn bind() -> Publisher {
+        use zeromq::Socket;
+        let mut socket = zeromq::PubSocket::new();
+        let endpoint = socket.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        Publisher { socket, endpoint, seq: 0 }
+    }
+
+    async fn send(&mut self, frames: Vec<Vec<u8>>) {
+        use zeromq::SocketSend;
+        let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
+        self.socket.send(zeromq::ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+    }
+
+    /// Publishes `payload` as the next batch.
+    async fn publish(&mut self, payload: Vec<u8>) {
+        let seq = self.seq;
+        self.seq += 1;
+        self.send(vec![Vec::new(), seq.to_be_bytes().to_vec(), payload]).await;
+    }
+
+    /// Probes until the gateway's subscription reached us (ZMQ's slow joiner).
+    async fn wait_subscribed(&mut self, gw: &GatewayHandle) {
+        for _ in 0..100 {
+            self.publish(batch(&all_blocks_cleared())).await;
+            if metric(&metrics(gw).await, "kvgate_kv_events_batches_total") > 0.0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the gateway's subscription never reached the publisher");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_messages_are_counted_and_survived() {
-    use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
     let upstream = common::upstream("w", MODEL).await;
-    let mut publisher = PubSocket::new();
-    let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let mut publisher = Publisher::bind().await;
     let mut cfg = config(vec![upstream.url.clone()]);
     cfg.routing.policy = PolicyKind::CacheAware;
-    cfg.kv_events_endpoints = vec![endpoint];
+    cfg.kv_events_endpoints = vec![publisher.endpoint.clone()];
     cfg.mock_tokenizer = true;
     let gw = gateway(cfg).await;
-    let mut seq = 0u64;
-    let mut send = async |frames: Vec<Vec<u8>>| {
-        let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
-        publisher.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
-    };
-    // Probe until the subscription reached the publisher (ZMQ's slow joiner).
-    let mut cleared = vec![0x91, 0xb0];
-    cleared.extend_from_slice(b"AllBlocksCleared");
-    let mut subscribed = false;
-    for _ in 0..100 {
-        send(vec![Vec::new(), seq.to_be_bytes().to_vec(), batch(&cleared)]).await;
-        seq += 1;
-        if metric(&metrics(&gw).await, "kvgate_kv_events_batches_total") > 0.0 {
-            subscribed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(subscribed, "the gateway's subscription reached the publisher");
+    publisher.wait_subscribed(&gw).await;
+    let seq = publisher.seq;
     let garbage = [
-        vec![Vec::new(), seq.to_be_bytes().to_vec()],  // two frames
-        vec![Vec::new(), vec![0; 7], batch(&cleared)], // a 7-byte sequence
+        vec![Vec::new(), seq.to_be_bytes().to_vec()], // two frames
+        vec![Vec::new(), vec![0; 7], batch(&all_blocks_cleared())], // a 7-byte sequence
         vec![Vec::new(), (seq + 1).to_be_bytes().to_vec(), vec![0xc1, 0xff]], // not msgpack
         vec![Vec::new(), (seq + 2).to_be_bytes().to_vec(), batch(&[0xa3, b'B', b'a', b'd'])], // event not an array
     ];
     for frames in garbage {
-        send(frames).await;
+        publisher.send(frames).await;
     }
-    // Still alive: a well-formed batch with an unknown event and a stored block is applied.
+    // Still alive: a well-formed batch with an unknown event and stored blocks are applied.
+    publisher.seq = 100;
     let mut future = vec![0x91, 0xa6];
     future.extend_from_slice(b"Future");
-    send(vec![Vec::new(), 100u64.to_be_bytes().to_vec(), batch(&future)]).await;
-    send(vec![Vec::new(), 101u64.to_be_bytes().to_vec(), batch(&block_stored(1, None, [7, 8]))]).await;
-    send(vec![Vec::new(), 102u64.to_be_bytes().to_vec(), batch(&block_stored(2, Some(1), [9, 10]))]).await;
+    publisher.publish(batch(&future)).await;
+    publisher.publish(batch(&block_stored(&[1], None, &[7, 8], 2))).await;
+    publisher.publish(batch(&block_stored(&[2], Some(1), &[9, 10], 2))).await;
     let index = index_of(&gw);
     let applied = eventually(5.0, async || {
         let mut matched = PrefixMatch::default();
@@ -478,5 +525,81 @@ async fn malformed_messages_are_counted_and_survived() {
     let res =
         client().post(format!("{}/v1/completions", gw.url())).json(&json!({"prompt": "hi"})).send().await;
     assert_eq!(res.unwrap().status(), 200, "the gateway still serves");
+    gw.shutdown().await;
+}
+
+/// The gateway tokenizes chat and completion requests with the shipped tokenizer and chat
+/// template exactly as the engine-side reference (transformers' `apply_chat_template`, recorded
+/// in the tokenizer crate's reference.json) does: an engine that stored the reference token ids
+/// matches every whole block of the gateway's own tokenization.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_tokenization_matches_the_engine_side_reference() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kvgate-tokenizer/testdata");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("reference.json")).unwrap()).unwrap();
+    let model = "tiny-chatml";
+    let holder = common::upstream("holder", model).await;
+    let other = common::upstream("other", model).await;
+    let mut publisher = Publisher::bind().await;
+    let mut cfg = config(vec![holder.url.clone(), other.url.clone()]);
+    cfg.routing.policy = PolicyKind::CacheAware;
+    cfg.routing.prefix_index = PrefixIndexMode::Exact;
+    cfg.kv_events_endpoints = vec![publisher.endpoint.clone(), "-".into()];
+    cfg.tokenizer_path = Some(root.join("tiny-chatml"));
+    cfg.expose_routing_headers = true;
+    let gw = gateway(cfg).await;
+    publisher.wait_subscribed(&gw).await;
+    let chosen_sum = async || metric(&metrics(&gw).await, "kvgate_prefix_match_rate_sum{kind=\"chosen\"");
+    let mut checked = 0;
+    let mut next_hash = 1u64;
+    for case in reference["cases"].as_array().unwrap() {
+        let path = match case["kind"].as_str() {
+            Some("chat") => "/v1/chat/completions",
+            Some("completion") => "/v1/completions",
+            _ => continue,
+        };
+        let ids: Vec<u32> =
+            case["ids"].as_array().unwrap().iter().map(|id| id.as_u64().unwrap() as u32).collect();
+        let whole = ids.len() / 16 * 16;
+        if whole < 32 {
+            continue; // the cache threshold needs a few blocks to call it a hit
+        }
+        let hashes: Vec<u64> = (next_hash..next_hash + whole as u64 / 16).collect();
+        next_hash += hashes.len() as u64;
+        publisher.publish(batch(&block_stored(&hashes, None, &ids[..whole], 16))).await;
+        let index = model_index(&gw, model);
+        assert!(
+            eventually(5.0, async || index.worker_blocks(worker_id(&gw, &holder.url)) >= whole / 16).await
+        );
+        let before = chosen_sum().await;
+        // The body as the reference sent it: key order matters to templates that print JSON.
+        let body = match case["request"].as_str() {
+            Some(request) => request.to_string(),
+            None => json!({"model": model, "prompt": case["prompt"], "max_tokens": 1}).to_string(),
+        };
+        let res = client()
+            .post(format!("{}{path}", gw.url()))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{}", case["name"]);
+        assert_eq!(res.headers()["x-kvgate-route"], "cache_hit", "{}", case["name"]);
+        assert_eq!(res.headers()["x-kvgate-worker"], holder.url.as_str(), "{}", case["name"]);
+        let rate = chosen_sum().await - before;
+        let expected = whole as f64 / ids.len() as f64;
+        assert!(
+            (rate - expected).abs() < 1e-9,
+            "{}: matched {rate} of the prompt, expected {expected}",
+            case["name"]
+        );
+        publisher.publish(batch(&all_blocks_cleared())).await;
+        assert!(eventually(5.0, async || index.is_empty()).await);
+        checked += 1;
+    }
+    assert!(checked >= 10, "{checked} reference cases checked");
+    let text = metrics(&gw).await;
+    assert_eq!(metric(&text, "kvgate_tokenize_failures_total"), 0.0, "{text}");
     gw.shutdown().await;
 }
