@@ -368,12 +368,18 @@ impl SimReport {
             }
             let _ = writeln!(out, "{line}");
         }
+        // Every decision name some run gave, in `decision_counts` order (reasons, then indexes).
         let mut reasons: Vec<&str> = Vec::new();
-        for reason in Reason::ALL {
-            if self.runs.iter().any(|run| run.decisions.iter().any(|(name, _)| name == reason.as_str())) {
-                reasons.push(reason.as_str());
+        for run in &self.runs {
+            for (name, _) in &run.decisions {
+                if !reasons.contains(&name.as_str()) {
+                    reasons.push(name);
+                }
             }
         }
+        let order =
+            |name: &str| Reason::ALL.iter().position(|r| r.as_str() == name).unwrap_or(Reason::ALL.len());
+        reasons.sort_by_key(|name| (order(name), name.to_string()));
         for reason in reasons {
             let mut line = format!("| decisions: {reason} |");
             for run in &self.runs {

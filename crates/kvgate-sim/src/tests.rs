@@ -188,3 +188,45 @@ fn writes_json_and_a_png() {
     assert_eq!(&std::fs::read(dir.join("plain.png")).unwrap()[..4], b"\x89PNG");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn exact_and_approximate_indexes_run_side_by_side() {
+    // Requests 200 ms apart with 1,024-token prompts: the first prefill (128 ms) is stored
+    // before the next arrives, so the engines' events tell the exact index in time.
+    let trace = shared_prefix_trace(40, 200.0);
+    let report = simulate(&args("cache_aware:prefix_index=approximate@approx,cache_aware@exact", 8), &trace);
+    let (approx, exact) = (&report.runs[0], &report.runs[1]);
+    assert!(
+        approx.decisions.contains(&("prefix_index=approximate".to_string(), 40)),
+        "{:?}",
+        approx.decisions
+    );
+    assert!(exact.decisions.contains(&("prefix_index=exact".to_string(), 40)), "{:?}", exact.decisions);
+    assert!(exact.decisions.contains(&("cache_hit".to_string(), 39)), "{:?}", exact.decisions);
+    assert_eq!(exact.metrics.cache_hit_rate, approx.metrics.cache_hit_rate);
+    let markdown = report.markdown();
+    assert!(markdown.contains("| decisions: prefix_index=exact | 0 | 40 |"), "{markdown}");
+}
+
+#[test]
+fn the_exact_index_knows_what_engines_evicted() {
+    // Engines that hold one prompt's blocks at a time: after a detour the prefix is gone from
+    // the engine, and only the exact index knows it (the tree still sends it home, a phantom hit).
+    let mut requests = Vec::new();
+    for i in 0..30u64 {
+        let ids = if i % 2 == 0 { vec![0, 1] } else { vec![100 + i, 200 + i] };
+        requests.push(request(i as f64 * 1000.0, 1024, 2, &ids));
+    }
+    let mut args = args("cache_aware:prefix_index=approximate@approx,cache_aware@exact", 1);
+    args.engine.kv_capacity_tokens = Some(1100);
+    let report = simulate(&args, &Trace { requests });
+    let count = |run: usize, name: &str| {
+        report.runs[run].decisions.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c)
+    };
+    let served = report.runs[0].metrics.cache_hit_rate;
+    assert!(served < 0.05, "the engine evicted the shared prompt between its uses: {served}");
+    assert!(count(0, "cache_hit") >= 14, "the tree believes the shared prompt is still cached");
+    assert!(count(1, "cache_hit") <= 2, "the exact index knows it is not: {:?}", report.runs[1].decisions);
+    let believed = |run: usize| report.runs[run].metrics.chosen_match_mean.unwrap();
+    assert!(believed(1) < 0.1 && believed(0) > 0.4, "tree {} vs exact {}", believed(0), believed(1));
+}
