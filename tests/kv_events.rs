@@ -603,3 +603,52 @@ async fn gateway_tokenization_matches_the_engine_side_reference() {
     assert_eq!(metric(&text, "kvgate_tokenize_failures_total"), 0.0, "{text}");
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_in_flight_counts_as_held_until_its_request_ends() {
+    let one = common::upstream("one", MODEL).await;
+    let two = common::upstream("two", MODEL).await;
+    let mut publisher = Publisher::bind().await;
+    let mut cfg = config(vec![one.url.clone(), two.url.clone()]);
+    cfg.routing.policy = PolicyKind::CacheAware;
+    cfg.routing.prefix_index = PrefixIndexMode::Exact;
+    cfg.kv_events_endpoints = vec![publisher.endpoint.clone(), "-".into()];
+    cfg.mock_tokenizer = true;
+    cfg.expose_routing_headers = true;
+    let gw = gateway(cfg).await;
+    publisher.wait_subscribed(&gw).await;
+    // The engine's block size comes with its first stored block (of another prompt).
+    publisher.publish(batch(&block_stored(&[1], None, &tokens(&prompt(99, 16)), 16))).await;
+    let index = index_of(&gw);
+    assert!(eventually(5.0, async || index.block_size() == 16).await);
+
+    // Both workers take 600 ms per request; both requests carry the same 64-token prompt.
+    for worker in [&one, &two] {
+        worker.delay_ms.store(600, std::sync::atomic::Ordering::SeqCst);
+    }
+    let body = json!({"model": MODEL, "prompt": prompt(5, 64), "max_tokens": 1});
+    let url = format!("{}/v1/completions", gw.url());
+    let first = tokio::spawn({
+        let (url, body) = (url.clone(), body.clone());
+        async move { client().post(url).json(&body).send().await.unwrap() }
+    });
+    // Wait until the first request is in flight on some worker.
+    assert!(
+        eventually(5.0, async || gw.state.registry.snapshot().workers.iter().any(|w| w.in_flight() > 0))
+            .await
+    );
+    let busy = gw.state.registry.snapshot().workers.iter().find(|w| w.in_flight() > 0).unwrap().url.clone();
+    let second = client().post(&url).json(&body).send().await.unwrap();
+    let first = first.await.unwrap();
+    let first_worker = first.headers()["x-kvgate-worker"].to_str().unwrap().to_string();
+    assert_eq!(first_worker, busy);
+    assert_eq!(second.headers()["x-kvgate-route"], "cache_hit", "the prompt in flight counts as held");
+    assert_eq!(second.headers()["x-kvgate-worker"], first_worker.as_str());
+    // Both ended and no engine reported the blocks: nobody holds them any more.
+    for worker in [&one, &two] {
+        worker.delay_ms.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+    let third = client().post(&url).json(&body).send().await.unwrap();
+    assert_eq!(third.headers()["x-kvgate-route"], "cache_miss");
+    gw.shutdown().await;
+}

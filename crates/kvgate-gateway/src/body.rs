@@ -8,23 +8,28 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use kvgate_index::InFlightPrompt;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::conn::UpstreamBody;
 use crate::metrics::Metrics;
 use crate::proxy::Endpoint;
+use crate::registry::ModelPrefix;
 use crate::worker::Worker;
 
 /// Marks a request in flight on a worker; dropping it ends the request.
 pub struct InFlight {
     worker: Arc<Worker>,
+    /// The prompt's blocks, counted as held by the worker in the model's exact index until the
+    /// request ends (its engine reports them only once prefill completes).
+    prompt: Option<Box<(Arc<ModelPrefix>, InFlightPrompt)>>,
 }
 
 impl InFlight {
-    pub fn begin(worker: Arc<Worker>) -> Self {
+    pub fn begin(worker: Arc<Worker>, prompt: Option<(Arc<ModelPrefix>, InFlightPrompt)>) -> Self {
         worker.begin_request();
         worker.series.in_flight.inc();
-        Self { worker }
+        Self { worker, prompt: prompt.map(Box::new) }
     }
 }
 
@@ -32,6 +37,10 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.worker.end_request();
         self.worker.series.in_flight.dec();
+        if let Some(held) = self.prompt.take() {
+            let (prefix, prompt) = *held;
+            prefix.in_flight.remove(prompt);
+        }
     }
 }
 

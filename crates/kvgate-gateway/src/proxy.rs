@@ -10,16 +10,16 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use kvgate_index::ExactRecordingTree;
+use kvgate_index::{ExactRecordingTree, InFlightPrompt};
 use kvgate_policy::{
-    Candidate, Decision, PrefixIndex, PrefixIndexMode, RouteRequest, RoutingKey, SelectContext,
+    Candidate, Decision, IndexKind, PrefixIndex, PrefixIndexMode, RouteRequest, RoutingKey, SelectContext,
 };
 use rand::Rng;
 
 use crate::body::{InFlight, MeteredBody, RequestTail};
 use crate::conn::{self, SendError, UpstreamBody};
 use crate::error::ApiError;
-use crate::registry::ModelPool;
+use crate::registry::{ModelPool, ModelPrefix};
 use crate::request::{estimate_tokens, OwnedKey, RequestFields};
 use crate::state::AppState;
 use crate::upstream::is_hop_by_hop;
@@ -191,7 +191,8 @@ where
             };
         };
         tried.push(worker.id);
-        match attempt(state, &worker, path_and_query, &parts.headers, bytes.clone()).await {
+        let prompt = in_flight_prompt(&pool, &decision, &route_request);
+        match attempt(state, &worker, path_and_query, &parts.headers, bytes.clone(), prompt).await {
             Attempt::Done(response, in_flight) => {
                 return Ok(respond(
                     state, endpoint, started, &worker, &decision, response, in_flight, permit,
@@ -265,6 +266,21 @@ fn choose(
     Some((worker, decision))
 }
 
+/// A request routed on the exact index: its prompt's blocks count as held by the chosen worker
+/// until the request ends.
+fn in_flight_prompt(
+    pool: &ModelPool,
+    decision: &Decision,
+    request: &RouteRequest<'_>,
+) -> Option<(Arc<ModelPrefix>, InFlightPrompt)> {
+    match (decision.index, request.key) {
+        (Some(IndexKind::Exact), RoutingKey::Tokens(tokens)) => {
+            Some((pool.prefix.clone(), pool.prefix.in_flight.add(decision.worker, tokens)))
+        }
+        _ => None,
+    }
+}
+
 /// Whether to match against the exact index: the model's workers publish KV events, the request
 /// has token ids, and the mode allows it (`auto`: every candidate's events flow).
 fn use_exact_index(
@@ -298,6 +314,7 @@ async fn attempt(
     path_and_query: &str,
     client_headers: &http::HeaderMap,
     body: Bytes,
+    prompt: Option<(Arc<ModelPrefix>, InFlightPrompt)>,
 ) -> Attempt {
     let mut upstream = http::Request::new(Full::new(body));
     *upstream.method_mut() = http::Method::POST;
@@ -315,7 +332,7 @@ async fn attempt(
         headers.insert(header::AUTHORIZATION, token.clone());
     }
 
-    let in_flight = InFlight::begin(worker.clone());
+    let in_flight = InFlight::begin(worker.clone(), prompt);
     let sent = tokio::time::timeout(state.request_timeout, conn::send(worker, upstream)).await;
     let now = Instant::now();
     match sent {

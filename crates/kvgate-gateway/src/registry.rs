@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use kvgate_index::{ApproxIndex, BlockIndex};
+use kvgate_index::{ApproxIndex, BlockIndex, InFlightBlocks};
 use kvgate_policy::{build_policy, Policy, PolicyConfig};
 
 use crate::kv_events::KvEventsSource;
@@ -29,6 +29,8 @@ pub struct ModelPool {
 pub struct ModelPrefix {
     pub tree: ApproxIndex,
     pub exact: Arc<BlockIndex>,
+    /// Prompts of requests in flight, held in `exact` until they end.
+    pub in_flight: InFlightBlocks,
 }
 
 /// What a model keeps across registry changes.
@@ -140,6 +142,7 @@ impl Registry {
         if let Some(state) = removed.model().and_then(|model| models.get(model)) {
             state.policy.remove_worker(removed.id);
             state.prefix.tree.remove_tenant(removed.id);
+            state.prefix.in_flight.remove_worker(removed.id);
         }
         self.publish(&mut models, workers);
         self.metrics.remove_worker(&removed.url);
@@ -184,10 +187,14 @@ impl Registry {
     fn new_model(&self) -> ModelState {
         ModelState {
             policy: build_policy(&self.policy_config),
-            prefix: Arc::new(ModelPrefix {
-                tree: ApproxIndex::new(self.policy_config.tree_settings()),
-                exact: Arc::new(BlockIndex::new()),
-            }),
+            prefix: {
+                let exact = Arc::new(BlockIndex::new());
+                Arc::new(ModelPrefix {
+                    tree: ApproxIndex::new(self.policy_config.tree_settings()),
+                    in_flight: InFlightBlocks::new(exact.clone()),
+                    exact,
+                })
+            },
         }
     }
 }

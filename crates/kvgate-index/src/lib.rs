@@ -42,7 +42,10 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
-pub use block::{content_hash, ApplyError, BlockIndex, CacheBlocks, CacheId, StoredBlocks, ROOT_HASH};
+pub use block::{
+    content_hash, ApplyError, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, StoredBlocks,
+    IN_FLIGHT_RANK, ROOT_HASH,
+};
 pub use matching::PrefixMatch;
 pub use prefix::{ApproxIndex, ExactRecordingTree, IndexKind, PrefixIndex, PromptKey, TreeSettings};
 pub use tree::RadixTree;

@@ -11,7 +11,9 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, KvEvent, RequestStats};
-use kvgate_index::{ApproxIndex, BlockIndex, CacheBlocks, CacheId, PrefixIndex, StoredBlocks};
+use kvgate_index::{
+    ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, PrefixIndex, StoredBlocks,
+};
 use kvgate_policy::{
     build_policy, Candidate, IndexKind, LoadSample, Policy, PolicyConfig, Reason, RouteRequest, RoutingKey,
     SelectContext,
@@ -94,7 +96,8 @@ pub fn simulate(
         let caches = (0..setup.n_workers as u32)
             .map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 }))
             .collect();
-        Prefix::Exact { index, caches }
+        let in_flight = InFlightBlocks::new(index.clone());
+        Prefix::Exact { index, caches, in_flight, prompts: std::collections::HashMap::new() }
     } else {
         Prefix::Approximate(Box::new(ApproxIndex::new(policy.tree_settings())))
     };
@@ -104,10 +107,13 @@ pub fn simulate(
 /// The model's prefix index, as the host keeps it.
 enum Prefix {
     Approximate(Box<ApproxIndex>),
-    /// The engines' KV events applied, one writer per engine.
+    /// The engines' KV events applied, one writer per engine, and the prompts in flight (as the
+    /// gateway counts them until their requests end).
     Exact {
         index: Arc<BlockIndex>,
         caches: Vec<CacheBlocks>,
+        in_flight: InFlightBlocks,
+        prompts: std::collections::HashMap<u64, InFlightPrompt>,
     },
 }
 
@@ -266,6 +272,9 @@ impl<'a> Simulation<'a> {
         }
         let worker = decision.worker as usize;
         self.in_flight[worker] += 1;
+        if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
+            prompts.insert(self.next_arrival as u64, in_flight.add(worker as u32, &prompt));
+        }
         let engine_request =
             EngineRequest { id: self.next_arrival as u64, prompt, output_tokens: request.output_length };
         self.engines[worker].submit(now, engine_request, &mut self.outputs);
@@ -284,24 +293,37 @@ impl<'a> Simulation<'a> {
                 }
             }
         }
-        for output in self.outputs.drain(..) {
+        let mut outputs = std::mem::take(&mut self.outputs);
+        for output in outputs.drain(..) {
             match output {
-                EngineOutput::Finished { stats, .. } => {
+                EngineOutput::Finished { id, stats } => {
+                    self.request_ended(id);
                     self.in_flight[worker] -= 1;
                     self.outcome.finished.push(stats);
                 }
-                EngineOutput::Rejected { .. } => {
+                EngineOutput::Rejected { id, .. } => {
+                    self.request_ended(id);
                     self.in_flight[worker] -= 1;
                     self.outcome.rejected += 1;
                 }
                 EngineOutput::FirstToken { .. } | EngineOutput::Token { .. } => {}
             }
         }
+        self.outputs = outputs;
         let next = self.engines[worker].next_event_time();
         if next != self.scheduled[worker] {
             self.scheduled[worker] = next;
             if let Some(at) = next {
                 self.push(at, Event::EngineStep(worker));
+            }
+        }
+    }
+
+    /// A request left its engine: its prompt is no longer counted in flight.
+    fn request_ended(&mut self, id: u64) {
+        if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
+            if let Some(prompt) = prompts.remove(&id) {
+                in_flight.remove(prompt);
             }
         }
     }

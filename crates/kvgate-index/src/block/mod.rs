@@ -13,6 +13,7 @@
 
 mod cache;
 mod hash;
+mod pending;
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -23,6 +24,7 @@ use smallvec::SmallVec;
 
 pub use cache::{ApplyError, CacheBlocks, StoredBlocks};
 pub use hash::{content_hash, ROOT_HASH};
+pub use pending::{InFlightBlocks, InFlightPrompt, IN_FLIGHT_RANK};
 
 use crate::matching::PrefixMatch;
 use crate::TenantId;
@@ -160,8 +162,12 @@ impl BlockIndex {
     }
 
     fn shard(&self, hash: u64) -> &RwLock<Shard> {
-        // The high bits pick the shard; the map inside uses the low bits.
-        &self.shards[(hash >> 58) as usize % SHARDS]
+        &self.shards[self.shard_of(hash)]
+    }
+
+    /// The high bits pick the shard; the map inside uses the low bits.
+    fn shard_of(&self, hash: u64) -> usize {
+        (hash >> 58) as usize % SHARDS
     }
 
     /// Adopts `block_size` if none is known yet; false if another size is already known.

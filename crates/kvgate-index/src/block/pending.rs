@@ -1,0 +1,139 @@
+//! Blocks of prompts in flight: a request routed to a worker will make its engine store the
+//! prompt's blocks, but the engine's events say so only once prefill completes. Until the
+//! request ends, its blocks count as held by that worker (under a rank of their own), so that
+//! the next request sharing the prefix finds it instead of prefilling it a second time elsewhere.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::hash::{content_hash, ROOT_HASH};
+use super::{BlockIndex, CacheId, SHARDS};
+use crate::TenantId;
+
+/// The rank under which in-flight prompts are held (engines' own ranks are small numbers).
+pub const IN_FLIGHT_RANK: u32 = u32::MAX;
+
+/// Requests in flight per (block content hash, holder key).
+type Refs = HashMap<(u64, u64), u32>;
+
+/// In-flight prompt blocks of one model, written into the model's [`BlockIndex`].
+#[derive(Debug)]
+pub struct InFlightBlocks {
+    index: Arc<BlockIndex>,
+    /// Per shard of the block's content hash.
+    refs: Box<[Mutex<Refs>]>,
+}
+
+/// The blocks one request added; give it back to [`InFlightBlocks::remove`] when the request ends.
+#[derive(Debug, Default)]
+pub struct InFlightPrompt {
+    worker: TenantId,
+    hashes: Vec<u64>,
+}
+
+impl InFlightBlocks {
+    pub fn new(index: Arc<BlockIndex>) -> Self {
+        Self { index, refs: (0..SHARDS).map(|_| Mutex::new(Refs::default())).collect() }
+    }
+
+    /// Counts `tokens`' whole blocks as held by `worker` until the returned prompt is removed.
+    /// Nothing is added before the index knows its block size (no event seen yet).
+    pub fn add(&self, worker: TenantId, tokens: &[u32]) -> InFlightPrompt {
+        let block_size = self.index.block_size();
+        let mut prompt = InFlightPrompt { worker, hashes: Vec::new() };
+        if block_size == 0 {
+            return prompt;
+        }
+        let key = Self::key(worker);
+        let mut parent = ROOT_HASH;
+        prompt.hashes.reserve(tokens.len() / block_size);
+        for block in tokens.chunks_exact(block_size) {
+            let hash = content_hash(parent, block);
+            parent = hash;
+            prompt.hashes.push(hash);
+            let mut refs = self.refs[self.index.shard_of(hash)].lock().unwrap_or_else(|p| p.into_inner());
+            let count = refs.entry((hash, key)).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                self.index.add_holder(hash, key);
+            }
+        }
+        prompt
+    }
+
+    /// The request ended: its blocks are the engine's to report from now on.
+    pub fn remove(&self, prompt: InFlightPrompt) {
+        let key = Self::key(prompt.worker);
+        for hash in prompt.hashes {
+            let mut refs = self.refs[self.index.shard_of(hash)].lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(count) = refs.get_mut(&(hash, key)) {
+                *count -= 1;
+                if *count == 0 {
+                    refs.remove(&(hash, key));
+                    self.index.remove_holder(hash, key);
+                }
+            }
+        }
+    }
+
+    /// The worker left: drop its in-flight blocks (requests still running remove nothing more).
+    pub fn remove_worker(&self, worker: TenantId) {
+        let key = Self::key(worker);
+        for shard in self.refs.iter() {
+            shard.lock().unwrap_or_else(|p| p.into_inner()).retain(|&(hash, holder), _| {
+                if holder == key {
+                    self.index.remove_holder(hash, key);
+                }
+                holder != key
+            });
+        }
+    }
+
+    fn key(worker: TenantId) -> u64 {
+        CacheId { worker, rank: IN_FLIGHT_RANK }.key()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CacheBlocks, PrefixMatch, StoredBlocks};
+
+    fn matched(index: &BlockIndex, tokens: &[u32], worker: TenantId) -> usize {
+        let mut out = PrefixMatch::default();
+        index.overlap(tokens, &mut out);
+        out.matched(worker)
+    }
+
+    #[test]
+    fn in_flight_prompts_count_until_their_requests_end() {
+        let index = Arc::new(BlockIndex::new());
+        let in_flight = InFlightBlocks::new(index.clone());
+        let tokens: Vec<u32> = (0..10).collect();
+        let early = in_flight.add(1, &tokens);
+        assert_eq!(matched(&index, &tokens, 1), 0, "no block size known before the first event");
+        in_flight.remove(early);
+        let mut engine = CacheBlocks::new(index.clone(), CacheId { worker: 2, rank: 0 });
+        let event = StoredBlocks {
+            block_hashes: &[9],
+            parent_block_hash: None,
+            token_ids: &[0, 1],
+            block_size: 2,
+            medium: None,
+        };
+        engine.apply_stored(event).unwrap();
+        let first = in_flight.add(1, &tokens);
+        let second = in_flight.add(1, &tokens[..6]);
+        assert_eq!((matched(&index, &tokens, 1), matched(&index, &tokens, 2)), (10, 2));
+        in_flight.remove(first);
+        assert_eq!(matched(&index, &tokens, 1), 6, "the shorter request is still in flight");
+        in_flight.remove(second);
+        assert_eq!(matched(&index, &tokens, 1), 0);
+        assert_eq!(index.len(), 1, "only the engine's block is left");
+        let third = in_flight.add(3, &tokens);
+        in_flight.remove_worker(3);
+        assert_eq!(matched(&index, &tokens, 3), 0);
+        in_flight.remove(third); // after its worker left: nothing to undo
+        assert_eq!(index.len(), 1);
+    }
+}
