@@ -7,8 +7,13 @@
 //! client, no body parsing, no policy but round robin, no metrics. It shows what the HTTP stack
 //! and loopback TCP cost on their own, so kvgate's own share can be read off.
 //!
+//! Two more targets measure tokenization in the request path (what the exact prefix index needs):
+//! kvgate cache_aware whose workers declare KV events (an endpoint nothing publishes on, so only
+//! the tokenizer and the exact index's bookkeeping are added), with the mock engines' tokenizer
+//! (`tokenize_mock`) or the shipped Hugging Face test tokenizer and chat template (`tokenize_hf`).
+//!
 //! `cargo bench --bench o1` (env: O1_SECS=20, O1_CLIENTS=64, O1_PROMPT_BYTES=8192, O1_ROUNDS=1,
-//! O1_GATEWAY_THREADS=0).
+//! O1_GATEWAY_THREADS=0, O1_TARGETS=bare,round_robin,cache_aware; also tokenize_mock, tokenize_hf).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -193,6 +198,15 @@ async fn main() {
     let urls: Vec<String> = lines.iter().filter_map(|l| l.split(": ").nth(1).map(str::to_string)).collect();
 
     let threads = std::env::var("O1_GATEWAY_THREADS").unwrap_or_else(|_| "0".into());
+    let targets: Vec<String> = std::env::var("O1_TARGETS")
+        .unwrap_or_else(|_| "bare,round_robin,cache_aware".into())
+        .split(',')
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .collect();
+    let tokenizer_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crates/kvgate-tokenizer/testdata/tiny-chatml");
+    // Workers that declare KV events nobody publishes: tokenization runs, the index stays empty.
+    let silent_events: Vec<String> = urls.iter().map(|_| "tcp://127.0.0.1:1".to_string()).collect();
     let rounds = env_or("O1_ROUNDS", 1).max(1);
     println!(
         "O1: {clients} clients, {secs} s per run, body {} bytes, 4 canned engines, gateway threads {threads} (0 = one per core), {rounds} round(s)",
@@ -200,7 +214,7 @@ async fn main() {
     );
     println!("| round | target | req/s | p50 ms | p99 ms | errors | vs direct | proxy CPU us/req |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let mut ratios: Vec<(&str, f64)> = Vec::new();
+    let mut ratios: Vec<(String, f64)> = Vec::new();
     for round in 1..=rounds {
         // Direct and through-gateway runs alternate, so each ratio compares neighbours in time.
         let direct = load(&urls[0], body.clone(), clients, secs).await;
@@ -211,7 +225,7 @@ async fn main() {
             direct.pct(0.99),
             direct.errors
         );
-        for policy in ["bare", "round_robin", "cache_aware"] {
+        for policy in targets.iter().map(String::as_str) {
             let (gateway, url) = if policy == "bare" {
                 let mut command = Command::new(std::env::current_exe().unwrap());
                 command.env(BARE_PROXY_ENV, urls.join(","));
@@ -220,9 +234,19 @@ async fn main() {
                 let url = lines.iter().find_map(|l| l.strip_prefix("bare proxy listening on ")).unwrap();
                 (proxy, url.to_string())
             } else {
-                let mut args = vec!["launch", "--port", "0", "--policy", policy, "--log-level", "warn"];
+                let routing = if policy.starts_with("tokenize") { "cache_aware" } else { policy };
+                let mut args = vec!["launch", "--port", "0", "--policy", routing, "--log-level", "warn"];
                 args.extend(["--worker-threads", threads.as_str(), "--worker-urls"]);
                 args.extend(urls.iter().map(String::as_str));
+                if policy.starts_with("tokenize") {
+                    args.extend(["--prefix-index", "exact", "--kv-events-endpoints"]);
+                    args.extend(silent_events.iter().map(String::as_str));
+                }
+                match policy {
+                    "tokenize_mock" => args.push("--mock-tokenizer"),
+                    "tokenize_hf" => args.extend(["--tokenizer-path", tokenizer_dir]),
+                    _ => {}
+                }
                 let (gateway, lines) =
                     spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
                 let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap();
@@ -232,11 +256,12 @@ async fn main() {
             let run = load(&url, body.clone(), clients, secs).await;
             let cpu = cpu_seconds(gateway.0.id()) - cpu_before;
             let ratio = run.rps() / direct.rps();
-            ratios.push((policy, ratio));
-            let target = if policy == "bare" {
-                "bare hyper proxy (floor)".to_string()
-            } else {
-                format!("kvgate {policy}")
+            ratios.push((policy.to_string(), ratio));
+            let target = match policy {
+                "bare" => "bare hyper proxy (floor)".to_string(),
+                "tokenize_mock" => "kvgate cache_aware + mock tokenizer (exact index)".to_string(),
+                "tokenize_hf" => "kvgate cache_aware + HF tokenizer, chat template (exact index)".to_string(),
+                _ => format!("kvgate {policy}"),
             };
             println!(
                 "| {round} | {target} | {:.0} | {:.2} | {:.2} | {} | {ratio:.2} | {:.1} |",
@@ -249,7 +274,7 @@ async fn main() {
         }
     }
     if rounds > 1 {
-        for policy in ["bare", "round_robin", "cache_aware"] {
+        for policy in targets.iter().map(String::as_str) {
             let mut mine: Vec<f64> = ratios.iter().filter(|(p, _)| *p == policy).map(|(_, r)| *r).collect();
             mine.sort_by(f64::total_cmp);
             println!("median ratio {policy} / direct: {:.2}", mine[mine.len() / 2]);
