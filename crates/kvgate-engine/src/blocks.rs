@@ -1,8 +1,9 @@
 //! The KV block pool: capacity accounting, the prefix cache keyed by chained block hash, and LRU eviction of unreferenced cached blocks.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
+
+use nohash_hasher::IntMap;
 
 /// Blocks are counted, not placed: a block is either free, held privately by one request
 /// (computing or generated tokens), or cached under its hash. Cached blocks carry a reference
@@ -11,7 +12,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 pub(crate) struct BlockPool {
     capacity_blocks: u64,
     private_blocks: u64,
-    cached: HashMap<u64, CachedBlock, BuildHasherDefault<PreHashed>>,
+    /// Keyed by chained block hashes, well mixed already: no hashing of the key.
+    cached: IntMap<u64, CachedBlock>,
     /// Evictable blocks by release stamp (oldest first) -> block hash.
     lru: BTreeMap<u64, u64>,
     next_stamp: u64,
@@ -29,7 +31,7 @@ impl BlockPool {
         Self {
             capacity_blocks,
             private_blocks: 0,
-            cached: HashMap::default(),
+            cached: IntMap::default(),
             lru: BTreeMap::new(),
             next_stamp: 0,
         }
@@ -145,26 +147,6 @@ impl BlockPool {
             let block = self.cached[hash];
             assert_eq!((block.refs, block.stamp), (0, *stamp));
         }
-    }
-}
-
-/// Hasher for keys that are already well-mixed 64-bit hashes.
-#[derive(Default)]
-pub(crate) struct PreHashed(u64);
-
-impl Hasher for PreHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
     }
 }
 

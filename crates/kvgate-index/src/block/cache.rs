@@ -2,11 +2,11 @@
 //! content hashes, per storage medium, applied to the shared index as stored and removed events
 //! arrive.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-use super::hash::{content_hash, PreHashed, ROOT_HASH};
+use nohash_hasher::IntMap;
+
+use super::hash::{content_hash, ROOT_HASH};
 use super::{BlockIndex, CacheId};
 
 /// A `BlockStored` event, as the index needs it.
@@ -51,10 +51,10 @@ pub struct CacheBlocks {
     index: Arc<BlockIndex>,
     id: CacheId,
     key: u64,
-    engine: HashMap<u64, EngineBlock, BuildHasherDefault<PreHashed>>,
+    engine: IntMap<u64, EngineBlock>,
     /// Content hashes held through more than one engine hash: how many more (rare; an engine
     /// that hashes extra keys, e.g. a cache salt, names the same tokens twice).
-    extra_refs: HashMap<u64, u32, BuildHasherDefault<PreHashed>>,
+    extra_refs: IntMap<u64, u32>,
     /// Distinct content hashes held.
     distinct: usize,
     /// Medium names seen, by bit; bit 0 is the main cache (`None` or "GPU").
@@ -68,8 +68,8 @@ impl CacheBlocks {
             index,
             id,
             key: id.key(),
-            engine: HashMap::default(),
-            extra_refs: HashMap::default(),
+            engine: IntMap::default(),
+            extra_refs: IntMap::default(),
             distinct: 0,
             media: Vec::new(),
         }

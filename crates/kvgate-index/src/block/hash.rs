@@ -1,7 +1,4 @@
-//! kvgate's block content hash (xxh3 of a block's token ids, seeded with its parent's hash) and
-//! the pass-through hasher for maps keyed by such hashes.
-
-use std::hash::Hasher;
+//! kvgate's block content hash: xxh3 of a block's token ids, seeded with its parent's hash.
 
 /// The "parent" of a prompt's first block.
 pub const ROOT_HASH: u64 = 0x6b76_6761_7465_5f30;
@@ -12,27 +9,6 @@ pub const ROOT_HASH: u64 = 0x6b76_6761_7465_5f30;
 #[inline]
 pub fn content_hash(parent: u64, tokens: &[u32]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(bytemuck::cast_slice(tokens), parent)
-}
-
-/// Hasher for keys that are already well-mixed 64-bit hashes.
-#[derive(Default)]
-pub(crate) struct PreHashed(u64);
-
-impl Hasher for PreHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not used by u64 keys; a plain fold keeps it correct for anything else.
-        for &byte in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
 }
 
 #[cfg(test)]

@@ -16,10 +16,10 @@ mod hash;
 mod pending;
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, RwLock};
 
+use nohash_hasher::IntMap;
 use smallvec::SmallVec;
 
 pub use cache::{ApplyError, CacheBlocks, StoredBlocks};
@@ -51,7 +51,8 @@ const SHARDS: usize = 64;
 
 /// Caches holding one block, sorted by [`CacheId::key`].
 type Holders = SmallVec<[u64; 2]>;
-type Shard = HashMap<u64, Holders, BuildHasherDefault<hash::PreHashed>>;
+/// Block content hashes are well mixed already: no hashing of the key.
+type Shard = IntMap<u64, Holders>;
 
 /// The event-fed block index of one model. Create it in an `Arc`: each [`CacheBlocks`] keeps one.
 #[derive(Debug)]
