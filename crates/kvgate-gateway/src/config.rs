@@ -369,5 +369,12 @@ mod tests {
             fields,
             ["kv_events_endpoints", "kv_events_replay_endpoints", "kv_events_endpoints", "mock_tokenizer"]
         );
+        let yaml = "worker_urls: [http://127.0.0.1:1]\nkv_events_endpoints: [tcp://127.0.0.1:5557]\n\
+                    tokenizer_path: /models/m\nrouting:\n  prefix_index: exact\n";
+        let file = GatewayConfig::with_file(yaml, &GatewayConfig::default(), &[]).unwrap();
+        file.validate().unwrap();
+        assert_eq!(file.kv_events_source(0).unwrap().unwrap().ranks[0].events, "tcp://127.0.0.1:5557");
+        assert_eq!(file.routing.prefix_index, kvgate_policy::PrefixIndexMode::Exact);
+        assert_eq!(file.tokenizer_path.as_deref(), Some(std::path::Path::new("/models/m")));
     }
 }
