@@ -114,6 +114,14 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         }
     }
 
+    if state.tokenizer.is_none()
+        && state.config.kv_events_endpoints.iter().any(|e| e != crate::kv_events::NO_ENDPOINT)
+    {
+        tracing::warn!(
+            "KV events are configured but no tokenizer (--tokenizer-path): only requests that carry \
+             token ids (/generate input_ids) can be matched against the exact index"
+        );
+    }
     let (shutdown, shutdown_rx) = watch::channel(false);
     let background = vec![
         tokio::spawn(health::run(state.clone(), shutdown_rx.clone())),
