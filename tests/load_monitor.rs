@@ -163,3 +163,26 @@ async fn power_of_two_and_least_load_prefer_the_idle_engine() {
     let least_load = share_of_idle(PolicyKind::LeastLoad).await;
     assert!(least_load >= 19, "least_load sent {least_load}/20 to the idle engine");
 }
+
+#[tokio::test]
+async fn a_sample_is_stamped_when_its_poll_was_sent() {
+    // The engine answers its load poll after 200 ms: requests routed meanwhile are younger than
+    // the sample's stamp, so the in-flight correction counts them.
+    let slow = upstream("slow", "m").await;
+    slow.loads_delay_ms.store(200, Ordering::SeqCst);
+    let kv_aware = PolicyConfig { balance_token_usage_threshold: 0.5, ..PolicyConfig::default() };
+    let mut cfg = with_policy(vec![slow.url.clone()], kv_aware);
+    cfg.load_monitor_interval_ms = Some(1000);
+    let gw = gateway(cfg).await;
+    let gw_url = gw.url();
+    let published = eventually(5.0, async || {
+        let body: Value =
+            client().get(format!("{gw_url}/get_loads")).send().await.unwrap().json().await.unwrap();
+        body["loads"].as_array().is_some_and(|l| l.len() == 1)
+    })
+    .await;
+    assert!(published);
+    let age = loads(&gw).await["loads"][0]["age_ms"].as_u64().unwrap();
+    assert!(age >= 200, "the sample is as old as its poll (stamped at send time): {age} ms");
+    gw.shutdown().await;
+}

@@ -52,11 +52,29 @@ pub fn parse_sglang(body: &[u8]) -> Result<LoadSample, String> {
     })
 }
 
+/// The value of label `name` in a Prometheus label set `a="x",b="y"` (no escapes in numbers).
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    while let Some(at) = rest.find(name) {
+        let before = rest[..at].chars().next_back();
+        let after = &rest[at + name.len()..];
+        if matches!(before, None | Some(',') | Some(' ')) {
+            if let Some(value) = after.strip_prefix("=\"") {
+                return value.split('"').next();
+            }
+        }
+        rest = after;
+    }
+    None
+}
+
 /// Parse vLLM's Prometheus text. Unknown lines, comments, labels and timestamps are tolerated;
 /// several series of one metric (e.g. per engine) are averaged for usage and summed for counts.
+/// The KV capacity comes from `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`).
 pub fn parse_vllm(text: &str) -> Result<LoadSample, String> {
     let (mut usage_sum, mut usage_n) = (0.0, 0u32);
     let (mut running, mut waiting) = (0.0, 0.0);
+    let mut capacity = 0u64;
     let mut seen_any = false;
     for line in text.lines() {
         let line = line.trim();
@@ -67,13 +85,20 @@ pub fn parse_vllm(text: &str) -> Result<LoadSample, String> {
             Some(i) => line.split_at(i),
             None => continue,
         };
-        let after_labels = match rest.strip_prefix('{') {
+        let (labels, after_labels) = match rest.strip_prefix('{') {
             Some(labels) => match labels.rfind('}') {
-                Some(end) => &labels[end + 1..],
+                Some(end) => (&labels[..end], &labels[end + 1..]),
                 None => continue,
             },
-            None => rest,
+            None => ("", rest),
         };
+        if name == "vllm:cache_config_info" {
+            let number = |key: &str| label(labels, key).and_then(|v| v.parse::<u64>().ok());
+            if let (Some(blocks), Some(block_size)) = (number("num_gpu_blocks"), number("block_size")) {
+                capacity += blocks.saturating_mul(block_size);
+            }
+            continue;
+        }
         let Some(value) = after_labels.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else {
             continue;
         };
@@ -104,6 +129,7 @@ pub fn parse_vllm(text: &str) -> Result<LoadSample, String> {
         token_usage: (usage_sum / usage_n as f64).clamp(0.0, 1.0),
         num_running_reqs: count(running),
         num_waiting_reqs: count(waiting),
+        max_total_num_tokens: capacity,
         ..LoadSample::default()
     })
 }
@@ -150,6 +176,18 @@ mod tests {
         let load = parse_vllm(text).unwrap();
         assert_eq!(load.token_usage, 0.5);
         assert_eq!((load.num_running_reqs, load.num_waiting_reqs), (6, 3));
+    }
+
+    #[test]
+    fn vllm_kv_capacity_comes_from_cache_config_info() {
+        let text = "vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n\
+            vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_cpu_blocks=\"99\",num_gpu_blocks=\"2048\",xnum_gpu_blocks=\"1\"} 1.0\n";
+        assert_eq!(parse_vllm(text).unwrap().max_total_num_tokens, 32_768);
+        let no_blocks = "vllm:kv_cache_usage_perc 0.5\nvllm:cache_config_info{block_size=\"16\"} 1.0\n";
+        assert_eq!(parse_vllm(no_blocks).unwrap().max_total_num_tokens, 0, "unknown capacity stays 0");
+        assert_eq!(label("a=\"1\",ba=\"2\"", "a"), Some("1"));
+        assert_eq!(label("ba=\"2\", a=\"3\"", "a"), Some("3"));
+        assert_eq!(label("ba=\"2\"", "a"), None);
     }
 
     #[test]

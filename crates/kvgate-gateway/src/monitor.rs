@@ -69,6 +69,9 @@ async fn poll_worker(
 ) {
     let known = sources.lock().unwrap_or_else(|p| p.into_inner()).get(&worker.id).copied();
     let started = Instant::now();
+    // Stamped when the poll is sent: requests routed while it is in flight may or may not be in
+    // the engine's answer, and the in-flight correction counts everything routed from here on.
+    let sent_at_ms = state.now_ms();
     let result = match known {
         Some(source) => fetch(state, worker, source, timeout).await,
         None => match fetch(state, worker, Source::Sglang, timeout).await {
@@ -88,7 +91,7 @@ async fn poll_worker(
     state.metrics.load_poll_duration.observe(started.elapsed().as_secs_f64());
     match result {
         Ok(mut sample) => {
-            sample.fetched_at_ms = state.now_ms();
+            sample.fetched_at_ms = sent_at_ms;
             // Publish unless the worker was removed while we waited.
             if state.registry.snapshot().workers.iter().any(|w| w.id == worker.id) {
                 state.loads.rcu(|loads| {

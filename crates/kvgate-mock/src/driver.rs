@@ -169,6 +169,11 @@ impl EngineHandle {
         RequestStream { id, receiver, engine: self.clone(), done: false }
     }
 
+    /// Tokens per KV block.
+    pub(crate) fn block_size(&self) -> u32 {
+        self.lock().engine.config().block_size
+    }
+
     /// The engine's load now.
     pub(crate) fn load(&self) -> EngineLoad {
         let mut state = self.lock();

@@ -11,14 +11,16 @@ use kvgate_engine::EngineLoad;
 use crate::server::AppState;
 
 pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let load = state.engine.as_ref().map(|engine| engine.load());
-    let body = render(&state.model, load.as_ref());
+    let load = state.engine.as_ref().map(|engine| (engine.load(), engine.block_size()));
+    let body = render(&state.model, load.as_ref().map(|(load, block_size)| (load, *block_size)));
     ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], body)
         .into_response()
 }
 
-/// The Prometheus exposition of `load` (all zeros for a canned engine).
-pub(crate) fn render(model: &str, load: Option<&EngineLoad>) -> String {
+/// The Prometheus exposition of `load` and the engine's KV block size (all zeros for a canned
+/// engine), with vLLM's `cache_config_info` (KV capacity as blocks x block size).
+pub(crate) fn render(model: &str, engine: Option<(&EngineLoad, u32)>) -> String {
+    let load = engine.map(|(load, _)| load);
     let value = |pick: fn(&EngineLoad) -> f64| load.map_or(0.0, pick);
     let label = format!("{{model_name=\"{}\"}}", escape_label(model));
     let families: [(&str, &str, &str, f64); 11] = [
@@ -89,6 +91,15 @@ pub(crate) fn render(model: &str, load: Option<&EngineLoad>) -> String {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         let _ = writeln!(out, "{name}{label} {value}");
+    }
+    if let Some((load, block_size)) = engine {
+        let blocks = load.max_total_num_tokens / u64::from(block_size.max(1));
+        let _ = writeln!(out, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig");
+        let _ = writeln!(out, "# TYPE vllm:cache_config_info gauge");
+        let _ = writeln!(
+            out,
+            "vllm:cache_config_info{{block_size=\"{block_size}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_cpu_blocks=\"0\",num_gpu_blocks=\"{blocks}\"}} 1.0"
+        );
     }
     out
 }

@@ -74,6 +74,12 @@ async fn loads_and_metrics_reflect_running_and_waiting_requests() {
     assert!(metric(&metrics, "vllm:kv_cache_usage_perc") > 0.0);
     assert!(metrics.contains("# TYPE vllm:prefix_cache_hits_total counter"));
     assert!(metrics.contains("# HELP vllm:prefix_cache_queries_total "));
+    // vLLM states its KV capacity as blocks x block size in cache_config_info.
+    let blocks = 262_144 / 16;
+    assert!(
+        metrics.contains("block_size=\"16\"") && metrics.contains(&format!("num_gpu_blocks=\"{blocks}\"")),
+        "{metrics}"
+    );
 
     // Client disconnects cancel both requests and release their blocks.
     first.abort();

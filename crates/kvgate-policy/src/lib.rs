@@ -37,7 +37,7 @@ pub struct LoadSample {
     pub gen_throughput: f64,
     /// KV capacity in tokens (0 when unknown).
     pub max_total_num_tokens: u64,
-    /// When the sample was fetched, on the host's millisecond clock.
+    /// When the poll that fetched the sample was sent, on the host's millisecond clock.
     pub fetched_at_ms: u64,
 }
 

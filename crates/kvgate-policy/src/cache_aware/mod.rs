@@ -90,11 +90,14 @@ impl Inputs<'_> {
         pick_min_by(self.all(), |i| (self.in_flight[i], kv_bucket(i)), rng).expect("candidates are not empty")
     }
 
-    /// Lowest KV usage (ties within 1%: fewer in-flight, then at random).
+    /// Lowest KV usage (ties within 1%: fewer in-flight, then at random). A tie never admits an
+    /// engine above the overload ceiling while the coldest is below it.
     fn coldest(&self, rng: &mut dyn rand::RngCore) -> usize {
         let Some(kv) = &self.kv else { return self.least_in_flight(rng) };
         let coldest = kv.iter().copied().fold(f64::INFINITY, f64::min);
-        let near = self.all().filter(|&i| kv[i] - coldest < KV_TIE);
+        let ceiling = self.settings.thresholds.overload;
+        let allowed = |i: usize| kv[i] <= ceiling || coldest > ceiling;
+        let near = self.all().filter(|&i| kv[i] - coldest < KV_TIE && allowed(i));
         pick_min_by(near, |i| self.in_flight[i], rng).expect("the coldest is near itself")
     }
 
@@ -208,14 +211,13 @@ impl Policy for CacheAwarePolicy {
             (MissStrategy::SmallestTree, None) => vec![0; candidates.len()],
             _ => Vec::new(),
         };
-        let inputs = Inputs {
-            settings,
-            candidates,
-            imbalance: imbalance(&settings.thresholds, &in_flight, kv.as_deref()),
-            in_flight,
-            kv,
-            tree_sizes,
+        // One candidate cannot be out of balance with anyone: route it as balanced.
+        let imbalance = if candidates.len() > 1 {
+            imbalance(&settings.thresholds, &in_flight, kv.as_deref())
+        } else {
+            None
         };
+        let inputs = Inputs { settings, candidates, imbalance, in_flight, kv, tree_sizes };
 
         let mut outcome = None;
         let rng = &mut *ctx.rng;

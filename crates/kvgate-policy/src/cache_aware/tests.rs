@@ -141,6 +141,31 @@ fn above_the_ceiling_is_overload_and_never_lands_on_the_hot_engine() {
 }
 
 #[test]
+fn the_kv_tie_window_never_admits_an_engine_above_the_ceiling() {
+    // Regression: 0.905 is within 1% of the coldest 0.899 and has fewer requests, but it is above
+    // the 0.9 ceiling.
+    for seed in 0..20 {
+        let mut h = Harness::new(kv_aware());
+        h.rng = SmallRng::seed_from_u64(seed);
+        let d = h.route("a new prompt", &pool(&[9, 1, 9], Some(&[0.899, 0.905, 0.95]), h.now_ms));
+        assert_eq!((d.worker, d.reason), (0, Reason::ImbalanceOverload), "seed {seed}");
+    }
+    // When every engine is above the ceiling, the coldest still wins (ties by in-flight).
+    let mut h = Harness::new(kv_aware());
+    let d = h.route("a new prompt", &pool(&[9, 1], Some(&[0.95, 0.955]), h.now_ms));
+    assert_eq!(d.worker, 1);
+}
+
+#[test]
+fn a_single_worker_is_never_out_of_balance() {
+    let mut h = Harness::new(kv_aware());
+    let only = pool(&[500], Some(&[0.99]), h.now_ms);
+    let first = h.route(PROMPT, &only);
+    let second = h.route(PROMPT, &only);
+    assert_eq!((first.reason, second.reason), (Reason::CacheMiss, Reason::CacheHit));
+}
+
+#[test]
 fn count_spread_with_even_kv_picks_the_shortest_queue() {
     let mut h = Harness::new(kv_aware());
     let d = h.route(PROMPT, &pool(&[200, 100, 90], Some(&[0.2, 0.2, 0.2]), h.now_ms));
