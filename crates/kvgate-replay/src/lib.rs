@@ -5,7 +5,10 @@
 //! `output_length`, `"ignore_eos": true` and `"stream_options": {"include_usage": true}`. TTFT is
 //! the time from sending to the first SSE `data:` event, end-to-end the time to `data: [DONE]`;
 //! the cache hit rate comes from `usage.prompt_tokens_details.cached_tokens` of the final usage
-//! chunk. Runs are bounded by `--max-requests` and an overall `--deadline-secs`.
+//! chunk. Runs are bounded by `--max-requests` and an overall `--deadline-secs`. The hit rate is
+//! set beside the trace's references: the infinite-cache ceiling and, given the fleet's KV size
+//! (`--fleet-kv-tokens`), the pooled-LRU reference and pooled-Belady bound
+//! ([`kvgate_sim::CacheReference`]).
 //!
 //! Several `--url`s are replayed one after another (never concurrently: they usually share the
 //! fleet) with the same trace and options, and reported side by side. `--flush-cache-urls` names
@@ -73,6 +76,11 @@ pub struct ReplayArgs {
     /// Seconds to wait between one target's run and the next.
     #[arg(long, default_value_t = 0.0)]
     pub pause_secs: f64,
+    /// Total KV cache tokens of the fleet behind the target(s) (engines x KV capacity of each):
+    /// the report then gives the trace's pooled-LRU reference and pooled-Belady bound for one
+    /// cache that large, and the hit rate as a fraction of the LRU reference [default: left out].
+    #[arg(long, value_name = "TOKENS")]
+    pub fleet_kv_tokens: Option<u64>,
 }
 
 impl ReplayArgs {
@@ -108,6 +116,9 @@ impl ReplayArgs {
         }
         if self.max_requests == Some(0) {
             problems.push("--max-requests must be at least 1".to_string());
+        }
+        if self.fleet_kv_tokens == Some(0) {
+            problems.push("--fleet-kv-tokens must be at least 1".to_string());
         }
         if self.concurrency_limit == Some(0) {
             problems.push("--concurrency-limit must be at least 1".to_string());
@@ -327,6 +338,9 @@ async fn replay_one(
     }
     let wall = started.elapsed();
     let ceiling = trace.cache_ceiling();
+    let pooled = args
+        .fleet_kv_tokens
+        .map(|tokens| report::Pooled { lru: trace.pooled_lru(tokens), belady: trace.pooled_belady(tokens) });
     Ok(ReplayReport::new(report::Inputs {
         label,
         trace: args.trace.display().to_string(),
@@ -341,6 +355,7 @@ async fn replay_one(
         mean_send_delay: if sent == 0 { Duration::ZERO } else { send_delay_total / sent as u32 },
         wall,
         ceiling_hit_rate: ceiling.rate(),
+        pooled,
     }))
 }
 

@@ -1,9 +1,9 @@
-//! The replay report: client-side latency percentiles, cache hit rate from the servers' usage, errors; markdown and JSON.
+//! The replay report: client-side latency mean and percentiles, cache hit rate from the servers' usage beside the trace's references, errors; markdown and JSON.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use kvgate_sim::percentile;
+use kvgate_sim::{percentile, CacheReference};
 use serde::Serialize;
 
 use crate::request::{Endpoint, Observed, RequestError};
@@ -27,6 +27,7 @@ pub struct ReplayReport {
     /// Requests still running at the deadline (counted in `errors`).
     pub deadline_hits: u64,
     pub error_samples: Vec<String>,
+    pub ttft_mean_ms: f64,
     pub ttft_p50_ms: f64,
     pub ttft_p90_ms: f64,
     pub ttft_p99_ms: f64,
@@ -42,6 +43,14 @@ pub struct ReplayReport {
     /// The trace's infinite-cache ceiling, and the hit rate as a fraction of it.
     pub ceiling_hit_rate: f64,
     pub hit_of_ceiling: f64,
+    /// `--fleet-kv-tokens`, the size of the one cache of the pooled references (the three
+    /// fields below are null without it).
+    pub fleet_kv_tokens: Option<u64>,
+    /// The trace's pooled-LRU reference and pooled-Belady bound for that cache.
+    pub pooled_lru_hit_rate: Option<f64>,
+    pub pooled_belady_hit_rate: Option<f64>,
+    /// `cache_hit_rate` over `pooled_lru_hit_rate`.
+    pub hit_of_pooled_lru: Option<f64>,
     /// Successful requests over the wall time of the run.
     pub completed_per_s: f64,
     pub wall_s: f64,
@@ -61,6 +70,17 @@ pub(crate) struct Inputs {
     pub mean_send_delay: Duration,
     pub wall: Duration,
     pub ceiling_hit_rate: f64,
+    pub pooled: Option<Pooled>,
+}
+
+/// The trace's pooled references for the fleet's KV size (`--fleet-kv-tokens`).
+pub(crate) struct Pooled {
+    pub lru: CacheReference,
+    pub belady: CacheReference,
+}
+
+fn pct(rate: f64) -> String {
+    format!("{:.1}%", rate * 100.0)
 }
 
 fn ms(duration: Duration) -> f64 {
@@ -112,6 +132,7 @@ impl ReplayReport {
             errors,
             deadline_hits: inputs.deadline_hits,
             error_samples,
+            ttft_mean_ms: ratio(ttft.iter().sum(), ttft.len() as f64),
             ttft_p50_ms: percentile(&ttft, 50.0),
             ttft_p90_ms: percentile(&ttft, 90.0),
             ttft_p99_ms: percentile(&ttft, 99.0),
@@ -124,6 +145,10 @@ impl ReplayReport {
             cache_hit_rate,
             ceiling_hit_rate: inputs.ceiling_hit_rate,
             hit_of_ceiling: ratio(cache_hit_rate, inputs.ceiling_hit_rate),
+            fleet_kv_tokens: inputs.pooled.as_ref().map(|pooled| pooled.lru.capacity_tokens),
+            pooled_lru_hit_rate: inputs.pooled.as_ref().map(|pooled| pooled.lru.rate()),
+            pooled_belady_hit_rate: inputs.pooled.as_ref().map(|pooled| pooled.belady.rate()),
+            hit_of_pooled_lru: inputs.pooled.as_ref().map(|pooled| ratio(cache_hit_rate, pooled.lru.rate())),
             completed_per_s: ratio(ok.len() as f64, inputs.wall.as_secs_f64()),
             wall_s: inputs.wall.as_secs_f64(),
         }
@@ -138,11 +163,19 @@ impl ReplayReport {
         out
     }
 
-    /// One line naming the trace, the target and the run.
+    /// One line naming the trace, the target, the run and the trace's references.
     fn header(&self) -> String {
+        let pooled = match (self.fleet_kv_tokens, self.pooled_lru_hit_rate, self.pooled_belady_hit_rate) {
+            (Some(tokens), Some(lru), Some(belady)) => format!(
+                "; pooled LRU {}, pooled Belady {} (one cache of the fleet's {tokens} KV tokens)",
+                pct(lru),
+                pct(belady)
+            ),
+            _ => String::new(),
+        };
         format!(
             "Replay of `{}` ({} of {} requests, speedup {}) to {} (model `{}`), {:.1} s wall; \
-             infinite-cache ceiling {:.1}% of prompt tokens.\n",
+             infinite-cache ceiling {} of prompt tokens{pooled}.\n",
             self.trace,
             self.sent,
             self.requests_in_trace,
@@ -150,7 +183,7 @@ impl ReplayReport {
             self.url,
             self.model,
             self.wall_s,
-            self.ceiling_hit_rate * 100.0
+            pct(self.ceiling_hit_rate)
         )
     }
 
@@ -163,21 +196,29 @@ impl ReplayReport {
         }
     }
 
-    /// The metric rows of the table, as (name, formatted value).
-    fn rows(&self) -> [(&'static str, String); 11] {
-        [
+    /// The metric rows of the table, as (name, formatted value); "hit rate / pooled LRU" only
+    /// with `--fleet-kv-tokens`.
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        let mut rows = vec![
+            ("TTFT mean (ms)", format!("{:.1}", self.ttft_mean_ms)),
             ("TTFT p50 (ms)", format!("{:.1}", self.ttft_p50_ms)),
             ("TTFT p90 (ms)", format!("{:.1}", self.ttft_p90_ms)),
             ("TTFT p99 (ms)", format!("{:.1}", self.ttft_p99_ms)),
             ("e2e p50 (ms)", format!("{:.1}", self.e2e_p50_ms)),
             ("e2e p99 (ms)", format!("{:.1}", self.e2e_p99_ms)),
-            ("cache hit rate", format!("{:.1}%", self.cache_hit_rate * 100.0)),
-            ("hit rate / ceiling", format!("{:.1}%", self.hit_of_ceiling * 100.0)),
+            ("cache hit rate", pct(self.cache_hit_rate)),
+            ("hit rate / ceiling", pct(self.hit_of_ceiling)),
+        ];
+        if let Some(of_lru) = self.hit_of_pooled_lru {
+            rows.push(("hit rate / pooled LRU", pct(of_lru)));
+        }
+        rows.extend([
             ("completed req/s", format!("{:.2}", self.completed_per_s)),
             ("mean send delay (ms)", format!("{:.1}", self.mean_send_delay_ms)),
             ("succeeded", self.succeeded.to_string()),
             ("errors", self.errors.to_string()),
-        ]
+        ]);
+        rows
     }
 
     pub fn to_json(&self) -> String {
@@ -185,7 +226,8 @@ impl ReplayReport {
     }
 }
 
-/// The metric table with one column per report.
+/// The metric table with one column per report: every row some report has, in order ("-" where
+/// a report lacks it).
 fn table(reports: &[ReplayReport]) -> String {
     let mut out = String::from("| metric |");
     for report in reports {
@@ -195,10 +237,17 @@ fn table(reports: &[ReplayReport]) -> String {
     out.push_str(&" ---: |".repeat(reports.len()));
     out.push('\n');
     let rows: Vec<_> = reports.iter().map(ReplayReport::rows).collect();
-    for (row, (name, _)) in ReplayReport::rows(&reports[0]).iter().enumerate() {
+    let mut names: Vec<&str> = Vec::new();
+    for (name, _) in rows.iter().flatten() {
+        if !names.contains(name) {
+            names.push(name);
+        }
+    }
+    for name in names {
         let _ = write!(out, "| {name} |");
         for values in &rows {
-            let _ = write!(out, " {} |", values[row].1);
+            let value = values.iter().find(|(row, _)| *row == name).map_or("-", |(_, value)| value.as_str());
+            let _ = write!(out, " {value} |");
         }
         out.push('\n');
     }

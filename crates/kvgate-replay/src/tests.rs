@@ -27,6 +27,9 @@ async fn replays_a_trace_against_a_simulated_engine_and_sees_cached_prefixes() {
     args.speedup = 10.0;
     args.json = Some(json.clone());
     args.label = vec!["direct".to_string()];
+    // Three blocks: LRU serves 512 + 1,024 of the 3,724 prompt tokens (the last [1, 2] finds
+    // block 1 evicted by [9]); Belady also the last 1,024 (it evicts [1, 3] and [1, 2, 4]).
+    args.fleet_kv_tokens = Some(1536);
     let report = run(&args).await.unwrap();
     assert_eq!(report.model, "mock-model", "discovered from /v1/models");
     assert_eq!((report.sent, report.succeeded, report.errors), (5, 5, 0), "{:?}", report.error_samples);
@@ -36,10 +39,27 @@ async fn replays_a_trace_against_a_simulated_engine_and_sees_cached_prefixes() {
     assert!(report.cached_tokens >= 3 * 512, "{report:?}");
     assert!(report.cache_hit_rate > 0.0 && report.hit_of_ceiling > 0.5, "{report:?}");
     assert!(report.ttft_p50_ms > 0.0 && report.e2e_p99_ms >= report.ttft_p99_ms);
-    assert!(report.markdown().contains("| direct |"));
+    assert!(report.ttft_mean_ms > 0.0 && report.ttft_mean_ms <= report.ttft_p99_ms, "{report:?}");
+    assert_eq!(report.ceiling_hit_rate, 2560.0 / 3724.0);
+    assert_eq!(report.fleet_kv_tokens, Some(1536));
+    assert_eq!(report.pooled_lru_hit_rate, Some(1536.0 / 3724.0));
+    assert_eq!(report.pooled_belady_hit_rate, Some(2560.0 / 3724.0));
+    assert_eq!(report.hit_of_pooled_lru, Some(report.cache_hit_rate / (1536.0 / 3724.0)));
+    let markdown = report.markdown();
+    assert!(markdown.contains("| direct |"));
+    assert!(
+        markdown.contains(
+            "infinite-cache ceiling 68.7% of prompt tokens; pooled LRU 41.2%, pooled Belady 68.7% \
+             (one cache of the fleet's 1536 KV tokens)."
+        ),
+        "{markdown}"
+    );
+    assert!(markdown.contains("\n| TTFT mean (ms) | ") && markdown.contains("\n| hit rate / pooled LRU | "));
     crate::run_cli(args).await.unwrap();
     let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(written["succeeded"], 5);
+    assert_eq!(written["fleet_kv_tokens"], 1536);
+    assert!(written["ttft_mean_ms"].as_f64().unwrap() > 0.0);
     std::fs::remove_file(&path).unwrap();
     std::fs::remove_file(&json).unwrap();
     fleet.shutdown().await;
@@ -59,6 +79,14 @@ async fn chat_endpoint_max_requests_and_concurrency_limit() {
     assert_eq!((report.sent, report.succeeded, report.errors), (3, 3, 0), "{:?}", report.error_samples);
     // The chat template adds role markers around the prompt.
     assert!(report.prompt_tokens > 600 + 700 + 1100);
+    // Without --fleet-kv-tokens the pooled references are left out.
+    assert_eq!(
+        (report.fleet_kv_tokens, report.pooled_lru_hit_rate, report.hit_of_pooled_lru),
+        (None, None, None)
+    );
+    let markdown = report.markdown();
+    assert!(!markdown.contains("pooled"), "{markdown}");
+    assert!(markdown.contains("\n| TTFT mean (ms) | "), "{markdown}");
     fleet.shutdown().await;
 }
 
@@ -97,8 +125,9 @@ fn invalid_options_are_all_reported() {
     let mut args = ReplayArgs::new("t.jsonl", "localhost:1");
     args.speedup = 0.0;
     args.concurrency_limit = Some(0);
+    args.fleet_kv_tokens = Some(0);
     let error = args.validate().unwrap_err().to_string();
-    for needle in ["--speedup", "--concurrency-limit", "--url"] {
+    for needle in ["--speedup", "--concurrency-limit", "--url", "--fleet-kv-tokens"] {
         assert!(error.contains(needle), "{error}");
     }
     let mut args = ReplayArgs::new("t.jsonl", "http://127.0.0.1:1");

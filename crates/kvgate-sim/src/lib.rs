@@ -11,10 +11,16 @@
 //! Trace lines become prompts as `shared/bench/SCENARIOS.md` describes ([`trace`]); the same
 //! prompts rendered as text drive `kvgate replay` over HTTP.
 //!
+//! The report sets each run's cache hit rate beside the trace's references: the infinite-cache
+//! ceiling, and the pooled-LRU reference and pooled-Belady bound of one cache as large as the
+//! whole fleet's KV (`--workers` x `--kv-capacity-tokens`; [`CacheReference`]).
+//!
 //! Same trace, options and seed: byte-identical markdown and JSON.
 
 mod args;
+mod markdown;
 mod plot;
+mod reference;
 mod report;
 mod sim;
 pub mod trace;
@@ -25,11 +31,12 @@ mod tests;
 use std::time::{Duration, Instant};
 
 pub use args::{policy_config, Override, RunSpec, SimArgs};
+pub use reference::CacheReference;
 pub use report::{
     percentile, BestSetting, Metrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
 };
 pub use sim::{simulate, KvTick, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US};
-pub use trace::{Trace, TraceError, TraceFormat, TraceRequest};
+pub use trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +62,9 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     let runs = args.runs()?;
     let trace = trace.truncated(args.max_requests);
     let ceiling = trace.cache_ceiling();
+    let pooled_kv_tokens = (args.workers as u64).saturating_mul(args.engine_config().kv_capacity_tokens);
+    let pooled_lru = trace.pooled_lru(pooled_kv_tokens);
+    let pooled_belady = trace.pooled_belady(pooled_kv_tokens);
     let setup = SimSetup {
         n_workers: args.workers,
         engine: args.engine_config(),
@@ -71,6 +81,11 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
         prompt_tokens: ceiling.prompt_tokens,
         ceiling_cached_tokens: ceiling.cached_tokens,
         ceiling_hit_rate: ceiling.rate(),
+        pooled_kv_tokens,
+        pooled_lru_cached_tokens: pooled_lru.cached_tokens,
+        pooled_lru_hit_rate: pooled_lru.rate(),
+        pooled_belady_cached_tokens: pooled_belady.cached_tokens,
+        pooled_belady_hit_rate: pooled_belady.rate(),
         span_s: span_ms.max(0.0) / 1000.0 / args.rate_scale,
     };
     let mut reports = Vec::with_capacity(runs.len());
@@ -101,7 +116,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
                 started.elapsed().as_secs_f64()
             );
         }
-        let (metrics, ttft_ms_sorted) = Metrics::from_outcome(&outcome, ceiling.rate());
+        let (metrics, ttft_ms_sorted) = Metrics::from_outcome(&outcome, ceiling.rate(), pooled_lru.rate());
         let kv_series = outcome
             .kv_ticks
             .iter()

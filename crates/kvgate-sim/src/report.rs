@@ -1,6 +1,4 @@
-//! The simulator's report: per-run metrics computed from a simulation's outcome, the sweep's best settings, and their markdown and JSON renderings.
-
-use std::fmt::Write as _;
+//! The simulator's report: per-run metrics computed from a simulation's outcome, the sweep's best settings, and the JSON rendering (the markdown is in `markdown.rs`).
 
 use kvgate_engine::EngineConfig;
 use kvgate_policy::{IndexKind, PolicyConfig, Reason};
@@ -28,6 +26,18 @@ pub struct TraceInfo {
     pub ceiling_cached_tokens: u64,
     /// `ceiling_cached_tokens / prompt_tokens`.
     pub ceiling_hit_rate: f64,
+    /// The whole fleet's KV tokens (`--workers` x `--kv-capacity-tokens`): the size of the one
+    /// cache of the pooled references.
+    pub pooled_kv_tokens: u64,
+    /// Prompt tokens one LRU cache of `pooled_kv_tokens` would serve (the pooled-LRU reference).
+    pub pooled_lru_cached_tokens: u64,
+    /// `pooled_lru_cached_tokens / prompt_tokens`.
+    pub pooled_lru_hit_rate: f64,
+    /// Prompt tokens the same cache would serve evicting the block used again furthest ahead
+    /// (the pooled-Belady bound).
+    pub pooled_belady_cached_tokens: u64,
+    /// `pooled_belady_cached_tokens / prompt_tokens`.
+    pub pooled_belady_hit_rate: f64,
     /// Virtual time from the first to the last arrival, after `--rate-scale`.
     pub span_s: f64,
 }
@@ -79,6 +89,9 @@ pub struct Metrics {
     pub cache_hit_rate: f64,
     /// `cache_hit_rate` over the trace's infinite-cache ceiling.
     pub hit_of_ceiling: f64,
+    /// `cache_hit_rate` over the trace's pooled-LRU reference (above 1 when the fleet serves more
+    /// than one LRU cache of all its KV would).
+    pub hit_of_pooled_lru: f64,
     /// Completed requests over the time from the first arrival to the last completion.
     pub completed_per_s: f64,
     /// Mean over monitor ticks of (max - min) KV usage across engines.
@@ -148,8 +161,9 @@ fn ratio(numerator: f64, denominator: f64) -> f64 {
 }
 
 impl Metrics {
-    /// Summarises a simulation; `ceiling` is the trace's infinite-cache hit rate.
-    pub fn from_outcome(outcome: &SimOutcome, ceiling: f64) -> (Metrics, Vec<f64>) {
+    /// Summarises a simulation; `ceiling` and `pooled_lru` are the trace's infinite-cache and
+    /// pooled-LRU hit rates.
+    pub fn from_outcome(outcome: &SimOutcome, ceiling: f64, pooled_lru: f64) -> (Metrics, Vec<f64>) {
         let finished = &outcome.finished;
         let ttft = sorted_ms(finished.iter().map(|s| s.ttft_us()));
         let e2e = sorted_ms(finished.iter().map(|s| s.latency_us()));
@@ -188,6 +202,7 @@ impl Metrics {
             mean_queue_ms: ratio(queue_sum as f64 / 1000.0, finished.len() as f64),
             cache_hit_rate,
             hit_of_ceiling: ratio(cache_hit_rate, ceiling),
+            hit_of_pooled_lru: ratio(cache_hit_rate, pooled_lru),
             completed_per_s: ratio(finished.len() as f64, makespan_s),
             kv_spread_mean: ratio(spread_sum, ticks.len() as f64),
             kv_usage_mean: ratio(usage_sum, samples as f64),
@@ -251,166 +266,7 @@ pub fn best_settings(runs: &[RunReport]) -> Vec<BestSetting> {
     best
 }
 
-/// Renders one metric of a run for the markdown table.
-type Cell = fn(&Metrics) -> String;
-
-/// The markdown rows, in order; the first `ROW_PER_RUN_METRICS` are the columns of sweep tables.
-const METRIC_ROWS: [(&str, Cell); 18] = [
-    ("TTFT mean (ms)", |m| fmt_ms(m.ttft_mean_ms)),
-    ("TTFT p50 (ms)", |m| fmt_ms(m.ttft_p50_ms)),
-    ("TTFT p90 (ms)", |m| fmt_ms(m.ttft_p90_ms)),
-    ("TTFT p99 (ms)", |m| fmt_ms(m.ttft_p99_ms)),
-    ("e2e p50 (ms)", |m| fmt_ms(m.e2e_p50_ms)),
-    ("e2e p99 (ms)", |m| fmt_ms(m.e2e_p99_ms)),
-    ("mean queueing (ms)", |m| fmt_ms(m.mean_queue_ms)),
-    ("cache hit rate", |m| pct(m.cache_hit_rate)),
-    ("hit rate / ceiling", |m| pct(m.hit_of_ceiling)),
-    ("completed req/s", |m| format!("{:.2}", m.completed_per_s)),
-    ("KV spread mean (max-min)", |m| format!("{:.3}", m.kv_spread_mean)),
-    ("KV usage mean", |m| format!("{:.3}", m.kv_usage_mean)),
-    ("KV usage max", |m| format!("{:.3}", m.kv_usage_max)),
-    ("chosen / best match", |m| match (m.chosen_match_mean, m.best_match_mean) {
-        (Some(chosen), Some(best)) => format!("{} / {}", pct(chosen), pct(best)),
-        _ => "-".to_string(),
-    }),
-    ("completed", |m| m.completed.to_string()),
-    ("rejected by engine", |m| m.rejected.to_string()),
-    ("unrouted", |m| m.unrouted.to_string()),
-    ("makespan (s)", |m| format!("{:.1}", m.makespan_s)),
-];
-
-const ROW_PER_RUN_METRICS: usize = 13;
-
-fn fmt_ms(ms: f64) -> String {
-    if ms >= 100.0 {
-        format!("{ms:.0}")
-    } else {
-        format!("{ms:.1}")
-    }
-}
-
-fn pct(rate: f64) -> String {
-    format!("{:.1}%", rate * 100.0)
-}
-
 impl SimReport {
-    /// Markdown: metrics side by side, one column per run; with a sweep, one row per run and
-    /// the best setting per metric.
-    pub fn markdown(&self) -> String {
-        let mut out = String::new();
-        let t = &self.trace;
-        let s = &self.setup;
-        let _ = writeln!(
-            out,
-            "Trace `{}`: {} requests over {:.0} s (after rate scale {}), {} prompt tokens; \
-             infinite-cache ceiling {} of prompt tokens.",
-            t.path,
-            t.requests,
-            t.span_s,
-            s.rate_scale,
-            t.prompt_tokens,
-            pct(t.ceiling_hit_rate)
-        );
-        let e = &s.engine;
-        let _ = writeln!(
-            out,
-            "Fleet: {} engines ({} prefill tok/s, chunk {}, decode {} ms + {} ms/req, max {} running, \
-             KV {} tokens in blocks of {}, prefix cache {}); load monitor every {} ms; seed {}.\n",
-            s.workers,
-            e.prefill_tokens_per_sec,
-            e.prefill_chunk_tokens,
-            e.decode_base_ms,
-            e.decode_per_request_ms,
-            e.max_running_requests,
-            e.kv_capacity_tokens,
-            e.block_size,
-            if e.prefix_cache { "on" } else { "off" },
-            s.load_monitor_interval_ms,
-            s.seed
-        );
-        if self.sweep_best.is_empty() {
-            self.side_by_side(&mut out);
-        } else {
-            self.one_row_per_run(&mut out);
-            let _ = writeln!(
-                out,
-                "\nBest setting per metric:\n\n| policy | metric | best | setting |\n| --- | --- | ---: | --- |"
-            );
-            for best in &self.sweep_best {
-                let setting: Vec<String> = best.sweep_point.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let value = if best.metric.ends_with("_ms") {
-                    fmt_ms(best.value)
-                } else if best.metric.ends_with("rate") {
-                    pct(best.value)
-                } else {
-                    format!("{:.3}", best.value)
-                };
-                let _ =
-                    writeln!(out, "| {} | {} | {value} | {} |", best.entry, best.metric, setting.join(" "));
-            }
-        }
-        out
-    }
-
-    /// Metrics as rows, one column per run.
-    fn side_by_side(&self, out: &mut String) {
-        let mut header = String::from("| metric |");
-        let mut rule = String::from("| --- |");
-        for run in &self.runs {
-            let _ = write!(header, " {} |", run.label);
-            rule.push_str(" ---: |");
-        }
-        let _ = writeln!(out, "{header}\n{rule}");
-        for (name, cell) in METRIC_ROWS {
-            let mut line = format!("| {name} |");
-            for run in &self.runs {
-                let _ = write!(line, " {} |", cell(&run.metrics));
-            }
-            let _ = writeln!(out, "{line}");
-        }
-        // Every decision name some run gave, in `decision_counts` order (reasons, then indexes).
-        let mut reasons: Vec<&str> = Vec::new();
-        for run in &self.runs {
-            for (name, _) in &run.decisions {
-                if !reasons.contains(&name.as_str()) {
-                    reasons.push(name);
-                }
-            }
-        }
-        let order =
-            |name: &str| Reason::ALL.iter().position(|r| r.as_str() == name).unwrap_or(Reason::ALL.len());
-        reasons.sort_by_key(|name| (order(name), name.to_string()));
-        for reason in reasons {
-            let mut line = format!("| decisions: {reason} |");
-            for run in &self.runs {
-                let count = run.decisions.iter().find(|(name, _)| name == reason).map_or(0, |(_, c)| *c);
-                let _ = write!(line, " {count} |");
-            }
-            let _ = writeln!(out, "{line}");
-        }
-    }
-
-    /// One row per run (sweeps have many runs with long labels), the main metrics as columns.
-    fn one_row_per_run(&self, out: &mut String) {
-        let shown = &METRIC_ROWS[..ROW_PER_RUN_METRICS];
-        let mut header = String::from("| run |");
-        let mut rule = String::from("| --- |");
-        for (name, _) in shown {
-            let _ = write!(header, " {name} |");
-            rule.push_str(" ---: |");
-        }
-        let _ = writeln!(out, "{header} decisions |\n{rule} --- |");
-        for run in &self.runs {
-            let mut line = format!("| {} |", run.label);
-            for (_, cell) in shown {
-                let _ = write!(line, " {} |", cell(&run.metrics));
-            }
-            let decisions: Vec<String> =
-                run.decisions.iter().map(|(name, count)| format!("{name} {count}")).collect();
-            let _ = writeln!(out, "{line} {} |", decisions.join(", "));
-        }
-    }
-
     /// The report as pretty JSON (same inputs, same bytes).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("the report always serializes")

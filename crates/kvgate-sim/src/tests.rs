@@ -79,6 +79,51 @@ fn cache_aware_keeps_a_shared_prefix_on_one_engine() {
         report.runs[1].decisions
     );
     assert_eq!(report.trace.ceiling_hit_rate, 39.0 * 512.0 / (40.0 * 1024.0));
+    // The fleet's 8 x 262,144 KV tokens hold the whole trace: the pooled LRU serves the ceiling.
+    assert_eq!(report.trace.pooled_kv_tokens, 8 * 262_144);
+    assert_eq!(report.trace.pooled_lru_hit_rate, report.trace.ceiling_hit_rate);
+    assert_eq!(report.trace.pooled_belady_hit_rate, report.trace.ceiling_hit_rate);
+    assert_eq!(cache_aware.hit_of_pooled_lru, 1.0);
+    assert!((round_robin.hit_of_pooled_lru - 32.0 / 39.0).abs() < 1e-12);
+}
+
+#[test]
+fn pooled_references_take_the_fleets_kv_and_show_in_the_report() {
+    // Two engines of 512 KV tokens: one pooled cache of two blocks. LRU evicts each block
+    // before its reuse; Belady keeps [1] for its reuse (512 of 2,560 tokens).
+    let trace = Trace {
+        requests: [1, 2, 3, 1, 2]
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| request(i as f64 * 1000.0, 512, 1, &[id]))
+            .collect(),
+    };
+    let mut args = args("round_robin,cache_aware", 2);
+    args.engine.kv_capacity_tokens = Some(512);
+    let report = simulate(&args, &trace);
+    let t = &report.trace;
+    assert_eq!(
+        (t.pooled_kv_tokens, t.pooled_lru_cached_tokens, t.pooled_belady_cached_tokens),
+        (1024, 0, 512)
+    );
+    assert_eq!((t.pooled_lru_hit_rate, t.pooled_belady_hit_rate), (0.0, 0.2));
+    let markdown = report.markdown();
+    assert!(
+        markdown.contains(
+            "infinite-cache ceiling 40.0% of prompt tokens; pooled LRU 0.0%, pooled Belady 20.0% \
+             (one cache of the fleet's 1024 KV tokens)."
+        ),
+        "{markdown}"
+    );
+    assert!(markdown.contains("\n| hit rate / pooled LRU | "), "{markdown}");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["trace"]["pooled_belady_cached_tokens"], 512);
+    assert!(json["runs"][0]["metrics"]["hit_of_pooled_lru"].is_number());
+    // Sweep tables have the column too.
+    let mut sweep = args.clone();
+    sweep.sweep = vec!["cache_threshold=0.5".to_string()];
+    let markdown = simulate(&sweep, &trace).markdown();
+    assert!(markdown.contains("| hit rate / ceiling | hit rate / pooled LRU |"), "{markdown}");
 }
 
 #[test]

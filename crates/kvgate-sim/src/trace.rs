@@ -1,4 +1,4 @@
-//! Workload traces: parsing Mooncake jsonl, turning a line into prompt tokens or prompt text with the same prefix structure, and the trace's infinite-cache ceiling.
+//! Workload traces: parsing Mooncake jsonl, turning a line into prompt tokens or prompt text with the same prefix structure, and the trace's infinite-cache ceiling (the pooled references are in `reference.rs`).
 //!
 //! A Mooncake line names its prompt as a list of `hash_ids`, each a block of
 //! [`MOONCAKE_BLOCK_TOKENS`] tokens; `input_length` is authoritative, so the last block may be
@@ -172,7 +172,7 @@ impl CacheCeiling {
 }
 
 /// One hash per leading run of blocks: `chain[k]` identifies `hash_ids[..=k]`.
-fn prefix_chain(hash_ids: &[u64]) -> Vec<u64> {
+pub(crate) fn prefix_chain(hash_ids: &[u64]) -> Vec<u64> {
     let mut parent = 0x243f_6a88_85a3_08d3u64;
     hash_ids
         .iter()

@@ -1,0 +1,173 @@
+//! The markdown rendering of the simulator's report: the header lines (trace, references, fleet), the metrics side by side (one column per run) or one row per run for sweeps, and the sweep's best settings.
+
+use std::fmt::Write as _;
+
+use kvgate_policy::Reason;
+
+use crate::report::{Metrics, SimReport};
+
+/// Renders one metric of a run for the markdown table.
+type Cell = fn(&Metrics) -> String;
+
+/// The markdown rows, in order; the first `ROW_PER_RUN_METRICS` are the columns of sweep tables.
+const METRIC_ROWS: [(&str, Cell); 19] = [
+    ("TTFT mean (ms)", |m| fmt_ms(m.ttft_mean_ms)),
+    ("TTFT p50 (ms)", |m| fmt_ms(m.ttft_p50_ms)),
+    ("TTFT p90 (ms)", |m| fmt_ms(m.ttft_p90_ms)),
+    ("TTFT p99 (ms)", |m| fmt_ms(m.ttft_p99_ms)),
+    ("e2e p50 (ms)", |m| fmt_ms(m.e2e_p50_ms)),
+    ("e2e p99 (ms)", |m| fmt_ms(m.e2e_p99_ms)),
+    ("mean queueing (ms)", |m| fmt_ms(m.mean_queue_ms)),
+    ("cache hit rate", |m| pct(m.cache_hit_rate)),
+    ("hit rate / ceiling", |m| pct(m.hit_of_ceiling)),
+    ("hit rate / pooled LRU", |m| pct(m.hit_of_pooled_lru)),
+    ("completed req/s", |m| format!("{:.2}", m.completed_per_s)),
+    ("KV spread mean (max-min)", |m| format!("{:.3}", m.kv_spread_mean)),
+    ("KV usage mean", |m| format!("{:.3}", m.kv_usage_mean)),
+    ("KV usage max", |m| format!("{:.3}", m.kv_usage_max)),
+    ("chosen / best match", |m| match (m.chosen_match_mean, m.best_match_mean) {
+        (Some(chosen), Some(best)) => format!("{} / {}", pct(chosen), pct(best)),
+        _ => "-".to_string(),
+    }),
+    ("completed", |m| m.completed.to_string()),
+    ("rejected by engine", |m| m.rejected.to_string()),
+    ("unrouted", |m| m.unrouted.to_string()),
+    ("makespan (s)", |m| format!("{:.1}", m.makespan_s)),
+];
+
+const ROW_PER_RUN_METRICS: usize = 14;
+
+fn fmt_ms(ms: f64) -> String {
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else {
+        format!("{ms:.1}")
+    }
+}
+
+fn pct(rate: f64) -> String {
+    format!("{:.1}%", rate * 100.0)
+}
+
+impl SimReport {
+    /// Markdown: metrics side by side, one column per run; with a sweep, one row per run and
+    /// the best setting per metric.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let t = &self.trace;
+        let s = &self.setup;
+        let _ = writeln!(
+            out,
+            "Trace `{}`: {} requests over {:.0} s (after rate scale {}), {} prompt tokens; \
+             infinite-cache ceiling {} of prompt tokens; pooled LRU {}, pooled Belady {} (one cache \
+             of the fleet's {} KV tokens).",
+            t.path,
+            t.requests,
+            t.span_s,
+            s.rate_scale,
+            t.prompt_tokens,
+            pct(t.ceiling_hit_rate),
+            pct(t.pooled_lru_hit_rate),
+            pct(t.pooled_belady_hit_rate),
+            t.pooled_kv_tokens
+        );
+        let e = &s.engine;
+        let _ = writeln!(
+            out,
+            "Fleet: {} engines ({} prefill tok/s, chunk {}, decode {} ms + {} ms/req, max {} running, \
+             KV {} tokens in blocks of {}, prefix cache {}); load monitor every {} ms; seed {}.\n",
+            s.workers,
+            e.prefill_tokens_per_sec,
+            e.prefill_chunk_tokens,
+            e.decode_base_ms,
+            e.decode_per_request_ms,
+            e.max_running_requests,
+            e.kv_capacity_tokens,
+            e.block_size,
+            if e.prefix_cache { "on" } else { "off" },
+            s.load_monitor_interval_ms,
+            s.seed
+        );
+        if self.sweep_best.is_empty() {
+            self.side_by_side(&mut out);
+        } else {
+            self.one_row_per_run(&mut out);
+            let _ = writeln!(
+                out,
+                "\nBest setting per metric:\n\n| policy | metric | best | setting |\n| --- | --- | ---: | --- |"
+            );
+            for best in &self.sweep_best {
+                let setting: Vec<String> = best.sweep_point.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let value = if best.metric.ends_with("_ms") {
+                    fmt_ms(best.value)
+                } else if best.metric.ends_with("rate") {
+                    pct(best.value)
+                } else {
+                    format!("{:.3}", best.value)
+                };
+                let _ =
+                    writeln!(out, "| {} | {} | {value} | {} |", best.entry, best.metric, setting.join(" "));
+            }
+        }
+        out
+    }
+
+    /// Metrics as rows, one column per run.
+    fn side_by_side(&self, out: &mut String) {
+        let mut header = String::from("| metric |");
+        let mut rule = String::from("| --- |");
+        for run in &self.runs {
+            let _ = write!(header, " {} |", run.label);
+            rule.push_str(" ---: |");
+        }
+        let _ = writeln!(out, "{header}\n{rule}");
+        for (name, cell) in METRIC_ROWS {
+            let mut line = format!("| {name} |");
+            for run in &self.runs {
+                let _ = write!(line, " {} |", cell(&run.metrics));
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        // Every decision name some run gave, in `decision_counts` order (reasons, then indexes).
+        let mut reasons: Vec<&str> = Vec::new();
+        for run in &self.runs {
+            for (name, _) in &run.decisions {
+                if !reasons.contains(&name.as_str()) {
+                    reasons.push(name);
+                }
+            }
+        }
+        let order =
+            |name: &str| Reason::ALL.iter().position(|r| r.as_str() == name).unwrap_or(Reason::ALL.len());
+        reasons.sort_by_key(|name| (order(name), name.to_string()));
+        for reason in reasons {
+            let mut line = format!("| decisions: {reason} |");
+            for run in &self.runs {
+                let count = run.decisions.iter().find(|(name, _)| name == reason).map_or(0, |(_, c)| *c);
+                let _ = write!(line, " {count} |");
+            }
+            let _ = writeln!(out, "{line}");
+        }
+    }
+
+    /// One row per run (sweeps have many runs with long labels), the main metrics as columns.
+    fn one_row_per_run(&self, out: &mut String) {
+        let shown = &METRIC_ROWS[..ROW_PER_RUN_METRICS];
+        let mut header = String::from("| run |");
+        let mut rule = String::from("| --- |");
+        for (name, _) in shown {
+            let _ = write!(header, " {name} |");
+            rule.push_str(" ---: |");
+        }
+        let _ = writeln!(out, "{header} decisions |\n{rule} --- |");
+        for run in &self.runs {
+            let mut line = format!("| {} |", run.label);
+            for (_, cell) in shown {
+                let _ = write!(line, " {} |", cell(&run.metrics));
+            }
+            let decisions: Vec<String> =
+                run.decisions.iter().map(|(name, count)| format!("{name} {count}")).collect();
+            let _ = writeln!(out, "{line} {} |", decisions.join(", "));
+        }
+    }
+}
