@@ -14,10 +14,11 @@ pub struct EngineLoad {
     pub num_running_reqs: u64,
     /// Requests queued for admission.
     pub num_waiting_reqs: u64,
-    /// Uncached prompt tokens of the queued requests (prefix match estimated at submission).
+    /// Uncached prompt tokens not yet prefilled, queued and admitted requests together (prefix
+    /// match estimated at submission for the queued ones). SGLang's `num_waiting_uncached_tokens`
+    /// means the same: its waiting queue plus the remainder of the request being prefilled, in
+    /// this model's terms every prompt whose prefill has not completed.
     pub num_waiting_uncached_tokens: u64,
-    /// Uncached prompt tokens not yet prefilled, queued and admitted requests together.
-    pub num_pending_prefill_tokens: u64,
     /// KV tokens held by admitted requests (whole blocks).
     pub num_used_tokens: u64,
     /// KV capacity in tokens (whole blocks).

@@ -298,8 +298,7 @@ impl Engine {
         EngineLoad {
             num_running_reqs: (self.prefilling.len() + self.decoding.len()) as u64,
             num_waiting_reqs: self.waiting.len() as u64,
-            num_waiting_uncached_tokens: self.waiting_uncached_tokens,
-            num_pending_prefill_tokens: self.waiting_uncached_tokens + self.admitted_prefill_tokens,
+            num_waiting_uncached_tokens: self.waiting_uncached_tokens + self.admitted_prefill_tokens,
             num_used_tokens: used_blocks * block_size,
             max_total_num_tokens: capacity_blocks * block_size,
             token_usage: if capacity_blocks == 0 { 0.0 } else { used_blocks as f64 / capacity_blocks as f64 },

@@ -216,7 +216,8 @@ fn request_waits_when_kv_is_full_and_is_admitted_after_another_finishes() {
     engine.submit(0, request(2, tokens(100, 4), 1), &mut out);
     let load = engine.load(0);
     assert_eq!((load.num_running_reqs, load.num_waiting_reqs), (1, 1));
-    assert_eq!(load.num_waiting_uncached_tokens, 4);
+    // A's 20 tokens are admitted but not prefilled yet; B's 4 are queued: both count.
+    assert_eq!(load.num_waiting_uncached_tokens, 24);
     assert_eq!(load.token_usage, 1.0);
     while let Some(at) = engine.next_event_time() {
         engine.advance(at, &mut out);

@@ -29,6 +29,7 @@ pub struct Metrics {
     pub circuit_state: IntGaugeVec,
     pub decisions: IntCounterVec,
     pub match_rate: HistogramVec,
+    pub predicted_ttft: HistogramVec,
     pub load_poll_duration: Histogram,
     pub load_poll_failures: IntCounterVec,
     pub load_snapshot_age: GaugeVec,
@@ -70,7 +71,11 @@ pub struct PoolSeries {
     decisions: [[OnceLock<IntCounter>; INDEX_LABELS.len()]; Reason::ALL.len()],
     match_best: OnceLock<Histogram>,
     match_chosen: OnceLock<Histogram>,
+    predicted: [OnceLock<Histogram>; PREDICTED_TERMS.len()],
 }
+
+/// The `term` label of `kvgate_predicted_ttft_seconds`.
+const PREDICTED_TERMS: [&str; 5] = ["queue", "prefill", "decode", "kv", "total"];
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
     registry.register(Box::new(metric.clone())).expect("metric names are unique and valid");
@@ -138,6 +143,12 @@ impl Metrics {
                 "Prefix match rate per cache-aware decision: best available on any healthy worker (kind=best) vs on the chosen worker (kind=chosen).",
                 &["model", "kind"],
                 vec![0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0],
+            ),
+            predicted_ttft: histogram(
+                "kvgate_predicted_ttft_seconds",
+                "kv_aware's predicted time to first token on the chosen worker, by term: queue (prefill work ahead), prefill (the request's uncached tokens), decode (running requests), kv (KV pressure), total.",
+                &["model", "term"],
+                LATENCY_BUCKETS.to_vec(),
             ),
             load_poll_duration: register(
                 &registry,
@@ -252,6 +263,18 @@ impl Metrics {
                 .match_chosen
                 .get_or_init(|| self.match_rate.with_label_values(&[model, "chosen"]))
                 .observe(matches.chosen_match_rate);
+        }
+        if let Some(predicted) = decision.predicted {
+            let values = [
+                predicted.queue_s,
+                predicted.prefill_s,
+                predicted.decode_s,
+                predicted.kv_s,
+                predicted.total(),
+            ];
+            for ((slot, term), value) in series.predicted.iter().zip(PREDICTED_TERMS).zip(values) {
+                slot.get_or_init(|| self.predicted_ttft.with_label_values(&[model, term])).observe(value);
+            }
         }
     }
 

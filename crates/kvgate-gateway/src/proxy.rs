@@ -66,6 +66,7 @@ impl Endpoint {
 static WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvgate-worker");
 static ROUTE_HEADER: HeaderName = HeaderName::from_static("x-kvgate-route");
 static INDEX_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefix-index");
+static PREDICTED_HEADER: HeaderName = HeaderName::from_static("x-kvgate-predicted-ttft");
 
 /// What the last failed attempt left, returned to the client when no retry is possible.
 enum Failure {
@@ -73,7 +74,7 @@ enum Failure {
     Response {
         response: http::Response<UpstreamBody>,
         worker: Arc<Worker>,
-        decision: Decision,
+        decision: Box<Decision>,
         in_flight: InFlight,
     },
     /// The worker could not be reached.
@@ -200,7 +201,8 @@ where
             }
             Attempt::Fatal(error) => return Err(error),
             Attempt::RetryableStatus(response, in_flight) => {
-                last_failure = Some(Failure::Response { response, worker, decision, in_flight });
+                last_failure =
+                    Some(Failure::Response { response, worker, decision: Box::new(decision), in_flight });
             }
             Attempt::Unreachable(message) => last_failure = Some(Failure::Unreachable(message)),
         }
@@ -434,6 +436,19 @@ fn respond(
         parts.headers.insert(ROUTE_HEADER.clone(), HeaderValue::from_static(decision.reason.as_str()));
         if let Some(index) = decision.index {
             parts.headers.insert(INDEX_HEADER.clone(), HeaderValue::from_static(index.as_str()));
+        }
+        if let Some(predicted) = decision.predicted {
+            let terms = format!(
+                "total={:.1}ms; queue={:.1}ms; prefill={:.1}ms; decode={:.1}ms; kv={:.1}ms",
+                predicted.total() * 1e3,
+                predicted.queue_s * 1e3,
+                predicted.prefill_s * 1e3,
+                predicted.decode_s * 1e3,
+                predicted.kv_s * 1e3
+            );
+            if let Ok(value) = HeaderValue::from_str(&terms) {
+                parts.headers.insert(PREDICTED_HEADER.clone(), value);
+            }
         }
     }
     state.metrics.count_request(endpoint, parts.status, &worker.url, &worker.series);

@@ -130,7 +130,6 @@ pub(crate) fn loads_body(load: Option<&EngineLoad>, unix_secs: f64) -> Value {
         num_running_reqs: 0,
         num_waiting_reqs: 0,
         num_waiting_uncached_tokens: 0,
-        num_pending_prefill_tokens: 0,
         num_used_tokens: 0,
         max_total_num_tokens: 0,
         token_usage: 0.0,

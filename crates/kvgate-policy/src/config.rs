@@ -7,8 +7,8 @@ use kvgate_index::TreeSettings;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    CacheAwarePolicy, LeastLoadPolicy, LeastLoadSettings, Policy, PowerOfTwoPolicy, RandomPolicy,
-    RoundRobinPolicy,
+    CacheAwarePolicy, KvAwarePolicy, LeastLoadPolicy, LeastLoadSettings, Policy, PowerOfTwoPolicy,
+    RandomPolicy, RoundRobinPolicy,
 };
 
 /// The routing policies kvgate knows, by their configuration names.
@@ -26,6 +26,8 @@ pub enum PolicyKind {
     PowerOfTwo,
     /// The worker with the least expected wait (queued prefill, KV pressure).
     LeastLoad,
+    /// The worker where the request's predicted time to first token is lowest.
+    KvAware,
 }
 
 impl PolicyKind {
@@ -36,6 +38,7 @@ impl PolicyKind {
             PolicyKind::CacheAware => "cache_aware",
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::LeastLoad => "least_load",
+            PolicyKind::KvAware => "kv_aware",
         }
     }
 }
@@ -136,6 +139,22 @@ pub struct PolicyConfig {
     /// least_load: tokens/s assumed when an engine reports no throughput, > 0.
     #[arg(long, default_value_t = 2000.0)]
     pub least_load_default_throughput: f64,
+
+    /// kv_aware: prefill tokens per second an engine computes (the time-to-first-token
+    /// prediction's rate), > 0.
+    #[arg(long, default_value_t = 8000.0)]
+    pub kv_aware_prefill_tokens_per_sec: f64,
+    /// kv_aware: milliseconds each request running on an engine adds to a new request's wait, >= 0.
+    #[arg(long, default_value_t = 0.35)]
+    pub kv_aware_decode_ms_per_request: f64,
+    /// kv_aware: weight in seconds of the KV-pressure term k / (1 - k) (k = the engine's KV
+    /// usage), >= 0.
+    #[arg(long, default_value_t = 0.15)]
+    pub kv_aware_kv_pressure_weight: f64,
+    /// kv_aware: 0 routes to the lowest predicted time to first token; above 0, samples among
+    /// candidates with weights exp(-(t - t_best) / (temperature * t_best)), >= 0.
+    #[arg(long, default_value_t = 0.0)]
+    pub router_temperature: f64,
 }
 
 impl Default for PolicyConfig {
@@ -157,6 +176,10 @@ impl Default for PolicyConfig {
             least_load_kv_pressure_weight: 0.15,
             least_load_mean_prefill_tokens: 1024.0,
             least_load_default_throughput: 2000.0,
+            kv_aware_prefill_tokens_per_sec: 8000.0,
+            kv_aware_decode_ms_per_request: 0.35,
+            kv_aware_kv_pressure_weight: 0.15,
+            router_temperature: 0.0,
         }
     }
 }
@@ -196,6 +219,25 @@ impl PolicyConfig {
             "(0, inf)",
         );
         check("least_load_default_throughput", self.least_load_default_throughput, 0.0, f64::MAX, "(0, inf)");
+        check(
+            "kv_aware_prefill_tokens_per_sec",
+            self.kv_aware_prefill_tokens_per_sec,
+            0.0,
+            f64::MAX,
+            "(0, inf)",
+        );
+        for (field, value) in [
+            ("kv_aware_decode_ms_per_request", self.kv_aware_decode_ms_per_request),
+            ("kv_aware_kv_pressure_weight", self.kv_aware_kv_pressure_weight),
+            ("router_temperature", self.router_temperature),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                errors.push(ConfigError {
+                    field,
+                    message: format!("must be a finite number >= 0, got {value}"),
+                });
+            }
+        }
         for (field, value) in [("max_tree_size", self.max_tree_size), ("block_size", self.block_size)] {
             if value == 0 {
                 errors.push(ConfigError { field, message: "must be at least 1".into() });
@@ -220,14 +262,15 @@ impl PolicyConfig {
     /// Whether requests are matched against the exact event-fed index when one exists: the host
     /// then tokenizes prompts and feeds the index.
     pub fn uses_exact_index(&self) -> bool {
-        self.policy == PolicyKind::CacheAware && self.prefix_index != PrefixIndexMode::Approximate
+        matches!(self.policy, PolicyKind::CacheAware | PolicyKind::KvAware)
+            && self.prefix_index != PrefixIndexMode::Approximate
     }
 
     /// Whether a policy built from this configuration reads engine loads (the host then polls).
     pub fn needs_loads(&self) -> bool {
         match self.policy {
             PolicyKind::RoundRobin | PolicyKind::Random => false,
-            PolicyKind::PowerOfTwo | PolicyKind::LeastLoad => true,
+            PolicyKind::PowerOfTwo | PolicyKind::LeastLoad | PolicyKind::KvAware => true,
             PolicyKind::CacheAware => {
                 self.balance_token_usage_threshold < 1.0
                     || self.overload_token_usage_threshold < 1.0
@@ -243,6 +286,7 @@ pub fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
         PolicyKind::RoundRobin => Arc::new(RoundRobinPolicy::new()),
         PolicyKind::Random => Arc::new(RandomPolicy),
         PolicyKind::CacheAware => Arc::new(CacheAwarePolicy::new(config)),
+        PolicyKind::KvAware => Arc::new(KvAwarePolicy::new(config)),
         PolicyKind::PowerOfTwo => Arc::new(PowerOfTwoPolicy),
         PolicyKind::LeastLoad => Arc::new(LeastLoadPolicy::new(LeastLoadSettings {
             kv_pressure_weight: config.least_load_kv_pressure_weight,

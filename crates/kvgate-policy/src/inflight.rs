@@ -31,6 +31,11 @@ impl RoutedLog {
             .unwrap_or(0.0)
     }
 
+    /// Every remembered `(routed at, tokens)` of `worker`, oldest first.
+    pub fn entries(&self, worker: WorkerId) -> impl Iterator<Item = (u64, f64)> + '_ {
+        self.routed.get(&worker).into_iter().flat_map(|queue| queue.iter().copied())
+    }
+
     pub fn forget(&mut self, worker: WorkerId) {
         self.routed.remove(&worker);
     }

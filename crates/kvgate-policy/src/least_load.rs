@@ -84,7 +84,7 @@ impl Policy for LeastLoadPolicy {
             self.settings.mean_prefill_tokens
         };
         routed.record(worker, ctx.now_ms, tokens, ctx.load_poll_interval_ms.saturating_mul(4));
-        Ok(Decision { worker, reason: Reason::LeastLoad, matches: None, index: None })
+        Ok(Decision { worker, reason: Reason::LeastLoad, matches: None, index: None, predicted: None })
     }
 
     fn remove_worker(&self, worker: WorkerId) {

@@ -6,6 +6,7 @@
 mod cache_aware;
 mod config;
 mod inflight;
+mod kv_aware;
 mod least_load;
 mod pick;
 mod power_of_two;
@@ -14,6 +15,7 @@ mod round_robin;
 
 pub use cache_aware::{CacheAwarePolicy, Imbalance, Thresholds};
 pub use config::{build_policy, ConfigError, MissStrategy, PolicyConfig, PolicyKind, PrefixIndexMode};
+pub use kv_aware::{KvAwarePolicy, PredictedTtft};
 pub use kvgate_index::{IndexKind, PrefixIndex, PromptKey};
 pub use least_load::{LeastLoadPolicy, LeastLoadSettings};
 pub use power_of_two::PowerOfTwoPolicy;
@@ -110,10 +112,11 @@ pub enum Reason {
     ImbalanceCount,
     PowerOfTwo,
     LeastLoad,
+    KvAware,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::RoundRobin,
         Reason::Random,
         Reason::CacheHit,
@@ -123,6 +126,7 @@ impl Reason {
         Reason::ImbalanceCount,
         Reason::PowerOfTwo,
         Reason::LeastLoad,
+        Reason::KvAware,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -136,6 +140,7 @@ impl Reason {
             Reason::ImbalanceCount => "imbalance_count",
             Reason::PowerOfTwo => "power_of_two",
             Reason::LeastLoad => "least_load",
+            Reason::KvAware => "kv_aware",
         }
     }
 }
@@ -164,6 +169,8 @@ pub struct Decision {
     pub matches: Option<MatchInfo>,
     /// The prefix index the decision consulted (prefix-aware policies with an index).
     pub index: Option<IndexKind>,
+    /// The chosen worker's predicted time to first token, term by term (kv_aware).
+    pub predicted: Option<PredictedTtft>,
 }
 
 /// Why no worker could be chosen.

@@ -53,7 +53,7 @@ impl Policy for PowerOfTwoPolicy {
                 candidates[pick].id
             }
         };
-        Ok(Decision { worker, reason: Reason::PowerOfTwo, matches: None, index: None })
+        Ok(Decision { worker, reason: Reason::PowerOfTwo, matches: None, index: None, predicted: None })
     }
 }
 

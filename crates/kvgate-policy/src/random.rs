@@ -22,7 +22,13 @@ impl Policy for RandomPolicy {
             return Err(NoRoute::NoCandidates);
         }
         let idx = ctx.rng.random_range(0..candidates.len());
-        Ok(Decision { worker: candidates[idx].id, reason: Reason::Random, matches: None, index: None })
+        Ok(Decision {
+            worker: candidates[idx].id,
+            reason: Reason::Random,
+            matches: None,
+            index: None,
+            predicted: None,
+        })
     }
 }
 

@@ -35,6 +35,7 @@ impl Policy for RoundRobinPolicy {
             reason: Reason::RoundRobin,
             matches: None,
             index: None,
+            predicted: None,
         })
     }
 }

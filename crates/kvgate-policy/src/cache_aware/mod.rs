@@ -246,6 +246,7 @@ impl Policy for CacheAwarePolicy {
             reason: outcome.reason,
             matches: outcome.matches,
             index: index.map(|index| index.kind()),
+            predicted: None,
         })
     }
 

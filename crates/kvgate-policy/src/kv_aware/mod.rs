@@ -1,0 +1,209 @@
+//! `kv_aware`: route each request to the engine where it is predicted to get its first token
+//! soonest. The prediction ([`predict`]) adds the prefill work queued on the engine, the request's
+//! own uncached tokens there (prompt minus the prefix that engine holds, from the host's prefix
+//! index: exact when the engines' KV events flow, else the approximate tree), over the prefill
+//! rate, plus decode and KV-pressure terms. Engines above the overload ceiling are never chosen
+//! while one below exists. With `--router-temperature` above 0 the choice is sampled (softmax of
+//! the predictions relative to the best one) instead of the minimum.
+
+mod predict;
+
+use std::sync::Mutex;
+
+use kvgate_index::PrefixMatch;
+use rand::Rng;
+
+pub use predict::{predict, queued_tokens, PredictSettings, PredictedTtft};
+
+use crate::cache_aware::kv_usable;
+use crate::config::PolicyConfig;
+use crate::inflight::{fresh_load, RoutedLog};
+use crate::pick::pick_min_by;
+use crate::{Candidate, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+
+/// Predictions closer than this many seconds are a tie (broken by in-flight count, then at random).
+const TIE_SECS: f64 = 1e-4;
+
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    predict: PredictSettings,
+    overload: f64,
+    temperature: f64,
+}
+
+pub struct KvAwarePolicy {
+    settings: Settings,
+    /// Uncached prompt tokens routed to each worker, by routing time: the arrivals of each
+    /// engine's fluid prefill queue between its load reports.
+    routed: Mutex<RoutedLog>,
+}
+
+impl KvAwarePolicy {
+    pub fn new(config: &PolicyConfig) -> Self {
+        Self {
+            settings: Settings {
+                predict: PredictSettings {
+                    prefill_tokens_per_sec: config.kv_aware_prefill_tokens_per_sec,
+                    decode_secs_per_request: config.kv_aware_decode_ms_per_request / 1000.0,
+                    kv_pressure_weight: config.kv_aware_kv_pressure_weight,
+                },
+                overload: config.overload_token_usage_threshold,
+                temperature: config.router_temperature,
+            },
+            routed: Mutex::new(RoutedLog::default()),
+        }
+    }
+}
+
+/// One candidate's prediction, and whether it may be chosen.
+struct Scored {
+    predicted: PredictedTtft,
+    allowed: bool,
+}
+
+impl KvAwarePolicy {
+    /// Scores every candidate for a request of `prompt_tokens` tokens given the overlap `prefix`.
+    fn score(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: &[Candidate],
+        prefix: &PrefixMatch,
+        routed: &RoutedLog,
+        now_ms: u64,
+        poll_ms: u64,
+    ) -> Vec<Scored> {
+        let s = &self.settings;
+        let rate = s.predict.prefill_tokens_per_sec;
+        let loads: Vec<_> = candidates.iter().map(|c| fresh_load(c, now_ms, poll_ms)).collect();
+        let kv_known = kv_usable(candidates, now_ms, poll_ms);
+        let kv: Vec<Option<f64>> = candidates
+            .iter()
+            .zip(&loads)
+            .map(|(c, load)| {
+                let load = load.as_ref().filter(|_| kv_known)?;
+                let mut usage = load.token_usage;
+                if load.max_total_num_tokens > 0 {
+                    usage += routed.since(c.id, load.fetched_at_ms) / load.max_total_num_tokens as f64;
+                }
+                Some(usage.clamp(0.0, 1.0))
+            })
+            .collect();
+        let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
+        let prompt = request.prompt_tokens as f64;
+        candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let matched = if prefix.query_len() == 0 {
+                    0.0
+                } else {
+                    prompt * prefix.matched(c.id) as f64 / prefix.query_len() as f64
+                };
+                let queued = queued_tokens(c, loads[i].as_ref(), routed, now_ms, rate);
+                let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
+                let predicted = predict(&s.predict, queued, (prompt - matched).max(0.0), running, kv[i]);
+                let allowed = !below_exists || kv[i].is_none_or(|k| k <= s.overload);
+                Scored { predicted, allowed }
+            })
+            .collect()
+    }
+
+    /// The chosen candidate: the lowest prediction among the allowed (ties: fewer in flight, then
+    /// at random), or a softmax sample at temperature > 0.
+    fn choose(&self, candidates: &[Candidate], scored: &[Scored], rng: &mut dyn rand::RngCore) -> usize {
+        let allowed = || (0..candidates.len()).filter(|&i| scored[i].allowed);
+        let total = |i: usize| scored[i].predicted.total();
+        let temperature = self.settings.temperature;
+        if temperature > 0.0 {
+            let best = allowed().map(total).fold(f64::INFINITY, f64::min);
+            // Predictions relative to the best one, so the temperature means the same at any load.
+            let scale = temperature * best.max(1e-3);
+            let weights: Vec<(usize, f64)> =
+                allowed().map(|i| (i, (-(total(i) - best) / scale).exp())).collect();
+            let sum: f64 = weights.iter().map(|(_, w)| w).sum();
+            let mut draw = rng.random_range(0.0..sum.max(f64::MIN_POSITIVE));
+            for &(i, weight) in &weights {
+                if draw < weight {
+                    return i;
+                }
+                draw -= weight;
+            }
+            return weights.last().map(|&(i, _)| i).expect("an allowed candidate exists");
+        }
+        pick_min_by(allowed(), |i| ((total(i) / TIE_SECS) as i64, candidates[i].in_flight), rng)
+            .expect("an allowed candidate exists")
+    }
+}
+
+impl Policy for KvAwarePolicy {
+    fn name(&self) -> &'static str {
+        "kv_aware"
+    }
+
+    fn needs_loads(&self) -> bool {
+        true
+    }
+
+    fn needs_routing_key(&self) -> bool {
+        true
+    }
+
+    fn select(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: &[Candidate],
+        ctx: &mut SelectContext<'_>,
+    ) -> Result<Decision, NoRoute> {
+        if candidates.is_empty() {
+            return Err(NoRoute::NoCandidates);
+        }
+        let mut routed = self.routed.lock().unwrap_or_else(|p| p.into_inner());
+        let (now_ms, poll_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
+        let index = ctx.prefix_index;
+        let rng = &mut *ctx.rng;
+        let mut outcome: Option<(usize, PredictedTtft, Option<MatchInfo>)> = None;
+        {
+            let routed = &*routed;
+            let mut decide = |prefix: &PrefixMatch| {
+                let scored = self.score(request, candidates, prefix, routed, now_ms, poll_ms);
+                let chosen = self.choose(candidates, &scored, rng);
+                let query_len = prefix.query_len();
+                let matches = (query_len > 0).then(|| {
+                    let best = candidates.iter().map(|c| prefix.matched(c.id)).max().unwrap_or(0);
+                    MatchInfo {
+                        best_match_rate: best as f64 / query_len as f64,
+                        chosen_match_rate: prefix.matched(candidates[chosen].id) as f64 / query_len as f64,
+                    }
+                });
+                outcome = Some((chosen, scored[chosen].predicted, matches));
+                Some(candidates[chosen].id)
+            };
+            match (index, request.key.prompt()) {
+                (Some(index), Some(key)) => {
+                    index.route(key, now_ms, &mut decide);
+                }
+                _ => {
+                    decide(&PrefixMatch::default());
+                }
+            }
+        }
+        let (chosen, predicted, matches) = outcome.expect("the index calls the chooser exactly once");
+        let worker = candidates[chosen].id;
+        let uncached = predicted.prefill_s * self.settings.predict.prefill_tokens_per_sec;
+        routed.record(worker, now_ms, uncached, poll_ms.saturating_mul(4));
+        Ok(Decision {
+            worker,
+            reason: Reason::KvAware,
+            matches,
+            index: index.map(|index| index.kind()),
+            predicted: Some(predicted),
+        })
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        self.routed.lock().unwrap_or_else(|p| p.into_inner()).forget(worker);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,155 @@
+//! kv_aware decision tests: queued work, cached prefixes, the overload ceiling (property), the
+//! fluid queue between load samples, and temperature sampling.
+
+use kvgate_index::ApproxIndex;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use super::*;
+use crate::{LoadSample, PolicyKind, PromptKey, RoutingKey};
+
+const POLL_MS: u64 = 1000;
+const NOW: u64 = 10_000;
+
+fn config() -> PolicyConfig {
+    PolicyConfig { policy: PolicyKind::KvAware, ..PolicyConfig::default() }
+}
+
+/// Candidates 0.. with fresh samples: (pending prefill tokens, KV usage).
+fn pool(samples: &[(u64, f64)]) -> Vec<Candidate> {
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, &(waiting, kv))| Candidate {
+            id: i as u32,
+            in_flight: 0,
+            load: Some(LoadSample {
+                num_waiting_uncached_tokens: waiting,
+                token_usage: kv,
+                max_total_num_tokens: 1_000_000,
+                fetched_at_ms: NOW,
+                ..LoadSample::default()
+            }),
+        })
+        .collect()
+}
+
+struct Harness {
+    policy: KvAwarePolicy,
+    index: ApproxIndex,
+    rng: SmallRng,
+    now_ms: u64,
+}
+
+impl Harness {
+    fn new(config: PolicyConfig) -> Self {
+        Self {
+            index: ApproxIndex::new(config.tree_settings()),
+            policy: KvAwarePolicy::new(&config),
+            rng: SmallRng::seed_from_u64(3),
+            now_ms: NOW,
+        }
+    }
+
+    /// Routes `tokens` (a prompt of token ids, 1 per element).
+    fn route(&mut self, tokens: &[u32], candidates: &[Candidate]) -> Decision {
+        let request = RouteRequest { key: RoutingKey::Tokens(tokens), prompt_tokens: tokens.len() as u64 };
+        let mut ctx = SelectContext {
+            now_ms: self.now_ms,
+            load_poll_interval_ms: POLL_MS,
+            rng: &mut self.rng,
+            prefix_index: Some(&self.index),
+        };
+        self.policy.select(&request, candidates, &mut ctx).unwrap()
+    }
+}
+
+fn prompt(seed: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|i| seed * 100_000 + i).collect()
+}
+
+#[test]
+fn the_engine_with_the_least_queued_prefill_wins() {
+    let mut h = Harness::new(config());
+    let d = h.route(&prompt(1, 1600), &pool(&[(16_000, 0.1), (800, 0.1), (8_000, 0.1)]));
+    assert_eq!((d.worker, d.reason), (1, Reason::KvAware));
+    let p = d.predicted.unwrap();
+    assert!((p.queue_s - 0.1).abs() < 1e-9 && (p.prefill_s - 0.2).abs() < 1e-9, "{p:?}");
+}
+
+#[test]
+fn a_cached_prefix_is_worth_its_prefill_time_and_no_more() {
+    let mut h = Harness::new(config());
+    let conversation = prompt(7, 8_000);
+    // Worker 2 gets the conversation first (all engines idle, ties broken by the RNG: force it).
+    h.index.record(PromptKey::Tokens(&conversation), 2, NOW);
+    // Equal queues: the holder saves 8,000 tokens of prefill (1 s).
+    let d = h.route(&conversation, &pool(&[(0, 0.1), (0, 0.1), (0, 0.1)]));
+    assert_eq!(d.worker, 2);
+    assert_eq!(d.matches.unwrap().chosen_match_rate, 1.0);
+    // The holder has 0.5 s of work queued: still worth it.
+    assert_eq!(h.route(&conversation, &pool(&[(0, 0.1), (0, 0.1), (4_000, 0.1)])).worker, 2);
+    // 2 s queued on the holder: prefilling elsewhere is sooner.
+    let d = h.route(&conversation, &pool(&[(0, 0.1), (1_000, 0.1), (16_000, 0.1)]));
+    assert_eq!(d.worker, 0);
+    assert_eq!(d.matches.unwrap().chosen_match_rate, 0.0);
+}
+
+#[test]
+fn routed_prompts_fill_an_engines_queue_until_its_next_report() {
+    let mut h = Harness::new(config());
+    let candidates = pool(&[(0, 0.1), (0, 0.1)]);
+    let mut chosen = Vec::new();
+    for i in 0..6 {
+        chosen.push(h.route(&prompt(i, 4_000), &candidates).worker);
+    }
+    // Without the routed prompts, every request would tie on idle engines; with them, the
+    // queues alternate.
+    assert_eq!(chosen.iter().filter(|&&w| w == 0).count(), 3, "{chosen:?}");
+    // Time drains the queues at the prefill rate: 3 s later (the reports still fresh) both are
+    // empty again.
+    h.now_ms += 3_000;
+    let d = h.route(&prompt(99, 800), &candidates);
+    assert_eq!(d.predicted.unwrap().queue_s, 0.0);
+}
+
+#[test]
+fn temperature_spreads_near_equal_choices_and_zero_does_not() {
+    let spread = |temperature: f64| {
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..40 {
+            let mut h = Harness::new(PolicyConfig { router_temperature: temperature, ..config() });
+            h.rng = SmallRng::seed_from_u64(seed);
+            // 0.10 s, 0.11 s and 10 s of queue.
+            seen.insert(
+                h.route(&prompt(seed as u32, 160), &pool(&[(800, 0.1), (880, 0.1), (80_000, 0.1)])).worker,
+            );
+        }
+        seen
+    };
+    assert_eq!(spread(0.0), [0].into(), "temperature 0 is the argmin");
+    assert_eq!(spread(0.5), [0, 1].into(), "near-equal engines share, the far one never wins");
+}
+
+proptest::proptest! {
+    /// Never an engine above the overload ceiling while one below exists, whatever the queues.
+    #[test]
+    fn never_above_the_ceiling_while_one_below_exists(
+        samples in proptest::collection::vec((0u64..200_000, 0.0f64..1.0), 1..8),
+        cached in 0usize..8,
+        temperature in proptest::prop_oneof![proptest::strategy::Just(0.0), 0.0f64..2.0],
+    ) {
+        let mut h = Harness::new(PolicyConfig {
+            overload_token_usage_threshold: 0.8,
+            router_temperature: temperature,
+            ..config()
+        });
+        let conversation = prompt(3, 4_000);
+        h.index.record(PromptKey::Tokens(&conversation), (cached % samples.len()) as u32, NOW);
+        let candidates = pool(&samples);
+        let d = h.route(&conversation, &candidates);
+        let kv = samples[d.worker as usize].1;
+        let below_exists = samples.iter().any(|&(_, k)| k <= 0.8);
+        proptest::prop_assert!(kv <= 0.8 || !below_exists, "chose KV {kv} with {samples:?}");
+    }
+}
