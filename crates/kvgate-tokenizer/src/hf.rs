@@ -4,15 +4,27 @@ use std::collections::BTreeMap;
 
 use minijinja::Value;
 
+use crate::cache::{encode_plain, SegmentCache};
 use crate::chat::{cut_after_final_message, tag_final_message, ChatInput};
 use crate::error::TokenizerError;
 use crate::template::{context, ChatTemplates};
+use crate::SegmentCacheStatus;
 
 pub(crate) struct HfTokenizer {
     tokenizer: tokenizers::Tokenizer,
     templates: Option<ChatTemplates>,
     /// `bos_token`, `eos_token`, ... as template variables.
     special_tokens: BTreeMap<String, Value>,
+    segments: Segments,
+}
+
+/// Whether texts are encoded through the segment cache.
+pub(crate) enum Segments {
+    /// Configured off (capacity 0).
+    Off,
+    /// Cutting at added tokens could change this tokenizer's ids: why.
+    Unsupported(String),
+    On(SegmentCache),
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -21,6 +33,7 @@ impl std::fmt::Debug for HfTokenizer {
             .field("vocab_size", &self.tokenizer.get_vocab_size(true))
             .field("templates", &self.templates)
             .field("special_tokens", &self.special_tokens)
+            .field("segments", &self.segment_cache_status())
             .finish()
     }
 }
@@ -30,16 +43,36 @@ impl HfTokenizer {
         tokenizer: tokenizers::Tokenizer,
         templates: Option<ChatTemplates>,
         special_tokens: BTreeMap<String, Value>,
+        segments: Segments,
     ) -> HfTokenizer {
-        HfTokenizer { tokenizer, templates, special_tokens }
+        HfTokenizer { tokenizer, templates, special_tokens, segments }
     }
 
+    /// `tokenizer(text, add_special_tokens=...)`'s ids, through the segment cache when it is on.
     pub(crate) fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        let encoding = self
-            .tokenizer
-            .encode_fast(text, add_special_tokens)
-            .map_err(|error| TokenizerError::Encode { message: error.to_string() })?;
-        Ok(encoding.get_ids().to_vec())
+        match &self.segments {
+            Segments::On(cache) => cache.encode(&self.tokenizer, text, add_special_tokens),
+            Segments::Off | Segments::Unsupported(_) => {
+                encode_plain(&self.tokenizer, text, add_special_tokens)
+            }
+        }
+    }
+
+    pub(crate) fn segment_cache_status(&self) -> SegmentCacheStatus {
+        match &self.segments {
+            Segments::Off => SegmentCacheStatus::Off,
+            Segments::Unsupported(reason) => SegmentCacheStatus::Unsupported { reason: reason.clone() },
+            Segments::On(cache) => {
+                let (entries, weight, capacity) = cache.usage();
+                SegmentCacheStatus::On { entries, weight, capacity }
+            }
+        }
+    }
+
+    pub(crate) fn clear_segment_cache(&self) {
+        if let Segments::On(cache) = &self.segments {
+            cache.clear();
+        }
     }
 
     /// `apply_chat_template(messages, tokenize=False, ...)`.

@@ -5,13 +5,20 @@
 //! `strftime_now`, a `tojson` without HTML escaping, the special tokens as variables), then
 //! tokenized without adding special tokens; completion prompts are tokenized with them.
 //! Everything is read from local files; nothing is downloaded.
+//!
+//! Encoding goes through a segment cache (cache.rs, split.rs): the text is cut at the added
+//! tokens the Hugging Face tokenizer itself cuts at, and each section's ids are cached, so a
+//! conversation's history is tokenized once, not every turn. It is on only for tokenizers where
+//! that gives exactly the same ids ([`SegmentCacheStatus`] says why not otherwise).
 
+mod cache;
 mod chat;
 mod error;
 mod hf;
 mod load;
 mod mock;
 mod pyfmt;
+mod split;
 mod strftime;
 mod template;
 
@@ -60,6 +67,39 @@ impl Default for ChatOptions {
     }
 }
 
+/// How a Hugging Face tokenizer is set up, beyond its files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenizerOptions {
+    /// Capacity of the segment cache in token-sized units (4 bytes): a cached section counts its
+    /// token ids, its text (4 bytes a unit) and 16 units of bookkeeping, so the cache takes about
+    /// 4 bytes × this much memory and holds about half as many ids of typical text. 0 turns it off.
+    pub segment_cache_tokens: u64,
+}
+
+impl TokenizerOptions {
+    /// The default segment cache capacity: 8 Mi units, about 32 MiB and 4 M tokens of text.
+    pub const DEFAULT_SEGMENT_CACHE_TOKENS: u64 = 8 << 20;
+}
+
+impl Default for TokenizerOptions {
+    fn default() -> Self {
+        TokenizerOptions { segment_cache_tokens: TokenizerOptions::DEFAULT_SEGMENT_CACHE_TOKENS }
+    }
+}
+
+/// The state of a tokenizer's segment cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SegmentCacheStatus {
+    /// The mock tokenizer, or a capacity of 0.
+    Off,
+    /// Cutting texts at added tokens could give other ids than the tokenizer does (an added token
+    /// with `lstrip`, `rstrip` or `single_word`, a position-dependent pre-tokenizer, ...):
+    /// every text is tokenized whole. `reason` says which.
+    Unsupported { reason: String },
+    /// In use: cached sections, their weight and the capacity (token-sized units).
+    On { entries: usize, weight: u64, capacity: u64 },
+}
+
 impl Tokenizer {
     /// A Hugging Face tokenizer: `path` is a directory holding tokenizer.json (and
     /// tokenizer_config.json with `chat_template`, bos/eos tokens, ...) or a tokenizer.json file
@@ -67,9 +107,19 @@ impl Tokenizer {
     /// Jinja template) overrides the model's. The model's template is, as transformers finds it,
     /// `chat_template.jinja` (plus `additional_chat_templates/*.jinja`) if present, else
     /// tokenizer_config.json's `chat_template` (a string, or a list of {name, template}: "default"
-    /// is used, "tool_use" when tools are given). No download ever.
+    /// is used, "tool_use" when tools are given). No download ever. With the default options
+    /// (the segment cache on).
     pub fn from_path(path: &Path, chat_template: Option<&Path>) -> Result<Tokenizer, TokenizerError> {
-        let hf = load::load(path, chat_template)?;
+        Tokenizer::from_path_with_options(path, chat_template, &TokenizerOptions::default())
+    }
+
+    /// [`Tokenizer::from_path`] with explicit options.
+    pub fn from_path_with_options(
+        path: &Path,
+        chat_template: Option<&Path>,
+        options: &TokenizerOptions,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let hf = load::load(path, chat_template, options)?;
         Ok(Tokenizer { kind: Kind::Hf(Box::new(hf)) })
     }
 
@@ -131,6 +181,21 @@ impl Tokenizer {
         match &self.kind {
             Kind::Hf(hf) => hf.render_chat(ChatInput::from_body(body)?),
             Kind::Mock => mock::render_chat(&mock::messages_from_body(body)?),
+        }
+    }
+
+    /// Whether the segment cache is in use, and how full it is.
+    pub fn segment_cache_status(&self) -> SegmentCacheStatus {
+        match &self.kind {
+            Kind::Hf(hf) => hf.segment_cache_status(),
+            Kind::Mock => SegmentCacheStatus::Off,
+        }
+    }
+
+    /// Empties the segment cache (for measurements; results never depend on it).
+    pub fn clear_segment_cache(&self) {
+        if let Kind::Hf(hf) = &self.kind {
+            hf.clear_segment_cache();
         }
     }
 

@@ -6,16 +6,23 @@ use std::path::{Path, PathBuf};
 use minijinja::Value;
 use serde_json::Value as Json;
 
+use crate::cache::SegmentCache;
 use crate::error::TokenizerError;
-use crate::hf::HfTokenizer;
+use crate::hf::{HfTokenizer, Segments};
+use crate::split::{listed_added_tokens, Splitter};
 use crate::template::{ChatTemplates, TemplateSource};
+use crate::TokenizerOptions;
 
 /// transformers' `SPECIAL_TOKENS_ATTRIBUTES`: each one found (and not empty) becomes a template variable.
 const SPECIAL_TOKEN_NAMES: [&str; 7] =
     ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
 
 /// Loads a tokenizer from `path` (a directory or its tokenizer.json) and an optional template file.
-pub(crate) fn load(path: &Path, chat_template: Option<&Path>) -> Result<HfTokenizer, TokenizerError> {
+pub(crate) fn load(
+    path: &Path,
+    chat_template: Option<&Path>,
+    options: &TokenizerOptions,
+) -> Result<HfTokenizer, TokenizerError> {
     let metadata = std::fs::metadata(path).map_err(|source| io_error(path, source))?;
     let (directory, tokenizer_file) = if metadata.is_dir() {
         (path.to_path_buf(), path.join("tokenizer.json"))
@@ -49,7 +56,21 @@ pub(crate) fn load(path: &Path, chat_template: Option<&Path>) -> Result<HfTokeni
         Some(file) => Some(ChatTemplates::compile(vec![template_file("default", file)?], true)?),
         None => model_templates(&directory, config.as_ref(), &config_path)?,
     };
-    Ok(HfTokenizer::new(tokenizer, templates, special_tokens))
+    let segments = segments(&tokenizer, &tokenizer_bytes, options.segment_cache_tokens);
+    Ok(HfTokenizer::new(tokenizer, templates, special_tokens, segments))
+}
+
+/// The segment cache if it is wanted and exact for this tokenizer.
+fn segments(tokenizer: &tokenizers::Tokenizer, tokenizer_json: &[u8], capacity: u64) -> Segments {
+    if capacity == 0 {
+        return Segments::Off;
+    }
+    let splitter =
+        listed_added_tokens(tokenizer_json).and_then(|listed| Splitter::for_tokenizer(tokenizer, &listed));
+    match splitter {
+        Ok(splitter) => Segments::On(SegmentCache::new(splitter, capacity)),
+        Err(reason) => Segments::Unsupported(reason),
+    }
 }
 
 /// The model's own templates. As in transformers, `chat_template.jinja` and

@@ -1,8 +1,8 @@
-//! Every case of testdata/reference.json (made by transformers, see make_reference.py) renders to the same text and the same token ids here.
+//! Every case of testdata/reference.json (made by transformers, see make_reference.py) renders to the same text and the same token ids here, with the segment cache cold and warm.
 
 use std::path::PathBuf;
 
-use kvgate_tokenizer::{ChatOptions, Tokenizer, TokenizerError};
+use kvgate_tokenizer::{ChatOptions, SegmentCacheStatus, Tokenizer, TokenizerError};
 use serde_json::Value;
 
 fn testdata() -> PathBuf {
@@ -21,7 +21,28 @@ fn cases(kind: &str) -> Vec<Value> {
 }
 
 fn tiny() -> Tokenizer {
-    Tokenizer::from_path(&testdata().join("tiny-chatml"), None).expect("load tiny-chatml")
+    let tokenizer = Tokenizer::from_path(&testdata().join("tiny-chatml"), None).expect("load tiny-chatml");
+    assert_segment_cache_on(&tokenizer);
+    tokenizer
+}
+
+fn assert_segment_cache_on(tokenizer: &Tokenizer) {
+    let status = tokenizer.segment_cache_status();
+    assert!(matches!(status, SegmentCacheStatus::On { .. }), "{status:?}");
+}
+
+/// `encode` run with the segment cache emptied (cold), then again (warm): both must agree.
+fn cold_and_warm(
+    tokenizer: &Tokenizer,
+    encode: impl Fn(&Tokenizer) -> Result<Vec<u32>, TokenizerError>,
+) -> Result<Vec<u32>, String> {
+    tokenizer.clear_segment_cache();
+    let cold = encode(tokenizer).map_err(|error| format!("encode error {error}"))?;
+    let warm = encode(tokenizer).map_err(|error| format!("encode error (warm) {error}"))?;
+    if cold != warm {
+        return Err(format!("cold and warm differ\n  cold: {cold:?}\n  warm: {warm:?}"));
+    }
+    Ok(cold)
 }
 
 fn ids(value: &Value) -> Vec<u32> {
@@ -64,12 +85,12 @@ fn chat_request_bodies_render_and_encode_as_transformers() {
             Ok(text) => failures.push(format!("{name}: text\n  got:  {text:?}\n  want: {:?}", case["text"])),
             Err(error) => failures.push(format!("{name}: render error {error}")),
         }
-        match tokenizer.encode_chat_request(body) {
+        match cold_and_warm(&tokenizer, |tokenizer| tokenizer.encode_chat_request(body)) {
             Ok(got) if got == ids(&case["ids"]) => {}
             Ok(got) => {
                 failures.push(format!("{name}: ids\n  got:  {got:?}\n  want: {:?}", ids(&case["ids"])))
             }
-            Err(error) => failures.push(format!("{name}: encode error {error}")),
+            Err(error) => failures.push(format!("{name}: {error}")),
         }
     }
     check_all(failures);
@@ -87,7 +108,7 @@ fn chat_json_values_render_and_encode_as_transformers() {
         let body: Value = serde_json::from_str(case["request"].as_str().expect("request")).expect("body");
         let (messages, options) = messages_and_options(&body);
         let text = tokenizer.render_chat(&messages, &options);
-        let encoded = tokenizer.encode_chat(&messages, &options);
+        let encoded = cold_and_warm(&tokenizer, |tokenizer| tokenizer.encode_chat(&messages, &options));
         if case["sorted_keys_same"] != true {
             assert!(text.is_ok() && encoded.is_ok(), "{name}: {text:?}");
             continue;
@@ -113,7 +134,7 @@ fn completion_prompts_encode_as_transformers() {
     for case in cases("completion") {
         let name = case["name"].as_str().unwrap_or_default();
         let prompt = case["prompt"].as_str().expect("prompt");
-        match tokenizer.encode_prompt(prompt) {
+        match cold_and_warm(&tokenizer, |tokenizer| tokenizer.encode_prompt(prompt)) {
             Ok(got) if got == ids(&case["ids"]) => {}
             other => failures.push(format!("{name}: {other:?}\n  want: {:?}", ids(&case["ids"]))),
         }
@@ -168,7 +189,8 @@ fn override_templates_render_as_transformers() {
             Ok(text) => failures.push(format!("{name}: text\n  got:  {text:?}\n  want: {:?}", case["text"])),
             Err(error) => failures.push(format!("{name}: render error {error}")),
         }
-        match tokenizer.encode_chat_request(body) {
+        assert_segment_cache_on(&tokenizer);
+        match cold_and_warm(&tokenizer, |tokenizer| tokenizer.encode_chat_request(body)) {
             Ok(got) if got == ids(&case["ids"]) => {}
             other => failures.push(format!("{name}: ids {other:?}")),
         }
