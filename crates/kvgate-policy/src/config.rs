@@ -144,6 +144,11 @@ pub struct PolicyConfig {
     /// prediction's rate), > 0.
     #[arg(long, default_value_t = 8000.0)]
     pub kv_aware_prefill_tokens_per_sec: f64,
+    /// kv_aware: weight of the request's own uncached prefill time in the cost, beyond its own
+    /// wait (the prefill delays requests queued behind it and duplicates a cached prefix), >= 0;
+    /// 0 minimises the predicted time to first token alone.
+    #[arg(long, default_value_t = 8.0)]
+    pub kv_aware_prefill_cost_weight: f64,
     /// kv_aware: milliseconds each request running on an engine adds to a new request's wait, >= 0.
     #[arg(long, default_value_t = 0.35)]
     pub kv_aware_decode_ms_per_request: f64,
@@ -177,6 +182,7 @@ impl Default for PolicyConfig {
             least_load_mean_prefill_tokens: 1024.0,
             least_load_default_throughput: 2000.0,
             kv_aware_prefill_tokens_per_sec: 8000.0,
+            kv_aware_prefill_cost_weight: 8.0,
             kv_aware_decode_ms_per_request: 0.35,
             kv_aware_kv_pressure_weight: 0.15,
             router_temperature: 0.0,
@@ -227,6 +233,7 @@ impl PolicyConfig {
             "(0, inf)",
         );
         for (field, value) in [
+            ("kv_aware_prefill_cost_weight", self.kv_aware_prefill_cost_weight),
             ("kv_aware_decode_ms_per_request", self.kv_aware_decode_ms_per_request),
             ("kv_aware_kv_pressure_weight", self.kv_aware_kv_pressure_weight),
             ("router_temperature", self.router_temperature),

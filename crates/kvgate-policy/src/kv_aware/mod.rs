@@ -1,10 +1,15 @@
 //! `kv_aware`: route each request to the engine where it is predicted to get its first token
-//! soonest. The prediction ([`predict`]) adds the prefill work queued on the engine, the request's
-//! own uncached tokens there (prompt minus the prefix that engine holds, from the host's prefix
-//! index: exact when the engines' KV events flow, else the approximate tree), over the prefill
-//! rate, plus decode and KV-pressure terms. Engines above the overload ceiling are never chosen
+//! soonest, counting what its prefill costs everyone else. The prediction ([`predict`]) adds the
+//! prefill work queued on the engine, the request's own uncached tokens there (prompt minus the
+//! prefix that engine holds, from the host's prefix index: exact when the engines' KV events
+//! flow, else the approximate tree), over the prefill rate, plus decode and KV-pressure terms.
+//! The cost minimised is that prediction plus `kv_aware_prefill_cost_weight` times the
+//! request's own prefill time: recomputing a prefix another engine holds delays every request
+//! queued behind it, takes engine time from decoding, and duplicates the prefix in a second
+//! cache (minimising the prediction alone loses 18% of the hits on S4 and makes end-to-end
+//! latency worse; see docs/BENCHMARKS.md). Engines above the overload ceiling are never chosen
 //! while one below exists. With `--router-temperature` above 0 the choice is sampled (softmax of
-//! the predictions relative to the best one) instead of the minimum.
+//! the costs relative to the best one) instead of the minimum.
 
 mod predict;
 
@@ -27,6 +32,8 @@ const TIE_SECS: f64 = 1e-4;
 #[derive(Clone, Copy, Debug)]
 struct Settings {
     predict: PredictSettings,
+    /// Weight of the request's own uncached prefill time beyond its own wait (see the module doc).
+    prefill_cost_weight: f64,
     overload: f64,
     temperature: f64,
 }
@@ -47,6 +54,7 @@ impl KvAwarePolicy {
                     decode_secs_per_request: config.kv_aware_decode_ms_per_request / 1000.0,
                     kv_pressure_weight: config.kv_aware_kv_pressure_weight,
                 },
+                prefill_cost_weight: config.kv_aware_prefill_cost_weight,
                 overload: config.overload_token_usage_threshold,
                 temperature: config.router_temperature,
             },
@@ -112,14 +120,15 @@ impl KvAwarePolicy {
     /// at random), or a softmax sample at temperature > 0.
     fn choose(&self, candidates: &[Candidate], scored: &[Scored], rng: &mut dyn rand::RngCore) -> usize {
         let allowed = || (0..candidates.len()).filter(|&i| scored[i].allowed);
-        let total = |i: usize| scored[i].predicted.total();
+        let weight = self.settings.prefill_cost_weight;
+        let cost = |i: usize| scored[i].predicted.total() + weight * scored[i].predicted.prefill_s;
         let temperature = self.settings.temperature;
         if temperature > 0.0 {
-            let best = allowed().map(total).fold(f64::INFINITY, f64::min);
+            let best = allowed().map(cost).fold(f64::INFINITY, f64::min);
             // Predictions relative to the best one, so the temperature means the same at any load.
             let scale = temperature * best.max(1e-3);
             let weights: Vec<(usize, f64)> =
-                allowed().map(|i| (i, (-(total(i) - best) / scale).exp())).collect();
+                allowed().map(|i| (i, (-(cost(i) - best) / scale).exp())).collect();
             let sum: f64 = weights.iter().map(|(_, w)| w).sum();
             let mut draw = rng.random_range(0.0..sum.max(f64::MIN_POSITIVE));
             for &(i, weight) in &weights {
@@ -130,7 +139,7 @@ impl KvAwarePolicy {
             }
             return weights.last().map(|&(i, _)| i).expect("an allowed candidate exists");
         }
-        pick_min_by(allowed(), |i| ((total(i) / TIE_SECS) as i64, candidates[i].in_flight), rng)
+        pick_min_by(allowed(), |i| ((cost(i) / TIE_SECS) as i64, candidates[i].in_flight), rng)
             .expect("an allowed candidate exists")
     }
 }

@@ -79,20 +79,34 @@ fn the_engine_with_the_least_queued_prefill_wins() {
 
 #[test]
 fn a_cached_prefix_is_worth_its_prefill_time_and_no_more() {
-    let mut h = Harness::new(config());
+    // Weight 0: the predicted time to first token alone.
+    let mut h = Harness::new(PolicyConfig { kv_aware_prefill_cost_weight: 0.0, ..config() });
     let conversation = prompt(7, 8_000);
-    // Worker 2 gets the conversation first (all engines idle, ties broken by the RNG: force it).
     h.index.record(PromptKey::Tokens(&conversation), 2, NOW);
     // Equal queues: the holder saves 8,000 tokens of prefill (1 s).
     let d = h.route(&conversation, &pool(&[(0, 0.1), (0, 0.1), (0, 0.1)]));
     assert_eq!(d.worker, 2);
     assert_eq!(d.matches.unwrap().chosen_match_rate, 1.0);
-    // The holder has 0.5 s of work queued: still worth it.
+    // The holder has 0.5 s of work queued: still sooner.
     assert_eq!(h.route(&conversation, &pool(&[(0, 0.1), (0, 0.1), (4_000, 0.1)])).worker, 2);
     // 2 s queued on the holder: prefilling elsewhere is sooner.
     let d = h.route(&conversation, &pool(&[(0, 0.1), (1_000, 0.1), (16_000, 0.1)]));
     assert_eq!(d.worker, 0);
     assert_eq!(d.matches.unwrap().chosen_match_rate, 0.0);
+}
+
+#[test]
+fn recomputing_a_prefix_costs_more_than_its_own_wait() {
+    // The default weight 8: recomputing 1 s of prefill elsewhere costs 9 s.
+    let mut h = Harness::new(config());
+    let conversation = prompt(7, 8_000);
+    h.index.record(PromptKey::Tokens(&conversation), 2, NOW);
+    let d = h.route(&conversation, &pool(&[(0, 0.1), (1_000, 0.1), (16_000, 0.1)]));
+    assert_eq!(d.worker, 2, "2 s of queue is worth waiting for");
+    let p = d.predicted.unwrap();
+    assert_eq!((p.queue_s, p.prefill_s), (2.0, 0.0));
+    let d = h.route(&conversation, &pool(&[(0, 0.1), (1_000, 0.1), (80_000, 0.1)]));
+    assert_eq!(d.worker, 0, "10 s of queue is not");
 }
 
 #[test]
