@@ -122,6 +122,15 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
              token ids (/generate input_ids) can be matched against the exact index"
         );
     }
+    if let Some(tokenizer) = &state.tokenizer {
+        match tokenizer.segment_cache_status() {
+            kvgate_tokenizer::SegmentCacheStatus::Unsupported { reason } => tracing::warn!(
+                %reason,
+                "the tokenizer's segment cache is off: every request is tokenized whole"
+            ),
+            status => tracing::info!(?status, "tokenizer loaded"),
+        }
+    }
     let (shutdown, shutdown_rx) = watch::channel(false);
     let background = vec![
         tokio::spawn(health::run(state.clone(), shutdown_rx.clone())),
