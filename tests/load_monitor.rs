@@ -186,3 +186,53 @@ async fn a_sample_is_stamped_when_its_poll_was_sent() {
     assert!(age >= 200, "the sample is as old as its poll (stamped at send time): {age} ms");
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn kv_aware_routes_to_the_engine_with_less_prefill_queued_and_says_why() {
+    let busy = upstream("busy", "m").await;
+    let idle = upstream("idle", "m").await;
+    *busy.loads_body.lock().unwrap() = sglang_loads(0.2, 4, 80_000);
+    *idle.loads_body.lock().unwrap() = sglang_loads(0.2, 4, 800);
+    let routing = PolicyConfig { policy: PolicyKind::KvAware, ..PolicyConfig::default() };
+    let mut cfg = with_policy(vec![busy.url.clone(), idle.url.clone()], routing);
+    cfg.expose_routing_headers = true;
+    let gw = gateway(cfg).await;
+    let gw_url = gw.url();
+    let polled = eventually(5.0, async || {
+        let body: Value =
+            client().get(format!("{gw_url}/get_loads")).send().await.unwrap().json().await.unwrap();
+        body["loads"].as_array().is_some_and(|l| l.len() == 2)
+    })
+    .await;
+    assert!(polled);
+    for _ in 0..3 {
+        let res = client()
+            .post(format!("{gw_url}/v1/completions"))
+            .json(&serde_json::json!({"model": "m", "prompt": "a short prompt"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.headers()["x-kvgate-route"], "kv_aware");
+        assert_eq!(res.headers()["x-kvgate-worker"], idle.url.as_str());
+        let predicted = res.headers()["x-kvgate-predicted-ttft"].to_str().unwrap().to_string();
+        // 800 queued tokens at 8,000 tokens/s: at most 100 ms ahead (draining since the report).
+        let queue_ms: f64 = predicted
+            .split("; ")
+            .find_map(|term| term.strip_prefix("queue="))
+            .and_then(|ms| ms.trim_end_matches("ms").parse().ok())
+            .expect("a queue term");
+        assert!(queue_ms <= 100.0, "{predicted}");
+        for term in ["total=", "prefill=", "decode=", "kv="] {
+            assert!(predicted.contains(term), "{predicted}");
+        }
+    }
+    let metrics = client().get(format!("{gw_url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains(r#"kvgate_predicted_ttft_seconds_count{model="m",term="queue"} 3"#),
+        "{metrics}"
+    );
+    assert!(metrics
+        .contains(r#"kvgate_routing_decisions_total{index="approximate",model="m",reason="kv_aware"} 3"#));
+    gw.shutdown().await;
+}
