@@ -50,9 +50,14 @@ fn min_max<T: Copy + PartialOrd>(values: impl Iterator<Item = T>) -> Option<(T, 
 
 /// The imbalance test over the candidates (healthy workers only). `kv` is the per-candidate KV
 /// usage estimate, present only when [`kv_usable`].
+///
+/// Overload means the hottest engine is above the ceiling *while another is below it*: when
+/// every engine is above the ceiling the pool is saturated, not imbalanced, and moving load to
+/// the least-hot engine only throws the prefix affinity away (on the saturated scenarios S2/S3
+/// that halved the hit rate and made TTFT worse; see docs/BENCHMARKS.md).
 pub fn imbalance(thresholds: &Thresholds, in_flight: &[u64], kv: Option<&[f64]>) -> Option<Imbalance> {
     if let Some((kv_min, kv_max)) = kv.and_then(|kv| min_max(kv.iter().copied())) {
-        if kv_max > thresholds.overload {
+        if kv_max > thresholds.overload && kv_min <= thresholds.overload {
             return Some(Imbalance::Overload);
         }
         if kv_max - kv_min > thresholds.kv_spread {
@@ -108,6 +113,13 @@ mod tests {
     #[test]
     fn above_the_ceiling_is_overload_even_without_spread() {
         check(KV_AWARE, &[10, 10, 10], Some(&[0.95, 0.9, 0.9]), Some(Imbalance::Overload));
+    }
+
+    #[test]
+    fn a_pool_saturated_everywhere_is_not_overloaded() {
+        // Nowhere to move the load: keep routing on the prefix (and the count term).
+        check(KV_AWARE, &[10, 10, 10], Some(&[0.95, 0.97, 0.91]), None);
+        check(KV_AWARE, &[200, 100, 100], Some(&[0.95, 0.97, 0.91]), Some(Imbalance::Count));
     }
 
     #[test]

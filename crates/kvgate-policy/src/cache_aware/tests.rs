@@ -150,10 +150,11 @@ fn the_kv_tie_window_never_admits_an_engine_above_the_ceiling() {
         let d = h.route("a new prompt", &pool(&[9, 1, 9], Some(&[0.899, 0.905, 0.95]), h.now_ms));
         assert_eq!((d.worker, d.reason), (0, Reason::ImbalanceOverload), "seed {seed}");
     }
-    // When every engine is above the ceiling, the coldest still wins (ties by in-flight).
+    // When every engine is above the ceiling the pool is saturated, not imbalanced: a miss goes
+    // to the shortest queue, as it would with the KV terms off.
     let mut h = Harness::new(kv_aware());
     let d = h.route("a new prompt", &pool(&[9, 1], Some(&[0.95, 0.955]), h.now_ms));
-    assert_eq!(d.worker, 1);
+    assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
 }
 
 #[test]
