@@ -144,6 +144,13 @@ pub struct PolicyConfig {
     /// prediction's rate), > 0.
     #[arg(long, default_value_t = 8000.0)]
     pub kv_aware_prefill_tokens_per_sec: f64,
+    /// kv_aware: learn the engines' prefill rate from their load reports (between two reports
+    /// with prefill queued, what each computed over the interval), starting from
+    /// --kv-aware-prefill-tokens-per-sec; one fleet-wide rate on a 25% grid, so estimation noise
+    /// never steers between engines. Counts only the prompts this gateway routed (behind several
+    /// replicas the estimate is low: configure the rate and turn this off).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kv_aware_learn_prefill_rate: bool,
     /// kv_aware: weight of the request's own uncached prefill time in the cost, beyond its own
     /// wait (the prefill delays requests queued behind it and duplicates a cached prefix), >= 0;
     /// 0 minimises the predicted time to first token alone.
@@ -182,6 +189,7 @@ impl Default for PolicyConfig {
             least_load_mean_prefill_tokens: 1024.0,
             least_load_default_throughput: 2000.0,
             kv_aware_prefill_tokens_per_sec: 8000.0,
+            kv_aware_learn_prefill_rate: true,
             kv_aware_prefill_cost_weight: 8.0,
             kv_aware_decode_ms_per_request: 0.35,
             kv_aware_kv_pressure_weight: 0.15,

@@ -12,6 +12,7 @@
 //! the costs relative to the best one) instead of the minimum.
 
 mod predict;
+mod rate;
 
 use std::sync::Mutex;
 
@@ -19,6 +20,7 @@ use kvgate_index::PrefixMatch;
 use rand::Rng;
 
 pub use predict::{predict, queued_tokens, PredictSettings, PredictedTtft};
+pub use rate::PrefillRates;
 
 use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
@@ -40,9 +42,14 @@ struct Settings {
 
 pub struct KvAwarePolicy {
     settings: Settings,
+    state: Mutex<State>,
+}
+
+struct State {
     /// Uncached prompt tokens routed to each worker, by routing time: the arrivals of each
     /// engine's fluid prefill queue between its load reports.
-    routed: Mutex<RoutedLog>,
+    routed: RoutedLog,
+    rates: PrefillRates,
 }
 
 impl KvAwarePolicy {
@@ -50,7 +57,6 @@ impl KvAwarePolicy {
         Self {
             settings: Settings {
                 predict: PredictSettings {
-                    prefill_tokens_per_sec: config.kv_aware_prefill_tokens_per_sec,
                     decode_secs_per_request: config.kv_aware_decode_ms_per_request / 1000.0,
                     kv_pressure_weight: config.kv_aware_kv_pressure_weight,
                 },
@@ -58,7 +64,13 @@ impl KvAwarePolicy {
                 overload: config.overload_token_usage_threshold,
                 temperature: config.router_temperature,
             },
-            routed: Mutex::new(RoutedLog::default()),
+            state: Mutex::new(State {
+                routed: RoutedLog::default(),
+                rates: PrefillRates::new(
+                    config.kv_aware_prefill_tokens_per_sec,
+                    config.kv_aware_learn_prefill_rate,
+                ),
+            }),
         }
     }
 }
@@ -66,6 +78,8 @@ impl KvAwarePolicy {
 /// One candidate's prediction, and whether it may be chosen.
 struct Scored {
     predicted: PredictedTtft,
+    /// The request's uncached prompt tokens there.
+    uncached: f64,
     allowed: bool,
 }
 
@@ -76,12 +90,12 @@ impl KvAwarePolicy {
         request: &RouteRequest<'_>,
         candidates: &[Candidate],
         prefix: &PrefixMatch,
-        routed: &RoutedLog,
+        state: &State,
         now_ms: u64,
         poll_ms: u64,
     ) -> Vec<Scored> {
         let s = &self.settings;
-        let rate = s.predict.prefill_tokens_per_sec;
+        let routed = &state.routed;
         let loads: Vec<_> = candidates.iter().map(|c| fresh_load(c, now_ms, poll_ms)).collect();
         let kv_known = kv_usable(candidates, now_ms, poll_ms);
         let kv: Vec<Option<f64>> = candidates
@@ -107,11 +121,13 @@ impl KvAwarePolicy {
                 } else {
                     prompt * prefix.matched(c.id) as f64 / prefix.query_len() as f64
                 };
+                let rate = state.rates.rate();
                 let queued = queued_tokens(c, loads[i].as_ref(), routed, now_ms, rate);
                 let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
-                let predicted = predict(&s.predict, queued, (prompt - matched).max(0.0), running, kv[i]);
+                let uncached = (prompt - matched).max(0.0);
+                let predicted = predict(&s.predict, rate, queued, uncached, running, kv[i]);
                 let allowed = !below_exists || kv[i].is_none_or(|k| k <= s.overload);
-                Scored { predicted, allowed }
+                Scored { predicted, uncached, allowed }
             })
             .collect()
     }
@@ -166,15 +182,23 @@ impl Policy for KvAwarePolicy {
         if candidates.is_empty() {
             return Err(NoRoute::NoCandidates);
         }
-        let mut routed = self.routed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (now_ms, poll_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
+        {
+            let State { routed, rates } = &mut *state;
+            for c in candidates {
+                if let Some(load) = fresh_load(c, now_ms, poll_ms) {
+                    rates.observe(c.id, &load, routed);
+                }
+            }
+        }
         let index = ctx.prefix_index;
         let rng = &mut *ctx.rng;
-        let mut outcome: Option<(usize, PredictedTtft, Option<MatchInfo>)> = None;
+        let mut outcome: Option<(usize, PredictedTtft, f64, Option<MatchInfo>)> = None;
         {
-            let routed = &*routed;
+            let state = &*state;
             let mut decide = |prefix: &PrefixMatch| {
-                let scored = self.score(request, candidates, prefix, routed, now_ms, poll_ms);
+                let scored = self.score(request, candidates, prefix, state, now_ms, poll_ms);
                 let chosen = self.choose(candidates, &scored, rng);
                 let query_len = prefix.query_len();
                 let matches = (query_len > 0).then(|| {
@@ -184,7 +208,7 @@ impl Policy for KvAwarePolicy {
                         chosen_match_rate: prefix.matched(candidates[chosen].id) as f64 / query_len as f64,
                     }
                 });
-                outcome = Some((chosen, scored[chosen].predicted, matches));
+                outcome = Some((chosen, scored[chosen].predicted, scored[chosen].uncached, matches));
                 Some(candidates[chosen].id)
             };
             match (index, request.key.prompt()) {
@@ -196,10 +220,10 @@ impl Policy for KvAwarePolicy {
                 }
             }
         }
-        let (chosen, predicted, matches) = outcome.expect("the index calls the chooser exactly once");
+        let (chosen, predicted, uncached, matches) =
+            outcome.expect("the index calls the chooser exactly once");
         let worker = candidates[chosen].id;
-        let uncached = predicted.prefill_s * self.settings.predict.prefill_tokens_per_sec;
-        routed.record(worker, now_ms, uncached, poll_ms.saturating_mul(4));
+        state.routed.record(worker, now_ms, uncached, poll_ms.saturating_mul(4));
         Ok(Decision {
             worker,
             reason: Reason::KvAware,
@@ -210,7 +234,9 @@ impl Policy for KvAwarePolicy {
     }
 
     fn remove_worker(&self, worker: WorkerId) {
-        self.routed.lock().unwrap_or_else(|p| p.into_inner()).forget(worker);
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.routed.forget(worker);
+        state.rates.forget(worker);
     }
 }
 

@@ -25,11 +25,9 @@ impl PredictedTtft {
     }
 }
 
-/// The constants of the prediction.
+/// The constants of the prediction (the prefill rate is per engine: see `PrefillRates`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PredictSettings {
-    /// Prefill tokens per second an engine computes.
-    pub prefill_tokens_per_sec: f64,
     /// Seconds each running request adds to the wait (its share of the engine's steps).
     pub decode_secs_per_request: f64,
     /// Weight in seconds of the KV-pressure term `k / (1 - k)`.
@@ -59,15 +57,16 @@ pub fn queued_tokens(
     (queue - per_ms * now_ms.saturating_sub(at_ms) as f64).max(0.0)
 }
 
-/// The predicted time to first token of a request with `uncached` prompt tokens on `candidate`.
+/// The predicted time to first token of a request with `uncached` prompt tokens on an engine that
+/// prefills `rate` tokens per second.
 pub fn predict(
     settings: &PredictSettings,
+    rate: f64,
     queued: f64,
     uncached: f64,
     running: u64,
     kv_usage: Option<f64>,
 ) -> PredictedTtft {
-    let rate = settings.prefill_tokens_per_sec;
     let k = kv_usage.unwrap_or(0.0).clamp(0.0, 0.99);
     PredictedTtft {
         queue_s: queued / rate,
@@ -104,15 +103,11 @@ mod tests {
 
     #[test]
     fn terms_add_up() {
-        let settings = PredictSettings {
-            prefill_tokens_per_sec: 1_000.0,
-            decode_secs_per_request: 0.001,
-            kv_pressure_weight: 0.1,
-        };
-        let p = predict(&settings, 2_000.0, 500.0, 10, Some(0.5));
+        let settings = PredictSettings { decode_secs_per_request: 0.001, kv_pressure_weight: 0.1 };
+        let p = predict(&settings, 1_000.0, 2_000.0, 500.0, 10, Some(0.5));
         assert_eq!((p.queue_s, p.prefill_s, p.decode_s, p.kv_s), (2.0, 0.5, 0.01, 0.1));
         assert!((p.total() - 2.61).abs() < 1e-12);
-        let clamped = predict(&settings, 0.0, 0.0, 0, Some(2.0)).kv_s;
+        let clamped = predict(&settings, 1_000.0, 0.0, 0.0, 0, Some(2.0)).kv_s;
         assert!((clamped - 9.9).abs() < 1e-9, "KV usage clamped to 0.99: {clamped}");
     }
 }
