@@ -44,6 +44,21 @@ pub struct Upstream {
     pub metrics_body: std::sync::Mutex<String>,
     /// Client addresses (one per TCP connection) that carried proxied requests.
     pub peers: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
+    /// Bodies of the proxied requests received, in order.
+    pub bodies: std::sync::Mutex<Vec<serde_json::Value>>,
+    /// When set, streaming answers break (connection error) after the first chunk.
+    pub cut_stream: AtomicBool,
+    /// Proxied requests whose handler is still running (dropped ones included once dropped).
+    pub active: AtomicUsize,
+}
+
+/// Counts a handler as active until it returns or is dropped (its client went away).
+struct Active(Arc<Upstream>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 async fn metrics(State(up): State<Arc<Upstream>>) -> Response {
@@ -84,6 +99,8 @@ async fn answer(
     body: Bytes,
 ) -> Response {
     up.requests.fetch_add(1, Ordering::SeqCst);
+    up.active.fetch_add(1, Ordering::SeqCst);
+    let _active = Active(up.clone());
     up.peers.lock().unwrap().insert(peer);
     *up.last_auth.lock().unwrap() =
         headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
@@ -97,6 +114,7 @@ async fn answer(
             .into_response();
     }
     let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    up.bodies.lock().unwrap().push(request.clone());
     if request["stream"].as_bool() == Some(true) {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
         let up2 = up.clone();
@@ -104,6 +122,11 @@ async fn answer(
             let chunk =
                 |i: usize| Bytes::from(format!("data: {{\"worker\":\"{}\",\"i\":{i}}}\n\n", up2.name));
             let _ = tx.send(Ok(chunk(0))).await;
+            if up2.cut_stream.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = tx.send(Err(std::io::Error::other("engine died"))).await;
+                return;
+            }
             if up2.hold_stream.load(Ordering::SeqCst) {
                 up2.release.notified().await;
             }
@@ -119,7 +142,14 @@ async fn answer(
             .body(Body::from_stream(stream))
             .unwrap();
     }
-    let echo = serde_json::json!({"worker": up.name, "model": request["model"], "object": "chat.completion"});
+    let mut echo =
+        serde_json::json!({"worker": up.name, "model": request["model"], "object": "chat.completion"});
+    if request["kv_transfer_params"]["do_remote_decode"] == true {
+        // A vLLM prefill engine: says where its KV waits.
+        echo["kv_transfer_params"] = serde_json::json!({"do_remote_prefill": true, "do_remote_decode": false,
+            "remote_engine_id": up.name, "remote_block_ids": [1, 2], "remote_host": "127.0.0.1",
+            "remote_port": up.addr.port(), "remote_request_id": format!("{}-{}", up.name, up.requests.load(Ordering::SeqCst))});
+    }
     ([("content-type", "application/json")], echo.to_string()).into_response()
 }
 
@@ -162,6 +192,9 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
         loads_polls: AtomicUsize::new(0),
         metrics_body: std::sync::Mutex::new(String::new()),
         peers: std::sync::Mutex::new(Default::default()),
+        bodies: std::sync::Mutex::new(Vec::new()),
+        cut_stream: AtomicBool::new(false),
+        active: AtomicUsize::new(0),
     });
     let app = Router::new()
         .route("/health", get(health))

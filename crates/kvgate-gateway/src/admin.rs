@@ -13,7 +13,8 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::kv_events::KvEventsSource;
-use crate::registry::RegistryError;
+use crate::registry::{NewWorker, RegistryError};
+use crate::role::WorkerRole;
 use crate::state::SharedState;
 use crate::upstream::{discover_model, get};
 use crate::worker::{normalize_url, CircuitState, Worker};
@@ -41,16 +42,20 @@ pub async fn models(State(state): State<SharedState>) -> impl IntoResponse {
     let data: Vec<_> = snapshot
         .models
         .values()
-        .filter(|pool| pool.workers.iter().any(|w| w.is_routable(now)))
-        .map(|pool| json!({"id": pool.model, "object": "model", "created": 0, "owned_by": "kvgate"}))
+        .filter(|pools| pools.all().any(|pool| pool.workers.iter().any(|w| w.is_routable(now))))
+        .map(|pools| json!({"id": pools.model(), "object": "model", "created": 0, "owned_by": "kvgate"}))
         .collect();
     Json(json!({"object": "list", "data": data}))
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
     crate::monitor::update_age_gauges(&state);
-    for pool in state.registry.snapshot().models.values().filter(|pool| pool.has_kv_events) {
-        state.metrics.kv_index_blocks.with_label_values(&[&pool.model]).set(pool.prefix.exact.len() as i64);
+    for pools in state.registry.snapshot().models.values() {
+        let with_events: Vec<_> = pools.all().filter(|pool| pool.has_kv_events).collect();
+        if !with_events.is_empty() {
+            let blocks: usize = with_events.iter().map(|pool| pool.prefix.exact.len()).sum();
+            state.metrics.kv_index_blocks.with_label_values(&[pools.model()]).set(blocks as i64);
+        }
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
 }
@@ -87,6 +92,10 @@ pub struct WorkerInfo {
     pub healthy: bool,
     pub in_flight: u64,
     pub circuit_state: CircuitState,
+    /// regular, prefill or decode.
+    pub worker_type: WorkerRole,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
     /// The worker's KV event publishers, and how many of its ranks' events flow into the index.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<KvEventsInfo>,
@@ -110,6 +119,8 @@ impl WorkerInfo {
             healthy: worker.is_healthy(),
             in_flight: worker.in_flight(),
             circuit_state: worker.circuit.state(now),
+            worker_type: worker.role,
+            bootstrap_port: worker.bootstrap_port,
             kv_events: worker.kv_events.clone().map(|source| KvEventsInfo {
                 source,
                 live_ranks: worker.kv_live_ranks(),
@@ -141,6 +152,12 @@ pub struct AddWorker {
     /// `tcp://host:port` of its replay socket (same shape).
     #[serde(default)]
     pub kv_events_replay_endpoint: Option<String>,
+    /// `regular` (default), `prefill` or `decode`.
+    #[serde(default)]
+    pub worker_type: WorkerRole,
+    /// A prefill worker's SGLang bootstrap port.
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
 }
 
 pub async fn add_worker(
@@ -151,13 +168,32 @@ pub async fn add_worker(
     authorize(&state, &headers)?;
     let request: AddWorker = serde_json::from_slice(&body).map_err(|e| {
         ApiError::BadRequest(format!(
-            "expected {{\"url\": \"http://...\", \"model_id\": \"...\", \"kv_events_endpoint\": \"tcp://...\", \"kv_events_replay_endpoint\": \"tcp://...\"}} (all but url optional): {e}"
+            "expected {{\"url\": \"http://...\", \"model_id\": \"...\", \"worker_type\": \"regular|prefill|decode\", \"bootstrap_port\": 8998, \"kv_events_endpoint\": \"tcp://...\", \"kv_events_replay_endpoint\": \"tcp://...\"}} (all but url optional): {e}"
         ))
     })?;
     let events = request.kv_events_endpoint.as_deref().unwrap_or("");
     let kv_events = KvEventsSource::parse(events, request.kv_events_replay_endpoint.as_deref())
         .map_err(ApiError::BadRequest)?;
-    let worker = register_worker(&state, &request.url, request.model_id, kv_events).await?;
+    if request.worker_type != WorkerRole::Regular && !state.config.pd_disaggregation {
+        return Err(ApiError::BadRequest(format!(
+            "worker_type {:?} needs a gateway started with --pd-disaggregation",
+            request.worker_type.as_str()
+        )));
+    }
+    if request.bootstrap_port.is_some() && request.worker_type != WorkerRole::Prefill {
+        return Err(ApiError::BadRequest("bootstrap_port is for prefill workers only".into()));
+    }
+    if request.bootstrap_port == Some(0) {
+        return Err(ApiError::BadRequest("bootstrap_port must be a port number (1-65535)".into()));
+    }
+    let new = NewWorker {
+        url: request.url,
+        model: request.model_id,
+        role: request.worker_type,
+        bootstrap_port: request.bootstrap_port,
+        kv_events,
+    };
+    let worker = register_worker(&state, new).await?;
     let info = WorkerInfo::of(&worker, Instant::now());
     Ok((StatusCode::CREATED, Json(json!({"worker": info}))).into_response())
 }
@@ -180,18 +216,13 @@ pub async fn remove_worker(
 
 /// Add a worker: learn its model (unless given) and its first health state, then publish it.
 /// A worker whose model cannot be learned yet is registered and retried by the health loop.
-pub async fn register_worker(
-    state: &SharedState,
-    url: &str,
-    model: Option<String>,
-    kv_events: Option<KvEventsSource>,
-) -> Result<Arc<Worker>, ApiError> {
-    let url = normalize_url(url).map_err(ApiError::BadRequest)?;
+pub async fn register_worker(state: &SharedState, mut new: NewWorker) -> Result<Arc<Worker>, ApiError> {
+    let url = normalize_url(&new.url).map_err(ApiError::BadRequest)?;
     if state.registry.snapshot().find(&url).is_some() {
         return Err(ApiError::Conflict(format!("worker {url} is already registered")));
     }
     let bearer = state.config.api_key.as_deref();
-    let model = match model {
+    let model = match new.model.take() {
         Some(model) => Some(model),
         None => match discover_model(&state.client, &url, bearer, state.health_timeout()).await {
             Ok(model) => Some(model),
@@ -202,12 +233,18 @@ pub async fn register_worker(
         },
     };
     let healthy = state.config.disable_health_check || probe(state, &url).await;
-    let worker = state.registry.add(&url, model, healthy, kv_events).map_err(|e| match e {
+    let worker = state.registry.add(NewWorker { url, model, ..new }, healthy).map_err(|e| match e {
         RegistryError::InvalidUrl(message) => ApiError::BadRequest(message),
         RegistryError::Duplicate(url) => ApiError::Conflict(format!("worker {url} is already registered")),
     })?;
     crate::kv_events::subscribe(state, &worker);
-    tracing::info!(worker = %worker.url, model = worker.model().unwrap_or("<unknown>"), healthy, "worker added");
+    tracing::info!(
+        worker = %worker.url,
+        model = worker.model().unwrap_or("<unknown>"),
+        role = worker.role.as_str(),
+        healthy,
+        "worker added"
+    );
     Ok(worker)
 }
 

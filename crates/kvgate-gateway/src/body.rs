@@ -1,5 +1,7 @@
 //! The response body wrapper of a proxied request: passes the worker's frames through as they
 //! arrive, and on the way records time to first byte, total latency and the end of the request.
+//! When an event stream breaks (the worker died mid-answer), the client gets an OpenAI-style
+//! error event instead of `[DONE]`, so it knows the answer is incomplete.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -53,18 +55,29 @@ pub struct RequestTail {
     pub in_flight: InFlight,
     #[allow(dead_code, reason = "held until the body ends: its Drop frees a concurrency slot")]
     pub permit: Option<OwnedSemaphorePermit>,
+    /// Set for event streams: the worker named in the error event if the stream breaks.
+    pub worker_url: Option<String>,
 }
 
 pub struct MeteredBody {
     inner: UpstreamBody,
     tail: RequestTail,
     first_byte_seen: bool,
+    /// The upstream error, held while the error event goes out first.
+    broken: Option<hyper::Error>,
 }
 
 impl MeteredBody {
     pub fn new(inner: UpstreamBody, tail: RequestTail) -> Self {
-        Self { inner, tail, first_byte_seen: false }
+        Self { inner, tail, first_byte_seen: false, broken: None }
     }
+}
+
+/// The server-sent event telling a client its stream broke.
+fn error_event(worker: &str, error: &hyper::Error) -> Bytes {
+    let message = format!("the worker {worker} failed mid-stream: {error}");
+    let body = crate::error::error_body(&message, "upstream_error", "upstream_stream_broken");
+    Bytes::from(format!("data: {body}\n\n"))
 }
 
 impl Body for MeteredBody {
@@ -76,7 +89,21 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Some(error) = this.broken.take() {
+            // The error event went out: end the body there (an aborted connection could lose
+            // the event still buffered with it).
+            tracing::debug!(%error, "upstream stream broke; ended with an error event");
+            return Poll::Ready(None);
+        }
+        let polled = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Err(error))) if this.tail.worker_url.is_some() => {
+                let worker = this.tail.worker_url.take().unwrap_or_default();
+                let event = error_event(&worker, &error);
+                this.broken = Some(error);
+                Poll::Ready(Some(Ok(Frame::data(event))))
+            }
+            other => other,
+        };
         if !this.first_byte_seen {
             if let Poll::Ready(Some(Ok(_)) | None) = &polled {
                 this.first_byte_seen = true;

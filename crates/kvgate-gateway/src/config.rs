@@ -5,6 +5,8 @@ use clap::Args;
 use kvgate_policy::{ConfigError, PolicyConfig};
 
 use crate::kv_events::KvEventsSource;
+use crate::role::{PdProtocol, WorkerRole};
+use kvgate_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 
 /// Everything `kvgate launch` can be told. Flags and YAML keys come from these fields.
@@ -24,9 +26,31 @@ pub struct GatewayConfig {
     #[command(flatten)]
     pub routing: PolicyConfig,
 
+    /// Route a prefill/decode disaggregated fleet: each request goes to a prefill worker and a
+    /// decode worker (--prefill, --decode, or POST /workers with a worker_type).
+    #[arg(long)]
+    pub pd_disaggregation: bool,
+    /// A prefill worker and, optionally, its SGLang bootstrap port (`none` for no port); repeat
+    /// the flag for each. YAML: a list of URLs or `{url, bootstrap_port}` maps.
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
+    #[serde(with = "prefill_entries")]
+    pub prefill: Vec<String>,
+    /// A decode worker; repeat the flag for each.
+    #[arg(long, value_name = "URL", action = clap::ArgAction::Append)]
+    pub decode: Vec<String>,
+    /// Policy of the prefill side (default: --policy).
+    #[arg(long, value_enum)]
+    pub prefill_policy: Option<PolicyKind>,
+    /// Policy of the decode side (default: --policy).
+    #[arg(long, value_enum)]
+    pub decode_policy: Option<PolicyKind>,
+    /// How prefill workers hand their KV cache to decode workers.
+    #[arg(long, value_enum, default_value_t = PdProtocol::Sglang)]
+    pub pd_protocol: PdProtocol,
+
     /// ZMQ endpoints of the workers' KV event publishers (vLLM/SGLang `--kv-events-config`),
-    /// one per --worker-urls entry in the same order: `tcp://host:port`, several comma-separated
-    /// for data-parallel ranks, `-` for a worker without events.
+    /// one per worker in the order --worker-urls, --prefill, --decode: `tcp://host:port`, several
+    /// comma-separated for data-parallel ranks, `-` for a worker without events.
     #[arg(long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
     pub kv_events_endpoints: Vec<String>,
     /// ZMQ endpoints of the workers' KV event replay sockets, shaped like --kv-events-endpoints
@@ -230,6 +254,7 @@ impl GatewayConfig {
                 errors.push(ConfigError { field: "worker_urls", message });
             }
         }
+        self.validate_pd(&mut errors);
         self.validate_kv_events(&mut errors);
         if self.tokenizer_path.is_some() && self.mock_tokenizer {
             errors.push(ConfigError {
@@ -251,16 +276,119 @@ impl GatewayConfig {
     }
 }
 
+/// One worker given at start: URL, role, bootstrap port.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InitialWorker {
+    pub url: String,
+    pub role: WorkerRole,
+    pub bootstrap_port: Option<u16>,
+}
+
+/// Whether a `--prefill` value is a bootstrap port (else it starts the next worker's URL).
+fn is_port_value(text: &str) -> bool {
+    text.eq_ignore_ascii_case("none") || text.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The `--prefill` values grouped into (URL, bootstrap port) entries.
+fn prefill_groups(values: &[String]) -> Vec<Vec<String>> {
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for value in values {
+        match groups.last_mut() {
+            Some(group) if group.len() == 1 && is_port_value(value) => group.push(value.clone()),
+            _ => groups.push(vec![value.clone()]),
+        }
+    }
+    groups
+}
+
+/// A `--prefill` entry's bootstrap port: a port number or `none`.
+fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    match text.parse::<u16>() {
+        Ok(port) if port > 0 => Ok(Some(port)),
+        _ => Err(format!("bootstrap port {text:?} is not a port number (1-65535) or `none`")),
+    }
+}
+
 impl GatewayConfig {
-    /// The KV events source of the `index`-th entry of `worker_urls` (validated by `validate`).
+    /// Every worker given at start, in the order --worker-urls, --prefill, --decode (the order of
+    /// --kv-events-endpoints). Entries that fail validation are skipped.
+    pub fn initial_workers(&self) -> Vec<InitialWorker> {
+        let regular = self.worker_urls.iter().map(|url| InitialWorker {
+            url: url.clone(),
+            role: WorkerRole::Regular,
+            bootstrap_port: None,
+        });
+        let prefill = prefill_groups(&self.prefill).into_iter().filter_map(|entry| {
+            let port = match entry.get(1) {
+                Some(text) => parse_bootstrap_port(text).ok()?,
+                None => None,
+            };
+            Some(InitialWorker {
+                url: entry.first()?.clone(),
+                role: WorkerRole::Prefill,
+                bootstrap_port: port,
+            })
+        });
+        let decode = self.decode.iter().map(|url| InitialWorker {
+            url: url.clone(),
+            role: WorkerRole::Decode,
+            bootstrap_port: None,
+        });
+        regular.chain(prefill).chain(decode).collect()
+    }
+
+    fn validate_pd(&self, errors: &mut Vec<ConfigError>) {
+        if !self.pd_disaggregation {
+            for (field, given) in [
+                ("prefill", !self.prefill.is_empty()),
+                ("decode", !self.decode.is_empty()),
+                ("prefill_policy", self.prefill_policy.is_some()),
+                ("decode_policy", self.decode_policy.is_some()),
+            ] {
+                if given {
+                    errors.push(ConfigError { field, message: "needs pd_disaggregation".into() });
+                }
+            }
+        }
+        let groups = prefill_groups(&self.prefill);
+        for entry in &groups {
+            match entry.as_slice() {
+                [url] | [url, _] => {
+                    if let Err(message) = crate::worker::normalize_url(url) {
+                        errors.push(ConfigError { field: "prefill", message });
+                    }
+                    if let Some(Err(message)) = entry.get(1).map(|port| parse_bootstrap_port(port)) {
+                        errors.push(ConfigError { field: "prefill", message });
+                    }
+                }
+                _ => errors.push(ConfigError {
+                    field: "prefill",
+                    message: format!("expected URL [BOOTSTRAP_PORT], got {entry:?}"),
+                }),
+            }
+        }
+        for url in &self.decode {
+            if let Err(message) = crate::worker::normalize_url(url) {
+                errors.push(ConfigError { field: "decode", message });
+            }
+        }
+    }
+
+    /// The KV events source of the `index`-th initial worker (validated by `validate`).
     pub fn kv_events_source(&self, index: usize) -> Result<Option<KvEventsSource>, String> {
         let Some(events) = self.kv_events_endpoints.get(index) else { return Ok(None) };
         KvEventsSource::parse(events, self.kv_events_replay_endpoints.get(index).map(String::as_str))
     }
 
     fn validate_kv_events(&self, errors: &mut Vec<ConfigError>) {
-        let (urls, events, replay) =
-            (self.worker_urls.len(), self.kv_events_endpoints.len(), self.kv_events_replay_endpoints.len());
+        let (urls, events, replay) = (
+            self.worker_urls.len() + prefill_groups(&self.prefill).len() + self.decode.len(),
+            self.kv_events_endpoints.len(),
+            self.kv_events_replay_endpoints.len(),
+        );
         if events > 0 && events != urls {
             errors.push(ConfigError {
                 field: "kv_events_endpoints",
@@ -282,6 +410,66 @@ impl GatewayConfig {
                 errors.push(ConfigError { field: "kv_events_endpoints", message });
             }
         }
+    }
+}
+
+/// `prefill` in YAML: a list of `URL`, `[URL, PORT]` or `{url, bootstrap_port}` entries.
+mod prefill_entries {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Port {
+        Number(u16),
+        Text(String),
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Entry {
+        url: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bootstrap_port: Option<Port>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Url(String),
+        List(Vec<String>),
+        Map(Entry),
+    }
+
+    fn port_text(port: Port) -> String {
+        match port {
+            Port::Number(n) => n.to_string(),
+            Port::Text(text) => text,
+        }
+    }
+
+    pub fn serialize<S: Serializer>(values: &[String], serializer: S) -> Result<S::Ok, S::Error> {
+        let maps: Vec<Entry> = super::prefill_groups(values)
+            .iter()
+            .map(|entry| Entry {
+                url: entry.first().cloned().unwrap_or_default(),
+                bootstrap_port: entry.get(1).map(|port| Port::Text(port.clone())),
+            })
+            .collect();
+        maps.serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+        let given = Vec::<Given>::deserialize(deserializer)?;
+        Ok(given
+            .into_iter()
+            .flat_map(|entry| match entry {
+                Given::Url(url) => vec![url],
+                Given::List(list) => list,
+                Given::Map(Entry { url, bootstrap_port }) => {
+                    std::iter::once(url).chain(bootstrap_port.map(port_text)).collect()
+                }
+            })
+            .collect())
     }
 }
 
@@ -339,6 +527,58 @@ mod tests {
             fields,
             ["request_timeout_secs", "cb_timeout_duration_secs", "health_failure_threshold", "worker_urls"]
         );
+    }
+
+    #[test]
+    fn pd_workers_from_flags_and_yaml() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            config: GatewayConfig,
+        }
+        let cli = Cli::try_parse_from([
+            "kvgate",
+            "--pd-disaggregation",
+            "--prefill",
+            "http://127.0.0.1:1",
+            "8998",
+            "--prefill",
+            "http://127.0.0.1:2",
+            "--decode",
+            "http://127.0.0.1:3",
+            "--prefill-policy",
+            "cache_aware",
+            "--decode-policy",
+            "round_robin",
+            "--pd-protocol",
+            "vllm",
+        ])
+        .unwrap()
+        .config;
+        cli.validate().unwrap();
+        let workers = cli.initial_workers();
+        assert_eq!(workers.len(), 3);
+        assert_eq!((workers[0].role, workers[0].bootstrap_port), (WorkerRole::Prefill, Some(8998)));
+        assert_eq!((workers[1].role, workers[1].bootstrap_port), (WorkerRole::Prefill, None));
+        assert_eq!(workers[2].role, WorkerRole::Decode);
+        assert_eq!(cli.pd_protocol, PdProtocol::Vllm);
+        let yaml = concat!(
+            "pd_disaggregation: true\nprefill:\n  - http://127.0.0.1:1\n",
+            "  - [http://127.0.0.1:2, \"8999\"]\n  - {url: \"http://127.0.0.1:4\", bootstrap_port: 9000}\n",
+            "decode: [http://127.0.0.1:3]\n"
+        );
+        let file = GatewayConfig::with_file(yaml, &GatewayConfig::default(), &[]).unwrap();
+        file.validate().unwrap();
+        let ports: Vec<_> = file.initial_workers().iter().map(|w| w.bootstrap_port).collect();
+        assert_eq!(ports, [None, Some(8999), Some(9000), None]);
+        let bad = GatewayConfig {
+            prefill: vec!["http://127.0.0.1:1".into(), "99999".into()],
+            decode: vec!["ftp://x".into()],
+            ..GatewayConfig::default()
+        };
+        let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["prefill", "decode", "prefill", "decode"]);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use prometheus::{
 };
 
 use crate::proxy::Endpoint;
+use crate::role::WorkerRole;
 
 /// Latency buckets in seconds, from sub-millisecond proxy overhead to long generations.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -28,6 +29,8 @@ pub struct Metrics {
     pub worker_healthy: IntGaugeVec,
     pub circuit_state: IntGaugeVec,
     pub decisions: IntCounterVec,
+    pub pd_decisions: IntCounterVec,
+    pub pd_requests: IntCounterVec,
     pub match_rate: HistogramVec,
     pub predicted_ttft: HistogramVec,
     pub load_poll_duration: Histogram,
@@ -138,6 +141,16 @@ impl Metrics {
                 "Routing decisions by model, reason and the prefix index consulted (index=exact: the engines' KV events; approximate: the tree of what was routed where; none).",
                 &["model", "reason", "index"],
             ),
+            pd_decisions: counter(
+                "kvgate_pd_decisions_total",
+                "Routing decisions of the prefill and decode sides of a disaggregated fleet, by model, role, reason and prefix index.",
+                &["model", "role", "reason", "index"],
+            ),
+            pd_requests: counter(
+                "kvgate_pd_requests_total",
+                "Requests sent to each side of a disaggregated pair, by role and outcome (HTTP status, unreachable, timeout, error).",
+                &["role", "status"],
+            ),
             match_rate: histogram(
                 "kvgate_prefix_match_rate",
                 "Prefix match rate per cache-aware decision: best available on any healthy worker (kind=best) vs on the chosen worker (kind=chosen).",
@@ -247,13 +260,34 @@ impl Metrics {
         }
     }
 
-    /// Count one routing decision of `model`'s policy, with its prefix-match rates if any.
-    pub fn count_decision(&self, model: &str, series: &PoolSeries, decision: &kvgate_policy::Decision) {
+    /// Count one routing decision of a pool's policy (`model`'s regular pool, or one side of its
+    /// disaggregated pair), with its prefix-match rates and prediction if any (not for the
+    /// decode side: the prompt's prefix and first token are the prefill side's).
+    pub fn count_decision(
+        &self,
+        model: &str,
+        role: WorkerRole,
+        series: &PoolSeries,
+        decision: &kvgate_policy::Decision,
+    ) {
         let reason = decision.reason;
         let slot = index_slot(decision.index);
         series.decisions[reason as usize][slot]
-            .get_or_init(|| self.decisions.with_label_values(&[model, reason.as_str(), INDEX_LABELS[slot]]))
+            .get_or_init(|| match role {
+                WorkerRole::Regular => {
+                    self.decisions.with_label_values(&[model, reason.as_str(), INDEX_LABELS[slot]])
+                }
+                _ => self.pd_decisions.with_label_values(&[
+                    model,
+                    role.as_str(),
+                    reason.as_str(),
+                    INDEX_LABELS[slot],
+                ]),
+            })
             .inc();
+        if role == WorkerRole::Decode {
+            return;
+        }
         if let Some(matches) = decision.matches {
             series
                 .match_best

@@ -1,5 +1,6 @@
-//! The worker registry: the set of workers grouped by model, each model with its own policy
-//! instance, published as an immutable snapshot that the request path reads without locks.
+//! The worker registry: the set of workers grouped by model and role (regular, prefill, decode),
+//! each group with its own policy instance and prefix indexes, published as an immutable
+//! snapshot that the request path reads without locks.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -7,21 +8,59 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use kvgate_index::{ApproxIndex, BlockIndex, InFlightBlocks};
-use kvgate_policy::{build_policy, Policy, PolicyConfig};
+use kvgate_policy::{build_policy, Policy, PolicyConfig, PolicyKind};
 
 use crate::kv_events::KvEventsSource;
 use crate::metrics::{Metrics, PoolSeries};
+use crate::role::WorkerRole;
 use crate::worker::{normalize_url, CircuitSettings, Worker};
 
-/// The workers serving one model, and that model's policy and prefix indexes.
+/// The workers of one role serving one model, and their policy and prefix indexes.
 pub struct ModelPool {
     pub model: String,
+    pub role: WorkerRole,
     pub workers: Vec<Arc<Worker>>,
     pub policy: Arc<dyn Policy>,
     pub prefix: Arc<ModelPrefix>,
     pub series: PoolSeries,
     /// Whether any of its workers publishes KV events (the exact index can be fed).
     pub has_kv_events: bool,
+}
+
+/// One model's pools: regular workers, and the two sides of a disaggregated fleet.
+#[derive(Clone, Default)]
+pub struct ModelPools {
+    pub regular: Option<Arc<ModelPool>>,
+    pub prefill: Option<Arc<ModelPool>>,
+    pub decode: Option<Arc<ModelPool>>,
+}
+
+impl ModelPools {
+    pub fn get(&self, role: WorkerRole) -> Option<&Arc<ModelPool>> {
+        match role {
+            WorkerRole::Regular => self.regular.as_ref(),
+            WorkerRole::Prefill => self.prefill.as_ref(),
+            WorkerRole::Decode => self.decode.as_ref(),
+        }
+    }
+
+    fn slot(&mut self, role: WorkerRole) -> &mut Option<Arc<ModelPool>> {
+        match role {
+            WorkerRole::Regular => &mut self.regular,
+            WorkerRole::Prefill => &mut self.prefill,
+            WorkerRole::Decode => &mut self.decode,
+        }
+    }
+
+    /// Every pool of the model.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<ModelPool>> {
+        [&self.regular, &self.prefill, &self.decode].into_iter().flatten()
+    }
+
+    /// The model's name.
+    pub fn model(&self) -> &str {
+        self.all().next().map_or("", |pool| pool.model.as_str())
+    }
 }
 
 /// One model's prefix indexes: the approximate tree of what was routed where, and the exact
@@ -46,12 +85,12 @@ pub struct PoolSnapshot {
     /// Every registered worker, including those whose model is not known yet.
     pub workers: Vec<Arc<Worker>>,
     /// Pools by model name.
-    pub models: BTreeMap<String, Arc<ModelPool>>,
+    pub models: BTreeMap<String, ModelPools>,
 }
 
 impl PoolSnapshot {
-    /// The pool a request for `model` goes to: the named model, or the only model when there is one.
-    pub fn pool_for(&self, model: Option<&str>) -> Option<&Arc<ModelPool>> {
+    /// The pools a request for `model` goes to: the named model, or the only model when there is one.
+    pub fn pool_for(&self, model: Option<&str>) -> Option<&ModelPools> {
         if let Some(pool) = model.and_then(|name| self.models.get(name)) {
             return Some(pool);
         }
@@ -64,6 +103,28 @@ impl PoolSnapshot {
     pub fn find(&self, url: &str) -> Option<&Arc<Worker>> {
         self.workers.iter().find(|w| w.url == url)
     }
+
+    /// The pool `worker` belongs to (once its model is known).
+    pub fn pool_of(&self, worker: &Worker) -> Option<&Arc<ModelPool>> {
+        self.models.get(worker.model()?)?.get(worker.role)
+    }
+
+    /// Every pool of every model.
+    pub fn pools(&self) -> impl Iterator<Item = &Arc<ModelPool>> {
+        self.models.values().flat_map(ModelPools::all)
+    }
+}
+
+/// A worker to register.
+#[derive(Clone, Debug, Default)]
+pub struct NewWorker {
+    pub url: String,
+    /// Its model; learned from the worker when unset.
+    pub model: Option<String>,
+    pub role: WorkerRole,
+    /// A prefill worker's SGLang bootstrap port.
+    pub bootstrap_port: Option<u16>,
+    pub kv_events: Option<KvEventsSource>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,22 +137,30 @@ pub enum RegistryError {
 
 pub struct Registry {
     snapshot: ArcSwap<PoolSnapshot>,
-    /// Serializes mutations; each model's policy and indexes live here so that a model keeps
+    /// Serializes mutations; each pool's policy and indexes live here so that a pool keeps
     /// them across changes.
-    models: Mutex<BTreeMap<String, ModelState>>,
+    models: Mutex<BTreeMap<(String, WorkerRole), ModelState>>,
     next_id: AtomicU32,
     policy_config: PolicyConfig,
+    /// The policies of the prefill and decode sides (default: `policy_config.policy`).
+    role_policies: [Option<PolicyKind>; 2],
     circuit: CircuitSettings,
     metrics: Arc<Metrics>,
 }
 
 impl Registry {
-    pub fn new(policy_config: PolicyConfig, circuit: CircuitSettings, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        policy_config: PolicyConfig,
+        role_policies: [Option<PolicyKind>; 2],
+        circuit: CircuitSettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             snapshot: ArcSwap::from_pointee(PoolSnapshot::default()),
             models: Mutex::new(BTreeMap::new()),
             next_id: AtomicU32::new(0),
             policy_config,
+            role_policies,
             circuit,
             metrics,
         }
@@ -104,18 +173,13 @@ impl Registry {
 
     /// Whether any model's policy reads engine loads.
     pub fn policies_need_loads(&self) -> bool {
-        self.snapshot().models.values().any(|pool| pool.policy.needs_loads())
+        self.snapshot().pools().any(|pool| pool.policy.needs_loads())
     }
 
     /// Register a worker. `healthy` is its initial health (true when health checks are off).
-    pub fn add(
-        &self,
-        url: &str,
-        model: Option<String>,
-        healthy: bool,
-        kv_events: Option<KvEventsSource>,
-    ) -> Result<Arc<Worker>, RegistryError> {
-        let url = normalize_url(url).map_err(RegistryError::InvalidUrl)?;
+    pub fn add(&self, new: NewWorker, healthy: bool) -> Result<Arc<Worker>, RegistryError> {
+        let NewWorker { url, model, role, bootstrap_port, kv_events } = new;
+        let url = normalize_url(&url).map_err(RegistryError::InvalidUrl)?;
         let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.snapshot.load();
         if current.find(&url).is_some() {
@@ -123,7 +187,10 @@ impl Registry {
         }
         let series = self.metrics.worker_series(&url);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let worker = Arc::new(Worker::new(id, url, model, healthy, self.circuit, series, kv_events));
+        let worker = Arc::new(
+            Worker::new(id, url, model, healthy, self.circuit, series, kv_events)
+                .with_role(role, bootstrap_port),
+        );
         let mut workers = current.workers.clone();
         workers.push(worker.clone());
         self.publish(&mut models, workers);
@@ -139,7 +206,8 @@ impl Registry {
         let current = self.snapshot.load();
         let removed = current.find(&url)?.clone();
         let workers = current.workers.iter().filter(|w| w.id != removed.id).cloned().collect();
-        if let Some(state) = removed.model().and_then(|model| models.get(model)) {
+        if let Some(state) = removed.model().and_then(|model| models.get(&(model.to_string(), removed.role)))
+        {
             state.policy.remove_worker(removed.id);
             state.prefix.tree.remove_tenant(removed.id);
             state.prefix.in_flight.remove_worker(removed.id);
@@ -158,35 +226,44 @@ impl Registry {
         self.publish(&mut models, workers);
     }
 
-    fn publish(&self, models: &mut BTreeMap<String, ModelState>, workers: Vec<Arc<Worker>>) {
-        let mut grouped: BTreeMap<String, Vec<Arc<Worker>>> = BTreeMap::new();
+    fn publish(&self, models: &mut BTreeMap<(String, WorkerRole), ModelState>, workers: Vec<Arc<Worker>>) {
+        let mut grouped: BTreeMap<(String, WorkerRole), Vec<Arc<Worker>>> = BTreeMap::new();
         for worker in &workers {
             if let Some(model) = worker.model() {
-                grouped.entry(model.to_string()).or_default().push(worker.clone());
+                grouped.entry((model.to_string(), worker.role)).or_default().push(worker.clone());
             }
         }
-        models.retain(|model, _| grouped.contains_key(model));
-        let pools = grouped
-            .into_iter()
-            .map(|(model, workers)| {
-                let state = models.entry(model.clone()).or_insert_with(|| self.new_model()).clone();
-                let pool = ModelPool {
-                    model: model.clone(),
-                    has_kv_events: workers.iter().any(|w| w.kv_events.is_some()),
-                    workers,
-                    policy: state.policy,
-                    prefix: state.prefix,
-                    series: PoolSeries::default(),
-                };
-                (model, Arc::new(pool))
-            })
-            .collect();
+        models.retain(|key, _| grouped.contains_key(key));
+        let mut pools: BTreeMap<String, ModelPools> = BTreeMap::new();
+        for ((model, role), workers) in grouped {
+            let state = models.entry((model.clone(), role)).or_insert_with(|| self.new_pool(role)).clone();
+            let pool = ModelPool {
+                model: model.clone(),
+                role,
+                has_kv_events: workers.iter().any(|w| w.kv_events.is_some()),
+                workers,
+                policy: state.policy,
+                prefix: state.prefix,
+                series: PoolSeries::default(),
+            };
+            *pools.entry(model).or_default().slot(role) = Some(Arc::new(pool));
+        }
         self.snapshot.store(Arc::new(PoolSnapshot { workers, models: pools }));
     }
 
-    fn new_model(&self) -> ModelState {
+    /// The policy configuration of a pool of `role`.
+    pub fn policy_config(&self, role: WorkerRole) -> PolicyConfig {
+        let kind = match role {
+            WorkerRole::Regular => None,
+            WorkerRole::Prefill => self.role_policies[0],
+            WorkerRole::Decode => self.role_policies[1],
+        };
+        PolicyConfig { policy: kind.unwrap_or(self.policy_config.policy), ..self.policy_config.clone() }
+    }
+
+    fn new_pool(&self, role: WorkerRole) -> ModelState {
         ModelState {
-            policy: build_policy(&self.policy_config),
+            policy: build_policy(&self.policy_config(role)),
             prefix: {
                 let exact = Arc::new(BlockIndex::new());
                 Arc::new(ModelPrefix {

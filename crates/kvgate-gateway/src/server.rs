@@ -20,6 +20,8 @@ use crate::health;
 use crate::listen;
 use crate::monitor;
 use crate::proxy::{self, Endpoint};
+use crate::registry::NewWorker;
+use crate::role::WorkerRole;
 use crate::state::{AppState, SharedState};
 
 #[derive(Debug, thiserror::Error)]
@@ -100,12 +102,20 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
 
     let initial: Vec<_> = state
         .config
-        .worker_urls
-        .iter()
+        .initial_workers()
+        .into_iter()
         .enumerate()
-        .map(|(index, url)| {
+        .map(|(index, worker)| {
             let source = state.config.kv_events_source(index).expect("validated with the configuration");
-            admin::register_worker(&state, url, None, source)
+            let new = NewWorker {
+                url: worker.url,
+                model: None,
+                role: worker.role,
+                bootstrap_port: worker.bootstrap_port,
+                kv_events: source,
+            };
+            let state = state.clone();
+            async move { admin::register_worker(&state, new).await }
         })
         .collect();
     for result in join_all(initial).await {
@@ -138,7 +148,18 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         tokio::spawn(monitor::run(state.clone(), shutdown_rx.clone())),
     ];
     let server = tokio::spawn(listen::serve(listener, state.clone(), router(state.clone()), shutdown_rx));
-    tracing::info!(addr = %local_addr, policy = state.config.routing.policy.as_str(), "kvgate listening");
+    if state.config.pd_disaggregation {
+        let config = &state.config;
+        tracing::info!(
+            addr = %local_addr,
+            protocol = config.pd_protocol.as_str(),
+            prefill_policy = state.registry.policy_config(WorkerRole::Prefill).policy.as_str(),
+            decode_policy = state.registry.policy_config(WorkerRole::Decode).policy.as_str(),
+            "kvgate listening (prefill/decode disaggregation)"
+        );
+    } else {
+        tracing::info!(addr = %local_addr, policy = state.config.routing.policy.as_str(), "kvgate listening");
+    }
     Ok(GatewayHandle { addr: local_addr, state, shutdown, server, background })
 }
 
@@ -154,7 +175,7 @@ async fn maintain_policies(state: SharedState, mut shutdown: watch::Receiver<boo
         }
         let now_ms = state.now_ms();
         let snapshot = state.registry.snapshot();
-        for pool in snapshot.models.values() {
+        for pool in snapshot.pools() {
             pool.policy.maintain(now_ms);
             pool.prefix.tree.maintain(now_ms);
         }

@@ -61,7 +61,12 @@ impl AppState {
         };
         Ok(Self {
             tokenizer,
-            registry: Registry::new(config.routing.clone(), circuit, metrics.clone()),
+            registry: Registry::new(
+                config.routing.clone(),
+                [config.prefill_policy, config.decode_policy],
+                circuit,
+                metrics.clone(),
+            ),
             metrics,
             client: build_client(),
             loads: ArcSwap::from_pointee(HashMap::new()),

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::conn::ConnPool;
 use crate::kv_events::KvEventsSource;
 use crate::metrics::WorkerSeries;
+use crate::role::WorkerRole;
 
 /// Check and canonicalize a worker URL: `http://host:port[/prefix]`, no trailing slash.
 pub fn normalize_url(url: &str) -> Result<String, String> {
@@ -148,6 +149,10 @@ pub struct Worker {
     pub url: String,
     /// The model it serves; unset until given or discovered from `/v1/models`.
     model: OnceLock<String>,
+    /// Regular, or one side of a prefill/decode pair.
+    pub role: WorkerRole,
+    /// A prefill worker's SGLang bootstrap port (KV transfer handshake), if given.
+    pub bootstrap_port: Option<u16>,
     healthy: AtomicBool,
     consecutive_health_failures: AtomicU32,
     consecutive_health_successes: AtomicU32,
@@ -181,6 +186,8 @@ impl Worker {
         Self {
             id,
             model: model_cell,
+            role: WorkerRole::Regular,
+            bootstrap_port: None,
             healthy: AtomicBool::new(healthy),
             consecutive_health_failures: AtomicU32::new(0),
             consecutive_health_successes: AtomicU32::new(0),
@@ -194,6 +201,22 @@ impl Worker {
                 .collect(),
             kv_events,
             kv_tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The same worker with a PD role (and a prefill worker's bootstrap port).
+    pub fn with_role(mut self, role: WorkerRole, bootstrap_port: Option<u16>) -> Self {
+        self.role = role;
+        self.bootstrap_port = bootstrap_port;
+        self
+    }
+
+    /// The host part of its URL (what a decode worker dials for SGLang's bootstrap).
+    pub fn host(&self) -> &str {
+        let authority = self.url.split("://").nth(1).unwrap_or("").split('/').next().unwrap_or("");
+        match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(v6),
+            None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
         }
     }
 
@@ -340,6 +363,7 @@ mod tests {
         assert_eq!(worker.record_health(false, 2, 2), Some(false));
         assert_eq!(worker.record_health(true, 2, 2), None);
         assert_eq!(worker.record_health(true, 2, 2), Some(true));
+        assert_eq!(worker.host(), "127.0.0.1");
     }
 
     #[test]

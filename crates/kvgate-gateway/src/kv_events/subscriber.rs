@@ -96,7 +96,7 @@ impl RankSubscription {
         loop {
             let snapshot = self.state.registry.snapshot();
             snapshot.find(&self.worker.url).filter(|w| w.id == self.worker.id)?;
-            if let Some(pool) = self.worker.model().and_then(|model| snapshot.models.get(model)) {
+            if let Some(pool) = snapshot.pool_of(&self.worker) {
                 return Some(pool.prefix.exact.clone());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

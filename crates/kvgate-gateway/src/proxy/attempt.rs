@@ -1,0 +1,110 @@
+//! One exchange with one worker: build the upstream request, send it under the request timeout,
+//! and classify the answer (done, retryable, unreachable, fatal), recording failures on the
+//! worker's circuit breaker.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{header, StatusCode};
+use http_body_util::Full;
+use kvgate_index::InFlightPrompt;
+
+use crate::body::InFlight;
+use crate::conn::{self, SendError, UpstreamBody};
+use crate::error::ApiError;
+use crate::registry::ModelPrefix;
+use crate::state::AppState;
+use crate::upstream::is_hop_by_hop;
+use crate::worker::Worker;
+
+/// Outcome of one attempt on one worker.
+pub(super) enum Attempt {
+    Done(http::Response<UpstreamBody>, InFlight),
+    /// 502/503/504 before any byte went to the client.
+    RetryableStatus(http::Response<UpstreamBody>, InFlight),
+    /// Connection could not be established.
+    Unreachable(String),
+    /// The exchange failed after the request may have reached the worker, or timed out.
+    Fatal(ApiError),
+}
+
+pub(super) async fn attempt(
+    state: &AppState,
+    worker: &Arc<Worker>,
+    path_and_query: &str,
+    client_headers: &http::HeaderMap,
+    body: Bytes,
+    prompt: Option<(Arc<ModelPrefix>, InFlightPrompt)>,
+) -> Attempt {
+    let mut upstream = http::Request::new(Full::new(body));
+    *upstream.method_mut() = http::Method::POST;
+    *upstream.uri_mut() = match worker.conns.target(path_and_query) {
+        Ok(uri) => uri,
+        Err(e) => return Attempt::Fatal(ApiError::BadRequest(format!("invalid request path: {e}"))),
+    };
+    let headers = upstream.headers_mut();
+    for (name, value) in client_headers {
+        if !is_hop_by_hop(name) && name != header::HOST && name != header::CONTENT_LENGTH {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    if let Some(token) = &state.api_key_header {
+        headers.insert(header::AUTHORIZATION, token.clone());
+    }
+
+    let in_flight = InFlight::begin(worker.clone(), prompt);
+    let sent = tokio::time::timeout(state.request_timeout, conn::send(worker, upstream)).await;
+    let now = Instant::now();
+    match sent {
+        Ok(Ok(response)) => {
+            let status = response.status();
+            if matches!(
+                status,
+                StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+            ) {
+                record_failure(state, worker, "status", now);
+                return Attempt::RetryableStatus(response, in_flight);
+            }
+            if status.is_server_error() {
+                record_failure(state, worker, "status", now);
+            } else if worker.circuit.record_success() {
+                state.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+            }
+            Attempt::Done(response, in_flight)
+        }
+        Ok(Err(SendError::Connect(message))) => {
+            record_failure(state, worker, "connect", now);
+            let message = format!("{}: {message}", worker.url);
+            tracing::debug!(worker = %worker.url, %message, "connect failed, will retry elsewhere");
+            Attempt::Unreachable(message)
+        }
+        Ok(Err(SendError::Exchange(error))) => {
+            record_failure(state, worker, "connect", now);
+            Attempt::Fatal(ApiError::UpstreamUnreachable(format!("{}: {}", worker.url, error_chain(&error))))
+        }
+        Err(_) => {
+            record_failure(state, worker, "timeout", now);
+            Attempt::Fatal(ApiError::UpstreamTimeout(state.request_timeout.as_secs_f64()))
+        }
+    }
+}
+
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
+    state.metrics.upstream_failures.with_label_values(&[&worker.url, kind]).inc();
+    if worker.circuit.record_failure(now) {
+        tracing::warn!(worker = %worker.url, "circuit opened after consecutive failures");
+        state.metrics.circuit_state.with_label_values(&[&worker.url]).set(1);
+    }
+}

@@ -1,0 +1,249 @@
+//! Executing a disaggregated route plan: a prefill worker and a decode worker, told about each
+//! other the SGLang way (the same request to both at once, with `bootstrap_host`,
+//! `bootstrap_port` and a random `bootstrap_room`) or the vLLM way (the prefill worker first,
+//! with `max_tokens: 1` and `kv_transfer_params.do_remote_decode`, then the decode worker with
+//! the `kv_transfer_params` the prefill answer returned). The decode side's answer is the
+//! client's. Whichever side fails before a byte reached the client, the other is cancelled
+//! (its request dropped) and the outcome says which worker to avoid on the retry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body_util::{BodyExt, Limited};
+use kvgate_policy::RouteRequest;
+use rand::Rng;
+use serde_json::{json, Map, Value};
+
+use super::attempt::{attempt, Attempt};
+use super::plan::Pick;
+use super::respond::{Failure, Outcome, Served};
+use crate::body::InFlight;
+use crate::conn::UpstreamBody;
+use crate::error::ApiError;
+use crate::role::WorkerRole;
+use crate::state::AppState;
+
+/// Largest prefill answer read for its `kv_transfer_params` (vLLM).
+const PREFILL_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
+
+/// What every exchange of one request shares.
+pub(super) struct Exchange<'a> {
+    pub state: &'a Arc<AppState>,
+    pub path_and_query: &'a str,
+    pub headers: &'a HeaderMap,
+    pub body: &'a Bytes,
+    pub request: &'a RouteRequest<'a>,
+}
+
+/// The request body with `edit` applied to its top-level JSON object.
+fn rewrite(body: &[u8], edit: impl FnOnce(&mut Map<String, Value>)) -> Result<Bytes, ApiError> {
+    let mut object: Map<String, Value> = serde_json::from_slice(body)
+        .map_err(|_| ApiError::BadRequest("a disaggregated request needs a JSON object body".into()))?;
+    edit(&mut object);
+    serde_json::to_vec(&object)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::BadRequest(format!("could not re-encode the request: {e}")))
+}
+
+/// The `status` label of one side's attempt.
+fn status_label(attempt: &Attempt) -> String {
+    match attempt {
+        Attempt::Done(response, _) | Attempt::RetryableStatus(response, _) => {
+            response.status().as_str().to_string()
+        }
+        Attempt::Unreachable(_) => "unreachable".into(),
+        Attempt::Fatal(ApiError::UpstreamTimeout(_)) => "timeout".into(),
+        Attempt::Fatal(_) => "error".into(),
+    }
+}
+
+fn count(state: &AppState, role: WorkerRole, attempt: &Attempt) {
+    state.metrics.pd_requests.with_label_values(&[role.as_str(), &status_label(attempt)]).inc();
+}
+
+/// How the prefill side went.
+enum PrefillResult {
+    Ok(http::Response<UpstreamBody>, InFlight),
+    /// A 4xx: the request itself is wrong; the client gets this answer.
+    Refused(Box<Served>),
+    Failed(Failure),
+    Fatal(ApiError),
+}
+
+fn classify_prefill(prefill: &Pick, result: Attempt) -> PrefillResult {
+    let served = |response, in_flight| {
+        Box::new(Served {
+            response,
+            in_flight,
+            worker: prefill.worker.clone(),
+            decision: prefill.decision,
+            prefill: None,
+        })
+    };
+    match result {
+        Attempt::Done(response, in_flight) if response.status().is_success() => {
+            PrefillResult::Ok(response, in_flight)
+        }
+        Attempt::Done(response, in_flight) if response.status().is_client_error() => {
+            PrefillResult::Refused(served(response, in_flight))
+        }
+        Attempt::Done(response, in_flight) | Attempt::RetryableStatus(response, in_flight) => {
+            PrefillResult::Failed(Failure::Response(served(response, in_flight)))
+        }
+        Attempt::Unreachable(message) | Attempt::Fatal(ApiError::UpstreamUnreachable(message)) => {
+            PrefillResult::Failed(Failure::Unreachable(message))
+        }
+        Attempt::Fatal(error) => PrefillResult::Fatal(error),
+    }
+}
+
+/// The decode side's attempt as the plan's outcome.
+fn decode_outcome(prefill: Pick, decode: Pick, result: Attempt) -> Outcome {
+    let failed = decode.worker.id;
+    let served = |response, in_flight| {
+        Box::new(Served {
+            response,
+            in_flight,
+            worker: decode.worker,
+            decision: decode.decision,
+            prefill: Some((prefill.worker, prefill.decision)),
+        })
+    };
+    match result {
+        Attempt::Done(response, in_flight) => Outcome::Done(served(response, in_flight)),
+        Attempt::RetryableStatus(response, in_flight) => {
+            Outcome::Retry { failure: Failure::Response(served(response, in_flight)), failed }
+        }
+        Attempt::Unreachable(message) | Attempt::Fatal(ApiError::UpstreamUnreachable(message)) => {
+            Outcome::Retry { failure: Failure::Unreachable(message), failed }
+        }
+        Attempt::Fatal(error) => Outcome::Fatal(error),
+    }
+}
+
+/// Reads a finished prefill answer to its end (so its connection is reused), then ends it.
+async fn drain(response: http::Response<UpstreamBody>, in_flight: InFlight, timeout: Duration) {
+    let _ = tokio::time::timeout(timeout, response.into_body().collect()).await;
+    drop(in_flight);
+}
+
+/// SGLang: the same request, with the bootstrap fields, to both workers at once.
+pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outcome {
+    let room = rand::rng().random_range(0..=i64::MAX as u64);
+    let host = prefill.worker.host().to_string();
+    let port = prefill.worker.bootstrap_port.map_or(Value::Null, Value::from);
+    let body = match rewrite(ex.body, |object| {
+        object.insert("bootstrap_host".into(), Value::from(host));
+        object.insert("bootstrap_port".into(), port);
+        object.insert("bootstrap_room".into(), Value::from(room));
+    }) {
+        Ok(body) => body,
+        Err(error) => return Outcome::Fatal(error),
+    };
+    let send = |pick: &Pick| {
+        let (state, worker) = (ex.state.clone(), pick.worker.clone());
+        let (path, headers, body) = (ex.path_and_query.to_string(), ex.headers.clone(), body.clone());
+        let prompt = pick.in_flight_prompt(ex.request);
+        async move {
+            let result = attempt(&state, &worker, &path, &headers, body, prompt).await;
+            count(&state, worker.role, &result);
+            result
+        }
+    };
+    let mut prefill_side = Box::pin(send(&prefill));
+    let mut decode_side = Box::pin(send(&decode));
+    let timeout = ex.state.request_timeout;
+    // The decode side's answer, held until the prefill side has answered too (a decode answer
+    // whose prefill failed would break once its KV does not arrive).
+    let mut decoded: Option<Attempt> = None;
+    let mut prefill_done = false;
+    loop {
+        tokio::select! {
+            result = &mut prefill_side, if !prefill_done => match classify_prefill(&prefill, result) {
+                PrefillResult::Ok(response, in_flight) => {
+                    tokio::spawn(drain(response, in_flight, timeout));
+                    if let Some(result) = decoded.take() {
+                        return decode_outcome(prefill, decode, result);
+                    }
+                    prefill_done = true;
+                }
+                // Returning drops the decode side's request: the decode worker stops waiting.
+                PrefillResult::Refused(served) => return Outcome::Done(served),
+                PrefillResult::Failed(failure) => return Outcome::Retry { failure, failed: prefill.worker.id },
+                PrefillResult::Fatal(error) => return Outcome::Fatal(error),
+            },
+            result = &mut decode_side, if decoded.is_none() => {
+                if prefill_done || !matches!(result, Attempt::Done(..)) {
+                    return decode_outcome(prefill, decode, result);
+                }
+                decoded = Some(result);
+            }
+        }
+    }
+}
+
+/// vLLM: the prefill worker computes the KV (one token), then the decode worker pulls it.
+pub(super) async fn vllm(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outcome {
+    let first = match rewrite(ex.body, |object| {
+        object.insert("max_tokens".into(), Value::from(1));
+        if object.contains_key("max_completion_tokens") {
+            object.insert("max_completion_tokens".into(), Value::from(1));
+        }
+        object.insert("stream".into(), Value::Bool(false));
+        object.remove("stream_options");
+        object.insert(
+            "kv_transfer_params".into(),
+            json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+                   "remote_block_ids": null, "remote_host": null, "remote_port": null}),
+        );
+    }) {
+        Ok(body) => body,
+        Err(error) => return Outcome::Fatal(error),
+    };
+    let state = ex.state;
+    let prompt = prefill.in_flight_prompt(ex.request);
+    let result = attempt(state, &prefill.worker, ex.path_and_query, ex.headers, first, prompt).await;
+    count(state, WorkerRole::Prefill, &result);
+    let params = match classify_prefill(&prefill, result) {
+        PrefillResult::Ok(response, in_flight) => {
+            let read = tokio::time::timeout(
+                state.request_timeout,
+                Limited::new(response.into_body(), PREFILL_ANSWER_LIMIT).collect(),
+            )
+            .await;
+            drop(in_flight);
+            let answer: Option<Value> = match read {
+                Ok(Ok(collected)) => serde_json::from_slice(&collected.to_bytes()).ok(),
+                _ => None,
+            };
+            match answer.and_then(|mut answer| answer.get_mut("kv_transfer_params").map(Value::take)) {
+                Some(params @ Value::Object(_)) => params,
+                _ => {
+                    let message = format!(
+                        "{}: the prefill answer carries no kv_transfer_params (is the engine's KV connector configured?)",
+                        prefill.worker.url
+                    );
+                    return Outcome::Retry {
+                        failure: Failure::Unreachable(message),
+                        failed: prefill.worker.id,
+                    };
+                }
+            }
+        }
+        PrefillResult::Refused(served) => return Outcome::Done(served),
+        PrefillResult::Failed(failure) => return Outcome::Retry { failure, failed: prefill.worker.id },
+        PrefillResult::Fatal(error) => return Outcome::Fatal(error),
+    };
+    let second = match rewrite(ex.body, |object| {
+        object.insert("kv_transfer_params".into(), params);
+    }) {
+        Ok(body) => body,
+        Err(error) => return Outcome::Fatal(error),
+    };
+    let prompt = decode.in_flight_prompt(ex.request);
+    let result = attempt(state, &decode.worker, ex.path_and_query, ex.headers, second, prompt).await;
+    count(state, WorkerRole::Decode, &result);
+    decode_outcome(prefill, decode, result)
+}

@@ -1,0 +1,191 @@
+//! Planning a request: which pools serve it (one regular pool, or a prefill and a decode pool),
+//! and, per attempt, the route plan: one worker, or a (prefill, decode) pair, each chosen by its
+//! own pool's policy on its own candidates, loads and prefix index.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvgate_index::{ExactRecordingTree, InFlightPrompt};
+use kvgate_policy::{
+    Candidate, Decision, IndexKind, PrefixIndex, PrefixIndexMode, RouteRequest, RoutingKey, SelectContext,
+};
+
+use super::Endpoint;
+use crate::error::ApiError;
+use crate::registry::{ModelPool, ModelPools, ModelPrefix};
+use crate::state::AppState;
+use crate::worker::Worker;
+
+/// The pools a request is planned on.
+pub(super) enum Shape {
+    Single(Arc<ModelPool>),
+    Pair { prefill: Arc<ModelPool>, decode: Arc<ModelPool> },
+}
+
+impl Shape {
+    /// Regular workers when the model has them and the request is not disaggregated; a prefill
+    /// and a decode pool in a disaggregated fleet.
+    pub(super) fn of(state: &AppState, pools: &ModelPools, endpoint: Endpoint) -> Result<Shape, ApiError> {
+        let pd = state.config.pd_disaggregation && endpoint != Endpoint::Embeddings;
+        if pd {
+            if let (Some(prefill), Some(decode)) = (&pools.prefill, &pools.decode) {
+                return Ok(Shape::Pair { prefill: prefill.clone(), decode: decode.clone() });
+            }
+        }
+        if let Some(regular) = &pools.regular {
+            return Ok(Shape::Single(regular.clone()));
+        }
+        let missing = match (&pools.prefill, &pools.decode) {
+            _ if !pd => "regular workers (embeddings are not disaggregated)",
+            (None, _) => "prefill workers",
+            _ => "decode workers",
+        };
+        Err(ApiError::NoHealthyWorker(format!(" for model `{}`: it has no {missing}", pools.model())))
+    }
+
+    /// The pool whose prefix index keys the request: the regular one, or the prefill side.
+    pub(super) fn key_pool(&self) -> &Arc<ModelPool> {
+        match self {
+            Shape::Single(pool) => pool,
+            Shape::Pair { prefill, .. } => prefill,
+        }
+    }
+
+    pub(super) fn needs_routing_key(&self) -> bool {
+        match self {
+            Shape::Single(pool) => pool.policy.needs_routing_key(),
+            Shape::Pair { prefill, decode } => {
+                prefill.policy.needs_routing_key() || decode.policy.needs_routing_key()
+            }
+        }
+    }
+
+    /// Whether every pool of the plan still has a routable worker that was not tried.
+    pub(super) fn untried_left(&self, tried: &[u32]) -> bool {
+        let now = Instant::now();
+        let left =
+            |pool: &ModelPool| pool.workers.iter().any(|w| !tried.contains(&w.id) && w.is_routable(now));
+        match self {
+            Shape::Single(pool) => left(pool),
+            Shape::Pair { prefill, decode } => left(prefill) && left(decode),
+        }
+    }
+
+    /// A route plan avoiding `tried`, or why none exists.
+    pub(super) fn plan(
+        &self,
+        state: &AppState,
+        request: &RouteRequest<'_>,
+        tried: &[u32],
+    ) -> Result<RoutePlan, ApiError> {
+        match self {
+            Shape::Single(pool) => Ok(RoutePlan::Single(pick(state, pool, request, tried)?)),
+            Shape::Pair { prefill, decode } => Ok(RoutePlan::Pair {
+                prefill: pick(state, prefill, request, tried)?,
+                decode: pick(state, decode, request, tried)?,
+            }),
+        }
+    }
+}
+
+/// One worker chosen by its pool's policy.
+pub(super) struct Pick {
+    pub worker: Arc<Worker>,
+    pub decision: Decision,
+    pub pool: Arc<ModelPool>,
+}
+
+impl Pick {
+    /// A request routed on the exact index: its prompt's blocks count as held by the chosen
+    /// worker until the request ends.
+    pub(super) fn in_flight_prompt(
+        &self,
+        request: &RouteRequest<'_>,
+    ) -> Option<(Arc<ModelPrefix>, InFlightPrompt)> {
+        match (self.decision.index, request.key) {
+            (Some(IndexKind::Exact), RoutingKey::Tokens(tokens)) => {
+                Some((self.pool.prefix.clone(), self.pool.prefix.in_flight.add(self.decision.worker, tokens)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Where one attempt goes.
+pub(super) enum RoutePlan {
+    Single(Pick),
+    Pair { prefill: Pick, decode: Pick },
+}
+
+fn pick(
+    state: &AppState,
+    pool: &Arc<ModelPool>,
+    request: &RouteRequest<'_>,
+    tried: &[u32],
+) -> Result<Pick, ApiError> {
+    choose(state, pool, request, tried)
+        .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
+        .ok_or_else(|| {
+            let side = match pool.role {
+                crate::role::WorkerRole::Regular => String::new(),
+                role => format!(" on the {} side", role.as_str()),
+            };
+            ApiError::NoHealthyWorker(format!(" for model `{}`{side}", pool.model))
+        })
+}
+
+/// Ask the pool's policy for a routable worker that has not been tried yet.
+fn choose(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    tried: &[u32],
+) -> Option<(Arc<Worker>, Decision)> {
+    let now = Instant::now();
+    let loads = state.loads.load();
+    let mut events_flowing = true;
+    let candidates: Vec<Candidate> = pool
+        .workers
+        .iter()
+        .filter(|w| !tried.contains(&w.id) && w.is_routable(now))
+        .map(|w| {
+            events_flowing &= w.kv_events_flowing();
+            Candidate { id: w.id, in_flight: w.in_flight(), load: loads.get(&w.id).copied() }
+        })
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let exact = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
+    let prefix_index: &dyn PrefixIndex =
+        if use_exact_index(state, pool, request, events_flowing) { &exact } else { &pool.prefix.tree };
+    let mut rng = rand::rng();
+    let mut ctx = SelectContext {
+        now_ms: state.now_ms(),
+        load_poll_interval_ms: state.load_poll_interval_ms,
+        rng: &mut rng,
+        prefix_index: Some(prefix_index),
+    };
+    let decision = pool.policy.select(request, &candidates, &mut ctx).ok()?;
+    state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
+    let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
+    Some((worker, decision))
+}
+
+/// Whether to match against the exact index: the pool's workers publish KV events, the request
+/// has token ids, and the mode allows it (`auto`: every candidate's events flow).
+fn use_exact_index(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    events_flowing: bool,
+) -> bool {
+    if !pool.has_kv_events || !matches!(request.key, RoutingKey::Tokens(_)) {
+        return false;
+    }
+    match state.config.routing.prefix_index {
+        PrefixIndexMode::Auto => events_flowing,
+        PrefixIndexMode::Exact => true,
+        PrefixIndexMode::Approximate => false,
+    }
+}

@@ -1,0 +1,151 @@
+//! Turning an attempt's outcome into the client's response: routing headers, request metrics,
+//! and the body wrapper that ends the request when the body ends.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderName, HeaderValue};
+use kvgate_policy::Decision;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::Endpoint;
+use crate::body::{InFlight, MeteredBody, RequestTail};
+use crate::conn::UpstreamBody;
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::upstream::is_hop_by_hop;
+use crate::worker::Worker;
+
+static WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvgate-worker");
+static ROUTE_HEADER: HeaderName = HeaderName::from_static("x-kvgate-route");
+static INDEX_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefix-index");
+static PREDICTED_HEADER: HeaderName = HeaderName::from_static("x-kvgate-predicted-ttft");
+static PREFILL_WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-worker");
+static PREFILL_ROUTE_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-route");
+static PREFILL_INDEX_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-prefix-index");
+
+/// A worker's answer on its way to the client.
+pub(super) struct Served {
+    pub response: http::Response<UpstreamBody>,
+    pub in_flight: InFlight,
+    /// The worker whose answer this is (the decode side of a pair).
+    pub worker: Arc<Worker>,
+    pub decision: Decision,
+    /// The prefill side of a disaggregated pair.
+    pub prefill: Option<(Arc<Worker>, Decision)>,
+}
+
+/// What a failed attempt left, returned to the client when no retry is possible.
+pub(super) enum Failure {
+    /// An error answer, not yet read: passed through as is.
+    Response(Box<Served>),
+    /// No worker could be reached.
+    Unreachable(String),
+}
+
+/// The outcome of executing one route plan.
+pub(super) enum Outcome {
+    Done(Box<Served>),
+    /// Nothing reached the client: try again without the failed worker.
+    Retry {
+        failure: Failure,
+        failed: u32,
+    },
+    Fatal(ApiError),
+}
+
+pub(super) fn failure_response(
+    state: &AppState,
+    endpoint: Endpoint,
+    started: Instant,
+    failure: Failure,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Response {
+    match failure {
+        Failure::Response(served) => respond(state, endpoint, started, *served, permit),
+        Failure::Unreachable(message) => {
+            let error = ApiError::UpstreamUnreachable(message);
+            state
+                .metrics
+                .requests
+                .with_label_values(&[endpoint.label(), error.status().as_str(), "none"])
+                .inc();
+            error.into_response()
+        }
+    }
+}
+
+fn set_header(headers: &mut http::HeaderMap, name: &HeaderName, value: &str) {
+    if let Ok(value) = HeaderValue::from_str(value) {
+        headers.insert(name.clone(), value);
+    }
+}
+
+fn routing_headers(
+    headers: &mut http::HeaderMap,
+    worker: &Worker,
+    decision: &Decision,
+    prefill: Option<&(Arc<Worker>, Decision)>,
+) {
+    set_header(headers, &WORKER_HEADER, &worker.url);
+    set_header(headers, &ROUTE_HEADER, decision.reason.as_str());
+    if let Some(index) = decision.index {
+        set_header(headers, &INDEX_HEADER, index.as_str());
+    }
+    if let Some((worker, decision)) = prefill {
+        set_header(headers, &PREFILL_WORKER_HEADER, &worker.url);
+        set_header(headers, &PREFILL_ROUTE_HEADER, decision.reason.as_str());
+        if let Some(index) = decision.index {
+            set_header(headers, &PREFILL_INDEX_HEADER, index.as_str());
+        }
+    }
+    // The time to first token is decided where the prompt is prefilled.
+    let predicted = prefill.map_or(decision.predicted, |(_, d)| d.predicted);
+    if let Some(predicted) = predicted {
+        let terms = format!(
+            "total={:.1}ms; queue={:.1}ms; prefill={:.1}ms; decode={:.1}ms; kv={:.1}ms",
+            predicted.total() * 1e3,
+            predicted.queue_s * 1e3,
+            predicted.prefill_s * 1e3,
+            predicted.decode_s * 1e3,
+            predicted.kv_s * 1e3
+        );
+        set_header(headers, &PREDICTED_HEADER, &terms);
+    }
+}
+
+pub(super) fn respond(
+    state: &AppState,
+    endpoint: Endpoint,
+    started: Instant,
+    served: Served,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Response {
+    let Served { response, in_flight, worker, decision, prefill } = served;
+    let (mut parts, body) = response.into_parts();
+    let hop_by_hop: Vec<HeaderName> = parts.headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
+    for name in hop_by_hop {
+        parts.headers.remove(name);
+    }
+    if state.config.expose_routing_headers {
+        routing_headers(&mut parts.headers, &worker, &decision, prefill.as_ref());
+    }
+    state.metrics.count_request(endpoint, parts.status, &worker.url, &worker.series);
+    tracing::debug!(endpoint = endpoint.label(), worker = %worker.url, reason = decision.reason.as_str(), status = %parts.status, "proxied");
+    let event_stream = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let tail = RequestTail {
+        endpoint,
+        started,
+        metrics: state.metrics.clone(),
+        in_flight,
+        permit,
+        worker_url: event_stream.then(|| worker.url.clone()),
+    };
+    Response::from_parts(parts, Body::new(MeteredBody::new(body, tail)))
+}
