@@ -58,7 +58,16 @@ fn index_of(gw: &GatewayHandle) -> Arc<BlockIndex> {
 }
 
 fn model_index(gw: &GatewayHandle, model: &str) -> Arc<BlockIndex> {
-    gw.state.registry.snapshot().models.get(model).expect("the model's pool").prefix.exact.clone()
+    gw.state
+        .registry
+        .snapshot()
+        .models
+        .get(model)
+        .and_then(|pools| pools.regular.clone())
+        .expect("the model's pool")
+        .prefix
+        .exact
+        .clone()
 }
 
 fn worker_id(gw: &GatewayHandle, url: &str) -> u32 {

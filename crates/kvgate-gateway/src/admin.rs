@@ -158,6 +158,9 @@ pub struct AddWorker {
     /// A prefill worker's SGLang bootstrap port.
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
+    /// The policy of the worker's model when it is the model's first worker (needs model_id).
+    #[serde(default)]
+    pub policy: Option<kvgate_policy::PolicyKind>,
 }
 
 pub async fn add_worker(
@@ -168,7 +171,7 @@ pub async fn add_worker(
     authorize(&state, &headers)?;
     let request: AddWorker = serde_json::from_slice(&body).map_err(|e| {
         ApiError::BadRequest(format!(
-            "expected {{\"url\": \"http://...\", \"model_id\": \"...\", \"worker_type\": \"regular|prefill|decode\", \"bootstrap_port\": 8998, \"kv_events_endpoint\": \"tcp://...\", \"kv_events_replay_endpoint\": \"tcp://...\"}} (all but url optional): {e}"
+            "expected {{\"url\": \"http://...\", \"model_id\": \"...\", \"worker_type\": \"regular|prefill|decode\", \"bootstrap_port\": 8998, \"policy\": \"cache_aware\", \"kv_events_endpoint\": \"tcp://...\", \"kv_events_replay_endpoint\": \"tcp://...\"}} (all but url optional): {e}"
         ))
     })?;
     let events = request.kv_events_endpoint.as_deref().unwrap_or("");
@@ -183,6 +186,9 @@ pub async fn add_worker(
     if request.bootstrap_port.is_some() && request.worker_type != WorkerRole::Prefill {
         return Err(ApiError::BadRequest("bootstrap_port is for prefill workers only".into()));
     }
+    if request.policy.is_some() && request.model_id.is_none() {
+        return Err(ApiError::BadRequest("policy needs model_id (the model it routes)".into()));
+    }
     if request.bootstrap_port == Some(0) {
         return Err(ApiError::BadRequest("bootstrap_port must be a port number (1-65535)".into()));
     }
@@ -192,6 +198,7 @@ pub async fn add_worker(
         role: request.worker_type,
         bootstrap_port: request.bootstrap_port,
         kv_events,
+        policy: request.policy,
     };
     let worker = register_worker(&state, new).await?;
     let info = WorkerInfo::of(&worker, Instant::now());
@@ -236,6 +243,7 @@ pub async fn register_worker(state: &SharedState, mut new: NewWorker) -> Result<
     let worker = state.registry.add(NewWorker { url, model, ..new }, healthy).map_err(|e| match e {
         RegistryError::InvalidUrl(message) => ApiError::BadRequest(message),
         RegistryError::Duplicate(url) => ApiError::Conflict(format!("worker {url} is already registered")),
+        RegistryError::PolicyConflict(message) => ApiError::Conflict(message),
     })?;
     crate::kv_events::subscribe(state, &worker);
     tracing::info!(

@@ -1,7 +1,8 @@
 //! The response body wrapper of a proxied request: passes the worker's frames through as they
 //! arrive, and on the way records time to first byte, total latency and the end of the request.
 //! When an event stream breaks (the worker died mid-answer), the client gets an OpenAI-style
-//! error event instead of `[DONE]`, so it knows the answer is incomplete.
+//! error event and then the connection is cut (the chunked body never ends), so neither an SSE
+//! client nor an HTTP one takes the answer as complete.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -65,11 +66,13 @@ pub struct MeteredBody {
     first_byte_seen: bool,
     /// The upstream error, held while the error event goes out first.
     broken: Option<hyper::Error>,
+    /// The error event was handed over and one poll has let the connection flush it.
+    flushed: bool,
 }
 
 impl MeteredBody {
     pub fn new(inner: UpstreamBody, tail: RequestTail) -> Self {
-        Self { inner, tail, first_byte_seen: false, broken: None }
+        Self { inner, tail, first_byte_seen: false, broken: None, flushed: false }
     }
 }
 
@@ -89,11 +92,16 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
-        if let Some(error) = this.broken.take() {
-            // The error event went out: end the body there (an aborted connection could lose
-            // the event still buffered with it).
-            tracing::debug!(%error, "upstream stream broke; ended with an error event");
-            return Poll::Ready(None);
+        if this.broken.is_some() {
+            if !this.flushed {
+                // Let the connection write the error event out before the error aborts it.
+                this.flushed = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if let Some(error) = this.broken.take() {
+                return Poll::Ready(Some(Err(error)));
+            }
         }
         let polled = match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Err(error))) if this.tail.worker_url.is_some() => {

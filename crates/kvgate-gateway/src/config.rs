@@ -48,6 +48,20 @@ pub struct GatewayConfig {
     #[arg(long, value_enum, default_value_t = PdProtocol::Sglang)]
     pub pd_protocol: PdProtocol,
 
+    /// Header carrying a request's session key (consistent_hashing, manual); without it the
+    /// body's `user` field is the key.
+    #[arg(long, default_value = "x-kvgate-routing-key")]
+    pub routing_key_header: String,
+    /// Honour `x-kvgate-target-worker: URL`: the request goes to that worker of its model
+    /// (400 when it is not a routable worker of the model).
+    #[arg(long)]
+    pub routing_key_override: bool,
+    /// Per-model routing (YAML only): model name → policy options laid over `routing:`, e.g.
+    /// `models: {llama: {policy: cache_aware, cache_threshold: 0.5}, qwen: {policy: manual}}`.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub models: std::collections::BTreeMap<String, serde_norway::Value>,
+
     /// ZMQ endpoints of the workers' KV event publishers (vLLM/SGLang `--kv-events-config`),
     /// one per worker in the order --worker-urls, --prefill, --decode: `tcp://host:port`, several
     /// comma-separated for data-parallel ranks, `-` for a worker without events.
@@ -197,6 +211,22 @@ impl GatewayConfig {
         serde_norway::from_value(merged).map_err(|e| format!("invalid configuration: {e}"))
     }
 
+    /// The policy configuration of `model`: `routing` with the model's `models:` entry laid over it.
+    pub fn model_routing(&self, model: &str) -> Result<PolicyConfig, String> {
+        let Some(overrides) = self.models.get(model) else { return Ok(self.routing.clone()) };
+        let mut merged = serde_norway::to_value(&self.routing).map_err(|e| e.to_string())?;
+        let serde_norway::Value::Mapping(entries) = overrides else {
+            return Err(format!("models.{model} must be a map of policy options"));
+        };
+        for (key, value) in entries {
+            let Some(key) = key.as_str() else {
+                return Err(format!("models.{model}: keys must be option names"));
+            };
+            merged[key] = value.clone();
+        }
+        serde_norway::from_value(merged).map_err(|e| format!("models.{model}: {e}"))
+    }
+
     /// The effective load poll interval in milliseconds.
     pub fn load_poll_interval_ms(&self) -> u64 {
         self.load_monitor_interval_ms.unwrap_or((self.load_monitor_interval * 1000.0).round().max(1.0) as u64)
@@ -255,6 +285,22 @@ impl GatewayConfig {
             }
         }
         self.validate_pd(&mut errors);
+        for model in self.models.keys() {
+            match self.model_routing(model) {
+                Ok(routing) => {
+                    for error in routing.validate().err().unwrap_or_default() {
+                        errors.push(ConfigError { field: "models", message: format!("{model}: {error}") });
+                    }
+                }
+                Err(message) => errors.push(ConfigError { field: "models", message }),
+            }
+        }
+        if http::HeaderName::from_bytes(self.routing_key_header.as_bytes()).is_err() {
+            errors.push(ConfigError {
+                field: "routing_key_header",
+                message: format!("{:?} is not a valid header name", self.routing_key_header),
+            });
+        }
         self.validate_kv_events(&mut errors);
         if self.tokenizer_path.is_some() && self.mock_tokenizer {
             errors.push(ConfigError {
@@ -579,6 +625,24 @@ mod tests {
         };
         let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field).collect();
         assert_eq!(fields, ["prefill", "decode", "prefill", "decode"]);
+    }
+
+    #[test]
+    fn models_get_their_own_policy_options() {
+        let yaml = "routing:\n  cache_threshold: 0.4\nmodels:\n  llama:\n    policy: CacheAware\n    cache_threshold: 0.7\n  qwen:\n    policy: manual\n";
+        let config = GatewayConfig::with_file(yaml, &GatewayConfig::default(), &[]).unwrap();
+        config.validate().unwrap();
+        let llama = config.model_routing("llama").unwrap();
+        assert_eq!((llama.policy, llama.cache_threshold), (kvgate_policy::PolicyKind::CacheAware, 0.7));
+        let qwen = config.model_routing("qwen").unwrap();
+        assert_eq!((qwen.policy, qwen.cache_threshold), (kvgate_policy::PolicyKind::Manual, 0.4));
+        assert_eq!(config.model_routing("other").unwrap(), config.routing, "unlisted models take routing:");
+        let bad = "models:\n  llama:\n    cache_treshold: 0.7\n  qwen:\n    cache_threshold: 7\n";
+        let config = GatewayConfig::with_file(bad, &GatewayConfig::default(), &[]).unwrap();
+        let errors: Vec<String> = config.validate().unwrap_err().iter().map(|e| e.to_string()).collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("llama") && errors[0].contains("cache_treshold"), "{errors:?}");
+        assert!(errors[1].contains("qwen") && errors[1].contains("cache_threshold"), "{errors:?}");
     }
 
     #[test]

@@ -19,6 +19,8 @@ use crate::worker::{normalize_url, CircuitSettings, Worker};
 pub struct ModelPool {
     pub model: String,
     pub role: WorkerRole,
+    /// The pool's policy options (the model's `models:` entry, the role's policy).
+    pub config: Arc<PolicyConfig>,
     pub workers: Vec<Arc<Worker>>,
     pub policy: Arc<dyn Policy>,
     pub prefix: Arc<ModelPrefix>,
@@ -72,9 +74,10 @@ pub struct ModelPrefix {
     pub in_flight: InFlightBlocks,
 }
 
-/// What a model keeps across registry changes.
+/// What a pool keeps across registry changes.
 #[derive(Clone)]
 struct ModelState {
+    config: Arc<PolicyConfig>,
     policy: Arc<dyn Policy>,
     prefix: Arc<ModelPrefix>,
 }
@@ -125,6 +128,8 @@ pub struct NewWorker {
     /// A prefill worker's SGLang bootstrap port.
     pub bootstrap_port: Option<u16>,
     pub kv_events: Option<KvEventsSource>,
+    /// The policy its model should route with, if it is the model's first worker.
+    pub policy: Option<PolicyKind>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +138,8 @@ pub enum RegistryError {
     InvalidUrl(String),
     #[error("worker {0} is already registered")]
     Duplicate(String),
+    #[error("{0}")]
+    PolicyConflict(String),
 }
 
 pub struct Registry {
@@ -142,8 +149,12 @@ pub struct Registry {
     models: Mutex<BTreeMap<(String, WorkerRole), ModelState>>,
     next_id: AtomicU32,
     policy_config: PolicyConfig,
-    /// The policies of the prefill and decode sides (default: `policy_config.policy`).
+    /// The policies of the prefill and decode sides (default: the model's policy).
     role_policies: [Option<PolicyKind>; 2],
+    /// Per-model options (the configuration's `models:`), and policies named by the first
+    /// worker registered for a model (`POST /workers {"policy": ...}`).
+    model_configs: BTreeMap<String, PolicyConfig>,
+    hints: Mutex<BTreeMap<String, PolicyKind>>,
     circuit: CircuitSettings,
     metrics: Arc<Metrics>,
 }
@@ -151,6 +162,7 @@ pub struct Registry {
 impl Registry {
     pub fn new(
         policy_config: PolicyConfig,
+        model_configs: BTreeMap<String, PolicyConfig>,
         role_policies: [Option<PolicyKind>; 2],
         circuit: CircuitSettings,
         metrics: Arc<Metrics>,
@@ -161,6 +173,8 @@ impl Registry {
             next_id: AtomicU32::new(0),
             policy_config,
             role_policies,
+            model_configs,
+            hints: Mutex::new(BTreeMap::new()),
             circuit,
             metrics,
         }
@@ -178,12 +192,15 @@ impl Registry {
 
     /// Register a worker. `healthy` is its initial health (true when health checks are off).
     pub fn add(&self, new: NewWorker, healthy: bool) -> Result<Arc<Worker>, RegistryError> {
-        let NewWorker { url, model, role, bootstrap_port, kv_events } = new;
+        let NewWorker { url, model, role, bootstrap_port, kv_events, policy } = new;
         let url = normalize_url(&url).map_err(RegistryError::InvalidUrl)?;
         let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.snapshot.load();
         if current.find(&url).is_some() {
             return Err(RegistryError::Duplicate(url));
+        }
+        if let (Some(kind), Some(model)) = (policy, &model) {
+            self.hint(&models, model, role, kind)?;
         }
         let series = self.metrics.worker_series(&url);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -226,6 +243,33 @@ impl Registry {
         self.publish(&mut models, workers);
     }
 
+    /// Records that `model` should route with `kind`, unless it already routes otherwise.
+    fn hint(
+        &self,
+        models: &BTreeMap<(String, WorkerRole), ModelState>,
+        model: &str,
+        role: WorkerRole,
+        kind: PolicyKind,
+    ) -> Result<(), RegistryError> {
+        let current = match models.get(&(model.to_string(), role)) {
+            Some(state) => Some(state.config.policy),
+            None => self.model_configs.get(model).map(|config| config.policy),
+        };
+        match current {
+            Some(current) if current != kind => Err(RegistryError::PolicyConflict(format!(
+                "model `{model}` already routes its {} workers with {}, not {}",
+                role.as_str(),
+                current.as_str(),
+                kind.as_str()
+            ))),
+            Some(_) => Ok(()),
+            None => {
+                self.hints.lock().unwrap_or_else(|p| p.into_inner()).insert(model.to_string(), kind);
+                Ok(())
+            }
+        }
+    }
+
     fn publish(&self, models: &mut BTreeMap<(String, WorkerRole), ModelState>, workers: Vec<Arc<Worker>>) {
         let mut grouped: BTreeMap<(String, WorkerRole), Vec<Arc<Worker>>> = BTreeMap::new();
         for worker in &workers {
@@ -236,10 +280,15 @@ impl Registry {
         models.retain(|key, _| grouped.contains_key(key));
         let mut pools: BTreeMap<String, ModelPools> = BTreeMap::new();
         for ((model, role), workers) in grouped {
-            let state = models.entry((model.clone(), role)).or_insert_with(|| self.new_pool(role)).clone();
+            let state =
+                models.entry((model.clone(), role)).or_insert_with(|| self.new_pool(&model, role)).clone();
+            for worker in &workers {
+                state.policy.add_worker(worker.id, &worker.url);
+            }
             let pool = ModelPool {
                 model: model.clone(),
                 role,
+                config: state.config,
                 has_kv_events: workers.iter().any(|w| w.kv_events.is_some()),
                 workers,
                 policy: state.policy,
@@ -251,27 +300,38 @@ impl Registry {
         self.snapshot.store(Arc::new(PoolSnapshot { workers, models: pools }));
     }
 
-    /// The policy configuration of a pool of `role`.
-    pub fn policy_config(&self, role: WorkerRole) -> PolicyConfig {
-        let kind = match role {
+    /// The policy configuration of `model`'s pool of `role`: the model's options (`models:`,
+    /// else `routing:`), its policy named at registration if any, the role's policy for the
+    /// sides of a disaggregated pair.
+    pub fn policy_config(&self, model: &str, role: WorkerRole) -> PolicyConfig {
+        let mut config = self.model_configs.get(model).cloned().unwrap_or_else(|| self.policy_config.clone());
+        if let Some(kind) = self.hints.lock().unwrap_or_else(|p| p.into_inner()).get(model) {
+            config.policy = *kind;
+        }
+        let role_kind = match role {
             WorkerRole::Regular => None,
             WorkerRole::Prefill => self.role_policies[0],
             WorkerRole::Decode => self.role_policies[1],
         };
-        PolicyConfig { policy: kind.unwrap_or(self.policy_config.policy), ..self.policy_config.clone() }
+        if let Some(kind) = role_kind {
+            config.policy = kind;
+        }
+        config
     }
 
-    fn new_pool(&self, role: WorkerRole) -> ModelState {
+    fn new_pool(&self, model: &str, role: WorkerRole) -> ModelState {
+        let config = Arc::new(self.policy_config(model, role));
         ModelState {
-            policy: build_policy(&self.policy_config(role)),
+            policy: build_policy(&config),
             prefix: {
                 let exact = Arc::new(BlockIndex::new());
                 Arc::new(ModelPrefix {
-                    tree: ApproxIndex::new(self.policy_config.tree_settings()),
+                    tree: ApproxIndex::new(config.tree_settings()),
                     in_flight: InFlightBlocks::new(exact.clone()),
                     exact,
                 })
             },
+            config,
         }
     }
 }

@@ -30,6 +30,9 @@ pub struct RequestFields<'a> {
     /// `/v1/embeddings` input.
     #[serde(borrow, default)]
     pub input: Option<PromptInput<'a>>,
+    /// The end user (OpenAI's `user`): the session key when no routing-key header is given.
+    #[serde(borrow, default)]
+    pub user: Option<Cow<'a, str>>,
 }
 
 #[derive(Debug, Deserialize)]

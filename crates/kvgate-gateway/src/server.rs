@@ -113,6 +113,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
                 role: worker.role,
                 bootstrap_port: worker.bootstrap_port,
                 kv_events: source,
+                policy: None,
             };
             let state = state.clone();
             async move { admin::register_worker(&state, new).await }
@@ -153,8 +154,8 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         tracing::info!(
             addr = %local_addr,
             protocol = config.pd_protocol.as_str(),
-            prefill_policy = state.registry.policy_config(WorkerRole::Prefill).policy.as_str(),
-            decode_policy = state.registry.policy_config(WorkerRole::Decode).policy.as_str(),
+            prefill_policy = state.registry.policy_config("", WorkerRole::Prefill).policy.as_str(),
+            decode_policy = state.registry.policy_config("", WorkerRole::Decode).policy.as_str(),
             "kvgate listening (prefill/decode disaggregation)"
         );
     } else {

@@ -30,6 +30,8 @@ pub struct AppState {
     pub concurrency: Option<Arc<Semaphore>>,
     pub api_key_header: Option<HeaderValue>,
     pub request_timeout: Duration,
+    /// The header carrying a request's session key (validated with the configuration).
+    pub routing_key_header: http::HeaderName,
     /// Turns requests into the engines' token ids, for the exact index (when configured).
     pub tokenizer: Option<Arc<Tokenizer>>,
     started: Instant,
@@ -63,6 +65,11 @@ impl AppState {
             tokenizer,
             registry: Registry::new(
                 config.routing.clone(),
+                config
+                    .models
+                    .keys()
+                    .map(|model| Ok((model.clone(), config.model_routing(model)?)))
+                    .collect::<Result<_, String>>()?,
                 [config.prefill_policy, config.decode_policy],
                 circuit,
                 metrics.clone(),
@@ -75,6 +82,8 @@ impl AppState {
             concurrency: config.max_concurrent_requests.map(|n| Arc::new(Semaphore::new(n))),
             api_key_header,
             request_timeout: Duration::from_secs_f64(config.request_timeout_secs),
+            routing_key_header: http::HeaderName::from_bytes(config.routing_key_header.as_bytes())
+                .map_err(|_| format!("invalid routing_key_header {:?}", config.routing_key_header))?,
             started: Instant::now(),
             config,
         })

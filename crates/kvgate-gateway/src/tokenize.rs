@@ -20,7 +20,7 @@ pub(crate) fn routing_key<'a>(
     body: &[u8],
 ) -> OwnedKey<'a> {
     let tokenizer = match &state.tokenizer {
-        Some(tokenizer) if pool.has_kv_events && state.config.routing.uses_exact_index() => tokenizer,
+        Some(tokenizer) if pool.has_kv_events && pool.config.uses_exact_index() => tokenizer,
         _ => return fields.routing_key(),
     };
     let encoded = match endpoint {

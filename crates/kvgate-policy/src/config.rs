@@ -7,27 +7,57 @@ use kvgate_index::TreeSettings;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    CacheAwarePolicy, KvAwarePolicy, LeastLoadPolicy, LeastLoadSettings, Policy, PowerOfTwoPolicy,
-    RandomPolicy, RoundRobinPolicy,
+    AssignmentMode, BucketPolicy, CacheAwarePolicy, ConsistentHashingPolicy, KvAwarePolicy, LeastLoadPolicy,
+    LeastLoadSettings, ManualPolicy, Policy, PowerOfTwoPolicy, PrefixHashPolicy, RandomPolicy,
+    RoundRobinPolicy,
 };
 
-/// The routing policies kvgate knows, by their configuration names.
+/// The routing policies kvgate knows, by their configuration names (snake_case; the reference
+/// gateway's CamelCase names are accepted too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 #[clap(rename_all = "snake_case")]
 pub enum PolicyKind {
     /// Each request to the next worker in turn.
+    #[serde(alias = "RoundRobin")]
+    #[value(alias = "RoundRobin")]
     RoundRobin,
     /// Each request to a uniformly random worker.
+    #[serde(alias = "Random")]
+    #[value(alias = "Random")]
     Random,
     /// Longest prefix match while the pool is balanced; load balancing when it is not.
+    #[serde(alias = "CacheAware")]
+    #[value(alias = "CacheAware")]
     CacheAware,
     /// The less loaded of two random workers.
+    #[serde(alias = "PowerOfTwo")]
+    #[value(alias = "PowerOfTwo")]
     PowerOfTwo,
     /// The worker with the least expected wait (queued prefill, KV pressure).
+    #[serde(alias = "LeastLoad")]
+    #[value(alias = "LeastLoad")]
     LeastLoad,
     /// The worker where the request's predicted time to first token is lowest.
+    #[serde(alias = "KvAware")]
+    #[value(alias = "KvAware")]
     KvAware,
+    /// A consistent-hash ring keyed by the prompt's first tokens, with bounded load.
+    #[serde(alias = "PrefixHash")]
+    #[value(alias = "PrefixHash")]
+    PrefixHash,
+    /// A consistent-hash ring keyed by the session key (header or `user`).
+    #[serde(alias = "ConsistentHashing", alias = "ConsistentHash")]
+    #[value(alias = "ConsistentHashing", alias = "ConsistentHash")]
+    ConsistentHashing,
+    /// Sticky sessions keyed by the session key.
+    #[serde(alias = "Manual")]
+    #[value(alias = "Manual")]
+    Manual,
+    /// Prompt-length buckets with adaptive boundaries (prefill pools).
+    #[serde(alias = "Bucket")]
+    #[value(alias = "Bucket")]
+    Bucket,
 }
 
 impl PolicyKind {
@@ -39,6 +69,10 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::LeastLoad => "least_load",
             PolicyKind::KvAware => "kv_aware",
+            PolicyKind::PrefixHash => "prefix_hash",
+            PolicyKind::ConsistentHashing => "consistent_hashing",
+            PolicyKind::Manual => "manual",
+            PolicyKind::Bucket => "bucket",
         }
     }
 }
@@ -167,34 +201,40 @@ pub struct PolicyConfig {
     /// candidates with weights exp(-(t - t_best) / (temperature * t_best)), >= 0.
     #[arg(long, default_value_t = 0.0)]
     pub router_temperature: f64,
+
+    /// prefix_hash, consistent_hashing: prompt tokens (characters for text) hashed into the key, > 0.
+    #[arg(long, default_value_t = 256)]
+    pub prefix_token_count: usize,
+    /// prefix_hash: a worker whose in-flight count would exceed this times the mean is walked
+    /// past on the ring, >= 1.
+    #[arg(long, default_value_t = 1.25)]
+    pub prefix_hash_load_factor: f64,
+    /// prefix_hash, consistent_hashing: points per worker on the hash ring, > 0.
+    #[arg(long, default_value_t = 160)]
+    pub hash_virtual_nodes: usize,
+    /// manual: how a new session picks its worker.
+    #[arg(long, value_enum, default_value = "min_load")]
+    pub assignment_mode: AssignmentMode,
+    /// manual: seconds after which an idle session is forgotten, > 0.
+    #[arg(long, default_value_t = 14_400.0)]
+    pub max_idle_secs: f64,
+    /// manual: most sessions remembered (the least recently used are forgotten first), > 0.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_sessions: usize,
+    /// bucket: seconds between adjustments of the prompt-length boundaries, > 0.
+    #[arg(long, default_value_t = 5.0)]
+    pub bucket_adjust_interval_secs: f64,
 }
 
 impl Default for PolicyConfig {
+    /// The command-line defaults (parsed from an empty command line, so they cannot drift).
     fn default() -> Self {
-        Self {
-            policy: PolicyKind::CacheAware,
-            cache_threshold: 0.3,
-            balance_abs_threshold: 64.0,
-            balance_rel_threshold: 1.5,
-            balance_token_usage_threshold: 1.0,
-            overload_token_usage_threshold: 1.0,
-            eviction_interval: 120.0,
-            max_tree_size: 67_108_864,
-            block_size: 16,
-            kv_inflight_correction: true,
-            rebalance_affinity: true,
-            cache_miss_strategy: MissStrategy::LeastLoad,
-            prefix_index: PrefixIndexMode::Auto,
-            least_load_kv_pressure_weight: 0.15,
-            least_load_mean_prefill_tokens: 1024.0,
-            least_load_default_throughput: 2000.0,
-            kv_aware_prefill_tokens_per_sec: 8000.0,
-            kv_aware_learn_prefill_rate: true,
-            kv_aware_prefill_cost_weight: 8.0,
-            kv_aware_decode_ms_per_request: 0.35,
-            kv_aware_kv_pressure_weight: 0.15,
-            router_temperature: 0.0,
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            config: PolicyConfig,
         }
+        <Defaults as clap::Parser>::parse_from(["kvgate"]).config
     }
 }
 
@@ -233,6 +273,15 @@ impl PolicyConfig {
             "(0, inf)",
         );
         check("least_load_default_throughput", self.least_load_default_throughput, 0.0, f64::MAX, "(0, inf)");
+        check("prefix_hash_load_factor", self.prefix_hash_load_factor, 1.0, f64::MAX, "[1, inf)");
+        check("max_idle_secs", self.max_idle_secs, 0.0, f64::MAX, "(0, inf) seconds");
+        check(
+            "bucket_adjust_interval_secs",
+            self.bucket_adjust_interval_secs,
+            0.0,
+            f64::MAX,
+            "(0, inf) seconds",
+        );
         check(
             "kv_aware_prefill_tokens_per_sec",
             self.kv_aware_prefill_tokens_per_sec,
@@ -253,7 +302,13 @@ impl PolicyConfig {
                 });
             }
         }
-        for (field, value) in [("max_tree_size", self.max_tree_size), ("block_size", self.block_size)] {
+        for (field, value) in [
+            ("max_tree_size", self.max_tree_size),
+            ("block_size", self.block_size),
+            ("prefix_token_count", self.prefix_token_count),
+            ("hash_virtual_nodes", self.hash_virtual_nodes),
+            ("max_sessions", self.max_sessions),
+        ] {
             if value == 0 {
                 errors.push(ConfigError { field, message: "must be at least 1".into() });
             }
@@ -284,7 +339,12 @@ impl PolicyConfig {
     /// Whether a policy built from this configuration reads engine loads (the host then polls).
     pub fn needs_loads(&self) -> bool {
         match self.policy {
-            PolicyKind::RoundRobin | PolicyKind::Random => false,
+            PolicyKind::RoundRobin
+            | PolicyKind::Random
+            | PolicyKind::PrefixHash
+            | PolicyKind::ConsistentHashing
+            | PolicyKind::Manual
+            | PolicyKind::Bucket => false,
             PolicyKind::PowerOfTwo | PolicyKind::LeastLoad | PolicyKind::KvAware => true,
             PolicyKind::CacheAware => {
                 self.balance_token_usage_threshold < 1.0
@@ -308,6 +368,22 @@ pub fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
             mean_prefill_tokens: config.least_load_mean_prefill_tokens,
             default_throughput: config.least_load_default_throughput,
         })),
+        PolicyKind::PrefixHash => Arc::new(PrefixHashPolicy::new(
+            config.prefix_token_count,
+            config.prefix_hash_load_factor,
+            config.hash_virtual_nodes,
+        )),
+        PolicyKind::ConsistentHashing => {
+            Arc::new(ConsistentHashingPolicy::new(config.prefix_token_count, config.hash_virtual_nodes))
+        }
+        PolicyKind::Manual => {
+            Arc::new(ManualPolicy::new(config.assignment_mode, config.max_idle_secs, config.max_sessions))
+        }
+        PolicyKind::Bucket => Arc::new(BucketPolicy::new(
+            config.bucket_adjust_interval_secs,
+            config.balance_abs_threshold,
+            config.balance_rel_threshold,
+        )),
     }
 }
 
@@ -353,6 +429,33 @@ mod tests {
         );
         let message = bad.validate().unwrap_err()[0].to_string();
         assert!(message.contains("cache_threshold") && message.contains("(0, 1]"), "{message}");
+    }
+
+    #[test]
+    fn camel_case_policy_names_are_accepted() {
+        use clap::ValueEnum;
+        for (camel, kind) in [
+            ("CacheAware", PolicyKind::CacheAware),
+            ("RoundRobin", PolicyKind::RoundRobin),
+            ("PowerOfTwo", PolicyKind::PowerOfTwo),
+            ("ConsistentHashing", PolicyKind::ConsistentHashing),
+            ("PrefixHash", PolicyKind::PrefixHash),
+        ] {
+            assert_eq!(PolicyKind::from_str(camel, false).unwrap(), kind, "flag {camel}");
+            let yaml: PolicyKind = serde_json::from_value(serde_json::json!(camel)).unwrap();
+            assert_eq!(yaml, kind, "file {camel}");
+            let snake: PolicyKind = serde_json::from_value(serde_json::json!(kind.as_str())).unwrap();
+            assert_eq!(snake, kind);
+        }
+    }
+
+    #[test]
+    fn every_policy_builds_under_its_name() {
+        use clap::ValueEnum;
+        for kind in PolicyKind::value_variants() {
+            let policy = build_policy(&PolicyConfig { policy: *kind, ..PolicyConfig::default() });
+            assert_eq!(policy.name(), kind.as_str());
+        }
     }
 
     #[test]

@@ -137,7 +137,7 @@ mod tests {
         let mut rng = ctx_rng(2);
         let mut ctx =
             SelectContext { now_ms: 1500, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: 4000 };
+        let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: 4000, session: None };
         let mut counts = [0; 2];
         for _ in 0..10 {
             counts[policy.select(&request, &pool, &mut ctx).unwrap().worker as usize] += 1;

@@ -3,22 +3,31 @@
 //! The gateway and the virtual-time simulator call the same [`Policy::select`]: it never performs
 //! I/O, never reads a clock and never spawns a thread. Everything it needs is in its arguments.
 
+mod bucket;
 mod cache_aware;
 mod config;
+mod consistent_hashing;
+mod hashing;
 mod inflight;
 mod kv_aware;
 mod least_load;
+mod manual;
 mod pick;
 mod power_of_two;
+mod prefix_hash;
 mod random;
 mod round_robin;
 
+pub use bucket::BucketPolicy;
 pub use cache_aware::{CacheAwarePolicy, Imbalance, Thresholds};
 pub use config::{build_policy, ConfigError, MissStrategy, PolicyConfig, PolicyKind, PrefixIndexMode};
+pub use consistent_hashing::ConsistentHashingPolicy;
 pub use kv_aware::{KvAwarePolicy, PredictedTtft};
 pub use kvgate_index::{IndexKind, PrefixIndex, PromptKey};
 pub use least_load::{LeastLoadPolicy, LeastLoadSettings};
+pub use manual::{AssignmentMode, ManualPolicy};
 pub use power_of_two::PowerOfTwoPolicy;
+pub use prefix_hash::PrefixHashPolicy;
 pub use random::RandomPolicy;
 pub use round_robin::RoundRobinPolicy;
 
@@ -81,10 +90,14 @@ pub struct RouteRequest<'a> {
     pub key: RoutingKey<'a>,
     /// Estimated prompt tokens (0 when unknown).
     pub prompt_tokens: u64,
+    /// The request's session key: the routing-key header, else the body's `user` field (what
+    /// `consistent_hashing` and `manual` route by).
+    pub session: Option<&'a str>,
 }
 
 impl RouteRequest<'_> {
-    pub const EMPTY: RouteRequest<'static> = RouteRequest { key: RoutingKey::None, prompt_tokens: 0 };
+    pub const EMPTY: RouteRequest<'static> =
+        RouteRequest { key: RoutingKey::None, prompt_tokens: 0, session: None };
 }
 
 /// The inputs that are not about the request: the time, a source of randomness, and the
@@ -113,10 +126,22 @@ pub enum Reason {
     PowerOfTwo,
     LeastLoad,
     KvAware,
+    /// prefix_hash: the ring owner of the prompt's prefix (or the next within the load bound).
+    PrefixHash,
+    /// consistent_hashing: the ring owner of the session key.
+    ConsistentHash,
+    /// manual: the worker the session is bound to.
+    Sticky,
+    /// manual: a new (or orphaned) session bound by the assignment mode.
+    SessionAssigned,
+    /// bucket: the owner of the prompt length's bucket.
+    Bucket,
+    /// The client named the worker (`x-kvgate-target-worker`, when allowed).
+    TargetWorker,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 16] = [
         Reason::RoundRobin,
         Reason::Random,
         Reason::CacheHit,
@@ -127,6 +152,12 @@ impl Reason {
         Reason::PowerOfTwo,
         Reason::LeastLoad,
         Reason::KvAware,
+        Reason::PrefixHash,
+        Reason::ConsistentHash,
+        Reason::Sticky,
+        Reason::SessionAssigned,
+        Reason::Bucket,
+        Reason::TargetWorker,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -141,6 +172,12 @@ impl Reason {
             Reason::PowerOfTwo => "power_of_two",
             Reason::LeastLoad => "least_load",
             Reason::KvAware => "kv_aware",
+            Reason::PrefixHash => "prefix_hash",
+            Reason::ConsistentHash => "consistent_hash",
+            Reason::Sticky => "sticky",
+            Reason::SessionAssigned => "session_assigned",
+            Reason::Bucket => "bucket",
+            Reason::TargetWorker => "target_worker",
         }
     }
 }
@@ -173,6 +210,13 @@ pub struct Decision {
     pub predicted: Option<PredictedTtft>,
 }
 
+impl Decision {
+    /// A decision with a worker and a reason only (no prefix index, no prediction).
+    pub fn plain(worker: WorkerId, reason: Reason) -> Self {
+        Self { worker, reason, matches: None, index: None, predicted: None }
+    }
+}
+
 /// Why no worker could be chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum NoRoute {
@@ -203,6 +247,10 @@ pub trait Policy: Send + Sync {
     fn needs_routing_key(&self) -> bool {
         false
     }
+
+    /// A worker joined the pool; `name` is its stable identity (the gateway gives its URL), which
+    /// hash-based policies place on their ring so that placement survives restarts.
+    fn add_worker(&self, _worker: WorkerId, _name: &str) {}
 
     /// A worker left the pool for good: forget everything about it.
     fn remove_worker(&self, _worker: WorkerId) {}

@@ -3,6 +3,11 @@
 
 use rand::Rng;
 
+/// The candidate with the fewest requests in flight (ties at random); 0 for an empty slice.
+pub fn least_in_flight(candidates: &[crate::Candidate], rng: &mut dyn rand::RngCore) -> usize {
+    pick_min_by(0..candidates.len(), |i| candidates[i].in_flight, rng).unwrap_or(0)
+}
+
 /// One of the indices that minimise `key`, chosen at random among ties.
 pub fn pick_min_by<K: PartialOrd + Copy>(
     indices: impl Iterator<Item = usize>,

@@ -245,7 +245,7 @@ impl<'a> Simulation<'a> {
             })
             .collect();
         let route =
-            RouteRequest { key: RoutingKey::Tokens(&prompt), prompt_tokens: u64::from(request.input_length) };
+            RouteRequest { key: RoutingKey::Tokens(&prompt), prompt_tokens: u64::from(request.input_length), session: None };
         let mut ctx = SelectContext {
             now_ms: now / 1000,
             load_poll_interval_ms: self.setup.load_monitor_interval_ms,

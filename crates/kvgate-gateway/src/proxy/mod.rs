@@ -27,6 +27,9 @@ use attempt::{attempt, Attempt};
 use plan::{RoutePlan, Shape};
 use respond::{failure_response, respond, Failure, Outcome, Served};
 
+/// Names the worker a request must go to (with `--routing-key-override`).
+static TARGET_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-target-worker");
+
 /// The proxied endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -146,6 +149,15 @@ where
     } else {
         OwnedKey::None
     };
+    let session = parts
+        .headers
+        .get(&state.routing_key_header)
+        .and_then(|value| value.to_str().ok())
+        .or(fields.user.as_deref());
+    let target = match parts.headers.get(&TARGET_HEADER) {
+        Some(value) if state.config.routing_key_override => Some(shape.target(value)?),
+        _ => None,
+    };
     let route_request = RouteRequest {
         key: match &key {
             OwnedKey::None => RoutingKey::None,
@@ -153,6 +165,7 @@ where
             OwnedKey::Tokens(ids) => RoutingKey::Tokens(ids),
         },
         prompt_tokens: estimate_tokens(&key),
+        session,
     };
     let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path());
     let exchange = pd::Exchange {
@@ -168,7 +181,7 @@ where
     let mut last_failure: Option<Failure> = None;
     let mut retries = 0;
     loop {
-        let plan = match shape.plan(state, &route_request, &tried) {
+        let plan = match shape.plan(state, &route_request, &tried, target) {
             Ok(plan) => plan,
             Err(error) => {
                 return match last_failure {

@@ -71,18 +71,40 @@ impl Shape {
         }
     }
 
-    /// A route plan avoiding `tried`, or why none exists.
+    /// The worker an `x-kvgate-target-worker` header names, if it serves this request's model
+    /// (on either side of a pair).
+    pub(super) fn target(&self, value: &http::HeaderValue) -> Result<u32, ApiError> {
+        let named = value.to_str().ok().and_then(|url| crate::worker::normalize_url(url).ok());
+        let pools: Vec<&Arc<ModelPool>> = match self {
+            Shape::Single(pool) => vec![pool],
+            Shape::Pair { prefill, decode } => vec![prefill, decode],
+        };
+        pools
+            .iter()
+            .flat_map(|pool| pool.workers.iter())
+            .find(|w| named.as_deref() == Some(w.url.as_str()))
+            .map(|w| w.id)
+            .ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "x-kvgate-target-worker {:?} is not a worker of this request's model",
+                    value.to_str().unwrap_or("<not text>")
+                ))
+            })
+    }
+
+    /// A route plan avoiding `tried` (and going to `target` where it serves), or why none exists.
     pub(super) fn plan(
         &self,
         state: &AppState,
         request: &RouteRequest<'_>,
         tried: &[u32],
+        target: Option<u32>,
     ) -> Result<RoutePlan, ApiError> {
         match self {
-            Shape::Single(pool) => Ok(RoutePlan::Single(pick(state, pool, request, tried)?)),
+            Shape::Single(pool) => Ok(RoutePlan::Single(pick(state, pool, request, tried, target)?)),
             Shape::Pair { prefill, decode } => Ok(RoutePlan::Pair {
-                prefill: pick(state, prefill, request, tried)?,
-                decode: pick(state, decode, request, tried)?,
+                prefill: pick(state, prefill, request, tried, target)?,
+                decode: pick(state, decode, request, tried, target)?,
             }),
         }
     }
@@ -122,7 +144,19 @@ fn pick(
     pool: &Arc<ModelPool>,
     request: &RouteRequest<'_>,
     tried: &[u32],
+    target: Option<u32>,
 ) -> Result<Pick, ApiError> {
+    if let Some(worker) = target.and_then(|id| pool.workers.iter().find(|w| w.id == id)) {
+        if tried.contains(&worker.id) || !worker.is_routable(Instant::now()) {
+            return Err(ApiError::NoHealthyWorker(format!(
+                ": the target worker {} is not available",
+                worker.url
+            )));
+        }
+        let decision = Decision::plain(worker.id, kvgate_policy::Reason::TargetWorker);
+        state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
+        return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone() });
+    }
     choose(state, pool, request, tried)
         .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
         .ok_or_else(|| {
@@ -158,7 +192,7 @@ fn choose(
     }
     let exact = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
     let prefix_index: &dyn PrefixIndex =
-        if use_exact_index(state, pool, request, events_flowing) { &exact } else { &pool.prefix.tree };
+        if use_exact_index(pool, request, events_flowing) { &exact } else { &pool.prefix.tree };
     let mut rng = rand::rng();
     let mut ctx = SelectContext {
         now_ms: state.now_ms(),
@@ -174,16 +208,11 @@ fn choose(
 
 /// Whether to match against the exact index: the pool's workers publish KV events, the request
 /// has token ids, and the mode allows it (`auto`: every candidate's events flow).
-fn use_exact_index(
-    state: &AppState,
-    pool: &ModelPool,
-    request: &RouteRequest<'_>,
-    events_flowing: bool,
-) -> bool {
+fn use_exact_index(pool: &ModelPool, request: &RouteRequest<'_>, events_flowing: bool) -> bool {
     if !pool.has_kv_events || !matches!(request.key, RoutingKey::Tokens(_)) {
         return false;
     }
-    match state.config.routing.prefix_index {
+    match pool.config.prefix_index {
         PrefixIndexMode::Auto => events_flowing,
         PrefixIndexMode::Exact => true,
         PrefixIndexMode::Approximate => false,

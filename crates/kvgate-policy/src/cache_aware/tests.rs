@@ -55,7 +55,8 @@ impl Harness {
     }
 
     fn route(&mut self, text: &str, candidates: &[Candidate]) -> Decision {
-        let request = RouteRequest { key: RoutingKey::Text(text), prompt_tokens: text.len() as u64 / 4 };
+        let request =
+            RouteRequest { key: RoutingKey::Text(text), prompt_tokens: text.len() as u64 / 4, session: None };
         self.route_request(&request, candidates)
     }
 
@@ -254,7 +255,7 @@ fn inflight_correction_sees_load_routed_since_the_last_sample() {
             // Worker 0 always has the shorter queue, so misses land there until its KV estimate grows.
             let candidates = pool(&[0, 1], Some(&[0.0, 0.0]), now - 1);
             let d = h.route_request(
-                &RouteRequest { key: RoutingKey::Text(&request), prompt_tokens: 5_000 },
+                &RouteRequest { key: RoutingKey::Text(&request), prompt_tokens: 5_000, session: None },
                 &candidates,
             );
             reasons.push(d.reason);
@@ -275,7 +276,7 @@ fn token_ids_route_in_whole_blocks() {
     let candidates = pool(&[0, 0, 0], None, 0);
     let route = |h: &mut Harness, ids: &[u32]| {
         h.route_request(
-            &RouteRequest { key: RoutingKey::Tokens(ids), prompt_tokens: ids.len() as u64 },
+            &RouteRequest { key: RoutingKey::Tokens(ids), prompt_tokens: ids.len() as u64, session: None },
             &candidates,
         )
     };
@@ -362,7 +363,11 @@ impl ExactHarness {
     }
 
     fn route(&mut self, tokens: &[u32], in_flight: &[u64]) -> Decision {
-        let request = RouteRequest { key: RoutingKey::Tokens(tokens), prompt_tokens: tokens.len() as u64 };
+        let request = RouteRequest {
+            key: RoutingKey::Tokens(tokens),
+            prompt_tokens: tokens.len() as u64,
+            session: None,
+        };
         let mut ctx = SelectContext {
             now_ms: 0,
             load_poll_interval_ms: POLL_MS,
@@ -397,7 +402,7 @@ fn exact_index_routes_to_the_engine_that_holds_the_blocks() {
 fn without_an_index_every_prompt_is_a_miss() {
     let policy = CacheAwarePolicy::new(&PolicyConfig::default());
     let mut rng = SmallRng::seed_from_u64(1);
-    let request = RouteRequest { key: RoutingKey::Text(PROMPT), prompt_tokens: 10 };
+    let request = RouteRequest { key: RoutingKey::Text(PROMPT), prompt_tokens: 10, session: None };
     for _ in 0..3 {
         let mut ctx =
             SelectContext { now_ms: 0, load_poll_interval_ms: POLL_MS, rng: &mut rng, prefix_index: None };

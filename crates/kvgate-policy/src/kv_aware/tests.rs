@@ -53,7 +53,11 @@ impl Harness {
 
     /// Routes `tokens` (a prompt of token ids, 1 per element).
     fn route(&mut self, tokens: &[u32], candidates: &[Candidate]) -> Decision {
-        let request = RouteRequest { key: RoutingKey::Tokens(tokens), prompt_tokens: tokens.len() as u64 };
+        let request = RouteRequest {
+            key: RoutingKey::Tokens(tokens),
+            prompt_tokens: tokens.len() as u64,
+            session: None,
+        };
         let mut ctx = SelectContext {
             now_ms: self.now_ms,
             load_poll_interval_ms: POLL_MS,
