@@ -13,6 +13,30 @@ pub struct EngineRequest {
     pub output_tokens: u32,
 }
 
+/// Which half of a request an engine serves under prefill/decode (PD) disaggregation.
+///
+/// A PD fleet splits one request across two engines: a prefill engine computes the prompt's KV
+/// (and the first token) and keeps that KV held until it has been transferred; a decode engine
+/// receives the transferred KV and generates the output. The host moves the KV between them
+/// (and decides how long a transfer takes); the engines only account for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PdStage {
+    /// Prefill and decode on this engine; the request's KV is released when it finishes.
+    #[default]
+    Regular,
+    /// The prefill half: the request runs as a regular one (hosts usually ask for one output
+    /// token), but when it finishes its KV blocks stay held: counted in `token_usage`, never
+    /// evicted, until the host calls `Engine::release_held` (once the decode side has pulled
+    /// the KV, or when the host gives up waiting for it).
+    Prefill,
+    /// The decode half: the prompt's KV was computed elsewhere and transferred in. The request
+    /// is admitted with blocks for its prompt and output like any other (prefix-cache hits
+    /// reused, the prompt's full blocks entering the cache at admission), but computes nothing
+    /// of its prompt: no prefill step. Its first token comes from its first decode step and it
+    /// takes `output_tokens` decode steps in all.
+    Decode,
+}
+
 /// Timing and token counts of one finished request. Times are the caller's microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestStats {
@@ -54,11 +78,13 @@ pub enum RejectReason {
 /// An event for the host, emitted by `Engine::submit` and `Engine::advance` in time order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EngineOutput {
-    /// The request's prefill completed and its first token was produced.
+    /// The request's first token was produced: at the end of the step completing its prefill,
+    /// or of its first decode step for a `PdStage::Decode` request.
     FirstToken { id: u64, at: u64 },
     /// One more token (the 2nd and later); only with `emit_token_events`.
     Token { id: u64, at: u64 },
-    /// The request produced its last token; its blocks were released.
+    /// The request produced its last token; its blocks were released (or, for a
+    /// `PdStage::Prefill` request, held until `Engine::release_held`).
     Finished { id: u64, stats: RequestStats },
     /// The request was refused at submission and never entered the engine.
     Rejected { id: u64, reason: RejectReason },

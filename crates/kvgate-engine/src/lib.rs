@@ -25,7 +25,15 @@
 //!   request finishes they become evictable, and its other blocks are freed. Eviction emits
 //!   [`KvEvent::BlockRemoved`].
 //! - **Load.** [`Engine::load`] reports SGLang's `/v1/loads` fields; `token_usage` counts blocks
-//!   held by admitted requests only (evictable cached blocks are free capacity).
+//!   held by admitted requests (and KV held for transfer, below) only (evictable cached blocks
+//!   are free capacity).
+//! - **Prefill/decode disaggregation.** [`Engine::submit_as`] takes a [`PdStage`]. A
+//!   `PdStage::Prefill` request runs as usual, but its KV stays held after it finishes, counted
+//!   in `token_usage` and never evicted, until the host calls [`Engine::release_held`] (the
+//!   decode side pulled it, or nobody did in time: the hold timeout is the host's). A
+//!   `PdStage::Decode` request's prompt KV arrived from a prefill engine: it is admitted with
+//!   blocks for prompt + output, computes no prefill, and produces its first token at its first
+//!   decode step. The transfer itself (when, how long) is the host's.
 //!
 //! # The tokenizer
 //! One whitespace-separated word is one token; its id is the 32-bit FNV-1a hash of the word's
@@ -57,7 +65,7 @@ mod scheduler;
 mod tokenizer;
 
 pub use config::{ConfigError, EngineConfig};
-pub use events::{EngineOutput, EngineRequest, KvEvent, KvEventBatch, RejectReason, RequestStats};
+pub use events::{EngineOutput, EngineRequest, KvEvent, KvEventBatch, PdStage, RejectReason, RequestStats};
 pub use flags::EngineFlags;
 pub use load::{EngineLoad, THROUGHPUT_WINDOW_US};
 pub use scheduler::Engine;

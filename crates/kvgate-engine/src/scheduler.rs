@@ -1,14 +1,17 @@
 //! The engine: FIFO admission against the KV pool, chunked prefill with priority over batched decode, and the request lifecycle, advanced by an injected clock.
 
+mod pd;
+mod report;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use crate::blocks::BlockPool;
 use crate::config::EngineConfig;
 use crate::events::{
-    EngineOutput, EngineRequest, KvEvent, KvEventBatch, KvEventLog, RejectReason, RequestStats,
+    EngineOutput, EngineRequest, KvEvent, KvEventBatch, KvEventLog, PdStage, RejectReason, RequestStats,
 };
-use crate::load::{EngineLoad, ThroughputWindow};
+use crate::load::ThroughputWindow;
 use crate::tokenizer::prompt_block_hashes;
 
 /// A discrete-event model of one serving engine replica.
@@ -37,6 +40,11 @@ pub struct Engine {
     admission_pending: bool,
     kv_events: KvEventLog,
     evicted: Vec<u64>,
+    /// KV of finished `PdStage::Prefill` requests, by id, until `release_held`.
+    held: BTreeMap<u64, pd::HeldBlocks>,
+    /// Set when a `PdStage::Decode` request starts decoding; cleared by the decode step that
+    /// gives it (and every other such request) its first token.
+    transferred_awaiting_first_token: bool,
     throughput: ThroughputWindow,
     waiting_uncached_tokens: u64,
     admitted_prefill_tokens: u64,
@@ -65,6 +73,9 @@ struct Request {
     arrival_us: u64,
     admitted_us: u64,
     first_token_us: u64,
+    stage: PdStage,
+    /// A `PdStage::Decode` request whose first token the next decode step produces.
+    awaiting_first_token: bool,
     phase: Phase,
 }
 
@@ -128,6 +139,8 @@ impl Engine {
             prefill_work: Vec::new(),
             admission_pending: false,
             evicted: Vec::new(),
+            held: BTreeMap::new(),
+            transferred_awaiting_first_token: false,
             throughput: ThroughputWindow::default(),
             waiting_uncached_tokens: 0,
             admitted_prefill_tokens: 0,
@@ -165,6 +178,20 @@ impl Engine {
     /// request is considered when the running step ends (requests arriving at the same instant
     /// as a step's start join that step).
     pub fn submit(&mut self, now: u64, request: EngineRequest, out: &mut Vec<EngineOutput>) {
+        self.submit_as(now, request, PdStage::Regular, out);
+    }
+
+    /// `submit` for one half of a disaggregated request (see [`PdStage`]): `Prefill` holds the
+    /// request's KV after it finishes until `release_held(id)`, `Decode` admits a request whose
+    /// prompt KV was transferred in and skips its prefill. The id stays taken while its KV is
+    /// held (a new request with it is rejected as a duplicate).
+    pub fn submit_as(
+        &mut self,
+        now: u64,
+        request: EngineRequest,
+        stage: PdStage,
+        out: &mut Vec<EngineOutput>,
+    ) {
         self.advance(now, out);
         let EngineRequest { id, prompt, output_tokens } = request;
         let output_tokens = output_tokens.max(1);
@@ -173,7 +200,7 @@ impl Engine {
         let total_blocks = required_tokens.div_ceil(block_size);
         let reject = if prompt.is_empty() {
             Some(RejectReason::EmptyPrompt)
-        } else if self.slot_by_id.contains_key(&id) {
+        } else if self.slot_by_id.contains_key(&id) || self.held.contains_key(&id) {
             Some(RejectReason::DuplicateId)
         } else if total_blocks > self.pool.capacity_blocks() || prompt.len() > u32::MAX as usize {
             Some(RejectReason::ExceedsKvCapacity {
@@ -194,7 +221,10 @@ impl Engine {
             Vec::new()
         };
         let matched = self.pool.match_prefix(&block_hashes);
-        let uncached_estimate = prompt_len - self.cached_tokens_for(matched, prompt_len);
+        let uncached_estimate = match stage {
+            PdStage::Decode => 0,
+            PdStage::Regular | PdStage::Prefill => prompt_len - self.cached_tokens_for(matched, prompt_len),
+        };
         self.waiting_uncached_tokens += u64::from(uncached_estimate);
         let request = Request {
             id,
@@ -210,6 +240,8 @@ impl Engine {
             arrival_us: now,
             admitted_us: 0,
             first_token_us: 0,
+            stage,
+            awaiting_first_token: false,
             phase: Phase::Waiting,
         };
         let slot = match self.free_slots.pop() {
@@ -250,6 +282,7 @@ impl Engine {
 
     /// Drops request `id` (client disconnect), releasing its blocks. Emits nothing; returns
     /// whether the request was in the engine. A step already running still takes its time.
+    /// KV held after a `PdStage::Prefill` request finished is not touched (see `release_held`).
     pub fn cancel(&mut self, id: u64) -> bool {
         let Some(slot) = self.slot_by_id.remove(&id) else {
             return false;
@@ -288,32 +321,6 @@ impl Engine {
         self.kv_events.push(KvEvent::AllBlocksCleared);
         self.kv_events.flush(now);
         true
-    }
-
-    /// A load snapshot at `now` (call after `advance(now)` for an up-to-date view).
-    pub fn load(&self, now: u64) -> EngineLoad {
-        let block_size = u64::from(self.config.block_size);
-        let capacity_blocks = self.pool.capacity_blocks();
-        let used_blocks = self.pool.used_blocks();
-        EngineLoad {
-            num_running_reqs: (self.prefilling.len() + self.decoding.len()) as u64,
-            num_waiting_reqs: self.waiting.len() as u64,
-            num_waiting_uncached_tokens: self.waiting_uncached_tokens + self.admitted_prefill_tokens,
-            num_used_tokens: used_blocks * block_size,
-            max_total_num_tokens: capacity_blocks * block_size,
-            token_usage: if capacity_blocks == 0 { 0.0 } else { used_blocks as f64 / capacity_blocks as f64 },
-            gen_throughput: self.throughput.rate(now),
-            cache_hit_rate: if self.total_prompt_tokens == 0 {
-                0.0
-            } else {
-                self.total_cached_tokens as f64 / self.total_prompt_tokens as f64
-            },
-            max_running_requests: u64::from(self.config.max_running_requests),
-            total_prompt_tokens: self.total_prompt_tokens,
-            total_cached_tokens: self.total_cached_tokens,
-            total_generated_tokens: self.total_generated_tokens,
-            num_evictable_blocks: self.pool.evictable_blocks(),
-        }
     }
 
     /// Cached prompt tokens for `matched` full cached blocks: at least one token is computed.
@@ -383,18 +390,22 @@ impl Engine {
             }
             let cached_tokens = self.cached_tokens_for(matched, request.prompt_len);
             let request = self.slots[slot].as_mut().expect("waiting slots are live");
-            let remaining = request.prompt_len - cached_tokens;
             request.cached_tokens = cached_tokens;
             request.referenced_blocks = matched;
             request.private_blocks = new_blocks;
             request.admitted_us = at_us;
-            request.phase = Phase::Prefilling { remaining };
             self.waiting_uncached_tokens -= u64::from(request.uncached_estimate);
-            self.admitted_prefill_tokens += u64::from(remaining);
             self.total_prompt_tokens += u64::from(request.prompt_len);
             self.total_cached_tokens += u64::from(cached_tokens);
             self.waiting.pop_front();
-            self.prefilling.push_back(slot);
+            if request.stage == PdStage::Decode {
+                self.start_transferred(slot);
+            } else {
+                let remaining = request.prompt_len - cached_tokens;
+                request.phase = Phase::Prefilling { remaining };
+                self.admitted_prefill_tokens += u64::from(remaining);
+                self.prefilling.push_back(slot);
+            }
         }
     }
 
@@ -434,10 +445,26 @@ impl Engine {
     /// The request's prefill is done: emit its first token, cache its prompt blocks, and move
     /// it to decoding (or finish it).
     fn finish_prefill(&mut self, slot: usize, at_us: u64, out: &mut Vec<EngineOutput>) {
-        let block_size = self.config.block_size as usize;
         let request = self.slots[slot].as_mut().expect("checked by the caller");
         request.first_token_us = at_us;
         out.push(EngineOutput::FirstToken { id: request.id, at: at_us });
+        self.store_prompt_blocks(slot);
+        let request = self.slots[slot].as_mut().expect("checked by the caller");
+        if request.output_tokens == 1 {
+            self.finish(slot, at_us, out);
+            return;
+        }
+        let finish_step = self.decode_steps + u64::from(request.output_tokens) - 1;
+        request.phase = Phase::Decoding { finish_step, position: self.decoding.len() };
+        self.finish_queue.push(Reverse((finish_step, request.id, slot)));
+        self.decoding.push(slot);
+    }
+
+    /// The request's prompt KV is complete: its full blocks not yet cached enter the prefix
+    /// cache (recording `BlockStored` events), and its prompt tokens are dropped.
+    fn store_prompt_blocks(&mut self, slot: usize) {
+        let block_size = self.config.block_size as usize;
+        let request = self.slots[slot].as_mut().expect("checked by the caller");
         let n_full = request.block_hashes.len();
         let mut run_start = None;
         for index in request.referenced_blocks..=n_full {
@@ -462,14 +489,6 @@ impl Engine {
         request.referenced_blocks = n_full;
         request.prompt = Vec::new();
         self.admission_pending = true;
-        if request.output_tokens == 1 {
-            self.finish(slot, at_us, out);
-            return;
-        }
-        let finish_step = self.decode_steps + u64::from(request.output_tokens) - 1;
-        request.phase = Phase::Decoding { finish_step, position: self.decoding.len() };
-        self.finish_queue.push(Reverse((finish_step, request.id, slot)));
-        self.decoding.push(slot);
     }
 
     fn complete_decode(&mut self, at_us: u64, out: &mut Vec<EngineOutput>) {
@@ -477,7 +496,9 @@ impl Engine {
         let batch = self.decoding.len() as u64;
         self.total_generated_tokens += batch;
         self.throughput.record(at_us, batch);
-        if self.config.emit_token_events {
+        if self.transferred_awaiting_first_token {
+            self.emit_decode_tokens_with_first(at_us, out);
+        } else if self.config.emit_token_events {
             out.extend(self.decoding.iter().map(|&slot| EngineOutput::Token {
                 id: self.slots[slot].as_ref().expect("decoding slots are live").id,
                 at: at_us,
@@ -498,16 +519,22 @@ impl Engine {
         }
     }
 
-    /// The request produced its last token: release its blocks and report its stats.
+    /// The request produced its last token: release (or hold) its blocks and report its stats.
     fn finish(&mut self, slot: usize, at_us: u64, out: &mut Vec<EngineOutput>) {
-        let request = self.slots[slot].take().expect("finishing slots are live");
+        let mut request = self.slots[slot].take().expect("finishing slots are live");
         self.free_slots.push(slot);
         self.slot_by_id.remove(&request.id);
         if let Phase::Decoding { position, .. } = request.phase {
             self.remove_from_decoding(position);
         }
-        self.pool.release(&request.block_hashes[..request.referenced_blocks], request.private_blocks);
-        self.admission_pending = true;
+        if request.stage == PdStage::Prefill {
+            let mut referenced = std::mem::take(&mut request.block_hashes);
+            referenced.truncate(request.referenced_blocks);
+            self.hold(request.id, referenced, request.private_blocks);
+        } else {
+            self.pool.release(&request.block_hashes[..request.referenced_blocks], request.private_blocks);
+            self.admission_pending = true;
+        }
         out.push(EngineOutput::Finished {
             id: request.id,
             stats: RequestStats {
@@ -530,23 +557,6 @@ impl Engine {
             {
                 *p = position;
             }
-        }
-    }
-
-    /// Panics if internal accounting is inconsistent (tests only).
-    #[cfg(test)]
-    pub(crate) fn check_invariants(&self) {
-        self.pool.check_invariants();
-        let load = self.load(0);
-        assert!((0.0..=1.0).contains(&load.token_usage), "{load:?}");
-        assert!(self.running() <= self.config.max_running_requests as usize);
-        assert_eq!(self.slot_by_id.len(), self.waiting.len() + self.prefilling.len() + self.decoding.len());
-        for (position, &slot) in self.decoding.iter().enumerate() {
-            let phase = self.slots[slot].as_ref().unwrap().phase;
-            assert!(matches!(phase, Phase::Decoding { position: p, .. } if p == position));
-        }
-        if !self.slot_by_id.is_empty() {
-            assert!(self.step.is_some(), "live requests but no running step");
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Behaviour tests of the whole engine: timing, prefix reuse, eviction, queueing, events, determinism.
 
+mod pd;
+
 use proptest::prelude::*;
 
 use crate::*;
@@ -40,13 +42,20 @@ impl Trace {
 #[derive(Clone, Debug)]
 enum Action {
     Submit(u64, EngineRequest),
+    /// A submission for one half of a disaggregated request.
+    SubmitAs(u64, EngineRequest, PdStage),
     Cancel(u64, u64),
+    /// `release_held` of a finished prefill-only request's KV.
+    Release(u64, u64),
 }
 
 impl Action {
     fn at(&self) -> u64 {
         match self {
-            Action::Submit(at, _) | Action::Cancel(at, _) => *at,
+            Action::Submit(at, _)
+            | Action::SubmitAs(at, _, _)
+            | Action::Cancel(at, _)
+            | Action::Release(at, _) => *at,
         }
     }
 }
@@ -63,8 +72,12 @@ fn simulate(config: EngineConfig, actions: Vec<Action>) -> (Engine, Trace) {
         }
         match action {
             Action::Submit(at, request) => engine.submit(at, request, &mut trace.outputs),
+            Action::SubmitAs(at, request, stage) => engine.submit_as(at, request, stage, &mut trace.outputs),
             Action::Cancel(_, id) => {
                 engine.cancel(id);
+            }
+            Action::Release(at, id) => {
+                engine.release_held(at, id, &mut trace.outputs);
             }
         }
         engine.check_invariants();

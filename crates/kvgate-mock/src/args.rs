@@ -2,6 +2,8 @@
 
 use kvgate_engine::{EngineConfig, EngineFlags};
 
+use crate::pd::WorkerRole;
+
 /// How each simulated engine answers.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum EngineKind {
@@ -80,6 +82,25 @@ pub struct MockArgs {
     #[command(flatten)]
     pub engine_flags: EngineFlags,
 
+    /// Prefill/decode disaggregation role of every engine of this fleet.
+    #[arg(long, value_enum, default_value_t = WorkerRole::Regular)]
+    pub role: WorkerRole,
+    /// Prefill engines serve their KV bootstrap (transfer) channel on bootstrap_base_port + i
+    /// (0 or absent = pick free ports); --role prefill only.
+    #[arg(long)]
+    pub bootstrap_base_port: Option<u16>,
+    /// Bandwidth of the KV link from prefill to decode engines, in GB/s.
+    #[arg(long, default_value_t = 25.0)]
+    pub kv_transfer_gbps: f64,
+    /// KV bytes per prompt token moved by a transfer (default: Llama-3-8B fp16, 32 layers x 8 KV
+    /// heads x 128 dims x 2 (K and V) x 2 bytes).
+    #[arg(long, default_value_t = 131_072)]
+    pub kv_bytes_per_token: u64,
+    /// Seconds (model time) a prefill engine holds a prefilled KV nobody pulls, and a decode
+    /// engine waits for its KV before answering 502.
+    #[arg(long, default_value_t = 30.0)]
+    pub kv_hold_timeout_secs: f64,
+
     /// Fraction of generation requests answered with HTTP 500.
     #[arg(long, default_value_t = 0.0)]
     pub fail_rate: f64,
@@ -137,6 +158,7 @@ impl MockArgs {
             problems.push("--base-port + --count exceeds the port range".into());
         }
         problems.extend(self.kv_event_problems());
+        problems.extend(self.pd_problems());
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
             problems.push(format!("--time-scale must be a finite number > 0, got {}", self.time_scale));
         }

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use kvgate_engine::{Engine, EngineConfig, EngineLoad, EngineOutput, EngineRequest, KvEventBatch};
-use tokio::sync::{mpsc, Notify};
+use kvgate_engine::{Engine, EngineConfig, EngineLoad, EngineOutput, EngineRequest, KvEventBatch, PdStage};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -43,6 +43,27 @@ pub(crate) fn unix_now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |elapsed| elapsed.as_secs_f64())
 }
 
+/// Where one live request's outputs go.
+struct Listener {
+    sender: mpsc::UnboundedSender<EngineOutput>,
+    /// Whether it wants `Token` outputs (streaming).
+    wants_tokens: bool,
+    /// Also told the request's last output (`Finished` or `Rejected`), if given.
+    on_end: Option<oneshot::Sender<EngineOutput>>,
+}
+
+/// One request for `EngineHandle::submit`.
+pub(crate) struct Submission {
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) output_tokens: u32,
+    /// Send `Token` outputs (a whole response needs just the first token and the finish).
+    pub(crate) wants_tokens: bool,
+    pub(crate) stage: PdStage,
+    /// Receives the request's last output (`Finished` or `Rejected`) even if nobody reads the
+    /// stream; dropped unsent when the request is cancelled or the engine shuts down.
+    pub(crate) on_end: Option<oneshot::Sender<EngineOutput>>,
+}
+
 /// A shareable handle to one engine driven in real time.
 #[derive(Clone)]
 pub(crate) struct EngineHandle {
@@ -58,8 +79,8 @@ struct Shared {
 
 struct DriverState {
     engine: Engine,
-    /// Each live request's channel, and whether it wants `Token` outputs (streaming).
-    streams: HashMap<u64, (mpsc::UnboundedSender<EngineOutput>, bool)>,
+    /// Each live request's listener.
+    streams: HashMap<u64, Listener>,
     outputs: Vec<EngineOutput>,
     next_id: u64,
     closed: bool,
@@ -71,14 +92,18 @@ impl DriverState {
         for output in self.outputs.drain(..) {
             let id = output.id();
             let last = matches!(output, EngineOutput::Finished { .. } | EngineOutput::Rejected { .. });
-            if let Some((stream, wants_tokens)) = self.streams.get(&id) {
-                if *wants_tokens || !matches!(output, EngineOutput::Token { .. }) {
-                    // A closed receiver is cleaned up by its `RequestStream`'s drop.
-                    let _ = stream.send(output);
-                }
-            }
             if last {
-                self.streams.remove(&id);
+                if let Some(listener) = self.streams.remove(&id) {
+                    if let Some(on_end) = listener.on_end {
+                        let _ = on_end.send(output.clone());
+                    }
+                    // A closed receiver is cleaned up by its `RequestStream`'s drop.
+                    let _ = listener.sender.send(output);
+                }
+            } else if let Some(listener) = self.streams.get(&id) {
+                if listener.wants_tokens || !matches!(output, EngineOutput::Token { .. }) {
+                    let _ = listener.sender.send(output);
+                }
             }
         }
         if let Some(sender) = kv_events {
@@ -145,28 +170,44 @@ impl EngineHandle {
         }
     }
 
-    /// Submits a request now; its outputs arrive on the returned stream (`Token` outputs only
-    /// when `wants_tokens`: a whole response needs just the first token and the finish).
-    pub(crate) fn submit(&self, prompt: Vec<u32>, output_tokens: u32, wants_tokens: bool) -> RequestStream {
+    /// Submits a request now; its outputs arrive on the returned stream.
+    pub(crate) fn submit(&self, submission: Submission) -> RequestStream {
+        let Submission { prompt, output_tokens, wants_tokens, stage, on_end } = submission;
         let (sender, receiver) = mpsc::unbounded_channel();
         let id = {
             let mut state = self.lock();
             let id = state.next_id;
             state.next_id += 1;
             if state.closed {
-                // Dropping the sender ends the stream at once.
-                drop(sender);
+                // Dropping the senders ends the stream (and `on_end`) at once.
+                drop((sender, on_end));
             } else {
-                state.streams.insert(id, (sender, wants_tokens));
+                state.streams.insert(id, Listener { sender, wants_tokens, on_end });
                 let now = self.shared.clock.now_us();
                 let DriverState { engine, outputs, .. } = &mut *state;
-                engine.submit(now, EngineRequest { id, prompt, output_tokens }, outputs);
+                engine.submit_as(now, EngineRequest { id, prompt, output_tokens }, stage, outputs);
                 state.dispatch(self.shared.kv_events.as_ref());
             }
             id
         };
         self.shared.wake.notify_one();
         RequestStream { id, receiver, engine: self.clone(), done: false }
+    }
+
+    /// Releases the KV held by the finished `PdStage::Prefill` request `id` (its engine id,
+    /// from its `Finished` output); returns whether it held any.
+    pub(crate) fn release_held(&self, id: u64) -> bool {
+        let released = {
+            let mut state = self.lock();
+            let now = self.shared.clock.now_us();
+            let DriverState { engine, outputs, .. } = &mut *state;
+            let released = engine.release_held(now, id, outputs);
+            state.dispatch(self.shared.kv_events.as_ref());
+            released
+        };
+        // Freed blocks may have let queued requests in: the driver replans its sleep.
+        self.shared.wake.notify_one();
+        released
     }
 
     /// Tokens per KV block.

@@ -10,7 +10,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use kvgate_engine::{splitmix64, EngineOutput, RequestStats};
 
-use crate::driver::RequestStream;
+use crate::driver::{RequestStream, Submission};
+use crate::pd::PdPlan;
 use crate::server::{ApiError, AppState};
 
 /// Words of the generated text, picked deterministically from the prompt.
@@ -28,6 +29,8 @@ pub(crate) struct GenerationParams {
     /// Generate exactly the cap.
     pub(crate) ignore_eos: bool,
     pub(crate) stream: bool,
+    /// What the request is under prefill/decode disaggregation.
+    pub(crate) pd: PdPlan,
 }
 
 /// Token counts and finish reason of a completed generation.
@@ -38,6 +41,8 @@ pub(crate) struct Outcome {
     /// "length" when the cap was reached, else "stop".
     pub(crate) finish_reason: &'static str,
     pub(crate) stats: RequestStats,
+    /// vLLM prefill engines: the top-level `kv_transfer_params` of the answer.
+    pub(crate) kv_transfer_params: Option<serde_json::Value>,
 }
 
 /// How one endpoint shapes its streamed chunks and whole bodies.
@@ -91,13 +96,14 @@ fn full_text(seed: u64, n_tokens: u32) -> String {
     (0..n_tokens).map(|index| token_piece(seed, index)).collect()
 }
 
-fn outcome(stats: RequestStats, cap: u32) -> Outcome {
+fn outcome(stats: RequestStats, cap: u32, kv_transfer_params: Option<&serde_json::Value>) -> Outcome {
     Outcome {
         prompt_tokens: stats.prompt_tokens,
         completion_tokens: stats.completion_tokens,
         cached_tokens: stats.cached_tokens,
         finish_reason: if stats.completion_tokens >= cap { "length" } else { "stop" },
         stats,
+        kv_transfer_params: kv_transfer_params.cloned(),
     }
 }
 
@@ -119,7 +125,8 @@ pub(crate) fn cut_body(head: Bytes) -> Body {
 }
 
 /// Runs one generation on the worker's engine and answers in `format`; `cut` ends the
-/// connection halfway through the body.
+/// connection halfway through the body. A PD request first goes through its plan: a decode
+/// engine pulls its KV (502 before any byte on failure), a prefill engine generates one token.
 pub(crate) async fn respond<F: ResponseFormat>(
     state: &AppState,
     params: GenerationParams,
@@ -129,17 +136,30 @@ pub(crate) async fn respond<F: ResponseFormat>(
     let Some(engine) = state.engine.as_ref() else {
         return ApiError::internal("this worker has no engine model").into_response();
     };
-    let seed = prompt_seed(&params.prompt);
-    let cap = params.max_tokens.unwrap_or(state.options.default_max_tokens).max(1);
-    let exact = params.ignore_eos || state.options.force_max_tokens;
+    let GenerationParams { prompt, max_tokens, ignore_eos, stream: streamed, pd } = params;
+    let start = match state.pd.start(pd, engine, prompt.len()).await {
+        Ok(start) => start,
+        Err(error) => return error.into_response(),
+    };
+    let seed = prompt_seed(&prompt);
+    let cap = start.max_tokens.or(max_tokens).unwrap_or(state.options.default_max_tokens).max(1);
+    let exact = ignore_eos || state.options.force_max_tokens;
     let n_tokens = planned_output_tokens(seed, cap, exact);
-    let mut stream = engine.submit(params.prompt, n_tokens, params.stream);
+    let mut stream = engine.submit(Submission {
+        prompt,
+        output_tokens: n_tokens,
+        wants_tokens: streamed,
+        stage: start.stage,
+        on_end: start.on_end,
+    });
     let first = stream.try_next();
     if let Some(EngineOutput::Rejected { reason, .. }) = &first {
         return ApiError::bad_request(format!("request rejected by the engine: {reason}")).into_response();
     }
-    if params.stream {
-        stream_response(stream, first, format, seed, cap, cut)
+    let kv_transfer_params = start.kv_transfer_params;
+    if streamed {
+        let ending = Ending { seed, cap, cut, kv_transfer_params };
+        stream_response(stream, first, format, ending)
     } else {
         let mut pending = first;
         loop {
@@ -149,8 +169,8 @@ pub(crate) async fn respond<F: ResponseFormat>(
             };
             match output {
                 Some(EngineOutput::Finished { stats, .. }) => {
-                    let body =
-                        format.full_body(&full_text(seed, stats.completion_tokens), &outcome(stats, cap));
+                    let outcome = outcome(stats, cap, kv_transfer_params.as_ref());
+                    let body = format.full_body(&full_text(seed, stats.completion_tokens), &outcome);
                     return whole_response(Bytes::from(body), cut);
                 }
                 Some(EngineOutput::Rejected { reason, .. }) => {
@@ -173,6 +193,14 @@ pub(crate) fn whole_response(body: Bytes, cut: bool) -> Response {
     ([(header::CONTENT_TYPE, content_type)], cut_body(body.slice(..half_len))).into_response()
 }
 
+/// What a streamed response needs besides its outputs.
+struct Ending {
+    seed: u64,
+    cap: u32,
+    cut: bool,
+    kv_transfer_params: Option<serde_json::Value>,
+}
+
 struct StreamState<F> {
     stream: RequestStream,
     pending: Option<EngineOutput>,
@@ -182,16 +210,16 @@ struct StreamState<F> {
     next_index: u32,
     cut_at: Option<u32>,
     finished: bool,
+    kv_transfer_params: Option<serde_json::Value>,
 }
 
 fn stream_response<F: ResponseFormat>(
     stream: RequestStream,
     first: Option<EngineOutput>,
     format: F,
-    seed: u64,
-    cap: u32,
-    cut: bool,
+    ending: Ending,
 ) -> Response {
+    let Ending { seed, cap, cut, kv_transfer_params } = ending;
     let state = StreamState {
         stream,
         pending: first,
@@ -201,6 +229,7 @@ fn stream_response<F: ResponseFormat>(
         next_index: 0,
         cut_at: cut.then_some((cap / 2).max(1)),
         finished: false,
+        kv_transfer_params,
     };
     let body = futures_util::stream::unfold(state, |mut state| async move {
         if state.finished {
@@ -227,7 +256,8 @@ fn stream_response<F: ResponseFormat>(
                 if state.cut_at.is_some() {
                     return Some((Err(cut_error().await), state));
                 }
-                state.format.final_chunks(&outcome(stats, state.cap), &mut chunk);
+                let outcome = outcome(stats, state.cap, state.kv_transfer_params.as_ref());
+                state.format.final_chunks(&outcome, &mut chunk);
             }
             Some(EngineOutput::Rejected { reason, .. }) => {
                 state.finished = true;

@@ -18,6 +18,33 @@
 //! `--engine canned` answers at once (after `--gen-ms`) with prebuilt bodies and no model, for
 //! gateway overhead benchmarks. Fault flags inject 500s, cut connections, added latency and a
 //! health endpoint that turns 503.
+//!
+//! # Prefill/decode disaggregation
+//! `--role prefill` or `--role decode` makes every engine of the fleet one side of a PD pair
+//! (`--role regular`, the default, ignores PD fields). A request without PD fields is served as
+//! a regular one on any role; one meant for the other side is a 400. Both protocols work on
+//! `/v1/completions`, `/v1/chat/completions` and `/generate`:
+//! - **SGLang** (the body has `bootstrap_room`, a u64 as a number or a string of digits): the
+//!   gateway sends the same body to a prefill and a decode engine, with `bootstrap_host` and
+//!   `bootstrap_port` naming the prefill's bootstrap server. The prefill engine answers as
+//!   usual (streamed or not) with one output token; the decode engine answers the whole request.
+//! - **vLLM** (the body has `kv_transfer_params`): step 1 (`do_remote_decode: true`) goes to a
+//!   prefill engine, which answers the usual completion plus a top-level `kv_transfer_params`
+//!   (`do_remote_prefill: true`, `remote_engine_id`, `remote_block_ids`, `remote_host`,
+//!   `remote_port` = its bootstrap port, `remote_request_id`, `tp_size`); step 2 sends the
+//!   original request with exactly that object to a decode engine.
+//!
+//! A prefill engine runs the prompt with one output token and keeps its KV held (counted in
+//! `token_usage`, never evicted) until a decode engine pulls it, or for `--kv-hold-timeout-secs`.
+//! Its bootstrap server (`--bootstrap-base-port`, `MockFleet::bootstrap_ports`) serves the pull:
+//! `GET /kv/{room}` waits for the room's prefill, sleeps the transfer time (prompt tokens x
+//! `--kv-bytes-per-token` / `--kv-transfer-gbps`), frees the KV and answers; a room whose
+//! prefill failed (an injected 500 included), expired or was pulled answers 410 at once, an
+//! unknown one 404 after the hold timeout. A decode engine pulls before sending any byte, then
+//! decodes with the whole prompt already computed (no prefill, the first token from its first
+//! decode step); any pull failure, or no KV within the hold timeout, is a 502 with an
+//! OpenAI-style `kv_transfer_error`. Model-time durations are divided by `--time-scale` like
+//! every other delay; `--fail-rate` and `--cut-stream-rate` apply on both sides.
 
 mod args;
 mod canned;
@@ -29,6 +56,7 @@ mod kv_publisher;
 mod kv_replay;
 mod metrics;
 mod openai;
+mod pd;
 mod server;
 mod sglang;
 
@@ -41,10 +69,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use args::{EngineKind, KvEventEncoding, MockArgs};
+pub use pd::WorkerRole;
 
 use args::worker_port;
 use driver::{EngineClock, EngineHandle};
 use kv_publisher::KvEventFaults;
+use pd::{KvRooms, PdContext, PdTiming, PrefillSide};
 use server::{AppState, ServeOptions};
 
 /// How long `MockFleet::shutdown` waits for open connections before dropping them.
@@ -55,6 +85,9 @@ pub struct MockFleet {
     urls: Vec<String>,
     kv_event_endpoints: Vec<String>,
     kv_event_replay_endpoints: Vec<String>,
+    role: WorkerRole,
+    /// Prefill role: each worker's bootstrap (KV transfer) port.
+    bootstrap_ports: Vec<u16>,
     /// Each worker's lost-message fault hook, in worker order (empty without KV events).
     kv_event_faults: Vec<Arc<KvEventFaults>>,
     shutdown: watch::Sender<bool>,
@@ -81,6 +114,17 @@ impl MockFleet {
     /// worker order; empty unless `--kv-events-replay-base-port` was given.
     pub fn kv_event_replay_endpoints(&self) -> Vec<String> {
         self.kv_event_replay_endpoints.clone()
+    }
+
+    /// The prefill/decode role of every worker of the fleet.
+    pub fn role(&self) -> WorkerRole {
+        self.role
+    }
+
+    /// The ports of the workers' KV bootstrap servers (SGLang's `bootstrap_port`, vLLM's
+    /// `remote_port`), on the fleet's host, in worker order; empty unless the role is prefill.
+    pub fn bootstrap_ports(&self) -> Vec<u16> {
+        self.bootstrap_ports.clone()
     }
 
     /// Leading tokens of `prompt` whose KV blocks worker `worker_idx`'s prefix cache holds now
@@ -145,6 +189,8 @@ pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
         urls: Vec::new(),
         kv_event_endpoints: Vec::new(),
         kv_event_replay_endpoints: Vec::new(),
+        role: args.role,
+        bootstrap_ports: Vec::new(),
         kv_event_faults: Vec::new(),
         shutdown,
         servers: Vec::new(),
@@ -176,8 +222,16 @@ pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
                 Some(engine)
             }
         };
+        let prefill = match (&engine, args.role) {
+            (Some(engine), WorkerRole::Prefill) => {
+                let prefill = spawn_bootstrap(&args, worker_idx, engine, &shutdown_rx, &mut fleet).await?;
+                Some(prefill)
+            }
+            _ => None,
+        };
+        let pd = PdContext::new(args.role, PdTiming::from_args(&args), prefill, shutdown_rx.clone());
         let options = ServeOptions::from_args(&args, worker_idx);
-        let state = Arc::new(AppState::new(args.model.clone(), worker_idx, engine, options));
+        let state = Arc::new(AppState::new(args.model.clone(), worker_idx, engine, options, pd));
         let app = server::router(state, args.engine);
         let mut stop = shutdown_rx.clone();
         fleet.servers.push(tokio::spawn(async move {
@@ -193,6 +247,35 @@ pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
     Ok(fleet)
 }
 
+/// Binds worker `worker_idx`'s KV bootstrap server (prefill role) and starts serving it.
+async fn spawn_bootstrap(
+    args: &MockArgs,
+    worker_idx: usize,
+    engine: &EngineHandle,
+    shutdown_rx: &watch::Receiver<bool>,
+    fleet: &mut MockFleet,
+) -> anyhow::Result<PrefillSide> {
+    let port = worker_port(args.bootstrap_base_port.unwrap_or(0), worker_idx);
+    let listener = TcpListener::bind((args.host.as_str(), port)).await.with_context(|| {
+        format!("binding mock engine {worker_idx}'s bootstrap server on {}:{port}", args.host)
+    })?;
+    let port = listener.local_addr()?.port();
+    let rooms = Arc::new(KvRooms::new(engine.clone(), PdTiming::from_args(args), shutdown_rx.clone()));
+    let app = pd::bootstrap_router(rooms.clone());
+    let mut stop = shutdown_rx.clone();
+    fleet.servers.push(tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+            tracing::error!(%error, worker_idx, "mock engine bootstrap server failed");
+        }
+    }));
+    fleet.bootstrap_ports.push(port);
+    let engine_id = format!("kvgate-mock-prefill-{worker_idx}-{port}");
+    Ok(PrefillSide::new(rooms, args.host.clone(), port, engine_id))
+}
+
 /// Spawns the fleet, prints its URLs (one per line), and serves until ctrl-c.
 pub async fn run_fleet(args: MockArgs) -> anyhow::Result<()> {
     let fleet = spawn_fleet(args).await?;
@@ -204,6 +287,12 @@ pub async fn run_fleet(args: MockArgs) -> anyhow::Result<()> {
     }
     for (worker_idx, endpoint) in fleet.kv_event_replay_endpoints().iter().enumerate() {
         println!("mock engine {worker_idx} KV event replay: {endpoint}");
+    }
+    if fleet.role() != WorkerRole::Regular {
+        println!("mock engines' PD role: {:?}", fleet.role());
+    }
+    for (worker_idx, port) in fleet.bootstrap_ports().iter().enumerate() {
+        println!("mock engine {worker_idx} KV bootstrap port: {port}");
     }
     tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
     fleet.shutdown().await;

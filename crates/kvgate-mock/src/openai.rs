@@ -109,8 +109,8 @@ fn usage(outcome: &Outcome) -> Value {
 
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let cut = match state.inject_faults().await {
-        Ok(cut) => cut,
+    let (pd, cut) = match state.admit(&body).await {
+        Ok(admitted) => admitted,
         Err(response) => return response,
     };
     let request: ChatRequest = match parse_json(&body) {
@@ -122,6 +122,7 @@ pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         max_tokens: request.max_completion_tokens.or(request.max_tokens),
         ignore_eos: request.ignore_eos,
         stream: request.stream,
+        pd,
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Chat);
     respond(&state, params, format, cut).await
@@ -129,8 +130,8 @@ pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Res
 
 /// `POST /v1/completions`.
 pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let cut = match state.inject_faults().await {
-        Ok(cut) => cut,
+    let (pd, cut) = match state.admit(&body).await {
+        Ok(admitted) => admitted,
         Err(response) => return response,
     };
     let request: CompletionRequest = match parse_json(&body) {
@@ -146,6 +147,7 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         max_tokens: request.max_tokens,
         ignore_eos: request.ignore_eos,
         stream: request.stream,
+        pd,
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Completion);
     respond(&state, params, format, cut).await
@@ -221,6 +223,9 @@ impl ResponseFormat for OpenAiFormat {
         sse_json(&self.envelope(self.chunk_object(), json!([choice])), out);
         let mut usage_chunk = self.envelope(self.chunk_object(), json!([]));
         usage_chunk["usage"] = usage(outcome);
+        if let Some(params) = &outcome.kv_transfer_params {
+            usage_chunk["kv_transfer_params"] = params.clone();
+        }
         sse_json(&usage_chunk, out);
         out.extend_from_slice(SSE_DONE);
     }
@@ -240,6 +245,9 @@ impl ResponseFormat for OpenAiFormat {
         };
         let mut body = self.envelope(object, json!([choice]));
         body["usage"] = usage(outcome);
+        if let Some(params) = &outcome.kv_transfer_params {
+            body["kv_transfer_params"] = params.clone();
+        }
         serde_json::to_vec(&body).expect("a JSON value always serializes")
     }
 }

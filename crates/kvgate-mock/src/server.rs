@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use crate::args::{EngineKind, MockArgs};
 use crate::canned::CannedBodies;
 use crate::driver::EngineHandle;
+use crate::pd::{PdContext, PdPlan};
 use crate::{canned, metrics, openai, sglang};
 
 /// Per-worker answering options taken from `MockArgs`.
@@ -54,6 +55,7 @@ pub(crate) struct AppState {
     /// The engine model; `None` for the canned engine.
     pub(crate) engine: Option<EngineHandle>,
     pub(crate) options: ServeOptions,
+    pub(crate) pd: PdContext,
     pub(crate) canned: CannedBodies,
     fault_draws: AtomicU64,
     response_ids: AtomicU64,
@@ -65,6 +67,7 @@ impl AppState {
         worker_idx: usize,
         engine: Option<EngineHandle>,
         options: ServeOptions,
+        pd: PdContext,
     ) -> Self {
         Self {
             canned: CannedBodies::new(&model),
@@ -73,6 +76,7 @@ impl AppState {
             started: Instant::now(),
             engine,
             options,
+            pd,
             fault_draws: AtomicU64::new(0),
             response_ids: AtomicU64::new(0),
         }
@@ -82,6 +86,24 @@ impl AppState {
     pub(crate) fn response_id(&self, prefix: &str) -> String {
         let n = self.response_ids.fetch_add(1, Ordering::Relaxed);
         format!("{prefix}-{}-{n}", self.worker_idx)
+    }
+
+    /// The start of a generation request on the model engine: its PD plan (a prefill engine
+    /// opens the request's room now), then the fault flags. An injected 500 fails the room at
+    /// once, so the decode engine waiting on it answers 502 without waiting a hold timeout.
+    pub(crate) async fn admit(&self, body: &[u8]) -> Result<(PdPlan, bool), Response> {
+        let plan = self.pd.plan(body);
+        let cut = match self.inject_faults().await {
+            Ok(cut) => cut,
+            Err(response) => {
+                if let Ok(PdPlan::Prefill { ticket, .. }) = plan {
+                    ticket.fail("the prefill engine answered HTTP 500 (injected, --fail-rate)".into());
+                }
+                return Err(response);
+            }
+        };
+        let plan = plan.map_err(IntoResponse::into_response)?;
+        Ok((plan, cut))
     }
 
     /// Applies the fault flags to one generation request: the extra latency, then an injected
@@ -123,6 +145,11 @@ impl ApiError {
 
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", message: message.into() }
+    }
+
+    /// A prefill/decode KV transfer failed (502, before any response byte).
+    pub(crate) fn kv_transfer(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_GATEWAY, kind: "kv_transfer_error", message: message.into() }
     }
 
     pub(crate) fn unavailable(message: impl Into<String>) -> Self {

@@ -36,8 +36,8 @@ struct SamplingParams {
 
 /// `POST /generate`.
 pub(crate) async fn generate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let cut = match state.inject_faults().await {
-        Ok(cut) => cut,
+    let (pd, cut) = match state.admit(&body).await {
+        Ok(admitted) => admitted,
         Err(response) => return response,
     };
     let request: GenerateRequest = match parse_json(&body) {
@@ -56,6 +56,7 @@ pub(crate) async fn generate(State(state): State<Arc<AppState>>, body: Bytes) ->
         max_tokens: request.sampling_params.max_new_tokens,
         ignore_eos: request.sampling_params.ignore_eos,
         stream: request.stream,
+        pd,
     };
     let format = GenerateFormat {
         id: state.response_id("gen"),
@@ -81,6 +82,16 @@ fn finish_reason(outcome: &Outcome) -> Value {
 }
 
 impl GenerateFormat {
+    /// The closing object: the text so far, `meta_info`, and vLLM's `kv_transfer_params` on
+    /// a prefill engine.
+    fn closing(&self, text: &str, outcome: &Outcome) -> Value {
+        let mut body = json!({"text": text, "meta_info": self.final_meta(outcome)});
+        if let Some(params) = &outcome.kv_transfer_params {
+            body["kv_transfer_params"] = params.clone();
+        }
+        body
+    }
+
     fn final_meta(&self, outcome: &Outcome) -> Value {
         json!({
             "id": self.id,
@@ -109,12 +120,12 @@ impl ResponseFormat for GenerateFormat {
     }
 
     fn final_chunks(&mut self, outcome: &Outcome, out: &mut Vec<u8>) {
-        sse_json(&json!({"text": self.text, "meta_info": self.final_meta(outcome)}), out);
+        sse_json(&self.closing(&self.text, outcome), out);
         out.extend_from_slice(SSE_DONE);
     }
 
     fn full_body(&mut self, text: &str, outcome: &Outcome) -> Vec<u8> {
-        let body = json!({"text": text, "meta_info": self.final_meta(outcome)});
+        let body = self.closing(text, outcome);
         serde_json::to_vec(&body).expect("a JSON value always serializes")
     }
 }
