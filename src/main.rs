@@ -47,6 +47,13 @@ struct LaunchArgs {
     /// them (the demo: no GPU needed).
     #[arg(long, value_name = "N")]
     mock_workers: Option<usize>,
+    /// With --pd-disaggregation: also start this many simulated prefill engines (SGLang and
+    /// vLLM protocols, KV events on) and route to them.
+    #[arg(long, value_name = "N")]
+    mock_prefill: Option<usize>,
+    /// With --pd-disaggregation: also start this many simulated decode engines.
+    #[arg(long, value_name = "M")]
+    mock_decode: Option<usize>,
     /// Threads of the async runtime (default: one per CPU core).
     #[arg(long, value_name = "N")]
     worker_threads: Option<usize>,
@@ -65,51 +72,113 @@ fn init_logging(level: &str, json: bool) {
     }
 }
 
-/// The mock fleet options for `--mock-workers N`: reference engines, default model name, KV
-/// events and their replay on free ports.
-fn demo_fleet(count: usize) -> MockArgs {
+/// The mock fleet options for the demos: reference engines of `role`, default model name, KV
+/// events and their replay on free ports (and, for prefill engines, bootstrap ports).
+fn demo_fleet(count: usize, role: kvgate_mock::WorkerRole) -> MockArgs {
     MockArgs {
         count,
+        role,
         kv_events_base_port: Some(0),
         kv_events_replay_base_port: Some(0),
+        bootstrap_base_port: (role == kvgate_mock::WorkerRole::Prefill).then_some(0),
         ..MockArgs::default()
     }
 }
 
-/// Routes to the in-process fleet: its URLs, KV event endpoints, and (unless the user gave a
-/// tokenizer) the engines' own tokenizer.
-fn wire_fleet(config: &mut GatewayConfig, fleet: &kvgate_mock::MockFleet) {
-    // Workers given on the command line come first and have no KV events (unless given).
-    let given = config.worker_urls.len();
-    if config.kv_events_endpoints.is_empty() {
-        config.kv_events_endpoints = vec![kvgate_gateway::NO_ENDPOINT.to_string(); given];
+/// Routes to the in-process fleets: their URLs (by role), KV event endpoints in the gateway's
+/// worker order (--worker-urls, --prefill, --decode), and (unless the user gave a tokenizer) the
+/// engines' own tokenizer.
+fn wire_fleets(config: &mut GatewayConfig, fleets: &[kvgate_mock::MockFleet]) {
+    use kvgate_mock::WorkerRole;
+    let of_role = |role: WorkerRole| fleets.iter().filter(move |fleet| fleet.role() == role);
+    // Workers given on the command line have no KV events (unless given).
+    let given = config.initial_workers();
+    let mut events = std::mem::take(&mut config.kv_events_endpoints);
+    let mut replays = std::mem::take(&mut config.kv_events_replay_endpoints);
+    events.resize(given.len(), kvgate_gateway::NO_ENDPOINT.to_string());
+    replays.resize(given.len(), kvgate_gateway::NO_ENDPOINT.to_string());
+    let (mut regular, mut prefill, mut decode) = (Vec::new(), Vec::new(), Vec::new());
+    for (worker, endpoints) in given.into_iter().zip(events.into_iter().zip(replays)) {
+        match worker.role {
+            kvgate_gateway::WorkerRole::Regular => regular.push(endpoints),
+            kvgate_gateway::WorkerRole::Prefill => prefill.push(endpoints),
+            kvgate_gateway::WorkerRole::Decode => decode.push(endpoints),
+        }
     }
-    if config.kv_events_replay_endpoints.is_empty() {
-        config.kv_events_replay_endpoints = vec![kvgate_gateway::NO_ENDPOINT.to_string(); given];
+    let endpoints = |fleet: &kvgate_mock::MockFleet| {
+        fleet.kv_event_endpoints().into_iter().zip(fleet.kv_event_replay_endpoints()).collect::<Vec<_>>()
+    };
+    for fleet in of_role(WorkerRole::Regular) {
+        config.worker_urls.extend(fleet.urls());
+        regular.extend(endpoints(fleet));
     }
-    config.worker_urls.extend(fleet.urls());
-    config.kv_events_endpoints.extend(fleet.kv_event_endpoints());
-    config.kv_events_replay_endpoints.extend(fleet.kv_event_replay_endpoints());
+    for fleet in of_role(WorkerRole::Prefill) {
+        for (url, port) in fleet.urls().into_iter().zip(fleet.bootstrap_ports()) {
+            config.prefill.extend([url, port.to_string()]);
+        }
+        prefill.extend(endpoints(fleet));
+    }
+    for fleet in of_role(WorkerRole::Decode) {
+        config.decode.extend(fleet.urls());
+        decode.extend(endpoints(fleet));
+    }
+    (config.kv_events_endpoints, config.kv_events_replay_endpoints) =
+        regular.into_iter().chain(prefill).chain(decode).unzip();
     if config.tokenizer_path.is_none() {
         config.mock_tokenizer = true;
     }
 }
 
-async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
-    let mut config = args.gateway;
-    let fleet = match args.mock_workers {
-        Some(count) if count > 0 => {
-            let fleet =
-                kvgate_mock::spawn_fleet(demo_fleet(count)).await.context("starting the mock engines")?;
-            wire_fleet(&mut config, &fleet);
-            Some(fleet)
+/// The demo fleets asked for: `--mock-workers`, `--mock-prefill` with `--mock-decode`.
+fn wanted_fleets(args: &LaunchArgs) -> anyhow::Result<Vec<(usize, kvgate_mock::WorkerRole)>> {
+    use kvgate_mock::WorkerRole;
+    let mut wanted = Vec::new();
+    if let Some(count) = args.mock_workers.filter(|&n| n > 0) {
+        wanted.push((count, WorkerRole::Regular));
+    }
+    match (args.mock_prefill.unwrap_or(0), args.mock_decode.unwrap_or(0)) {
+        (0, 0) => {}
+        (prefill, decode) if prefill > 0 && decode > 0 => {
+            anyhow::ensure!(
+                args.gateway.pd_disaggregation,
+                "--mock-prefill and --mock-decode need --pd-disaggregation"
+            );
+            wanted.push((prefill, WorkerRole::Prefill));
+            wanted.push((decode, WorkerRole::Decode));
         }
-        _ => None,
-    };
+        _ => anyhow::bail!("give both --mock-prefill N and --mock-decode M (each at least 1)"),
+    }
+    Ok(wanted)
+}
+
+async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
+    let wanted = wanted_fleets(&args)?;
+    let mut config = args.gateway;
+    let mut fleets = Vec::new();
+    for (count, role) in wanted {
+        let fleet = kvgate_mock::spawn_fleet(demo_fleet(count, role))
+            .await
+            .with_context(|| format!("starting the mock {role:?} engines"))?;
+        fleets.push(fleet);
+    }
+    if !fleets.is_empty() {
+        wire_fleets(&mut config, &fleets);
+    }
     let handle = kvgate_gateway::start(config).await?;
     let url = handle.url();
-    if let Some(fleet) = &fleet {
-        println!("kvgate is routing to {} simulated engines: {}", fleet.urls().len(), fleet.urls().join(" "));
+    if !fleets.is_empty() {
+        for fleet in &fleets {
+            let role = match fleet.role() {
+                kvgate_mock::WorkerRole::Regular => "",
+                kvgate_mock::WorkerRole::Prefill => " prefill",
+                kvgate_mock::WorkerRole::Decode => " decode",
+            };
+            println!(
+                "kvgate is routing to {} simulated{role} engines: {}",
+                fleet.urls().len(),
+                fleet.urls().join(" ")
+            );
+        }
         println!("gateway: {url}   (metrics: {url}/metrics, workers: {url}/workers)");
         println!("try:");
         println!(
@@ -122,7 +191,7 @@ async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
     kvgate_gateway::shutdown_signal().await;
     tracing::info!("shutting down: no new connections, waiting for in-flight requests");
     handle.shutdown().await;
-    if let Some(fleet) = fleet {
+    for fleet in fleets {
         fleet.shutdown().await;
     }
     Ok(())

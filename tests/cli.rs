@@ -51,6 +51,41 @@ async fn demo_command_serves_a_chat_completion() {
     assert_eq!(workers["workers"].as_array().unwrap().len(), 2);
 }
 
+#[tokio::test]
+async fn the_pd_demo_routes_pairs_of_simulated_engines() {
+    let (_child, url) = launch_demo(&[
+        "launch",
+        "--pd-disaggregation",
+        "--mock-prefill",
+        "2",
+        "--mock-decode",
+        "1",
+        "--port",
+        "0",
+        "--expose-routing-headers",
+    ]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = serde_json::json!({"model": "mock-model", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8});
+    let res = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().contains_key("x-kvgate-prefill-worker"));
+    let answer: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 8, "{answer}");
+    let workers: serde_json::Value =
+        client.get(format!("{url}/workers")).send().await.unwrap().json().await.unwrap();
+    let mut roles: Vec<&str> =
+        workers["workers"].as_array().unwrap().iter().map(|w| w["worker_type"].as_str().unwrap()).collect();
+    roles.sort_unstable();
+    assert_eq!(roles, ["decode", "prefill", "prefill"]);
+    // Asking for one side only is a clear error.
+    let out = kvgate()
+        .args(["launch", "--pd-disaggregation", "--mock-prefill", "1", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mock-decode"));
+}
+
 #[test]
 fn an_unknown_policy_is_a_clear_startup_error() {
     let out = kvgate().args(["launch", "--policy", "fastest"]).output().unwrap();
@@ -133,6 +168,21 @@ async fn the_demo_routes_on_the_engines_kv_events() {
     let first = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
     assert_eq!(first.headers()["x-kvgate-prefix-index"], "exact");
     let owner = first.headers()["x-kvgate-worker"].clone();
+    // Wait for the engine's stored-blocks event to reach the index (until then a repeat is a
+    // miss and may be placed on the other engine, which then holds the prompt too).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+        let stored = metrics.lines().any(|line| {
+            line.starts_with("kvgate_kv_index_blocks{")
+                && line.rsplit(' ').next().and_then(|n| n.parse::<f64>().ok()).is_some_and(|n| n > 0.0)
+        });
+        if stored {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the engine's KV events reach the index within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Once the engine's stored-blocks event arrived, the same conversation is a hit there.
     let mut route = String::new();
     for _ in 0..100 {

@@ -312,3 +312,114 @@ async fn workers_register_with_a_role_at_run_time() {
     assert_eq!(response.status(), 400);
     gw.shutdown().await;
 }
+
+// ---- With simulated PD engines (`kvgate mock --role prefill|decode`) ----
+
+async fn mock_fleet(
+    role: kvgate_mock::WorkerRole,
+    count: usize,
+    tweak: impl FnOnce(&mut kvgate_mock::MockArgs),
+) -> kvgate_mock::MockFleet {
+    let mut args = kvgate_mock::MockArgs {
+        count,
+        role,
+        time_scale: 20.0,
+        kv_hold_timeout_secs: 20.0,
+        bootstrap_base_port: (role == kvgate_mock::WorkerRole::Prefill).then_some(0),
+        ..kvgate_mock::MockArgs::default()
+    };
+    tweak(&mut args);
+    kvgate_mock::spawn_fleet(args).await.expect("mock engines start")
+}
+
+fn mock_pd_config(
+    prefill: &[&kvgate_mock::MockFleet],
+    decode: &kvgate_mock::MockFleet,
+    protocol: PdProtocol,
+) -> GatewayConfig {
+    let mut cfg = config(Vec::new());
+    cfg.pd_disaggregation = true;
+    cfg.pd_protocol = protocol;
+    cfg.expose_routing_headers = true;
+    cfg.retry_max_retries = 3;
+    for fleet in prefill {
+        for (url, port) in fleet.urls().into_iter().zip(fleet.bootstrap_ports()) {
+            cfg.prefill.extend([url, port.to_string()]);
+        }
+    }
+    cfg.decode = decode.urls();
+    cfg
+}
+
+#[tokio::test]
+async fn simulated_pd_engines_answer_through_the_gateway_in_both_protocols() {
+    use kvgate_mock::WorkerRole;
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = mock_fleet(WorkerRole::Prefill, 2, |_| {}).await;
+        let decode = mock_fleet(WorkerRole::Decode, 2, |_| {}).await;
+        let gw = gateway(mock_pd_config(&[&prefill], &decode, protocol)).await;
+        let body = json!({"model": "mock-model", "max_tokens": 6, "messages": [{"role": "user", "content": "one two three four"}]});
+        let response = post(&gw, &body).await;
+        assert_eq!(response.status(), 200, "{protocol:?}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["usage"]["completion_tokens"], 6, "{protocol:?}: {answer}");
+        // Streamed: every token from the decode engine, then [DONE].
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let text = post(&gw, &streamed).await.text().await.unwrap();
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{protocol:?}: {text}");
+        assert_eq!(text.matches("\"content\":").count(), 6, "{protocol:?}: {text}");
+        gw.shutdown().await;
+        prefill.shutdown().await;
+        decode.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_failing_simulated_prefill_engine_is_replaced_and_a_dying_decode_ends_the_stream() {
+    use kvgate_mock::WorkerRole;
+    let failing = mock_fleet(WorkerRole::Prefill, 1, |args| args.fail_rate = 1.0).await;
+    let working = mock_fleet(WorkerRole::Prefill, 1, |_| {}).await;
+    let decode = mock_fleet(WorkerRole::Decode, 1, |_| {}).await;
+    let mut cfg = mock_pd_config(&[&failing, &working], &decode, PdProtocol::Sglang);
+    cfg.disable_circuit_breaker = true;
+    let gw = gateway(cfg).await;
+    let body = json!({"model": "mock-model", "max_tokens": 4, "messages": [{"role": "user", "content": "retry me"}]});
+    for _ in 0..4 {
+        let started = Instant::now();
+        let response = post(&gw, &body).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-kvgate-prefill-worker"], working.urls()[0].as_str());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the failed pair's decode side did not hold it up"
+        );
+    }
+    gw.shutdown().await;
+
+    let cutting = mock_fleet(WorkerRole::Decode, 1, |args| args.cut_stream_rate = 1.0).await;
+    let gw = gateway(mock_pd_config(&[&working], &cutting, PdProtocol::Sglang)).await;
+    let mut streamed = json!({"model": "mock-model", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": "cut"}]});
+    streamed["ignore_eos"] = json!(true);
+    let mut response = post(&gw, &streamed).await;
+    assert_eq!(response.status(), 200);
+    let mut received = Vec::new();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => received.extend_from_slice(&chunk),
+                Ok(None) => return "end",
+                Err(_) => return "error",
+            }
+        }
+    })
+    .await
+    .expect("the stream ends, never hangs");
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.contains("upstream_stream_broken") && !text.contains("[DONE]"), "{text}");
+    assert_eq!(outcome, "error");
+    gw.shutdown().await;
+    for fleet in [failing, working, decode, cutting] {
+        fleet.shutdown().await;
+    }
+}
