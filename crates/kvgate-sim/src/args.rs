@@ -9,6 +9,8 @@ use kvgate_policy::{PolicyConfig, PolicyKind};
 use crate::trace::TraceFormat;
 use crate::SimError;
 
+mod fleet;
+
 /// Options of `kvgate sim`: replay a trace in virtual time through kvgate's routing policies
 /// onto a fleet of simulated engines.
 ///
@@ -23,9 +25,29 @@ pub struct SimArgs {
     /// Trace file format.
     #[arg(long, value_enum, default_value_t = TraceFormat::Mooncake)]
     pub trace_format: TraceFormat,
-    /// Number of simulated engines (workers).
+    /// Number of simulated engines (workers). Ignored with --prefill-workers / --decode-workers.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
+    /// A prefill/decode disaggregated fleet instead of --workers: N prefill engines (give
+    /// --decode-workers too). Each --policies entry routes the prefill side; the same engine
+    /// flags apply to both sides.
+    #[arg(long, value_name = "N")]
+    pub prefill_workers: Option<usize>,
+    /// M decode engines of the disaggregated fleet (with --prefill-workers), routed by
+    /// --decode-policy.
+    #[arg(long, value_name = "M")]
+    pub decode_workers: Option<usize>,
+    /// The decode side's policy in every run of a disaggregated fleet: a policy name,
+    /// optionally with `:flag=value` overrides as in --policies (sweeps do not apply to it).
+    #[arg(long, value_name = "POLICY", default_value = "least_load")]
+    pub decode_policy: String,
+    /// Bandwidth of the KV link from prefill to decode engines, in GB/s (disaggregated fleet).
+    #[arg(long, default_value_t = 25.0)]
+    pub kv_transfer_gbps: f64,
+    /// KV bytes per prompt token moved by a transfer (default: Llama-3-8B fp16, 32 layers x 8 KV
+    /// heads x 128 dims x 2 (K and V) x 2 bytes), as `kvgate mock`'s.
+    #[arg(long, default_value_t = 131_072)]
+    pub kv_bytes_per_token: u64,
     /// Policies to compare, comma-separated. Each is a policy name, optionally followed by
     /// `:flag=value` overrides of the policy flags below (snake_case names), e.g.
     /// `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9`, and
@@ -87,8 +109,8 @@ impl SimArgs {
     /// grid point (first sweep axis slowest), each listed policy. Reports every problem at once.
     pub fn runs(&self) -> Result<Vec<RunSpec>, SimError> {
         let mut problems = Vec::new();
-        if self.workers == 0 {
-            problems.push("--workers must be at least 1".to_string());
+        if let Err(fleet_problems) = self.parse_fleet() {
+            problems.extend(fleet_problems);
         }
         if !(self.rate_scale.is_finite() && self.rate_scale > 0.0) {
             problems.push(format!("--rate-scale must be a finite number > 0, got {}", self.rate_scale));

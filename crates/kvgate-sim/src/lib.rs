@@ -15,6 +15,11 @@
 //! ceiling, and the pooled-LRU reference and pooled-Belady bound of one cache as large as the
 //! whole fleet's KV (`--workers` x `--kv-capacity-tokens`; [`CacheReference`]).
 //!
+//! `--prefill-workers N --decode-workers M` simulates a prefill/decode disaggregated fleet
+//! instead ([`Fleet::Disaggregated`]): the run's policy routes the prefill engines, the decode
+//! side's policy (`--decode-policy`) the decode engines, and the prompt's KV moves between them
+//! over a link of `--kv-transfer-gbps`; the pooled references then take the prefill engines' KV.
+//!
 //! Same trace, options and seed: byte-identical markdown and JSON.
 
 mod args;
@@ -33,9 +38,9 @@ use std::time::{Duration, Instant};
 pub use args::{policy_config, Override, RunSpec, SimArgs};
 pub use reference::CacheReference;
 pub use report::{
-    percentile, BestSetting, Metrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
+    percentile, BestSetting, Metrics, PdMetrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
 };
-pub use sim::{simulate, KvTick, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US};
+pub use sim::{simulate, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US};
 pub use trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 
 /// Why a simulation could not run.
@@ -60,13 +65,15 @@ pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
 /// report). With `show_progress`, runs longer than a few seconds report progress on stderr.
 pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Result<SimReport, SimError> {
     let runs = args.runs()?;
+    let fleet = args.fleet()?;
     let trace = trace.truncated(args.max_requests);
     let ceiling = trace.cache_ceiling();
-    let pooled_kv_tokens = (args.workers as u64).saturating_mul(args.engine_config().kv_capacity_tokens);
+    let pooled_kv_tokens =
+        (fleet.prompt_engines() as u64).saturating_mul(args.engine_config().kv_capacity_tokens);
     let pooled_lru = trace.pooled_lru(pooled_kv_tokens);
     let pooled_belady = trace.pooled_belady(pooled_kv_tokens);
     let setup = SimSetup {
-        n_workers: args.workers,
+        fleet,
         engine: args.engine_config(),
         rate_scale: args.rate_scale,
         load_monitor_interval_ms: args.load_monitor_interval_ms,
@@ -129,6 +136,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
             policy: spec.policy,
             metrics,
             decisions: report::decision_counts(&outcome),
+            decode_decisions: report::decode_decision_counts(&outcome),
             ttft_ms_sorted,
             kv_series,
         });
@@ -137,7 +145,11 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     Ok(SimReport {
         trace: trace_info,
         setup: SetupInfo {
-            workers: setup.n_workers,
+            workers: setup.fleet.n_engines(),
+            pd: match setup.fleet {
+                Fleet::Disaggregated(pd) => Some(*pd),
+                Fleet::Regular { .. } => None,
+            },
             rate_scale: setup.rate_scale,
             load_monitor_interval_ms: setup.load_monitor_interval_ms,
             seed: setup.seed,

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use kvgate_policy::Reason;
 
-use crate::report::{Metrics, SimReport};
+use crate::report::{Metrics, PdMetrics, SimReport};
 
 /// Renders one metric of a run for the markdown table.
 type Cell = fn(&Metrics) -> String;
@@ -37,6 +37,19 @@ const METRIC_ROWS: [(&str, Cell); 19] = [
 
 const ROW_PER_RUN_METRICS: usize = 14;
 
+/// Renders one decode-side metric of a disaggregated run.
+type PdCell = fn(&PdMetrics) -> String;
+
+/// The rows a disaggregated fleet adds, after `METRIC_ROWS`.
+const PD_ROWS: [(&str, PdCell); 6] = [
+    ("KV transfer mean (ms)", |m| fmt_ms(m.kv_transfer_mean_ms)),
+    ("decode queueing (ms)", |m| fmt_ms(m.decode_queue_mean_ms)),
+    ("decode KV usage mean", |m| format!("{:.3}", m.decode_kv_usage_mean)),
+    ("decode KV usage max", |m| format!("{:.3}", m.decode_kv_usage_max)),
+    ("decode KV spread mean", |m| format!("{:.3}", m.decode_kv_spread_mean)),
+    ("decode uncached tokens max", |m| m.decode_uncached_tokens_max.to_string()),
+];
+
 fn fmt_ms(ms: f64) -> String {
     if ms >= 100.0 {
         format!("{ms:.0}")
@@ -60,7 +73,7 @@ impl SimReport {
             out,
             "Trace `{}`: {} requests over {:.0} s (after rate scale {}), {} prompt tokens; \
              infinite-cache ceiling {} of prompt tokens; pooled LRU {}, pooled Belady {} (one cache \
-             of the fleet's {} KV tokens).",
+             of the {} {} KV tokens).",
             t.path,
             t.requests,
             t.span_s,
@@ -69,14 +82,28 @@ impl SimReport {
             pct(t.ceiling_hit_rate),
             pct(t.pooled_lru_hit_rate),
             pct(t.pooled_belady_hit_rate),
+            if s.pd.is_some() { "prefill engines'" } else { "fleet's" },
             t.pooled_kv_tokens
         );
         let e = &s.engine;
         let _ = writeln!(
             out,
-            "Fleet: {} engines ({} prefill tok/s, chunk {}, decode {} ms + {} ms/req, max {} running, \
+            "Fleet: {} ({} prefill tok/s, chunk {}, decode {} ms + {} ms/req, max {} running, \
              KV {} tokens in blocks of {}, prefix cache {}); load monitor every {} ms; seed {}.\n",
-            s.workers,
+            match &s.pd {
+                Some(pd) => format!(
+                    "prefill/decode disaggregated, {} prefill + {} decode engines (each run's policy \
+                     routes the prefill side, `{}` the decode side; KV transfer {} GB/s at {} bytes per \
+                     prompt token; TTFT is the decode engine's first token; queueing, hit rate and KV \
+                     rows are the prefill side's, `decode` rows the decode side's), every engine",
+                    pd.prefill_workers,
+                    pd.decode_workers,
+                    pd.decode_policy_entry,
+                    pd.kv_transfer_gbps,
+                    pd.kv_bytes_per_token
+                ),
+                None => format!("{} engines", s.workers),
+            },
             e.prefill_tokens_per_sec,
             e.prefill_chunk_tokens,
             e.decode_base_ms,
@@ -128,6 +155,15 @@ impl SimReport {
             }
             let _ = writeln!(out, "{line}");
         }
+        if self.runs.iter().any(|run| run.metrics.pd.is_some()) {
+            for (name, cell) in PD_ROWS {
+                let mut line = format!("| {name} |");
+                for run in &self.runs {
+                    let _ = write!(line, " {} |", run.metrics.pd.as_ref().map_or("-".to_string(), cell));
+                }
+                let _ = writeln!(out, "{line}");
+            }
+        }
         // Every decision name some run gave, in `decision_counts` order (reasons, then indexes).
         let mut reasons: Vec<&str> = Vec::new();
         for run in &self.runs {
@@ -145,6 +181,20 @@ impl SimReport {
             for run in &self.runs {
                 let count = run.decisions.iter().find(|(name, _)| name == reason).map_or(0, |(_, c)| *c);
                 let _ = write!(line, " {count} |");
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        // The decode side's, in `Reason::ALL` order (one policy for every run).
+        for reason in Reason::ALL {
+            let count = |run: &crate::RunReport| {
+                run.decode_decisions.iter().find(|(name, _)| name == reason.as_str()).map_or(0, |(_, c)| *c)
+            };
+            if self.runs.iter().all(|run| count(run) == 0) {
+                continue;
+            }
+            let mut line = format!("| decode decisions: {} |", reason.as_str());
+            for run in &self.runs {
+                let _ = write!(line, " {} |", count(run));
             }
             let _ = writeln!(out, "{line}");
         }

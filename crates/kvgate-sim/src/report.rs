@@ -4,7 +4,7 @@ use kvgate_engine::EngineConfig;
 use kvgate_policy::{IndexKind, PolicyConfig, Reason};
 use serde::Serialize;
 
-use crate::sim::SimOutcome;
+use crate::sim::{KvTick, PdSetup, SimOutcome};
 
 /// The whole report of `kvgate sim`.
 #[derive(Clone, Debug, Serialize)]
@@ -26,8 +26,9 @@ pub struct TraceInfo {
     pub ceiling_cached_tokens: u64,
     /// `ceiling_cached_tokens / prompt_tokens`.
     pub ceiling_hit_rate: f64,
-    /// The whole fleet's KV tokens (`--workers` x `--kv-capacity-tokens`): the size of the one
-    /// cache of the pooled references.
+    /// The whole fleet's KV tokens (`--workers` x `--kv-capacity-tokens`; a disaggregated fleet's
+    /// prefill engines only, whose caches serve prompts): the size of the one cache of the
+    /// pooled references.
     pub pooled_kv_tokens: u64,
     /// Prompt tokens one LRU cache of `pooled_kv_tokens` would serve (the pooled-LRU reference).
     pub pooled_lru_cached_tokens: u64,
@@ -45,7 +46,11 @@ pub struct TraceInfo {
 /// The fleet and the simulation options.
 #[derive(Clone, Debug, Serialize)]
 pub struct SetupInfo {
+    /// Engines of the fleet (a disaggregated fleet's prefill and decode engines together).
     pub workers: usize,
+    /// The prefill/decode split of a disaggregated fleet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pd: Option<PdSetup>,
     pub rate_scale: f64,
     pub load_monitor_interval_ms: u64,
     pub seed: u64,
@@ -63,6 +68,9 @@ pub struct RunReport {
     pub metrics: Metrics,
     /// Decisions by reason (reasons the run never gave are left out).
     pub decisions: Vec<(String, u64)>,
+    /// A disaggregated fleet's decode-side decisions by reason (zeros left out).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decode_decisions: Vec<(String, u64)>,
     /// Sorted TTFTs in ms (for the CDF plot; not in JSON).
     #[serde(skip)]
     pub ttft_ms_sorted: Vec<f64>,
@@ -83,7 +91,7 @@ pub struct Metrics {
     pub ttft_p99_ms: f64,
     pub e2e_p50_ms: f64,
     pub e2e_p99_ms: f64,
-    /// Mean of admitted - arrival.
+    /// Mean of admitted - arrival (on the prefill engine, in a disaggregated fleet).
     pub mean_queue_ms: f64,
     /// Cached over prompt tokens of the completed requests.
     pub cache_hit_rate: f64,
@@ -94,7 +102,8 @@ pub struct Metrics {
     pub hit_of_pooled_lru: f64,
     /// Completed requests over the time from the first arrival to the last completion.
     pub completed_per_s: f64,
-    /// Mean over monitor ticks of (max - min) KV usage across engines.
+    /// Mean over monitor ticks of (max - min) KV usage across engines. This and the other KV
+    /// figures are over the prefill engines in a disaggregated fleet (`pd` has the decode side's).
     pub kv_spread_mean: f64,
     pub kv_usage_mean: f64,
     pub kv_usage_max: f64,
@@ -103,6 +112,45 @@ pub struct Metrics {
     pub best_match_mean: Option<f64>,
     /// Virtual seconds from the first arrival to the last completion.
     pub makespan_s: f64,
+    /// The decode side of a disaggregated fleet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pd: Option<PdMetrics>,
+}
+
+/// A disaggregated fleet's transfers and decode side. Latencies in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PdMetrics {
+    /// Mean time from a prefill's finish to its KV reaching the decode engine.
+    pub kv_transfer_mean_ms: f64,
+    /// Mean decode-engine queueing: admitted minus KV arrival.
+    pub decode_queue_mean_ms: f64,
+    /// KV usage of the decode engines, as `kv_usage_mean` / `kv_usage_max` / `kv_spread_mean`.
+    pub decode_kv_usage_mean: f64,
+    pub decode_kv_usage_max: f64,
+    pub decode_kv_spread_mean: f64,
+    /// The most uncached prompt tokens a decode engine ever reported waiting (0: decode engines
+    /// never prefilled).
+    pub decode_uncached_tokens_max: u64,
+}
+
+/// Mean (max - min) usage across the engines `engines` of each tick, mean usage, max usage.
+fn kv_summary(ticks: &[KvTick], engines: std::ops::Range<usize>) -> (f64, f64, f64) {
+    let mut spread_sum = 0.0;
+    let mut usage_sum = 0.0;
+    let mut usage_max: f64 = 0.0;
+    let mut samples = 0usize;
+    for tick in ticks {
+        let usage = &tick.token_usage[engines.clone()];
+        let lo = usage.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = usage.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if hi.is_finite() {
+            spread_sum += hi - lo;
+            usage_max = usage_max.max(hi);
+        }
+        usage_sum += usage.iter().sum::<f64>();
+        samples += usage.len();
+    }
+    (ratio(spread_sum, ticks.len() as f64), ratio(usage_sum, samples as f64), usage_max)
 }
 
 /// A metric that runs are compared on, and which way is better.
@@ -173,20 +221,21 @@ impl Metrics {
         let last_finish = finished.iter().map(|s| s.finished_us).max().unwrap_or(outcome.first_arrival_us);
         let makespan_s = last_finish.saturating_sub(outcome.first_arrival_us) as f64 / 1e6;
         let ticks = &outcome.kv_ticks;
-        let mut spread_sum = 0.0;
-        let mut usage_sum = 0.0;
-        let mut usage_max: f64 = 0.0;
-        let mut samples = 0usize;
-        for tick in ticks {
-            let lo = tick.token_usage.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = tick.token_usage.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            if hi.is_finite() {
-                spread_sum += hi - lo;
-                usage_max = usage_max.max(hi);
+        let n_engines = ticks.first().map_or(0, |tick| tick.token_usage.len());
+        let prompt_engines = outcome.pd.as_ref().map_or(n_engines, |pd| pd.prefill_engines.min(n_engines));
+        let (kv_spread_mean, kv_usage_mean, kv_usage_max) = kv_summary(ticks, 0..prompt_engines);
+        let pd = outcome.pd.as_ref().map(|pd| {
+            let (decode_kv_spread_mean, decode_kv_usage_mean, decode_kv_usage_max) =
+                kv_summary(ticks, prompt_engines..n_engines);
+            PdMetrics {
+                kv_transfer_mean_ms: ratio(pd.transfer_us_sum as f64 / 1000.0, pd.transfers as f64),
+                decode_queue_mean_ms: ratio(pd.decode_queue_us_sum as f64 / 1000.0, pd.decoded as f64),
+                decode_kv_usage_mean,
+                decode_kv_usage_max,
+                decode_kv_spread_mean,
+                decode_uncached_tokens_max: pd.decode_uncached_tokens_max,
             }
-            usage_sum += tick.token_usage.iter().sum::<f64>();
-            samples += tick.token_usage.len();
-        }
+        });
         let cache_hit_rate = ratio(cached as f64, prompt as f64);
         let n_match = outcome.match_decisions as f64;
         let metrics = Metrics {
@@ -204,12 +253,13 @@ impl Metrics {
             hit_of_ceiling: ratio(cache_hit_rate, ceiling),
             hit_of_pooled_lru: ratio(cache_hit_rate, pooled_lru),
             completed_per_s: ratio(finished.len() as f64, makespan_s),
-            kv_spread_mean: ratio(spread_sum, ticks.len() as f64),
-            kv_usage_mean: ratio(usage_sum, samples as f64),
-            kv_usage_max: usage_max,
+            kv_spread_mean,
+            kv_usage_mean,
+            kv_usage_max,
             chosen_match_mean: (n_match > 0.0).then(|| outcome.chosen_match_sum / n_match),
             best_match_mean: (n_match > 0.0).then(|| outcome.best_match_sum / n_match),
             makespan_s,
+            pd,
         };
         (metrics, ttft)
     }
@@ -218,15 +268,22 @@ impl Metrics {
 /// Decision counts by reason name, in `Reason::ALL` order, then by the prefix index consulted
 /// (`prefix_index=exact`), leaving out zeros.
 pub fn decision_counts(outcome: &SimOutcome) -> Vec<(String, u64)> {
-    let reasons = Reason::ALL
-        .iter()
-        .zip(&outcome.decisions)
-        .map(|(reason, &count)| (reason.as_str().to_string(), count));
+    let reasons = reason_counts(&outcome.decisions);
     let indexes = IndexKind::ALL
         .iter()
         .zip(outcome.index_decisions)
         .map(|(kind, count)| (format!("prefix_index={}", kind.as_str()), count));
     reasons.chain(indexes).filter(|(_, count)| *count > 0).collect()
+}
+
+/// The decode side's decision counts by reason name, leaving out zeros (empty for a regular fleet).
+pub fn decode_decision_counts(outcome: &SimOutcome) -> Vec<(String, u64)> {
+    let Some(pd) = &outcome.pd else { return Vec::new() };
+    reason_counts(&pd.decode_decisions).filter(|(_, count)| *count > 0).collect()
+}
+
+fn reason_counts(counts: &[u64]) -> impl Iterator<Item = (String, u64)> + '_ {
+    Reason::ALL.iter().zip(counts).map(|(reason, &count)| (reason.as_str().to_string(), count))
 }
 
 /// For each `--policies` entry and metric, the first run (in grid order) with the best value.

@@ -1,27 +1,30 @@
 //! The discrete-event simulation of one policy: trace arrivals routed by the gateway's policy onto simulated engines, with a simulated load monitor and policy maintenance, all in virtual time.
 //!
-//! Events live in one binary heap ordered by (virtual time, kind, worker): at equal times engine
-//! steps complete first (finished requests leave the in-flight counts), then the load monitor
-//! samples, then the policy is maintained, then requests arrive. Everything is a function of the
-//! trace, the options and the seed: no wall clock, no thread, no unordered iteration.
+//! Events live in one binary heap ordered by (virtual time, kind, engine): at equal times engine
+//! steps complete first (finished requests leave the in-flight counts), then KV transfers of a
+//! disaggregated fleet land, then the load monitor samples, then the policies are maintained,
+//! then requests arrive. Everything is a function of the trace, the options and the seed: no
+//! wall clock, no thread, no unordered iteration.
+//!
+//! The fleet is one pool of engines ([`Fleet::Regular`]) or a prefill and a decode pool
+//! ([`Fleet::Disaggregated`], `pd.rs`), each pool routed by its own policy on its own in-flight
+//! counts, load samples and prefix index (`pool.rs`), as the gateway keeps them per role.
+
+mod pd;
+mod pool;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use std::sync::Arc;
-
-use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, KvEvent, RequestStats};
-use kvgate_index::{
-    ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, PrefixIndex, StoredBlocks,
-};
-use kvgate_policy::{
-    build_policy, Candidate, IndexKind, LoadSample, Policy, PolicyConfig, Reason, RouteRequest, RoutingKey,
-    SelectContext,
-};
+use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, RequestStats};
+use kvgate_policy::{IndexKind, PolicyConfig, Reason};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use serde::Serialize;
 
 use crate::trace::{extend_prompt_tokens, Trace};
+pub use pd::{PdOutcome, PdSetup};
+use pool::Pool;
 
 /// Virtual microseconds between `Policy::maintain` calls (the gateway calls it every second).
 pub const MAINTAIN_INTERVAL_US: u64 = 1_000_000;
@@ -29,7 +32,7 @@ pub const MAINTAIN_INTERVAL_US: u64 = 1_000_000;
 /// What one simulation needs besides the policy.
 #[derive(Clone, Debug)]
 pub struct SimSetup {
-    pub n_workers: usize,
+    pub fleet: Fleet,
     pub engine: EngineConfig,
     /// Trace timestamps are divided by this.
     pub rate_scale: f64,
@@ -37,7 +40,36 @@ pub struct SimSetup {
     pub seed: u64,
 }
 
-/// Per-engine KV usage at one load-monitor tick.
+/// The engines and how requests reach them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fleet {
+    /// `n_workers` engines that prefill and decode, routed by the run's policy.
+    Regular { n_workers: usize },
+    /// A prefill/decode disaggregated fleet: the run's policy routes the prefill engines.
+    Disaggregated(Box<PdSetup>),
+}
+
+impl Fleet {
+    /// Every engine of the fleet.
+    pub fn n_engines(&self) -> usize {
+        match self {
+            Fleet::Regular { n_workers } => *n_workers,
+            Fleet::Disaggregated(pd) => pd.prefill_workers + pd.decode_workers,
+        }
+    }
+
+    /// The engines the run's policy routes onto and whose caches serve prompts: all of a
+    /// regular fleet, the prefill side of a disaggregated one.
+    pub fn prompt_engines(&self) -> usize {
+        match self {
+            Fleet::Regular { n_workers } => *n_workers,
+            Fleet::Disaggregated(pd) => pd.prefill_workers,
+        }
+    }
+}
+
+/// Per-engine KV usage at one load-monitor tick (a disaggregated fleet's prefill engines first).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvTick {
     pub at_us: u64,
@@ -47,13 +79,14 @@ pub struct KvTick {
 /// Everything a simulation observed; summarised by `report`.
 #[derive(Clone, Debug, Default)]
 pub struct SimOutcome {
-    /// Stats of the finished requests, in finishing order.
+    /// Stats of the finished requests, in finishing order (a disaggregated request's: its
+    /// prefill's prompt, cache hit and admission, its decode's first token and finish).
     pub finished: Vec<RequestStats>,
     /// Requests the policy found no worker for.
     pub unrouted: u64,
     /// Requests an engine refused (e.g. larger than its KV cache).
     pub rejected: u64,
-    /// Decisions by reason, indexed like `Reason::ALL`.
+    /// Decisions of the run's policy by reason, indexed like `Reason::ALL`.
     pub decisions: Vec<u64>,
     /// Decisions by the prefix index they consulted, indexed like `IndexKind::ALL`.
     pub index_decisions: [u64; 2],
@@ -67,11 +100,15 @@ pub struct SimOutcome {
     pub kv_ticks: Vec<KvTick>,
     pub first_arrival_us: u64,
     pub last_event_us: u64,
+    /// What the decode side of a disaggregated fleet did.
+    pub pd: Option<PdOutcome>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     EngineStep(usize),
+    /// A disaggregated request's KV reached its decode engine.
+    KvTransferred(u64),
     LoadMonitor,
     Maintain,
     Arrival,
@@ -80,61 +117,36 @@ enum Event {
 /// Progress callback: (requests arrived so far, virtual time in µs).
 pub type Progress<'a> = &'a mut dyn FnMut(usize, u64);
 
-/// Runs `trace` through a fresh policy built from `policy` and a fresh fleet.
+/// Runs `trace` through a fresh policy built from `policy` and a fresh fleet (and, for a
+/// disaggregated fleet, a fresh decode-side policy).
 ///
-/// Prefix-aware routing consults, as in the gateway, the host's index for the model: the exact
-/// index fed by the engines' KV events when the policy uses it (the simulated engines' events
-/// always flow, so `prefix_index=auto` is exact here), else the approximate tree.
+/// Prefix-aware routing consults, as in the gateway, the host's index for the pool: the exact
+/// index fed by the pool's engines' KV events when the policy uses it (the simulated engines'
+/// events always flow, so `prefix_index=auto` is exact here), else the approximate tree.
 pub fn simulate(
     trace: &Trace,
     setup: &SimSetup,
     policy: &PolicyConfig,
     progress: Progress<'_>,
 ) -> SimOutcome {
-    let prefix = if policy.uses_exact_index() {
-        let index = Arc::new(BlockIndex::new());
-        let caches = (0..setup.n_workers as u32)
-            .map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 }))
-            .collect();
-        let in_flight = InFlightBlocks::new(index.clone());
-        Prefix::Exact { index, caches, in_flight, prompts: std::collections::HashMap::new() }
-    } else {
-        Prefix::Approximate(Box::new(ApproxIndex::new(policy.tree_settings())))
+    let pools = match &setup.fleet {
+        Fleet::Regular { n_workers } => vec![Pool::new(policy, 0, *n_workers)],
+        Fleet::Disaggregated(pd) => vec![
+            Pool::new(policy, 0, pd.prefill_workers),
+            Pool::new(&pd.decode_policy, pd.prefill_workers, pd.decode_workers),
+        ],
     };
-    Simulation::new(trace, setup, build_policy(policy), prefix).run(progress)
-}
-
-/// The model's prefix index, as the host keeps it.
-enum Prefix {
-    Approximate(Box<ApproxIndex>),
-    /// The engines' KV events applied, one writer per engine, and the prompts in flight (as the
-    /// gateway counts them until their requests end).
-    Exact {
-        index: Arc<BlockIndex>,
-        caches: Vec<CacheBlocks>,
-        in_flight: InFlightBlocks,
-        prompts: std::collections::HashMap<u64, InFlightPrompt>,
-    },
-}
-
-impl Prefix {
-    fn index(&self) -> &dyn PrefixIndex {
-        match self {
-            Prefix::Approximate(tree) => &**tree,
-            Prefix::Exact { index, .. } => &**index,
-        }
-    }
+    Simulation::new(trace, setup, pools).run(progress)
 }
 
 struct Simulation<'a> {
     trace: &'a Trace,
     setup: &'a SimSetup,
-    policy: Arc<dyn Policy>,
-    needs_loads: bool,
-    prefix: Prefix,
+    /// The regular pool, or the prefill then the decode pool; engines in pool order.
+    pools: Vec<Pool>,
+    /// Disaggregated requests between arrival and decode finish.
+    pd: Option<pd::PdState>,
     engines: Vec<Engine>,
-    in_flight: Vec<u64>,
-    loads: Vec<Option<LoadSample>>,
     /// The engine-step time each engine has in the heap (stale heap entries are skipped).
     scheduled: Vec<Option<u64>>,
     heap: BinaryHeap<Reverse<(u64, Event)>>,
@@ -148,24 +160,33 @@ struct Simulation<'a> {
 }
 
 impl<'a> Simulation<'a> {
-    fn new(trace: &'a Trace, setup: &'a SimSetup, policy: Arc<dyn Policy>, prefix: Prefix) -> Self {
+    fn new(trace: &'a Trace, setup: &'a SimSetup, pools: Vec<Pool>) -> Self {
         let order = trace.arrival_order();
         let arrival_us = order
             .iter()
             .map(|&i| (trace.requests[i].timestamp_ms * 1000.0 / setup.rate_scale).round() as u64)
             .collect();
-        let n = setup.n_workers;
-        let engine =
-            EngineConfig { emit_kv_events: matches!(prefix, Prefix::Exact { .. }), ..setup.engine.clone() };
+        let mut engines = Vec::new();
+        for pool in &pools {
+            let config = EngineConfig { emit_kv_events: pool.wants_kv_events(), ..setup.engine.clone() };
+            engines.extend((0..pool.n_workers()).map(|_| Engine::new(config.clone())));
+        }
+        let n = engines.len();
+        let pd = match &setup.fleet {
+            Fleet::Regular { .. } => None,
+            Fleet::Disaggregated(pd) => Some(pd::PdState::new(pd)),
+        };
         Simulation {
             trace,
             setup,
-            needs_loads: policy.needs_loads(),
-            policy,
-            prefix,
-            engines: (0..n).map(|_| Engine::new(engine.clone())).collect(),
-            in_flight: vec![0; n],
-            loads: vec![None; n],
+            pools,
+            outcome: SimOutcome {
+                decisions: vec![0; Reason::ALL.len()],
+                pd: pd.as_ref().map(pd::PdState::outcome),
+                ..SimOutcome::default()
+            },
+            pd,
+            engines,
             scheduled: vec![None; n],
             heap: BinaryHeap::new(),
             order,
@@ -174,7 +195,6 @@ impl<'a> Simulation<'a> {
             rng: StdRng::seed_from_u64(setup.seed),
             outputs: Vec::new(),
             prompt: Vec::new(),
-            outcome: SimOutcome { decisions: vec![0; Reason::ALL.len()], ..SimOutcome::default() },
         }
     }
 
@@ -190,14 +210,15 @@ impl<'a> Simulation<'a> {
         self.push(first, Event::Maintain);
         while let Some(Reverse((now, event))) = self.heap.pop() {
             match event {
-                Event::EngineStep(worker) => {
-                    if self.scheduled[worker] != Some(now) {
+                Event::EngineStep(engine) => {
+                    if self.scheduled[engine] != Some(now) {
                         continue; // superseded
                     }
-                    self.scheduled[worker] = None;
-                    self.engines[worker].advance(now, &mut self.outputs);
-                    self.after_engine_call(worker);
+                    self.scheduled[engine] = None;
+                    self.engines[engine].advance(now, &mut self.outputs);
+                    self.after_engine_call(engine, now);
                 }
+                Event::KvTransferred(id) => self.kv_transferred(now, id),
                 Event::LoadMonitor => {
                     self.sample_loads(now);
                     if self.busy() {
@@ -205,9 +226,8 @@ impl<'a> Simulation<'a> {
                     }
                 }
                 Event::Maintain => {
-                    self.policy.maintain(now / 1000);
-                    if let Prefix::Approximate(tree) = &self.prefix {
-                        tree.maintain(now / 1000);
+                    for pool in &self.pools {
+                        pool.maintain(now);
                     }
                     if self.busy() {
                         self.push(now + MAINTAIN_INTERVAL_US, Event::Maintain);
@@ -227,40 +247,48 @@ impl<'a> Simulation<'a> {
         self.outcome
     }
 
-    /// Whether anything remains to happen: arrivals to come or requests in an engine.
+    /// Whether anything remains to happen: arrivals to come, requests in an engine, or KV on
+    /// its way to a decode engine.
     fn busy(&self) -> bool {
-        self.next_arrival < self.order.len() || self.engines.iter().any(|engine| engine.num_requests() > 0)
+        self.next_arrival < self.order.len()
+            || self.engines.iter().any(|engine| engine.num_requests() > 0)
+            || self.pd.as_ref().is_some_and(|pd| pd.in_progress())
     }
 
     fn arrive(&mut self, now: u64) {
         let request = &self.trace.requests[self.order[self.next_arrival]];
+        let (input_length, output_tokens) = (request.input_length, request.output_length);
         let mut prompt = std::mem::take(&mut self.prompt);
         prompt.clear();
         extend_prompt_tokens(request, &mut prompt);
-        let candidates: Vec<Candidate> = (0..self.engines.len())
-            .map(|worker| Candidate {
-                id: worker as u32,
-                in_flight: self.in_flight[worker],
-                load: self.loads[worker],
-            })
-            .collect();
-        let route =
-            RouteRequest { key: RoutingKey::Tokens(&prompt), prompt_tokens: u64::from(request.input_length), session: None };
-        let mut ctx = SelectContext {
-            now_ms: now / 1000,
-            load_poll_interval_ms: self.setup.load_monitor_interval_ms,
-            rng: &mut self.rng,
-            prefix_index: Some(self.prefix.index()),
+        let id = self.next_arrival as u64;
+        if self.pd.is_some() {
+            self.arrive_disaggregated(now, id, prompt, input_length, output_tokens);
+            return;
+        }
+        let Some(worker) = self.route(0, now, &prompt, input_length, id) else {
+            self.outcome.unrouted += 1;
+            self.prompt = prompt;
+            return;
         };
-        let decision = match self.policy.select(&route, &candidates, &mut ctx) {
-            Ok(decision) => decision,
-            Err(_) => {
-                self.outcome.unrouted += 1;
-                self.prompt = prompt;
-                return;
-            }
-        };
+        let engine = self.pools[0].first_engine + worker;
+        self.engines[engine].submit(now, EngineRequest { id, prompt, output_tokens }, &mut self.outputs);
+        self.after_engine_call(engine, now);
+    }
+
+    /// Asks pool `pool`'s policy for a worker (pool-local index); the run's policy (pool 0) has
+    /// its decisions counted in the outcome, the decode side's in `pd`.
+    fn route(&mut self, pool: usize, now: u64, prompt: &[u32], prompt_tokens: u32, id: u64) -> Option<usize> {
+        let interval = self.setup.load_monitor_interval_ms;
+        let decision =
+            self.pools[pool].route(now, prompt, prompt_tokens, interval, &mut self.rng, id).ok()?;
         let reason_index = Reason::ALL.iter().position(|&r| r == decision.reason).unwrap_or(0);
+        if pool > 0 {
+            if let Some(pd) = &mut self.outcome.pd {
+                pd.decode_decisions[reason_index] += 1;
+            }
+            return Some(decision.worker as usize);
+        }
         self.outcome.decisions[reason_index] += 1;
         if let Some(kind) = decision.index {
             self.outcome.index_decisions[IndexKind::ALL.iter().position(|&k| k == kind).unwrap_or(0)] += 1;
@@ -270,108 +298,75 @@ impl<'a> Simulation<'a> {
             self.outcome.best_match_sum += matches.best_match_rate;
             self.outcome.match_decisions += 1;
         }
-        let worker = decision.worker as usize;
-        self.in_flight[worker] += 1;
-        if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
-            prompts.insert(self.next_arrival as u64, in_flight.add(worker as u32, &prompt));
-        }
-        let engine_request =
-            EngineRequest { id: self.next_arrival as u64, prompt, output_tokens: request.output_length };
-        self.engines[worker].submit(now, engine_request, &mut self.outputs);
-        self.after_engine_call(worker);
+        Some(decision.worker as usize)
     }
 
-    /// Accounts the outputs of an engine call, applies its KV events to the exact index, and puts
-    /// the engine's next step in the heap.
-    fn after_engine_call(&mut self, worker: usize) {
-        if let Prefix::Exact { caches, .. } = &mut self.prefix {
-            for batch in self.engines[worker].drain_kv_events() {
-                for event in &batch.events {
-                    if !apply_event(&mut caches[worker], event) {
-                        self.outcome.refused_kv_events += 1;
-                    }
-                }
-            }
+    /// The pool holding `engine` and the engine's pool-local index.
+    fn pool_of(&self, engine: usize) -> (usize, usize) {
+        self.pools
+            .iter()
+            .enumerate()
+            .find_map(|(index, pool)| pool.local(engine).map(|worker| (index, worker)))
+            .expect("every engine belongs to a pool")
+    }
+
+    /// Accounts the outputs of an engine call made at `now`, applies its KV events to its pool's
+    /// exact index, and puts the engine's next step in the heap.
+    fn after_engine_call(&mut self, engine: usize, now: u64) {
+        let (pool, worker) = self.pool_of(engine);
+        if self.pools[pool].wants_kv_events() {
+            let batches = self.engines[engine].drain_kv_events();
+            self.outcome.refused_kv_events += self.pools[pool].apply_kv_events(worker, batches);
         }
         let mut outputs = std::mem::take(&mut self.outputs);
         for output in outputs.drain(..) {
             match output {
                 EngineOutput::Finished { id, stats } => {
-                    self.request_ended(id);
-                    self.in_flight[worker] -= 1;
-                    self.outcome.finished.push(stats);
+                    self.pools[pool].ended(worker, id);
+                    if self.pd.is_some() {
+                        self.disaggregated_finished(pool, now, id, stats);
+                    } else {
+                        self.outcome.finished.push(stats);
+                    }
                 }
                 EngineOutput::Rejected { id, .. } => {
-                    self.request_ended(id);
-                    self.in_flight[worker] -= 1;
+                    self.pools[pool].ended(worker, id);
+                    if self.pd.is_some() {
+                        self.disaggregated_rejected(pool, id);
+                    }
                     self.outcome.rejected += 1;
                 }
                 EngineOutput::FirstToken { .. } | EngineOutput::Token { .. } => {}
             }
         }
         self.outputs = outputs;
-        let next = self.engines[worker].next_event_time();
-        if next != self.scheduled[worker] {
-            self.scheduled[worker] = next;
+        let next = self.engines[engine].next_event_time();
+        if next != self.scheduled[engine] {
+            self.scheduled[engine] = next;
             if let Some(at) = next {
-                self.push(at, Event::EngineStep(worker));
+                self.push(at, Event::EngineStep(engine));
             }
         }
     }
 
-    /// A request left its engine: its prompt is no longer counted in flight.
-    fn request_ended(&mut self, id: u64) {
-        if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
-            if let Some(prompt) = prompts.remove(&id) {
-                in_flight.remove(prompt);
-            }
-        }
-    }
-
-    /// The load monitor's tick: every engine's load, published to the policy if it reads loads
-    /// (as the gateway polls only then), and recorded for the KV metrics either way.
+    /// The load monitor's tick: every engine's load, published to its pool's policy if it reads
+    /// loads (as the gateway polls only then), and recorded for the KV metrics either way.
     fn sample_loads(&mut self, now: u64) {
         let mut usage = Vec::with_capacity(self.engines.len());
-        for worker in 0..self.engines.len() {
-            self.engines[worker].advance(now, &mut self.outputs);
-            self.after_engine_call(worker);
-            let load = self.engines[worker].load(now);
+        for engine in 0..self.engines.len() {
+            self.engines[engine].advance(now, &mut self.outputs);
+            self.after_engine_call(engine, now);
+            let load = self.engines[engine].load(now);
             usage.push(load.token_usage);
-            if self.needs_loads {
-                self.loads[worker] = Some(LoadSample {
-                    token_usage: load.token_usage,
-                    num_running_reqs: load.num_running_reqs,
-                    num_waiting_reqs: load.num_waiting_reqs,
-                    num_waiting_uncached_tokens: load.num_waiting_uncached_tokens,
-                    gen_throughput: load.gen_throughput,
-                    max_total_num_tokens: load.max_total_num_tokens,
-                    fetched_at_ms: now / 1000,
-                });
+            let (pool, worker) = self.pool_of(engine);
+            self.pools[pool].record_load(worker, &load, now);
+            if pool > 0 {
+                if let Some(pd) = &mut self.outcome.pd {
+                    pd.decode_uncached_tokens_max =
+                        pd.decode_uncached_tokens_max.max(load.num_waiting_uncached_tokens);
+                }
             }
         }
         self.outcome.kv_ticks.push(KvTick { at_us: now, token_usage: usage });
-    }
-}
-
-/// Applies one engine KV event to its cache's writer; false when the index refused it.
-fn apply_event(cache: &mut CacheBlocks, event: &KvEvent) -> bool {
-    match event {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => cache
-            .apply_stored(StoredBlocks {
-                block_hashes,
-                parent_block_hash: *parent_block_hash,
-                token_ids,
-                block_size: *block_size,
-                medium: None,
-            })
-            .is_ok(),
-        KvEvent::BlockRemoved { block_hashes } => {
-            cache.apply_removed(block_hashes, None);
-            true
-        }
-        KvEvent::AllBlocksCleared => {
-            cache.clear();
-            true
-        }
     }
 }

@@ -1,0 +1,196 @@
+//! Prefill/decode disaggregation in the simulation: each request is routed at arrival to a prefill engine (the run's policy) and a decode engine (the decode side's policy), as the gateway's SGLang protocol picks both at once; prefilled with one output token and its KV held, transferred, then decoded.
+//!
+//! Timeline of one request: arrival → `PdStage::Prefill` on the prefill engine (queueing and
+//! prefill there) → prefill finished, its KV held → after the transfer time (prompt tokens x
+//! `kv_bytes_per_token` / `kv_transfer_gbps`) `release_held` on the prefill engine and
+//! `PdStage::Decode` on the decode engine, which computes no prompt → first token at the decode
+//! engine's next decode step (TTFT), finish after `output_tokens` decode steps (e2e). The
+//! request counts in flight on its prefill worker until its prefill finishes and on its decode
+//! worker until its decode finishes.
+
+use std::collections::HashMap;
+
+use kvgate_engine::{EngineRequest, PdStage, RequestStats};
+use kvgate_policy::{PolicyConfig, Reason};
+use serde::Serialize;
+
+use super::{Event, Simulation};
+
+/// A prefill/decode disaggregated fleet.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PdSetup {
+    pub prefill_workers: usize,
+    pub decode_workers: usize,
+    /// The `--decode-policy` entry, as given.
+    pub decode_policy_entry: String,
+    /// The decode side's policy (the same for every run).
+    pub decode_policy: PolicyConfig,
+    /// Bandwidth of the KV link from a prefill to a decode engine, GB/s.
+    pub kv_transfer_gbps: f64,
+    /// KV bytes per prompt token a transfer moves.
+    pub kv_bytes_per_token: u64,
+}
+
+impl PdSetup {
+    /// Virtual µs to move the KV of a prompt of `prompt_tokens` tokens to the decode engine.
+    pub fn transfer_us(&self, prompt_tokens: u32) -> u64 {
+        let bytes = f64::from(prompt_tokens) * self.kv_bytes_per_token as f64;
+        (bytes / (self.kv_transfer_gbps * 1e9) * 1e6).round() as u64
+    }
+}
+
+/// What the decode side of a disaggregated fleet did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PdOutcome {
+    /// Engines of the prefill side (the first ones of every `KvTick`).
+    pub prefill_engines: usize,
+    /// KV transfers completed, and the sum of their durations (prefill finish to decode submit).
+    pub transfers: u64,
+    pub transfer_us_sum: u64,
+    /// Requests the decode side finished, and the sum of their decode-engine queueing
+    /// (admitted minus KV arrival).
+    pub decoded: u64,
+    pub decode_queue_us_sum: u64,
+    /// Decisions of the decode side's policy by reason, indexed like `Reason::ALL`.
+    pub decode_decisions: Vec<u64>,
+    /// The most uncached prompt tokens any decode engine reported waiting at a monitor tick
+    /// (0: decode engines never had a prompt to prefill).
+    pub decode_uncached_tokens_max: u64,
+}
+
+/// One disaggregated request between arrival and decode finish.
+struct PdRequest {
+    prefill_worker: usize,
+    decode_worker: usize,
+    /// Kept for the decode engine (cleared when submitted there).
+    prompt: Vec<u32>,
+    output_tokens: u32,
+    /// The prefill half's stats, once it finished.
+    prefill: Option<RequestStats>,
+    /// When the KV reached the decode engine.
+    transferred_us: u64,
+}
+
+/// The disaggregated requests in progress.
+pub(super) struct PdState {
+    setup: PdSetup,
+    requests: HashMap<u64, PdRequest>,
+}
+
+impl PdState {
+    pub(super) fn new(setup: &PdSetup) -> PdState {
+        PdState { setup: setup.clone(), requests: HashMap::new() }
+    }
+
+    /// A fresh outcome for this fleet.
+    pub(super) fn outcome(&self) -> PdOutcome {
+        PdOutcome {
+            prefill_engines: self.setup.prefill_workers,
+            decode_decisions: vec![0; Reason::ALL.len()],
+            ..PdOutcome::default()
+        }
+    }
+
+    pub(super) fn in_progress(&self) -> bool {
+        !self.requests.is_empty()
+    }
+}
+
+impl Simulation<'_> {
+    fn pd_state(&mut self) -> &mut PdState {
+        self.pd.as_mut().expect("a disaggregated fleet")
+    }
+
+    /// Routes request `id` to a prefill and a decode worker and submits its prefill half.
+    pub(super) fn arrive_disaggregated(
+        &mut self,
+        now: u64,
+        id: u64,
+        prompt: Vec<u32>,
+        prompt_tokens: u32,
+        output_tokens: u32,
+    ) {
+        let Some(prefill_worker) = self.route(0, now, &prompt, prompt_tokens, id) else {
+            self.outcome.unrouted += 1;
+            self.prompt = prompt;
+            return;
+        };
+        let Some(decode_worker) = self.route(1, now, &prompt, prompt_tokens, id) else {
+            self.pools[0].ended(prefill_worker, id);
+            self.outcome.unrouted += 1;
+            self.prompt = prompt;
+            return;
+        };
+        let request = PdRequest {
+            prefill_worker,
+            decode_worker,
+            prompt: prompt.clone(),
+            output_tokens,
+            prefill: None,
+            transferred_us: 0,
+        };
+        self.pd_state().requests.insert(id, request);
+        let engine = self.pools[0].first_engine + prefill_worker;
+        let prefill = EngineRequest { id, prompt, output_tokens: 1 };
+        self.engines[engine].submit_as(now, prefill, PdStage::Prefill, &mut self.outputs);
+        self.after_engine_call(engine, now);
+    }
+
+    /// Request `id` finished on pool `pool` at `now` (its in-flight count already dropped): a
+    /// prefill starts its KV transfer, a decode completes the request.
+    pub(super) fn disaggregated_finished(&mut self, pool: usize, now: u64, id: u64, stats: RequestStats) {
+        let state = self.pd_state();
+        if pool == 0 {
+            let transfer_us = state.setup.transfer_us(stats.prompt_tokens);
+            let request = state.requests.get_mut(&id).expect("a prefill in progress");
+            request.prefill = Some(stats);
+            self.push(now.max(stats.finished_us) + transfer_us, Event::KvTransferred(id));
+            return;
+        }
+        let request = state.requests.remove(&id).expect("a decode in progress");
+        let prefill = request.prefill.expect("decoded after its prefill");
+        let outcome = self.outcome.pd.as_mut().expect("a disaggregated outcome");
+        outcome.decoded += 1;
+        outcome.decode_queue_us_sum += stats.admitted_us.saturating_sub(request.transferred_us);
+        self.outcome.finished.push(RequestStats {
+            prompt_tokens: prefill.prompt_tokens,
+            cached_tokens: prefill.cached_tokens,
+            completion_tokens: stats.completion_tokens,
+            arrival_us: prefill.arrival_us,
+            admitted_us: prefill.admitted_us,
+            first_token_us: stats.first_token_us,
+            finished_us: stats.finished_us,
+        });
+    }
+
+    /// Request `id` was refused by an engine of pool `pool` (its in-flight count there already
+    /// dropped): a refused prefill also leaves its decode worker, which never got it.
+    pub(super) fn disaggregated_rejected(&mut self, pool: usize, id: u64) {
+        let request = self.pd_state().requests.remove(&id).expect("a request in progress");
+        if pool == 0 {
+            self.pools[1].ended(request.decode_worker, id);
+        }
+    }
+
+    /// Request `id`'s KV reached its decode engine: the prefill engine releases it and the
+    /// decode engine takes the request.
+    pub(super) fn kv_transferred(&mut self, now: u64, id: u64) {
+        let request = self.pd_state().requests.get_mut(&id).expect("a transfer in progress");
+        request.transferred_us = now;
+        let prompt = std::mem::take(&mut request.prompt);
+        let (prefill_worker, decode_worker, output_tokens) =
+            (request.prefill_worker, request.decode_worker, request.output_tokens);
+        let finished_us = request.prefill.map_or(now, |stats| stats.finished_us);
+        if let Some(outcome) = &mut self.outcome.pd {
+            outcome.transfers += 1;
+            outcome.transfer_us_sum += now - finished_us;
+        }
+        let prefill_engine = self.pools[0].first_engine + prefill_worker;
+        self.engines[prefill_engine].release_held(now, id, &mut self.outputs);
+        self.after_engine_call(prefill_engine, now);
+        let decode_engine = self.pools[1].first_engine + decode_worker;
+        let decode = EngineRequest { id, prompt, output_tokens };
+        self.engines[decode_engine].submit_as(now, decode, PdStage::Decode, &mut self.outputs);
+        self.after_engine_call(decode_engine, now);
+    }
+}

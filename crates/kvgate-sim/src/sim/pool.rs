@@ -1,0 +1,200 @@
+//! One pool of simulated engines routed by one policy, as the gateway keeps it per (model, role): the policy, its prefix index (the tree, or the exact index fed by the pool's engines' KV events), the in-flight counts and the load monitor's last samples.
+//!
+//! A regular fleet is one pool; a prefill/decode fleet is two, each routed on its own state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch};
+use kvgate_index::{
+    ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, PrefixIndex, StoredBlocks,
+};
+use kvgate_policy::{
+    build_policy, Candidate, Decision, LoadSample, NoRoute, Policy, PolicyConfig, RouteRequest, RoutingKey,
+    SelectContext,
+};
+use rand::rngs::StdRng;
+
+/// The pool's prefix index, as the host keeps it.
+enum Prefix {
+    Approximate(Box<ApproxIndex>),
+    /// The engines' KV events applied, one writer per engine, and the prompts in flight (as the
+    /// gateway counts them until their requests end).
+    Exact {
+        index: Arc<BlockIndex>,
+        caches: Vec<CacheBlocks>,
+        in_flight: InFlightBlocks,
+        prompts: HashMap<u64, InFlightPrompt>,
+    },
+}
+
+impl Prefix {
+    fn index(&self) -> &dyn PrefixIndex {
+        match self {
+            Prefix::Approximate(tree) => &**tree,
+            Prefix::Exact { index, .. } => &**index,
+        }
+    }
+}
+
+/// Engines `first_engine..first_engine + n_workers` of the simulation, routed by one policy.
+/// Candidate ids (and the exact index's cache ids) are pool-local, `0..n_workers`.
+pub(super) struct Pool {
+    policy: Arc<dyn Policy>,
+    needs_loads: bool,
+    prefix: Prefix,
+    pub(super) first_engine: usize,
+    in_flight: Vec<u64>,
+    loads: Vec<Option<LoadSample>>,
+}
+
+impl Pool {
+    /// A fresh policy built from `config`, with the index it consults: the exact index fed by
+    /// the engines' KV events when the policy uses it (the simulated engines' events always
+    /// flow, so `prefix_index=auto` is exact here), else the approximate tree.
+    pub(super) fn new(config: &PolicyConfig, first_engine: usize, n_workers: usize) -> Pool {
+        let prefix = if config.uses_exact_index() {
+            let index = Arc::new(BlockIndex::new());
+            let caches = (0..n_workers as u32)
+                .map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 }))
+                .collect();
+            let in_flight = InFlightBlocks::new(index.clone());
+            Prefix::Exact { index, caches, in_flight, prompts: HashMap::new() }
+        } else {
+            Prefix::Approximate(Box::new(ApproxIndex::new(config.tree_settings())))
+        };
+        let policy = build_policy(config);
+        Pool {
+            needs_loads: policy.needs_loads(),
+            policy,
+            prefix,
+            first_engine,
+            in_flight: vec![0; n_workers],
+            loads: vec![None; n_workers],
+        }
+    }
+
+    pub(super) fn n_workers(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Whether the pool's engines must emit KV events (its index is the exact one).
+    pub(super) fn wants_kv_events(&self) -> bool {
+        matches!(self.prefix, Prefix::Exact { .. })
+    }
+
+    /// The pool-local worker of engine `engine`, if the pool has it.
+    pub(super) fn local(&self, engine: usize) -> Option<usize> {
+        engine.checked_sub(self.first_engine).filter(|&local| local < self.n_workers())
+    }
+
+    /// Asks the policy for a worker as the gateway does (every worker a candidate, with its
+    /// in-flight count and last load sample) and, on a decision, counts request `id` in flight
+    /// there (its prompt too, with the exact index) until `ended`.
+    pub(super) fn route(
+        &mut self,
+        now_us: u64,
+        prompt: &[u32],
+        prompt_tokens: u32,
+        load_poll_interval_ms: u64,
+        rng: &mut StdRng,
+        id: u64,
+    ) -> Result<Decision, NoRoute> {
+        let candidates: Vec<Candidate> = (0..self.n_workers())
+            .map(|worker| Candidate {
+                id: worker as u32,
+                in_flight: self.in_flight[worker],
+                load: self.loads[worker],
+            })
+            .collect();
+        let route = RouteRequest {
+            key: RoutingKey::Tokens(prompt),
+            prompt_tokens: u64::from(prompt_tokens),
+            session: None,
+        };
+        let mut ctx = SelectContext {
+            now_ms: now_us / 1000,
+            load_poll_interval_ms,
+            rng,
+            prefix_index: Some(self.prefix.index()),
+        };
+        let decision = self.policy.select(&route, &candidates, &mut ctx)?;
+        let worker = decision.worker as usize;
+        self.in_flight[worker] += 1;
+        if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
+            prompts.insert(id, in_flight.add(worker as u32, prompt));
+        }
+        Ok(decision)
+    }
+
+    /// Request `id` left `worker`: it no longer counts in flight (nor does its prompt).
+    pub(super) fn ended(&mut self, worker: usize, id: u64) {
+        self.in_flight[worker] -= 1;
+        if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
+            if let Some(prompt) = prompts.remove(&id) {
+                in_flight.remove(prompt);
+            }
+        }
+    }
+
+    /// Applies `worker`'s KV event batches to the exact index; returns how many events it refused.
+    pub(super) fn apply_kv_events(&mut self, worker: usize, batches: Vec<KvEventBatch>) -> u64 {
+        let mut refused = 0;
+        if let Prefix::Exact { caches, .. } = &mut self.prefix {
+            for batch in batches {
+                for event in &batch.events {
+                    if !apply_event(&mut caches[worker], event) {
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        refused
+    }
+
+    /// The gateway's once-a-second maintenance of the policy and the tree.
+    pub(super) fn maintain(&self, now_us: u64) {
+        self.policy.maintain(now_us / 1000);
+        if let Prefix::Approximate(tree) = &self.prefix {
+            tree.maintain(now_us / 1000);
+        }
+    }
+
+    /// Publishes `worker`'s load to the policy if it reads loads (as the gateway polls only then).
+    pub(super) fn record_load(&mut self, worker: usize, load: &EngineLoad, now_us: u64) {
+        if self.needs_loads {
+            self.loads[worker] = Some(LoadSample {
+                token_usage: load.token_usage,
+                num_running_reqs: load.num_running_reqs,
+                num_waiting_reqs: load.num_waiting_reqs,
+                num_waiting_uncached_tokens: load.num_waiting_uncached_tokens,
+                gen_throughput: load.gen_throughput,
+                max_total_num_tokens: load.max_total_num_tokens,
+                fetched_at_ms: now_us / 1000,
+            });
+        }
+    }
+}
+
+/// Applies one engine KV event to its cache's writer; false when the index refused it.
+fn apply_event(cache: &mut CacheBlocks, event: &KvEvent) -> bool {
+    match event {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => cache
+            .apply_stored(StoredBlocks {
+                block_hashes,
+                parent_block_hash: *parent_block_hash,
+                token_ids,
+                block_size: *block_size,
+                medium: None,
+            })
+            .is_ok(),
+        KvEvent::BlockRemoved { block_hashes } => {
+            cache.apply_removed(block_hashes, None);
+            true
+        }
+        KvEvent::AllBlocksCleared => {
+            cache.clear();
+            true
+        }
+    }
+}
