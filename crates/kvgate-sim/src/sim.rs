@@ -156,7 +156,20 @@ struct Simulation<'a> {
     rng: StdRng,
     outputs: Vec<EngineOutput>,
     prompt: Vec<u32>,
+    /// The arriving request's session key (see [`session_key`]), reused between requests.
+    session: String,
     outcome: SimOutcome,
+}
+
+/// A trace request's session key, what `consistent_hashing` and `manual` route by: its
+/// conversation, i.e. the first prefix block after the trace's shared first block (the
+/// conversation trace's turns of one conversation share their leading blocks; the first block
+/// is a system prompt common to all).
+fn session_key(request: &crate::trace::TraceRequest, into: &mut String) {
+    use std::fmt::Write;
+    into.clear();
+    let block = request.hash_ids.get(1).or(request.hash_ids.first()).copied().unwrap_or(0);
+    let _ = write!(into, "conversation-{block}");
 }
 
 impl<'a> Simulation<'a> {
@@ -195,6 +208,7 @@ impl<'a> Simulation<'a> {
             rng: StdRng::seed_from_u64(setup.seed),
             outputs: Vec::new(),
             prompt: Vec::new(),
+            session: String::new(),
         }
     }
 
@@ -262,6 +276,7 @@ impl<'a> Simulation<'a> {
         prompt.clear();
         extend_prompt_tokens(request, &mut prompt);
         let id = self.next_arrival as u64;
+        session_key(request, &mut self.session);
         if self.pd.is_some() {
             self.arrive_disaggregated(now, id, prompt, input_length, output_tokens);
             return;
@@ -280,8 +295,9 @@ impl<'a> Simulation<'a> {
     /// its decisions counted in the outcome, the decode side's in `pd`.
     fn route(&mut self, pool: usize, now: u64, prompt: &[u32], prompt_tokens: u32, id: u64) -> Option<usize> {
         let interval = self.setup.load_monitor_interval_ms;
-        let decision =
-            self.pools[pool].route(now, prompt, prompt_tokens, interval, &mut self.rng, id).ok()?;
+        let decision = self.pools[pool]
+            .route(now, prompt, prompt_tokens, interval, &mut self.rng, id, &self.session)
+            .ok()?;
         let reason_index = Reason::ALL.iter().position(|&r| r == decision.reason).unwrap_or(0);
         if pool > 0 {
             if let Some(pd) = &mut self.outcome.pd {

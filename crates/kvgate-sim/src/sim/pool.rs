@@ -99,6 +99,7 @@ impl Pool {
         load_poll_interval_ms: u64,
         rng: &mut StdRng,
         id: u64,
+        session: &str,
     ) -> Result<Decision, NoRoute> {
         let candidates: Vec<Candidate> = (0..self.n_workers())
             .map(|worker| Candidate {
@@ -110,7 +111,7 @@ impl Pool {
         let route = RouteRequest {
             key: RoutingKey::Tokens(prompt),
             prompt_tokens: u64::from(prompt_tokens),
-            session: None,
+            session: Some(session),
         };
         let mut ctx = SelectContext {
             now_ms: now_us / 1000,
