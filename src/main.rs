@@ -1,6 +1,6 @@
 //! The `kvgate` command line: `launch` (the gateway, optionally in front of in-process simulated
-//! engines), `mock` (a fleet of simulated engines), `sim` (the virtual-time policy simulator) and
-//! `replay` (a trace sent as real HTTP requests).
+//! engines), `mock` (a fleet of simulated engines), `sim` (the virtual-time policy simulator),
+//! `replay` (a trace sent as real HTTP requests) and `soak` (soak, burst and churn checks).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -11,6 +11,8 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
 use tracing_subscriber::EnvFilter;
+
+mod soak;
 
 /// The proxy allocates and frees small buffers per request; mimalloc keeps that cheap.
 #[global_allocator]
@@ -33,6 +35,9 @@ enum Command {
     Sim(Box<kvgate_sim::SimArgs>),
     /// Send a trace as real HTTP requests to any OpenAI-compatible endpoint and measure it.
     Replay(Box<kvgate_replay::ReplayArgs>),
+    /// Soak, burst and churn the gateway in front of simulated engines, in-process: no request
+    /// may be lost or answered twice, memory and file descriptors must stay flat.
+    Soak(Box<soak::SoakArgs>),
 }
 
 #[derive(clap::Args)]
@@ -247,6 +252,10 @@ fn main() -> ExitCode {
         }
         Command::Sim(args) => kvgate_sim::run_cli(*args),
         Command::Replay(args) => runtime.block_on(kvgate_replay::run_cli(*args)),
+        Command::Soak(args) => {
+            init_logging(&args.log_level, false);
+            runtime.block_on(soak::run_cli(*args))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -35,7 +35,8 @@ async fn non_streaming_body_and_endpoints_pass_through() {
     for path in ["/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings"] {
         let res = client
             .post(format!("{}{path}", gw.url()))
-            .json(&json!({"model": "m", "prompt": "x"}))
+            .json(&json!({"model": "m", "prompt": "x", "text": "x", "input": "x",
+                "messages": [{"role": "user", "content": "x"}]}))
             .send()
             .await
             .unwrap();
@@ -62,7 +63,7 @@ async fn sse_first_chunk_arrives_before_upstream_finishes() {
     let gw = gateway(config(vec![up.url.clone()])).await;
     let res = client()
         .post(format!("{}/v1/chat/completions", gw.url()))
-        .json(&json!({"model": "m", "stream": true, "messages": []}))
+        .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
         .send()
         .await
         .unwrap();
@@ -244,7 +245,7 @@ async fn workers_added_and_removed_at_runtime() {
     for _ in 0..2 {
         let res = client
             .post(format!("{}/v1/chat/completions", gw.url()))
-            .json(&json!({"model": "m", "stream": true}))
+            .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
             .send()
             .await
             .unwrap();
@@ -300,7 +301,9 @@ async fn error_bodies_are_openai_style() {
     expect_error(send(r#"{"messages":[]}"#).await.unwrap(), 400, "invalid_request").await;
     let big = format!(r#"{{"model":"model-one","prompt":"{}"}}"#, "x".repeat(2048));
     expect_error(client.post(&url).body(big).send().await.unwrap(), 413, "payload_too_large").await;
-    let ok = send(r#"{"model":"model-two"}"#).await.unwrap();
+    let ok = send(r#"{"model":"model-two","messages":[{"role":"user","content":"hi"}]}"#).await.unwrap();
+    // A request with nothing to generate from is refused, naming what is missing.
+    expect_error(send(r#"{"model":"model-two","messages":[]}"#).await.unwrap(), 400, "invalid_request").await;
     assert_eq!(ok.json::<Value>().await.unwrap()["worker"], "b");
     expect_error(client.get(format!("{}/nope", gw.url())).send().await.unwrap(), 404, "not_found").await;
     let models: Value =
@@ -322,7 +325,8 @@ async fn error_bodies_are_openai_style() {
 async fn single_model_pool_takes_missing_or_unknown_model() {
     let up = upstream("a", "only").await;
     let gw = gateway(config(vec![up.url.clone()])).await;
-    for body in [json!({"messages": []}), json!({"model": "whatever", "messages": []})] {
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    for body in [json!({"messages": messages}), json!({"model": "whatever", "messages": messages})] {
         let res =
             client().post(format!("{}/v1/chat/completions", gw.url())).json(&body).send().await.unwrap();
         assert_eq!(res.status(), 200, "{body}");
@@ -464,7 +468,12 @@ async fn over_the_concurrency_limit_is_429_and_slots_are_returned() {
     let gw = gateway(cfg).await;
     let client = client();
     let url = format!("{}/v1/chat/completions", gw.url());
-    let held = client.post(&url).json(&json!({"model": "m", "stream": true})).send().await.unwrap();
+    let held = client
+        .post(&url)
+        .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(held.status(), 200);
     expect_error(client.post(&url).json(&chat("m")).send().await.unwrap(), 429, "too_many_requests").await;
     up.release.notify_one();
@@ -544,7 +553,7 @@ async fn a_client_that_disconnects_mid_stream_ends_the_request() {
     };
     let res = client()
         .post(format!("{gw_url}/v1/chat/completions"))
-        .json(&json!({"model": "m", "stream": true}))
+        .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
         .send()
         .await
         .unwrap();

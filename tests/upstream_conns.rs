@@ -223,7 +223,7 @@ async fn a_worker_that_dies_mid_stream_ends_the_client_response() {
     let gw = gateway_for(&url).await;
     let res = client()
         .post(format!("{}/v1/chat/completions", gw.url()))
-        .json(&serde_json::json!({"model": "m", "stream": true, "messages": []}))
+        .json(&serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
         .send()
         .await
         .unwrap();

@@ -80,7 +80,7 @@ fn authorize(state: &SharedState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -225,6 +225,11 @@ pub async fn remove_worker(
 /// A worker whose model cannot be learned yet is registered and retried by the health loop.
 pub async fn register_worker(state: &SharedState, mut new: NewWorker) -> Result<Arc<Worker>, ApiError> {
     let url = normalize_url(&new.url).map_err(ApiError::BadRequest)?;
+    if is_own_address(state, &url) {
+        return Err(ApiError::BadRequest(format!(
+            "{url} is this gateway's own address: routing to it would loop"
+        )));
+    }
     if state.registry.snapshot().find(&url).is_some() {
         return Err(ApiError::Conflict(format!("worker {url} is already registered")));
     }
@@ -254,6 +259,36 @@ pub async fn register_worker(state: &SharedState, mut new: NewWorker) -> Result<
         "worker added"
     );
     Ok(worker)
+}
+
+/// Whether `url` (normalized) points at this gateway's listener: its port, on a loopback or
+/// unspecified address, `localhost`, or the configured listen host.
+fn is_own_address(state: &SharedState, url: &str) -> bool {
+    let Some(listen) = state.listen_addr.get() else { return false };
+    let Ok(uri) = url.parse::<http::Uri>() else { return false };
+    let default = if uri.scheme_str() == Some("https") { 443 } else { 80 };
+    if uri.port_u16().unwrap_or(default) != listen.port() {
+        return false;
+    }
+    let host = uri.host().unwrap_or("").trim_start_matches('[').trim_end_matches(']');
+    if host == "localhost" || host.eq_ignore_ascii_case(&state.config.host) {
+        return true;
+    }
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => {
+            ip.is_loopback()
+                || ip.is_unspecified()
+                || ip == listen.ip()
+                || listen.ip().is_unspecified() && is_local(ip)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Whether `ip` is one of this machine's addresses (when listening on all of them): only those
+/// can be bound (nothing is sent).
+fn is_local(ip: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
 /// One health check: 2xx from the health endpoint within the timeout.

@@ -99,9 +99,28 @@ pub struct GatewayConfig {
     /// Largest accepted request body in bytes; larger bodies get 413.
     #[arg(long, default_value_t = 512 * 1024 * 1024)]
     pub max_payload_size: usize,
-    /// Most requests proxied at once; further requests get 429 (unset: no limit).
+    /// Most requests proxied at once; further requests wait in the queue (--queue-size) or get
+    /// 429 (unset: no limit).
     #[arg(long)]
     pub max_concurrent_requests: Option<usize>,
+    /// Requests that may wait for a concurrency slot or a rate-limit token (0: refuse at once
+    /// with 429); a full queue refuses with 429.
+    #[arg(long, default_value_t = 0)]
+    pub queue_size: usize,
+    /// Longest wait in the admission queue, in seconds; then 408.
+    #[arg(long, default_value_t = 60.0)]
+    pub queue_timeout_secs: f64,
+    /// Requests admitted per second (token bucket, bursts of up to one second's worth); over it,
+    /// requests queue (--queue-size) or get 429 (unset: no limit).
+    #[arg(long)]
+    pub rate_limit_tokens_per_second: Option<f64>,
+    /// Seconds a client has to send its whole request body; then 408.
+    #[arg(long, default_value_t = 60.0)]
+    pub body_read_timeout_secs: f64,
+    /// Seconds to wait for a worker's response head before giving up on it and trying another
+    /// worker (nothing has reached the client yet); unset: wait up to --request-timeout-secs.
+    #[arg(long)]
+    pub ttfb_timeout_secs: Option<f64>,
 
     /// Seconds between health checks of each worker.
     #[arg(long, default_value_t = 10.0)]
@@ -151,6 +170,42 @@ pub struct GatewayConfig {
     /// Bearer token sent to workers.
     #[arg(long, env = "KVGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// When set, the inference endpoints require `Authorization: Bearer KEY` with one of these
+    /// keys (401 otherwise); the client's key is not forwarded to workers.
+    #[arg(long, env = "KVGATE_CLIENT_API_KEYS", value_delimiter = ',', hide_env_values = true)]
+    pub client_api_keys: Vec<String>,
+
+    /// Seconds a client has to send a complete request head, counted from the connection's
+    /// start (TLS handshake included) or from the first byte of a later request; a client that
+    /// has not finished by then (or sent nothing) is disconnected.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_read_timeout_secs: f64,
+    /// Seconds an idle keep-alive client connection (no request in progress) stays open after
+    /// its last response before it is closed.
+    #[arg(long, default_value_t = 60.0)]
+    pub keep_alive_timeout_secs: f64,
+    /// Most client connections open at once; connections beyond it are closed as soon as they
+    /// are accepted. Keep it below the process's file descriptor limit (`ulimit -n`), leaving
+    /// room for worker connections.
+    #[arg(long, default_value_t = 10000)]
+    pub max_connections: usize,
+    /// Serve HTTPS: the listener's certificate chain (PEM), with --tls-key-path.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert_path: Option<std::path::PathBuf>,
+    /// The listener's private key (PEM: PKCS#8, PKCS#1 or SEC1), with --tls-cert-path.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_path: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) trusted for `https://` workers, instead of the built-in Mozilla
+    /// roots.
+    #[arg(long = "ca-cert-paths", num_args = 0.., value_name = "FILE")]
+    pub ca_cert_paths: Vec<std::path::PathBuf>,
+    /// Client certificate chain (PEM) presented to `https://` workers (mTLS), with
+    /// --client-key-path.
+    #[arg(long, value_name = "FILE")]
+    pub client_cert_path: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --client-cert-path.
+    #[arg(long, value_name = "FILE")]
+    pub client_key_path: Option<std::path::PathBuf>,
 
     /// Log level (error, warn, info, debug, trace) or a tracing filter directive.
     #[arg(long, default_value = "info")]
@@ -175,6 +230,43 @@ impl Default for GatewayConfig {
             config: GatewayConfig,
         }
         Defaults::parse_from(["kvgate"]).config
+    }
+}
+
+/// The client-connection limits and the TLS files: bounded timeouts, paths given in pairs.
+fn validate_client_connections(config: &GatewayConfig, errors: &mut Vec<ConfigError>) {
+    for (field, value) in [
+        ("header_read_timeout_secs", config.header_read_timeout_secs),
+        ("keep_alive_timeout_secs", config.keep_alive_timeout_secs),
+    ] {
+        if !value.is_finite() || value <= 0.0 || value > 86400.0 {
+            errors.push(ConfigError {
+                field,
+                message: format!("must be a number of seconds > 0 and <= 86400, got {value}"),
+            });
+        }
+    }
+    if config.max_connections == 0 || config.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+        errors.push(ConfigError {
+            field: "max_connections",
+            message: format!("must be between 1 and {}", tokio::sync::Semaphore::MAX_PERMITS),
+        });
+    }
+    for (cert_field, cert, key_field, key) in [
+        ("tls_cert_path", &config.tls_cert_path, "tls_key_path", &config.tls_key_path),
+        ("client_cert_path", &config.client_cert_path, "client_key_path", &config.client_key_path),
+    ] {
+        match (cert, key) {
+            (Some(_), None) => errors.push(ConfigError {
+                field: key_field,
+                message: format!("must be given with {cert_field} (both or neither)"),
+            }),
+            (None, Some(_)) => errors.push(ConfigError {
+                field: cert_field,
+                message: format!("must be given with {key_field} (both or neither)"),
+            }),
+            _ => {}
+        }
     }
 }
 
@@ -236,6 +328,19 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
         let mut errors = self.routing.validate().err().unwrap_or_default();
         positive_seconds(&mut errors, "request_timeout_secs", self.request_timeout_secs);
+        positive_seconds(&mut errors, "queue_timeout_secs", self.queue_timeout_secs);
+        positive_seconds(&mut errors, "body_read_timeout_secs", self.body_read_timeout_secs);
+        if let Some(ttfb) = self.ttfb_timeout_secs {
+            positive_seconds(&mut errors, "ttfb_timeout_secs", ttfb);
+        }
+        if let Some(rate) = self.rate_limit_tokens_per_second {
+            if !rate.is_finite() || rate <= 0.0 {
+                errors.push(ConfigError {
+                    field: "rate_limit_tokens_per_second",
+                    message: format!("must be a finite number > 0, got {rate}"),
+                });
+            }
+        }
         positive_seconds(&mut errors, "load_monitor_interval", self.load_monitor_interval);
         if self.load_monitor_interval_ms == Some(0) {
             errors.push(ConfigError {
@@ -302,6 +407,7 @@ impl GatewayConfig {
             });
         }
         self.validate_kv_events(&mut errors);
+        validate_client_connections(self, &mut errors);
         if self.tokenizer_path.is_some() && self.mock_tokenizer {
             errors.push(ConfigError {
                 field: "mock_tokenizer",

@@ -5,6 +5,9 @@
 //! A connection is taken from the pool (most recently used first), checked without blocking, used
 //! for one request, and returned when its answer has been read to the end. Idle connections are
 //! never polled by a task; a closed one is noticed when it is taken, or by `sweep`.
+//!
+//! `https://` workers are reached over TLS (`tls.rs`): the connection then runs on a TLS stream,
+//! driven the same way.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -19,17 +22,18 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
 
+use crate::tls::{self, WorkerStream};
 use crate::worker::Worker;
 
-type Driver = http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
+type Driver = http1::Connection<TokioIo<WorkerStream>, Full<Bytes>>;
 
 /// Idle connections older than this are closed instead of reused.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// At most this many idle connections are kept per worker.
 const MAX_IDLE: usize = 1024;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a request could not be exchanged with a worker.
 #[derive(Debug)]
@@ -70,6 +74,8 @@ pub struct ConnPool {
     host: HeaderValue,
     /// Path prefix of the worker URL (`http://host:port/prefix`), empty for most workers.
     prefix: String,
+    /// For an `https://` worker, the name its certificate must carry (or why the host is not one).
+    tls_name: Option<Result<ServerName<'static>, String>>,
     idle: Mutex<Vec<Idle>>,
 }
 
@@ -80,17 +86,20 @@ impl std::fmt::Debug for ConnPool {
 }
 
 impl ConnPool {
-    /// For a normalized worker URL (`http://host[:port][/prefix]`).
+    /// For a normalized worker URL (`http[s]://host[:port][/prefix]`).
     pub fn new(url: &str) -> Self {
         let uri: http::Uri = url.parse().unwrap_or_default();
+        let https = uri.scheme_str() == Some("https");
         let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
+        let host_name = uri.host().unwrap_or("");
         let addr = match uri.port_u16() {
             Some(_) => authority.to_string(),
-            None => format!("{}:80", uri.host().unwrap_or("")),
+            None => format!("{host_name}:{}", if https { 443 } else { 80 }),
         };
         let host = HeaderValue::from_str(authority).unwrap_or_else(|_| HeaderValue::from_static(""));
         let prefix = uri.path().trim_end_matches('/').to_string();
-        Self { addr, host, prefix, idle: Mutex::new(Vec::new()) }
+        let tls_name = https.then(|| tls::server_name(host_name));
+        Self { addr, host, prefix, tls_name, idle: Mutex::new(Vec::new()) }
     }
 
     pub fn idle_count(&self) -> usize {
@@ -138,20 +147,14 @@ impl ConnPool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
-    async fn connect(&self) -> Result<Box<UpstreamConn>, SendError> {
-        let connecting = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr));
-        let stream = match connecting.await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(error)) => return Err(SendError::Connect(format!("connect to {}: {error}", self.addr))),
-            Err(_) => {
-                return Err(SendError::Connect(format!(
-                    "connect to {}: no answer within {} s",
-                    self.addr,
-                    CONNECT_TIMEOUT.as_secs()
-                )))
-            }
+    /// Open a connection (TCP, and the TLS handshake for an `https://` worker).
+    async fn connect(&self, connector: &TlsConnector) -> Result<Box<UpstreamConn>, SendError> {
+        let tls = match &self.tls_name {
+            None => None,
+            Some(Ok(name)) => Some((connector, name.clone())),
+            Some(Err(message)) => return Err(SendError::Connect(format!("{}: {message}", self.addr))),
         };
-        let _ = stream.set_nodelay(true);
+        let stream = tls::connect_worker(&self.addr, tls).await.map_err(SendError::Connect)?;
         let (sender, driver) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|error| SendError::Connect(format!("handshake with {}: {error}", self.addr)))?;
@@ -164,10 +167,12 @@ impl ConnPool {
 /// carries the connection and gives it back to the pool once read to the end.
 ///
 /// A pooled connection that turns out closed before the request was written is replaced by a new
-/// one: the request was not sent, so this is not a retry.
+/// one: the request was not sent, so this is not a retry. `tls` opens connections to an
+/// `https://` worker.
 pub async fn send(
     worker: &Arc<Worker>,
     mut request: Request<Full<Bytes>>,
+    tls: &TlsConnector,
 ) -> Result<Response<UpstreamBody>, SendError> {
     let pool = &worker.conns;
     request.headers_mut().insert(header::HOST, pool.host.clone());
@@ -176,7 +181,7 @@ pub async fn send(
         let reused = pooled.is_some();
         let mut conn = match pooled.take() {
             Some(conn) => conn,
-            None => pool.connect().await?,
+            None => pool.connect(tls).await?,
         };
         let answer = conn.sender.try_send_request(request);
         let mut answer = std::pin::pin!(answer);

@@ -11,6 +11,8 @@ pub enum ApiError {
     BadRequest(String),
     #[error("missing or invalid admin API key")]
     Unauthorized,
+    #[error("missing or invalid API key (Authorization: Bearer KEY)")]
+    InvalidApiKey,
     #[error("{0}")]
     NotFound(String),
     #[error("the model `{0}` does not exist or is not served by any worker")]
@@ -27,13 +29,21 @@ pub enum ApiError {
     UpstreamUnreachable(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
+    LoopDetected(String),
+    #[error("over the rate limit (--rate-limit-tokens-per-second)")]
+    RateLimited,
+    #[error("waited {0:.1} s in the admission queue without a free slot")]
+    QueueTimeout(f64),
+    #[error("{0}")]
+    RequestTimeout(String),
 }
 
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) | ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -41,13 +51,16 @@ impl ApiError {
             ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
+            ApiError::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::QueueTimeout(_) | ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
     fn kind_and_code(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::BadRequest(_) => ("invalid_request_error", "invalid_request"),
-            ApiError::Unauthorized => ("authentication_error", "invalid_api_key"),
+            ApiError::Unauthorized | ApiError::InvalidApiKey => ("authentication_error", "invalid_api_key"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ApiError::PayloadTooLarge(_) => ("invalid_request_error", "payload_too_large"),
@@ -56,6 +69,10 @@ impl ApiError {
             ApiError::UpstreamTimeout(_) => ("timeout_error", "upstream_timeout"),
             ApiError::UpstreamUnreachable(_) => ("upstream_error", "upstream_unreachable"),
             ApiError::Conflict(_) => ("invalid_request_error", "conflict"),
+            ApiError::LoopDetected(_) => ("invalid_request_error", "loop_detected"),
+            ApiError::RateLimited => ("rate_limit_error", "rate_limited"),
+            ApiError::QueueTimeout(_) => ("rate_limit_error", "queue_timeout"),
+            ApiError::RequestTimeout(_) => ("invalid_request_error", "request_timeout"),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The background health loop: probes every worker on an interval, applies the failure/success
-//! thresholds, learns models that were not known yet, and refreshes the health and circuit gauges.
+//! thresholds, closes half-open circuits whose worker passes a probe, learns models that were not
+//! known yet, and refreshes the health and circuit gauges.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,6 +59,15 @@ async fn check_worker(state: &SharedState, worker: &Arc<Worker>) -> bool {
         return learned;
     }
     let passed = probe(state, &worker.url).await;
+    // Active half-open probing: a worker whose circuit waits half-open may get no request for a
+    // long time (e.g. its prefixes are cached elsewhere); a passed probe closes it.
+    if passed
+        && worker.circuit.state(Instant::now()) == crate::worker::CircuitState::HalfOpen
+        && worker.circuit.record_success()
+    {
+        tracing::info!(worker = %worker.url, "circuit closed: the half-open worker passed a health probe");
+        state.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+    }
     let config = &state.config;
     if let Some(healthy) =
         worker.record_health(passed, config.health_failure_threshold, config.health_success_threshold)

@@ -3,6 +3,7 @@
 //! registry, health checks, retries, circuit breakers and metrics.
 
 mod admin;
+mod admission;
 mod body;
 mod config;
 mod conn;
@@ -19,6 +20,7 @@ mod request;
 mod role;
 mod server;
 mod state;
+mod tls;
 mod tokenize;
 mod upstream;
 mod worker;

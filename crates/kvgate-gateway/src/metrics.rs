@@ -24,6 +24,7 @@ pub struct Metrics {
     pub ttfb: HistogramVec,
     pub duration: HistogramVec,
     pub in_flight: IntGaugeVec,
+    pub client_connections: IntGauge,
     pub retries: IntCounterVec,
     pub upstream_failures: IntCounterVec,
     pub worker_healthy: IntGaugeVec,
@@ -44,6 +45,8 @@ pub struct Metrics {
     pub kv_events_live_ranks: IntGaugeVec,
     pub kv_index_blocks: IntGaugeVec,
     pub tokenize_failures: IntCounterVec,
+    pub queue_depth: IntGauge,
+    pub admission_rejected: IntCounterVec,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
     ttfb_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
     duration_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
@@ -120,6 +123,14 @@ impl Metrics {
                 LATENCY_BUCKETS.to_vec(),
             ),
             in_flight: gauge("kvgate_worker_in_flight", "Requests in flight per worker.", &["worker"]),
+            client_connections: register(
+                &registry,
+                IntGauge::new(
+                    "kvgate_client_connections",
+                    "Client connections open on the gateway's listener (at most --max-connections).",
+                )
+                .expect("valid metric"),
+            ),
             retries: counter(
                 "kvgate_retries_total",
                 "Requests retried on another worker, by endpoint.",
@@ -223,6 +234,15 @@ impl Metrics {
                 "kvgate_tokenize_failures_total",
                 "Requests the gateway could not tokenize (routed on their text instead), by endpoint.",
                 &["endpoint"],
+            ),
+            queue_depth: register(
+                &registry,
+                IntGauge::new("kvgate_queue_depth", "Requests waiting in the admission queue.").expect("valid metric"),
+            ),
+            admission_rejected: counter(
+                "kvgate_admission_rejected_total",
+                "Requests refused at admission, by reason: concurrency (limit reached, no queue), queue_full, queue_timeout, rate_limited.",
+                &["reason"],
             ),
             registry,
             ttfb_series: Default::default(),

@@ -9,6 +9,7 @@ use serde::Deserialize;
 /// The fields the gateway looks at. Unknown fields are skipped (but the JSON must be valid);
 /// known fields of the wrong type are a 400.
 #[derive(Debug, Deserialize)]
+#[serde(expecting = "a JSON object")]
 pub struct RequestFields<'a> {
     #[serde(borrow, default)]
     pub model: Option<Cow<'a, str>>,
@@ -44,7 +45,7 @@ pub struct ChatMessage<'a> {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of content parts")]
 pub enum MessageContent<'a> {
     Text(#[serde(borrow)] Cow<'a, str>),
     Parts(#[serde(borrow)] Vec<ContentPart<'a>>),
@@ -58,7 +59,7 @@ pub struct ContentPart<'a> {
 
 /// A prompt: one string, a batch of strings, token ids, or a batch of token-id lists.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, a list of strings, a list of token ids or a list of token-id lists")]
 pub enum PromptInput<'a> {
     Text(#[serde(borrow)] Cow<'a, str>),
     Texts(#[serde(borrow)] Vec<Cow<'a, str>>),
@@ -67,7 +68,7 @@ pub enum PromptInput<'a> {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a list of token ids or a list of token-id lists")]
 pub enum TokenInput {
     Single(Vec<u32>),
     Batch(Vec<Vec<u32>>),
@@ -84,14 +85,52 @@ pub enum OwnedKey<'a> {
 impl<'a> RequestFields<'a> {
     /// Parse a body; the error text says what was wrong and where.
     pub fn parse(body: &'a [u8]) -> Result<Self, String> {
+        // serde would also take a JSON array as the struct's fields in order.
+        if body.trim_ascii_start().first().is_some_and(|&b| b != b'{') {
+            return Err(match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => "invalid request body: expected a JSON object".to_string(),
+                Err(e) => format!("malformed JSON body: {e}"),
+            });
+        }
         let fields: RequestFields<'a> = serde_json::from_slice(body).map_err(|e| {
             if e.is_syntax() || e.is_eof() {
                 format!("malformed JSON body: {e}")
             } else {
-                format!("invalid request body: {e}")
+                // Parse again, only on this error path, to name the field that is wrong.
+                let mut de = serde_json::Deserializer::from_slice(body);
+                match serde_path_to_error::deserialize::<_, RequestFields<'_>>(&mut de) {
+                    Err(error) if error.path().iter().next().is_some() => {
+                        format!("invalid request body: `{}`: {}", error.path(), error.inner())
+                    }
+                    _ => format!("invalid request body: {e}"),
+                }
             }
         })?;
         Ok(fields)
+    }
+
+    /// Refuses a request that gives the endpoint nothing to generate from (or embed).
+    pub fn check(&self, endpoint: crate::proxy::Endpoint) -> Result<(), String> {
+        use crate::proxy::Endpoint;
+        let empty_prompt = |input: &Option<PromptInput<'_>>| match input {
+            None => true,
+            Some(PromptInput::Texts(items)) => items.is_empty(),
+            Some(PromptInput::Tokens(items)) => items.is_empty(),
+            Some(PromptInput::TokenBatches(items)) => items.is_empty(),
+            Some(PromptInput::Text(_)) => false,
+        };
+        let missing = match endpoint {
+            Endpoint::ChatCompletions => self
+                .messages
+                .as_ref()
+                .is_none_or(Vec::is_empty)
+                .then_some("`messages` must be a non-empty list"),
+            Endpoint::Completions => empty_prompt(&self.prompt).then_some("`prompt` is required"),
+            Endpoint::Generate => (empty_prompt(&self.text) && self.input_ids.is_none())
+                .then_some("`text` or `input_ids` is required"),
+            Endpoint::Embeddings => empty_prompt(&self.input).then_some("`input` is required"),
+        };
+        missing.map_or(Ok(()), |message| Err(message.to_string()))
     }
 
     /// The prompt as a policy sees it. Chat conversations are rendered whole and in order, with
@@ -222,5 +261,114 @@ mod tests {
         assert!(RequestFields::parse(br#"[1,2]"#).is_err());
         let escaped = RequestFields::parse(br#"{"model":"a\"b","extra":{"x":[1,2]}}"#).unwrap();
         assert_eq!(escaped.model.as_deref(), Some("a\"b"));
+    }
+
+    #[test]
+    fn errors_name_the_field_not_the_rust_type() {
+        for (body, field, expected) in [
+            (r#"{"prompt": {"a": 1}}"#, "`prompt`", "a string, a list of strings"),
+            (
+                r#"{"messages": [{"role": "user", "content": 5}]}"#,
+                "`messages[0].content`",
+                "a string or a list",
+            ),
+            (r#"{"input_ids": "x"}"#, "`input_ids`", "token ids"),
+            (r#"{"model": 3}"#, "`model`", "expected a string"),
+            (r#"{"messages": [{"content": "no role"}]}"#, "`messages[0]`", "role"),
+        ] {
+            let error = RequestFields::parse(body.as_bytes()).unwrap_err();
+            assert!(error.contains(field) && error.contains(expected), "{body}: {error}");
+            for rust in ["RequestFields", "PromptInput", "MessageContent", "TokenInput", "untagged"] {
+                assert!(!error.contains(rust), "{body}: {error}");
+            }
+        }
+        let not_object = RequestFields::parse(b"[1,2]").unwrap_err();
+        assert!(
+            not_object.contains("a JSON object") && !not_object.contains("RequestFields"),
+            "{not_object}"
+        );
+    }
+
+    /// JSON-shaped bodies around the fields the gateway reads, with values of every type.
+    fn body_strategy() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(serde_json::Value::from),
+            ".{0,20}".prop_map(serde_json::Value::from),
+        ];
+        let value = leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("role".to_string()),
+                        Just("content".to_string()),
+                        Just("text".to_string()),
+                        ".{0,6}"
+                    ],
+                    inner,
+                    0..4
+                )
+                .prop_map(|map| serde_json::Value::Object(map.into_iter().collect())),
+            ]
+        });
+        let field = prop_oneof![
+            Just("model"),
+            Just("stream"),
+            Just("messages"),
+            Just("prompt"),
+            Just("text"),
+            Just("input_ids"),
+            Just("input"),
+            Just("user"),
+            Just("other")
+        ];
+        proptest::collection::btree_map(field, value, 0..6).prop_map(|fields| {
+            let object: serde_json::Map<String, serde_json::Value> =
+                fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            serde_json::to_vec(&object).unwrap_or_default()
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+
+        /// Bounded fuzzing of the request path's parsing: any bytes, and JSON bodies with any
+        /// types in the known fields, give a value or an error, never a panic; whatever parses
+        /// yields a routing key and a verdict for every endpoint.
+        #[test]
+        fn parsing_and_key_extraction_never_panic(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            body in body_strategy(),
+        ) {
+            use crate::proxy::Endpoint;
+            for bytes in [&raw, &body] {
+                if let Ok(fields) = RequestFields::parse(bytes) {
+                    let _ = fields.routing_key();
+                    for endpoint in Endpoint::ALL {
+                        let _ = fields.check(endpoint);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_with_nothing_to_generate_from_is_refused() {
+        use crate::proxy::Endpoint;
+        let check = |body: &str, endpoint| RequestFields::parse(body.as_bytes()).unwrap().check(endpoint);
+        assert!(check(r#"{"messages": []}"#, Endpoint::ChatCompletions).unwrap_err().contains("messages"));
+        assert!(check(r#"{"model": "m"}"#, Endpoint::ChatCompletions).is_err());
+        assert!(check(r#"{"model": "m"}"#, Endpoint::Completions).unwrap_err().contains("prompt"));
+        assert!(check(r#"{"prompt": []}"#, Endpoint::Completions).is_err());
+        assert!(check(r#"{"model": "m"}"#, Endpoint::Generate).is_err());
+        assert!(check(r#"{"model": "m"}"#, Endpoint::Embeddings).is_err());
+        check(r#"{"messages": [{"role": "user", "content": ""}]}"#, Endpoint::ChatCompletions).unwrap();
+        check(r#"{"prompt": ""}"#, Endpoint::Completions).unwrap();
+        check(r#"{"input_ids": [1]}"#, Endpoint::Generate).unwrap();
+        check(r#"{"input": "x"}"#, Endpoint::Embeddings).unwrap();
     }
 }

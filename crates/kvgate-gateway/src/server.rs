@@ -45,7 +45,8 @@ pub struct GatewayHandle {
 
 impl GatewayHandle {
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.state.listener_tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Stop accepting, let in-flight requests finish for up to the grace period, stop the loops.
@@ -99,6 +100,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         TcpListener::bind(&addr).await.map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
+    let _ = state.listen_addr.set(local_addr);
 
     let initial: Vec<_> = state
         .config

@@ -9,7 +9,6 @@ use arc_swap::ArcSwap;
 use http::HeaderValue;
 use kvgate_policy::{LoadSample, WorkerId};
 use kvgate_tokenizer::Tokenizer;
-use tokio::sync::Semaphore;
 
 use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
@@ -27,13 +26,23 @@ pub struct AppState {
     pub load_poll_interval_ms: u64,
     /// Whether the load monitor polled in its last round (some policy consumes loads).
     pub monitor_active: std::sync::atomic::AtomicBool,
-    pub concurrency: Option<Arc<Semaphore>>,
+    pub admission: crate::admission::Admission,
     pub api_key_header: Option<HeaderValue>,
     pub request_timeout: Duration,
+    /// How long a worker may take to send its response head before another is tried.
+    pub ttfb_timeout: Option<Duration>,
     /// The header carrying a request's session key (validated with the configuration).
     pub routing_key_header: http::HeaderName,
     /// Turns requests into the engines' token ids, for the exact index (when configured).
     pub tokenizer: Option<Arc<Tokenizer>>,
+    /// This gateway's random id in the `x-kvgate-via` hop header (loop detection).
+    pub instance: HeaderValue,
+    /// The address the gateway listens on (set once bound): never registered as a worker.
+    pub listen_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The listener's TLS (`tls_cert_path`): set when the gateway serves HTTPS.
+    pub listener_tls: Option<tokio_rustls::TlsAcceptor>,
+    /// TLS to `https://` workers: the trusted CAs and the client certificate.
+    pub upstream_tls: tokio_rustls::TlsConnector,
     started: Instant,
 }
 
@@ -61,6 +70,7 @@ impl AppState {
             (None, true) => Some(Arc::new(Tokenizer::mock())),
             (None, false) => None,
         };
+        let upstream_tls = crate::tls::upstream_connector(&config)?;
         Ok(Self {
             tokenizer,
             registry: Registry::new(
@@ -74,16 +84,28 @@ impl AppState {
                 circuit,
                 metrics.clone(),
             ),
+            admission: crate::admission::Admission::new(
+                config.max_concurrent_requests,
+                config.rate_limit_tokens_per_second,
+                config.queue_size,
+                Duration::from_secs_f64(config.queue_timeout_secs),
+                metrics.clone(),
+            ),
             metrics,
-            client: build_client(),
+            client: build_client(upstream_tls.clone()),
+            listener_tls: crate::tls::listener_acceptor(&config)?,
+            upstream_tls,
             loads: ArcSwap::from_pointee(HashMap::new()),
             load_poll_interval_ms: config.load_poll_interval_ms(),
             monitor_active: std::sync::atomic::AtomicBool::new(false),
-            concurrency: config.max_concurrent_requests.map(|n| Arc::new(Semaphore::new(n))),
             api_key_header,
             request_timeout: Duration::from_secs_f64(config.request_timeout_secs),
+            ttfb_timeout: config.ttfb_timeout_secs.map(Duration::from_secs_f64),
             routing_key_header: http::HeaderName::from_bytes(config.routing_key_header.as_bytes())
                 .map_err(|_| format!("invalid routing_key_header {:?}", config.routing_key_header))?,
+            instance: HeaderValue::from_str(&format!("{:016x}", rand::random::<u64>()))
+                .expect("hex digits are a valid header value"),
+            listen_addr: std::sync::OnceLock::new(),
             started: Instant::now(),
             config,
         })

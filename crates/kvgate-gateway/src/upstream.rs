@@ -1,25 +1,73 @@
 //! The pooled HTTP client of the background loops (health checks, model discovery, load polls)
-//! and their small GET helpers. Proxied requests use `conn.rs` instead.
+//! and their small GET helpers. Proxied requests use `conn.rs` instead. Both reach `https://`
+//! workers with the same TLS settings (`tls.rs`).
 
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderName, Request, StatusCode};
+use http::{header, HeaderName, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio_rustls::TlsConnector;
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+use crate::tls::{self, WorkerStream};
 
-/// One client for the background loops: keep-alive pooled connections, TCP_NODELAY.
-pub fn build_client() -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+pub type HttpClient = Client<WorkerConnector, Full<Bytes>>;
+
+/// One client for the background loops: keep-alive pooled connections, TCP_NODELAY, TLS for
+/// `https://` workers.
+pub fn build_client(tls: TlsConnector) -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
-        .build(connector)
+        .build(WorkerConnector { tls })
+}
+
+/// Opens the client's connections: plain TCP for `http://` URLs, TLS for `https://`.
+#[derive(Clone)]
+pub struct WorkerConnector {
+    tls: TlsConnector,
+}
+
+impl tower::Service<Uri> for WorkerConnector {
+    type Response = TokioIo<WorkerStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connector = self.tls.clone();
+        Box::pin(async move {
+            let https = match uri.scheme_str() {
+                Some("https") => true,
+                Some("http") => false,
+                _ => return Err(io::Error::other(format!("{uri}: only http:// and https:// are supported"))),
+            };
+            let host = uri.host().ok_or_else(|| io::Error::other(format!("{uri} has no host")))?;
+            let addr = format!("{host}:{}", uri.port_u16().unwrap_or(if https { 443 } else { 80 }));
+            let name = match https {
+                true => Some(tls::server_name(host).map_err(io::Error::other)?),
+                false => None,
+            };
+            let stream = tls::connect_worker(&addr, name.map(|name| (&connector, name))).await;
+            stream.map(TokioIo::new).map_err(io::Error::other)
+        })
+    }
+}
+
+impl Connection for WorkerStream {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
 }
 
 /// Headers that describe one connection and must not be forwarded by a proxy (RFC 9110 7.6.1).

@@ -45,6 +45,13 @@
 //! decode step); any pull failure, or no KV within the hold timeout, is a 502 with an
 //! OpenAI-style `kv_transfer_error`. Model-time durations are divided by `--time-scale` like
 //! every other delay; `--fail-rate` and `--cut-stream-rate` apply on both sides.
+//!
+//! # Soak request ids
+//! A generation request carrying an `x-kvgate-soak-id: ID` header is counted by the worker that
+//! receives it: how many times ID reached a generation handler, and how many of those were
+//! answered with a 2xx status. `MockFleet::soak_ids` sums the counts over the fleet's workers
+//! (`MockFleet::soak_id_log` gives a handle that outlives the fleet). `kvgate soak` uses them to
+//! find requests the gateway sent twice. Requests without the header cost one header lookup.
 
 mod args;
 mod canned;
@@ -59,17 +66,20 @@ mod openai;
 mod pd;
 mod server;
 mod sglang;
+mod soak_ids;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use args::{EngineKind, KvEventEncoding, MockArgs};
 pub use pd::WorkerRole;
+pub use soak_ids::{SoakIdLog, SoakIdSeen, SOAK_ID_HEADER};
 
 use args::worker_port;
 use driver::{EngineClock, EngineHandle};
@@ -96,6 +106,8 @@ pub struct MockFleet {
     sockets: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
     engines: Vec<EngineHandle>,
+    /// Each worker's `x-kvgate-soak-id` counts.
+    soak_ids: SoakIdLog,
 }
 
 impl MockFleet {
@@ -143,6 +155,17 @@ impl MockFleet {
         })?;
         faults.drop_next(n);
         Ok(())
+    }
+
+    /// How many times each `x-kvgate-soak-id` value reached the fleet's generation handlers,
+    /// and how many of those were answered with a 2xx status, summed over the workers.
+    pub fn soak_ids(&self) -> std::collections::HashMap<String, SoakIdSeen> {
+        self.soak_ids.snapshot()
+    }
+
+    /// A handle on the fleet's soak id counts that stays readable after `shutdown`.
+    pub fn soak_id_log(&self) -> SoakIdLog {
+        self.soak_ids.clone()
     }
 
     /// Stops accepting connections, ends open generation streams, and waits (briefly) for
@@ -197,6 +220,7 @@ pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
         sockets: Vec::new(),
         background: Vec::new(),
         engines: Vec::new(),
+        soak_ids: SoakIdLog::default(),
     };
     for worker_idx in 0..args.count {
         let port = worker_port(args.base_port, worker_idx);
@@ -232,12 +256,18 @@ pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
         let pd = PdContext::new(args.role, PdTiming::from_args(&args), prefill, shutdown_rx.clone());
         let options = ServeOptions::from_args(&args, worker_idx);
         let state = Arc::new(AppState::new(args.model.clone(), worker_idx, engine, options, pd));
+        fleet.soak_ids.push(state.soak_ids.clone());
         let app = server::router(state, args.engine);
         let mut stop = shutdown_rx.clone();
         fleet.servers.push(tokio::spawn(async move {
             let stopped = async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             };
+            // Streamed chunks go out as they are made: with Nagle on, each chunk after the
+            // response head waited for the gateway's delayed ACK (a ~40 ms time to first token).
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
                 tracing::error!(%error, worker_idx, "mock engine server failed");
             }

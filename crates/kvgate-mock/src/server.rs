@@ -17,6 +17,7 @@ use crate::args::{EngineKind, MockArgs};
 use crate::canned::CannedBodies;
 use crate::driver::EngineHandle;
 use crate::pd::{PdContext, PdPlan};
+use crate::soak_ids::{counted, WorkerSoakIds};
 use crate::{canned, metrics, openai, sglang};
 
 /// Per-worker answering options taken from `MockArgs`.
@@ -57,6 +58,8 @@ pub(crate) struct AppState {
     pub(crate) options: ServeOptions,
     pub(crate) pd: PdContext,
     pub(crate) canned: CannedBodies,
+    /// Counts of `x-kvgate-soak-id` values seen on generation requests (`soak_ids.rs`).
+    pub(crate) soak_ids: WorkerSoakIds,
     fault_draws: AtomicU64,
     response_ids: AtomicU64,
 }
@@ -77,6 +80,7 @@ impl AppState {
             engine,
             options,
             pd,
+            soak_ids: WorkerSoakIds::default(),
             fault_draws: AtomicU64::new(0),
             response_ids: AtomicU64::new(0),
         }
@@ -187,13 +191,13 @@ pub(crate) fn router(state: Arc<AppState>, kind: EngineKind) -> Router {
         .route("/metrics", get(metrics::metrics));
     let router = match kind {
         EngineKind::Realistic => router
-            .route("/v1/chat/completions", post(openai::chat))
-            .route("/v1/completions", post(openai::completions))
-            .route("/generate", post(sglang::generate)),
+            .route("/v1/chat/completions", counted(openai::chat))
+            .route("/v1/completions", counted(openai::completions))
+            .route("/generate", counted(sglang::generate)),
         EngineKind::Canned => router
-            .route("/v1/chat/completions", post(canned::chat))
-            .route("/v1/completions", post(canned::completions))
-            .route("/generate", post(canned::generate)),
+            .route("/v1/chat/completions", counted(canned::chat))
+            .route("/v1/completions", counted(canned::completions))
+            .route("/generate", counted(canned::generate)),
     };
     router.with_state(state)
 }

@@ -3,7 +3,7 @@
 //! worker's circuit breaker.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, StatusCode};
@@ -25,6 +25,9 @@ pub(super) enum Attempt {
     RetryableStatus(http::Response<UpstreamBody>, InFlight),
     /// Connection could not be established.
     Unreachable(String),
+    /// No response head within `--ttfb-timeout-secs`: the request was dropped there, nothing
+    /// reached the client, another worker may take it.
+    SlowHead(Duration),
     /// The exchange failed after the request may have reached the worker, or timed out.
     Fatal(ApiError),
 }
@@ -45,16 +48,29 @@ pub(super) async fn attempt(
     };
     let headers = upstream.headers_mut();
     for (name, value) in client_headers {
-        if !is_hop_by_hop(name) && name != header::HOST && name != header::CONTENT_LENGTH {
+        let client_key = name == header::AUTHORIZATION && !state.config.client_api_keys.is_empty();
+        if !is_hop_by_hop(name) && name != header::HOST && name != header::CONTENT_LENGTH && !client_key {
             headers.append(name.clone(), value.clone());
         }
     }
     if let Some(token) = &state.api_key_header {
         headers.insert(header::AUTHORIZATION, token.clone());
     }
+    // Every gateway a request passes adds its id: one that sees its own refuses it (a loop).
+    let via = match client_headers.get(&super::VIA_HEADER) {
+        None => state.instance.clone(),
+        Some(hops) => {
+            let mut chained = hops.as_bytes().to_vec();
+            chained.extend_from_slice(b", ");
+            chained.extend_from_slice(state.instance.as_bytes());
+            http::HeaderValue::from_bytes(&chained).unwrap_or_else(|_| state.instance.clone())
+        }
+    };
+    headers.insert(super::VIA_HEADER.clone(), via);
 
     let in_flight = InFlight::begin(worker.clone(), prompt);
-    let sent = tokio::time::timeout(state.request_timeout, conn::send(worker, upstream)).await;
+    let head_timeout = state.ttfb_timeout.map_or(state.request_timeout, |t| t.min(state.request_timeout));
+    let sent = tokio::time::timeout(head_timeout, conn::send(worker, upstream, &state.upstream_tls)).await;
     let now = Instant::now();
     match sent {
         Ok(Ok(response)) => {
@@ -85,6 +101,10 @@ pub(super) async fn attempt(
         }
         Err(_) => {
             record_failure(state, worker, "timeout", now);
+            if head_timeout < state.request_timeout {
+                tracing::debug!(worker = %worker.url, "no response head in time, will try elsewhere");
+                return Attempt::SlowHead(head_timeout);
+            }
             Attempt::Fatal(ApiError::UpstreamTimeout(state.request_timeout.as_secs_f64()))
         }
     }

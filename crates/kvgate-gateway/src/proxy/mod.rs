@@ -27,6 +27,55 @@ use attempt::{attempt, Attempt};
 use plan::{RoutePlan, Shape};
 use respond::{failure_response, respond, Failure, Outcome, Served};
 
+/// The gateways a request passed through, by instance id (loop detection).
+pub(crate) static VIA_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-via");
+/// Most gateways one request may pass through.
+const MAX_HOPS: usize = 8;
+
+/// A request this gateway already forwarded (its id in `x-kvgate-via`), or one that passed
+/// through too many gateways, is a routing loop.
+fn check_loop(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiError> {
+    let mut hops = 0;
+    for value in headers.get_all(&VIA_HEADER) {
+        for hop in value.as_bytes().split(|&b| b == b',') {
+            hops += 1;
+            if hop.trim_ascii() == state.instance.as_bytes() {
+                return Err(ApiError::LoopDetected(
+                    "routing loop: this request already passed through this gateway (a worker URL points back at a gateway)".into(),
+                ));
+            }
+        }
+    }
+    if hops >= MAX_HOPS {
+        return Err(ApiError::LoopDetected(format!(
+            "routing loop: the request passed through {hops} gateways"
+        )));
+    }
+    Ok(())
+}
+
+/// With `--client-api-keys`, the request must present one of them (compared in constant time).
+fn check_client_key(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiError> {
+    let keys = &state.config.client_api_keys;
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let mut valid = false;
+    for key in keys {
+        valid |= crate::admin::constant_time_eq(presented.as_bytes(), key.as_bytes());
+    }
+    if valid {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidApiKey)
+    }
+}
+
 /// Names the worker a request must go to (with `--routing-key-override`).
 static TARGET_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-target-worker");
 
@@ -115,16 +164,10 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let permit = match &state.concurrency {
-        Some(semaphore) => Some(
-            semaphore
-                .clone()
-                .try_acquire_owned()
-                .map_err(|_| ApiError::TooManyRequests(state.config.max_concurrent_requests.unwrap_or(0)))?,
-        ),
-        None => None,
-    };
     let (parts, body) = request.into_parts();
+    check_loop(state, &parts.headers)?;
+    check_client_key(state, &parts.headers)?;
+    let permit = state.admission.admit().await?;
     let limit = state.config.max_payload_size;
     let declared = parts
         .headers
@@ -134,7 +177,13 @@ where
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ApiError::PayloadTooLarge(limit));
     }
-    let bytes = read_body(body, limit).await?;
+    let read_timeout = Duration::from_secs_f64(state.config.body_read_timeout_secs);
+    let bytes = tokio::time::timeout(read_timeout, read_body(body, limit)).await.map_err(|_| {
+        ApiError::RequestTimeout(format!(
+            "the request body did not arrive within {:.1} s (--body-read-timeout-secs)",
+            read_timeout.as_secs_f64()
+        ))
+    })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
 
     let snapshot = state.registry.snapshot();
@@ -144,6 +193,7 @@ where
     };
     drop(snapshot);
     let shape = Shape::of(state, &pools, endpoint)?;
+    fields.check(endpoint).map_err(ApiError::BadRequest)?;
     let key = if shape.needs_routing_key() {
         crate::tokenize::routing_key(state, shape.key_pool(), endpoint, &fields, &bytes)
     } else {
@@ -230,6 +280,9 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
             Outcome::Retry { failure: Failure::Response(served(response, in_flight)), failed }
         }
         Attempt::Unreachable(message) => Outcome::Retry { failure: Failure::Unreachable(message), failed },
+        Attempt::SlowHead(timeout) => {
+            Outcome::Retry { failure: Failure::TimedOut(timeout.as_secs_f64()), failed }
+        }
         Attempt::Fatal(error) => Outcome::Fatal(error),
     }
 }

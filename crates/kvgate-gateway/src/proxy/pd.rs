@@ -54,6 +54,7 @@ fn status_label(attempt: &Attempt) -> String {
             response.status().as_str().to_string()
         }
         Attempt::Unreachable(_) => "unreachable".into(),
+        Attempt::SlowHead(_) => "timeout".into(),
         Attempt::Fatal(ApiError::UpstreamTimeout(_)) => "timeout".into(),
         Attempt::Fatal(_) => "error".into(),
     }
@@ -95,6 +96,7 @@ fn classify_prefill(prefill: &Pick, result: Attempt) -> PrefillResult {
         Attempt::Unreachable(message) | Attempt::Fatal(ApiError::UpstreamUnreachable(message)) => {
             PrefillResult::Failed(Failure::Unreachable(message))
         }
+        Attempt::SlowHead(timeout) => PrefillResult::Failed(Failure::TimedOut(timeout.as_secs_f64())),
         Attempt::Fatal(error) => PrefillResult::Fatal(error),
     }
 }
@@ -118,6 +120,9 @@ fn decode_outcome(prefill: Pick, decode: Pick, result: Attempt) -> Outcome {
         }
         Attempt::Unreachable(message) | Attempt::Fatal(ApiError::UpstreamUnreachable(message)) => {
             Outcome::Retry { failure: Failure::Unreachable(message), failed }
+        }
+        Attempt::SlowHead(timeout) => {
+            Outcome::Retry { failure: Failure::TimedOut(timeout.as_secs_f64()), failed }
         }
         Attempt::Fatal(error) => Outcome::Fatal(error),
     }

@@ -43,6 +43,8 @@ pub(super) enum Failure {
     Response(Box<Served>),
     /// No worker could be reached.
     Unreachable(String),
+    /// No worker sent its response head in time.
+    TimedOut(f64),
 }
 
 /// The outcome of executing one route plan.
@@ -63,18 +65,13 @@ pub(super) fn failure_response(
     failure: Failure,
     permit: Option<OwnedSemaphorePermit>,
 ) -> Response {
-    match failure {
-        Failure::Response(served) => respond(state, endpoint, started, *served, permit),
-        Failure::Unreachable(message) => {
-            let error = ApiError::UpstreamUnreachable(message);
-            state
-                .metrics
-                .requests
-                .with_label_values(&[endpoint.label(), error.status().as_str(), "none"])
-                .inc();
-            error.into_response()
-        }
-    }
+    let error = match failure {
+        Failure::Response(served) => return respond(state, endpoint, started, *served, permit),
+        Failure::Unreachable(message) => ApiError::UpstreamUnreachable(message),
+        Failure::TimedOut(secs) => ApiError::UpstreamTimeout(secs),
+    };
+    state.metrics.requests.with_label_values(&[endpoint.label(), error.status().as_str(), "none"]).inc();
+    error.into_response()
 }
 
 fn set_header(headers: &mut http::HeaderMap, name: &HeaderName, value: &str) {

@@ -91,6 +91,7 @@ impl Pool {
     /// Asks the policy for a worker as the gateway does (every worker a candidate, with its
     /// in-flight count and last load sample) and, on a decision, counts request `id` in flight
     /// there (its prompt too, with the exact index) until `ended`.
+    #[allow(clippy::too_many_arguments, reason = "the request's parts, the clock and the RNG, all used")]
     pub(super) fn route(
         &mut self,
         now_us: u64,

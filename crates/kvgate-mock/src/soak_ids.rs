@@ -1,0 +1,105 @@
+//! Soak request ids: each worker counts the `x-kvgate-soak-id` header values of the generation
+//! requests it receives and of those it answers with a 2xx head, so a soak run (`kvgate soak`)
+//! can tell a request that reached engines twice from one answered twice. Requests without the
+//! header are not looked at beyond the one header lookup.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::response::Response;
+use axum::routing::{post, MethodRouter};
+use bytes::Bytes;
+
+use crate::server::AppState;
+
+/// The request header carrying a soak request's unique id.
+pub const SOAK_ID_HEADER: &str = "x-kvgate-soak-id";
+
+/// What the workers saw of one soak request id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SoakIdSeen {
+    /// Generation requests with this id that reached a worker's handler.
+    pub received: u32,
+    /// Of those, the ones answered with a 2xx status (the answer began; a stream may still have
+    /// been cut later).
+    pub answered: u32,
+}
+
+/// One worker's counts, shared between its handlers and the fleet.
+pub(crate) type WorkerSoakIds = Arc<Mutex<HashMap<String, SoakIdSeen>>>;
+
+/// The soak id counts of a fleet's workers. Cloning gives a handle on the same counts, which
+/// stays readable after the fleet is shut down (a killed engine's counts still count).
+#[derive(Clone, Debug, Default)]
+pub struct SoakIdLog {
+    workers: Vec<WorkerSoakIds>,
+}
+
+impl SoakIdLog {
+    pub(crate) fn push(&mut self, worker: WorkerSoakIds) {
+        self.workers.push(worker);
+    }
+
+    /// The counts summed over the workers, by id.
+    pub fn snapshot(&self) -> HashMap<String, SoakIdSeen> {
+        let mut total: HashMap<String, SoakIdSeen> = HashMap::new();
+        for worker in &self.workers {
+            let counts = worker.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (id, seen) in counts.iter() {
+                let entry = total.entry(id.clone()).or_default();
+                entry.received += seen.received;
+                entry.answered += seen.answered;
+            }
+        }
+        total
+    }
+}
+
+/// The `x-kvgate-soak-id` header of a request, if it has a valid one.
+pub(crate) struct SoakId(Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for SoakId {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+        let id = parts.headers.get(SOAK_ID_HEADER).and_then(|value| value.to_str().ok());
+        Ok(SoakId(id.map(str::to_string)))
+    }
+}
+
+fn update(counts: &WorkerSoakIds, id: &str, change: impl FnOnce(&mut SoakIdSeen)) {
+    let mut counts = counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    match counts.get_mut(id) {
+        Some(seen) => change(seen),
+        None => change(counts.entry(id.to_string()).or_default()),
+    }
+}
+
+/// A `POST` route for a generation handler that counts soak ids around it: the request when
+/// the handler starts, the answer when its status is 2xx. Without the header the handler runs
+/// as is.
+pub(crate) fn counted<H, F>(handler: H) -> MethodRouter<Arc<AppState>>
+where
+    H: Fn(State<Arc<AppState>>, Bytes) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response> + Send + 'static,
+{
+    post(move |State(state): State<Arc<AppState>>, SoakId(id): SoakId, body: Bytes| {
+        let handler = handler.clone();
+        async move {
+            let Some(id) = id else {
+                return handler(State(state), body).await;
+            };
+            update(&state.soak_ids, &id, |seen| seen.received += 1);
+            let counts = state.soak_ids.clone();
+            let response = handler(State(state), body).await;
+            if response.status().is_success() {
+                update(&counts, &id, |seen| seen.answered += 1);
+            }
+            response
+        }
+    })
+}

@@ -1,0 +1,207 @@
+//! The soak's simulated engines and the churn done to them: one single-worker mock fleet per
+//! engine (so one can be killed outright and restarted on its port), worker removal and re-adding
+//! through the gateway's `/workers` API, and the engines' soak id counts, kept across restarts.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvgate_mock::{MockArgs, MockFleet, SoakIdLog, SoakIdSeen};
+use serde::Serialize;
+
+/// Tries to bind a killed engine's port again before giving up.
+const RESTART_ATTEMPTS: u32 = 20;
+
+pub(crate) struct Engines {
+    template: MockArgs,
+    /// One fleet per engine; `None` while it is killed.
+    fleets: Vec<Option<MockFleet>>,
+    urls: Vec<String>,
+    /// The soak id counts of every fleet ever started, restarted ones included.
+    logs: Vec<SoakIdLog>,
+}
+
+impl Engines {
+    pub(crate) async fn start(count: usize, template: MockArgs) -> anyhow::Result<Self> {
+        let mut engines = Self { template, fleets: Vec::new(), urls: Vec::new(), logs: Vec::new() };
+        for worker_idx in 0..count {
+            let fleet = engines.spawn(0).await.with_context(|| format!("starting engine {worker_idx}"))?;
+            engines.urls.push(fleet.urls()[0].clone());
+            engines.fleets.push(Some(fleet));
+        }
+        Ok(engines)
+    }
+
+    async fn spawn(&mut self, port: u16) -> anyhow::Result<MockFleet> {
+        let args = MockArgs { count: 1, base_port: port, ..self.template.clone() };
+        let fleet = kvgate_mock::spawn_fleet(args).await?;
+        self.logs.push(fleet.soak_id_log());
+        Ok(fleet)
+    }
+
+    pub(crate) fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// Stops engine `worker_idx` at once: its port closes, its open streams end with an error,
+    /// requests waiting in it are answered 503.
+    pub(crate) async fn kill(&mut self, worker_idx: usize) -> anyhow::Result<()> {
+        let fleet = self.fleets[worker_idx].take().context("the engine is not running")?;
+        fleet.shutdown().await;
+        Ok(())
+    }
+
+    /// Starts engine `worker_idx` again on its port (a fresh engine: empty cache and queue).
+    pub(crate) async fn restart(&mut self, worker_idx: usize) -> anyhow::Result<()> {
+        let port: u16 =
+            self.urls[worker_idx].rsplit(':').next().and_then(|p| p.parse().ok()).context("port")?;
+        let mut last_error = None;
+        for _ in 0..RESTART_ATTEMPTS {
+            match self.spawn(port).await {
+                Ok(fleet) => {
+                    self.fleets[worker_idx] = Some(fleet);
+                    return Ok(());
+                }
+                Err(error) => last_error = Some(error),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(last_error.expect("at least one attempt")).context("restarting the engine on its port")
+    }
+
+    /// Every soak id the engines received, summed over engines and restarts.
+    pub(crate) fn soak_ids(&self) -> HashMap<String, SoakIdSeen> {
+        let mut total: HashMap<String, SoakIdSeen> = HashMap::new();
+        for log in &self.logs {
+            for (id, seen) in log.snapshot() {
+                let entry = total.entry(id).or_default();
+                entry.received += seen.received;
+                entry.answered += seen.answered;
+            }
+        }
+        total
+    }
+
+    pub(crate) async fn shutdown(self) {
+        for fleet in self.fleets.into_iter().flatten() {
+            fleet.shutdown().await;
+        }
+    }
+}
+
+/// One churn action.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Action {
+    /// `DELETE /workers/{url}`.
+    Remove,
+    /// `POST /workers` again.
+    Add,
+    /// Shut the engine down outright (the gateway still lists it).
+    Kill,
+    /// Start it again on the same port.
+    Restart,
+}
+
+/// The churn schedule: `(seconds after the start, action, worker)`, in time order.
+pub(crate) fn schedule(
+    steady_secs: f64,
+    n_workers: usize,
+    churn_every_secs: f64,
+    churn_down_secs: f64,
+    kill: Option<(f64, f64)>,
+) -> Vec<(f64, Action, usize)> {
+    let mut events = Vec::new();
+    // The last engine is the one killed; churn rotates over the others.
+    let kill_target = n_workers - 1;
+    let churned = if kill.is_some() { kill_target } else { n_workers };
+    if churn_every_secs > 0.0 && churned > 0 {
+        let mut k = 1;
+        while k as f64 * churn_every_secs + churn_down_secs < steady_secs {
+            let at = k as f64 * churn_every_secs;
+            let worker_idx = (k - 1) % churned;
+            events.push((at, Action::Remove, worker_idx));
+            events.push((at + churn_down_secs, Action::Add, worker_idx));
+            k += 1;
+        }
+    }
+    if let Some((at, down)) = kill {
+        events.push((at, Action::Kill, kill_target));
+        events.push((at + down, Action::Restart, kill_target));
+    }
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    events
+}
+
+/// What one churn action did.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ChurnEvent {
+    pub at_secs: f64,
+    pub action: String,
+    pub worker: String,
+    pub result: String,
+}
+
+/// Runs the schedule against the gateway at `gateway_url` from `started`.
+pub(crate) async fn churn(
+    engines: &mut Engines,
+    gateway_url: &str,
+    model: &str,
+    events: Vec<(f64, Action, usize)>,
+    started: Instant,
+) -> Vec<ChurnEvent> {
+    let client = reqwest::Client::new();
+    let mut done = Vec::new();
+    for (at, action, worker_idx) in events {
+        tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
+        let url = engines.urls()[worker_idx].clone();
+        let result = match action {
+            Action::Remove => {
+                let encoded: String = url.bytes().map(|c| format!("%{c:02X}")).collect();
+                let sent = client.delete(format!("{gateway_url}/workers/{encoded}")).send().await;
+                sent.map(|r| r.status().as_u16().to_string()).unwrap_or_else(|e| e.to_string())
+            }
+            Action::Add => {
+                let body = serde_json::json!({"url": url, "model_id": model});
+                let sent = client.post(format!("{gateway_url}/workers")).json(&body).send().await;
+                sent.map(|r| r.status().as_u16().to_string()).unwrap_or_else(|e| e.to_string())
+            }
+            Action::Kill => {
+                engines.kill(worker_idx).await.map_or_else(|e| format!("{e:#}"), |()| "ok".into())
+            }
+            Action::Restart => {
+                engines.restart(worker_idx).await.map_or_else(|e| format!("{e:#}"), |()| "ok".into())
+            }
+        };
+        let action = format!("{action:?}").to_lowercase();
+        tracing::info!(%action, worker = %url, %result, "soak churn");
+        done.push(ChurnEvent { at_secs: started.elapsed().as_secs_f64(), action, worker: url, result });
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn churn_rotates_over_the_workers_not_killed_and_ends_within_the_steady_phase() {
+        let events = schedule(100.0, 3, 30.0, 5.0, Some((45.0, 5.0)));
+        let shown: Vec<String> =
+            events.iter().map(|(at, action, w)| format!("{at} {action:?} {w}")).collect();
+        assert_eq!(
+            shown,
+            [
+                "30 Remove 0",
+                "35 Add 0",
+                "45 Kill 2",
+                "50 Restart 2",
+                "60 Remove 1",
+                "65 Add 1",
+                "90 Remove 0",
+                "95 Add 0"
+            ]
+        );
+        assert_eq!(schedule(3.0, 2, 1.0, 0.5, None).len(), 4, "both workers churn when none is killed");
+        assert!(schedule(3.0, 2, 0.0, 0.5, None).is_empty());
+    }
+}

@@ -1,0 +1,526 @@
+//! `kvgate soak`: a bounded soak, burst and churn run in one process (simulated engines, the
+//! gateway and the client) that checks no request is lost or answered twice and that memory and
+//! file descriptors stay flat. Phases: steady load with worker churn (removal and re-adding
+//! through `/workers`, one engine killed outright and restarted), a burst well above capacity,
+//! and a recovery at the steady rate. Every request carries a unique `x-kvgate-soak-id`; the
+//! engines count the ids they receive and answer (`kvgate_mock::MockFleet::soak_ids`), and the
+//! report joins those counts with what the client saw (`report.rs` defines a duplicate).
+
+mod engines;
+mod report;
+mod resources;
+mod traffic;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvgate_engine::EngineFlags;
+use kvgate_gateway::GatewayConfig;
+use kvgate_mock::MockArgs;
+use kvgate_policy::PolicyKind;
+
+use engines::Engines;
+use report::{FdCheck, Incident, IncidentKind, Phase, Record, RunData, SoakReport};
+use resources::Sample;
+use traffic::{Draws, Outcome};
+
+/// The model the simulated engines serve.
+const MODEL: &str = "mock-model";
+/// Failed-clean requests whose details are kept for the report (lost ones are always kept).
+const MAX_FAILED_LISTED: usize = 200;
+/// Settling time between the start of the gateway and the first request.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// Options of `kvgate soak`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SoakArgs {
+    /// Simulated engines started in-process.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Model time of the engines runs this many times faster than wall time. At 2, four
+    /// reference engines serve about 110 requests/s of this mix (prefill-bound), well below
+    /// what the process's CPU can push through the gateway.
+    #[arg(long, default_value_t = 2.0)]
+    pub time_scale: f64,
+    /// Engine model parameters (each unset flag keeps the reference replica's value).
+    #[command(flatten)]
+    pub engine_flags: EngineFlags,
+    /// Routing policy of the gateway.
+    #[arg(long, value_enum, default_value_t = PolicyKind::CacheAware)]
+    pub policy: PolicyKind,
+    /// Gateway admission: most requests proxied at once (0: no limit). Without a limit a burst
+    /// piles up in the engines' queues and its requests wait past any deadline.
+    #[arg(long, default_value_t = 256)]
+    pub max_concurrent_requests: usize,
+    /// Gateway admission: requests that may wait for a slot (0: refuse at once with 429).
+    #[arg(long, default_value_t = 256)]
+    pub queue_size: usize,
+    /// Gateway admission: longest wait in the queue, in seconds (then 408).
+    #[arg(long, default_value_t = 5.0)]
+    pub queue_timeout_secs: f64,
+
+    /// Seconds of steady load (with worker churn).
+    #[arg(long, default_value_t = 600.0)]
+    pub steady_secs: f64,
+    /// Requests per second during the steady and recovery phases (Poisson arrivals). The
+    /// default is about 80% of what the default fleet completes at most (~110/s).
+    #[arg(long, default_value_t = 90.0)]
+    pub rate: f64,
+    /// Seconds of burst.
+    #[arg(long, default_value_t = 20.0)]
+    pub burst_secs: f64,
+    /// Requests per second during the burst (default: 10 x --rate).
+    #[arg(long)]
+    pub burst_rate: Option<f64>,
+    /// Seconds of recovery at --rate after the burst.
+    #[arg(long, default_value_t = 30.0)]
+    pub recovery_secs: f64,
+    /// Share of requests that stream.
+    #[arg(long, default_value_t = 0.5)]
+    pub stream_fraction: f64,
+
+    /// Every this many seconds of the steady phase, remove one worker through the gateway's
+    /// `DELETE /workers/{url}` and add it back --churn-down-secs later (0: no churn).
+    #[arg(long, default_value_t = 30.0)]
+    pub churn_every_secs: f64,
+    /// Seconds a churned worker stays out.
+    #[arg(long, default_value_t = 5.0)]
+    pub churn_down_secs: f64,
+    /// When to kill the last engine outright (default: between two churns near the middle of
+    /// the steady phase).
+    #[arg(long)]
+    pub kill_at_secs: Option<f64>,
+    /// Seconds the killed engine stays down before it restarts on its port.
+    #[arg(long, default_value_t = 5.0)]
+    pub kill_down_secs: f64,
+    /// Do not kill an engine.
+    #[arg(long)]
+    pub no_kill: bool,
+
+    /// A request without a complete answer this many seconds after it was sent is lost.
+    #[arg(long, default_value_t = 60.0)]
+    pub deadline_secs: f64,
+    /// Seconds between resource samples (and progress lines on stderr).
+    #[arg(long, default_value_t = 10.0)]
+    pub sample_every_secs: f64,
+    /// Seconds everything stays idle after the last answer before the "after" sample.
+    #[arg(long, default_value_t = 5.0)]
+    pub idle_secs: f64,
+    /// Seed of the request mix and the arrivals.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Log level of the gateway and engines (on stderr).
+    #[arg(long, default_value = "warn")]
+    pub log_level: String,
+}
+
+impl SoakArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        if self.workers < 2 {
+            problems.push("--workers must be at least 2 (one is churned while others serve)".to_string());
+        }
+        if self.workers > usize::from(u8::MAX) {
+            problems.push("--workers must be at most 255".to_string());
+        }
+        let positive = [
+            ("--time-scale", self.time_scale),
+            ("--rate", self.rate),
+            ("--burst-rate", self.burst_rate()),
+            ("--deadline-secs", self.deadline_secs),
+            ("--sample-every-secs", self.sample_every_secs),
+        ];
+        for (flag, value) in positive {
+            if !(value.is_finite() && value > 0.0) {
+                problems.push(format!("{flag} must be a finite number > 0, got {value}"));
+            }
+        }
+        let non_negative = [
+            ("--steady-secs", self.steady_secs),
+            ("--burst-secs", self.burst_secs),
+            ("--recovery-secs", self.recovery_secs),
+            ("--churn-every-secs", self.churn_every_secs),
+            ("--churn-down-secs", self.churn_down_secs),
+            ("--kill-down-secs", self.kill_down_secs),
+            ("--idle-secs", self.idle_secs),
+            ("--queue-timeout-secs", self.queue_timeout_secs),
+        ];
+        for (flag, value) in non_negative {
+            if !(value.is_finite() && value >= 0.0) {
+                problems.push(format!("{flag} must be a finite number >= 0, got {value}"));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.stream_fraction) {
+            problems.push(format!("--stream-fraction must be in [0, 1], got {}", self.stream_fraction));
+        }
+        if let Some((at, _)) = self.kill() {
+            if !(at.is_finite() && at >= 0.0 && at < self.steady_secs) {
+                problems.push(format!("--kill-at-secs must be within the steady phase, got {at}"));
+            }
+        }
+        anyhow::ensure!(problems.is_empty(), "invalid soak options:\n{}", problems.join("\n"));
+        Ok(())
+    }
+
+    fn burst_rate(&self) -> f64 {
+        self.burst_rate.unwrap_or(10.0 * self.rate)
+    }
+
+    /// (seconds, duration) of the kill, if any.
+    fn kill(&self) -> Option<(f64, f64)> {
+        if self.no_kill {
+            return None;
+        }
+        let half = self.steady_secs / 2.0;
+        let at = self.kill_at_secs.unwrap_or(if self.churn_every_secs > 0.0 {
+            ((half / self.churn_every_secs).floor() + 0.5) * self.churn_every_secs
+        } else {
+            half
+        });
+        Some((at, self.kill_down_secs))
+    }
+
+    fn plan(&self) -> Vec<(Phase, f64, f64)> {
+        vec![
+            (Phase::Steady, self.steady_secs, self.rate),
+            (Phase::Burst, self.burst_secs, self.burst_rate()),
+            (Phase::Recovery, self.recovery_secs, self.rate),
+        ]
+    }
+
+    fn mock_args(&self) -> MockArgs {
+        MockArgs {
+            time_scale: self.time_scale,
+            engine_flags: self.engine_flags.clone(),
+            ..MockArgs::default()
+        }
+    }
+
+    fn gateway_config(&self, worker_urls: Vec<String>) -> GatewayConfig {
+        let mut config = GatewayConfig {
+            port: 0,
+            worker_urls,
+            max_concurrent_requests: (self.max_concurrent_requests > 0)
+                .then_some(self.max_concurrent_requests),
+            queue_size: self.queue_size,
+            queue_timeout_secs: self.queue_timeout_secs,
+            health_check_interval_secs: 2.0,
+            expose_routing_headers: true,
+            log_level: self.log_level.clone(),
+            ..GatewayConfig::default()
+        };
+        config.routing.policy = self.policy;
+        config
+    }
+}
+
+/// Runs the soak, prints the table (and writes the JSON); fails when a request was lost or
+/// duplicated.
+pub async fn run_cli(args: SoakArgs) -> anyhow::Result<()> {
+    args.validate()?;
+    let report = run(&args).await?;
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).context("serializing the report")?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("{}", report.markdown());
+    anyhow::ensure!(
+        report.passed(),
+        "soak failed: {} lost, {} duplicated (details under \"incidents\" in --json)",
+        report.total.lost,
+        report.total.duplicated
+    );
+    Ok(())
+}
+
+/// Counters shared by the request tasks, for the progress lines and the drain.
+#[derive(Default)]
+struct Progress {
+    sent: AtomicU64,
+    in_flight: AtomicUsize,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    lost: AtomicU64,
+    failed_listed: AtomicUsize,
+}
+
+/// What the request tasks collect.
+#[derive(Default)]
+struct Collected {
+    records: Mutex<Vec<Record>>,
+    incidents: Mutex<Vec<Incident>>,
+    samples: Mutex<Vec<Sample>>,
+}
+
+/// Everything a request task needs.
+struct Shared {
+    client: reqwest::Client,
+    url: String,
+    id_prefix: String,
+    worker_urls: Vec<String>,
+    seed: u64,
+    stream_fraction: f64,
+    deadline: Duration,
+    started: Instant,
+    progress: Progress,
+    collected: Collected,
+}
+
+async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
+    let baseline = resources::sample("baseline", 0.0);
+    let engines = Engines::start(args.workers, args.mock_args()).await?;
+    let worker_urls = engines.urls().to_vec();
+    let gateway = kvgate_gateway::start(args.gateway_config(worker_urls.clone()))
+        .await
+        .context("starting the gateway")?;
+    tokio::time::sleep(SETTLE).await;
+    let before = resources::sample("before", 0.0);
+    let expected: f64 = args.plan().iter().map(|(_, secs, rate)| secs * rate).sum();
+    let shared = Arc::new(Shared {
+        // Short-lived idle connections, so descriptor samples follow the load.
+        client: reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(2)).build()?,
+        url: format!("{}/v1/chat/completions", gateway.url()),
+        id_prefix: format!("soak{}-", args.seed),
+        worker_urls: worker_urls.clone(),
+        seed: args.seed,
+        stream_fraction: args.stream_fraction,
+        deadline: Duration::from_secs_f64(args.deadline_secs),
+        started: Instant::now(),
+        progress: Progress::default(),
+        collected: Collected {
+            records: Mutex::new(Vec::with_capacity((expected * 1.1) as usize)),
+            ..Collected::default()
+        },
+    });
+    shared.collected.samples.lock().unwrap_or_else(|p| p.into_inner()).extend([baseline, before.clone()]);
+
+    let events = engines::schedule(
+        args.steady_secs,
+        args.workers,
+        args.churn_every_secs,
+        args.churn_down_secs,
+        args.kill(),
+    );
+    let gateway_url = gateway.url();
+    let started = shared.started;
+    let churn = tokio::spawn(async move {
+        let mut engines = engines;
+        let done = engines::churn(&mut engines, &gateway_url, MODEL, events, started).await;
+        (engines, done)
+    });
+    let (stop_sampler, stopped) = tokio::sync::watch::channel(false);
+    let sampler = tokio::spawn(sample_loop(shared.clone(), args.plan(), args.sample_every_secs, stopped));
+
+    dispatch(&shared, &args.plan()).await;
+    drain(&shared).await;
+    let (engines, churn_events) = churn.await.context("the churn task")?;
+    let _ = stop_sampler.send(true);
+    let _ = sampler.await;
+
+    let Shared { collected, worker_urls, id_prefix, .. } = release(shared).await?;
+    // The client (and its connections) is gone; let the gateway and engines go idle.
+    tokio::time::sleep(Duration::from_secs_f64(args.idle_secs)).await;
+    let after = resources::sample("after", started.elapsed().as_secs_f64());
+    let pooled_upstream_idle: usize =
+        gateway.state.registry.snapshot().workers.iter().map(|worker| worker.conns.idle_count()).sum();
+    let engine_ids = engines.soak_ids();
+    gateway.shutdown().await;
+    engines.shutdown().await;
+    tokio::time::sleep(SETTLE).await;
+    let after_shutdown = resources::sample("after shutdown", started.elapsed().as_secs_f64());
+
+    let fd_check = FdCheck {
+        baseline: collected.samples.lock().unwrap_or_else(|p| p.into_inner())[0].fds,
+        before: before.fds,
+        after_idle: after.fds,
+        pooled_upstream_idle,
+        after_shutdown: after_shutdown.fds,
+    };
+    let mut samples = collected.samples.into_inner().unwrap_or_else(|p| p.into_inner());
+    samples.extend([after, after_shutdown]);
+    Ok(report::build(RunData {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        plan: args.plan(),
+        records: collected.records.into_inner().unwrap_or_else(|p| p.into_inner()),
+        incidents: collected.incidents.into_inner().unwrap_or_else(|p| p.into_inner()),
+        engine_ids,
+        id_prefix,
+        worker_urls,
+        samples,
+        fd_check,
+        churn: churn_events,
+    }))
+}
+
+/// Sends the phases' requests at their Poisson arrival times, each in its own task.
+async fn dispatch(shared: &Arc<Shared>, plan: &[(Phase, f64, f64)]) {
+    let mut draws = Draws::new(shared.seed, u64::MAX / 2);
+    let mut n = 0u64;
+    let mut phase_start = 0.0;
+    for &(phase, secs, rate) in plan {
+        let phase_end = phase_start + secs;
+        let mut at = phase_start + draws.exponential(rate);
+        while at < phase_end {
+            tokio::time::sleep_until((shared.started + Duration::from_secs_f64(at)).into()).await;
+            shared.progress.sent.fetch_add(1, Ordering::Relaxed);
+            shared.progress.in_flight.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(request(shared.clone(), n, phase));
+            n += 1;
+            at += draws.exponential(rate);
+        }
+        tokio::time::sleep_until((shared.started + Duration::from_secs_f64(phase_end)).into()).await;
+        let sample = resources::sample(phase.label(), phase_end);
+        shared.collected.samples.lock().unwrap_or_else(|p| p.into_inner()).push(sample);
+        phase_start = phase_end;
+    }
+}
+
+/// Waits for the requests in flight (each ends by its deadline).
+async fn drain(shared: &Shared) {
+    let limit = Instant::now() + shared.deadline + Duration::from_secs(10);
+    while shared.progress.in_flight.load(Ordering::Relaxed) > 0 && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Takes the shared state back once the last request task has let go of it (right after the
+/// in-flight count reached zero).
+async fn release(mut shared: Arc<Shared>) -> anyhow::Result<Shared> {
+    for _ in 0..100 {
+        match Arc::try_unwrap(shared) {
+            Ok(shared) => return Ok(shared),
+            Err(still_shared) => shared = still_shared,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!(
+        "{} requests are still running after their deadline",
+        shared.progress.in_flight.load(Ordering::Relaxed)
+    )
+}
+
+/// One request: plan, send, classify, record.
+async fn request(shared: Arc<Shared>, n: u64, phase: Phase) {
+    let sent_at = shared.started.elapsed();
+    let planned = traffic::plan_request(shared.seed, n, MODEL, shared.stream_fraction);
+    let stream = planned.stream;
+    let soak_id = format!("{}{n}", shared.id_prefix);
+    let observed = traffic::send(&shared.client, &shared.url, &soak_id, planned, shared.deadline).await;
+    let outcome = observed.cause.outcome();
+    let worker_idx = observed
+        .worker
+        .as_deref()
+        .and_then(|worker| shared.worker_urls.iter().position(|url| url == worker))
+        .and_then(|idx| u8::try_from(idx).ok());
+    let record = Record {
+        n,
+        phase,
+        sent_at_ms: u32::try_from(sent_at.as_millis()).unwrap_or(u32::MAX),
+        cause: observed.cause,
+        ttft_us: observed.ttft.filter(|_| stream && outcome == Outcome::Succeeded).map(report::micros),
+        latency_us: (!stream && outcome == Outcome::Succeeded).then(|| report::micros(observed.latency)),
+        multi_answer: observed.multi_answer,
+        worker_idx,
+    };
+    let progress = &shared.progress;
+    let counter = match outcome {
+        Outcome::Succeeded => &progress.succeeded,
+        Outcome::FailedClean => &progress.failed,
+        Outcome::Lost => &progress.lost,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let listed = match outcome {
+        Outcome::Succeeded => false,
+        Outcome::Lost => true,
+        Outcome::FailedClean => progress.failed_listed.fetch_add(1, Ordering::Relaxed) < MAX_FAILED_LISTED,
+    };
+    if listed {
+        let incident = Incident {
+            soak_id,
+            kind: if outcome == Outcome::Lost { IncidentKind::Lost } else { IncidentKind::FailedClean },
+            phase,
+            sent_at_secs: sent_at.as_secs_f64(),
+            cause: observed.cause.label(),
+            worker: observed.worker,
+            detail: observed.detail,
+            engines_received: 0,
+            engines_answered: 0,
+        };
+        shared.collected.incidents.lock().unwrap_or_else(|p| p.into_inner()).push(incident);
+    }
+    shared.collected.records.lock().unwrap_or_else(|p| p.into_inner()).push(record);
+    progress.in_flight.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Samples resources every `every_secs` under the current phase's label, with a progress line.
+async fn sample_loop(
+    shared: Arc<Shared>,
+    plan: Vec<(Phase, f64, f64)>,
+    every_secs: f64,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(every_secs));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
+        let at = shared.started.elapsed().as_secs_f64();
+        let mut end = 0.0;
+        let label = plan
+            .iter()
+            .find(|(_, secs, _)| {
+                end += secs;
+                at < end
+            })
+            .map_or("drain", |(phase, ..)| phase.label());
+        let sample = resources::sample(label, at);
+        let p = &shared.progress;
+        eprintln!(
+            "soak {at:>6.0}s {label:<8} sent {} ok {} failed {} lost {} in flight {} | RSS {:.0} MB, {} fds",
+            p.sent.load(Ordering::Relaxed),
+            p.succeeded.load(Ordering::Relaxed),
+            p.failed.load(Ordering::Relaxed),
+            p.lost.load(Ordering::Relaxed),
+            p.in_flight.load(Ordering::Relaxed),
+            sample.rss_kb as f64 / 1024.0,
+            sample.fds,
+        );
+        shared.collected.samples.lock().unwrap_or_else(|p| p.into_inner()).push(sample);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: SoakArgs,
+    }
+
+    fn parse(flags: &[&str]) -> SoakArgs {
+        <Command as clap::Parser>::parse_from(std::iter::once("soak").chain(flags.iter().copied())).args
+    }
+
+    #[test]
+    fn defaults_are_ten_minutes_a_tenfold_burst_and_a_kill_between_churns() {
+        let args = parse(&[]);
+        assert!(args.validate().is_ok());
+        assert_eq!(args.plan().iter().map(|p| p.1).sum::<f64>(), 650.0);
+        assert_eq!(args.burst_rate(), 10.0 * args.rate);
+        assert_eq!(args.kill(), Some((315.0, 5.0)));
+        assert_eq!(parse(&["--no-kill"]).kill(), None);
+        let problems =
+            parse(&["--workers", "1", "--rate", "0", "--kill-at-secs", "900"]).validate().unwrap_err();
+        assert_eq!(problems.to_string().lines().count(), 5, "{problems}");
+    }
+}
