@@ -62,6 +62,10 @@ struct LaunchArgs {
     /// Threads of the async runtime (default: one per CPU core).
     #[arg(long, value_name = "N")]
     worker_threads: Option<usize>,
+    /// Print the effective configuration (defaults, the --config file and the flags merged) as
+    /// YAML, in the --config file's format, and exit.
+    #[arg(long)]
+    print_config: bool,
 }
 
 fn init_logging(level: &str, json: bool) {
@@ -157,6 +161,13 @@ fn wanted_fleets(args: &LaunchArgs) -> anyhow::Result<Vec<(usize, kvgate_mock::W
 }
 
 async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
+    if args.print_config {
+        print!(
+            "{}",
+            args.gateway.to_yaml().map_err(|e| anyhow::anyhow!("rendering the configuration: {e}"))?
+        );
+        return Ok(());
+    }
     let wanted = wanted_fleets(&args)?;
     let mut config = args.gateway;
     let mut fleets = Vec::new();

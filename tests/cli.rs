@@ -196,3 +196,23 @@ async fn the_demo_routes_on_the_engines_kv_events() {
     }
     panic!("no cache hit on the exact index: last route {route}");
 }
+
+#[test]
+fn print_config_shows_the_merged_configuration_and_reads_back() {
+    let dir = std::env::temp_dir().join(format!("kvgate-cli-print-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gw.yaml");
+    std::fs::write(&file, "port: 31999\nrouting:\n  policy: CacheAware\n").unwrap();
+    let out = kvgate()
+        .args(["launch", "--config", file.to_str().unwrap(), "--policy", "manual", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(printed.contains("port: 31999") && printed.contains("policy: manual"), "{printed}");
+    // The printed configuration is a valid --config file.
+    std::fs::write(&file, &printed).unwrap();
+    let again = kvgate().args(["launch", "--config", file.to_str().unwrap(), "--print-config"]).output().unwrap();
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), printed);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -319,6 +319,20 @@ impl GatewayConfig {
         serde_norway::from_value(merged).map_err(|e| format!("models.{model}: {e}"))
     }
 
+    /// The configuration as YAML, readable back with `--config` (secrets shown as `<set>`).
+    pub fn to_yaml(&self) -> Result<String, String> {
+        let mut shown = self.clone();
+        for secret in [&mut shown.admin_api_key, &mut shown.api_key] {
+            if secret.is_some() {
+                *secret = Some("<set>".into());
+            }
+        }
+        if !shown.client_api_keys.is_empty() {
+            shown.client_api_keys = vec!["<set>".into()];
+        }
+        serde_norway::to_string(&shown).map_err(|e| e.to_string())
+    }
+
     /// The effective load poll interval in milliseconds.
     pub fn load_poll_interval_ms(&self) -> u64 {
         self.load_monitor_interval_ms.unwrap_or((self.load_monitor_interval * 1000.0).round().max(1.0) as u64)
@@ -731,6 +745,17 @@ mod tests {
         };
         let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field).collect();
         assert_eq!(fields, ["prefill", "decode", "prefill", "decode"]);
+    }
+
+    #[test]
+    fn the_printed_configuration_reads_back() {
+        let config =
+            GatewayConfig { port: 31234, api_key: Some("secret".into()), ..GatewayConfig::default() };
+        let yaml = config.to_yaml().unwrap();
+        assert!(yaml.contains("port: 31234") && !yaml.contains("secret"), "{yaml}");
+        let back = GatewayConfig::with_file(&yaml, &GatewayConfig::default(), &[]).unwrap();
+        assert_eq!(back.port, 31234);
+        assert_eq!(back.routing, config.routing);
     }
 
     #[test]

@@ -48,11 +48,15 @@ async fn poll_once(state: &SharedState, sources: &Arc<Mutex<HashMap<WorkerId, So
     } else {
         Vec::new()
     };
+    let routable_ids: std::collections::HashSet<WorkerId> = routable.iter().map(|w| w.id).collect();
     state.loads.rcu(|loads| {
         let mut kept = (**loads).clone();
-        kept.retain(|id, _| routable.iter().any(|w| w.id == *id));
+        kept.retain(|id, _| routable_ids.contains(id));
         kept
     });
+    // Removed workers' remembered load formats go too (the map would otherwise grow with churn).
+    let registered: std::collections::HashSet<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
+    sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
     if routable.is_empty() {
         return;
     }
