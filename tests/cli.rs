@@ -212,7 +212,8 @@ fn print_config_shows_the_merged_configuration_and_reads_back() {
     assert!(printed.contains("port: 31999") && printed.contains("policy: manual"), "{printed}");
     // The printed configuration is a valid --config file.
     std::fs::write(&file, &printed).unwrap();
-    let again = kvgate().args(["launch", "--config", file.to_str().unwrap(), "--print-config"]).output().unwrap();
+    let again =
+        kvgate().args(["launch", "--config", file.to_str().unwrap(), "--print-config"]).output().unwrap();
     assert_eq!(String::from_utf8(again.stdout).unwrap(), printed);
     let _ = std::fs::remove_dir_all(&dir);
 }

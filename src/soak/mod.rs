@@ -20,7 +20,7 @@ use anyhow::Context;
 use kvgate_engine::EngineFlags;
 use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
-use kvgate_policy::PolicyKind;
+use kvgate_policy::PolicyConfig;
 
 use engines::Engines;
 use report::{FdCheck, Incident, IncidentKind, Phase, Record, RunData, SoakReport};
@@ -48,9 +48,9 @@ pub struct SoakArgs {
     /// Engine model parameters (each unset flag keeps the reference replica's value).
     #[command(flatten)]
     pub engine_flags: EngineFlags,
-    /// Routing policy of the gateway.
-    #[arg(long, value_enum, default_value_t = PolicyKind::CacheAware)]
-    pub policy: PolicyKind,
+    /// The gateway's routing policy and its options (as for `kvgate launch`).
+    #[command(flatten)]
+    pub routing: PolicyConfig,
     /// Gateway admission: most requests proxied at once (0: no limit). Without a limit a burst
     /// piles up in the engines' queues and its requests wait past any deadline.
     #[arg(long, default_value_t = 256)]
@@ -159,6 +159,9 @@ impl SoakArgs {
         if !(0.0..=1.0).contains(&self.stream_fraction) {
             problems.push(format!("--stream-fraction must be in [0, 1], got {}", self.stream_fraction));
         }
+        if let Err(errors) = self.routing.validate() {
+            problems.extend(errors.iter().map(ToString::to_string));
+        }
         if let Some((at, _)) = self.kill() {
             if !(at.is_finite() && at >= 0.0 && at < self.steady_secs) {
                 problems.push(format!("--kill-at-secs must be within the steady phase, got {at}"));
@@ -203,7 +206,7 @@ impl SoakArgs {
     }
 
     fn gateway_config(&self, worker_urls: Vec<String>) -> GatewayConfig {
-        let mut config = GatewayConfig {
+        GatewayConfig {
             port: 0,
             worker_urls,
             max_concurrent_requests: (self.max_concurrent_requests > 0)
@@ -213,10 +216,9 @@ impl SoakArgs {
             health_check_interval_secs: 2.0,
             expose_routing_headers: true,
             log_level: self.log_level.clone(),
+            routing: self.routing.clone(),
             ..GatewayConfig::default()
-        };
-        config.routing.policy = self.policy;
-        config
+        }
     }
 }
 
