@@ -68,16 +68,20 @@ pub async fn get_loads(State(state): State<SharedState>) -> impl IntoResponse {
 /// Reject the request unless it carries the admin key (when one is configured).
 fn authorize(state: &SharedState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = &state.config.admin_api_key else { return Ok(()) };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if constant_time_eq(presented.as_bytes(), expected.as_bytes()) {
+    if constant_time_eq(bearer_token(headers).as_bytes(), expected.as_bytes()) {
         Ok(())
     } else {
         Err(ApiError::Unauthorized)
     }
+}
+
+/// The `Authorization: Bearer TOKEN` token of a request ("" when there is none).
+pub(crate) fn bearer_token(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
 }
 
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

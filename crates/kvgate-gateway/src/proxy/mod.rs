@@ -60,11 +60,7 @@ fn check_client_key(state: &AppState, headers: &http::HeaderMap) -> Result<(), A
     if keys.is_empty() {
         return Ok(());
     }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+    let presented = crate::admin::bearer_token(headers);
     let mut valid = false;
     for key in keys {
         valid |= crate::admin::constant_time_eq(presented.as_bytes(), key.as_bytes());
