@@ -31,6 +31,8 @@ use traffic::{Draws, Outcome};
 const MODEL: &str = "mock-model";
 /// Failed-clean requests whose details are kept for the report (lost ones are always kept).
 const MAX_FAILED_LISTED: usize = 200;
+/// Bytes the client keeps per request.
+const RECORD_BYTES: usize = std::mem::size_of::<Record>();
 /// Settling time between the start of the gateway and the first request.
 const SETTLE: Duration = Duration::from_secs(1);
 
@@ -275,14 +277,14 @@ struct Shared {
 }
 
 async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
-    let baseline = resources::sample("baseline", 0.0);
+    let baseline = resources::sample("baseline", 0.0, 0, 0);
     let engines = Engines::start(args.workers, args.mock_args()).await?;
     let worker_urls = engines.urls().to_vec();
     let gateway = kvgate_gateway::start(args.gateway_config(worker_urls.clone()))
         .await
         .context("starting the gateway")?;
     tokio::time::sleep(SETTLE).await;
-    let before = resources::sample("before", 0.0);
+    let before = resources::sample("before", 0.0, 0, 0);
     let expected: f64 = args.plan().iter().map(|(_, secs, rate)| secs * rate).sum();
     let shared = Arc::new(Shared {
         // Short-lived idle connections, so descriptor samples follow the load.
@@ -328,14 +330,16 @@ async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
     let Shared { collected, worker_urls, id_prefix, .. } = release(shared).await?;
     // The client (and its connections) is gone; let the gateway and engines go idle.
     tokio::time::sleep(Duration::from_secs_f64(args.idle_secs)).await;
-    let after = resources::sample("after", started.elapsed().as_secs_f64());
+    let requests = collected.records.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
+    let after = resources::sample("after", started.elapsed().as_secs_f64(), requests, RECORD_BYTES);
     let pooled_upstream_idle: usize =
         gateway.state.registry.snapshot().workers.iter().map(|worker| worker.conns.idle_count()).sum();
     let engine_ids = engines.soak_ids();
     gateway.shutdown().await;
     engines.shutdown().await;
     tokio::time::sleep(SETTLE).await;
-    let after_shutdown = resources::sample("after shutdown", started.elapsed().as_secs_f64());
+    let after_shutdown =
+        resources::sample("after shutdown", started.elapsed().as_secs_f64(), requests, RECORD_BYTES);
 
     let fd_check = FdCheck {
         baseline: collected.samples.lock().unwrap_or_else(|p| p.into_inner())[0].fds,
@@ -377,7 +381,8 @@ async fn dispatch(shared: &Arc<Shared>, plan: &[(Phase, f64, f64)]) {
             at += draws.exponential(rate);
         }
         tokio::time::sleep_until((shared.started + Duration::from_secs_f64(phase_end)).into()).await;
-        let sample = resources::sample(phase.label(), phase_end);
+        let sent = shared.progress.sent.load(Ordering::Relaxed);
+        let sample = resources::sample(phase.label(), phase_end, sent, RECORD_BYTES);
         shared.collected.samples.lock().unwrap_or_else(|p| p.into_inner()).push(sample);
         phase_start = phase_end;
     }
@@ -483,8 +488,8 @@ async fn sample_loop(
                 at < end
             })
             .map_or("drain", |(phase, ..)| phase.label());
-        let sample = resources::sample(label, at);
         let p = &shared.progress;
+        let sample = resources::sample(label, at, p.sent.load(Ordering::Relaxed), RECORD_BYTES);
         eprintln!(
             "soak {at:>6.0}s {label:<8} sent {} ok {} failed {} lost {} in flight {} | RSS {:.0} MB, {} fds",
             p.sent.load(Ordering::Relaxed),

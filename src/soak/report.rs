@@ -141,6 +141,10 @@ pub(crate) struct SoakReport {
     /// Steady phase: the highest RSS of its first and of its last third, in MB (a leak shows as a
     /// gap that grows with the phase's length).
     pub steady_rss_drift_mb: Option<(f64, f64)>,
+    /// Steady phase: the least-squares slope of RSS over its second half, in MB per minute, as
+    /// measured and without the soak's own bookkeeping (`Sample::bookkeeping_kb`).
+    pub steady_rss_slope_mb_per_min: Option<f64>,
+    pub steady_rss_slope_net_mb_per_min: Option<f64>,
     /// Requests the client saw succeed that no engine answered (should be none).
     pub succeeded_without_engine_answer: usize,
     /// Lost and duplicated requests, then a few re-sent and failed ones, with their details.
@@ -273,6 +277,11 @@ pub(crate) fn build(data: RunData) -> SoakReport {
         let max_mb = |part: &[&Sample]| part.iter().map(|s| s.rss_kb).max().unwrap_or(0) as f64 / 1024.0;
         (max_mb(&steady[..third]), max_mb(&steady[steady.len() - third..]))
     });
+    let per_min = |kb_per_sec: f64| kb_per_sec * 60.0 / 1024.0;
+    let second_half = &steady[steady.len() / 2..];
+    let steady_rss_slope_mb_per_min = slope(second_half, |s| s.rss_kb as f64).map(per_min);
+    let steady_rss_slope_net_mb_per_min =
+        slope(second_half, |s| s.rss_kb as f64 - s.bookkeeping_kb as f64).map(per_min);
     let mut total = PhaseRow { phase: "total".into(), ..PhaseRow::default() };
     for row in &rows {
         total.secs += row.secs;
@@ -346,10 +355,25 @@ pub(crate) fn build(data: RunData) -> SoakReport {
         samples,
         churn,
         steady_rss_drift_mb,
+        steady_rss_slope_mb_per_min,
+        steady_rss_slope_net_mb_per_min,
         unknown_engine_ids: engine_ids.len() - known_ids,
         succeeded_without_engine_answer,
         incidents,
     }
+}
+
+/// The least-squares slope of `value` (kB) over time (s), from at least three samples.
+fn slope(samples: &[&Sample], value: impl Fn(&Sample) -> f64) -> Option<f64> {
+    if samples.len() < 3 {
+        return None;
+    }
+    let n = samples.len() as f64;
+    let mean_t = samples.iter().map(|s| s.at_secs).sum::<f64>() / n;
+    let mean_value = samples.iter().map(|s| value(s)).sum::<f64>() / n;
+    let covariance: f64 = samples.iter().map(|s| (s.at_secs - mean_t) * (value(s) - mean_value)).sum();
+    let variance: f64 = samples.iter().map(|s| (s.at_secs - mean_t).powi(2)).sum();
+    (variance > 0.0).then(|| covariance / variance)
 }
 
 fn ms(value: Option<f64>) -> String {
@@ -403,8 +427,8 @@ impl SoakReport {
             out,
             "\nResources (one process: gateway, engines and client): before the load RSS {} MB, {} fds; \
              idle after the load: RSS {} MB, {} fds, of which {} are the gateway's {} pooled idle \
-             engine connections (2 fds each), {} unexplained; after shutdown {} fds (baseline \
-             before start {}).",
+             engine connections (2 fds each), {} unexplained; after shutdown RSS {} MB, {} fds \
+             (baseline before start {}).",
             rss_of("before"),
             fd.before,
             rss_of("after"),
@@ -412,13 +436,19 @@ impl SoakReport {
             2 * fd.pooled_upstream_idle,
             fd.pooled_upstream_idle,
             fd.unexplained_after_idle(),
+            rss_of("after shutdown"),
             fd.after_shutdown,
             fd.baseline,
         );
         if let Some((first, last)) = self.steady_rss_drift_mb {
+            let slope = |s: Option<f64>| s.map_or("—".into(), |s| format!("{s:+.2}"));
             let _ = writeln!(
                 out,
-                "Steady RSS: highest {first:.0} MB in the first third of the phase, {last:.0} MB in the last third."
+                "Steady RSS: highest {first:.0} MB in the first third of the phase, {last:.0} MB in the \
+                 last third; slope over its second half {} MB/min ({} MB/min without the soak's own \
+                 per-request bookkeeping).",
+                slope(self.steady_rss_slope_mb_per_min),
+                slope(self.steady_rss_slope_net_mb_per_min),
             );
         }
         if !self.causes.is_empty() {
@@ -462,6 +492,26 @@ mod tests {
 
     fn seen(received: u32, answered: u32) -> SoakIdSeen {
         SoakIdSeen { received, answered }
+    }
+
+    #[test]
+    fn the_rss_slope_is_a_least_squares_fit() {
+        let sample = |at_secs: f64, rss_kb: u64| Sample {
+            label: "steady".into(),
+            at_secs,
+            rss_kb,
+            fds: 0,
+            cpu_secs: 0.0,
+            bookkeeping_kb: rss_kb / 2,
+        };
+        let rss = |s: &Sample| s.rss_kb as f64;
+        let rising = [sample(0.0, 1000), sample(10.0, 1100), sample(20.0, 1200)];
+        assert_eq!(slope(&rising.iter().collect::<Vec<_>>(), rss), Some(10.0));
+        let net = |s: &Sample| (s.rss_kb - s.bookkeeping_kb) as f64;
+        assert_eq!(slope(&rising.iter().collect::<Vec<_>>(), net), Some(5.0));
+        let flat = [sample(0.0, 1000), sample(10.0, 1200), sample(20.0, 1000)];
+        assert_eq!(slope(&flat.iter().collect::<Vec<_>>(), rss), Some(0.0));
+        assert_eq!(slope(&rising[..2].iter().collect::<Vec<_>>(), rss), None);
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub(crate) struct Sample {
     pub fds: usize,
     /// User + system CPU time of the process so far.
     pub cpu_secs: f64,
+    /// Estimated memory of the soak's own per-request bookkeeping at that point (the client's
+    /// records and the engines' soak id counts), which grows with every request by design.
+    pub bookkeeping_kb: u64,
 }
 
 /// Resident memory in kB (0 when `/proc` is not there).
@@ -47,8 +50,20 @@ fn cpu_secs() -> f64 {
     (ticks(11) + ticks(12)) as f64 / USER_HZ
 }
 
-pub(crate) fn sample(label: &str, at_secs: f64) -> Sample {
-    Sample { label: label.to_string(), at_secs, rss_kb: rss_kb(), fds: fds(), cpu_secs: cpu_secs() }
+/// Estimated bytes one request's soak id takes in an engine's count map (key, value, table
+/// slack and the key's heap allocation).
+const SOAK_ID_ENTRY_BYTES: u64 = 72;
+
+/// A reading after `requests` requests, each kept as a `record_bytes` record by the client.
+pub(crate) fn sample(label: &str, at_secs: f64, requests: u64, record_bytes: usize) -> Sample {
+    Sample {
+        label: label.to_string(),
+        at_secs,
+        rss_kb: rss_kb(),
+        fds: fds(),
+        cpu_secs: cpu_secs(),
+        bookkeeping_kb: requests * (record_bytes as u64 + SOAK_ID_ENTRY_BYTES) / 1024,
+    }
 }
 
 /// Lowest and highest value of `value` over `samples`.
@@ -64,12 +79,14 @@ mod tests {
 
     #[test]
     fn this_process_has_memory_and_descriptors() {
-        let before = sample("before", 0.0);
+        let before = sample("before", 0.0, 0, 0);
         assert!(before.rss_kb > 0 && before.fds >= 3, "{before:?}");
         let spin = std::time::Instant::now();
         while spin.elapsed() < std::time::Duration::from_millis(50) {
             std::hint::black_box(());
         }
-        assert!(sample("later", 0.0).cpu_secs > before.cpu_secs || cfg!(not(target_os = "linux")));
+        let later = sample("later", 0.0, 1024, 56);
+        assert!(later.cpu_secs > before.cpu_secs || cfg!(not(target_os = "linux")));
+        assert_eq!(later.bookkeeping_kb, 128);
     }
 }

@@ -61,12 +61,20 @@ async fn check_worker(state: &SharedState, worker: &Arc<Worker>) -> bool {
     let passed = probe(state, &worker.url).await;
     // Active half-open probing: a worker whose circuit waits half-open may get no request for a
     // long time (e.g. its prefixes are cached elsewhere); a passed probe closes it.
-    if passed
-        && worker.circuit.state(Instant::now()) == crate::worker::CircuitState::HalfOpen
-        && worker.circuit.record_success()
-    {
-        tracing::info!(worker = %worker.url, "circuit closed: the half-open worker passed a health probe");
-        state.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+    // An open one turns half-open at the first passing probe (a restarted engine need not wait
+    // out --cb-timeout-duration-secs), and closes at the next.
+    if passed {
+        match worker.circuit.state(Instant::now()) {
+            crate::worker::CircuitState::HalfOpen if worker.circuit.record_success() => {
+                tracing::info!(worker = %worker.url, "circuit closed: the half-open worker passed a health probe");
+                state.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+            }
+            crate::worker::CircuitState::Open if worker.circuit.probe_passed() => {
+                tracing::info!(worker = %worker.url, "circuit half-open: the worker passed a health probe");
+                state.metrics.circuit_state.with_label_values(&[&worker.url]).set(2);
+            }
+            _ => {}
+        }
     }
     let config = &state.config;
     if let Some(healthy) =

@@ -171,6 +171,20 @@ impl CircuitBreaker {
         std::mem::replace(&mut inner.state, CircuitState::Closed) != CircuitState::Closed
     }
 
+    /// A health probe passed: an open circuit turns half-open at once (the next request, or the
+    /// next passing probe, closes it), instead of waiting out its timeout. Returns true when it did.
+    pub fn probe_passed(&self) -> bool {
+        if !self.settings.enabled {
+            return false;
+        }
+        let mut inner = self.lock();
+        if inner.state == CircuitState::Open {
+            inner.state = CircuitState::HalfOpen;
+            return true;
+        }
+        false
+    }
+
     /// Returns true when this failure opened the circuit.
     pub fn record_failure(&self, now: Instant) -> bool {
         if !self.settings.enabled {
@@ -388,6 +402,13 @@ mod tests {
         assert_eq!(cb.state(t1 + Duration::from_secs(10)), CircuitState::HalfOpen);
         cb.record_success();
         assert_eq!(cb.state(t1 + Duration::from_secs(10)), CircuitState::Closed);
+        // A passing health probe turns an open circuit half-open before its timeout.
+        cb.record_failure(t1);
+        cb.record_failure(t1);
+        assert_eq!(cb.state(t1), CircuitState::Open);
+        assert!(cb.probe_passed());
+        assert_eq!(cb.state(t1), CircuitState::HalfOpen);
+        assert!(!cb.probe_passed());
     }
 
     #[test]
