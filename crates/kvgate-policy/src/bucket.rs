@@ -116,15 +116,12 @@ impl Policy for BucketPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{candidates, ctx_rng};
+    use crate::test_support::{candidates, decide};
     use crate::RoutingKey;
 
     fn route(policy: &BucketPolicy, tokens: u64, pool: &[Candidate], now_ms: u64) -> Decision {
-        let mut rng = ctx_rng(now_ms);
-        let mut ctx =
-            SelectContext { now_ms, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         let request = RouteRequest { key: RoutingKey::None, prompt_tokens: tokens, session: None };
-        policy.select(&request, pool, &mut ctx).unwrap()
+        decide(policy, &request, pool, now_ms)
     }
 
     #[test]

@@ -56,15 +56,12 @@ impl Policy for ConsistentHashingPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{candidates, ctx_rng};
+    use crate::test_support::{candidates, decide};
     use crate::RoutingKey;
 
     fn route(policy: &ConsistentHashingPolicy, session: &str, pool: &[Candidate]) -> WorkerId {
-        let mut rng = ctx_rng(1);
-        let mut ctx =
-            SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         let request = RouteRequest { key: RoutingKey::None, prompt_tokens: 0, session: Some(session) };
-        policy.select(&request, pool, &mut ctx).unwrap().worker
+        decide(policy, &request, pool, 1).worker
     }
 
     #[test]

@@ -278,4 +278,18 @@ pub(crate) mod test_support {
     pub fn ctx_rng(seed: u64) -> SmallRng {
         SmallRng::seed_from_u64(seed)
     }
+
+    /// `policy`'s decision for `request` among `pool` at `now_ms`, without a prefix index (the
+    /// RNG seeded with `now_ms`).
+    pub fn decide(
+        policy: &dyn crate::Policy,
+        request: &crate::RouteRequest<'_>,
+        pool: &[Candidate],
+        now_ms: u64,
+    ) -> crate::Decision {
+        let mut rng = ctx_rng(now_ms);
+        let mut ctx =
+            crate::SelectContext { now_ms, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
+        policy.select(request, pool, &mut ctx).expect("a non-empty pool")
+    }
 }

@@ -66,15 +66,12 @@ impl Policy for PrefixHashPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{candidates, ctx_rng};
+    use crate::test_support::{candidates, decide};
     use crate::RoutingKey;
 
     fn route(policy: &PrefixHashPolicy, prompt: &str, in_flight: &[u64]) -> WorkerId {
-        let mut rng = ctx_rng(1);
-        let mut ctx =
-            SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         let request = RouteRequest { key: RoutingKey::Text(prompt), prompt_tokens: 10, session: None };
-        policy.select(&request, &candidates(in_flight), &mut ctx).unwrap().worker
+        decide(policy, &request, &candidates(in_flight), 1).worker
     }
 
     #[test]
