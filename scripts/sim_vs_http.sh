@@ -28,7 +28,7 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-"$kvgate" mock --count 8 --time-scale "$scale" --base-port 31000 --kv-events-base-port 31100 \
+"$kvgate" mock --workers 8 --time-scale "$scale" --base-port 31000 --kv-events-base-port 31100 \
   --kv-events-replay-base-port 31200 --kv-capacity-tokens "$kv" --force-max-tokens > "$out/mock.log" 2>&1 &
 pids+=($!)
 sleep 2

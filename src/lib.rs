@@ -264,10 +264,10 @@ where
         }
         Command::Mock(args) => {
             init_logging("info", false);
-            runtime.block_on(kvgate_mock::run_fleet(*args))
+            runtime.block_on(kvgate_mock::run_fleet(*args)).map_err(anyhow::Error::from)
         }
-        Command::Sim(args) => kvgate_sim::run_cli(*args),
-        Command::Replay(args) => runtime.block_on(kvgate_replay::run_cli(*args)),
+        Command::Sim(args) => kvgate_sim::run_cli(*args).map_err(anyhow::Error::from),
+        Command::Replay(args) => runtime.block_on(kvgate_replay::run_cli(*args)).map_err(anyhow::Error::from),
         Command::Soak(args) => {
             init_logging(&args.log_level, false);
             runtime.block_on(soak::run_cli(*args))

@@ -38,7 +38,14 @@ fn table(command: &Command) -> String {
         if !values.is_empty() && !boolean {
             help.push_str(&format!(". One of {}.", values.join(", ")));
         }
-        out.push_str(&format!("| `--{long}` | `{}` | {default} | {help} |\n", arg.get_id()));
+        let aliases: Vec<String> = arg
+            .get_visible_aliases()
+            .unwrap_or_default()
+            .iter()
+            .map(|a| format!(" (alias `--{a}`)"))
+            .collect();
+        let flag = format!("`--{long}`{}", aliases.concat());
+        out.push_str(&format!("| {flag} | `{}` | {default} | {help} |\n", arg.get_id()));
     }
     out
 }

@@ -325,7 +325,7 @@ async fn listener_options_are_validated_together() {
     let Err(kvgate_gateway::StartError::Config(errors)) = kvgate_gateway::start(bad).await else {
         panic!("an invalid configuration must not start");
     };
-    let fields: Vec<_> = errors.iter().map(|error| error.field).collect();
+    let fields: Vec<_> = errors.iter().map(|error| error.field.clone()).collect();
     assert_eq!(
         fields,
         [

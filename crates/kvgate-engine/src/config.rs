@@ -1,5 +1,6 @@
 //! Engine configuration: the reference replica's parameters as defaults, and validation that reports every problem at once.
 
+use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 use serde::{Deserialize, Serialize};
 
 /// Parameters of one simulated engine replica.
@@ -49,56 +50,31 @@ impl Default for EngineConfig {
     }
 }
 
-/// One invalid configuration field.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("engine config `{field}`: {problem}")]
-pub struct ConfigError {
-    /// The field's name, as in the serialized form.
-    pub field: &'static str,
-    /// What is wrong with its value.
-    pub problem: String,
-}
-
 impl EngineConfig {
-    /// Checks every field; returns all problems found, not only the first.
-    pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
-        let mut errors = Vec::new();
-        let mut check = |ok: bool, field: &'static str, problem: String| {
-            if !ok {
-                errors.push(ConfigError { field, problem });
-            }
-        };
-        check(
-            self.prefill_tokens_per_sec.is_finite() && self.prefill_tokens_per_sec > 0.0,
-            "prefill_tokens_per_sec",
-            format!("must be a finite number > 0, got {}", self.prefill_tokens_per_sec),
-        );
-        check(self.prefill_chunk_tokens > 0, "prefill_chunk_tokens", "must be > 0".to_string());
-        check(
-            self.decode_base_ms.is_finite() && self.decode_base_ms >= 0.0,
-            "decode_base_ms",
-            format!("must be a finite number >= 0, got {}", self.decode_base_ms),
-        );
-        check(
-            self.decode_per_request_ms.is_finite() && self.decode_per_request_ms >= 0.0,
-            "decode_per_request_ms",
-            format!("must be a finite number >= 0, got {}", self.decode_per_request_ms),
-        );
-        check(self.max_running_requests > 0, "max_running_requests", "must be > 0".to_string());
-        check(self.block_size > 0, "block_size", "must be > 0".to_string());
-        check(
-            self.kv_capacity_tokens >= u64::from(self.block_size.max(1)),
-            "kv_capacity_tokens",
-            format!(
-                "must hold at least one block of {} tokens, got {}",
-                self.block_size, self.kv_capacity_tokens
-            ),
-        );
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors)
+    /// Checks every field; returns all problems found, not only the first. Fields are named by
+    /// their keys here and by the `kvgate mock`/`kvgate sim` flags that set them.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        checks.in_range("prefill_tokens_per_sec", self.prefill_tokens_per_sec, Range::POSITIVE);
+        checks.at_least("prefill_chunk_tokens", self.prefill_chunk_tokens.into(), 1);
+        checks.in_range("decode_base_ms", self.decode_base_ms, Range::NON_NEGATIVE);
+        checks.in_range("decode_per_request_ms", self.decode_per_request_ms, Range::NON_NEGATIVE);
+        checks.at_least("max_running_requests", self.max_running_requests.into(), 1);
+        if self.block_size == 0 {
+            checks.push(
+                FieldError::new("block_size", "must be at least 1").got(0).with_flag(Some("--kv-block-size")),
+            );
         }
+        if self.kv_capacity_tokens < u64::from(self.block_size.max(1)) {
+            checks.push(
+                FieldError::new(
+                    "kv_capacity_tokens",
+                    format!("must hold at least one block of {} tokens", self.block_size),
+                )
+                .got(self.kv_capacity_tokens),
+            );
+        }
+        checks.finish()
     }
 
     /// KV capacity in whole blocks.
@@ -150,7 +126,7 @@ mod tests {
             block_size: 16,
             ..EngineConfig::default()
         };
-        let fields: Vec<_> = config.validate().unwrap_err().into_iter().map(|e| e.field).collect();
+        let fields: Vec<_> = config.validate().unwrap_err().0.into_iter().map(|e| e.field).collect();
         assert_eq!(
             fields,
             [

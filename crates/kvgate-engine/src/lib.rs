@@ -64,9 +64,10 @@ mod load;
 mod scheduler;
 mod tokenizer;
 
-pub use config::{ConfigError, EngineConfig};
+pub use config::EngineConfig;
 pub use events::{EngineOutput, EngineRequest, KvEvent, KvEventBatch, PdStage, RejectReason, RequestStats};
 pub use flags::EngineFlags;
+pub use kvgate_config::{FieldError, ValidationErrors};
 pub use load::{EngineLoad, THROUGHPUT_WINDOW_US};
 pub use scheduler::Engine;
 pub use tokenizer::{

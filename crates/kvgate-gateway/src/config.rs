@@ -2,7 +2,8 @@
 //! default, help) and its validation.
 
 use clap::Args;
-use kvgate_policy::{ConfigError, PolicyConfig};
+use kvgate_config::{Checks, Range};
+use kvgate_policy::{FieldError, PolicyConfig, ValidationErrors};
 
 use crate::kv_events::KvEventsSource;
 use crate::role::{PdProtocol, WorkerRole};
@@ -234,48 +235,37 @@ impl Default for GatewayConfig {
 }
 
 /// The client-connection limits and the TLS files: bounded timeouts, paths given in pairs.
-fn validate_client_connections(config: &GatewayConfig, errors: &mut Vec<ConfigError>) {
+fn validate_client_connections(config: &GatewayConfig, checks: &mut Checks) {
     for (field, value) in [
         ("header_read_timeout_secs", config.header_read_timeout_secs),
         ("keep_alive_timeout_secs", config.keep_alive_timeout_secs),
     ] {
-        if !value.is_finite() || value <= 0.0 || value > 86400.0 {
-            errors.push(ConfigError {
-                field,
-                message: format!("must be a number of seconds > 0 and <= 86400, got {value}"),
-            });
-        }
+        checks.in_range(field, value, Range::new(0.0, false, 86400.0, true));
     }
     if config.max_connections == 0 || config.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
-        errors.push(ConfigError {
-            field: "max_connections",
-            message: format!("must be between 1 and {}", tokio::sync::Semaphore::MAX_PERMITS),
-        });
+        checks.push(
+            FieldError::new(
+                "max_connections",
+                format!("must be between 1 and {}", tokio::sync::Semaphore::MAX_PERMITS),
+            )
+            .got(config.max_connections),
+        );
     }
     for (cert_field, cert, key_field, key) in [
         ("tls_cert_path", &config.tls_cert_path, "tls_key_path", &config.tls_key_path),
         ("client_cert_path", &config.client_cert_path, "client_key_path", &config.client_key_path),
     ] {
         match (cert, key) {
-            (Some(_), None) => errors.push(ConfigError {
-                field: key_field,
-                message: format!("must be given with {cert_field} (both or neither)"),
-            }),
-            (None, Some(_)) => errors.push(ConfigError {
-                field: cert_field,
-                message: format!("must be given with {key_field} (both or neither)"),
-            }),
+            (Some(_), None) => checks.push(FieldError::new(
+                key_field,
+                format!("must be given with {cert_field} (both or neither)"),
+            )),
+            (None, Some(_)) => checks.push(FieldError::new(
+                cert_field,
+                format!("must be given with {key_field} (both or neither)"),
+            )),
             _ => {}
         }
-    }
-}
-
-fn positive_seconds(errors: &mut Vec<ConfigError>, field: &'static str, value: f64) {
-    if !value.is_finite() || value <= 0.0 {
-        errors.push(ConfigError {
-            field,
-            message: format!("must be a finite number of seconds > 0, got {value}"),
-        });
     }
 }
 
@@ -338,107 +328,100 @@ impl GatewayConfig {
         self.load_monitor_interval_ms.unwrap_or((self.load_monitor_interval * 1000.0).round().max(1.0) as u64)
     }
 
-    /// Check every option; returns all problems at once.
-    pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
-        let mut errors = self.routing.validate().err().unwrap_or_default();
-        positive_seconds(&mut errors, "request_timeout_secs", self.request_timeout_secs);
-        positive_seconds(&mut errors, "queue_timeout_secs", self.queue_timeout_secs);
-        positive_seconds(&mut errors, "body_read_timeout_secs", self.body_read_timeout_secs);
-        if let Some(ttfb) = self.ttfb_timeout_secs {
-            positive_seconds(&mut errors, "ttfb_timeout_secs", ttfb);
+    /// Check every option; returns all problems at once, each naming its field (its YAML path),
+    /// its flag, the value given and what is allowed.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        if let Err(errors) = self.routing.validate() {
+            checks.extend(errors.0.into_iter().map(|e| e.under("routing")));
         }
-        if let Some(rate) = self.rate_limit_tokens_per_second {
-            if !rate.is_finite() || rate <= 0.0 {
-                errors.push(ConfigError {
-                    field: "rate_limit_tokens_per_second",
-                    message: format!("must be a finite number > 0, got {rate}"),
-                });
+        for (field, value) in [
+            ("request_timeout_secs", Some(self.request_timeout_secs)),
+            ("queue_timeout_secs", Some(self.queue_timeout_secs)),
+            ("body_read_timeout_secs", Some(self.body_read_timeout_secs)),
+            ("ttfb_timeout_secs", self.ttfb_timeout_secs),
+            ("rate_limit_tokens_per_second", self.rate_limit_tokens_per_second),
+            ("load_monitor_interval", Some(self.load_monitor_interval)),
+            ("health_check_interval_secs", Some(self.health_check_interval_secs)),
+            ("health_check_timeout_secs", Some(self.health_check_timeout_secs)),
+            ("cb_timeout_duration_secs", Some(self.cb_timeout_duration_secs)),
+        ] {
+            if let Some(value) = value {
+                checks.in_range(field, value, Range::POSITIVE);
             }
         }
-        positive_seconds(&mut errors, "load_monitor_interval", self.load_monitor_interval);
-        if self.load_monitor_interval_ms == Some(0) {
-            errors.push(ConfigError {
-                field: "load_monitor_interval_ms",
-                message: "must be at least 1".into(),
-            });
-        }
-        positive_seconds(&mut errors, "health_check_interval_secs", self.health_check_interval_secs);
-        positive_seconds(&mut errors, "health_check_timeout_secs", self.health_check_timeout_secs);
-        positive_seconds(&mut errors, "cb_timeout_duration_secs", self.cb_timeout_duration_secs);
-        if !self.shutdown_grace_period_secs.is_finite() || self.shutdown_grace_period_secs < 0.0 {
-            errors.push(ConfigError {
-                field: "shutdown_grace_period_secs",
-                message: format!("must be a finite number >= 0, got {}", self.shutdown_grace_period_secs),
-            });
+        checks.in_range("shutdown_grace_period_secs", self.shutdown_grace_period_secs, Range::NON_NEGATIVE);
+        if let Some(ms) = self.load_monitor_interval_ms {
+            checks.at_least("load_monitor_interval_ms", ms, 1);
         }
         for (field, value) in [
             ("health_failure_threshold", self.health_failure_threshold),
             ("health_success_threshold", self.health_success_threshold),
             ("cb_failure_threshold", self.cb_failure_threshold),
         ] {
-            if value == 0 {
-                errors.push(ConfigError { field, message: "must be at least 1".into() });
-            }
+            checks.at_least(field, value.into(), 1);
         }
         if self.max_concurrent_requests == Some(0) {
-            errors.push(ConfigError {
-                field: "max_concurrent_requests",
-                message: "must be at least 1 (leave unset for no limit)".into(),
-            });
+            checks.push(
+                FieldError::new("max_concurrent_requests", "must be at least 1 (leave unset for no limit)")
+                    .got(0),
+            );
         }
         if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
-            errors.push(ConfigError {
-                field: "retry_initial_backoff_ms",
-                message: "must not exceed retry_max_backoff_ms".into(),
-            });
+            checks.push(
+                FieldError::new(
+                    "retry_initial_backoff_ms",
+                    format!("must not exceed retry_max_backoff_ms ({})", self.retry_max_backoff_ms),
+                )
+                .got(self.retry_initial_backoff_ms),
+            );
         }
         if !self.health_check_endpoint.starts_with('/') {
-            errors.push(ConfigError {
-                field: "health_check_endpoint",
-                message: format!("must be a path starting with '/', got {:?}", self.health_check_endpoint),
-            });
+            checks.push(
+                FieldError::new("health_check_endpoint", "must be a path starting with '/'")
+                    .got(format!("{:?}", self.health_check_endpoint)),
+            );
         }
         for url in &self.worker_urls {
             if let Err(message) = crate::worker::normalize_url(url) {
-                errors.push(ConfigError { field: "worker_urls", message });
+                checks.push(FieldError::new("worker_urls", message));
             }
         }
-        self.validate_pd(&mut errors);
+        self.validate_pd(&mut checks);
         for model in self.models.keys() {
+            let parent = format!("models.{model}");
             match self.model_routing(model) {
                 Ok(routing) => {
-                    for error in routing.validate().err().unwrap_or_default() {
-                        errors.push(ConfigError { field: "models", message: format!("{model}: {error}") });
+                    if let Err(errors) = routing.validate() {
+                        checks.extend(errors.0.into_iter().map(|e| e.under(&parent)));
                     }
                 }
-                Err(message) => errors.push(ConfigError { field: "models", message }),
+                Err(message) => {
+                    let message =
+                        message.strip_prefix(&format!("{parent}: ")).unwrap_or(&message).to_string();
+                    checks.push(FieldError::new(parent, message).with_flag(None));
+                }
             }
         }
         if http::HeaderName::from_bytes(self.routing_key_header.as_bytes()).is_err() {
-            errors.push(ConfigError {
-                field: "routing_key_header",
-                message: format!("{:?} is not a valid header name", self.routing_key_header),
-            });
+            checks.push(
+                FieldError::new("routing_key_header", "must be a valid header name")
+                    .got(format!("{:?}", self.routing_key_header)),
+            );
         }
-        self.validate_kv_events(&mut errors);
-        validate_client_connections(self, &mut errors);
-        if self.tokenizer_path.is_some() && self.mock_tokenizer {
-            errors.push(ConfigError {
-                field: "mock_tokenizer",
-                message: "conflicts with tokenizer_path: give one tokenizer".into(),
-            });
-        }
-        if self.chat_template.is_some() && self.tokenizer_path.is_none() {
-            errors.push(ConfigError {
-                field: "chat_template",
-                message: "needs tokenizer_path (the template is rendered for that tokenizer)".into(),
-            });
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors)
-        }
+        self.validate_kv_events(&mut checks);
+        validate_client_connections(self, &mut checks);
+        checks.ensure(
+            !(self.tokenizer_path.is_some() && self.mock_tokenizer),
+            "mock_tokenizer",
+            "conflicts with tokenizer_path: give one tokenizer",
+        );
+        checks.ensure(
+            !(self.chat_template.is_some() && self.tokenizer_path.is_none()),
+            "chat_template",
+            "needs tokenizer_path (the template is rendered for that tokenizer)",
+        );
+        checks.finish()
     }
 }
 
@@ -506,7 +489,7 @@ impl GatewayConfig {
         regular.chain(prefill).chain(decode).collect()
     }
 
-    fn validate_pd(&self, errors: &mut Vec<ConfigError>) {
+    fn validate_pd(&self, errors: &mut Checks) {
         if !self.pd_disaggregation {
             for (field, given) in [
                 ("prefill", !self.prefill.is_empty()),
@@ -515,7 +498,7 @@ impl GatewayConfig {
                 ("decode_policy", self.decode_policy.is_some()),
             ] {
                 if given {
-                    errors.push(ConfigError { field, message: "needs pd_disaggregation".into() });
+                    errors.push(FieldError::new(field, "needs pd_disaggregation"));
                 }
             }
         }
@@ -524,21 +507,21 @@ impl GatewayConfig {
             match entry.as_slice() {
                 [url] | [url, _] => {
                     if let Err(message) = crate::worker::normalize_url(url) {
-                        errors.push(ConfigError { field: "prefill", message });
+                        errors.push(FieldError::new("prefill", message));
                     }
                     if let Some(Err(message)) = entry.get(1).map(|port| parse_bootstrap_port(port)) {
-                        errors.push(ConfigError { field: "prefill", message });
+                        errors.push(FieldError::new("prefill", message));
                     }
                 }
-                _ => errors.push(ConfigError {
-                    field: "prefill",
-                    message: format!("expected URL [BOOTSTRAP_PORT], got {entry:?}"),
-                }),
+                _ => errors.push(FieldError::new(
+                    "prefill",
+                    format!("expected URL [BOOTSTRAP_PORT], got {entry:?}"),
+                )),
             }
         }
         for url in &self.decode {
             if let Err(message) = crate::worker::normalize_url(url) {
-                errors.push(ConfigError { field: "decode", message });
+                errors.push(FieldError::new("decode", message));
             }
         }
     }
@@ -549,31 +532,29 @@ impl GatewayConfig {
         KvEventsSource::parse(events, self.kv_events_replay_endpoints.get(index).map(String::as_str))
     }
 
-    fn validate_kv_events(&self, errors: &mut Vec<ConfigError>) {
+    fn validate_kv_events(&self, errors: &mut Checks) {
         let (urls, events, replay) = (
             self.worker_urls.len() + prefill_groups(&self.prefill).len() + self.decode.len(),
             self.kv_events_endpoints.len(),
             self.kv_events_replay_endpoints.len(),
         );
         if events > 0 && events != urls {
-            errors.push(ConfigError {
-                field: "kv_events_endpoints",
-                message: format!(
-                    "{events} entries for {urls} worker URLs: give one per worker (`-` for none)"
-                ),
-            });
+            errors.push(FieldError::new(
+                "kv_events_endpoints",
+                format!("{events} entries for {urls} worker URLs: give one per worker (`-` for none)"),
+            ));
         }
         if replay > 0 && replay != events {
-            errors.push(ConfigError {
-                field: "kv_events_replay_endpoints",
-                message: format!(
+            errors.push(FieldError::new(
+                "kv_events_replay_endpoints",
+                format!(
                     "{replay} entries for {events} KV events endpoints: give one per worker (`-` for none)"
                 ),
-            });
+            ));
         }
         for index in 0..events {
             if let Err(message) = self.kv_events_source(index) {
-                errors.push(ConfigError { field: "kv_events_endpoints", message });
+                errors.push(FieldError::new("kv_events_endpoints", message));
             }
         }
     }
@@ -688,7 +669,7 @@ mod tests {
             worker_urls: vec!["ftp://x".into()],
             ..GatewayConfig::default()
         };
-        let fields: Vec<_> = config.validate().unwrap_err().iter().map(|e| e.field).collect();
+        let fields: Vec<_> = config.validate().unwrap_err().iter().map(|e| e.field.clone()).collect();
         assert_eq!(
             fields,
             ["request_timeout_secs", "cb_timeout_duration_secs", "health_failure_threshold", "worker_urls"]
@@ -743,7 +724,7 @@ mod tests {
             decode: vec!["ftp://x".into()],
             ..GatewayConfig::default()
         };
-        let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field).collect();
+        let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field.clone()).collect();
         assert_eq!(fields, ["prefill", "decode", "prefill", "decode"]);
     }
 
@@ -799,7 +780,7 @@ mod tests {
             tokenizer_path: Some("t.json".into()),
             ..GatewayConfig::default()
         };
-        let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field).collect();
+        let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field.clone()).collect();
         assert_eq!(
             fields,
             ["kv_events_endpoints", "kv_events_replay_endpoints", "kv_events_endpoints", "mock_tokenizer"]

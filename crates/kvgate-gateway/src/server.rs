@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::routing::{delete, get, post};
 use axum::Router;
 use futures_util::future::join_all;
-use kvgate_policy::ConfigError;
+use kvgate_policy::ValidationErrors;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -26,8 +26,8 @@ use crate::state::{AppState, SharedState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
-    Config(Vec<ConfigError>),
+    #[error(transparent)]
+    Config(#[from] ValidationErrors),
     #[error("{0}")]
     State(String),
     #[error("cannot listen on {addr}: {source}")]

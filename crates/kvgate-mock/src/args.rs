@@ -1,5 +1,6 @@
 //! The mock fleet's options (one clap declaration, also the library's configuration) and their validation.
 
+use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 use kvgate_engine::{EngineConfig, EngineFlags};
 
 use crate::pd::WorkerRole;
@@ -31,7 +32,7 @@ pub enum KvEventEncoding {
 #[derive(clap::Args, Clone, Debug, PartialEq)]
 pub struct MockArgs {
     /// Number of simulated engines (one HTTP listener each).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long = "workers", visible_alias = "count", default_value_t = 1)]
     pub count: usize,
     /// First HTTP port; engine i listens on base_port + i (0 = pick free ports).
     #[arg(long, default_value_t = 0)]
@@ -148,69 +149,51 @@ impl MockArgs {
         }
     }
 
-    /// Checks every option; returns all problems found, one per line.
-    pub fn validate(&self) -> Result<(), String> {
-        let mut problems: Vec<String> = Vec::new();
+    /// Checks every option; returns all problems found.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
         if self.count == 0 {
-            problems.push("--count must be at least 1".into());
+            checks.push(FieldError::new("count", "must be at least 1").got(0).with_flag(Some("--workers")));
         }
-        if self.base_port != 0 && usize::from(self.base_port) + self.count > 65_536 {
-            problems.push("--base-port + --count exceeds the port range".into());
-        }
-        problems.extend(self.kv_event_problems());
-        problems.extend(self.pd_problems());
-        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
-            problems.push(format!("--time-scale must be a finite number > 0, got {}", self.time_scale));
-        }
-        for (flag, rate) in [("--fail-rate", self.fail_rate), ("--cut-stream-rate", self.cut_stream_rate)] {
-            if !(0.0..=1.0).contains(&rate) {
-                problems.push(format!("{flag} must be in [0, 1], got {rate}"));
-            }
-        }
+        self.check_port_range(&mut checks, "base_port", Some(self.base_port));
+        self.kv_event_problems(&mut checks);
+        self.pd_problems(&mut checks);
+        checks.in_range("time_scale", self.time_scale, Range::POSITIVE);
+        checks.in_range("fail_rate", self.fail_rate, Range::PROBABILITY);
+        checks.in_range("cut_stream_rate", self.cut_stream_rate, Range::PROBABILITY);
         if let Some(secs) = self.unhealthy_after_secs {
-            if !(secs.is_finite() && secs >= 0.0) {
-                problems.push(format!("--unhealthy-after-secs must be a finite number >= 0, got {secs}"));
-            }
+            checks.in_range("unhealthy_after_secs", secs, Range::NON_NEGATIVE);
         }
-        if self.default_max_tokens == 0 {
-            problems.push("--default-max-tokens must be at least 1".into());
-        }
-        if let Err(errors) = self.engine_config().validate() {
-            problems.extend(errors.iter().map(ToString::to_string));
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("\n"))
+        checks.at_least("default_max_tokens", self.default_max_tokens.into(), 1);
+        checks.nested(self.engine_config().validate());
+        checks.finish()
+    }
+
+    /// Engine i of `count` listens on `base + i`: the last one must fit in the port range.
+    pub(crate) fn check_port_range(&self, checks: &mut Checks, field: &str, base: Option<u16>) {
+        if base.is_some_and(|port| port != 0 && usize::from(port) + self.count > 65_536) {
+            checks.push(
+                FieldError::new(field, format!("+ --workers ({}) exceeds the port range", self.count))
+                    .got(base.unwrap_or_default()),
+            );
         }
     }
 
-    fn kv_event_problems(&self) -> Vec<String> {
-        let mut problems = Vec::new();
-        let ports = [
-            ("--kv-events-base-port", self.kv_events_base_port),
-            ("--kv-events-replay-base-port", self.kv_events_replay_base_port),
-        ];
-        for (flag, base) in ports {
-            if base.is_some_and(|port| port != 0 && usize::from(port) + self.count > 65_536) {
-                problems.push(format!("{flag} + --count exceeds the port range"));
-            }
-        }
+    fn kv_event_problems(&self, checks: &mut Checks) {
+        self.check_port_range(checks, "kv_events_base_port", self.kv_events_base_port);
+        self.check_port_range(checks, "kv_events_replay_base_port", self.kv_events_replay_base_port);
         if self.kv_events_base_port.is_none() {
             if self.kv_events_replay_base_port.is_some() {
-                problems.push("--kv-events-replay-base-port needs --kv-events-base-port".into());
+                checks.push(FieldError::new("kv_events_replay_base_port", "needs --kv-events-base-port"));
             }
             if self.kv_events_drop_every.is_some() {
-                problems.push("--kv-events-drop-every needs --kv-events-base-port".into());
+                checks.push(FieldError::new("kv_events_drop_every", "needs --kv-events-base-port"));
             }
         }
-        if self.kv_events_buffer_steps == 0 {
-            problems.push("--kv-events-buffer-steps must be at least 1".into());
+        checks.at_least("kv_events_buffer_steps", self.kv_events_buffer_steps as u64, 1);
+        if let Some(every) = self.kv_events_drop_every {
+            checks.at_least("kv_events_drop_every", every, 1);
         }
-        if self.kv_events_drop_every == Some(0) {
-            problems.push("--kv-events-drop-every must be at least 1".into());
-        }
-        problems
     }
 }
 
@@ -238,7 +221,11 @@ mod tests {
             ..MockArgs::default()
         };
         let problems = args.validate().unwrap_err();
-        assert_eq!(problems.lines().count(), 4, "{problems}");
+        assert_eq!(problems.errors().len(), 4, "{problems}");
+        assert!(
+            problems.to_string().contains("invalid count (--workers): must be at least 1, got 0"),
+            "{problems}"
+        );
     }
 
     #[test]
@@ -253,7 +240,7 @@ mod tests {
             ..MockArgs::default()
         };
         let problems = orphans.validate().unwrap_err();
-        assert_eq!(problems.lines().count(), 4, "{problems}");
+        assert_eq!(problems.errors().len(), 4, "{problems}");
         let full = MockArgs {
             count: 2,
             kv_events_base_port: Some(5557),
@@ -262,8 +249,8 @@ mod tests {
             ..MockArgs::default()
         };
         assert_eq!(
-            full.validate().unwrap_err(),
-            "--kv-events-replay-base-port + --count exceeds the port range"
+            full.validate().unwrap_err().errors()[0].to_string(),
+            "invalid kv_events_replay_base_port (--kv-events-replay-base-port): + --workers (2) exceeds the port range, got 65535"
         );
     }
 }

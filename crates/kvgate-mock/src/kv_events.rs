@@ -29,7 +29,7 @@ pub(crate) async fn start(
     worker_idx: usize,
     clock: EngineClock,
     stop: &watch::Receiver<bool>,
-) -> anyhow::Result<Option<WorkerKvEvents>> {
+) -> Result<Option<WorkerKvEvents>, crate::MockError> {
     let Some(base) = args.kv_events_base_port else { return Ok(None) };
     let publisher = KvPublisher::bind(&args.host, worker_port(base, worker_idx)).await?;
     let replay = match args.kv_events_replay_base_port {

@@ -3,7 +3,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use anyhow::Context;
 use bytes::Bytes;
 use kvgate_engine::KvEventBatch;
 use tokio::sync::{mpsc, watch};
@@ -63,12 +62,12 @@ pub(crate) struct KvPublisher {
 
 impl KvPublisher {
     /// Binds a PUB socket on `host:port` (port 0 picks a free one).
-    pub(crate) async fn bind(host: &str, port: u16) -> anyhow::Result<Self> {
+    pub(crate) async fn bind(host: &str, port: u16) -> Result<Self, crate::MockError> {
         let mut socket = PubSocket::new();
         let endpoint = socket
             .bind(&format!("tcp://{host}:{port}"))
             .await
-            .with_context(|| format!("binding the KV event publisher on {host}:{port}"))?;
+            .map_err(|e| crate::MockError::bind(format!("the KV event publisher on {host}:{port}"), e))?;
         Ok(Self { socket, endpoint: endpoint.to_string() })
     }
 

@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::kv_events::stopped;
-use anyhow::Context;
 use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -103,12 +102,12 @@ pub(crate) struct ReplayServer {
 
 impl ReplayServer {
     /// Binds a ROUTER socket on `host:port` (port 0 picks a free one).
-    pub(crate) async fn bind(host: &str, port: u16) -> anyhow::Result<Self> {
+    pub(crate) async fn bind(host: &str, port: u16) -> Result<Self, crate::MockError> {
         let mut socket = RouterSocket::new();
         let endpoint = socket
             .bind(&format!("tcp://{host}:{port}"))
             .await
-            .with_context(|| format!("binding the KV event replay socket on {host}:{port}"))?;
+            .map_err(|e| crate::MockError::bind(format!("the KV event replay socket on {host}:{port}"), e))?;
         Ok(Self { socket, endpoint: endpoint.to_string() })
     }
 

@@ -56,6 +56,7 @@
 mod args;
 mod canned;
 mod driver;
+mod error;
 mod generation;
 mod kv_encoding;
 mod kv_events;
@@ -71,13 +72,13 @@ mod soak_ids;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use args::{EngineKind, KvEventEncoding, MockArgs};
+pub use error::MockError;
 pub use pd::WorkerRole;
 pub use soak_ids::{SoakIdLog, SoakIdSeen, SOAK_ID_HEADER};
 
@@ -149,9 +150,12 @@ impl MockFleet {
     /// Fault injection: worker `worker_idx`'s next `n` KV event batches are numbered and kept
     /// for replay but not published, so a subscriber sees a sequence gap (a lost message).
     /// Fails when that worker publishes no KV events.
-    pub fn drop_kv_event_batches(&self, worker_idx: usize, n: usize) -> anyhow::Result<()> {
-        let faults = self.kv_event_faults.get(worker_idx).with_context(|| {
-            format!("mock engine {worker_idx} publishes no KV events ({} do)", self.kv_event_faults.len())
+    pub fn drop_kv_event_batches(&self, worker_idx: usize, n: usize) -> Result<(), MockError> {
+        let faults = self.kv_event_faults.get(worker_idx).ok_or_else(|| {
+            MockError::Fault(format!(
+                "mock engine {worker_idx} publishes no KV events ({} do)",
+                self.kv_event_faults.len()
+            ))
         })?;
         faults.drop_next(n);
         Ok(())
@@ -204,8 +208,8 @@ impl Drop for MockFleet {
 }
 
 /// Binds `args.count` workers (and their KV event publishers) and starts serving.
-pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
-    args.validate().map_err(|problems| anyhow::anyhow!("invalid mock options:\n{problems}"))?;
+pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
+    args.validate()?;
     let config = args.engine_config();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut fleet = MockFleet {
@@ -226,8 +230,9 @@ pub async fn spawn_fleet(args: MockArgs) -> anyhow::Result<MockFleet> {
         let port = worker_port(args.base_port, worker_idx);
         let listener = TcpListener::bind((args.host.as_str(), port))
             .await
-            .with_context(|| format!("binding mock engine {worker_idx} on {}:{port}", args.host))?;
-        let address = listener.local_addr()?;
+            .map_err(|e| MockError::bind(format!("mock engine {worker_idx} on {}:{port}", args.host), e))?;
+        let address =
+            listener.local_addr().map_err(|e| MockError::bind(format!("mock engine {worker_idx}"), e))?;
         let engine = match args.engine {
             EngineKind::Canned => None,
             EngineKind::Realistic => {
@@ -284,12 +289,12 @@ async fn spawn_bootstrap(
     engine: &EngineHandle,
     shutdown_rx: &watch::Receiver<bool>,
     fleet: &mut MockFleet,
-) -> anyhow::Result<PrefillSide> {
+) -> Result<PrefillSide, MockError> {
     let port = worker_port(args.bootstrap_base_port.unwrap_or(0), worker_idx);
-    let listener = TcpListener::bind((args.host.as_str(), port)).await.with_context(|| {
-        format!("binding mock engine {worker_idx}'s bootstrap server on {}:{port}", args.host)
-    })?;
-    let port = listener.local_addr()?.port();
+    let what = format!("mock engine {worker_idx}'s bootstrap server on {}:{port}", args.host);
+    let listener =
+        TcpListener::bind((args.host.as_str(), port)).await.map_err(|e| MockError::bind(&what, e))?;
+    let port = listener.local_addr().map_err(|e| MockError::bind(&what, e))?.port();
     let rooms = Arc::new(KvRooms::new(engine.clone(), PdTiming::from_args(args), shutdown_rx.clone()));
     let app = pd::bootstrap_router(rooms.clone());
     let mut stop = shutdown_rx.clone();
@@ -307,7 +312,7 @@ async fn spawn_bootstrap(
 }
 
 /// Spawns the fleet, prints its URLs (one per line), and serves until ctrl-c.
-pub async fn run_fleet(args: MockArgs) -> anyhow::Result<()> {
+pub async fn run_fleet(args: MockArgs) -> Result<(), MockError> {
     let fleet = spawn_fleet(args).await?;
     for (worker_idx, url) in fleet.urls().iter().enumerate() {
         println!("mock engine {worker_idx}: {url}");
@@ -324,7 +329,7 @@ pub async fn run_fleet(args: MockArgs) -> anyhow::Result<()> {
     for (worker_idx, port) in fleet.bootstrap_ports().iter().enumerate() {
         println!("mock engine {worker_idx} KV bootstrap port: {port}");
     }
-    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    tokio::signal::ctrl_c().await.map_err(MockError::Signal)?;
     fleet.shutdown().await;
     Ok(())
 }

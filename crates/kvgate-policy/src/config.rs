@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use kvgate_config::{Checks, Range, ValidationErrors};
 use kvgate_index::TreeSettings;
 use serde::{Deserialize, Serialize};
 
@@ -238,69 +239,31 @@ impl Default for PolicyConfig {
     }
 }
 
-/// One invalid option: which field, and what is allowed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {field}: {message}")]
-pub struct ConfigError {
-    pub field: &'static str,
-    pub message: String,
-}
-
 impl PolicyConfig {
-    /// Check every option; returns all problems at once.
-    pub fn validate(&self) -> Result<(), Vec<ConfigError>> {
-        let mut errors = Vec::new();
-        let mut check = |field: &'static str, value: f64, low: f64, high: f64, range: &str| {
-            if !value.is_finite() || value < low || value > high || value <= 0.0 {
-                errors.push(ConfigError {
-                    field,
-                    message: format!("must be a finite number in {range}, got {value}"),
-                });
-            }
-        };
-        check("cache_threshold", self.cache_threshold, 0.0, 1.0, "(0, 1]");
-        check("balance_abs_threshold", self.balance_abs_threshold, 0.0, f64::MAX, "(0, inf)");
-        check("balance_rel_threshold", self.balance_rel_threshold, 1.0, f64::MAX, "[1, inf)");
-        check("balance_token_usage_threshold", self.balance_token_usage_threshold, 0.0, 1.0, "(0, 1]");
-        check("overload_token_usage_threshold", self.overload_token_usage_threshold, 0.0, 1.0, "(0, 1]");
-        check("eviction_interval", self.eviction_interval, 0.0, f64::MAX, "(0, inf) seconds");
-        check("least_load_kv_pressure_weight", self.least_load_kv_pressure_weight, 0.0, f64::MAX, "(0, inf)");
-        check(
-            "least_load_mean_prefill_tokens",
-            self.least_load_mean_prefill_tokens,
-            0.0,
-            f64::MAX,
-            "(0, inf)",
-        );
-        check("least_load_default_throughput", self.least_load_default_throughput, 0.0, f64::MAX, "(0, inf)");
-        check("prefix_hash_load_factor", self.prefix_hash_load_factor, 1.0, f64::MAX, "[1, inf)");
-        check("max_idle_secs", self.max_idle_secs, 0.0, f64::MAX, "(0, inf) seconds");
-        check(
-            "bucket_adjust_interval_secs",
-            self.bucket_adjust_interval_secs,
-            0.0,
-            f64::MAX,
-            "(0, inf) seconds",
-        );
-        check(
-            "kv_aware_prefill_tokens_per_sec",
-            self.kv_aware_prefill_tokens_per_sec,
-            0.0,
-            f64::MAX,
-            "(0, inf)",
-        );
-        for (field, value) in [
-            ("kv_aware_prefill_cost_weight", self.kv_aware_prefill_cost_weight),
-            ("kv_aware_decode_ms_per_request", self.kv_aware_decode_ms_per_request),
-            ("kv_aware_kv_pressure_weight", self.kv_aware_kv_pressure_weight),
-            ("router_temperature", self.router_temperature),
+    /// Check every option; returns all problems at once (fields named by their keys here; the
+    /// gateway nests them under `routing.`).
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        for (field, value, range) in [
+            ("cache_threshold", self.cache_threshold, Range::FRACTION),
+            ("balance_abs_threshold", self.balance_abs_threshold, Range::POSITIVE),
+            ("balance_rel_threshold", self.balance_rel_threshold, Range::AT_LEAST_ONE),
+            ("balance_token_usage_threshold", self.balance_token_usage_threshold, Range::FRACTION),
+            ("overload_token_usage_threshold", self.overload_token_usage_threshold, Range::FRACTION),
+            ("eviction_interval", self.eviction_interval, Range::POSITIVE),
+            ("least_load_kv_pressure_weight", self.least_load_kv_pressure_weight, Range::POSITIVE),
+            ("least_load_mean_prefill_tokens", self.least_load_mean_prefill_tokens, Range::POSITIVE),
+            ("least_load_default_throughput", self.least_load_default_throughput, Range::POSITIVE),
+            ("prefix_hash_load_factor", self.prefix_hash_load_factor, Range::AT_LEAST_ONE),
+            ("max_idle_secs", self.max_idle_secs, Range::POSITIVE),
+            ("bucket_adjust_interval_secs", self.bucket_adjust_interval_secs, Range::POSITIVE),
+            ("kv_aware_prefill_tokens_per_sec", self.kv_aware_prefill_tokens_per_sec, Range::POSITIVE),
+            ("kv_aware_prefill_cost_weight", self.kv_aware_prefill_cost_weight, Range::NON_NEGATIVE),
+            ("kv_aware_decode_ms_per_request", self.kv_aware_decode_ms_per_request, Range::NON_NEGATIVE),
+            ("kv_aware_kv_pressure_weight", self.kv_aware_kv_pressure_weight, Range::NON_NEGATIVE),
+            ("router_temperature", self.router_temperature, Range::NON_NEGATIVE),
         ] {
-            if !value.is_finite() || value < 0.0 {
-                errors.push(ConfigError {
-                    field,
-                    message: format!("must be a finite number >= 0, got {value}"),
-                });
-            }
+            checks.in_range(field, value, range);
         }
         for (field, value) in [
             ("max_tree_size", self.max_tree_size),
@@ -309,15 +272,9 @@ impl PolicyConfig {
             ("hash_virtual_nodes", self.hash_virtual_nodes),
             ("max_sessions", self.max_sessions),
         ] {
-            if value == 0 {
-                errors.push(ConfigError { field, message: "must be at least 1".into() });
-            }
+            checks.at_least(field, value as u64, 1);
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors)
-        }
+        checks.finish()
     }
 
     /// The approximate index's settings (the host keeps one tree index per model).
@@ -391,8 +348,8 @@ pub fn build_policy(config: &PolicyConfig) -> Arc<dyn Policy> {
 mod tests {
     use super::*;
 
-    fn fields(config: PolicyConfig) -> Vec<&'static str> {
-        config.validate().err().unwrap_or_default().iter().map(|e| e.field).collect()
+    fn fields(config: PolicyConfig) -> Vec<String> {
+        config.validate().err().map(|e| e.0).unwrap_or_default().into_iter().map(|e| e.field).collect()
     }
 
     #[test]
@@ -427,8 +384,11 @@ mod tests {
                 "max_tree_size"
             ]
         );
-        let message = bad.validate().unwrap_err()[0].to_string();
-        assert!(message.contains("cache_threshold") && message.contains("(0, 1]"), "{message}");
+        let message = bad.validate().unwrap_err().0[0].to_string();
+        assert_eq!(
+            message,
+            "invalid cache_threshold (--cache-threshold): must be a finite number in (0, 1], got NaN"
+        );
     }
 
     #[test]

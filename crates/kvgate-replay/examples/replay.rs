@@ -14,5 +14,5 @@ struct Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    kvgate_replay::run_cli(Command::parse().args).await
+    Ok(kvgate_replay::run_cli(Command::parse().args).await?)
 }

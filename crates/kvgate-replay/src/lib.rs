@@ -1,20 +1,21 @@
 //! kvgate-replay: `kvgate replay`, which sends a trace as real streaming HTTP requests to any OpenAI-compatible endpoint at its recorded (scaled) times and measures what the client sees.
 //!
 //! Each trace line becomes the same prompt the simulator routes on, as text
-//! ([`kvgate_sim::trace::prompt_text`]), sent with `"stream": true`, `"max_tokens"` =
+//! ([`kvgate_trace::trace::prompt_text`]), sent with `"stream": true`, `"max_tokens"` =
 //! `output_length`, `"ignore_eos": true` and `"stream_options": {"include_usage": true}`. TTFT is
 //! the time from sending to the first SSE `data:` event, end-to-end the time to `data: [DONE]`;
 //! the cache hit rate comes from `usage.prompt_tokens_details.cached_tokens` of the final usage
 //! chunk. Runs are bounded by `--max-requests` and an overall `--deadline-secs`. The hit rate is
 //! set beside the trace's references: the infinite-cache ceiling and, given the fleet's KV size
 //! (`--fleet-kv-tokens`), the pooled-LRU reference and pooled-Belady bound
-//! ([`kvgate_sim::CacheReference`]).
+//! ([`kvgate_trace::CacheReference`]).
 //!
 //! Several `--url`s are replayed one after another (never concurrently: they usually share the
 //! fleet) with the same trace and options, and reported side by side. `--flush-cache-urls` names
 //! the engines behind them; each gets `POST /flush_cache` (SGLang's endpoint) before every target's
 //! run, so each target starts from cold caches.
 
+mod error;
 mod report;
 mod request;
 
@@ -22,11 +23,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use kvgate_sim::trace::{Trace, TraceFormat};
+use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
+use kvgate_trace::trace::{Trace, TraceFormat};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+pub use error::ReplayError;
 pub use report::{json_all, markdown_all, ReplayReport};
 pub use request::{request_body, send, Endpoint, Observed, RequestError, SseReader};
 
@@ -46,9 +48,10 @@ pub struct ReplayArgs {
     /// Model name to send [default: the first model of GET /v1/models].
     #[arg(long)]
     pub model: Option<String>,
-    /// Trace timestamps are divided by this (10 = ten times faster).
-    #[arg(long, default_value_t = 1.0)]
-    pub speedup: f64,
+    /// Trace timestamps are divided by this (10 = ten times faster); `kvgate sim`'s flag of the
+    /// same name (`--speedup` is an alias).
+    #[arg(long, visible_alias = "speedup", default_value_t = 1.0)]
+    pub rate_scale: f64,
     /// Send only the first K requests (in arrival order).
     #[arg(long)]
     pub max_requests: Option<usize>,
@@ -109,78 +112,73 @@ impl ReplayArgs {
         }
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
-        let mut problems = Vec::new();
-        if !(self.speedup.is_finite() && self.speedup > 0.0) {
-            problems.push(format!("--speedup must be a finite number > 0, got {}", self.speedup));
-        }
-        if self.max_requests == Some(0) {
-            problems.push("--max-requests must be at least 1".to_string());
-        }
-        if self.fleet_kv_tokens == Some(0) {
-            problems.push("--fleet-kv-tokens must be at least 1".to_string());
-        }
-        if self.concurrency_limit == Some(0) {
-            problems.push("--concurrency-limit must be at least 1".to_string());
-        }
-        if let Some(deadline) = self.deadline_secs {
-            if !(deadline.is_finite() && deadline > 0.0) {
-                problems.push(format!("--deadline-secs must be a finite number > 0, got {deadline}"));
+    fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        checks.in_range("rate_scale", self.rate_scale, Range::POSITIVE);
+        for (field, value) in [
+            ("max_requests", self.max_requests),
+            ("fleet_kv_tokens", self.fleet_kv_tokens.map(|n| n as usize)),
+            ("concurrency_limit", self.concurrency_limit),
+        ] {
+            if let Some(value) = value {
+                checks.at_least(field, value as u64, 1);
             }
         }
-        if self.url.is_empty() {
-            problems.push("--url is required".to_string());
+        if let Some(deadline) = self.deadline_secs {
+            checks.in_range("deadline_secs", deadline, Range::POSITIVE);
         }
-        for (flag, urls) in [("--url", &self.url), ("--flush-cache-urls", &self.flush_cache_urls)] {
+        checks.ensure(!self.url.is_empty(), "url", "is required");
+        for (field, urls) in [("url", &self.url), ("flush_cache_urls", &self.flush_cache_urls)] {
             for url in urls {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    problems.push(format!("{flag} must start with http:// or https://, got {url:?}"));
+                    checks.push(
+                        FieldError::new(field, "must start with http:// or https://").got(format!("{url:?}")),
+                    );
                 }
             }
         }
         if self.label.len() > self.url.len() {
-            problems.push(format!(
-                "--label given {} times but --url only {} (one label per URL)",
-                self.label.len(),
-                self.url.len()
+            checks.push(FieldError::new(
+                "label",
+                format!(
+                    "given {} times but --url only {} (one label per URL)",
+                    self.label.len(),
+                    self.url.len()
+                ),
             ));
         }
-        if !(self.pause_secs.is_finite() && self.pause_secs >= 0.0) {
-            problems.push(format!("--pause-secs must be a finite number >= 0, got {}", self.pause_secs));
-        }
-        anyhow::ensure!(problems.is_empty(), "invalid replay options:\n  {}", problems.join("\n  "));
-        Ok(())
+        checks.in_range("pause_secs", self.pause_secs, Range::NON_NEGATIVE);
+        checks.finish()
     }
 }
 
 /// Loads `--trace` and replays it against the one `--url`.
-pub async fn run(args: &ReplayArgs) -> anyhow::Result<ReplayReport> {
+pub async fn run(args: &ReplayArgs) -> Result<ReplayReport, ReplayError> {
     args.validate()?;
     let trace = Trace::load(&args.trace, args.trace_format)?;
     run_on_trace(args, &trace).await
 }
 
 /// Loads `--trace` and replays it against every `--url` in turn: one report per URL, in order.
-pub async fn run_all(args: &ReplayArgs) -> anyhow::Result<Vec<ReplayReport>> {
+pub async fn run_all(args: &ReplayArgs) -> Result<Vec<ReplayReport>, ReplayError> {
     args.validate()?;
     let trace = Trace::load(&args.trace, args.trace_format)?;
     run_all_on_trace(args, &trace).await
 }
 
 /// Replays `trace` against the one `--url` (after flushing `--flush-cache-urls`, if any).
-pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<ReplayReport> {
+pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> Result<ReplayReport, ReplayError> {
     args.validate()?;
-    anyhow::ensure!(
-        args.url.len() == 1,
-        "run_on_trace replays one --url, got {} (use run_all_on_trace)",
-        args.url.len()
-    );
+    if args.url.len() != 1 {
+        let message = format!("replays one URL, got {} (use run_all_on_trace)", args.url.len());
+        return Err(ValidationErrors::from(FieldError::new("url", message)).into());
+    }
     run_target(args, trace, 0).await
 }
 
 /// Replays `trace` against every `--url` in turn, sequentially, flushing `--flush-cache-urls`
 /// before each and pausing `--pause-secs` between them.
-pub async fn run_all_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<Vec<ReplayReport>> {
+pub async fn run_all_on_trace(args: &ReplayArgs, trace: &Trace) -> Result<Vec<ReplayReport>, ReplayError> {
     args.validate()?;
     let mut reports = Vec::with_capacity(args.url.len());
     for index in 0..args.url.len() {
@@ -195,12 +193,11 @@ pub async fn run_all_on_trace(args: &ReplayArgs, trace: &Trace) -> anyhow::Resul
     Ok(reports)
 }
 
-async fn run_target(args: &ReplayArgs, trace: &Trace, index: usize) -> anyhow::Result<ReplayReport> {
-    let client = reqwest::Client::builder().build().context("building the HTTP client")?;
+async fn run_target(args: &ReplayArgs, trace: &Trace, index: usize) -> Result<ReplayReport, ReplayError> {
+    let client =
+        reqwest::Client::builder().build().map_err(|e| ReplayError::http("building the HTTP client", e))?;
     flush_caches(&client, &args.flush_cache_urls).await?;
-    replay_one(args, trace, &client, &args.url[index], args.label(index))
-        .await
-        .with_context(|| format!("replaying to {}", args.url[index]))
+    replay_one(args, trace, &client, &args.url[index], args.label(index)).await
 }
 
 /// How often a flush refused because requests are still running (HTTP 400) is retried.
@@ -210,7 +207,7 @@ const FLUSH_RETRY_DELAY: Duration = Duration::from_millis(250);
 /// `POST {url}/flush_cache` to each engine; any failure is an error. A refusal while requests are
 /// still running (HTTP 400, e.g. ones aborted at the previous target's deadline) is retried a few
 /// times.
-pub async fn flush_caches(client: &reqwest::Client, base_urls: &[String]) -> anyhow::Result<()> {
+pub async fn flush_caches(client: &reqwest::Client, base_urls: &[String]) -> Result<(), ReplayError> {
     for base_url in base_urls {
         let url = format!("{}/flush_cache", base_url.trim_end_matches('/'));
         let mut attempt = 1;
@@ -220,7 +217,7 @@ pub async fn flush_caches(client: &reqwest::Client, base_urls: &[String]) -> any
                 .timeout(Duration::from_secs(30))
                 .send()
                 .await
-                .with_context(|| format!("flushing the cache: POST {url}"))?;
+                .map_err(|e| ReplayError::http(format!("flushing the cache: POST {url}"), e))?;
             let status = response.status();
             if status.is_success() {
                 break;
@@ -231,24 +228,28 @@ pub async fn flush_caches(client: &reqwest::Client, base_urls: &[String]) -> any
                 tokio::time::sleep(FLUSH_RETRY_DELAY).await;
                 continue;
             }
-            anyhow::bail!("flushing the cache: POST {url}: HTTP {status} {}", body.trim());
+            let message = format!("HTTP {status} {}", body.trim());
+            return Err(ReplayError::http(format!("flushing the cache: POST {url}"), message));
         }
     }
     Ok(())
 }
 
 /// The first model the server lists on `GET /v1/models`.
-pub async fn discover_model(client: &reqwest::Client, base_url: &str) -> anyhow::Result<String> {
+pub async fn discover_model(client: &reqwest::Client, base_url: &str) -> Result<String, ReplayError> {
     let url = format!("{base_url}/v1/models");
-    let response = client.get(&url).send().await.with_context(|| format!("GET {url}"))?;
+    let what = format!("GET {url}");
+    let response = client.get(&url).send().await.map_err(|e| ReplayError::http(&what, e))?;
     let status = response.status();
-    anyhow::ensure!(status.is_success(), "GET {url}: HTTP {status}");
+    if !status.is_success() {
+        return Err(ReplayError::http(&what, format!("HTTP {status}")));
+    }
     let body: serde_json::Value =
-        response.json().await.with_context(|| format!("GET {url}: reading JSON"))?;
+        response.json().await.map_err(|e| ReplayError::http(&what, format!("reading JSON: {e}")))?;
     body["data"][0]["id"]
         .as_str()
         .map(str::to_string)
-        .with_context(|| format!("GET {url}: no model in {body}"))
+        .ok_or_else(|| ReplayError::http(&what, format!("no model in {body}")))
 }
 
 /// Replays `trace` to `base_url` (`args.trace` only names it in the report).
@@ -258,7 +259,7 @@ async fn replay_one(
     client: &reqwest::Client,
     base_url: &str,
     label: String,
-) -> anyhow::Result<ReplayReport> {
+) -> Result<ReplayReport, ReplayError> {
     let trace = trace.truncated(args.max_requests);
     let base_url = base_url.trim_end_matches('/').to_string();
     let model = match &args.model {
@@ -270,7 +271,7 @@ async fn replay_one(
     let offsets: Vec<Duration> = trace
         .requests
         .iter()
-        .map(|r| Duration::from_secs_f64(((r.timestamp_ms - first_ms) / 1000.0 / args.speedup).max(0.0)))
+        .map(|r| Duration::from_secs_f64(((r.timestamp_ms - first_ms) / 1000.0 / args.rate_scale).max(0.0)))
         .collect();
     let span = offsets.last().copied().unwrap_or_default();
     let deadline = Duration::from_secs_f64(args.deadline_secs.unwrap_or(span.as_secs_f64() + 600.0));
@@ -347,7 +348,7 @@ async fn replay_one(
         url,
         model,
         endpoint: args.endpoint,
-        speedup: args.speedup,
+        speedup: args.rate_scale,
         requests_in_trace: total,
         sent,
         results,
@@ -361,12 +362,12 @@ async fn replay_one(
 
 /// `kvgate replay`: replays every `--url`, prints the markdown report (side by side for several)
 /// on stdout, writes `--json` (an object for one URL, an array for several).
-pub async fn run_cli(args: ReplayArgs) -> anyhow::Result<()> {
+pub async fn run_cli(args: ReplayArgs) -> Result<(), ReplayError> {
     let reports = run_all(&args).await?;
     print!("{}", markdown_all(&reports));
     if let Some(path) = &args.json {
         std::fs::write(path, json_all(&reports) + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+            .map_err(|e| ReplayError::Output { path: path.display().to_string(), message: e.to_string() })?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use kvgate_sim::{percentile, CacheReference};
+use kvgate_trace::{percentile, CacheReference};
 use serde::Serialize;
 
 use crate::request::{Endpoint, Observed, RequestError};

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use kvgate_sim::trace::{prompt_text, TraceRequest};
+use kvgate_trace::trace::{prompt_text, TraceRequest};
 use serde_json::{json, Value};
 
 /// Which OpenAI-compatible endpoint requests go to.

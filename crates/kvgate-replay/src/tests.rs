@@ -24,7 +24,7 @@ async fn replays_a_trace_against_a_simulated_engine_and_sees_cached_prefixes() {
     std::fs::write(&path, TRACE).unwrap();
     let json = path.with_extension("json");
     let mut args = ReplayArgs::new(&path, &url);
-    args.speedup = 10.0;
+    args.rate_scale = 10.0;
     args.json = Some(json.clone());
     args.label = vec!["direct".to_string()];
     // Three blocks: LRU serves 512 + 1,024 of the 3,724 prompt tokens (the last [1, 2] finds
@@ -68,11 +68,11 @@ async fn replays_a_trace_against_a_simulated_engine_and_sees_cached_prefixes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_endpoint_max_requests_and_concurrency_limit() {
     let fleet = spawn_fleet(fast_engines()).await.unwrap();
-    let trace = kvgate_sim::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let mut args = ReplayArgs::new("inline", fleet.urls()[0].clone());
     args.endpoint = Endpoint::Chat;
     args.model = Some("mock-model".to_string());
-    args.speedup = 100.0;
+    args.rate_scale = 100.0;
     args.max_requests = Some(3);
     args.concurrency_limit = Some(1);
     let report = run_on_trace(&args, &trace).await.unwrap();
@@ -93,9 +93,9 @@ async fn chat_endpoint_max_requests_and_concurrency_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_counted_not_fatal() {
     let fleet = spawn_fleet(MockArgs { fail_rate: 1.0, ..fast_engines() }).await.unwrap();
-    let trace = kvgate_sim::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let mut args = ReplayArgs::new("inline", fleet.urls()[0].clone());
-    args.speedup = 100.0;
+    args.rate_scale = 100.0;
     let report = run_on_trace(&args, &trace).await.unwrap();
     assert_eq!((report.succeeded, report.errors), (0, 5));
     assert!(report.error_samples[0].starts_with("HTTP 500"), "{:?}", report.error_samples);
@@ -107,10 +107,10 @@ async fn the_deadline_bounds_the_run() {
     // Nothing listens on this port's accept queue in time: a listener that never answers.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let trace = kvgate_sim::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let mut args = ReplayArgs::new("inline", url);
     args.model = Some("m".to_string());
-    args.speedup = 1000.0;
+    args.rate_scale = 1000.0;
     args.deadline_secs = Some(0.3);
     let report = run_on_trace(&args, &trace).await.unwrap();
     assert_eq!(report.succeeded, 0);
@@ -123,11 +123,11 @@ async fn the_deadline_bounds_the_run() {
 #[test]
 fn invalid_options_are_all_reported() {
     let mut args = ReplayArgs::new("t.jsonl", "localhost:1");
-    args.speedup = 0.0;
+    args.rate_scale = 0.0;
     args.concurrency_limit = Some(0);
     args.fleet_kv_tokens = Some(0);
     let error = args.validate().unwrap_err().to_string();
-    for needle in ["--speedup", "--concurrency-limit", "--url", "--fleet-kv-tokens"] {
+    for needle in ["rate_scale (--rate-scale)", "--concurrency-limit", "--url", "--fleet-kv-tokens"] {
         assert!(error.contains(needle), "{error}");
     }
     let mut args = ReplayArgs::new("t.jsonl", "http://127.0.0.1:1");
@@ -191,7 +191,7 @@ async fn compares_two_gateways_in_one_run_with_cold_caches() {
     args.label = vec!["first".to_string(), "second".to_string()];
     args.flush_cache_urls = one.urls().into_iter().chain(two.urls()).collect();
     args.pause_secs = 0.05;
-    args.speedup = 10.0;
+    args.rate_scale = 10.0;
     args.json = Some(json.clone());
     let reports = run_all(&args).await.unwrap();
     assert_eq!(reports.len(), 2);
@@ -226,12 +226,12 @@ async fn compares_two_gateways_in_one_run_with_cold_caches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushing_between_targets_keeps_the_second_run_from_reusing_the_first_runs_cache() {
     let fleet = spawn_fleet(fast_engines()).await.unwrap();
-    let trace = kvgate_sim::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let url = fleet.urls()[0].clone();
     let mut args = ReplayArgs::new("inline", url.clone());
     args.url.push(url.clone());
     args.model = Some("mock-model".to_string());
-    args.speedup = 10.0;
+    args.rate_scale = 10.0;
     // One request at a time: the hits depend only on the order, not on timing.
     args.concurrency_limit = Some(1);
     args.flush_cache_urls = vec![url.clone()];
@@ -251,7 +251,7 @@ async fn flushing_between_targets_keeps_the_second_run_from_reusing_the_first_ru
 
 #[tokio::test]
 async fn a_failed_flush_is_a_clear_error() {
-    let trace = kvgate_sim::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     // A port nothing listens on.
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -10,5 +10,5 @@ struct Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    kvgate_sim::run_cli(Command::parse().args)
+    Ok(kvgate_sim::run_cli(Command::parse().args)?)
 }

@@ -8,6 +8,7 @@ use kvgate_policy::{PolicyConfig, PolicyKind};
 
 use crate::trace::TraceFormat;
 use crate::SimError;
+use kvgate_config::{FieldError, ValidationErrors};
 
 mod fleet;
 
@@ -62,8 +63,9 @@ pub struct SimArgs {
     #[command(flatten)]
     pub engine: EngineFlags,
 
-    /// Trace timestamps are divided by this (2 = twice the request rate).
-    #[arg(long, default_value_t = 1.0)]
+    /// Trace timestamps are divided by this (2 = twice the request rate; `--speedup` is an alias,
+    /// as in `kvgate replay`).
+    #[arg(long, visible_alias = "speedup", default_value_t = 1.0)]
     pub rate_scale: f64,
     /// Replay only the first K requests (in arrival order).
     #[arg(long)]
@@ -121,9 +123,7 @@ impl SimArgs {
         if self.max_requests == Some(0) {
             problems.push("--max-requests must be at least 1".to_string());
         }
-        if let Err(errors) = self.engine_config().validate() {
-            problems.extend(errors.iter().map(ToString::to_string));
-        }
+        let engine_errors = self.engine_config().validate().err().map(|e| e.0).unwrap_or_default();
         let entries: Vec<PolicyEntry> = self
             .policies
             .iter()
@@ -131,7 +131,7 @@ impl SimArgs {
             .filter(|text| !text.is_empty())
             .filter_map(|text| PolicyEntry::parse(text).map_err(|e| problems.push(e)).ok())
             .collect();
-        if entries.is_empty() && problems.is_empty() {
+        if entries.is_empty() && problems.is_empty() && engine_errors.is_empty() {
             problems.push("--policies names no policy".to_string());
         }
         let axes: Vec<SweepAxis> = self
@@ -160,10 +160,12 @@ impl SimArgs {
             }
         }
         problems.dedup();
-        if problems.is_empty() {
+        let mut errors: Vec<FieldError> = problems.into_iter().map(flag_error).collect();
+        errors.extend(engine_errors);
+        if errors.is_empty() {
             Ok(runs)
         } else {
-            Err(SimError::InvalidOptions(problems))
+            Err(SimError::InvalidOptions(ValidationErrors(errors)))
         }
     }
 }
@@ -303,6 +305,17 @@ pub fn policy_config(
     }
 }
 
+/// A problem written as `--flag what is wrong` as a field error of that flag's field; any other
+/// text is a problem of `--policies` (a policy entry or its overrides).
+pub(crate) fn flag_error(text: String) -> FieldError {
+    match text.strip_prefix("--").and_then(|rest| rest.split_once(' ')) {
+        Some((flag, message)) => {
+            FieldError::new(flag.replace('-', "_"), message).with_flag(Some(&format!("--{flag}")))
+        }
+        None => FieldError::new("policies", text),
+    }
+}
+
 /// A flag value as JSON: a bool, an integer, a float, else a string (enum names).
 fn parse_value(raw: &str) -> serde_json::Value {
     if let Ok(flag) = raw.parse::<bool>() {
@@ -409,7 +422,7 @@ mod tests {
         ]) else {
             panic!("expected invalid options");
         };
-        let all = problems.join("\n");
+        let all = problems.to_string();
         for needle in ["--workers", "unknown policy `nope`", "unknown policy flag `no_such_flag`"] {
             assert!(all.contains(needle), "{all}");
         }
@@ -419,9 +432,14 @@ mod tests {
             panic!("expected invalid options");
         };
         assert!(
-            problems.iter().any(|p| p.contains("cache_threshold") && p.contains("(0, 1]")),
+            problems
+                .iter()
+                .any(|p| p.to_string().contains("cache_threshold") && p.to_string().contains("(0, 1]")),
             "{problems:?}"
         );
-        assert!(problems.iter().any(|p| p.contains("invalid value `0.5` for block_size")), "{problems:?}");
+        assert!(
+            problems.iter().any(|p| p.to_string().contains("invalid value `0.5` for block_size")),
+            "{problems:?}"
+        );
     }
 }

@@ -25,10 +25,8 @@
 mod args;
 mod markdown;
 mod plot;
-mod reference;
 mod report;
 mod sim;
-pub mod trace;
 
 #[cfg(test)]
 mod tests;
@@ -36,18 +34,20 @@ mod tests;
 use std::time::{Duration, Instant};
 
 pub use args::{policy_config, Override, RunSpec, SimArgs};
-pub use reference::CacheReference;
+pub use kvgate_config::{FieldError, ValidationErrors};
+pub use kvgate_trace::trace;
+pub use kvgate_trace::{percentile, CacheReference};
+pub use kvgate_trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 pub use report::{
-    percentile, BestSetting, Metrics, PdMetrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
+    BestSetting, Metrics, PdMetrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
 };
 pub use sim::{simulate, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US};
-pub use trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    #[error("invalid sim options:\n  {}", .0.join("\n  "))]
-    InvalidOptions(Vec<String>),
+    #[error("invalid sim options: {0}")]
+    InvalidOptions(#[from] ValidationErrors),
     #[error(transparent)]
     Trace(#[from] TraceError),
     #[error("writing {path}: {message}")]
@@ -55,10 +55,10 @@ pub enum SimError {
 }
 
 /// Loads `--trace` and runs every policy (and sweep point) on it. Prints progress on stderr.
-pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
+pub fn run(args: &SimArgs) -> Result<SimReport, SimError> {
     args.runs()?;
     let trace = Trace::load(&args.trace, args.trace_format)?;
-    Ok(run_on_trace(args, &trace, true)?)
+    run_on_trace(args, &trace, true)
 }
 
 /// Runs every policy (and sweep point) of `args` on `trace` (`args.trace` only names it in the
@@ -174,7 +174,7 @@ pub fn write_outputs(args: &SimArgs, report: &SimReport) -> Result<(), SimError>
 }
 
 /// `kvgate sim`: runs, prints the markdown report on stdout, writes `--json` / `--plot`.
-pub fn run_cli(args: SimArgs) -> anyhow::Result<()> {
+pub fn run_cli(args: SimArgs) -> Result<(), SimError> {
     let report = run(&args)?;
     print!("{}", report.markdown());
     write_outputs(&args, &report)?;

@@ -2,6 +2,7 @@
 
 use kvgate_engine::EngineConfig;
 use kvgate_policy::{IndexKind, PolicyConfig, Reason};
+use kvgate_trace::percentile;
 use serde::Serialize;
 
 use crate::sim::{KvTick, PdSetup, SimOutcome};
@@ -185,15 +186,6 @@ pub struct BestSetting {
     pub label: String,
 }
 
-/// Nearest-rank percentile of sorted values (0 when empty).
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 fn sorted_ms(values: impl Iterator<Item = u64>) -> Vec<f64> {
     let mut values: Vec<u64> = values.collect();
     values.sort_unstable();
@@ -327,20 +319,5 @@ impl SimReport {
     /// The report as pretty JSON (same inputs, same bytes).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("the report always serializes")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nearest_rank_percentiles() {
-        let values: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&values, 50.0), 50.0);
-        assert_eq!(percentile(&values, 99.0), 99.0);
-        assert_eq!(percentile(&values, 100.0), 100.0);
-        assert_eq!(percentile(&[7.0], 1.0), 7.0);
-        assert_eq!(percentile(&[], 50.0), 0.0);
     }
 }

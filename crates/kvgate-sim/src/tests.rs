@@ -211,7 +211,7 @@ fn invalid_options_fail_before_reading_the_trace() {
     let mut args = SimArgs::new("/nonexistent/trace.jsonl");
     args.rate_scale = 0.0;
     let error = run(&args).unwrap_err();
-    assert!(matches!(error.downcast_ref::<SimError>(), Some(SimError::InvalidOptions(_))), "{error}");
+    assert!(matches!(error, SimError::InvalidOptions(_)), "{error}");
 }
 
 #[test]

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use kvgate_config::{Checks, FieldError, Range};
+
 use crate::args::MockArgs;
 
 /// The prefill/decode disaggregation role of every engine of one fleet.
@@ -52,33 +54,17 @@ fn wall_duration(secs: f64) -> Duration {
 
 impl MockArgs {
     /// Problems with the prefill/decode flags.
-    pub(crate) fn pd_problems(&self) -> Vec<String> {
-        let mut problems = Vec::new();
+    pub(crate) fn pd_problems(&self, checks: &mut Checks) {
         if self.role != WorkerRole::Regular && self.engine != crate::EngineKind::Realistic {
-            problems.push("--role prefill and --role decode need --engine realistic".into());
+            checks.push(FieldError::new("role", "prefill and decode need --engine realistic"));
         }
-        match self.bootstrap_base_port {
-            Some(_) if self.role != WorkerRole::Prefill => {
-                problems.push("--bootstrap-base-port is only for --role prefill".into());
-            }
-            Some(port) if port != 0 && usize::from(port) + self.count > 65_536 => {
-                problems.push("--bootstrap-base-port + --count exceeds the port range".into());
-            }
-            _ => {}
+        if self.bootstrap_base_port.is_some() && self.role != WorkerRole::Prefill {
+            checks.push(FieldError::new("bootstrap_base_port", "is only for --role prefill"));
         }
-        let positive = [
-            ("--kv-transfer-gbps", self.kv_transfer_gbps),
-            ("--kv-hold-timeout-secs", self.kv_hold_timeout_secs),
-        ];
-        for (flag, value) in positive {
-            if !(value.is_finite() && value > 0.0) {
-                problems.push(format!("{flag} must be a finite number > 0, got {value}"));
-            }
-        }
-        if self.kv_bytes_per_token == 0 {
-            problems.push("--kv-bytes-per-token must be at least 1".into());
-        }
-        problems
+        self.check_port_range(checks, "bootstrap_base_port", self.bootstrap_base_port);
+        checks.in_range("kv_transfer_gbps", self.kv_transfer_gbps, Range::POSITIVE);
+        checks.in_range("kv_hold_timeout_secs", self.kv_hold_timeout_secs, Range::POSITIVE);
+        checks.at_least("kv_bytes_per_token", self.kv_bytes_per_token, 1);
     }
 }
 
@@ -87,12 +73,18 @@ mod tests {
     use super::*;
     use crate::EngineKind;
 
+    fn pd_problems(args: &MockArgs) -> Vec<FieldError> {
+        let mut checks = Checks::new();
+        args.pd_problems(&mut checks);
+        checks.finish().err().map(|e| e.0).unwrap_or_default()
+    }
+
     #[test]
     fn defaults_are_regular_with_a_llama_8b_link() {
         let args = MockArgs::default();
         assert_eq!(args.role, WorkerRole::Regular);
         assert_eq!((args.kv_bytes_per_token, args.kv_transfer_gbps), (131_072, 25.0));
-        assert!(args.pd_problems().is_empty());
+        assert!(pd_problems(&args).is_empty());
         // 10,000 tokens x 128 KiB at 25 GB/s: 52.4 ms; twice as fast at --time-scale 2.
         let timing = PdTiming::from_args(&MockArgs { time_scale: 2.0, ..args });
         assert_eq!(timing.transfer_time(10_000).as_micros(), 26_214);
@@ -110,15 +102,14 @@ mod tests {
             kv_bytes_per_token: 0,
             ..MockArgs::default()
         };
-        assert_eq!(args.pd_problems().len(), 5, "{:?}", args.pd_problems());
+        assert_eq!(pd_problems(&args).len(), 5, "{:?}", pd_problems(&args));
         let prefill =
             MockArgs { role: WorkerRole::Prefill, bootstrap_base_port: Some(7000), ..MockArgs::default() };
-        assert!(prefill.pd_problems().is_empty());
+        assert!(pd_problems(&prefill).is_empty());
         assert_eq!(prefill.validate(), Ok(()));
         let overflow = MockArgs { count: 2, bootstrap_base_port: Some(65_535), ..prefill };
-        assert_eq!(
-            overflow.validate().unwrap_err(),
-            "--bootstrap-base-port + --count exceeds the port range"
-        );
+        let errors = overflow.validate().unwrap_err();
+        assert_eq!(errors.errors().len(), 1, "{errors}");
+        assert_eq!(errors.errors()[0].field, "bootstrap_base_port");
     }
 }

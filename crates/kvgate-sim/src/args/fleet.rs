@@ -3,11 +3,14 @@
 use super::{policy_config, PolicyEntry, SimArgs};
 use crate::sim::{Fleet, PdSetup};
 use crate::SimError;
+use kvgate_config::ValidationErrors;
 
 impl SimArgs {
     /// The fleet to simulate, checked (every problem reported at once).
     pub fn fleet(&self) -> Result<Fleet, SimError> {
-        self.parse_fleet().map_err(SimError::InvalidOptions)
+        self.parse_fleet().map_err(|problems| {
+            SimError::InvalidOptions(ValidationErrors(problems.into_iter().map(super::flag_error).collect()))
+        })
     }
 
     pub(super) fn parse_fleet(&self) -> Result<Fleet, Vec<String>> {

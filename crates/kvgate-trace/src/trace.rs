@@ -172,7 +172,7 @@ impl CacheCeiling {
 }
 
 /// One hash per leading run of blocks: `chain[k]` identifies `hash_ids[..=k]`.
-pub(crate) fn prefix_chain(hash_ids: &[u64]) -> Vec<u64> {
+pub fn prefix_chain(hash_ids: &[u64]) -> Vec<u64> {
     let mut parent = 0x243f_6a88_85a3_08d3u64;
     hash_ids
         .iter()
