@@ -58,9 +58,6 @@ struct LaunchArgs {
     /// With --pd-disaggregation: also start this many simulated decode engines.
     #[arg(long, value_name = "M")]
     mock_decode: Option<usize>,
-    /// Threads of the async runtime (default: one per CPU core).
-    #[arg(long, value_name = "N")]
-    worker_threads: Option<usize>,
     /// Print the effective configuration (defaults, the --config file and the flags merged) as
     /// YAML, in the --config file's format, and exit.
     #[arg(long)]
@@ -226,6 +223,11 @@ fn apply_config_file(args: &mut LaunchArgs, matches: &ArgMatches) -> anyhow::Res
     Ok(())
 }
 
+/// The whole command line (every subcommand and flag), for documentation checks and generators.
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
 /// Run the command line with these arguments (the first is the program name); parse errors and
 /// `--help` print and exit the process, as a command line does.
 pub fn main_with_args<I, T>(args: I) -> ExitCode
@@ -246,7 +248,7 @@ where
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Command::Launch(args) = &cli.command {
-        if let Some(threads) = args.worker_threads.filter(|&n| n > 0) {
+        if let Some(threads) = args.gateway.worker_threads.filter(|&n| n > 0) {
             builder.worker_threads(threads);
         }
     }

@@ -1,29 +1,16 @@
 //! docs/CONFIG.md is generated from the one configuration schema (the clap + serde structs); this
 //! test fails when the two drift. Regenerate with `KVGATE_UPDATE_DOCS=1 cargo test --test docs`.
 
-use clap::{Args, Command, CommandFactory, Parser};
+use clap::{Args, Command};
 use kvgate_gateway::GatewayConfig;
-use kvgate_mock::MockArgs;
-use kvgate_replay::ReplayArgs;
-use kvgate_sim::SimArgs;
 
-#[derive(Parser)]
-struct Launch {
-    #[command(flatten)]
-    config: GatewayConfig,
-}
-
-#[derive(Parser)]
-struct Mock {
-    #[command(flatten)]
-    mock: MockArgs,
-}
-
-fn table(command: &Command) -> String {
+/// A subcommand's flags as a table; `fields` says which are keys of the YAML file (the others are
+/// command-line only).
+fn table(command: &Command, fields: Option<&[String]>) -> String {
     let mut out = String::from("| flag | field | default | meaning |\n| --- | --- | --- | --- |\n");
     for arg in command.get_arguments() {
         let Some(long) = arg.get_long() else { continue };
-        if long == "help" {
+        if long == "help" || arg.is_hide_set() {
             continue;
         }
         let defaults: Vec<String> =
@@ -45,30 +32,37 @@ fn table(command: &Command) -> String {
             .map(|a| format!(" (alias `--{a}`)"))
             .collect();
         let flag = format!("`--{long}`{}", aliases.concat());
-        out.push_str(&format!("| {flag} | `{}` | {default} | {help} |\n", arg.get_id()));
+        let id = arg.get_id().as_str();
+        let field = match fields {
+            Some(fields) if !fields.iter().any(|f| f == id) => "(command line only)".to_string(),
+            _ => format!("`{id}`"),
+        };
+        out.push_str(&format!("| {flag} | {field} | {default} | {help} |\n",));
     }
     out
 }
 
 fn render() -> String {
-    let launch = table(&Launch::command());
-    let mock = table(&Mock::augment_args(Command::new("mock")));
-    let sim = table(&SimArgs::augment_args(Command::new("sim")));
-    let replay = table(&ReplayArgs::augment_args(Command::new("replay")));
+    let cli = kvgate::command();
+    let sub = |name: &str| cli.find_subcommand(name).unwrap().clone();
+    let schema = GatewayConfig::augment_args(Command::new("schema"));
+    let fields: Vec<String> = schema.get_arguments().map(|arg| arg.get_id().to_string()).collect();
+    let launch = table(&sub("launch"), Some(&fields));
+    let [mock, sim, replay, soak] = ["mock", "sim", "replay", "soak"].map(|name| table(&sub(name), None));
     format!(
         "# kvgate configuration reference\n\n\
          Generated from the configuration schema by `KVGATE_UPDATE_DOCS=1 cargo test --test docs`;\n\
          do not edit by hand. The second column is the field's name in the configuration structs\n\
-         (`GatewayConfig`, `PolicyConfig`, `MockArgs`), which is also its key in the YAML file of\n\
-         `kvgate launch --config FILE` (the policy options, from `--policy` to\n\
-         `--least-load-default-throughput`, go under `routing:`).\n\n\
+         (`GatewayConfig`, `PolicyConfig`, `MockArgs`, `SimArgs`, `ReplayArgs`), which is also its\n\
+         key in the YAML file of `kvgate launch --config FILE` (the policy options, from `--policy`\n\
+         to `--bucket-adjust-interval-secs`, go under `routing:`), the name of its setter in\n\
+         `GatewayConfig::builder()` / `PolicyConfig::builder()` and its keyword in the Python\n\
+         package's `kvgate.Gateway(...)`.\n\n\
          ## `kvgate launch`\n\n{launch}\n\
-         `kvgate launch` also takes `--config FILE` (YAML; flags given on the command line override it),\n\
-         `--mock-workers N` (start N simulated engines in-process and route to them) and\n\
-         `--worker-threads N` (async runtime threads).\n\n\
          ## `kvgate mock`\n\n{mock}\n\
          ## `kvgate sim`\n\n{sim}\n\
-         ## `kvgate replay`\n\n{replay}"
+         ## `kvgate replay`\n\n{replay}\n\
+         ## `kvgate soak`\n\n{soak}"
     )
 }
 
@@ -84,4 +78,107 @@ fn config_reference_matches_the_schema() {
         actual == expected,
         "docs/CONFIG.md is out of date: run `KVGATE_UPDATE_DOCS=1 cargo test --test docs` and commit it"
     );
+}
+
+/// Every long flag (and visible or hidden alias) of every `kvgate` subcommand.
+fn all_flags() -> std::collections::BTreeMap<String, clap::Arg> {
+    let mut flags = std::collections::BTreeMap::new();
+    for sub in kvgate::command().get_subcommands() {
+        for arg in sub.get_arguments() {
+            let names = arg.get_long().into_iter().chain(arg.get_all_aliases().unwrap_or_default());
+            for name in names {
+                flags.entry(name.to_string()).or_insert_with(|| arg.clone());
+            }
+        }
+    }
+    flags
+}
+
+/// Flags of other programs that the documents mention (cargo's, SGLang's).
+const FOREIGN_FLAGS: [&str; 4] = ["bin", "release", "workspace", "kv-events-config"];
+
+#[test]
+fn every_flag_the_documents_name_exists() {
+    let flags = all_flags();
+    for doc in ["README.md", "docs/RELIABILITY.md", "ARCHITECTURE.md"] {
+        let text = std::fs::read_to_string(doc).unwrap();
+        for (index, _) in text.match_indices("--") {
+            let name: String = text[index + 2..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                .collect();
+            let name = name.trim_end_matches('-');
+            let wildcard = text[index + 2 + name.len()..].starts_with("-*");
+            if name.is_empty() || FOREIGN_FLAGS.contains(&name) || !text[..index].ends_with(['`', ' ', '(']) {
+                continue;
+            }
+            let known = if wildcard {
+                flags.keys().any(|flag| flag.starts_with(&format!("{name}-")))
+            } else {
+                flags.contains_key(name)
+            };
+            assert!(known, "{doc} names --{name}, which no kvgate subcommand has");
+        }
+    }
+}
+
+#[test]
+fn the_readme_flag_table_gives_the_schema_defaults() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let section = readme.split("## Flags").nth(1).unwrap();
+    let table = section.split("\n\n").find(|chunk| chunk.starts_with("| flag")).unwrap();
+    let launch = kvgate::command();
+    let launch = launch.find_subcommand("launch").unwrap();
+    let mut checked = 0;
+    for row in table.lines().skip(2) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let flags: Vec<&str> = cells[0].trim_start_matches("| ").split(", ").collect();
+        let defaults: Vec<&str> = cells[1].split(", ").collect();
+        if flags.len() != defaults.len() {
+            continue;
+        }
+        for (flag, default) in flags.iter().zip(defaults) {
+            let name = flag.trim_matches('`').split(' ').next().unwrap().trim_start_matches("--");
+            let Some(arg) = launch.get_arguments().find(|arg| arg.get_long() == Some(name)) else { continue };
+            let schema: Vec<String> =
+                arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+            let written = default.trim_matches('`');
+            let matches = match (written, schema.as_slice()) {
+                ("none" | "off", []) => true,
+                ("off", [value]) => value == "false",
+                (written, [value]) => match (written.parse::<f64>(), value.parse::<f64>()) {
+                    (Ok(a), Ok(b)) => a == b,
+                    _ => {
+                        written == value
+                            || !written.chars().all(|c| c.is_ascii_alphanumeric() || "._/".contains(c))
+                    }
+                },
+                _ => true,
+            };
+            assert!(matches, "README says --{name} defaults to {written}; the schema says {schema:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "only {checked} README defaults checked: has the table's shape changed?");
+}
+
+#[test]
+fn the_readme_configuration_file_example_loads() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let yaml = readme.split("```yaml\n# kvgate.yaml\n").nth(1).unwrap().split("```").next().unwrap();
+    let config = GatewayConfig::with_file(yaml, &GatewayConfig::default(), &[]).unwrap();
+    config.validate().unwrap();
+    for url in &config.worker_urls {
+        assert!(url.starts_with("http://127.0.0.1:"), "examples use loopback addresses: {url}");
+    }
+}
+
+#[test]
+fn policy_names_agree_across_flag_file_and_code() {
+    use clap::ValueEnum;
+    for kind in kvgate_policy::PolicyKind::value_variants() {
+        let flag = kind.to_possible_value().unwrap().get_name().to_string();
+        let file = serde_json::to_value(kind).unwrap();
+        assert_eq!((flag.as_str(), file.as_str().unwrap()), (kind.as_str(), kind.as_str()));
+    }
 }

@@ -12,7 +12,7 @@ use serde_json::Value;
 fn with_policy(urls: Vec<String>, routing: PolicyConfig) -> kvgate_gateway::GatewayConfig {
     let mut cfg = config(urls);
     cfg.routing = routing;
-    cfg.load_monitor_interval_ms = Some(50);
+    cfg.load_monitor_interval_ms = 50;
     cfg
 }
 
@@ -61,7 +61,7 @@ async fn a_hung_worker_does_not_delay_the_others_and_removed_workers_vanish() {
     hung.loads_delay_ms.store(60_000, Ordering::SeqCst);
     let routing = PolicyConfig { policy: PolicyKind::PowerOfTwo, ..PolicyConfig::default() };
     let mut cfg = with_policy(vec![fast.url.clone(), hung.url.clone()], routing);
-    cfg.load_monitor_interval_ms = Some(100);
+    cfg.load_monitor_interval_ms = 100;
     let gw = gateway(cfg).await;
     let gw_url = gw.url();
     assert!(
@@ -172,7 +172,7 @@ async fn a_sample_is_stamped_when_its_poll_was_sent() {
     slow.loads_delay_ms.store(200, Ordering::SeqCst);
     let kv_aware = PolicyConfig { balance_token_usage_threshold: 0.5, ..PolicyConfig::default() };
     let mut cfg = with_policy(vec![slow.url.clone()], kv_aware);
-    cfg.load_monitor_interval_ms = Some(1000);
+    cfg.load_monitor_interval_ms = 1000;
     let gw = gateway(cfg).await;
     let gw_url = gw.url();
     let published = eventually(5.0, async || {

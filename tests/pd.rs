@@ -236,7 +236,7 @@ async fn each_side_has_its_own_policy_and_the_prefill_overload_trigger_reads_the
     cfg.routing = PolicyConfig { overload_token_usage_threshold: 0.9, ..PolicyConfig::default() };
     cfg.prefill_policy = Some(PolicyKind::CacheAware);
     cfg.decode_policy = Some(PolicyKind::RoundRobin);
-    cfg.load_monitor_interval_ms = Some(50);
+    cfg.load_monitor_interval_ms = 50;
     let gw = gateway(cfg).await;
     let gw_url = gw.url();
     assert!(

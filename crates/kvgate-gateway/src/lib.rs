@@ -25,7 +25,7 @@ mod tokenize;
 mod upstream;
 mod worker;
 
-pub use config::GatewayConfig;
+pub use config::{GatewayConfig, GatewayConfigBuilder};
 pub use error::ApiError;
 pub use kv_events::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
 pub use loads::{parse_sglang, parse_vllm};

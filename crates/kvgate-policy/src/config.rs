@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kvgate_config::{Checks, Range, ValidationErrors};
+use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 use kvgate_index::TreeSettings;
 use serde::{Deserialize, Serialize};
 
@@ -116,8 +116,9 @@ impl PrefixIndexMode {
 }
 
 /// Every policy option. Flattened into `kvgate launch` and `kvgate sim`, read from YAML.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args, derive_builder::Builder)]
 #[serde(default, deny_unknown_fields)]
+#[builder(default, setter(into, strip_option), build_fn(private, name = "assemble"), derive(Debug))]
 pub struct PolicyConfig {
     /// Routing policy.
     #[arg(long = "policy", value_enum, default_value = "cache_aware")]
@@ -240,6 +241,11 @@ impl Default for PolicyConfig {
 }
 
 impl PolicyConfig {
+    /// A builder reaching every policy option (unset ones keep the command line's defaults).
+    pub fn builder() -> PolicyConfigBuilder {
+        PolicyConfigBuilder::default()
+    }
+
     /// Check every option; returns all problems at once (fields named by their keys here; the
     /// gateway nests them under `routing.`).
     pub fn validate(&self) -> Result<(), ValidationErrors> {
@@ -309,6 +315,16 @@ impl PolicyConfig {
                     || self.cache_miss_strategy == MissStrategy::MostFreeKv
             }
         }
+    }
+}
+
+impl PolicyConfigBuilder {
+    /// The policy options, validated (every problem at once).
+    pub fn build(&self) -> Result<PolicyConfig, ValidationErrors> {
+        let config =
+            self.assemble().map_err(|e| FieldError::new("builder", e.to_string()).with_flag(None))?;
+        config.validate()?;
+        Ok(config)
     }
 }
 

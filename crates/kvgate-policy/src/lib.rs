@@ -20,7 +20,9 @@ mod round_robin;
 
 pub use bucket::BucketPolicy;
 pub use cache_aware::{CacheAwarePolicy, Imbalance, Thresholds};
-pub use config::{build_policy, MissStrategy, PolicyConfig, PolicyKind, PrefixIndexMode};
+pub use config::{
+    build_policy, MissStrategy, PolicyConfig, PolicyConfigBuilder, PolicyKind, PrefixIndexMode,
+};
 pub use consistent_hashing::ConsistentHashingPolicy;
 pub use kv_aware::{KvAwarePolicy, PredictedTtft};
 pub use kvgate_config::{FieldError, ValidationErrors};

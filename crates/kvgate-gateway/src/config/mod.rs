@@ -2,7 +2,6 @@
 //! default, help) and its validation.
 
 use clap::Args;
-use kvgate_config::{Checks, Range};
 use kvgate_policy::{FieldError, PolicyConfig, ValidationErrors};
 
 use crate::kv_events::KvEventsSource;
@@ -11,8 +10,9 @@ use kvgate_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 
 /// Everything `kvgate launch` can be told. Flags and YAML keys come from these fields.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Args, derive_builder::Builder)]
 #[serde(default, deny_unknown_fields)]
+#[builder(default, setter(into, strip_option), build_fn(private, name = "assemble"), derive(Debug))]
 pub struct GatewayConfig {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
@@ -87,12 +87,15 @@ pub struct GatewayConfig {
     #[arg(long)]
     pub mock_tokenizer: bool,
 
-    /// Seconds between engine load polls (used only while a policy consumes loads).
-    #[arg(long, default_value_t = 1.0)]
-    pub load_monitor_interval: f64,
-    /// Milliseconds between engine load polls; overrides --load-monitor-interval.
-    #[arg(long)]
-    pub load_monitor_interval_ms: Option<u64>,
+    /// Milliseconds between engine load polls (used only while a policy consumes loads); the
+    /// same flag as `kvgate sim`'s.
+    #[arg(long, default_value_t = 1000)]
+    pub load_monitor_interval_ms: u64,
+    /// Deprecated spelling of the load poll interval, in seconds; when given it wins over
+    /// --load-monitor-interval-ms.
+    #[arg(long, hide = true, value_name = "SECS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_monitor_interval: Option<f64>,
 
     /// Deadline for a worker's response headers, in seconds.
     #[arg(long, default_value_t = 1800.0)]
@@ -220,6 +223,10 @@ pub struct GatewayConfig {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace_period_secs: f64,
+    /// Threads of the async runtime (default: one per CPU core); used where the runtime is built
+    /// (`kvgate launch`, the Python package), not by an embedder's own runtime.
+    #[arg(long, value_name = "N")]
+    pub worker_threads: Option<usize>,
 }
 
 impl Default for GatewayConfig {
@@ -234,53 +241,34 @@ impl Default for GatewayConfig {
     }
 }
 
-/// The client-connection limits and the TLS files: bounded timeouts, paths given in pairs.
-fn validate_client_connections(config: &GatewayConfig, checks: &mut Checks) {
-    for (field, value) in [
-        ("header_read_timeout_secs", config.header_read_timeout_secs),
-        ("keep_alive_timeout_secs", config.keep_alive_timeout_secs),
-    ] {
-        checks.in_range(field, value, Range::new(0.0, false, 86400.0, true));
-    }
-    if config.max_connections == 0 || config.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
-        checks.push(
-            FieldError::new(
-                "max_connections",
-                format!("must be between 1 and {}", tokio::sync::Semaphore::MAX_PERMITS),
-            )
-            .got(config.max_connections),
-        );
-    }
-    for (cert_field, cert, key_field, key) in [
-        ("tls_cert_path", &config.tls_cert_path, "tls_key_path", &config.tls_key_path),
-        ("client_cert_path", &config.client_cert_path, "client_key_path", &config.client_key_path),
-    ] {
-        match (cert, key) {
-            (Some(_), None) => checks.push(FieldError::new(
-                key_field,
-                format!("must be given with {cert_field} (both or neither)"),
-            )),
-            (None, Some(_)) => checks.push(FieldError::new(
-                cert_field,
-                format!("must be given with {key_field} (both or neither)"),
-            )),
-            _ => {}
-        }
-    }
-}
-
 impl GatewayConfig {
+    /// A builder reaching every option (one setter per field, named as the field; unset options
+    /// keep the command line's defaults), for embedding the gateway in a Rust program:
+    /// `GatewayConfig::builder().port(0u16).worker_urls(vec![url]).build()?`, then
+    /// [`crate::start`] and [`crate::GatewayHandle::shutdown`].
+    pub fn builder() -> GatewayConfigBuilder {
+        GatewayConfigBuilder::default()
+    }
+
     /// Read a YAML configuration file (keys are the field names, routing options under
     /// `routing:`) and lay the command line's explicitly given flags (`explicit`: their clap ids,
     /// which are the field names) over it. Unknown keys and wrong types are errors.
-    pub fn with_file(yaml: &str, cli: &GatewayConfig, explicit: &[String]) -> Result<GatewayConfig, String> {
+    pub fn with_file(
+        yaml: &str,
+        cli: &GatewayConfig,
+        explicit: &[String],
+    ) -> Result<GatewayConfig, ValidationErrors> {
         let file: GatewayConfig = if yaml.trim().is_empty() {
             GatewayConfig::default()
         } else {
-            serde_norway::from_str(yaml).map_err(|e| format!("invalid configuration file: {e}"))?
+            let deserializer = serde_norway::Deserializer::from_str(yaml);
+            serde_path_to_error::deserialize(deserializer).map_err(file_error)?
         };
         // YAML values (not JSON) so that NaN and infinities survive the merge and reach validation.
-        let as_value = |config: &GatewayConfig| serde_norway::to_value(config).map_err(|e| e.to_string());
+        let as_value = |config: &GatewayConfig| {
+            serde_norway::to_value(config)
+                .map_err(|e| FieldError::new("configuration", e.to_string()).with_flag(None))
+        };
         let mut merged = as_value(&file)?;
         let given = as_value(cli)?;
         for id in explicit {
@@ -290,7 +278,7 @@ impl GatewayConfig {
                 merged["routing"][id] = value.clone();
             }
         }
-        serde_norway::from_value(merged).map_err(|e| format!("invalid configuration: {e}"))
+        serde_path_to_error::deserialize(merged).map_err(file_error)
     }
 
     /// The policy configuration of `model`: `routing` with the model's `models:` entry laid over it.
@@ -325,103 +313,10 @@ impl GatewayConfig {
 
     /// The effective load poll interval in milliseconds.
     pub fn load_poll_interval_ms(&self) -> u64 {
-        self.load_monitor_interval_ms.unwrap_or((self.load_monitor_interval * 1000.0).round().max(1.0) as u64)
-    }
-
-    /// Check every option; returns all problems at once, each naming its field (its YAML path),
-    /// its flag, the value given and what is allowed.
-    pub fn validate(&self) -> Result<(), ValidationErrors> {
-        let mut checks = Checks::new();
-        if let Err(errors) = self.routing.validate() {
-            checks.extend(errors.0.into_iter().map(|e| e.under("routing")));
+        match self.load_monitor_interval {
+            Some(secs) => (secs * 1000.0).round().max(1.0) as u64,
+            None => self.load_monitor_interval_ms,
         }
-        for (field, value) in [
-            ("request_timeout_secs", Some(self.request_timeout_secs)),
-            ("queue_timeout_secs", Some(self.queue_timeout_secs)),
-            ("body_read_timeout_secs", Some(self.body_read_timeout_secs)),
-            ("ttfb_timeout_secs", self.ttfb_timeout_secs),
-            ("rate_limit_tokens_per_second", self.rate_limit_tokens_per_second),
-            ("load_monitor_interval", Some(self.load_monitor_interval)),
-            ("health_check_interval_secs", Some(self.health_check_interval_secs)),
-            ("health_check_timeout_secs", Some(self.health_check_timeout_secs)),
-            ("cb_timeout_duration_secs", Some(self.cb_timeout_duration_secs)),
-        ] {
-            if let Some(value) = value {
-                checks.in_range(field, value, Range::POSITIVE);
-            }
-        }
-        checks.in_range("shutdown_grace_period_secs", self.shutdown_grace_period_secs, Range::NON_NEGATIVE);
-        if let Some(ms) = self.load_monitor_interval_ms {
-            checks.at_least("load_monitor_interval_ms", ms, 1);
-        }
-        for (field, value) in [
-            ("health_failure_threshold", self.health_failure_threshold),
-            ("health_success_threshold", self.health_success_threshold),
-            ("cb_failure_threshold", self.cb_failure_threshold),
-        ] {
-            checks.at_least(field, value.into(), 1);
-        }
-        if self.max_concurrent_requests == Some(0) {
-            checks.push(
-                FieldError::new("max_concurrent_requests", "must be at least 1 (leave unset for no limit)")
-                    .got(0),
-            );
-        }
-        if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
-            checks.push(
-                FieldError::new(
-                    "retry_initial_backoff_ms",
-                    format!("must not exceed retry_max_backoff_ms ({})", self.retry_max_backoff_ms),
-                )
-                .got(self.retry_initial_backoff_ms),
-            );
-        }
-        if !self.health_check_endpoint.starts_with('/') {
-            checks.push(
-                FieldError::new("health_check_endpoint", "must be a path starting with '/'")
-                    .got(format!("{:?}", self.health_check_endpoint)),
-            );
-        }
-        for url in &self.worker_urls {
-            if let Err(message) = crate::worker::normalize_url(url) {
-                checks.push(FieldError::new("worker_urls", message));
-            }
-        }
-        self.validate_pd(&mut checks);
-        for model in self.models.keys() {
-            let parent = format!("models.{model}");
-            match self.model_routing(model) {
-                Ok(routing) => {
-                    if let Err(errors) = routing.validate() {
-                        checks.extend(errors.0.into_iter().map(|e| e.under(&parent)));
-                    }
-                }
-                Err(message) => {
-                    let message =
-                        message.strip_prefix(&format!("{parent}: ")).unwrap_or(&message).to_string();
-                    checks.push(FieldError::new(parent, message).with_flag(None));
-                }
-            }
-        }
-        if http::HeaderName::from_bytes(self.routing_key_header.as_bytes()).is_err() {
-            checks.push(
-                FieldError::new("routing_key_header", "must be a valid header name")
-                    .got(format!("{:?}", self.routing_key_header)),
-            );
-        }
-        self.validate_kv_events(&mut checks);
-        validate_client_connections(self, &mut checks);
-        checks.ensure(
-            !(self.tokenizer_path.is_some() && self.mock_tokenizer),
-            "mock_tokenizer",
-            "conflicts with tokenizer_path: give one tokenizer",
-        );
-        checks.ensure(
-            !(self.chat_template.is_some() && self.tokenizer_path.is_none()),
-            "chat_template",
-            "needs tokenizer_path (the template is rendered for that tokenizer)",
-        );
-        checks.finish()
     }
 }
 
@@ -489,74 +384,10 @@ impl GatewayConfig {
         regular.chain(prefill).chain(decode).collect()
     }
 
-    fn validate_pd(&self, errors: &mut Checks) {
-        if !self.pd_disaggregation {
-            for (field, given) in [
-                ("prefill", !self.prefill.is_empty()),
-                ("decode", !self.decode.is_empty()),
-                ("prefill_policy", self.prefill_policy.is_some()),
-                ("decode_policy", self.decode_policy.is_some()),
-            ] {
-                if given {
-                    errors.push(FieldError::new(field, "needs pd_disaggregation"));
-                }
-            }
-        }
-        let groups = prefill_groups(&self.prefill);
-        for entry in &groups {
-            match entry.as_slice() {
-                [url] | [url, _] => {
-                    if let Err(message) = crate::worker::normalize_url(url) {
-                        errors.push(FieldError::new("prefill", message));
-                    }
-                    if let Some(Err(message)) = entry.get(1).map(|port| parse_bootstrap_port(port)) {
-                        errors.push(FieldError::new("prefill", message));
-                    }
-                }
-                _ => errors.push(FieldError::new(
-                    "prefill",
-                    format!("expected URL [BOOTSTRAP_PORT], got {entry:?}"),
-                )),
-            }
-        }
-        for url in &self.decode {
-            if let Err(message) = crate::worker::normalize_url(url) {
-                errors.push(FieldError::new("decode", message));
-            }
-        }
-    }
-
     /// The KV events source of the `index`-th initial worker (validated by `validate`).
     pub fn kv_events_source(&self, index: usize) -> Result<Option<KvEventsSource>, String> {
         let Some(events) = self.kv_events_endpoints.get(index) else { return Ok(None) };
         KvEventsSource::parse(events, self.kv_events_replay_endpoints.get(index).map(String::as_str))
-    }
-
-    fn validate_kv_events(&self, errors: &mut Checks) {
-        let (urls, events, replay) = (
-            self.worker_urls.len() + prefill_groups(&self.prefill).len() + self.decode.len(),
-            self.kv_events_endpoints.len(),
-            self.kv_events_replay_endpoints.len(),
-        );
-        if events > 0 && events != urls {
-            errors.push(FieldError::new(
-                "kv_events_endpoints",
-                format!("{events} entries for {urls} worker URLs: give one per worker (`-` for none)"),
-            ));
-        }
-        if replay > 0 && replay != events {
-            errors.push(FieldError::new(
-                "kv_events_replay_endpoints",
-                format!(
-                    "{replay} entries for {events} KV events endpoints: give one per worker (`-` for none)"
-                ),
-            ));
-        }
-        for index in 0..events {
-            if let Err(message) = self.kv_events_source(index) {
-                errors.push(FieldError::new("kv_events_endpoints", message));
-            }
-        }
     }
 }
 
@@ -620,177 +451,38 @@ mod prefill_entries {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_valid_and_loopback() {
-        let config = GatewayConfig::default();
-        assert_eq!(config.host, "127.0.0.1");
-        assert_eq!(config.port, 30000);
-        assert_eq!(config.health_check_endpoint, "/health");
-        config.validate().unwrap();
-    }
-
-    #[test]
-    fn yaml_file_with_command_line_overrides() {
-        let yaml = "port: 31000\nworker_urls: [\"http://127.0.0.1:8000\"]\nrouting:\n  policy: round_robin\n  cache_threshold: 0.5\n";
-        let cli = GatewayConfig { port: 32000, ..GatewayConfig::default() };
-        let merged = GatewayConfig::with_file(yaml, &cli, &["port".to_string()]).unwrap();
-        assert_eq!(merged.port, 32000, "an explicit flag wins over the file");
-        assert_eq!(merged.worker_urls, ["http://127.0.0.1:8000"]);
-        assert_eq!(merged.routing.policy, kvgate_policy::PolicyKind::RoundRobin);
-        assert_eq!(merged.routing.cache_threshold, 0.5);
-        assert_eq!(merged.health_check_endpoint, "/health", "unset keys keep their defaults");
-        let flag =
-            GatewayConfig::with_file(yaml, &GatewayConfig::default(), &["cache_threshold".to_string()]);
-        assert_eq!(flag.unwrap().routing.cache_threshold, 0.3, "routing flags override too");
-        assert_eq!(GatewayConfig::with_file("", &cli, &[]).unwrap(), GatewayConfig::default());
-    }
-
-    #[test]
-    fn yaml_unknown_keys_and_wrong_types_are_errors() {
-        let unknown = GatewayConfig::with_file("prot: 1\n", &GatewayConfig::default(), &[]).unwrap_err();
-        assert!(unknown.contains("prot"), "{unknown}");
-        let nested =
-            GatewayConfig::with_file("routing:\n  cache_treshold: 1\n", &GatewayConfig::default(), &[]);
-        assert!(nested.unwrap_err().contains("cache_treshold"));
-        let wrong = GatewayConfig::with_file("port: many\n", &GatewayConfig::default(), &[]).unwrap_err();
-        assert!(wrong.contains("port"), "{wrong}");
-    }
-
-    #[test]
-    fn all_errors_reported_at_once() {
-        let config = GatewayConfig {
-            request_timeout_secs: f64::NAN,
-            cb_timeout_duration_secs: f64::INFINITY,
-            health_failure_threshold: 0,
-            worker_urls: vec!["ftp://x".into()],
-            ..GatewayConfig::default()
-        };
-        let fields: Vec<_> = config.validate().unwrap_err().iter().map(|e| e.field.clone()).collect();
-        assert_eq!(
-            fields,
-            ["request_timeout_secs", "cb_timeout_duration_secs", "health_failure_threshold", "worker_urls"]
-        );
-    }
-
-    #[test]
-    fn pd_workers_from_flags_and_yaml() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            config: GatewayConfig,
+/// A configuration file that does not parse as the schema: the field by its path (an unknown key
+/// named in full, e.g. `routing.cache_treshold`) and the parser's message.
+fn file_error<E: std::fmt::Display>(error: serde_path_to_error::Error<E>) -> ValidationErrors {
+    let path = error.path().to_string();
+    let mut message = error.inner().to_string();
+    // The YAML parser prefixes nested errors with their parent's path: the field says it already.
+    if let Some((prefix, rest)) = message.split_once(": ") {
+        if !prefix.contains(' ') && path.starts_with(prefix) {
+            message = rest.to_string();
         }
-        let cli = Cli::try_parse_from([
-            "kvgate",
-            "--pd-disaggregation",
-            "--prefill",
-            "http://127.0.0.1:1",
-            "8998",
-            "--prefill",
-            "http://127.0.0.1:2",
-            "--decode",
-            "http://127.0.0.1:3",
-            "--prefill-policy",
-            "cache_aware",
-            "--decode-policy",
-            "round_robin",
-            "--pd-protocol",
-            "vllm",
-        ])
-        .unwrap()
-        .config;
-        cli.validate().unwrap();
-        let workers = cli.initial_workers();
-        assert_eq!(workers.len(), 3);
-        assert_eq!((workers[0].role, workers[0].bootstrap_port), (WorkerRole::Prefill, Some(8998)));
-        assert_eq!((workers[1].role, workers[1].bootstrap_port), (WorkerRole::Prefill, None));
-        assert_eq!(workers[2].role, WorkerRole::Decode);
-        assert_eq!(cli.pd_protocol, PdProtocol::Vllm);
-        let yaml = concat!(
-            "pd_disaggregation: true\nprefill:\n  - http://127.0.0.1:1\n",
-            "  - [http://127.0.0.1:2, \"8999\"]\n  - {url: \"http://127.0.0.1:4\", bootstrap_port: 9000}\n",
-            "decode: [http://127.0.0.1:3]\n"
-        );
-        let file = GatewayConfig::with_file(yaml, &GatewayConfig::default(), &[]).unwrap();
-        file.validate().unwrap();
-        let ports: Vec<_> = file.initial_workers().iter().map(|w| w.bootstrap_port).collect();
-        assert_eq!(ports, [None, Some(8999), Some(9000), None]);
-        let bad = GatewayConfig {
-            prefill: vec!["http://127.0.0.1:1".into(), "99999".into()],
-            decode: vec!["ftp://x".into()],
-            ..GatewayConfig::default()
-        };
-        let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field.clone()).collect();
-        assert_eq!(fields, ["prefill", "decode", "prefill", "decode"]);
     }
+    let error = if path == "." {
+        FieldError::new("configuration", message).with_flag(None)
+    } else if message.starts_with("unknown field") {
+        FieldError::new(path, message).with_flag(None)
+    } else {
+        FieldError::new(path, message)
+    };
+    error.into()
+}
 
-    #[test]
-    fn the_printed_configuration_reads_back() {
+impl GatewayConfigBuilder {
+    /// The configuration, validated: every problem at once, as from the command line or a file.
+    pub fn build(&self) -> Result<GatewayConfig, ValidationErrors> {
         let config =
-            GatewayConfig { port: 31234, api_key: Some("secret".into()), ..GatewayConfig::default() };
-        let yaml = config.to_yaml().unwrap();
-        assert!(yaml.contains("port: 31234") && !yaml.contains("secret"), "{yaml}");
-        let back = GatewayConfig::with_file(&yaml, &GatewayConfig::default(), &[]).unwrap();
-        assert_eq!(back.port, 31234);
-        assert_eq!(back.routing, config.routing);
-    }
-
-    #[test]
-    fn models_get_their_own_policy_options() {
-        let yaml = "routing:\n  cache_threshold: 0.4\nmodels:\n  llama:\n    policy: CacheAware\n    cache_threshold: 0.7\n  qwen:\n    policy: manual\n";
-        let config = GatewayConfig::with_file(yaml, &GatewayConfig::default(), &[]).unwrap();
-        config.validate().unwrap();
-        let llama = config.model_routing("llama").unwrap();
-        assert_eq!((llama.policy, llama.cache_threshold), (kvgate_policy::PolicyKind::CacheAware, 0.7));
-        let qwen = config.model_routing("qwen").unwrap();
-        assert_eq!((qwen.policy, qwen.cache_threshold), (kvgate_policy::PolicyKind::Manual, 0.4));
-        assert_eq!(config.model_routing("other").unwrap(), config.routing, "unlisted models take routing:");
-        let bad = "models:\n  llama:\n    cache_treshold: 0.7\n  qwen:\n    cache_threshold: 7\n";
-        let config = GatewayConfig::with_file(bad, &GatewayConfig::default(), &[]).unwrap();
-        let errors: Vec<String> = config.validate().unwrap_err().iter().map(|e| e.to_string()).collect();
-        assert_eq!(errors.len(), 2, "{errors:?}");
-        assert!(errors[0].contains("llama") && errors[0].contains("cache_treshold"), "{errors:?}");
-        assert!(errors[1].contains("qwen") && errors[1].contains("cache_threshold"), "{errors:?}");
-    }
-
-    #[test]
-    fn kv_events_endpoints_are_one_per_worker() {
-        let urls = vec!["http://127.0.0.1:1".to_string(), "http://127.0.0.1:2".to_string()];
-        let good = GatewayConfig {
-            worker_urls: urls.clone(),
-            kv_events_endpoints: vec!["tcp://127.0.0.1:5557".into(), "-".into()],
-            kv_events_replay_endpoints: vec!["tcp://127.0.0.1:5558".into(), "-".into()],
-            ..GatewayConfig::default()
-        };
-        good.validate().unwrap();
-        assert_eq!(
-            good.kv_events_source(0).unwrap().unwrap().ranks[0].replay.as_deref(),
-            Some("tcp://127.0.0.1:5558")
-        );
-        assert_eq!(good.kv_events_source(1).unwrap(), None);
-        let bad = GatewayConfig {
-            worker_urls: urls,
-            kv_events_endpoints: vec!["tcp://*:5557".into()],
-            kv_events_replay_endpoints: vec!["-".into(), "-".into()],
-            mock_tokenizer: true,
-            tokenizer_path: Some("t.json".into()),
-            ..GatewayConfig::default()
-        };
-        let fields: Vec<_> = bad.validate().unwrap_err().iter().map(|e| e.field.clone()).collect();
-        assert_eq!(
-            fields,
-            ["kv_events_endpoints", "kv_events_replay_endpoints", "kv_events_endpoints", "mock_tokenizer"]
-        );
-        let yaml = "worker_urls: [http://127.0.0.1:1]\nkv_events_endpoints: [tcp://127.0.0.1:5557]\n\
-                    tokenizer_path: /models/m\nrouting:\n  prefix_index: exact\n";
-        let file = GatewayConfig::with_file(yaml, &GatewayConfig::default(), &[]).unwrap();
-        file.validate().unwrap();
-        assert_eq!(file.kv_events_source(0).unwrap().unwrap().ranks[0].events, "tcp://127.0.0.1:5557");
-        assert_eq!(file.routing.prefix_index, kvgate_policy::PrefixIndexMode::Exact);
-        assert_eq!(file.tokenizer_path.as_deref(), Some(std::path::Path::new("/models/m")));
+            self.assemble().map_err(|e| FieldError::new("builder", e.to_string()).with_flag(None))?;
+        config.validate()?;
+        Ok(config)
     }
 }
+
+mod validate;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+//! Validation of the gateway configuration: every problem at once, each naming its field (YAML
+//! path), flag, value and what is allowed.
+
+use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
+
+use super::{parse_bootstrap_port, prefill_groups, GatewayConfig};
+
+/// The client-connection limits and the TLS files: bounded timeouts, paths given in pairs.
+fn validate_client_connections(config: &GatewayConfig, checks: &mut Checks) {
+    for (field, value) in [
+        ("header_read_timeout_secs", config.header_read_timeout_secs),
+        ("keep_alive_timeout_secs", config.keep_alive_timeout_secs),
+    ] {
+        checks.in_range(field, value, Range::new(0.0, false, 86400.0, true));
+    }
+    if config.max_connections == 0 || config.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+        checks.push(
+            FieldError::new(
+                "max_connections",
+                format!("must be between 1 and {}", tokio::sync::Semaphore::MAX_PERMITS),
+            )
+            .got(config.max_connections),
+        );
+    }
+    for (cert_field, cert, key_field, key) in [
+        ("tls_cert_path", &config.tls_cert_path, "tls_key_path", &config.tls_key_path),
+        ("client_cert_path", &config.client_cert_path, "client_key_path", &config.client_key_path),
+    ] {
+        match (cert, key) {
+            (Some(_), None) => checks.push(FieldError::new(
+                key_field,
+                format!("must be given with {cert_field} (both or neither)"),
+            )),
+            (None, Some(_)) => checks.push(FieldError::new(
+                cert_field,
+                format!("must be given with {key_field} (both or neither)"),
+            )),
+            _ => {}
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Check every option; returns all problems at once, each naming its field (its YAML path),
+    /// its flag, the value given and what is allowed.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        if let Err(errors) = self.routing.validate() {
+            checks.extend(errors.0.into_iter().map(|e| e.under("routing")));
+        }
+        for (field, value) in [
+            ("request_timeout_secs", Some(self.request_timeout_secs)),
+            ("queue_timeout_secs", Some(self.queue_timeout_secs)),
+            ("body_read_timeout_secs", Some(self.body_read_timeout_secs)),
+            ("ttfb_timeout_secs", self.ttfb_timeout_secs),
+            ("rate_limit_tokens_per_second", self.rate_limit_tokens_per_second),
+            ("load_monitor_interval", self.load_monitor_interval),
+            ("health_check_interval_secs", Some(self.health_check_interval_secs)),
+            ("health_check_timeout_secs", Some(self.health_check_timeout_secs)),
+            ("cb_timeout_duration_secs", Some(self.cb_timeout_duration_secs)),
+        ] {
+            if let Some(value) = value {
+                checks.in_range(field, value, Range::POSITIVE);
+            }
+        }
+        checks.in_range("shutdown_grace_period_secs", self.shutdown_grace_period_secs, Range::NON_NEGATIVE);
+        checks.at_least("load_monitor_interval_ms", self.load_monitor_interval_ms, 1);
+        for (field, value) in [
+            ("health_failure_threshold", self.health_failure_threshold),
+            ("health_success_threshold", self.health_success_threshold),
+            ("cb_failure_threshold", self.cb_failure_threshold),
+        ] {
+            checks.at_least(field, value.into(), 1);
+        }
+        if self.max_concurrent_requests == Some(0) {
+            checks.push(
+                FieldError::new("max_concurrent_requests", "must be at least 1 (leave unset for no limit)")
+                    .got(0),
+            );
+        }
+        if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
+            checks.push(
+                FieldError::new(
+                    "retry_initial_backoff_ms",
+                    format!("must not exceed retry_max_backoff_ms ({})", self.retry_max_backoff_ms),
+                )
+                .got(self.retry_initial_backoff_ms),
+            );
+        }
+        if !self.health_check_endpoint.starts_with('/') {
+            checks.push(
+                FieldError::new("health_check_endpoint", "must be a path starting with '/'")
+                    .got(format!("{:?}", self.health_check_endpoint)),
+            );
+        }
+        for url in &self.worker_urls {
+            if let Err(message) = crate::worker::normalize_url(url) {
+                checks.push(FieldError::new("worker_urls", message));
+            }
+        }
+        self.validate_pd(&mut checks);
+        for model in self.models.keys() {
+            let parent = format!("models.{model}");
+            match self.model_routing(model) {
+                Ok(routing) => {
+                    if let Err(errors) = routing.validate() {
+                        checks.extend(errors.0.into_iter().map(|e| e.under(&parent)));
+                    }
+                }
+                Err(message) => {
+                    let message =
+                        message.strip_prefix(&format!("{parent}: ")).unwrap_or(&message).to_string();
+                    checks.push(FieldError::new(parent, message).with_flag(None));
+                }
+            }
+        }
+        if http::HeaderName::from_bytes(self.routing_key_header.as_bytes()).is_err() {
+            checks.push(
+                FieldError::new("routing_key_header", "must be a valid header name")
+                    .got(format!("{:?}", self.routing_key_header)),
+            );
+        }
+        self.validate_kv_events(&mut checks);
+        validate_client_connections(self, &mut checks);
+        checks.ensure(
+            !(self.tokenizer_path.is_some() && self.mock_tokenizer),
+            "mock_tokenizer",
+            "conflicts with tokenizer_path: give one tokenizer",
+        );
+        checks.ensure(
+            !(self.chat_template.is_some() && self.tokenizer_path.is_none()),
+            "chat_template",
+            "needs tokenizer_path (the template is rendered for that tokenizer)",
+        );
+        checks.finish()
+    }
+
+    fn validate_pd(&self, errors: &mut Checks) {
+        if !self.pd_disaggregation {
+            for (field, given) in [
+                ("prefill", !self.prefill.is_empty()),
+                ("decode", !self.decode.is_empty()),
+                ("prefill_policy", self.prefill_policy.is_some()),
+                ("decode_policy", self.decode_policy.is_some()),
+            ] {
+                if given {
+                    errors.push(FieldError::new(field, "needs pd_disaggregation"));
+                }
+            }
+        }
+        let groups = prefill_groups(&self.prefill);
+        for entry in &groups {
+            match entry.as_slice() {
+                [url] | [url, _] => {
+                    if let Err(message) = crate::worker::normalize_url(url) {
+                        errors.push(FieldError::new("prefill", message));
+                    }
+                    if let Some(Err(message)) = entry.get(1).map(|port| parse_bootstrap_port(port)) {
+                        errors.push(FieldError::new("prefill", message));
+                    }
+                }
+                _ => errors.push(FieldError::new(
+                    "prefill",
+                    format!("expected URL [BOOTSTRAP_PORT], got {entry:?}"),
+                )),
+            }
+        }
+        for url in &self.decode {
+            if let Err(message) = crate::worker::normalize_url(url) {
+                errors.push(FieldError::new("decode", message));
+            }
+        }
+    }
+
+    fn validate_kv_events(&self, errors: &mut Checks) {
+        let (urls, events, replay) = (
+            self.worker_urls.len() + prefill_groups(&self.prefill).len() + self.decode.len(),
+            self.kv_events_endpoints.len(),
+            self.kv_events_replay_endpoints.len(),
+        );
+        if events > 0 && events != urls {
+            errors.push(FieldError::new(
+                "kv_events_endpoints",
+                format!("{events} entries for {urls} worker URLs: give one per worker (`-` for none)"),
+            ));
+        }
+        if replay > 0 && replay != events {
+            errors.push(FieldError::new(
+                "kv_events_replay_endpoints",
+                format!(
+                    "{replay} entries for {events} KV events endpoints: give one per worker (`-` for none)"
+                ),
+            ));
+        }
+        for index in 0..events {
+            if let Err(message) = self.kv_events_source(index) {
+                errors.push(FieldError::new("kv_events_endpoints", message));
+            }
+        }
+    }
+}
