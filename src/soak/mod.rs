@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 use kvgate_engine::EngineFlags;
 use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
@@ -123,54 +124,41 @@ pub struct SoakArgs {
 }
 
 impl SoakArgs {
-    fn validate(&self) -> anyhow::Result<()> {
-        let mut problems = Vec::new();
-        if self.workers < 2 {
-            problems.push("--workers must be at least 2 (one is churned while others serve)".to_string());
+    fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        if !(2..=usize::from(u8::MAX)).contains(&self.workers) {
+            let message = "must be between 2 (one is churned while others serve) and 255";
+            checks.push(FieldError::new("workers", message).got(self.workers));
         }
-        if self.workers > usize::from(u8::MAX) {
-            problems.push("--workers must be at most 255".to_string());
+        for (field, value) in [
+            ("time_scale", self.time_scale),
+            ("rate", self.rate),
+            ("burst_rate", self.burst_rate()),
+            ("deadline_secs", self.deadline_secs),
+            ("sample_every_secs", self.sample_every_secs),
+        ] {
+            checks.in_range(field, value, Range::POSITIVE);
         }
-        let positive = [
-            ("--time-scale", self.time_scale),
-            ("--rate", self.rate),
-            ("--burst-rate", self.burst_rate()),
-            ("--deadline-secs", self.deadline_secs),
-            ("--sample-every-secs", self.sample_every_secs),
-        ];
-        for (flag, value) in positive {
-            if !(value.is_finite() && value > 0.0) {
-                problems.push(format!("{flag} must be a finite number > 0, got {value}"));
-            }
+        for (field, value) in [
+            ("steady_secs", self.steady_secs),
+            ("burst_secs", self.burst_secs),
+            ("recovery_secs", self.recovery_secs),
+            ("churn_every_secs", self.churn_every_secs),
+            ("churn_down_secs", self.churn_down_secs),
+            ("kill_down_secs", self.kill_down_secs),
+            ("idle_secs", self.idle_secs),
+            ("queue_timeout_secs", self.queue_timeout_secs),
+        ] {
+            checks.in_range(field, value, Range::NON_NEGATIVE);
         }
-        let non_negative = [
-            ("--steady-secs", self.steady_secs),
-            ("--burst-secs", self.burst_secs),
-            ("--recovery-secs", self.recovery_secs),
-            ("--churn-every-secs", self.churn_every_secs),
-            ("--churn-down-secs", self.churn_down_secs),
-            ("--kill-down-secs", self.kill_down_secs),
-            ("--idle-secs", self.idle_secs),
-            ("--queue-timeout-secs", self.queue_timeout_secs),
-        ];
-        for (flag, value) in non_negative {
-            if !(value.is_finite() && value >= 0.0) {
-                problems.push(format!("{flag} must be a finite number >= 0, got {value}"));
-            }
-        }
-        if !(0.0..=1.0).contains(&self.stream_fraction) {
-            problems.push(format!("--stream-fraction must be in [0, 1], got {}", self.stream_fraction));
-        }
-        if let Err(errors) = self.routing.validate() {
-            problems.extend(errors.iter().map(ToString::to_string));
-        }
+        checks.in_range("stream_fraction", self.stream_fraction, Range::PROBABILITY);
+        checks.nested(self.routing.validate());
         if let Some((at, _)) = self.kill() {
             if !(at.is_finite() && at >= 0.0 && at < self.steady_secs) {
-                problems.push(format!("--kill-at-secs must be within the steady phase, got {at}"));
+                checks.push(FieldError::new("kill_at_secs", "must be within the steady phase").got(at));
             }
         }
-        anyhow::ensure!(problems.is_empty(), "invalid soak options:\n{}", problems.join("\n"));
-        Ok(())
+        checks.finish()
     }
 
     fn burst_rate(&self) -> f64 {
@@ -528,6 +516,7 @@ mod tests {
         assert_eq!(parse(&["--no-kill"]).kill(), None);
         let problems =
             parse(&["--workers", "1", "--rate", "0", "--kill-at-secs", "900"]).validate().unwrap_err();
-        assert_eq!(problems.to_string().lines().count(), 5, "{problems}");
+        assert_eq!(problems.errors().len(), 4, "{problems}");
+        assert!(problems.names("workers") && problems.names("rate") && problems.names("kill_at_secs"));
     }
 }
