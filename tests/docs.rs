@@ -182,3 +182,60 @@ fn policy_names_agree_across_flag_file_and_code() {
         assert_eq!((flag.as_str(), file.as_str().unwrap()), (kind.as_str(), kind.as_str()));
     }
 }
+
+/// The out-of-range values a help text's stated range excludes (`in (0, 1]`, `> 0`, `>= 0`,
+/// `>= 1`), nearest first.
+fn excluded_by_help(help: &str) -> Vec<f64> {
+    let help = help.trim_end_matches('.');
+    let mut bad = Vec::new();
+    if help.contains("in (0, 1]") {
+        bad.extend([0.0, 1.5]);
+    } else if help.contains("in [0, 1]") {
+        bad.extend([-0.5, 1.5]);
+    } else if help.ends_with(">= 1") || help.ends_with(">= 1 (leave unset for no limit)") {
+        bad.extend([0.5, 0.0]);
+    } else if help.ends_with(">= 0") {
+        bad.push(-1.0);
+    } else if help.ends_with("> 0") || help.contains(", > 0") {
+        bad.push(0.0);
+    }
+    bad
+}
+
+#[test]
+fn the_ranges_the_help_states_are_the_ranges_validation_enforces() {
+    let schema = GatewayConfig::augment_args(Command::new("schema"));
+    let routing: Vec<String> = kvgate_policy::PolicyConfig::augment_args(Command::new("routing"))
+        .get_arguments()
+        .map(|arg| arg.get_id().to_string())
+        .collect();
+    let mut checked = 0;
+    for arg in schema.get_arguments() {
+        let id = arg.get_id().as_str();
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        let (path, yaml_of) = if routing.iter().any(|r| r == id) {
+            (
+                format!("routing.{id}"),
+                Box::new(|v: String| format!("routing:\n  {id}: {v}\n")) as Box<dyn Fn(String) -> String>,
+            )
+        } else {
+            (id.to_string(), Box::new(|v: String| format!("{id}: {v}\n")) as Box<dyn Fn(String) -> String>)
+        };
+        for bad in excluded_by_help(&help) {
+            // Integers where the field is one (a float would not parse), else the float itself.
+            let mut candidates = vec![format!("{bad:?}")];
+            if bad.fract() == 0.0 {
+                candidates.insert(0, format!("{}", bad as i64));
+            }
+            let Some(config) = candidates.into_iter().find_map(|text| {
+                GatewayConfig::with_file(&yaml_of(text), &GatewayConfig::default(), &[]).ok()
+            }) else {
+                continue; // not representable in the field's type (e.g. -1 for an unsigned count)
+            };
+            let errors = config.validate().expect_err(&format!("{path} = {bad} is outside `{help}`"));
+            assert!(errors.names(&path), "{path} = {bad}: {errors}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 25, "only {checked} stated ranges checked: has the help text's wording changed?");
+}
