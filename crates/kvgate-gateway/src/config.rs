@@ -219,6 +219,25 @@ pub struct GatewayConfig {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace_period_secs: f64,
+
+    /// Share approximate routing with the other gateway replicas through this Redis server
+    /// (`redis://HOST:PORT[/DB]`): each replica publishes what it routes (the prompt's block
+    /// hashes and the worker) and its in-flight count per worker, and applies its peers'. A lost
+    /// Redis leaves each replica routing on its own state (warning, metric) until it is back.
+    /// Unset: no sharing.
+    #[arg(long, value_name = "URL")]
+    pub replica_sync_redis_url: Option<String>,
+    /// The Redis pub/sub channel the replicas of one deployment share.
+    #[arg(long, default_value = "kvgate:replica-sync")]
+    pub replica_sync_channel: String,
+    /// Milliseconds between two publications of this replica's in-flight counts; a peer not
+    /// heard from within five intervals no longer counts.
+    #[arg(long, default_value_t = 200)]
+    pub replica_sync_interval_ms: u64,
+    /// Most prompt blocks routed by peers kept per pool (least recently used go first; about
+    /// 100 bytes each).
+    #[arg(long, default_value_t = 262144)]
+    pub replica_sync_max_blocks: usize,
 }
 
 impl Default for GatewayConfig {
@@ -422,6 +441,7 @@ impl GatewayConfig {
         }
         self.validate_kv_events(&mut errors);
         validate_client_connections(self, &mut errors);
+        self.validate_replica_sync(&mut errors);
         if self.tokenizer_path.is_some() && self.mock_tokenizer {
             errors.push(ConfigError {
                 field: "mock_tokenizer",
@@ -504,6 +524,30 @@ impl GatewayConfig {
             bootstrap_port: None,
         });
         regular.chain(prefill).chain(decode).collect()
+    }
+
+    fn validate_replica_sync(&self, errors: &mut Vec<ConfigError>) {
+        if let Some(url) = &self.replica_sync_redis_url {
+            if let Err(error) = redis::Client::open(url.as_str()) {
+                errors.push(ConfigError {
+                    field: "replica_sync_redis_url",
+                    message: format!("{url:?} is not a usable Redis URL: {error}"),
+                });
+            }
+        }
+        if self.replica_sync_channel.is_empty() {
+            errors.push(ConfigError { field: "replica_sync_channel", message: "must not be empty".into() });
+        }
+        if self.replica_sync_interval_ms == 0 {
+            errors.push(ConfigError {
+                field: "replica_sync_interval_ms",
+                message: "must be at least 1".into(),
+            });
+        }
+        if self.replica_sync_max_blocks == 0 {
+            errors
+                .push(ConfigError { field: "replica_sync_max_blocks", message: "must be at least 1".into() });
+        }
     }
 
     fn validate_pd(&self, errors: &mut Vec<ConfigError>) {
