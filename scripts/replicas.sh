@@ -6,7 +6,7 @@
 # Usage: scripts/replicas.sh [MAX]   (env: KVGATE, TRACE, TIME_SCALE, OUT)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-max=${1:-2000}
+max=${1:-1000}
 kvgate=${KVGATE:-target/release/kvgate}
 trace=${TRACE:-../shared/traces/conversation_trace.jsonl}
 scale=${TIME_SCALE:-10}
@@ -43,7 +43,10 @@ replay() { # label, urls...
   local label=$1; shift
   "$kvgate" replay --trace "$trace" --url "$@" --spread-urls --label "$label" --speedup "$scale" \
     --max-requests "$max" --flush-cache-urls "${workers[@]}" --fleet-kv-tokens $((8 * kv)) \
-    --json "$out/$label.json" > "$out/$label.md"
+    --deadline-secs 600 --json "$out/$label.json" > "$out/$label.md"
+  for w in "${workers[@]}"; do # prompt tokens per engine: how the load spread
+    curl -s "$w/metrics" | awk '/^vllm:prompt_tokens_total/ {printf "%d ", $2}'
+  done > "$out/$label.spread"
   sleep 2
 }
 replay one http://127.0.0.1:31310

@@ -307,3 +307,29 @@ async fn a_lost_redis_degrades_to_local_routing_and_reconnects() {
     }
     fleet.shutdown().await;
 }
+
+#[test]
+fn bad_replica_sync_options_are_configuration_errors() {
+    let config = GatewayConfig {
+        replica_sync_redis_url: Some("http://127.0.0.1:6379".into()),
+        replica_sync_channel: String::new(),
+        replica_sync_interval_ms: 0,
+        replica_sync_max_blocks: 0,
+        ..GatewayConfig::default()
+    };
+    let fields: Vec<_> = config.validate().unwrap_err().iter().map(|e| e.field).collect();
+    assert_eq!(
+        fields,
+        [
+            "replica_sync_redis_url",
+            "replica_sync_channel",
+            "replica_sync_interval_ms",
+            "replica_sync_max_blocks"
+        ]
+    );
+    let fine = GatewayConfig {
+        replica_sync_redis_url: Some("redis://127.0.0.1:6379/2".into()),
+        ..GatewayConfig::default()
+    };
+    assert!(fine.validate().is_ok());
+}
