@@ -235,8 +235,8 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = 200)]
     pub replica_sync_interval_ms: u64,
     /// Most prompt blocks routed by peers kept per pool (least recently used go first; about
-    /// 100 bytes each).
-    #[arg(long, default_value_t = 262144)]
+    /// 100 bytes each). A block is the tree's --block-size tokens, or 256 bytes of text.
+    #[arg(long, default_value_t = 1048576)]
     pub replica_sync_max_blocks: usize,
 }
 

@@ -5,7 +5,7 @@ use crate::block::{content_hash, ROOT_HASH};
 use crate::PromptKey;
 
 /// Text prompts are exchanged in blocks of this many UTF-8 bytes.
-pub const TEXT_BLOCK_BYTES: usize = 64;
+pub const TEXT_BLOCK_BYTES: usize = 256;
 
 /// The parent hash of a text prompt's first block (token prompts use [`ROOT_HASH`]), so that a
 /// text block never collides with a token block by construction.
