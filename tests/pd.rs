@@ -124,8 +124,9 @@ async fn vllm_prefills_one_token_then_hands_its_transfer_params_to_the_decode_si
 #[tokio::test]
 async fn a_failing_prefill_worker_gives_a_new_pair_and_never_leaves_the_decode_side_waiting() {
     for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
-        let bad = upstream("bad", "m").await;
-        let good = upstream("good", "m").await;
+        // A pool's workers are in URL order: the failing one is the one round_robin tries first.
+        let (first, second) = (upstream("bad", "m").await, upstream("good", "m").await);
+        let (bad, good) = if first.url < second.url { (first, second) } else { (second, first) };
         let d = upstream("d", "m").await;
         bad.status.store(503, Ordering::SeqCst);
         // The decode side takes a while (waiting for its KV).

@@ -66,7 +66,7 @@ pub async fn get_loads(State(state): State<SharedState>) -> impl IntoResponse {
 }
 
 /// Reject the request unless it carries the admin key (when one is configured).
-fn authorize(state: &SharedState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn authorize(state: &SharedState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = &state.config.admin_api_key else { return Ok(()) };
     if constant_time_eq(bearer_token(headers).as_bytes(), expected.as_bytes()) {
         Ok(())

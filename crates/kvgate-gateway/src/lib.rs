@@ -16,6 +16,7 @@ mod metrics;
 mod monitor;
 mod proxy;
 mod registry;
+mod replica_sync;
 mod request;
 mod role;
 mod server;

@@ -47,6 +47,7 @@ pub struct Metrics {
     pub tokenize_failures: IntCounterVec,
     pub queue_depth: IntGauge,
     pub admission_rejected: IntCounterVec,
+    pub replica_sync: crate::replica_sync::ReplicaSyncMetrics,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
     ttfb_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
     duration_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
@@ -244,6 +245,7 @@ impl Metrics {
                 "Requests refused at admission, by reason: concurrency (limit reached, no queue), queue_full, queue_timeout, rate_limited.",
                 &["reason"],
             ),
+            replica_sync: crate::replica_sync::ReplicaSyncMetrics::register(&registry),
             registry,
             ttfb_series: Default::default(),
             duration_series: Default::default(),

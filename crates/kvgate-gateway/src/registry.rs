@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use kvgate_index::{ApproxIndex, BlockIndex, InFlightBlocks};
+use kvgate_index::{ApproxIndex, BlockIndex, InFlightBlocks, PeerBlocks};
 use kvgate_policy::{build_policy, Policy, PolicyConfig, PolicyKind};
 
 use crate::kv_events::KvEventsSource;
@@ -72,6 +72,8 @@ pub struct ModelPrefix {
     pub exact: Arc<BlockIndex>,
     /// Prompts of requests in flight, held in `exact` until they end.
     pub in_flight: InFlightBlocks,
+    /// What the other gateway replicas routed (`--replica-sync-redis-url`; empty otherwise).
+    pub peers: PeerBlocks,
 }
 
 /// What a pool keeps across registry changes.
@@ -157,6 +159,8 @@ pub struct Registry {
     hints: Mutex<BTreeMap<String, PolicyKind>>,
     circuit: CircuitSettings,
     metrics: Arc<Metrics>,
+    /// Capacity of each pool's peer block index.
+    peer_blocks: usize,
 }
 
 impl Registry {
@@ -166,6 +170,7 @@ impl Registry {
         role_policies: [Option<PolicyKind>; 2],
         circuit: CircuitSettings,
         metrics: Arc<Metrics>,
+        peer_blocks: usize,
     ) -> Self {
         Self {
             snapshot: ArcSwap::from_pointee(PoolSnapshot::default()),
@@ -177,6 +182,7 @@ impl Registry {
             hints: Mutex::new(BTreeMap::new()),
             circuit,
             metrics,
+            peer_blocks,
         }
     }
 
@@ -228,6 +234,7 @@ impl Registry {
             state.policy.remove_worker(removed.id);
             state.prefix.tree.remove_tenant(removed.id);
             state.prefix.in_flight.remove_worker(removed.id);
+            state.prefix.peers.remove_tenant(removed.id);
         }
         self.publish(&mut models, workers);
         self.metrics.remove_worker(&removed.url);
@@ -276,6 +283,11 @@ impl Registry {
             if let Some(model) = worker.model() {
                 grouped.entry((model.to_string(), worker.role)).or_default().push(worker.clone());
             }
+        }
+        // Candidates in URL order: replicas registering the same workers in another order
+        // still offer the policy the same list (and break ties alike).
+        for workers in grouped.values_mut() {
+            workers.sort_by(|a, b| a.url.cmp(&b.url));
         }
         models.retain(|key, _| grouped.contains_key(key));
         let mut pools: BTreeMap<String, ModelPools> = BTreeMap::new();
@@ -329,6 +341,7 @@ impl Registry {
                     tree: ApproxIndex::new(config.tree_settings()),
                     in_flight: InFlightBlocks::new(exact.clone()),
                     exact,
+                    peers: PeerBlocks::new(self.peer_blocks),
                 })
             },
             config,

@@ -80,7 +80,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(admin::metrics))
         .route("/get_loads", get(admin::get_loads))
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
-        .route("/workers/{*url}", delete(admin::remove_worker));
+        .route("/workers/{*url}", delete(admin::remove_worker))
+        .route("/v1/route", post(proxy::route_only::route));
     for endpoint in Endpoint::ALL {
         router = router
             .route(endpoint.path(), post(move |state, request| proxy::handle(state, endpoint, request)));
@@ -150,6 +151,14 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         tokio::spawn(maintain_policies(state.clone(), shutdown_rx.clone())),
         tokio::spawn(monitor::run(state.clone(), shutdown_rx.clone())),
     ];
+    let mut background = background;
+    if let Some(sync) = &state.replica_sync {
+        background.push(tokio::spawn(crate::replica_sync::run(
+            state.clone(),
+            sync.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
     let server = tokio::spawn(listen::serve(listener, state.clone(), router(state.clone()), shutdown_rx));
     if state.config.pd_disaggregation {
         let config = &state.config;

@@ -43,6 +43,8 @@ pub struct AppState {
     pub listener_tls: Option<tokio_rustls::TlsAcceptor>,
     /// TLS to `https://` workers: the trusted CAs and the client certificate.
     pub upstream_tls: tokio_rustls::TlsConnector,
+    /// Sharing approximate routing with the other replicas (`--replica-sync-redis-url`).
+    pub replica_sync: Option<Arc<crate::replica_sync::ReplicaSync>>,
     started: Instant,
 }
 
@@ -71,6 +73,10 @@ impl AppState {
             (None, false) => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
+        let replica_sync = config
+            .replica_sync_redis_url
+            .is_some()
+            .then(|| Arc::new(crate::replica_sync::ReplicaSync::new(metrics.replica_sync.clone())));
         Ok(Self {
             tokenizer,
             registry: Registry::new(
@@ -83,6 +89,7 @@ impl AppState {
                 [config.prefill_policy, config.decode_policy],
                 circuit,
                 metrics.clone(),
+                config.replica_sync_max_blocks,
             ),
             admission: crate::admission::Admission::new(
                 config.max_concurrent_requests,
@@ -106,6 +113,7 @@ impl AppState {
             instance: HeaderValue::from_str(&format!("{:016x}", rand::random::<u64>()))
                 .expect("hex digits are a valid header value"),
             listen_addr: std::sync::OnceLock::new(),
+            replica_sync,
             started: Instant::now(),
             config,
         })

@@ -36,6 +36,7 @@ mod block;
 mod evict;
 mod matching;
 mod node;
+mod peer;
 mod prefix;
 mod tree;
 
@@ -47,6 +48,9 @@ pub use block::{
     IN_FLIGHT_RANK, ROOT_HASH,
 };
 pub use matching::PrefixMatch;
+pub use peer::{
+    prompt_blocks, prompt_hash, PeerBlocks, PeerMerged, PromptBlocks, ReadOnlyTree, TEXT_BLOCK_BYTES,
+};
 pub use prefix::{ApproxIndex, ExactRecordingTree, IndexKind, PrefixIndex, PromptKey, TreeSettings};
 pub use tree::RadixTree;
 

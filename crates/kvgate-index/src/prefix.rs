@@ -87,6 +87,29 @@ impl ApproxIndex {
         self.trees.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Token-id prompts are matched in whole blocks of this many tokens.
+    pub fn block_size(&self) -> usize {
+        self.settings.block_size
+    }
+
+    /// Like [`PrefixIndex::route`], but records nothing: what the tree would answer.
+    pub(crate) fn peek(
+        &self,
+        key: PromptKey<'_>,
+        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
+    ) -> Option<TenantId> {
+        let block_size = self.settings.block_size;
+        let matched = match key {
+            PromptKey::Text(text) if !text.is_empty() => self.lock().text.prefix_match(text.as_bytes()),
+            PromptKey::Tokens(ids) if ids.len() >= block_size => {
+                let whole_blocks = ids.len() / block_size * block_size;
+                self.lock().tokens.prefix_match(&ids[..whole_blocks])
+            }
+            _ => PrefixMatch::default(),
+        };
+        choose(&matched)
+    }
+
     /// Records that `tenant` was sent `key` at `now_ms`.
     pub fn record(&self, key: PromptKey<'_>, tenant: TenantId, now_ms: u64) {
         self.route(key, now_ms, &mut |_| Some(tenant));

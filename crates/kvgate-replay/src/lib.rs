@@ -13,7 +13,8 @@
 //! Several `--url`s are replayed one after another (never concurrently: they usually share the
 //! fleet) with the same trace and options, and reported side by side. `--flush-cache-urls` names
 //! the engines behind them; each gets `POST /flush_cache` (SGLang's endpoint) before every target's
-//! run, so each target starts from cold caches.
+//! run, so each target starts from cold caches. With `--spread-urls` the `--url`s are instead the
+//! replicas of one gateway: one run, its requests spread over them round-robin.
 
 mod error;
 mod report;
@@ -84,6 +85,10 @@ pub struct ReplayArgs {
     /// cache that large, and the hit rate as a fraction of the LRU reference [default: left out].
     #[arg(long, value_name = "TOKENS")]
     pub fleet_kv_tokens: Option<u64>,
+    /// Treat the `--url`s as the replicas of one gateway: one run whose requests are spread over
+    /// them round-robin in arrival order (as an L4 load balancer would), instead of one run per URL.
+    #[arg(long)]
+    pub spread_urls: bool,
 }
 
 impl ReplayArgs {
@@ -180,6 +185,15 @@ pub async fn run_on_trace(args: &ReplayArgs, trace: &Trace) -> Result<ReplayRepo
 /// before each and pausing `--pause-secs` between them.
 pub async fn run_all_on_trace(args: &ReplayArgs, trace: &Trace) -> Result<Vec<ReplayReport>, ReplayError> {
     args.validate()?;
+    if args.spread_urls {
+        let client = reqwest::Client::builder()
+            .build()
+            .map_err(|e| ReplayError::http("building the HTTP client", e))?;
+        flush_caches(&client, &args.flush_cache_urls).await?;
+        let label = args.label.first().cloned().unwrap_or_else(|| args.url.join(","));
+        let report = replay_one(args, trace, &client, &args.url, label).await?;
+        return Ok(vec![report]);
+    }
     let mut reports = Vec::with_capacity(args.url.len());
     for index in 0..args.url.len() {
         if index > 0 && args.pause_secs > 0.0 {
@@ -197,7 +211,7 @@ async fn run_target(args: &ReplayArgs, trace: &Trace, index: usize) -> Result<Re
     let client =
         reqwest::Client::builder().build().map_err(|e| ReplayError::http("building the HTTP client", e))?;
     flush_caches(&client, &args.flush_cache_urls).await?;
-    replay_one(args, trace, &client, &args.url[index], args.label(index)).await
+    replay_one(args, trace, &client, std::slice::from_ref(&args.url[index]), args.label(index)).await
 }
 
 /// How often a flush refused because requests are still running (HTTP 400) is retried.
@@ -252,21 +266,23 @@ pub async fn discover_model(client: &reqwest::Client, base_url: &str) -> Result<
         .ok_or_else(|| ReplayError::http(&what, format!("no model in {body}")))
 }
 
-/// Replays `trace` to `base_url` (`args.trace` only names it in the report).
+/// Replays `trace` to `base_urls`, request `i` to `base_urls[i % n]` (`args.trace` only names it
+/// in the report).
 async fn replay_one(
     args: &ReplayArgs,
     trace: &Trace,
     client: &reqwest::Client,
-    base_url: &str,
+    base_urls: &[String],
     label: String,
 ) -> Result<ReplayReport, ReplayError> {
     let trace = trace.truncated(args.max_requests);
-    let base_url = base_url.trim_end_matches('/').to_string();
+    let base_urls: Vec<String> = base_urls.iter().map(|u| u.trim_end_matches('/').to_string()).collect();
     let model = match &args.model {
         Some(model) => model.clone(),
-        None => discover_model(client, &base_url).await?,
+        None => discover_model(client, &base_urls[0]).await?,
     };
-    let url = format!("{base_url}{}", args.endpoint.path());
+    let urls: Vec<String> = base_urls.iter().map(|base| format!("{base}{}", args.endpoint.path())).collect();
+    let url = urls.join(",");
     let first_ms = trace.requests.first().map_or(0.0, |r| r.timestamp_ms);
     let offsets: Vec<Duration> = trace
         .requests
@@ -304,7 +320,8 @@ async fn replay_one(
         let send_delay = started.elapsed().saturating_sub(*offset);
         send_delay_total += send_delay;
         sent += 1;
-        let (client, url, model, request) = (client.clone(), url.clone(), model.clone(), request.clone());
+        let url = urls[(sent - 1) % urls.len()].clone();
+        let (client, model, request) = (client.clone(), model.clone(), request.clone());
         let endpoint = args.endpoint;
         tasks.spawn(async move {
             let body = request::request_body(&request, &model, endpoint);

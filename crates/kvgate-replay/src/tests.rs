@@ -269,3 +269,30 @@ async fn a_failed_flush_is_a_clear_error() {
     assert!(error.contains("flushing the cache") && error.contains("404"), "{error}");
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_urls_sends_one_run_round_robin_over_the_replicas() {
+    let (one, two) = (spawn_fleet(fast_engines()).await.unwrap(), spawn_fleet(fast_engines()).await.unwrap());
+    let path = std::env::temp_dir().join(format!("kvgate-replay-spread-{}.jsonl", std::process::id()));
+    std::fs::write(&path, TRACE).unwrap();
+    let mut args = ReplayArgs::new(&path, one.urls()[0].clone());
+    args.url.push(two.urls()[0].clone());
+    args.spread_urls = true;
+    args.rate_scale = 10.0;
+    let reports = run_all(&args).await.unwrap();
+    assert_eq!(reports.len(), 1, "one run over both URLs");
+    assert_eq!((reports[0].sent, reports[0].succeeded), (5, 5), "{:?}", reports[0].error_samples);
+    let prompts = |url: String| async move {
+        let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
+        text.lines()
+            .find(|l| l.starts_with("vllm:prompt_tokens_total"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Requests 1, 3, 5 (600 + 1100 + 1024 tokens) to the first URL, 2 and 4 to the second.
+    assert_eq!(prompts(one.urls()[0].clone()).await, 2724.0);
+    assert_eq!(prompts(two.urls()[0].clone()).await, 1000.0);
+    std::fs::remove_file(&path).unwrap();
+    one.shutdown().await;
+    two.shutdown().await;
+}

@@ -227,6 +227,25 @@ pub struct GatewayConfig {
     /// (`kvgate launch`, the Python package), not by an embedder's own runtime.
     #[arg(long, value_name = "N")]
     pub worker_threads: Option<usize>,
+
+    /// Share approximate routing with the other gateway replicas through this Redis server
+    /// (`redis://HOST:PORT[/DB]`): each replica publishes what it routes (the prompt's block
+    /// hashes and the worker) and its in-flight count per worker, and applies its peers'. A lost
+    /// Redis leaves each replica routing on its own state (warning, metric) until it is back.
+    /// Unset: no sharing.
+    #[arg(long, value_name = "URL")]
+    pub replica_sync_redis_url: Option<String>,
+    /// The Redis pub/sub channel the replicas of one deployment share.
+    #[arg(long, default_value = "kvgate:replica-sync")]
+    pub replica_sync_channel: String,
+    /// Milliseconds between two publications of this replica's in-flight counts; a peer not
+    /// heard from within five intervals no longer counts.
+    #[arg(long, default_value_t = 200)]
+    pub replica_sync_interval_ms: u64,
+    /// Most prompt blocks routed by peers kept per pool (least recently used go first; about
+    /// 100 bytes each). A block is the tree's --block-size tokens, or 256 bytes of text.
+    #[arg(long, default_value_t = 1048576)]
+    pub replica_sync_max_blocks: usize,
 }
 
 impl Default for GatewayConfig {

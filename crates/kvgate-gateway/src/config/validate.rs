@@ -122,6 +122,7 @@ impl GatewayConfig {
         }
         self.validate_kv_events(&mut checks);
         validate_client_connections(self, &mut checks);
+        self.validate_replica_sync(&mut checks);
         checks.ensure(
             !(self.tokenizer_path.is_some() && self.mock_tokenizer),
             "mock_tokenizer",
@@ -133,6 +134,20 @@ impl GatewayConfig {
             "needs tokenizer_path (the template is rendered for that tokenizer)",
         );
         checks.finish()
+    }
+
+    fn validate_replica_sync(&self, checks: &mut Checks) {
+        if let Some(url) = &self.replica_sync_redis_url {
+            if let Err(error) = redis::Client::open(url.as_str()) {
+                checks.push(FieldError::new(
+                    "replica_sync_redis_url",
+                    format!("is not a usable Redis URL: {error}"),
+                ));
+            }
+        }
+        checks.ensure(!self.replica_sync_channel.is_empty(), "replica_sync_channel", "must not be empty");
+        checks.at_least("replica_sync_interval_ms", self.replica_sync_interval_ms, 1);
+        checks.at_least("replica_sync_max_blocks", self.replica_sync_max_blocks as u64, 1);
     }
 
     fn validate_pd(&self, errors: &mut Checks) {

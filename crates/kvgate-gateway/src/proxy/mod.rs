@@ -7,6 +7,7 @@ mod attempt;
 mod pd;
 mod plan;
 mod respond;
+pub(crate) mod route_only;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -283,7 +284,7 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
     }
 }
 
-fn no_pool_error(model_count: usize, model: Option<&str>) -> ApiError {
+pub(super) fn no_pool_error(model_count: usize, model: Option<&str>) -> ApiError {
     match (model_count, model) {
         (0, _) => ApiError::NoHealthyWorker(String::new()),
         (_, Some(model)) => ApiError::ModelNotFound(model.to_string()),

@@ -5,10 +5,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvgate_index::{ExactRecordingTree, InFlightPrompt};
+use kvgate_index::{
+    prompt_blocks, prompt_hash, ExactRecordingTree, InFlightPrompt, PeerMerged, ReadOnlyTree,
+};
 use kvgate_policy::{
     Candidate, Decision, IndexKind, PrefixIndex, PrefixIndexMode, RouteRequest, RoutingKey, SelectContext,
 };
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 
 use super::Endpoint;
 use crate::error::ApiError;
@@ -100,14 +104,46 @@ impl Shape {
         tried: &[u32],
         target: Option<u32>,
     ) -> Result<RoutePlan, ApiError> {
+        self.plan_as(state, request, tried, target, Planning::Live)
+    }
+
+    /// The plan a first attempt would follow, made without recording anything: no prefix index
+    /// learns the choice, no metric counts it, no peer hears of it (`POST /v1/route`).
+    pub(super) fn dry_run(
+        &self,
+        state: &AppState,
+        request: &RouteRequest<'_>,
+    ) -> Result<RoutePlan, ApiError> {
+        self.plan_as(state, request, &[], None, Planning::DryRun)
+    }
+
+    fn plan_as(
+        &self,
+        state: &AppState,
+        request: &RouteRequest<'_>,
+        tried: &[u32],
+        target: Option<u32>,
+        planning: Planning,
+    ) -> Result<RoutePlan, ApiError> {
         match self {
-            Shape::Single(pool) => Ok(RoutePlan::Single(pick(state, pool, request, tried, target)?)),
+            Shape::Single(pool) => {
+                Ok(RoutePlan::Single(pick(state, pool, request, tried, target, planning)?))
+            }
             Shape::Pair { prefill, decode } => Ok(RoutePlan::Pair {
-                prefill: pick(state, prefill, request, tried, target)?,
-                decode: pick(state, decode, request, tried, target)?,
+                prefill: pick(state, prefill, request, tried, target, planning)?,
+                decode: pick(state, decode, request, tried, target, planning)?,
             }),
         }
     }
+}
+
+/// Whether a plan is for real or a dry run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Planning {
+    /// The choice is recorded (prefix tree, metrics, peers).
+    Live,
+    /// Nothing is recorded (the policy's own state aside).
+    DryRun,
 }
 
 /// One worker chosen by its pool's policy.
@@ -145,6 +181,7 @@ fn pick(
     request: &RouteRequest<'_>,
     tried: &[u32],
     target: Option<u32>,
+    planning: Planning,
 ) -> Result<Pick, ApiError> {
     if let Some(worker) = target.and_then(|id| pool.workers.iter().find(|w| w.id == id)) {
         if tried.contains(&worker.id) || !worker.is_routable(Instant::now()) {
@@ -154,10 +191,12 @@ fn pick(
             )));
         }
         let decision = Decision::plain(worker.id, kvgate_policy::Reason::TargetWorker);
-        state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
+        if planning == Planning::Live {
+            state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
+        }
         return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone() });
     }
-    choose(state, pool, request, tried)
+    choose(state, pool, request, tried, planning)
         .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
         .ok_or_else(|| {
             let side = match pool.role {
@@ -168,15 +207,21 @@ fn pick(
         })
 }
 
-/// Ask the pool's policy for a routable worker that has not been tried yet.
+/// Ask the pool's policy for a routable worker that has not been tried yet. Candidates count
+/// the peers' requests in flight as well as this replica's; ties are broken by an RNG seeded
+/// from the prompt, so replicas with the same state decide alike.
 fn choose(
     state: &AppState,
     pool: &ModelPool,
     request: &RouteRequest<'_>,
     tried: &[u32],
+    planning: Planning,
 ) -> Option<(Arc<Worker>, Decision)> {
     let now = Instant::now();
     let loads = state.loads.load();
+    let peer_in_flight = state.replica_sync.as_ref().map(|sync| sync.peer_in_flight());
+    let peers_on =
+        |url: &str| peer_in_flight.as_ref().and_then(|counts| counts.get(url)).copied().unwrap_or(0);
     let mut events_flowing = true;
     let candidates: Vec<Candidate> = pool
         .workers
@@ -184,16 +229,44 @@ fn choose(
         .filter(|w| !tried.contains(&w.id) && w.is_routable(now))
         .map(|w| {
             events_flowing &= w.kv_events_flowing();
-            Candidate { id: w.id, in_flight: w.in_flight(), load: loads.get(&w.id).copied() }
+            Candidate {
+                id: w.id,
+                in_flight: w.in_flight() + peers_on(&w.url),
+                load: loads.get(&w.id).copied(),
+            }
         })
         .collect();
     if candidates.is_empty() {
         return None;
     }
-    let exact = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
-    let prefix_index: &dyn PrefixIndex =
-        if use_exact_index(pool, request, events_flowing) { &exact } else { &pool.prefix.tree };
-    let mut rng = rand::rng();
+    let live = planning == Planning::Live;
+    let exact_index = use_exact_index(pool, request, events_flowing);
+    let recording = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
+    let read_only = ReadOnlyTree(&pool.prefix.tree);
+    let local: &dyn PrefixIndex = match (exact_index, live) {
+        (true, true) => &recording,
+        (true, false) => &*pool.prefix.exact,
+        (false, true) => &pool.prefix.tree,
+        (false, false) => &read_only,
+    };
+    // Approximate routing across replicas: the tree merged with what the peers routed.
+    let sync = state.replica_sync.as_deref().filter(|_| !exact_index);
+    let blocks = match (sync, request.key.prompt()) {
+        (Some(_), Some(key)) => Some(prompt_blocks(key, pool.prefix.tree.block_size())),
+        _ => None,
+    };
+    let merged;
+    let prefix_index: &dyn PrefixIndex = match &blocks {
+        Some(blocks) => {
+            merged = PeerMerged { local, peers: &pool.prefix.peers, blocks };
+            &merged
+        }
+        None => local,
+    };
+    let mut rng = match request.key.prompt() {
+        Some(key) => SmallRng::seed_from_u64(prompt_hash(key)),
+        None => SmallRng::from_rng(&mut rand::rng()),
+    };
     let mut ctx = SelectContext {
         now_ms: state.now_ms(),
         load_poll_interval_ms: state.load_poll_interval_ms,
@@ -201,8 +274,20 @@ fn choose(
         prefix_index: Some(prefix_index),
     };
     let decision = pool.policy.select(request, &candidates, &mut ctx).ok()?;
-    state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
     let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
+    if live {
+        state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
+        if let (Some(sync), Some(blocks)) = (sync, blocks) {
+            if decision.index == Some(IndexKind::Approximate) && !blocks.hashes.is_empty() {
+                sync.publish(crate::replica_sync::Routed {
+                    model: pool.model.clone(),
+                    role: pool.role,
+                    worker: worker.url.clone(),
+                    hashes: blocks.hashes,
+                });
+            }
+        }
+    }
     Some((worker, decision))
 }
 

@@ -1,0 +1,118 @@
+//! `POST /v1/route`: the routing decision a request would get, without forwarding it. The body
+//! is the request as a client would send it (the endpoint is `?endpoint=` or inferred from the
+//! body); the answer names the worker (or the prefill and decode pair), the reason and the
+//! prefix index consulted. Nothing is recorded: no prefix index learns the choice, no metric or
+//! peer replica hears of it, and no request reaches a worker (policies with per-request state of
+//! their own, such as round_robin's counter, still advance it). Behind the admin key.
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use kvgate_policy::{RouteRequest, RoutingKey};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::plan::{Pick, RoutePlan, Shape};
+use super::{no_pool_error, Endpoint};
+use crate::error::ApiError;
+use crate::request::{estimate_tokens, OwnedKey, RequestFields};
+use crate::state::SharedState;
+
+#[derive(Debug, Deserialize)]
+pub struct RouteQuery {
+    /// `chat_completions`, `completions`, `generate` or `embeddings` (the metrics labels).
+    endpoint: Option<String>,
+}
+
+pub async fn route(
+    State(state): State<SharedState>,
+    Query(query): Query<RouteQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match decide(&state, &query, &headers, &body) {
+        Ok(answer) => Json(answer).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// The endpoint named by the query, else the one the body's fields belong to.
+fn endpoint(query: &RouteQuery, fields: &RequestFields<'_>) -> Result<Endpoint, ApiError> {
+    if let Some(label) = &query.endpoint {
+        return Endpoint::ALL.into_iter().find(|e| e.label() == label).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "unknown endpoint {label:?}: chat_completions, completions, generate or embeddings"
+            ))
+        });
+    }
+    Ok(if fields.messages.is_some() {
+        Endpoint::ChatCompletions
+    } else if fields.prompt.is_some() {
+        Endpoint::Completions
+    } else if fields.input.is_some() {
+        Endpoint::Embeddings
+    } else {
+        Endpoint::Generate
+    })
+}
+
+fn decide(
+    state: &SharedState,
+    query: &RouteQuery,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Value, ApiError> {
+    crate::admin::authorize(state, headers)?;
+    if body.len() > state.config.max_payload_size {
+        return Err(ApiError::PayloadTooLarge(state.config.max_payload_size));
+    }
+    let fields = RequestFields::parse(body).map_err(ApiError::BadRequest)?;
+    let endpoint = endpoint(query, &fields)?;
+    let snapshot = state.registry.snapshot();
+    let pools = match snapshot.pool_for(fields.model.as_deref()) {
+        Some(pools) => pools.clone(),
+        None => return Err(no_pool_error(snapshot.models.len(), fields.model.as_deref())),
+    };
+    drop(snapshot);
+    let shape = Shape::of(state, &pools, endpoint)?;
+    fields.check(endpoint).map_err(ApiError::BadRequest)?;
+    let key = if shape.needs_routing_key() {
+        crate::tokenize::routing_key(state, shape.key_pool(), endpoint, &fields, body)
+    } else {
+        OwnedKey::None
+    };
+    let session = headers
+        .get(&state.routing_key_header)
+        .and_then(|value| value.to_str().ok())
+        .or(fields.user.as_deref());
+    let request = RouteRequest {
+        key: match &key {
+            OwnedKey::None => RoutingKey::None,
+            OwnedKey::Text(text) => RoutingKey::Text(text),
+            OwnedKey::Tokens(ids) => RoutingKey::Tokens(ids),
+        },
+        prompt_tokens: estimate_tokens(&key),
+        session,
+    };
+    Ok(match shape.dry_run(state, &request)? {
+        RoutePlan::Single(pick) => describe(&pick, endpoint),
+        RoutePlan::Pair { prefill, decode } => {
+            json!({"endpoint": endpoint.label(), "prefill": describe(&prefill, endpoint), "decode": describe(&decode, endpoint)})
+        }
+    })
+}
+
+fn describe(pick: &Pick, endpoint: Endpoint) -> Value {
+    let decision = &pick.decision;
+    json!({
+        "endpoint": endpoint.label(),
+        "model": pick.pool.model,
+        "worker": pick.worker.url,
+        "reason": decision.reason.as_str(),
+        "index": decision.index.map(|index| index.as_str()),
+        "chosen_match_rate": decision.matches.map(|m| m.chosen_match_rate),
+        "best_match_rate": decision.matches.map(|m| m.best_match_rate),
+    })
+}
