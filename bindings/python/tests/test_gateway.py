@@ -154,3 +154,26 @@ def test_python_m_kvgate_launch_serves_and_stops_on_ctrl_c() -> None:
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT")
+def test_ctrl_c_stops_a_blocking_start_and_raises_keyboard_interrupt() -> None:
+    script = """
+import os, signal, threading, time
+import kvgate
+gateway = kvgate.Gateway(port=0, mock_workers=1, log_level="warn")
+def interrupt():
+    for _ in range(200):
+        if gateway.running:
+            break
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=interrupt, daemon=True).start()
+try:
+    gateway.start()
+except KeyboardInterrupt:
+    print("interrupted; running:", gateway.running)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted; running: False"
