@@ -78,8 +78,9 @@ fn init_logging(level: &str, json: bool) {
 }
 
 /// The mock fleet options for the demos: reference engines of `role`, default model name, KV
-/// events and their replay on free ports (and, for prefill engines, bootstrap ports).
-fn demo_fleet(count: usize, role: kvgate_mock::WorkerRole) -> MockArgs {
+/// events and their replay on free ports (and, for prefill engines, bootstrap ports). Public for
+/// the Python package's `Gateway(mock_workers=N)`.
+pub fn demo_fleet(count: usize, role: kvgate_mock::WorkerRole) -> MockArgs {
     MockArgs {
         count,
         role,
@@ -93,7 +94,7 @@ fn demo_fleet(count: usize, role: kvgate_mock::WorkerRole) -> MockArgs {
 /// Routes to the in-process fleets: their URLs (by role), KV event endpoints in the gateway's
 /// worker order (--worker-urls, --prefill, --decode), and (unless the user gave a tokenizer) the
 /// engines' own tokenizer.
-fn wire_fleets(config: &mut GatewayConfig, fleets: &[kvgate_mock::MockFleet]) {
+pub fn wire_fleets(config: &mut GatewayConfig, fleets: &[kvgate_mock::MockFleet]) {
     use kvgate_mock::WorkerRole;
     let of_role = |role: WorkerRole| fleets.iter().filter(move |fleet| fleet.role() == role);
     // Workers given on the command line have no KV events (unless given).

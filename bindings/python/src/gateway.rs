@@ -1,0 +1,195 @@
+//! `kvgate._kvgate._Gateway`: a gateway configured from Python values (checked by the same serde
+//! declaration and validation as the YAML file), run on a tokio runtime of its own, optionally in
+//! front of simulated engines started in-process.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use kvgate_gateway::{GatewayConfig, GatewayHandle, StartError};
+use kvgate_mock::{MockFleet, WorkerRole};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+/// How often a blocking `start()` checks for Ctrl-C and for `stop()` from another thread.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Longest wait for the runtime's remaining tasks after a graceful stop.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A started gateway: its runtime, handle, the simulated engines in front of which it runs.
+struct Running {
+    runtime: tokio::runtime::Runtime,
+    handle: GatewayHandle,
+    fleets: Vec<MockFleet>,
+    url: String,
+}
+
+/// The gateway behind `kvgate.Gateway` (the keyword handling is in `kvgate/__init__.py`).
+#[pyclass(module = "kvgate._kvgate", name = "_Gateway", frozen)]
+pub struct PyGateway {
+    config: GatewayConfig,
+    mock_workers: usize,
+    running: Mutex<Option<Running>>,
+}
+
+/// Python values (a dict of YAML keys, routing options under `routing`) as a configuration:
+/// NaN and infinities are carried as numbers and refused by validation.
+pub fn config_from_python(options: &Bound<'_, PyAny>) -> PyResult<GatewayConfig> {
+    let value: serde_norway::Value = pythonize::depythonize(options)
+        .map_err(|error| PyValueError::new_err(format!("invalid configuration: {error}")))?;
+    let config: GatewayConfig = serde_path_to_error::deserialize(value)
+        .map_err(|error| PyValueError::new_err(format!("invalid {}: {}", error.path(), error.inner())))?;
+    config.validate().map_err(|errors| PyValueError::new_err(StartError::Config(errors).to_string()))?;
+    Ok(config)
+}
+
+impl PyGateway {
+    fn lock(&self) -> MutexGuard<'_, Option<Running>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Log to stderr at the configuration's level (the first gateway of the process sets it).
+fn init_logging(config: &GatewayConfig) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // An error only means a subscriber is already installed.
+    let _ = if config.log_json { builder.json().try_init() } else { builder.try_init() };
+}
+
+/// Start the runtime, the simulated engines and the gateway; returns once it listens.
+fn launch(mut config: GatewayConfig, mock_workers: usize) -> Result<Running, PyErr> {
+    init_logging(&config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kvgate")
+        .build()
+        .map_err(|error| PyOSError::new_err(format!("cannot start the async runtime: {error}")))?;
+    let (handle, fleets) = runtime.block_on(async {
+        let mut fleets = Vec::new();
+        if mock_workers > 0 {
+            let fleet = kvgate_mock::spawn_fleet(kvgate::demo_fleet(mock_workers, WorkerRole::Regular))
+                .await
+                .map_err(|error| PyOSError::new_err(format!("starting the mock engines: {error:#}")))?;
+            fleets.push(fleet);
+            kvgate::wire_fleets(&mut config, &fleets);
+        }
+        match kvgate_gateway::start(config).await {
+            Ok(handle) => Ok((handle, fleets)),
+            Err(error) => {
+                for fleet in fleets {
+                    fleet.shutdown().await;
+                }
+                Err(match error {
+                    StartError::Config(_) => PyValueError::new_err(error.to_string()),
+                    StartError::Bind { .. } => PyOSError::new_err(error.to_string()),
+                    StartError::State(_) => PyRuntimeError::new_err(error.to_string()),
+                })
+            }
+        }
+    })?;
+    let url = handle.url();
+    Ok(Running { runtime, handle, fleets, url })
+}
+
+/// Graceful stop: no new connections, in-flight requests finish (up to the grace period).
+fn shut_down(running: Running) {
+    let Running { runtime, handle, fleets, .. } = running;
+    runtime.block_on(async {
+        handle.shutdown().await;
+        for fleet in fleets {
+            fleet.shutdown().await;
+        }
+    });
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+}
+
+#[pymethods]
+impl PyGateway {
+    /// `config`: a dict of configuration keys (routing options under `routing`);
+    /// `mock_workers`: simulated engines to start in-process and route to.
+    #[new]
+    #[pyo3(signature = (config, mock_workers = 0))]
+    fn new(config: &Bound<'_, PyAny>, mock_workers: usize) -> PyResult<Self> {
+        Ok(PyGateway { config: config_from_python(config)?, mock_workers, running: Mutex::new(None) })
+    }
+
+    /// Start in the background; returns the URL once the gateway listens.
+    fn start_background(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| {
+            let mut running = self.lock();
+            if running.is_some() {
+                return Err(PyRuntimeError::new_err("the gateway is already running"));
+            }
+            let started = launch(self.config.clone(), self.mock_workers)?;
+            let url = started.url.clone();
+            *running = Some(started);
+            Ok(url)
+        })
+    }
+
+    /// Run until `stop()` (from another thread) or Ctrl-C, which stops gracefully and raises
+    /// `KeyboardInterrupt`.
+    fn start(&self, py: Python<'_>) -> PyResult<()> {
+        self.start_background(py)?;
+        loop {
+            let stopped = py.detach(|| {
+                std::thread::sleep(POLL_INTERVAL);
+                self.lock().is_none()
+            });
+            if stopped {
+                return Ok(());
+            }
+            if let Err(interrupt) = py.check_signals() {
+                self.stop(py);
+                return Err(interrupt);
+            }
+        }
+    }
+
+    /// Stop gracefully (a no-op when not running).
+    fn stop(&self, py: Python<'_>) {
+        py.detach(|| {
+            let running = self.lock().take();
+            if let Some(running) = running {
+                shut_down(running);
+            }
+        });
+    }
+
+    /// The gateway's URL while it runs (`http://127.0.0.1:PORT`, the chosen port for port 0).
+    #[getter]
+    fn url(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| self.lock().as_ref().map(|running| running.url.clone()))
+            .ok_or_else(|| PyRuntimeError::new_err("the gateway is not running: call start_background()"))
+    }
+
+    /// Whether the gateway is running.
+    #[getter]
+    fn running(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.lock().is_some())
+    }
+
+    /// The effective configuration as YAML, as `kvgate launch --print-config` prints it.
+    fn to_yaml(&self) -> PyResult<String> {
+        self.config.to_yaml().map_err(PyValueError::new_err)
+    }
+
+    /// The effective configuration as a dict: the YAML of `to_yaml()` (secrets shown as
+    /// `<set>`), routing options under `routing`.
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let yaml = self.to_yaml()?;
+        let value: serde_norway::Value =
+            serde_norway::from_str(&yaml).map_err(|error| PyValueError::new_err(error.to_string()))?;
+        pythonize::pythonize(py, &value).map_err(|error| PyValueError::new_err(error.to_string()))
+    }
+}
+
+impl Drop for PyGateway {
+    /// A gateway garbage-collected while running is stopped at once, without waiting.
+    fn drop(&mut self) {
+        if let Some(running) = self.running.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
+            running.runtime.shutdown_background();
+        }
+    }
+}
