@@ -60,7 +60,11 @@ fn init_logging(config: &GatewayConfig) {
 /// Start the runtime, the simulated engines and the gateway; returns once it listens.
 fn launch(mut config: GatewayConfig, mock_workers: usize) -> Result<Running, PyErr> {
     init_logging(&config);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = config.worker_threads.filter(|&n| n > 0) {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder
         .enable_all()
         .thread_name("kvgate")
         .build()

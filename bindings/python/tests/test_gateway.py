@@ -92,13 +92,18 @@ def test_invalid_values_raise_every_problem_with_the_command_lines_messages() ->
     with pytest.raises(ValueError) as raised:
         kvgate.Gateway(cache_threshold=7, health_failure_threshold=0, request_timeout_secs=math.nan)
     message = str(raised.value)
-    for field in ("cache_threshold", "health_failure_threshold", "request_timeout_secs"):
-        assert f"invalid {field}:" in message, message
+    for line in (
+        "invalid routing.cache_threshold (--cache-threshold): must be a finite number in (0, 1], got 7",
+        "invalid request_timeout_secs (--request-timeout-secs): must be a finite number in (0, inf), got NaN",
+        "invalid health_failure_threshold (--health-failure-threshold): must be at least 1, got 0",
+    ):
+        assert line in message, message
+    assert message.startswith("invalid configuration (3 problems):"), message
     cli = run_cli("launch", "--cache-threshold", "7", "--health-failure-threshold", "0",
                   "--request-timeout-secs", "NaN", "--port", "0")
     assert cli.returncode != 0
     assert cli.stderr.strip() == f"kvgate: {message}", "the same messages as the command line"
-    with pytest.raises(ValueError, match="invalid cb_timeout_duration_secs: must be a finite number"):
+    with pytest.raises(ValueError, match=r"invalid cb_timeout_duration_secs \(--cb-timeout-duration-secs\): must be a finite"):
         kvgate.Gateway(cb_timeout_duration_secs=math.inf)
 
 

@@ -64,7 +64,7 @@ def test_simulate_returns_the_command_lines_report(trace: Path, tmp_path: Path) 
 def test_simulate_checks_keywords_and_values(trace: Path) -> None:
     with pytest.raises(TypeError, match="unexpected keyword argument 'worker'; did you mean 'workers'"):
         kvgate.simulate(trace=trace, worker=4)
-    with pytest.raises(ValueError, match="--rate-scale must be a finite number > 0, got NaN"):
+    with pytest.raises(ValueError, match=r"invalid rate_scale \(--rate-scale\): must be a finite number > 0, got NaN"):
         kvgate.simulate(trace=trace, rate_scale=math.nan)
     with pytest.raises(ValueError, match="invalid value 'many' for '--workers"):
         kvgate.simulate(trace=trace, workers="many")

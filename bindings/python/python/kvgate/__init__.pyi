@@ -60,8 +60,8 @@ class Gateway:
         tokenizer_path: str | os.PathLike[str] | None = None,
         chat_template: str | os.PathLike[str] | None = None,
         mock_tokenizer: bool = False,
-        load_monitor_interval: float = 1.0,
-        load_monitor_interval_ms: int | None = None,
+        load_monitor_interval_ms: int = 1000,
+        load_monitor_interval: float | None = None,
         request_timeout_secs: float = 1800.0,
         max_payload_size: int = 536870912,
         max_concurrent_requests: int | None = None,
@@ -98,6 +98,11 @@ class Gateway:
         log_json: bool = False,
         expose_routing_headers: bool = False,
         shutdown_grace_period_secs: float = 30.0,
+        worker_threads: int | None = None,
+        replica_sync_redis_url: str | None = None,
+        replica_sync_channel: str = 'kvgate:replica-sync',
+        replica_sync_interval_ms: int = 200,
+        replica_sync_max_blocks: int = 1048576,
         routing: Mapping[str, Any] | None = None,
         models: Mapping[str, Mapping[str, Any]] | None = None,
         mock_workers: int = 0,
@@ -199,10 +204,10 @@ class Gateway:
         chat_template: Chat template file (Jinja) overriding the tokenizer's
         mock_tokenizer: Tokenize as kvgate's simulated engines do (one word = one token); set by
             `launch --mock-workers`
-        load_monitor_interval: Seconds between engine load polls (used only while a policy
-            consumes loads)
-        load_monitor_interval_ms: Milliseconds between engine load polls; overrides --load-
-            monitor-interval
+        load_monitor_interval_ms: Milliseconds between engine load polls (used only while a
+            policy consumes loads); the same flag as `kvgate sim`'s
+        load_monitor_interval: Deprecated spelling of the load poll interval, in seconds; when
+            given it wins over --load-monitor-interval-ms
         request_timeout_secs: Deadline for a worker's response headers, in seconds
         max_payload_size: Largest accepted request body in bytes; larger bodies get 413
         max_concurrent_requests: Most requests proxied at once; further requests wait in the
@@ -261,6 +266,20 @@ class Gateway:
             responses
         shutdown_grace_period_secs: Seconds in-flight requests may take to finish after
             SIGTERM/SIGINT
+        worker_threads: Threads of the async runtime (default: one per CPU core); used where the
+            runtime is built (`kvgate launch`, the Python package), not by an embedder's own
+            runtime
+        replica_sync_redis_url: Share approximate routing with the other gateway replicas
+            through this Redis server (`redis://HOST:PORT[/DB]`): each replica publishes what it
+            routes (the prompt's block hashes and the worker) and its in-flight count per
+            worker, and applies its peers'. A lost Redis leaves each replica routing on its own
+            state (warning, metric) until it is back. Unset: no sharing
+        replica_sync_channel: The Redis pub/sub channel the replicas of one deployment share
+        replica_sync_interval_ms: Milliseconds between two publications of this replica's in-
+            flight counts; a peer not heard from within five intervals no longer counts
+        replica_sync_max_blocks: Most prompt blocks routed by peers kept per pool (least
+            recently used go first; about 100 bytes each). A block is the tree's --block-size
+            tokens, or 256 bytes of text
         routing: Routing options as a map (or give them flat).
         models: Per-model routing: model name -> routing options laid over the others.
         mock_workers: Also start this many simulated engines in-process and route to them (the
@@ -434,7 +453,8 @@ def simulate(
     kv_capacity_tokens: KV cache capacity per engine in tokens [default: 262144]
     kv_block_size: Tokens per KV block of the engines [default: 16]
     disable_prefix_cache: Turn the engines' prefix cache off
-    rate_scale: Trace timestamps are divided by this (2 = twice the request rate)
+    rate_scale: Trace timestamps are divided by this (2 = twice the request rate; `--speedup` is
+        an alias, as in `kvgate replay`)
     max_requests: Replay only the first K requests (in arrival order)
     load_monitor_interval_ms: Simulated load monitor: every engine's load is sampled this often
         (virtual ms)
