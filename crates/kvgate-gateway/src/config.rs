@@ -219,6 +219,23 @@ pub struct GatewayConfig {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace_period_secs: f64,
+    /// Serve client connections on this many I/O threads (default: one per CPU core), each with
+    /// its own single-threaded runtime, its own SO_REUSEPORT listener and its own upstream
+    /// connections, so a connection's requests never cross threads (nginx's worker model); 0
+    /// serves them on the main multi-threaded runtime (--worker-threads) instead.
+    #[arg(long, value_name = "N")]
+    pub io_threads: Option<usize>,
+}
+
+/// Most `--io-threads`.
+const MAX_IO_THREADS: usize = 1024;
+
+impl GatewayConfig {
+    /// How many I/O threads serve client connections (`--io-threads`, by default one per core);
+    /// 0 when they are served on the caller's runtime.
+    pub fn io_thread_count(&self) -> usize {
+        self.io_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
 }
 
 impl Default for GatewayConfig {
@@ -245,6 +262,12 @@ fn validate_client_connections(config: &GatewayConfig, errors: &mut Vec<ConfigEr
                 message: format!("must be a number of seconds > 0 and <= 86400, got {value}"),
             });
         }
+    }
+    if let Some(threads) = config.io_threads.filter(|&n| n > MAX_IO_THREADS) {
+        errors.push(ConfigError {
+            field: "io_threads",
+            message: format!("must be at most {MAX_IO_THREADS}, got {threads}"),
+        });
     }
     if config.max_connections == 0 || config.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
         errors.push(ConfigError {
