@@ -86,3 +86,36 @@ pub fn spawn_io_threads(
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn listeners_share_one_port_and_each_accepts() {
+        let listeners = bind("127.0.0.1:0", 3).await.unwrap();
+        assert_eq!(listeners.len(), 3);
+        let port = listeners[0].local_addr().unwrap().port();
+        assert!(listeners.iter().all(|l| l.local_addr().unwrap().port() == port), "one port for all");
+        // The kernel spreads connections over the listeners: every one of them gets some.
+        let mut accepted = [0usize; 3];
+        let mut clients = Vec::new();
+        for _ in 0..60 {
+            clients.push(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+            for (index, listener) in listeners.iter().enumerate() {
+                let ready = tokio::time::timeout(std::time::Duration::from_millis(1), listener.accept());
+                if let Ok(Ok(_)) = ready.await {
+                    accepted[index] += 1;
+                }
+            }
+        }
+        assert!(accepted.iter().all(|&n| n > 0), "accepted per listener: {accepted:?}");
+    }
+
+    #[tokio::test]
+    async fn one_listener_needs_no_reuseport() {
+        let listeners = bind("127.0.0.1:0", 1).await.unwrap();
+        assert_eq!(listeners.len(), 1);
+        assert!(bind("not an address", 2).await.is_err());
+    }
+}
