@@ -230,13 +230,14 @@ async fn main() {
         let direct = load(&urls[0], body.clone(), clients, secs).await;
         let mut measured: Vec<Measured> = Vec::new();
         for target in targets.iter().map(String::as_str) {
-            let server = match start_target(target, &urls, &threads, &silent_events, tokenizer_dir, &nginx_binary) {
-                Ok(server) => server,
-                Err(skipped) => {
-                    println!("| {round} | {} | {skipped}: skipped | | | | | | | |", label(target));
-                    continue;
-                }
-            };
+            let server =
+                match start_target(target, &urls, &threads, &silent_events, tokenizer_dir, &nginx_binary) {
+                    Ok(server) => server,
+                    Err(skipped) => {
+                        println!("| {round} | {} | {skipped}: skipped | | | | | | | |", label(target));
+                        continue;
+                    }
+                };
             let cpu_before = server.cpu_seconds();
             let run = load(server.url(), body.clone(), clients, secs).await;
             let cpu = server.cpu_seconds() - cpu_before;

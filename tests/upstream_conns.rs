@@ -72,7 +72,10 @@ async fn both_serving_modes_proxy_and_reuse_their_upstream_connections() {
         futures_util::future::join_all(sends).await;
         assert_eq!(up.requests.load(Ordering::SeqCst), 30, "io_threads {io_threads}");
         let peers = up.peers.lock().unwrap().len();
-        assert!((1..=6).contains(&peers), "io_threads {io_threads}: 30 requests, 6 at a time, {peers} connections");
+        assert!(
+            (1..=6).contains(&peers),
+            "io_threads {io_threads}: 30 requests, 6 at a time, {peers} connections"
+        );
         gw.shutdown().await;
     }
 }

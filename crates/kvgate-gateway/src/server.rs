@@ -99,7 +99,8 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     let listeners = listen::bind(&addr, io_threads)
         .await
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
-    let local_addr = listeners[0].local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
+    let local_addr =
+        listeners[0].local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
     let _ = state.listen_addr.set(local_addr);
 
