@@ -12,8 +12,17 @@
 //! the tokenizer and the exact index's bookkeeping are added), with the mock engines' tokenizer
 //! (`tokenize_mock`) or the shipped Hugging Face test tokenizer and chat template (`tokenize_hf`).
 //!
+//! The reference a gateway is held to is nginx (`nginx`: 2 worker processes, `nginx1`: one;
+//! `o1/nginx.rs`), configured as users write a reverse proxy and started and stopped by the bench
+//! (skipped, with a note, when `/usr/sbin/nginx` or `$O1_NGINX` is not there). Every row of a
+//! round also gives its requests/s and CPU per request relative to nginx's (2 workers).
+//!
 //! `cargo bench --bench o1` (env: O1_SECS=20, O1_CLIENTS=64, O1_PROMPT_BYTES=8192, O1_ROUNDS=1,
-//! O1_GATEWAY_THREADS=0, O1_TARGETS=bare,round_robin,cache_aware; also tokenize_mock, tokenize_hf).
+//! O1_GATEWAY_THREADS=0, O1_TARGETS=bare,nginx,round_robin,cache_aware; also nginx1,
+//! tokenize_mock, tokenize_hf; `POLICY/shared` runs kvgate with `--io-threads 0`).
+
+#[path = "o1/nginx.rs"]
+mod nginx;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -199,7 +208,7 @@ async fn main() {
 
     let threads = std::env::var("O1_GATEWAY_THREADS").unwrap_or_else(|_| "0".into());
     let targets: Vec<String> = std::env::var("O1_TARGETS")
-        .unwrap_or_else(|_| "bare,round_robin,cache_aware".into())
+        .unwrap_or_else(|_| "bare,nginx,round_robin,cache_aware".into())
         .split(',')
         .map(|t| t.trim().to_string())
         .filter(|t| !t.is_empty())
@@ -208,76 +217,198 @@ async fn main() {
     // Workers that declare KV events nobody publishes: tokenization runs, the index stays empty.
     let silent_events: Vec<String> = urls.iter().map(|_| "tcp://127.0.0.1:1".to_string()).collect();
     let rounds = env_or("O1_ROUNDS", 1).max(1);
+    let nginx_binary = nginx::binary();
     println!(
         "O1: {clients} clients, {secs} s per run, body {} bytes, 4 canned engines, gateway threads {threads} (0 = one per core), {rounds} round(s)",
         body.len()
     );
-    println!("| round | target | req/s | p50 ms | p99 ms | errors | vs direct | proxy CPU us/req |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let mut ratios: Vec<(String, f64)> = Vec::new();
+    println!("| round | target | req/s | p50 ms | p99 ms | errors | vs direct | vs nginx | proxy CPU us/req | CPU vs nginx |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut results: Vec<Measured> = Vec::new();
     for round in 1..=rounds {
-        // Direct and through-gateway runs alternate, so each ratio compares neighbours in time.
+        // Direct and proxied runs alternate, so each ratio compares neighbours in time.
         let direct = load(&urls[0], body.clone(), clients, secs).await;
+        let mut measured: Vec<Measured> = Vec::new();
+        for target in targets.iter().map(String::as_str) {
+            let server =
+                match start_target(target, &urls, &threads, &silent_events, tokenizer_dir, &nginx_binary) {
+                    Ok(server) => server,
+                    Err(skipped) => {
+                        println!("| {round} | {} | {skipped}: skipped | | | | | | | |", label(target));
+                        continue;
+                    }
+                };
+            let cpu_before = server.cpu_seconds();
+            let run = load(server.url(), body.clone(), clients, secs).await;
+            let cpu = server.cpu_seconds() - cpu_before;
+            drop(server);
+            measured.push(Measured {
+                target: target.to_string(),
+                rps: run.rps(),
+                vs_direct: run.rps() / direct.rps(),
+                cpu_us: cpu * 1e6 / (run.requests + clients) as f64,
+                vs_nginx: None,
+                cpu_vs_nginx: None,
+                run,
+            });
+        }
+        // nginx (2 workers) is the reference of the round.
+        let reference = measured.iter().find(|m| m.target == "nginx").map(|m| (m.rps, m.cpu_us));
         println!(
-            "| {round} | direct (one engine) | {:.0} | {:.2} | {:.2} | {} | 1.00 | — |",
+            "| {round} | direct (one engine) | {:.0} | {:.2} | {:.2} | {} | 1.00 | | — | |",
             direct.rps(),
             direct.pct(0.5),
             direct.pct(0.99),
             direct.errors
         );
-        for policy in targets.iter().map(String::as_str) {
-            let (gateway, url) = if policy == "bare" {
-                let mut command = Command::new(std::env::current_exe().unwrap());
-                command.env(BARE_PROXY_ENV, urls.join(","));
-                let (proxy, lines) =
-                    spawn_command(command, |l| l.iter().any(|l| l.starts_with("bare proxy listening on")));
-                let url = lines.iter().find_map(|l| l.strip_prefix("bare proxy listening on ")).unwrap();
-                (proxy, url.to_string())
-            } else {
-                let routing = if policy.starts_with("tokenize") { "cache_aware" } else { policy };
-                let mut args = vec!["launch", "--port", "0", "--policy", routing, "--log-level", "warn"];
-                args.extend(["--worker-threads", threads.as_str(), "--worker-urls"]);
-                args.extend(urls.iter().map(String::as_str));
-                if policy.starts_with("tokenize") {
-                    args.extend(["--prefix-index", "exact", "--kv-events-endpoints"]);
-                    args.extend(silent_events.iter().map(String::as_str));
-                }
-                match policy {
-                    "tokenize_mock" => args.push("--mock-tokenizer"),
-                    "tokenize_hf" => args.extend(["--tokenizer-path", tokenizer_dir]),
-                    _ => {}
-                }
-                let (gateway, lines) =
-                    spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
-                let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap();
-                (gateway, url.to_string())
-            };
-            let cpu_before = cpu_seconds(gateway.0.id());
-            let run = load(&url, body.clone(), clients, secs).await;
-            let cpu = cpu_seconds(gateway.0.id()) - cpu_before;
-            let ratio = run.rps() / direct.rps();
-            ratios.push((policy.to_string(), ratio));
-            let target = match policy {
-                "bare" => "bare hyper proxy (floor)".to_string(),
-                "tokenize_mock" => "kvgate cache_aware + mock tokenizer (exact index)".to_string(),
-                "tokenize_hf" => "kvgate cache_aware + HF tokenizer, chat template (exact index)".to_string(),
-                _ => format!("kvgate {policy}"),
-            };
+        for mut m in measured {
+            if let Some((rps, cpu_us)) = reference {
+                m.vs_nginx = Some(m.rps / rps);
+                m.cpu_vs_nginx = Some(m.cpu_us / cpu_us);
+            }
+            let ratio = |r: Option<f64>| r.map_or(String::new(), |r| format!("{r:.2}"));
             println!(
-                "| {round} | {target} | {:.0} | {:.2} | {:.2} | {} | {ratio:.2} | {:.1} |",
-                run.rps(),
-                run.pct(0.5),
-                run.pct(0.99),
-                run.errors,
-                cpu * 1e6 / (run.requests + clients) as f64
+                "| {round} | {} | {:.0} | {:.2} | {:.2} | {} | {:.2} | {} | {:.1} | {} |",
+                label(&m.target),
+                m.rps,
+                m.run.pct(0.5),
+                m.run.pct(0.99),
+                m.run.errors,
+                m.vs_direct,
+                ratio(m.vs_nginx),
+                m.cpu_us,
+                ratio(m.cpu_vs_nginx)
             );
+            results.push(m);
         }
     }
     if rounds > 1 {
-        for policy in targets.iter().map(String::as_str) {
-            let mut mine: Vec<f64> = ratios.iter().filter(|(p, _)| *p == policy).map(|(_, r)| *r).collect();
-            mine.sort_by(f64::total_cmp);
-            println!("median ratio {policy} / direct: {:.2}", mine[mine.len() / 2]);
+        for target in targets.iter().map(String::as_str) {
+            let mine: Vec<&Measured> = results.iter().filter(|m| m.target == target).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let median = |values: Vec<f64>| {
+                let mut values = values;
+                values.sort_by(f64::total_cmp);
+                values[values.len() / 2]
+            };
+            let mut line = format!(
+                "median {target}: {:.2} of direct, {:.1} us CPU/req",
+                median(mine.iter().map(|m| m.vs_direct).collect()),
+                median(mine.iter().map(|m| m.cpu_us).collect())
+            );
+            let vs_nginx: Vec<f64> = mine.iter().filter_map(|m| m.vs_nginx).collect();
+            let cpu_vs_nginx: Vec<f64> = mine.iter().filter_map(|m| m.cpu_vs_nginx).collect();
+            if !vs_nginx.is_empty() {
+                line.push_str(&format!(
+                    ", {:.2} of nginx's req/s, {:.2}x its CPU/req",
+                    median(vs_nginx),
+                    median(cpu_vs_nginx)
+                ));
+            }
+            println!("{line}");
         }
     }
+}
+
+/// One proxied run of a round.
+struct Measured {
+    target: String,
+    run: Run,
+    rps: f64,
+    vs_direct: f64,
+    cpu_us: f64,
+    vs_nginx: Option<f64>,
+    cpu_vs_nginx: Option<f64>,
+}
+
+fn label(target: &str) -> String {
+    match target {
+        "bare" => "bare hyper proxy (floor)".to_string(),
+        "nginx" => "nginx, 2 workers".to_string(),
+        "nginx1" => "nginx, 1 worker".to_string(),
+        "tokenize_mock" => "kvgate cache_aware + mock tokenizer (exact index)".to_string(),
+        "tokenize_hf" => "kvgate cache_aware + HF tokenizer, chat template (exact index)".to_string(),
+        _ => match target.split_once('/') {
+            Some((policy, "shared")) => format!("kvgate {policy}, shared runtime (--io-threads 0)"),
+            _ => format!("kvgate {target}"),
+        },
+    }
+}
+
+/// A proxy under test: a child process (the floor, kvgate) or nginx's processes.
+enum Server {
+    Child(Proc, String),
+    Nginx(nginx::Nginx),
+}
+
+impl Server {
+    fn cpu_seconds(&self) -> f64 {
+        match self {
+            Server::Child(proc, _) => cpu_seconds(proc.0.id()),
+            Server::Nginx(nginx) => nginx.cpu_seconds(),
+        }
+    }
+}
+
+impl Server {
+    fn url(&self) -> &str {
+        match self {
+            Server::Child(_, url) => url,
+            Server::Nginx(nginx) => &nginx.url,
+        }
+    }
+}
+
+/// Start one target in front of the engines, or say why it is skipped.
+fn start_target(
+    target: &str,
+    urls: &[String],
+    threads: &str,
+    silent_events: &[String],
+    tokenizer_dir: &str,
+    nginx_binary: &Option<std::path::PathBuf>,
+) -> Result<Server, String> {
+    if let Some(workers) = match target {
+        "nginx" => Some(2),
+        "nginx1" => Some(1),
+        _ => None,
+    } {
+        let Some(binary) = nginx_binary else { return Err("nginx not found".into()) };
+        return nginx::Nginx::start(binary, urls, workers).map(Server::Nginx);
+    }
+    if target == "bare" {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command.env(BARE_PROXY_ENV, urls.join(","));
+        let (proxy, lines) =
+            spawn_command(command, |l| l.iter().any(|l| l.starts_with("bare proxy listening on")));
+        let url = lines.iter().find_map(|l| l.strip_prefix("bare proxy listening on ")).unwrap();
+        return Ok(Server::Child(proxy, url.to_string()));
+    }
+    // `POLICY/shared`: client connections on the shared multi-threaded runtime (`--io-threads 0`)
+    // instead of one I/O thread per core.
+    let (target, shared_runtime) = match target.split_once('/') {
+        Some((target, "shared")) => (target, true),
+        _ => (target, false),
+    };
+    let routing = if target.starts_with("tokenize") { "cache_aware" } else { target };
+    let mut args = vec!["launch", "--port", "0", "--policy", routing, "--log-level", "warn"];
+    if shared_runtime {
+        args.extend(["--io-threads", "0"]);
+    }
+    args.extend(["--worker-threads", threads, "--worker-urls"]);
+    args.extend(urls.iter().map(String::as_str));
+    if target.starts_with("tokenize") {
+        args.extend(["--prefix-index", "exact", "--kv-events-endpoints"]);
+        args.extend(silent_events.iter().map(String::as_str));
+    }
+    match target {
+        "tokenize_mock" => args.push("--mock-tokenizer"),
+        "tokenize_hf" => args.extend(["--tokenizer-path", tokenizer_dir]),
+        _ => {}
+    }
+    let (gateway, lines) = spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
+    let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap();
+    Ok(Server::Child(gateway, url.to_string()))
 }

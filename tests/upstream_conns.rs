@@ -47,6 +47,39 @@ async fn concurrent_requests_open_connections_then_reuse_them() {
     gw.shutdown().await;
 }
 
+#[tokio::test]
+async fn both_serving_modes_proxy_and_reuse_their_upstream_connections() {
+    // 0: client connections on the shared runtime; 3: three I/O threads, each with its own pool
+    // shard, so up to one set of upstream connections per thread.
+    for io_threads in [0, 3] {
+        let up = upstream("a", "m").await;
+        up.delay_ms.store(5, Ordering::SeqCst);
+        let mut cfg = config(vec![up.url.clone()]);
+        cfg.io_threads = Some(io_threads);
+        let gw = gateway(cfg).await;
+        let sends = (0..6).map(|_| {
+            let url = format!("{}/v1/chat/completions", gw.url());
+            async move {
+                // One client (one kept-alive connection) per task, five requests each.
+                let client = client();
+                for _ in 0..5 {
+                    let res = client.post(&url).json(&chat("m")).send().await.unwrap();
+                    assert_eq!(res.status(), 200);
+                    res.bytes().await.unwrap();
+                }
+            }
+        });
+        futures_util::future::join_all(sends).await;
+        assert_eq!(up.requests.load(Ordering::SeqCst), 30, "io_threads {io_threads}");
+        let peers = up.peers.lock().unwrap().len();
+        assert!(
+            (1..=6).contains(&peers),
+            "io_threads {io_threads}: 30 requests, 6 at a time, {peers} connections"
+        );
+        gw.shutdown().await;
+    }
+}
+
 /// A raw HTTP/1.1 worker that answers one request per connection, keep-alive style (no
 /// `Connection: close`), then closes the connection: what an engine's keep-alive timeout does.
 struct OneShotWorker {

@@ -6,9 +6,14 @@
 //! for one request, and returned when its answer has been read to the end. Idle connections are
 //! never polled by a task; a closed one is noticed when it is taken, or by `sweep`.
 //!
+//! Under `--io-threads` each I/O thread has its own runtime, and keeps its own idle connections
+//! (one shard of the pool per thread): a connection is only ever used by the thread whose
+//! reactor it is registered with, so no readiness event crosses threads.
+//!
 //! `https://` workers are reached over TLS (`tls.rs`): the connection then runs on a TLS stream,
 //! driven the same way.
 
+use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -34,6 +39,25 @@ type Driver = http1::Connection<TokioIo<WorkerStream>, Full<Bytes>>;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// At most this many idle connections are kept per worker.
 const MAX_IDLE: usize = 1024;
+
+/// Idle connections are kept in this many shards, one per I/O thread (shard 0 for every thread
+/// of a shared runtime); I/O threads past the last shard share it.
+const SHARDS: usize = 16;
+
+thread_local! {
+    /// The pool shard of the current thread (see `use_shard`).
+    static SHARD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The current thread takes and returns its idle connections in shard `shard` (taken modulo the
+/// number of shards): called by each I/O thread once, before it serves.
+pub fn use_shard(shard: usize) {
+    SHARD.with(|current| current.set(shard % SHARDS));
+}
+
+fn current_shard() -> usize {
+    SHARD.with(Cell::get)
+}
 
 /// Why a request could not be exchanged with a worker.
 #[derive(Debug)]
@@ -76,7 +100,8 @@ pub struct ConnPool {
     prefix: String,
     /// For an `https://` worker, the name its certificate must carry (or why the host is not one).
     tls_name: Option<Result<ServerName<'static>, String>>,
-    idle: Mutex<Vec<Idle>>,
+    /// Idle connections, most recently used last, one list per shard.
+    idle: [Mutex<Vec<Idle>>; SHARDS],
 }
 
 impl std::fmt::Debug for ConnPool {
@@ -99,11 +124,15 @@ impl ConnPool {
         let host = HeaderValue::from_str(authority).unwrap_or_else(|_| HeaderValue::from_static(""));
         let prefix = uri.path().trim_end_matches('/').to_string();
         let tls_name = https.then(|| tls::server_name(host_name));
-        Self { addr, host, prefix, tls_name, idle: Mutex::new(Vec::new()) }
+        Self { addr, host, prefix, tls_name, idle: std::array::from_fn(|_| Mutex::new(Vec::new())) }
     }
 
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.idle.iter().map(|shard| shard.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+    }
+
+    fn shard(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle[current_shard()].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The request target on this worker for a client's path and query.
@@ -117,7 +146,7 @@ impl ConnPool {
 
     fn checkout(&self, now: Instant) -> Option<Box<UpstreamConn>> {
         loop {
-            let Idle { mut conn, since } = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            let Idle { mut conn, since } = self.shard().pop()?;
             if now.saturating_duration_since(since) < IDLE_TIMEOUT && conn.is_reusable() {
                 return Some(conn);
             }
@@ -128,7 +157,7 @@ impl ConnPool {
         if !conn.is_reusable() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.shard();
         if idle.len() < MAX_IDLE {
             idle.push(Idle { conn, since: Instant::now() });
         }
@@ -136,15 +165,18 @@ impl ConnPool {
 
     /// Close idle connections that expired or that the worker closed.
     pub fn sweep(&self, now: Instant) {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.retain_mut(|entry| {
-            now.saturating_duration_since(entry.since) < IDLE_TIMEOUT && entry.conn.is_reusable()
-        });
+        for shard in &self.idle {
+            shard.lock().unwrap_or_else(|p| p.into_inner()).retain_mut(|entry| {
+                now.saturating_duration_since(entry.since) < IDLE_TIMEOUT && entry.conn.is_reusable()
+            });
+        }
     }
 
     /// Close every idle connection.
     pub fn clear(&self) {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        for shard in &self.idle {
+            shard.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
     }
 
     /// Open a connection (TCP, and the TLS handshake for an `https://` worker).

@@ -7,6 +7,9 @@
 //! keep-alive timeout (`limits.rs`).
 
 mod limits;
+mod threads;
+
+pub use threads::{bind, spawn_io_threads};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -95,6 +98,11 @@ impl Drop for Slot {
     }
 }
 
+/// The `max_connections` slots, shared by every listener of the gateway.
+pub fn connection_slots(state: &SharedState) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(state.config.max_connections))
+}
+
 /// Serve `listener` until `stop` turns true, then stop accepting and wait for open connections
 /// to finish their requests (the caller bounds that wait with the grace period).
 pub async fn serve(
@@ -102,9 +110,9 @@ pub async fn serve(
     state: SharedState,
     router: Router,
     mut stop: watch::Receiver<bool>,
+    slots: Arc<Semaphore>,
 ) {
     let max_connections = state.config.max_connections;
-    let slots = Arc::new(Semaphore::new(max_connections));
     let tls = state.listener_tls.clone();
     let shared = Arc::new(Shared {
         limits: ClientLimits::new(&state.config),

@@ -9,7 +9,6 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use futures_util::future::join_all;
 use kvgate_policy::ValidationErrors;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -97,9 +96,12 @@ pub fn router(state: SharedState) -> Router {
 pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     config.validate().map_err(StartError::Config)?;
     let addr = format!("{}:{}", config.host, config.port);
-    let listener =
-        TcpListener::bind(&addr).await.map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
-    let local_addr = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+    let io_threads = config.io_thread_count();
+    let listeners = listen::bind(&addr, io_threads)
+        .await
+        .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
+    let local_addr =
+        listeners[0].local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
     let _ = state.listen_addr.set(local_addr);
 
@@ -159,7 +161,14 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
             shutdown_rx.clone(),
         )));
     }
-    let server = tokio::spawn(listen::serve(listener, state.clone(), router(state.clone()), shutdown_rx));
+    let server = if io_threads == 0 {
+        let slots = listen::connection_slots(&state);
+        let listener = listeners.into_iter().next().expect("one listener was bound");
+        tokio::spawn(listen::serve(listener, state.clone(), router(state.clone()), shutdown_rx, slots))
+    } else {
+        listen::spawn_io_threads(listeners, state.clone(), router(state.clone()), shutdown_rx)
+            .map_err(|source| StartError::Bind { addr, source })?
+    };
     if state.config.pd_disaggregation {
         let config = &state.config;
         tracing::info!(

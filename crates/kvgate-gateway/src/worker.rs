@@ -118,10 +118,14 @@ struct CircuitInner {
 
 /// closed → open after N consecutive failures → half-open after the timeout → closed on a success,
 /// open again on a failure.
+///
+/// `clean` mirrors "closed with no failure counted", so the request path's checks (is it
+/// routable, record a success) read one shared flag instead of taking the lock every time.
 #[derive(Debug)]
 pub struct CircuitBreaker {
     settings: CircuitSettings,
     inner: Mutex<CircuitInner>,
+    clean: AtomicBool,
 }
 
 impl CircuitBreaker {
@@ -133,6 +137,7 @@ impl CircuitBreaker {
                 consecutive_failures: 0,
                 opened_at: None,
             }),
+            clean: AtomicBool::new(true),
         }
     }
 
@@ -140,9 +145,20 @@ impl CircuitBreaker {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Closed with no failure counted (the lock-free fast path of the request path).
+    fn is_clean(&self) -> bool {
+        self.clean.load(Ordering::Acquire)
+    }
+
+    /// Called with the lock held after every change of `inner`.
+    fn update_clean(&self, inner: &CircuitInner) {
+        let clean = inner.state == CircuitState::Closed && inner.consecutive_failures == 0;
+        self.clean.store(clean, Ordering::Release);
+    }
+
     /// The state at `now` (an open circuit whose timeout passed turns half-open).
     pub fn state(&self, now: Instant) -> CircuitState {
-        if !self.settings.enabled {
+        if !self.settings.enabled || self.is_clean() {
             return CircuitState::Closed;
         }
         let mut inner = self.lock();
@@ -162,13 +178,15 @@ impl CircuitBreaker {
 
     /// Returns true when this success closed a circuit that was not closed.
     pub fn record_success(&self) -> bool {
-        if !self.settings.enabled {
+        if !self.settings.enabled || self.is_clean() {
             return false;
         }
         let mut inner = self.lock();
         inner.consecutive_failures = 0;
         inner.opened_at = None;
-        std::mem::replace(&mut inner.state, CircuitState::Closed) != CircuitState::Closed
+        let was_closed = std::mem::replace(&mut inner.state, CircuitState::Closed) == CircuitState::Closed;
+        self.update_clean(&inner);
+        !was_closed
     }
 
     /// A health probe passed: an open circuit turns half-open at once (the next request, or the
@@ -180,6 +198,7 @@ impl CircuitBreaker {
         let mut inner = self.lock();
         if inner.state == CircuitState::Open {
             inner.state = CircuitState::HalfOpen;
+            self.update_clean(&inner);
             return true;
         }
         false
@@ -194,12 +213,13 @@ impl CircuitBreaker {
         inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
         let should_open = inner.state == CircuitState::HalfOpen
             || inner.consecutive_failures >= self.settings.failure_threshold;
-        if should_open && inner.state != CircuitState::Open {
+        let opened = should_open && inner.state != CircuitState::Open;
+        if opened {
             inner.state = CircuitState::Open;
             inner.opened_at = Some(now);
-            return true;
         }
-        false
+        self.update_clean(&inner);
+        opened
     }
 }
 

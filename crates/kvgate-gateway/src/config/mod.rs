@@ -246,6 +246,24 @@ pub struct GatewayConfig {
     /// 100 bytes each). A block is the tree's --block-size tokens, or 256 bytes of text.
     #[arg(long, default_value_t = 1048576)]
     pub replica_sync_max_blocks: usize,
+
+    /// Serve client connections on this many I/O threads (default: one per CPU core), each with
+    /// its own single-threaded runtime, its own SO_REUSEPORT listener and its own upstream
+    /// connections, so a connection's requests never cross threads (nginx's worker model); 0
+    /// serves them on the main multi-threaded runtime (--worker-threads) instead.
+    #[arg(long, value_name = "N")]
+    pub io_threads: Option<usize>,
+}
+
+/// Most `--io-threads`.
+pub(crate) const MAX_IO_THREADS: usize = 1024;
+
+impl GatewayConfig {
+    /// How many I/O threads serve client connections (`--io-threads`, by default one per core);
+    /// 0 when they are served on the caller's runtime.
+    pub fn io_thread_count(&self) -> usize {
+        self.io_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
 }
 
 impl Default for GatewayConfig {

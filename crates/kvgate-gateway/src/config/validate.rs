@@ -13,6 +13,11 @@ fn validate_client_connections(config: &GatewayConfig, checks: &mut Checks) {
     ] {
         checks.in_range(field, value, Range::new(0.0, false, 86400.0, true));
     }
+    if let Some(threads) = config.io_threads.filter(|&n| n > super::MAX_IO_THREADS) {
+        checks.push(
+            FieldError::new("io_threads", format!("must be at most {}", super::MAX_IO_THREADS)).got(threads),
+        );
+    }
     if config.max_connections == 0 || config.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
         checks.push(
             FieldError::new(

@@ -160,8 +160,10 @@ pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Ou
     let mut prefill_side = Box::pin(send(&prefill));
     let mut decode_side = Box::pin(send(&decode));
     let timeout = ex.state.request_timeout;
-    // The decode side's answer, held until the prefill side has answered too (a decode answer
-    // whose prefill failed would break once its KV does not arrive).
+    // The decode side's answer, held until the prefill side has answered too: a decode answer
+    // whose prefill failed would break once its KV does not arrive, and a decode error answer
+    // that comes first may be the prefill side's fault (its KV never came), so the side to
+    // blame for the retry is only known once the prefill side answered.
     let mut decoded: Option<Attempt> = None;
     let mut prefill_done = false;
     loop {
@@ -180,7 +182,10 @@ pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Ou
                 PrefillResult::Fatal(error) => return Outcome::Fatal(error),
             },
             result = &mut decode_side, if decoded.is_none() => {
-                if prefill_done || !matches!(result, Attempt::Done(..)) {
+                // Held: a success, or an error answer (maybe the prefill side's fault); the
+                // rest (unreachable, no head in time, fatal) is the decode side's own.
+                let held = matches!(result, Attempt::Done(..) | Attempt::RetryableStatus(..));
+                if prefill_done || !held {
                     return decode_outcome(prefill, decode, result);
                 }
                 decoded = Some(result);
