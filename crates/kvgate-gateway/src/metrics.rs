@@ -47,6 +47,7 @@ pub struct Metrics {
     pub tokenize_failures: IntCounterVec,
     pub queue_depth: IntGauge,
     pub admission_rejected: IntCounterVec,
+    pub discovery_events: IntCounterVec,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
     ttfb_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
     duration_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
@@ -243,6 +244,11 @@ impl Metrics {
                 "kvgate_admission_rejected_total",
                 "Requests refused at admission, by reason: concurrency (limit reached, no queue), queue_full, queue_timeout, rate_limited.",
                 &["reason"],
+            ),
+            discovery_events: counter(
+                "kvgate_discovery_events_total",
+                "Kubernetes service discovery events: joined, left, relist, error.",
+                &["event"],
             ),
             registry,
             ttfb_series: Default::default(),

@@ -144,12 +144,22 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
             status => tracing::info!(?status, "tokenizer loaded"),
         }
     }
+    let discovery = match crate::discovery::DiscoverySettings::from_config(&state.config) {
+        Some(settings) => {
+            let client = settings.client().await.map_err(|e| StartError::State(e.to_string()))?;
+            Some((settings, client))
+        }
+        None => None,
+    };
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let background = vec![
+    let mut background = vec![
         tokio::spawn(health::run(state.clone(), shutdown_rx.clone())),
         tokio::spawn(maintain_policies(state.clone(), shutdown_rx.clone())),
         tokio::spawn(monitor::run(state.clone(), shutdown_rx.clone())),
     ];
+    if let Some((settings, client)) = discovery {
+        background.push(tokio::spawn(crate::discovery::run(state.clone(), client, settings, shutdown_rx.clone())));
+    }
     let server = tokio::spawn(listen::serve(listener, state.clone(), router(state.clone()), shutdown_rx));
     if state.config.pd_disaggregation {
         let config = &state.config;
