@@ -135,11 +135,10 @@ async fn pods(
     };
     let backlog: Vec<String> = backlog.into_iter().map(|(_, line)| line).filter(|l| keep(l)).collect();
     let live = futures_util::stream::unfold(receiver, |mut receiver| async move {
-        loop {
-            match receiver.recv().await {
-                Ok(Some(event)) => return Some((event, receiver)),
-                Ok(None) | Err(_) => return None,
-            }
+        match receiver.recv().await {
+            Ok(Some(event)) => Some((event, receiver)),
+            // A break, or a lagging watch: the stream ends and the watcher re-watches.
+            Ok(None) | Err(_) => None,
         }
     });
     use futures_util::StreamExt;

@@ -25,7 +25,8 @@ fn discovery_config(api: &KubeApi, name: &str) -> GatewayConfig {
 }
 
 async fn worker_urls(gw: &GatewayHandle) -> Vec<String> {
-    let body: Value = client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+    let body: Value =
+        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
     let mut urls: Vec<String> =
         body["workers"].as_array().unwrap().iter().map(|w| w["url"].as_str().unwrap().to_string()).collect();
     urls.sort();
@@ -150,7 +151,8 @@ async fn a_broken_watch_relists_without_losing_workers() {
 async fn pd_selectors_register_prefill_and_decode_pods() {
     let api = kube_api::start().await;
     let (prefill, decode) = (upstream("p", "m").await, upstream("d", "m").await);
-    let mut prefill_pod = pod("p", json!({"app": "engine", "component": "prefill"}), prefill.addr.port(), true);
+    let mut prefill_pod =
+        pod("p", json!({"app": "engine", "component": "prefill"}), prefill.addr.port(), true);
     prefill_pod["metadata"]["annotations"]["sglang.ai/bootstrap-port"] = json!("8998");
     api.put(prefill_pod);
     api.put(pod("d", json!({"app": "engine", "component": "decode"}), decode.addr.port(), true));
@@ -163,7 +165,8 @@ async fn pd_selectors_register_prefill_and_decode_pods() {
     };
     let gw = gateway(config).await;
     assert!(eventually(10.0, async || has_workers(&gw, &[&prefill, &decode]).await).await);
-    let body: Value = client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+    let body: Value =
+        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
     let roles: Vec<(String, Value)> = body["workers"]
         .as_array()
         .unwrap()

@@ -158,7 +158,12 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         tokio::spawn(monitor::run(state.clone(), shutdown_rx.clone())),
     ];
     if let Some((settings, client)) = discovery {
-        background.push(tokio::spawn(crate::discovery::run(state.clone(), client, settings, shutdown_rx.clone())));
+        background.push(tokio::spawn(crate::discovery::run(
+            state.clone(),
+            client,
+            settings,
+            shutdown_rx.clone(),
+        )));
     }
     let server = tokio::spawn(listen::serve(listener, state.clone(), router(state.clone()), shutdown_rx));
     if state.config.pd_disaggregation {

@@ -96,7 +96,11 @@ mod tests {
         let target = pod_target(&ready_pod("10.0.0.7", "True"), WorkerRole::Regular, &rules());
         assert_eq!(
             target,
-            Some(PodTarget { url: "http://10.0.0.7:8000".into(), role: WorkerRole::Regular, bootstrap_port: None })
+            Some(PodTarget {
+                url: "http://10.0.0.7:8000".into(),
+                role: WorkerRole::Regular,
+                bootstrap_port: None
+            })
         );
         assert_eq!(pod_key(&ready_pod("10.0.0.7", "True")), "ns/w0");
     }
@@ -126,7 +130,12 @@ mod tests {
             Some(serde_json::from_value(serde_json::json!("2026-01-01T00:00:00Z")).unwrap());
         assert_eq!(check(deleting), None);
         let mut bad_annotation = ready_pod("10.0.0.7", "True");
-        bad_annotation.metadata.annotations.as_mut().unwrap().insert("sglang.ai/bootstrap-port".into(), "x".into());
+        bad_annotation
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("sglang.ai/bootstrap-port".into(), "x".into());
         assert_eq!(pod_target(&bad_annotation, WorkerRole::Prefill, &rules()).unwrap().bootstrap_port, None);
     }
 

@@ -177,7 +177,8 @@ mod tests {
 
     #[test]
     fn selectors_are_key_value_pairs() {
-        let pairs = |values: &[&str]| label_selector(&values.iter().map(|v| v.to_string()).collect::<Vec<_>>());
+        let pairs =
+            |values: &[&str]| label_selector(&values.iter().map(|v| v.to_string()).collect::<Vec<_>>());
         assert_eq!(pairs(&["app=sglang", "role=worker"]), Ok("app=sglang,role=worker".into()));
         assert_eq!(pairs(&["app=sglang,role=worker"]), Ok("app=sglang,role=worker".into()));
         assert_eq!(pairs(&["app.kubernetes.io/name=x"]), Ok("app.kubernetes.io/name=x".into()));
