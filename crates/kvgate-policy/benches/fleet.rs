@@ -1,6 +1,9 @@
 //! Decision latency against fleet size: `Policy::select` of cache_aware and kv_aware over 10,
 //! 100 and 1,000 candidates, with a warm approximate prefix index (every worker holds some
-//! conversations) and a fresh load sample per worker. Criterion measures the mean; a per-call
+//! conversations) and a fresh load sample per worker. The clock advances 1 ms per decision
+//! (1,000 requests a second) and every worker's sample is refreshed once a simulated second,
+//! as the load monitor does, so the policies' per-worker logs of what was routed since the
+//! last sample stay as long as in the gateway. Criterion measures the mean; a per-call
 //! p50/p99 table (the numbers in docs/BENCHMARKS.md, "Fleet size") is printed after it.
 //!
 //! Env: `KVGATE_BENCH_FLEETS` (default `10,100,1000`).
@@ -30,6 +33,7 @@ struct Fleet {
     candidates: Vec<Candidate>,
     prompts: Vec<String>,
     rng: SmallRng,
+    now_ms: u64,
 }
 
 fn prompt(conversation: usize, turn: usize) -> String {
@@ -65,7 +69,7 @@ impl Fleet {
             .collect();
         let index = ApproxIndex::new(config.tree_settings());
         let conversations = n_workers * CONVERSATIONS_PER_WORKER;
-        let mut fleet = Fleet { policy, index, candidates, prompts: Vec::new(), rng };
+        let mut fleet = Fleet { policy, index, candidates, prompts: Vec::new(), rng, now_ms: NOW_MS };
         for conversation in 0..conversations {
             for turn in 0..3 {
                 let text = prompt(conversation, turn);
@@ -79,10 +83,18 @@ impl Fleet {
     }
 
     fn decide(&mut self, text: &str) -> u32 {
+        self.now_ms += 1;
+        if self.now_ms % 1000 == 0 {
+            for candidate in &mut self.candidates {
+                if let Some(load) = &mut candidate.load {
+                    load.fetched_at_ms = self.now_ms;
+                }
+            }
+        }
         let request =
             RouteRequest { key: RoutingKey::Text(text), prompt_tokens: text.len() as u64 / 4, session: None };
         let mut ctx = SelectContext {
-            now_ms: NOW_MS,
+            now_ms: self.now_ms,
             load_poll_interval_ms: 1000,
             rng: &mut self.rng,
             prefix_index: Some(&self.index),
@@ -119,26 +131,38 @@ fn main() {
                     black_box(fleet.decide(&text))
                 })
             });
+            // Five rounds of 1,000 calls: p99 over all of them, and the best round's p99 (a
+            // shared, loaded machine preempts a thread for milliseconds now and then).
             let mut times = Vec::with_capacity(5000);
-            for call in 0..5000 {
-                let text = fleet.prompts[call % fleet.prompts.len()].clone();
-                let started = Instant::now();
-                black_box(fleet.decide(&text));
-                times.push(started.elapsed());
+            let mut round_p99 = Vec::new();
+            for round in 0..5 {
+                let mut round_times = Vec::with_capacity(1000);
+                for call in 0..1000 {
+                    let text = fleet.prompts[(round * 1000 + call) % fleet.prompts.len()].clone();
+                    let started = Instant::now();
+                    black_box(fleet.decide(&text));
+                    round_times.push(started.elapsed());
+                }
+                round_times.sort();
+                round_p99.push(percentile(&round_times, 0.99));
+                times.extend(round_times);
             }
             times.sort();
-            table.push((kind, n_workers, percentile(&times, 0.5), percentile(&times, 0.99)));
+            let best_round = round_p99.into_iter().min().expect("five rounds");
+            table.push((kind, n_workers, percentile(&times, 0.5), percentile(&times, 0.99), best_round));
         }
         group.finish();
     }
     c.final_summary();
-    println!("\n| policy | workers | select p50 | select p99 |\n|---|---:|---:|---:|");
-    for (kind, n_workers, p50, p99) in table {
+    println!("\n| policy | workers | select p50 | select p99 | p99 of the best round |\n|---|---:|---:|---:|---:|");
+    let micros = |d: Duration| d.as_secs_f64() * 1e6;
+    for (kind, n_workers, p50, p99, best) in table {
         println!(
-            "| {} | {n_workers} | {:.1} µs | {:.1} µs |",
+            "| {} | {n_workers} | {:.1} µs | {:.1} µs | {:.1} µs |",
             kind.as_str(),
-            p50.as_secs_f64() * 1e6,
-            p99.as_secs_f64() * 1e6
+            micros(p50),
+            micros(p99),
+            micros(best)
         );
     }
 }
