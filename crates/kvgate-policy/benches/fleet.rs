@@ -84,7 +84,7 @@ impl Fleet {
 
     fn decide(&mut self, text: &str) -> u32 {
         self.now_ms += 1;
-        if self.now_ms % 1000 == 0 {
+        if self.now_ms.is_multiple_of(1000) {
             for candidate in &mut self.candidates {
                 if let Some(load) = &mut candidate.load {
                     load.fetched_at_ms = self.now_ms;
@@ -154,7 +154,9 @@ fn main() {
         group.finish();
     }
     c.final_summary();
-    println!("\n| policy | workers | select p50 | select p99 | p99 of the best round |\n|---|---:|---:|---:|---:|");
+    println!(
+        "\n| policy | workers | select p50 | select p99 | p99 of the best round |\n|---|---:|---:|---:|---:|"
+    );
     let micros = |d: Duration| d.as_secs_f64() * 1e6;
     for (kind, n_workers, p50, p99, best) in table {
         println!(
