@@ -247,6 +247,11 @@ where
             return ExitCode::FAILURE;
         }
     }
+    // A large fleet (`mock --count 1000`, a gateway in front of it) needs a descriptor per
+    // listener and connection: take the hard limit rather than the often small soft one.
+    if let Err(error) = rlimit::increase_nofile_limit(u64::MAX) {
+        eprintln!("kvgate: could not raise the open file limit: {error}");
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Command::Launch(args) = &cli.command {
         if let Some(threads) = args.gateway.worker_threads.filter(|&n| n > 0) {

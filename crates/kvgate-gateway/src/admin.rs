@@ -215,14 +215,19 @@ pub async fn remove_worker(
     Path(url): Path<String>,
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
-    match state.registry.remove(&url) {
-        Some(worker) => {
-            crate::monitor::forget(&state, worker.id);
-            tracing::info!(worker = %worker.url, "worker removed");
-            Ok(Json(json!({"removed": worker.url})).into_response())
-        }
+    match deregister_worker(&state, &url) {
+        Some(worker) => Ok(Json(json!({"removed": worker.url})).into_response()),
         None => Err(ApiError::NotFound(format!("no worker {url} is registered"))),
     }
+}
+
+/// Remove a worker: no new request goes to it; requests already sent to it finish normally
+/// (they hold their own handle on it).
+pub fn deregister_worker(state: &SharedState, url: &str) -> Option<Arc<Worker>> {
+    let worker = state.registry.remove(url)?;
+    crate::monitor::forget(state, worker.id);
+    tracing::info!(worker = %worker.url, "worker removed");
+    Some(worker)
 }
 
 /// Add a worker: learn its model (unless given) and its first health state, then publish it.

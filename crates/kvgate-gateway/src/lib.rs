@@ -7,6 +7,7 @@ mod admission;
 mod body;
 mod config;
 mod conn;
+mod discovery;
 mod error;
 mod health;
 mod kv_events;

@@ -48,6 +48,7 @@ pub struct Metrics {
     pub queue_depth: IntGauge,
     pub admission_rejected: IntCounterVec,
     pub replica_sync: crate::replica_sync::ReplicaSyncMetrics,
+    pub discovery_events: IntCounterVec,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
     ttfb_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
     duration_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
@@ -246,6 +247,11 @@ impl Metrics {
                 &["reason"],
             ),
             replica_sync: crate::replica_sync::ReplicaSyncMetrics::register(&registry),
+            discovery_events: counter(
+                "kvgate_discovery_events_total",
+                "Kubernetes service discovery events: joined, left, relist, error.",
+                &["event"],
+            ),
             registry,
             ttfb_series: Default::default(),
             duration_series: Default::default(),

@@ -3,11 +3,12 @@
 //! the request path reads without locks. Each worker's entry is published as soon as it arrives,
 //! so a hung worker delays nobody else.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use kvgate_policy::{LoadSample, WorkerId};
 use tokio::sync::watch;
 
@@ -48,21 +49,51 @@ async fn poll_once(state: &SharedState, sources: &Arc<Mutex<HashMap<WorkerId, So
     } else {
         Vec::new()
     };
-    let routable_ids: std::collections::HashSet<WorkerId> = routable.iter().map(|w| w.id).collect();
+    let routable_ids: HashSet<WorkerId> = routable.iter().map(|w| w.id).collect();
     state.loads.rcu(|loads| {
         let mut kept = (**loads).clone();
         kept.retain(|id, _| routable_ids.contains(id));
         kept
     });
     // Removed workers' remembered load formats go too (the map would otherwise grow with churn).
-    let registered: std::collections::HashSet<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
+    let registered: HashSet<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
     sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
     if routable.is_empty() {
         return;
     }
     // A poll never outlives the interval, and never waits longer than a health check would.
     let timeout = interval.min(state.health_timeout()).max(Duration::from_millis(50));
-    join_all(routable.iter().map(|worker| poll_worker(state, sources, worker, timeout))).await;
+    let mut pending: FuturesUnordered<_> =
+        routable.iter().map(|worker| poll_worker(state, sources, worker, timeout)).collect();
+    // Answers are published as they arrive, a burst at a time: one copy of the snapshot per
+    // burst (not per worker, which made a round quadratic in the fleet size), and a hung worker
+    // still delays nobody.
+    let mut arrived = Vec::new();
+    while let Some(answer) = pending.next().await {
+        arrived.extend(answer);
+        while let Some(Some(answer)) = pending.next().now_or_never() {
+            arrived.extend(answer);
+        }
+        publish(state, &mut arrived);
+    }
+}
+
+/// Publish the samples that arrived, except those of workers removed meanwhile.
+fn publish(state: &SharedState, arrived: &mut Vec<(WorkerId, LoadSample)>) {
+    if arrived.is_empty() {
+        return;
+    }
+    let registered: HashSet<WorkerId> = state.registry.snapshot().workers.iter().map(|w| w.id).collect();
+    state.loads.rcu(|loads| {
+        let mut next = (**loads).clone();
+        for (id, sample) in arrived.iter() {
+            if registered.contains(id) {
+                next.insert(*id, *sample);
+            }
+        }
+        next
+    });
+    arrived.clear();
 }
 
 async fn poll_worker(
@@ -70,7 +101,7 @@ async fn poll_worker(
     sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
     worker: &Arc<Worker>,
     timeout: Duration,
-) {
+) -> Option<(WorkerId, LoadSample)> {
     let known = sources.lock().unwrap_or_else(|p| p.into_inner()).get(&worker.id).copied();
     let started = Instant::now();
     // Stamped when the poll is sent: requests routed while it is in flight may or may not be in
@@ -96,18 +127,12 @@ async fn poll_worker(
     match result {
         Ok(mut sample) => {
             sample.fetched_at_ms = sent_at_ms;
-            // Publish unless the worker was removed while we waited.
-            if state.registry.snapshot().workers.iter().any(|w| w.id == worker.id) {
-                state.loads.rcu(|loads| {
-                    let mut next = (**loads).clone();
-                    next.insert(worker.id, sample);
-                    next
-                });
-            }
+            Some((worker.id, sample))
         }
         Err(error) => {
             state.metrics.load_poll_failures.with_label_values(&[&worker.url]).inc();
             tracing::debug!(worker = %worker.url, %error, "load poll failed");
+            None
         }
     }
 }

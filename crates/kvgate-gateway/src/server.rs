@@ -147,17 +147,31 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
             status => tracing::info!(?status, "tokenizer loaded"),
         }
     }
+    let discovery = match crate::discovery::DiscoverySettings::from_config(&state.config) {
+        Some(settings) => {
+            let client = settings.client().await.map_err(|e| StartError::State(e.to_string()))?;
+            Some((settings, client))
+        }
+        None => None,
+    };
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let background = vec![
+    let mut background = vec![
         tokio::spawn(health::run(state.clone(), shutdown_rx.clone())),
         tokio::spawn(maintain_policies(state.clone(), shutdown_rx.clone())),
         tokio::spawn(monitor::run(state.clone(), shutdown_rx.clone())),
     ];
-    let mut background = background;
     if let Some(sync) = &state.replica_sync {
         background.push(tokio::spawn(crate::replica_sync::run(
             state.clone(),
             sync.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    if let Some((settings, client)) = discovery {
+        background.push(tokio::spawn(crate::discovery::run(
+            state.clone(),
+            client,
+            settings,
             shutdown_rx.clone(),
         )));
     }

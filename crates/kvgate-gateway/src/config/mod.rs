@@ -253,6 +253,38 @@ pub struct GatewayConfig {
     /// serves them on the main multi-threaded runtime (--worker-threads) instead.
     #[arg(long, value_name = "N")]
     pub io_threads: Option<usize>,
+
+    /// Find workers as Kubernetes pods (--selector, or --prefill-selector/--decode-selector with
+    /// --pd-disaggregation): Ready pods join, pods deleted or no longer Ready leave.
+    #[arg(long)]
+    pub service_discovery: bool,
+    /// Label selector of the worker pods, as `key=value` pairs (all must match).
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub selector: Vec<String>,
+    /// Label selector of the prefill pods (with --pd-disaggregation), as `key=value` pairs.
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub prefill_selector: Vec<String>,
+    /// Label selector of the decode pods (with --pd-disaggregation), as `key=value` pairs.
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub decode_selector: Vec<String>,
+    /// Namespace whose pods are watched (unset: every namespace, which needs cluster-wide
+    /// permission to list and watch pods).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub service_discovery_namespace: Option<String>,
+    /// Port of the workers on the discovered pods: a pod is the worker `http://{podIP}:{port}`.
+    #[arg(long, default_value_t = 8000)]
+    pub service_discovery_port: u16,
+    /// Pod annotation holding a prefill pod's SGLang bootstrap port.
+    #[arg(long, default_value = "sglang.ai/bootstrap-port")]
+    pub bootstrap_port_annotation: String,
+    /// Pod annotation that overrides --service-discovery-port for one pod (pods whose worker
+    /// listens elsewhere).
+    #[arg(long, default_value = "kvgate.io/worker-port")]
+    pub worker_port_annotation: String,
+    /// Kubeconfig file of the cluster to watch (unset: the in-cluster service account, else
+    /// $KUBECONFIG or ~/.kube/config).
+    #[arg(long, value_name = "FILE")]
+    pub service_discovery_kubeconfig: Option<std::path::PathBuf>,
 }
 
 /// Most `--io-threads`.

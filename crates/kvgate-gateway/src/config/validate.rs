@@ -138,6 +138,7 @@ impl GatewayConfig {
             "chat_template",
             "needs tokenizer_path (the template is rendered for that tokenizer)",
         );
+        crate::discovery::validate(self, &mut checks);
         checks.finish()
     }
 

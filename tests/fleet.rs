@@ -1,0 +1,78 @@
+//! A large fleet in one process: 500 simulated engines from one `spawn_fleet` behind one
+//! gateway on 127.0.0.1; every worker is registered and healthy, requests are answered and
+//! spread over many workers, and the load monitor keeps a sample of every worker (power_of_two).
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::*;
+use futures_util::StreamExt;
+use kvgate_mock::{spawn_fleet, EngineKind, MockArgs};
+use serde_json::{json, Value};
+
+const N_WORKERS: usize = 500;
+
+async fn readiness(gw: &kvgate_gateway::GatewayHandle) -> Value {
+    let response = client().get(format!("{}/readiness", gw.url())).send().await.unwrap();
+    response.json().await.unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_workers_from_one_mock_process_are_healthy_and_routed_to() {
+    // Each engine takes a listener and a few connections from the gateway.
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    let fleet = spawn_fleet(MockArgs { count: N_WORKERS, engine: EngineKind::Canned, ..MockArgs::default() })
+        .await
+        .expect("the fleet starts");
+    let mut config = config(fleet.urls());
+    config.routing.policy = kvgate_policy::PolicyKind::PowerOfTwo;
+    config.health_check_interval_secs = 1.0;
+    config.load_monitor_interval_ms = 200;
+    config.expose_routing_headers = true;
+    let gw = gateway(config).await;
+
+    let ready = readiness(&gw).await;
+    assert_eq!(ready["total_workers"], json!(N_WORKERS), "{ready}");
+    assert!(
+        eventually(15.0, async || readiness(&gw).await["healthy_workers"] == json!(N_WORKERS)).await,
+        "every worker healthy: {}",
+        readiness(&gw).await
+    );
+    let loads = async || -> usize {
+        let body: Value =
+            client().get(format!("{}/get_loads", gw.url())).send().await.unwrap().json().await.unwrap();
+        body["loads"].as_array().map_or(0, Vec::len)
+    };
+    assert!(eventually(10.0, async || loads().await == N_WORKERS).await, "a load sample per worker");
+
+    // 200 requests, 50 at a time: in-flight requests spread over the fleet.
+    let url = gw.url();
+    let answers: Vec<(u16, Option<String>)> = futures_util::stream::iter(0..200)
+        .map(|conversation| {
+            let url = url.clone();
+            async move {
+                let body = json!({"model": "mock-model", "max_tokens": 2,
+                    "messages": [{"role": "user", "content": format!("conversation {conversation}: hello there")}]});
+                let response =
+                    client().post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+                let worker =
+                    response.headers().get("x-kvgate-worker").map(|v| v.to_str().unwrap().to_string());
+                (response.status().as_u16(), worker)
+            }
+        })
+        .buffer_unordered(50)
+        .collect()
+        .await;
+    let fleet_urls: HashSet<String> = fleet.urls().into_iter().collect();
+    let mut chosen = HashSet::new();
+    for (status, worker) in answers {
+        assert_eq!(status, 200);
+        let worker = worker.expect("routing headers are on");
+        assert!(fleet_urls.contains(&worker), "{worker} is a fleet worker");
+        chosen.insert(worker);
+    }
+    assert!(chosen.len() >= 50, "requests spread over the fleet: {} workers chosen", chosen.len());
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
