@@ -103,6 +103,16 @@ class Gateway:
         replica_sync_channel: str = 'kvgate:replica-sync',
         replica_sync_interval_ms: int = 200,
         replica_sync_max_blocks: int = 1048576,
+        io_threads: int | None = None,
+        service_discovery: bool = False,
+        selector: Sequence[str] = [],
+        prefill_selector: Sequence[str] = [],
+        decode_selector: Sequence[str] = [],
+        service_discovery_namespace: str | None = None,
+        service_discovery_port: int = 8000,
+        bootstrap_port_annotation: str = 'sglang.ai/bootstrap-port',
+        worker_port_annotation: str = 'kvgate.io/worker-port',
+        service_discovery_kubeconfig: str | os.PathLike[str] | None = None,
         routing: Mapping[str, Any] | None = None,
         models: Mapping[str, Mapping[str, Any]] | None = None,
         mock_workers: int = 0,
@@ -280,6 +290,28 @@ class Gateway:
         replica_sync_max_blocks: Most prompt blocks routed by peers kept per pool (least
             recently used go first; about 100 bytes each). A block is the tree's --block-size
             tokens, or 256 bytes of text
+        io_threads: Serve client connections on this many I/O threads (default: one per CPU
+            core), each with its own single-threaded runtime, its own SO_REUSEPORT listener and
+            its own upstream connections, so a connection's requests never cross threads
+            (nginx's worker model); 0 serves them on the main multi-threaded runtime (--worker-
+            threads) instead
+        service_discovery: Find workers as Kubernetes pods (--selector, or --prefill-
+            selector/--decode-selector with --pd-disaggregation): Ready pods join, pods deleted
+            or no longer Ready leave
+        selector: Label selector of the worker pods, as `key=value` pairs (all must match)
+        prefill_selector: Label selector of the prefill pods (with --pd-disaggregation), as
+            `key=value` pairs
+        decode_selector: Label selector of the decode pods (with --pd-disaggregation), as
+            `key=value` pairs
+        service_discovery_namespace: Namespace whose pods are watched (unset: every namespace,
+            which needs cluster-wide permission to list and watch pods)
+        service_discovery_port: Port of the workers on the discovered pods: a pod is the worker
+            `http://{podIP}:{port}`
+        bootstrap_port_annotation: Pod annotation holding a prefill pod's SGLang bootstrap port
+        worker_port_annotation: Pod annotation that overrides --service-discovery-port for one
+            pod (pods whose worker listens elsewhere)
+        service_discovery_kubeconfig: Kubeconfig file of the cluster to watch (unset: the in-
+            cluster service account, else $KUBECONFIG or ~/.kube/config)
         routing: Routing options as a map (or give them flat).
         models: Per-model routing: model name -> routing options laid over the others.
         mock_workers: Also start this many simulated engines in-process and route to them (the
