@@ -183,12 +183,7 @@ where
     })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
 
-    let snapshot = state.registry.snapshot();
-    let pools = match snapshot.pool_for(fields.model.as_deref()) {
-        Some(pools) => pools.clone(),
-        None => return Err(no_pool_error(snapshot.models.len(), fields.model.as_deref())),
-    };
-    drop(snapshot);
+    let pools = model_pools(state, fields.model.as_deref())?;
     let shape = Shape::of(state, &pools, endpoint)?;
     fields.check(endpoint).map_err(ApiError::BadRequest)?;
     let key = if shape.needs_routing_key() {
@@ -284,7 +279,20 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
     }
 }
 
-pub(super) fn no_pool_error(model_count: usize, model: Option<&str>) -> ApiError {
+/// The pools of the request's model (a copy of the registry's handles, so no snapshot is held
+/// while the request runs), or the 404/400 a client gets when there is none.
+pub(super) fn model_pools(
+    state: &AppState,
+    model: Option<&str>,
+) -> Result<crate::registry::ModelPools, ApiError> {
+    let snapshot = state.registry.snapshot();
+    match snapshot.pool_for(model) {
+        Some(pools) => Ok(pools.clone()),
+        None => Err(no_pool_error(snapshot.models.len(), model)),
+    }
+}
+
+fn no_pool_error(model_count: usize, model: Option<&str>) -> ApiError {
     match (model_count, model) {
         (0, _) => ApiError::NoHealthyWorker(String::new()),
         (_, Some(model)) => ApiError::ModelNotFound(model.to_string()),

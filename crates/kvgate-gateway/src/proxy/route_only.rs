@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::plan::{Pick, RoutePlan, Shape};
-use super::{no_pool_error, Endpoint};
+use super::{model_pools, Endpoint};
 use crate::error::ApiError;
 use crate::request::{estimate_tokens, OwnedKey, RequestFields};
 use crate::state::SharedState;
@@ -70,12 +70,7 @@ fn decide(
     }
     let fields = RequestFields::parse(body).map_err(ApiError::BadRequest)?;
     let endpoint = endpoint(query, &fields)?;
-    let snapshot = state.registry.snapshot();
-    let pools = match snapshot.pool_for(fields.model.as_deref()) {
-        Some(pools) => pools.clone(),
-        None => return Err(no_pool_error(snapshot.models.len(), fields.model.as_deref())),
-    };
-    drop(snapshot);
+    let pools = model_pools(state, fields.model.as_deref())?;
     let shape = Shape::of(state, &pools, endpoint)?;
     fields.check(endpoint).map_err(ApiError::BadRequest)?;
     let key = if shape.needs_routing_key() {
