@@ -16,7 +16,7 @@ use crate::kv_events::KvEventsSource;
 use crate::registry::{NewWorker, RegistryError};
 use crate::role::WorkerRole;
 use crate::state::SharedState;
-use crate::upstream::{discover_model, get};
+use crate::upstream::{discover_model, get, GetError, Keep};
 use crate::worker::{normalize_url, CircuitState, Worker};
 
 pub async fn health() -> impl IntoResponse {
@@ -234,7 +234,8 @@ pub fn deregister_worker(state: &SharedState, url: &str) -> Option<Arc<Worker>> 
 /// A worker whose model cannot be learned yet is registered and retried by the health loop.
 pub async fn register_worker(state: &SharedState, mut new: NewWorker) -> Result<Arc<Worker>, ApiError> {
     let url = normalize_url(&new.url).map_err(ApiError::BadRequest)?;
-    if is_own_address(state, &url) {
+    let listeners: Vec<_> = state.listen_addr.get().copied().into_iter().collect();
+    if crate::own_address::leads_to_gateway(&url, &listeners).await {
         return Err(ApiError::BadRequest(format!(
             "{url} is this gateway's own address: routing to it would loop"
         )));
@@ -242,10 +243,9 @@ pub async fn register_worker(state: &SharedState, mut new: NewWorker) -> Result<
     if state.registry.snapshot().find(&url).is_some() {
         return Err(ApiError::Conflict(format!("worker {url} is already registered")));
     }
-    let bearer = state.config.api_key.as_deref();
     let model = match new.model.take() {
         Some(model) => Some(model),
-        None => match discover_model(&state.client, &url, bearer, state.health_timeout()).await {
+        None => match learn_model(state, &url).await {
             Ok(model) => Some(model),
             Err(error) => {
                 tracing::warn!(worker = %url, %error, "could not learn the worker's model yet; will retry");
@@ -270,41 +270,29 @@ pub async fn register_worker(state: &SharedState, mut new: NewWorker) -> Result<
     Ok(worker)
 }
 
-/// Whether `url` (normalized) points at this gateway's listener: its port, on a loopback or
-/// unspecified address, `localhost`, or the configured listen host.
-fn is_own_address(state: &SharedState, url: &str) -> bool {
-    let Some(listen) = state.listen_addr.get() else { return false };
-    let Ok(uri) = url.parse::<http::Uri>() else { return false };
-    let default = if uri.scheme_str() == Some("https") { 443 } else { 80 };
-    if uri.port_u16().unwrap_or(default) != listen.port() {
-        return false;
-    }
-    let host = uri.host().unwrap_or("").trim_start_matches('[').trim_end_matches(']');
-    if host == "localhost" || host.eq_ignore_ascii_case(&state.config.host) {
-        return true;
-    }
-    match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => {
-            ip.is_loopback()
-                || ip.is_unspecified()
-                || ip == listen.ip()
-                || listen.ip().is_unspecified() && is_local(ip)
-        }
-        Err(_) => false,
-    }
-}
-
-/// Whether `ip` is one of this machine's addresses (when listening on all of them): only those
-/// can be bound (nothing is sent).
-fn is_local(ip: std::net::IpAddr) -> bool {
-    std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
-/// One health check: 2xx from the health endpoint within the timeout.
+/// One health check: 2xx from the health endpoint within the timeout, with an answer no
+/// larger than `--max-probe-answer-bytes`.
 pub async fn probe(state: &SharedState, url: &str) -> bool {
     let target = format!("{url}{}", state.config.health_check_endpoint);
-    matches!(
-        get(&state.client, &target, state.config.api_key.as_deref(), state.health_timeout()).await,
-        Ok((status, _)) if status.is_success()
-    )
+    let bearer = state.config.api_key.as_deref();
+    let limit = state.config.max_probe_answer_bytes;
+    match get(&state.client, &target, bearer, state.health_timeout(), limit, Keep::Status).await {
+        Ok((status, _)) => status.is_success(),
+        Err(GetError::Oversized { .. }) => {
+            state.metrics.count_oversized("health");
+            false
+        }
+        Err(GetError::Failed(_)) => false,
+    }
+}
+
+/// The worker's model from its `GET /v1/models` (an oversized answer is counted).
+pub async fn learn_model(state: &SharedState, url: &str) -> Result<String, GetError> {
+    let bearer = state.config.api_key.as_deref();
+    let limit = state.config.max_probe_answer_bytes;
+    let learned = discover_model(&state.client, url, bearer, state.health_timeout(), limit).await;
+    if let Err(GetError::Oversized { .. }) = learned {
+        state.metrics.count_oversized("models");
+    }
+    learned
 }

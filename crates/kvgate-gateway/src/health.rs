@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio::sync::watch;
 
-use crate::admin::probe;
+use crate::admin::{learn_model, probe};
 use crate::state::SharedState;
-use crate::upstream::discover_model;
 use crate::worker::Worker;
 
 pub async fn run(state: SharedState, mut shutdown: watch::Receiver<bool>) {
@@ -49,8 +48,7 @@ pub async fn check_all(state: &SharedState) {
 async fn check_worker(state: &SharedState, worker: &Arc<Worker>) -> bool {
     let mut learned = false;
     if worker.model().is_none() {
-        let bearer = state.config.api_key.as_deref();
-        if let Ok(model) = discover_model(&state.client, &worker.url, bearer, state.health_timeout()).await {
+        if let Ok(model) = learn_model(state, &worker.url).await {
             tracing::info!(worker = %worker.url, %model, "learned the worker's model");
             learned = worker.set_model(model);
         }

@@ -15,6 +15,7 @@ mod listen;
 mod loads;
 mod metrics;
 mod monitor;
+mod own_address;
 mod proxy;
 mod registry;
 mod replica_sync;

@@ -45,6 +45,7 @@ pub struct Metrics {
     pub kv_events_live_ranks: IntGaugeVec,
     pub kv_index_blocks: IntGaugeVec,
     pub tokenize_failures: IntCounterVec,
+    pub oversized_answers: IntCounterVec,
     pub queue_depth: IntGauge,
     pub admission_rejected: IntCounterVec,
     pub replica_sync: crate::replica_sync::ReplicaSyncMetrics,
@@ -237,6 +238,11 @@ impl Metrics {
                 "Requests the gateway could not tokenize (routed on their text instead), by endpoint.",
                 &["endpoint"],
             ),
+            oversized_answers: counter(
+                "kvgate_oversized_answers_total",
+                "Answers of workers or peers larger than their bound, not read past it, by source: health, models, loads (--max-probe-answer-bytes), prefill (--max-prefill-answer-bytes), kv_events, kv_replay (--kv-events-max-message-bytes), replica_sync (--replica-sync-max-message-bytes).",
+                &["source"],
+            ),
             queue_depth: register(
                 &registry,
                 IntGauge::new("kvgate_queue_depth", "Requests waiting in the admission queue.").expect("valid metric"),
@@ -338,6 +344,12 @@ impl Metrics {
                 slot.get_or_init(|| self.predicted_ttft.with_label_values(&[model, term])).observe(value);
             }
         }
+    }
+
+    /// Count an answer that went past its bound (`source`: health, models, loads, prefill,
+    /// kv_events, kv_replay, replica_sync).
+    pub fn count_oversized(&self, source: &str) {
+        self.oversized_answers.with_label_values(&[source]).inc();
     }
 
     /// Forget a removed worker's series.

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::loads::{parse_sglang, parse_vllm};
 use crate::state::SharedState;
-use crate::upstream::get;
+use crate::upstream::{get, GetError, Keep};
 use crate::worker::Worker;
 
 /// Where a worker's loads come from, learned on first contact.
@@ -152,7 +152,16 @@ async fn fetch(
         Source::Vllm => "/metrics",
     };
     let bearer = state.config.api_key.as_deref();
-    let (status, body) = get(&state.client, &format!("{}{path}", worker.url), bearer, timeout).await?;
+    let url = format!("{}{path}", worker.url);
+    let limit = state.config.max_probe_answer_bytes;
+    let (status, body) = match get(&state.client, &url, bearer, timeout, limit, Keep::Body).await {
+        Ok(answer) => answer,
+        Err(error @ GetError::Oversized { .. }) => {
+            state.metrics.count_oversized("loads");
+            return Err(error.to_string());
+        }
+        Err(GetError::Failed(error)) => return Err(error),
+    };
     if !status.is_success() {
         return Err(format!("GET {path} answered {status}"));
     }

@@ -86,27 +86,98 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// GET `url` with a deadline; returns the status and the whole (small) body.
+/// Why a worker's answer was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error("{0}")]
+    Failed(String),
+    /// The body went past the limit (`--max-probe-answer-bytes`, ...): the rest was not read and
+    /// the connection is dropped.
+    #[error("the answer is larger than {limit} bytes")]
+    Oversized { limit: usize },
+}
+
+/// Reads `body` to its end, keeping at most `limit` bytes: past it, stops reading and says so
+/// (nothing past the limit is ever buffered).
+pub async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, GetError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let mut body = std::pin::pin!(body);
+    let mut buffer = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| GetError::Failed(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if buffer.len() + data.len() > limit {
+                return Err(GetError::Oversized { limit });
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok(buffer.freeze())
+}
+
+/// Reads `body` to its end without keeping it (so its connection can be reused), up to `limit`
+/// bytes: past it, stops and says so.
+pub async fn drain_limited<B>(body: B, limit: usize) -> Result<(), GetError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let mut body = std::pin::pin!(body);
+    let mut read = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| GetError::Failed(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            read = read.saturating_add(data.len());
+            if read > limit {
+                return Err(GetError::Oversized { limit });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What to do with an answer's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Return it (at most the limit).
+    Body,
+    /// Only the status matters: read it to its end (at most the limit) and drop it.
+    Status,
+}
+
+/// GET `url` with a deadline; returns the status and the body, read up to `limit` bytes
+/// (`Keep::Status`: read and dropped, an empty body is returned).
 pub async fn get(
     client: &HttpClient,
     url: &str,
     bearer: Option<&str>,
     timeout: Duration,
-) -> Result<(StatusCode, Bytes), String> {
+    limit: usize,
+    keep: Keep,
+) -> Result<(StatusCode, Bytes), GetError> {
     let mut builder = Request::get(url);
     if let Some(token) = bearer {
         builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
     }
-    let request = builder.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let request = builder.body(Full::new(Bytes::new())).map_err(|e| GetError::Failed(e.to_string()))?;
     let exchange = async {
-        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let response = client.request(request).await.map_err(|e| GetError::Failed(e.to_string()))?;
         let status = response.status();
-        let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok::<_, String>((status, body))
+        let body = match keep {
+            Keep::Body => read_limited(response.into_body(), limit).await?,
+            Keep::Status => {
+                drain_limited(response.into_body(), limit).await?;
+                Bytes::new()
+            }
+        };
+        Ok::<_, GetError>((status, body))
     };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| format!("no answer within {:.1} s", timeout.as_secs_f64()))?
+    tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+        GetError::Failed(format!("no answer within {:.1} s", timeout.as_secs_f64()))
+    })?
 }
 
 /// Ask a worker which model it serves (`GET /v1/models`, first entry).
@@ -115,15 +186,18 @@ pub async fn discover_model(
     worker_url: &str,
     bearer: Option<&str>,
     timeout: Duration,
-) -> Result<String, String> {
-    let (status, body) = get(client, &format!("{worker_url}/v1/models"), bearer, timeout).await?;
+    limit: usize,
+) -> Result<String, GetError> {
+    let url = format!("{worker_url}/v1/models");
+    let (status, body) = get(client, &url, bearer, timeout, limit, Keep::Body).await?;
+    let failed = |message: String| GetError::Failed(message);
     if !status.is_success() {
-        return Err(format!("GET /v1/models answered {status}"));
+        return Err(failed(format!("GET /v1/models answered {status}")));
     }
     let value: serde_json::Value =
-        serde_json::from_slice(&body).map_err(|e| format!("GET /v1/models: invalid JSON: {e}"))?;
+        serde_json::from_slice(&body).map_err(|e| failed(format!("GET /v1/models: invalid JSON: {e}")))?;
     value["data"][0]["id"]
         .as_str()
         .map(str::to_string)
-        .ok_or_else(|| "GET /v1/models: no model id in data[0].id".to_string())
+        .ok_or_else(|| failed("GET /v1/models: no model id in data[0].id".to_string()))
 }

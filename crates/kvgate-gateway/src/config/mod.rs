@@ -75,6 +75,20 @@ pub struct GatewayConfig {
     /// ZMQ topic the engines publish KV events under.
     #[arg(long, default_value = "")]
     pub kv_events_topic: String,
+    /// Largest KV event message (a live batch or a replayed one) applied, in bytes; a larger one
+    /// is dropped like a lost batch (the worker's index entries are cleared) and counted.
+    #[arg(long, default_value_t = 16 * 1024 * 1024, value_name = "BYTES")]
+    pub kv_events_max_message_bytes: usize,
+    /// Most KV blocks the exact index holds for one engine cache (a worker's rank) when its
+    /// engine reports no capacity; a stored event past it is refused alone (counted in
+    /// `kvgate_kv_events_refused_total{reason="over_capacity"}`).
+    #[arg(long, default_value_t = 262144, value_name = "BLOCKS")]
+    pub kv_index_max_blocks_per_worker: usize,
+    /// When the engine reports its KV capacity (`max_total_num_tokens` in its load report), the
+    /// index holds at most that capacity in blocks times this factor for it (room for offload
+    /// tiers and for events racing evictions).
+    #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
+    pub kv_index_capacity_slack: f64,
     /// Tokenizer for matching requests to KV blocks: a Hugging Face tokenizer.json, or a directory
     /// holding it and tokenizer_config.json (the chat template). Never downloaded.
     #[arg(long, value_name = "DIR_OR_FILE")]
@@ -125,6 +139,16 @@ pub struct GatewayConfig {
     /// worker (nothing has reached the client yet); unset: wait up to --request-timeout-secs.
     #[arg(long)]
     pub ttfb_timeout_secs: Option<f64>,
+
+    /// Largest answer read from a worker's health endpoint, `GET /v1/models` and load endpoint
+    /// (`/v1/loads`, `/metrics`), in bytes; past it the probe or poll fails without reading the
+    /// rest (counted in `kvgate_oversized_answers_total`).
+    #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
+    pub max_probe_answer_bytes: usize,
+    /// Largest prefill answer of a disaggregated pair read, in bytes (vLLM: parsed for its
+    /// kv_transfer_params; SGLang: drained); past it the prefill side failed.
+    #[arg(long, default_value_t = 16 * 1024 * 1024, value_name = "BYTES")]
+    pub max_prefill_answer_bytes: usize,
 
     /// Seconds between health checks of each worker.
     #[arg(long, default_value_t = 10.0)]

@@ -77,6 +77,15 @@ impl GatewayConfig {
         ] {
             checks.at_least(field, value.into(), 1);
         }
+        for (field, value) in [
+            ("max_probe_answer_bytes", self.max_probe_answer_bytes),
+            ("max_prefill_answer_bytes", self.max_prefill_answer_bytes),
+            ("kv_events_max_message_bytes", self.kv_events_max_message_bytes),
+        ] {
+            checks.at_least(field, value as u64, 1024);
+        }
+        checks.at_least("kv_index_max_blocks_per_worker", self.kv_index_max_blocks_per_worker as u64, 1);
+        checks.in_range("kv_index_capacity_slack", self.kv_index_capacity_slack, Range::new(1.0, true, 1000.0, true));
         if self.max_concurrent_requests == Some(0) {
             checks.push(
                 FieldError::new("max_concurrent_requests", "must be at least 1 (leave unset for no limit)")
