@@ -84,9 +84,13 @@ fn replica_config(fleet: &MockFleet, redis: Option<&Redis>) -> GatewayConfig {
     cfg.routing.policy = PolicyKind::CacheAware;
     cfg.expose_routing_headers = true;
     cfg.replica_sync_redis_url = redis.map(Redis::url);
+    cfg.replica_sync_secret = redis.map(|_| SECRET.to_string());
     cfg.replica_sync_interval_ms = 50;
     cfg
 }
+
+/// The replicas' shared secret in these tests.
+const SECRET: &str = "replica-sync-test-secret";
 
 async fn metrics_text(url: &str) -> String {
     client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap()
@@ -237,6 +241,7 @@ async fn peers_requests_in_flight_count_in_the_candidates() {
     upstream.hold_stream.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut cfg = config(vec![upstream.url.clone()]);
     cfg.replica_sync_redis_url = Some(redis.url());
+    cfg.replica_sync_secret = Some(SECRET.to_string());
     cfg.replica_sync_interval_ms = 50;
     let replicas = vec![gateway(cfg.clone()).await, gateway(cfg).await];
     wait_peers(&replicas).await;
@@ -315,6 +320,7 @@ fn bad_replica_sync_options_are_configuration_errors() {
         replica_sync_channel: String::new(),
         replica_sync_interval_ms: 0,
         replica_sync_max_blocks: 0,
+        replica_sync_max_peers: 0,
         ..GatewayConfig::default()
     };
     let fields: Vec<_> = config.validate().unwrap_err().iter().map(|e| e.field.clone()).collect();
@@ -324,12 +330,18 @@ fn bad_replica_sync_options_are_configuration_errors() {
             "replica_sync_redis_url",
             "replica_sync_channel",
             "replica_sync_interval_ms",
-            "replica_sync_max_blocks"
+            "replica_sync_max_blocks",
+            "replica_sync_secret",
+            "replica_sync_max_peers"
         ]
     );
     let fine = GatewayConfig {
         replica_sync_redis_url: Some("redis://127.0.0.1:6379/2".into()),
+        replica_sync_secret: Some(SECRET.into()),
         ..GatewayConfig::default()
     };
     assert!(fine.validate().is_ok());
+    let short = GatewayConfig { replica_sync_secret: Some("short".into()), ..fine };
+    let errors = short.validate().unwrap_err().to_string();
+    assert!(errors.contains("replica_sync_secret (--replica-sync-secret): must be at least 16 bytes"), "{errors}");
 }

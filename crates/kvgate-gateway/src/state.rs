@@ -73,10 +73,24 @@ impl AppState {
             (None, false) => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
-        let replica_sync = config
-            .replica_sync_redis_url
-            .is_some()
-            .then(|| Arc::new(crate::replica_sync::ReplicaSync::new(metrics.replica_sync.clone())));
+        let replica_sync = match (&config.replica_sync_redis_url, &config.replica_sync_secret) {
+            (Some(_), Some(secret)) => {
+                let limits = crate::replica_sync::SyncLimits {
+                    max_message_bytes: config.replica_sync_max_message_bytes,
+                    max_hashes_per_record: config.replica_sync_max_hashes_per_record,
+                    max_peers: config.replica_sync_max_peers,
+                    max_peer_in_flight: config.replica_sync_max_peer_in_flight,
+                    max_age: Duration::from_millis(config.replica_sync_max_age_ms),
+                };
+                let sync = crate::replica_sync::ReplicaSync::new(
+                    metrics.replica_sync.clone(),
+                    secret.as_bytes(),
+                    limits,
+                );
+                Some(Arc::new(sync))
+            }
+            _ => None,
+        };
         Ok(Self {
             tokenizer,
             registry: Registry::new(

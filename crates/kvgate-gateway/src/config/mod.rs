@@ -271,6 +271,30 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = 1048576)]
     pub replica_sync_max_blocks: usize,
 
+    /// The secret every replica of a deployment shares: each message is signed with it
+    /// (HMAC-SHA256) and peers' messages that do not verify are dropped. Required with
+    /// --replica-sync-redis-url; at least 16 bytes.
+    #[arg(long, env = "KVGATE_REPLICA_SYNC_SECRET", hide_env_values = true)]
+    pub replica_sync_secret: Option<String>,
+    /// Oldest peer message applied, in milliseconds (also the clock difference tolerated
+    /// between replicas); older ones, and ones numbered at or below their sender's last, are
+    /// dropped as replays.
+    #[arg(long, default_value_t = 10000)]
+    pub replica_sync_max_age_ms: u64,
+    /// Largest replica-sync message read, in bytes (this replica's own stay below half of it).
+    #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
+    pub replica_sync_max_message_bytes: usize,
+    /// Most block hashes in one routing record: this replica sends a prompt's first ones; a
+    /// peer's longer record is dropped alone.
+    #[arg(long, default_value_t = 4096)]
+    pub replica_sync_max_hashes_per_record: usize,
+    /// Most peer replicas tracked at once; messages of further replica ids are dropped.
+    #[arg(long, default_value_t = 64)]
+    pub replica_sync_max_peers: usize,
+    /// Most requests one peer may claim in flight on one worker; larger claims are clamped.
+    #[arg(long, default_value_t = 1024)]
+    pub replica_sync_max_peer_in_flight: u64,
+
     /// Serve client connections on this many I/O threads (default: one per CPU core), each with
     /// its own single-threaded runtime, its own SO_REUSEPORT listener and its own upstream
     /// connections, so a connection's requests never cross threads (nginx's worker model); 0
@@ -393,7 +417,7 @@ impl GatewayConfig {
     /// The configuration as YAML, readable back with `--config` (secrets shown as `<set>`).
     pub fn to_yaml(&self) -> Result<String, String> {
         let mut shown = self.clone();
-        for secret in [&mut shown.admin_api_key, &mut shown.api_key] {
+        for secret in [&mut shown.admin_api_key, &mut shown.api_key, &mut shown.replica_sync_secret] {
             if secret.is_some() {
                 *secret = Some("<set>".into());
             }

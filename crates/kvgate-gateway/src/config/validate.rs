@@ -163,6 +163,22 @@ impl GatewayConfig {
         checks.ensure(!self.replica_sync_channel.is_empty(), "replica_sync_channel", "must not be empty");
         checks.at_least("replica_sync_interval_ms", self.replica_sync_interval_ms, 1);
         checks.at_least("replica_sync_max_blocks", self.replica_sync_max_blocks as u64, 1);
+        match (&self.replica_sync_redis_url, &self.replica_sync_secret) {
+            (Some(_), None) => checks.push(FieldError::new(
+                "replica_sync_secret",
+                "is required with replica_sync_redis_url: every message is signed with it (the same on every replica)",
+            )),
+            (_, Some(secret)) if secret.len() < 16 => checks.push(FieldError::new(
+                "replica_sync_secret",
+                format!("must be at least 16 bytes, got {}", secret.len()),
+            )),
+            _ => {}
+        }
+        checks.at_least("replica_sync_max_age_ms", self.replica_sync_max_age_ms, 1);
+        checks.at_least("replica_sync_max_message_bytes", self.replica_sync_max_message_bytes as u64, 4096);
+        checks.at_least("replica_sync_max_hashes_per_record", self.replica_sync_max_hashes_per_record as u64, 1);
+        checks.at_least("replica_sync_max_peers", self.replica_sync_max_peers as u64, 1);
+        checks.at_least("replica_sync_max_peer_in_flight", self.replica_sync_max_peer_in_flight, 1);
     }
 
     fn validate_pd(&self, errors: &mut Checks) {
