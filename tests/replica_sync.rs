@@ -343,5 +343,8 @@ fn bad_replica_sync_options_are_configuration_errors() {
     assert!(fine.validate().is_ok());
     let short = GatewayConfig { replica_sync_secret: Some("short".into()), ..fine };
     let errors = short.validate().unwrap_err().to_string();
-    assert!(errors.contains("replica_sync_secret (--replica-sync-secret): must be at least 16 bytes"), "{errors}");
+    assert!(
+        errors.contains("replica_sync_secret (--replica-sync-secret): must be at least 16 bytes"),
+        "{errors}"
+    );
 }

@@ -17,6 +17,8 @@ use bytes::Bytes;
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use tokio::sync::Notify;
 
+pub mod kv_wire;
+
 /// How a test upstream behaves; flip fields at run time.
 pub struct Upstream {
     pub name: String,

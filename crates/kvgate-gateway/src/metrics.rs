@@ -45,6 +45,8 @@ pub struct Metrics {
     pub kv_events_live_ranks: IntGaugeVec,
     pub kv_index_blocks: IntGaugeVec,
     pub tokenize_failures: IntCounterVec,
+    pub tokenize_limited: IntCounterVec,
+    pub tokenizer_pending: IntGauge,
     pub oversized_answers: IntCounterVec,
     pub queue_depth: IntGauge,
     pub admission_rejected: IntCounterVec,
@@ -237,6 +239,19 @@ impl Metrics {
                 "kvgate_tokenize_failures_total",
                 "Requests the gateway could not tokenize (routed on their text instead), by endpoint.",
                 &["endpoint"],
+            ),
+            tokenize_limited: counter(
+                "kvgate_tokenize_limited_total",
+                "Requests not tokenized whole, by endpoint and reason: prefix (longer than --max-tokenize-chars: routed on the ids of its first characters), queue_full (the tokenizer threads' queue was full: routed on its text).",
+                &["endpoint", "reason"],
+            ),
+            tokenizer_pending: register(
+                &registry,
+                IntGauge::new(
+                    "kvgate_tokenizer_pending",
+                    "Inputs handed to the tokenizer threads and not finished (running or queued).",
+                )
+                .expect("valid metric"),
             ),
             oversized_answers: counter(
                 "kvgate_oversized_answers_total",

@@ -130,7 +130,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         }
     }
 
-    if state.tokenizer.is_none()
+    if state.tokenization.is_none()
         && state.config.kv_events_endpoints.iter().any(|e| e != crate::kv_events::NO_ENDPOINT)
     {
         tracing::warn!(
@@ -138,8 +138,8 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
              token ids (/generate input_ids) can be matched against the exact index"
         );
     }
-    if let Some(tokenizer) = &state.tokenizer {
-        match tokenizer.segment_cache_status() {
+    if let Some(tokenization) = &state.tokenization {
+        match tokenization.tokenizer().segment_cache_status() {
             kvgate_tokenizer::SegmentCacheStatus::Unsupported { reason } => tracing::warn!(
                 %reason,
                 "the tokenizer's segment cache is off: every request is tokenized whole"

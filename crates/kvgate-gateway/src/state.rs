@@ -33,8 +33,9 @@ pub struct AppState {
     pub ttfb_timeout: Option<Duration>,
     /// The header carrying a request's session key (validated with the configuration).
     pub routing_key_header: http::HeaderName,
-    /// Turns requests into the engines' token ids, for the exact index (when configured).
-    pub tokenizer: Option<Arc<Tokenizer>>,
+    /// Turns requests into the engines' token ids, for the exact index (when configured), on
+    /// its own threads.
+    pub(crate) tokenization: Option<crate::tokenize::Tokenization>,
     /// This gateway's random id in the `x-kvgate-via` hop header (loop detection).
     pub instance: HeaderValue,
     /// The address the gateway listens on (set once bound): never registered as a worker.
@@ -65,12 +66,22 @@ impl AppState {
             None => None,
         };
         let tokenizer = match (&config.tokenizer_path, config.mock_tokenizer) {
-            (Some(path), _) => Some(Arc::new(
+            (Some(path), _) => Some(
                 Tokenizer::from_path(path, config.chat_template.as_deref())
                     .map_err(|e| format!("loading the tokenizer: {e}"))?,
-            )),
-            (None, true) => Some(Arc::new(Tokenizer::mock())),
+            ),
+            (None, true) => Some(Tokenizer::mock()),
             (None, false) => None,
+        };
+        let tokenization = match tokenizer {
+            Some(tokenizer) => Some(crate::tokenize::Tokenization::new(
+                tokenizer,
+                config.tokenizer_thread_count(),
+                config.tokenizer_queue_size,
+                config.max_tokenize_chars,
+                metrics.clone(),
+            )?),
+            None => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
         let replica_sync = match (&config.replica_sync_redis_url, &config.replica_sync_secret) {
@@ -92,7 +103,7 @@ impl AppState {
             _ => None,
         };
         Ok(Self {
-            tokenizer,
+            tokenization,
             registry: Registry::new(
                 config.routing.clone(),
                 config

@@ -175,9 +175,9 @@ pub async fn get(
         };
         Ok::<_, GetError>((status, body))
     };
-    tokio::time::timeout(timeout, exchange).await.map_err(|_| {
-        GetError::Failed(format!("no answer within {:.1} s", timeout.as_secs_f64()))
-    })?
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| GetError::Failed(format!("no answer within {:.1} s", timeout.as_secs_f64())))?
 }
 
 /// Ask a worker which model it serves (`GET /v1/models`, first entry).

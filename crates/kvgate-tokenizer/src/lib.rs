@@ -184,19 +184,16 @@ impl Tokenizer {
         }
     }
 
-    /// Token ids of a completion prompt's first `max_chars` characters (the whole prompt when
-    /// it is shorter): what an exact prefix index needs of a prompt too long to tokenize whole.
-    /// The last token may differ from the whole prompt's (the cut may split a word).
-    pub fn encode_prompt_prefix(&self, text: &str, max_chars: usize) -> Result<Vec<u32>, TokenizerError> {
-        self.encode_prompt(chat::first_chars(text, max_chars))
-    }
-
     /// Token ids of the first `max_chars` characters of a raw chat request's rendered prompt:
     /// only the leading messages needed for them are rendered (as history: no generation
     /// prompt), so the work is bounded by `max_chars`, not by the conversation. For templates
     /// that render each message in turn, a prefix of [`Tokenizer::encode_chat_request`]'s ids
     /// up to its last token or so.
-    pub fn encode_chat_request_prefix(&self, body: &[u8], max_chars: usize) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode_chat_request_prefix(
+        &self,
+        body: &[u8],
+        max_chars: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => {
                 let rendered = hf.render_chat(ChatInput::from_body(body)?.leading(max_chars))?;

@@ -96,6 +96,19 @@ pub struct GatewayConfig {
     /// Chat template file (Jinja) overriding the tokenizer's.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<std::path::PathBuf>,
+    /// Threads tokenizing requests for the exact index, apart from the I/O threads (default:
+    /// half the CPU cores, at least one). Inputs of at most 2 KiB are tokenized inline.
+    #[arg(long, value_name = "N")]
+    pub tokenizer_threads: Option<usize>,
+    /// Inputs waiting for a tokenizer thread beyond the running ones; when it is full a request
+    /// routes on its text (the approximate tree) instead of waiting.
+    #[arg(long, default_value_t = 64)]
+    pub tokenizer_queue_size: usize,
+    /// Longest input tokenized, in characters: a longer prompt (or rendered conversation) is
+    /// routed on the token ids of its first this-many characters (the prefix the exact index
+    /// matches), so one request costs the tokenizer a bounded time.
+    #[arg(long, default_value_t = 262144)]
+    pub max_tokenize_chars: usize,
     /// Tokenize as kvgate's simulated engines do (one word = one token); set by
     /// `launch --mock-workers`.
     #[arg(long)]
@@ -343,6 +356,13 @@ impl GatewayConfig {
     /// 0 when they are served on the caller's runtime.
     pub fn io_thread_count(&self) -> usize {
         self.io_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// How many threads tokenize (`--tokenizer-threads`, by default half the cores, at least 1).
+    pub fn tokenizer_thread_count(&self) -> usize {
+        self.tokenizer_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) / 2)
+            .max(1)
     }
 }
 

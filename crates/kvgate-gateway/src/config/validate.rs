@@ -84,8 +84,19 @@ impl GatewayConfig {
         ] {
             checks.at_least(field, value as u64, 1024);
         }
+        if self.tokenizer_threads.is_some_and(|n| n == 0 || n > 1024) {
+            checks.push(
+                FieldError::new("tokenizer_threads", "must be between 1 and 1024")
+                    .got(self.tokenizer_threads.unwrap_or(0)),
+            );
+        }
+        checks.at_least("max_tokenize_chars", self.max_tokenize_chars as u64, 64);
         checks.at_least("kv_index_max_blocks_per_worker", self.kv_index_max_blocks_per_worker as u64, 1);
-        checks.in_range("kv_index_capacity_slack", self.kv_index_capacity_slack, Range::new(1.0, true, 1000.0, true));
+        checks.in_range(
+            "kv_index_capacity_slack",
+            self.kv_index_capacity_slack,
+            Range::new(1.0, true, 1000.0, true),
+        );
         if self.max_concurrent_requests == Some(0) {
             checks.push(
                 FieldError::new("max_concurrent_requests", "must be at least 1 (leave unset for no limit)")
@@ -176,7 +187,11 @@ impl GatewayConfig {
         }
         checks.at_least("replica_sync_max_age_ms", self.replica_sync_max_age_ms, 1);
         checks.at_least("replica_sync_max_message_bytes", self.replica_sync_max_message_bytes as u64, 4096);
-        checks.at_least("replica_sync_max_hashes_per_record", self.replica_sync_max_hashes_per_record as u64, 1);
+        checks.at_least(
+            "replica_sync_max_hashes_per_record",
+            self.replica_sync_max_hashes_per_record as u64,
+            1,
+        );
         checks.at_least("replica_sync_max_peers", self.replica_sync_max_peers as u64, 1);
         checks.at_least("replica_sync_max_peer_in_flight", self.replica_sync_max_peer_in_flight, 1);
     }

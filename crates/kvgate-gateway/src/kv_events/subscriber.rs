@@ -261,7 +261,10 @@ impl RankSubscription {
             Ok(Ok(())) => joined,
             Ok(Err(ReplayError::Oversized)) => {
                 self.state.metrics.count_oversized("kv_replay");
-                self.warn(live, &format!("KV event replay from {endpoint}: a reply over {limit} bytes; stopped"));
+                self.warn(
+                    live,
+                    &format!("KV event replay from {endpoint}: a reply over {limit} bytes; stopped"),
+                );
                 false
             }
             Ok(Err(ReplayError::Failed(error))) => {

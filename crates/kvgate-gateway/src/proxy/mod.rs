@@ -21,7 +21,7 @@ use kvgate_policy::{RouteRequest, RoutingKey};
 use rand::Rng;
 
 use crate::error::ApiError;
-use crate::request::{estimate_tokens, OwnedKey, RequestFields};
+use crate::request::{OwnedKey, RequestFields};
 use crate::role::PdProtocol;
 use crate::state::AppState;
 use attempt::{attempt, Attempt};
@@ -186,10 +186,10 @@ where
     let pools = model_pools(state, fields.model.as_deref())?;
     let shape = Shape::of(state, &pools, endpoint)?;
     fields.check(endpoint).map_err(ApiError::BadRequest)?;
-    let key = if shape.needs_routing_key() {
-        crate::tokenize::routing_key(state, shape.key_pool(), endpoint, &fields, &bytes)
+    let (key, prompt_tokens) = if shape.needs_routing_key() {
+        crate::tokenize::routing_key(state, shape.key_pool(), endpoint, &fields, &bytes).await
     } else {
-        OwnedKey::None
+        (OwnedKey::None, 0)
     };
     let session = parts
         .headers
@@ -206,7 +206,7 @@ where
             OwnedKey::Text(text) => RoutingKey::Text(text),
             OwnedKey::Tokens(ids) => RoutingKey::Tokens(ids),
         },
-        prompt_tokens: estimate_tokens(&key),
+        prompt_tokens,
         session,
     };
     let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path());

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use super::plan::{Pick, RoutePlan, Shape};
 use super::{model_pools, Endpoint};
 use crate::error::ApiError;
-use crate::request::{estimate_tokens, OwnedKey, RequestFields};
+use crate::request::{OwnedKey, RequestFields};
 use crate::state::SharedState;
 
 #[derive(Debug, Deserialize)]
@@ -32,7 +32,7 @@ pub async fn route(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match decide(&state, &query, &headers, &body) {
+    match decide(&state, &query, &headers, &body).await {
         Ok(answer) => Json(answer).into_response(),
         Err(error) => error.into_response(),
     }
@@ -58,7 +58,7 @@ fn endpoint(query: &RouteQuery, fields: &RequestFields<'_>) -> Result<Endpoint, 
     })
 }
 
-fn decide(
+async fn decide(
     state: &SharedState,
     query: &RouteQuery,
     headers: &HeaderMap,
@@ -73,10 +73,10 @@ fn decide(
     let pools = model_pools(state, fields.model.as_deref())?;
     let shape = Shape::of(state, &pools, endpoint)?;
     fields.check(endpoint).map_err(ApiError::BadRequest)?;
-    let key = if shape.needs_routing_key() {
-        crate::tokenize::routing_key(state, shape.key_pool(), endpoint, &fields, body)
+    let (key, prompt_tokens) = if shape.needs_routing_key() {
+        crate::tokenize::routing_key(state, shape.key_pool(), endpoint, &fields, body).await
     } else {
-        OwnedKey::None
+        (OwnedKey::None, 0)
     };
     let session = headers
         .get(&state.routing_key_header)
@@ -88,7 +88,7 @@ fn decide(
             OwnedKey::Text(text) => RoutingKey::Text(text),
             OwnedKey::Tokens(ids) => RoutingKey::Tokens(ids),
         },
-        prompt_tokens: estimate_tokens(&key),
+        prompt_tokens,
         session,
     };
     Ok(match shape.dry_run(state, &request)? {

@@ -62,7 +62,10 @@ fn a_store_past_the_cache_bound_is_refused_alone() {
     // Blocks already held do not count again; the next event within the bound is applied.
     cache.apply_stored(stored(&[2, 3], Some(1), &[3, 4, 5, 6])).unwrap();
     assert_eq!(cache.len(), 3);
-    assert!(matches!(cache.apply_stored(stored(&[4], Some(3), &[7, 8])), Err(ApplyError::OverCapacity { .. })));
+    assert!(matches!(
+        cache.apply_stored(stored(&[4], Some(3), &[7, 8])),
+        Err(ApplyError::OverCapacity { .. })
+    ));
     assert_eq!(cache.apply_removed(&[3], None), 0);
     cache.apply_stored(stored(&[4], Some(2), &[7, 8])).unwrap();
     assert_eq!(overlap(&index, &[1, 2, 3, 4, 7, 8]), [(3, 6)]);
