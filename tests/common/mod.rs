@@ -18,6 +18,7 @@ use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use tokio::sync::Notify;
 
 pub mod kv_wire;
+pub mod redis;
 
 /// How a test upstream behaves; flip fields at run time.
 pub struct Upstream {

@@ -367,6 +367,12 @@ impl Metrics {
         self.oversized_answers.with_label_values(&[source]).inc();
     }
 
+    /// The count of `count_oversized(source)`.
+    #[cfg(test)]
+    pub fn count_oversized_value(&self, source: &str) -> u64 {
+        self.oversized_answers.with_label_values(&[source]).get()
+    }
+
     /// Forget a removed worker's series.
     pub fn remove_worker(&self, url: &str) {
         let _ = self.in_flight.remove_label_values(&[url]);

@@ -9,6 +9,8 @@
 
 mod metrics;
 mod session;
+#[cfg(test)]
+mod tests;
 mod wire;
 
 use std::collections::HashMap;

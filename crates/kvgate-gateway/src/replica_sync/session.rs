@@ -38,7 +38,7 @@ enum Ended {
 }
 
 /// What this replica knows of one peer.
-struct Peer {
+pub(super) struct Peer {
     /// The last message number applied (later ones only).
     last_seq: u64,
     heard_at: Instant,
@@ -48,12 +48,12 @@ struct Peer {
 
 /// The peers heard from, by replica id (at most `--replica-sync-max-peers`).
 #[derive(Default)]
-struct Peers {
+pub(super) struct Peers {
     peers: HashMap<u64, Peer>,
 }
 
 /// Milliseconds since the Unix epoch (the replicas' shared clock for a message's age).
-fn unix_ms() -> u64 {
+pub(super) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
 }
 
@@ -195,7 +195,7 @@ fn record_size(routed: &Routed) -> usize {
 /// Applies a peer's message: its routing records to the pools' peer block indexes, its
 /// in-flight counts to the peers' table (summed on the next tick). Anything not signed with
 /// the secret, stale, replayed, from one peer too many or over a cap is dropped and counted.
-fn apply(state: &SharedState, sync: &ReplicaSync, peers: &mut Peers, payload: &[u8]) {
+pub(super) fn apply(state: &SharedState, sync: &ReplicaSync, peers: &mut Peers, payload: &[u8]) {
     let limits = &sync.limits;
     let drop = |kind: &str| sync.metrics.errors.with_label_values(&[kind]).inc();
     let message = match sync.seal.open(payload, limits.max_message_bytes) {
@@ -261,7 +261,7 @@ fn apply(state: &SharedState, sync: &ReplicaSync, peers: &mut Peers, payload: &[
 
 /// Drops in-flight counts not refreshed within five intervals (and peers not heard from within
 /// the longer of that and the message age limit), and publishes the peers' total.
-fn expire(sync: &ReplicaSync, peers: &mut Peers, interval: Duration) {
+pub(super) fn expire(sync: &ReplicaSync, peers: &mut Peers, interval: Duration) {
     let now = Instant::now();
     let fresh = interval * 5;
     let remembered = fresh.max(sync.limits.max_age);
