@@ -445,6 +445,8 @@ impl GatewayConfig {
         if !shown.client_api_keys.is_empty() {
             shown.client_api_keys = vec!["<set>".into()];
         }
+        // A Redis password in the URL (AUTH) is a secret too.
+        shown.replica_sync_redis_url = shown.replica_sync_redis_url.map(|url| crate::worker::redact_credentials(&url));
         serde_norway::to_string(&shown).map_err(|e| e.to_string())
     }
 

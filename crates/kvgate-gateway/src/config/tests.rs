@@ -192,6 +192,7 @@ fn the_printed_configuration_reads_back() {
         port: 31234,
         api_key: Some("hunter2-api".into()),
         replica_sync_secret: Some("hunter2-replica-sync".into()),
+        replica_sync_redis_url: Some("rediss://kvgate:hunter2@127.0.0.1:6380".into()),
         ..GatewayConfig::default()
     };
     let yaml = config.to_yaml().unwrap();
