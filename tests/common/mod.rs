@@ -35,6 +35,8 @@ pub struct Upstream {
     pub release: Notify,
     /// Last Authorization header seen on a proxied request.
     pub last_auth: std::sync::Mutex<Option<String>>,
+    /// Headers of the last proxied request.
+    pub last_headers: std::sync::Mutex<axum::http::HeaderMap>,
     /// Delay before answering proxied requests.
     pub delay_ms: AtomicUsize,
     /// Body of `GET /v1/loads` (SGLang shape); empty means 404.
@@ -107,6 +109,7 @@ async fn answer(
     up.peers.lock().unwrap().insert(peer);
     *up.last_auth.lock().unwrap() =
         headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+    *up.last_headers.lock().unwrap() = headers.clone();
     let delay = up.delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay as u64)).await;
@@ -189,6 +192,7 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
         hold_stream: AtomicBool::new(false),
         release: Notify::new(),
         last_auth: std::sync::Mutex::new(None),
+        last_headers: std::sync::Mutex::new(Default::default()),
         delay_ms: AtomicUsize::new(0),
         loads_body: std::sync::Mutex::new(sglang_loads(0.0, 0, 0)),
         loads_delay_ms: AtomicUsize::new(0),

@@ -6,6 +6,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod credentials;
 mod flood;
 mod kv_events;
 mod loops;

@@ -216,6 +216,12 @@ pub struct GatewayConfig {
     #[arg(long, env = "KVGATE_CLIENT_API_KEYS", value_delimiter = ',', hide_env_values = true)]
     pub client_api_keys: Vec<String>,
 
+    /// Forward the client's credentials (`Authorization`, `Cookie`, `X-Api-Key`, `Api-Key`) to
+    /// the worker. Off by default: a worker gets only --api-key. Never with --client-api-keys
+    /// (those are the gateway's).
+    #[arg(long)]
+    pub forward_client_auth: bool,
+
     /// Seconds a client has to send a complete request head, counted from the connection's
     /// start (TLS handshake included) or from the first byte of a later request; a client that
     /// has not finished by then (or sent nothing) is disconnected.
@@ -446,7 +452,8 @@ impl GatewayConfig {
             shown.client_api_keys = vec!["<set>".into()];
         }
         // A Redis password in the URL (AUTH) is a secret too.
-        shown.replica_sync_redis_url = shown.replica_sync_redis_url.map(|url| crate::worker::redact_credentials(&url));
+        shown.replica_sync_redis_url =
+            shown.replica_sync_redis_url.map(|url| crate::worker::redact_credentials(&url));
         serde_norway::to_string(&shown).map_err(|e| e.to_string())
     }
 
