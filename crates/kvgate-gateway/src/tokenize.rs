@@ -8,7 +8,8 @@
 //! An input longer than `--max-tokenize-chars` is tokenized up to that many characters (the
 //! prefix the exact index matches on), and when more than `--tokenizer-queue-size` inputs wait,
 //! a request routes on its text (the approximate tree) instead of waiting. Both are counted in
-//! `kvgate_tokenize_limited_total`.
+//! `kvgate_tokenize_limited_total`. A text key is cut at the same length, so what the tree
+//! records of one request is bounded too.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -132,6 +133,20 @@ fn first_chars(text: &str, max_chars: usize) -> (&str, bool) {
     }
 }
 
+/// A text key cut to its first `max_chars` characters (what the approximate tree records of
+/// one request is bounded too).
+fn first_chars_of_key(key: OwnedKey<'_>, max_chars: usize) -> OwnedKey<'_> {
+    match key {
+        OwnedKey::Text(Cow::Borrowed(text)) => OwnedKey::Text(Cow::Borrowed(first_chars(text, max_chars).0)),
+        OwnedKey::Text(Cow::Owned(mut text)) => {
+            let end = first_chars(&text, max_chars).0.len();
+            text.truncate(end);
+            OwnedKey::Text(Cow::Owned(text))
+        }
+        other => other,
+    }
+}
+
 /// The key a prefix-aware policy matches `fields` on, and the prompt's estimated length in
 /// tokens. Tokenizes only when the model's workers publish KV events, the policy matches
 /// against the exact index, and a tokenizer is configured; a request the tokenizer cannot
@@ -143,10 +158,11 @@ pub(crate) async fn routing_key<'a>(
     fields: &'a RequestFields<'a>,
     body: &Bytes,
 ) -> (OwnedKey<'a>, u64) {
+    let max_chars = state.config.max_tokenize_chars;
     let text_key = || {
         let key = fields.routing_key();
         let tokens = estimate_tokens(&key);
-        (key, tokens)
+        (first_chars_of_key(key, max_chars), tokens)
     };
     let tokenization = match &state.tokenization {
         Some(tokenization) if pool.has_kv_events && pool.config.uses_exact_index() => tokenization,

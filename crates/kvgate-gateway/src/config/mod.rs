@@ -104,9 +104,9 @@ pub struct GatewayConfig {
     /// routes on its text (the approximate tree) instead of waiting.
     #[arg(long, default_value_t = 64)]
     pub tokenizer_queue_size: usize,
-    /// Longest input tokenized, in characters: a longer prompt (or rendered conversation) is
-    /// routed on the token ids of its first this-many characters (the prefix the exact index
-    /// matches), so one request costs the tokenizer a bounded time.
+    /// Longest prompt routed on, in characters: a longer prompt (or rendered conversation) is
+    /// routed on its first this-many characters (tokenized for the exact index, as text for the
+    /// approximate tree), so one request costs the tokenizer and the tree a bounded amount.
     #[arg(long, default_value_t = 262144)]
     pub max_tokenize_chars: usize,
     /// Tokenize as kvgate's simulated engines do (one word = one token); set by
