@@ -11,6 +11,7 @@ mod flood;
 mod kv_events;
 mod loops;
 mod replica_sync;
+mod rss;
 mod tokenize;
 mod worker_answers;
 
