@@ -56,3 +56,34 @@ async fn endless_load_answers_are_cut_at_the_bound() {
     assert_eq!(res.status(), 200);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_prefill_answer_is_cut_at_the_bound() {
+    for protocol in [kvgate_gateway::PdProtocol::Vllm, kvgate_gateway::PdProtocol::Sglang] {
+        let prefill = flood("m", &[], true, FLOOD).await;
+        let decode = crate::common::upstream("decode", "m").await;
+        let mut cfg = config(Vec::new());
+        cfg.pd_disaggregation = true;
+        cfg.pd_protocol = protocol;
+        cfg.prefill = vec![prefill.url.clone()];
+        cfg.decode = vec![decode.url.clone()];
+        cfg.max_prefill_answer_bytes = BOUND;
+        let gw = gateway(cfg).await;
+        let res = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&crate::common::chat("m"))
+            .send()
+            .await
+            .unwrap();
+        // vLLM: the prefill answer never yields its kv_transfer_params (502, no other prefill
+        // worker); SGLang: the decode side's answer is the client's, the prefill one is drained.
+        let expected = if protocol == kvgate_gateway::PdProtocol::Vllm { 502 } else { 200 };
+        assert_eq!(res.status(), expected, "{protocol:?}");
+        let _ = res.bytes().await;
+        let oversized = "kvgate_oversized_answers_total{source=\"prefill\"}";
+        assert_eq!(wait_metric(&gw, oversized, 1.0).await, 1.0, "{protocol:?}");
+        let sent = prefill.sent.load(Ordering::Relaxed);
+        assert!(sent < SENT_AT_MOST, "{protocol:?}: the prefill worker pushed {sent} bytes");
+        gw.shutdown().await;
+    }
+}
