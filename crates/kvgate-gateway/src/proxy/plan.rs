@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_index::{
-    prompt_blocks, prompt_hash, ExactRecordingTree, InFlightPrompt, PeerMerged, ReadOnlyTree,
+    choose_index, prompt_blocks, prompt_hash, ExactRecordingTree, InFlightPrompt, IndexInputs, PeerMerged,
+    ReadOnlyTree,
 };
 use kvgate_policy::{
-    Candidate, Decision, IndexKind, PrefixIndex, PrefixIndexMode, RouteRequest, RoutingKey, SelectContext,
+    Candidate, Candidates, Decision, IndexKind, PrefixIndex, RouteRequest, RoutingKey, SelectContext,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -223,7 +224,7 @@ fn choose(
     let peers_on =
         |url: &str| peer_in_flight.as_ref().and_then(|counts| counts.get(url)).copied().unwrap_or(0);
     let mut events_flowing = true;
-    let candidates: Vec<Candidate> = pool
+    let offered: Vec<Candidate> = pool
         .workers
         .iter()
         .filter(|w| !tried.contains(&w.id) && w.is_routable(now))
@@ -236,9 +237,7 @@ fn choose(
             }
         })
         .collect();
-    if candidates.is_empty() {
-        return None;
-    }
+    let candidates = Candidates::new(&offered).ok()?;
     let live = planning == Planning::Live;
     let exact_index = use_exact_index(pool, request, events_flowing);
     let recording = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
@@ -273,7 +272,7 @@ fn choose(
         rng: &mut rng,
         prefix_index: Some(prefix_index),
     };
-    let decision = pool.policy.select(request, &candidates, &mut ctx).ok()?;
+    let decision = pool.policy.select(request, candidates, &mut ctx).ok()?;
     let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
     if live {
         state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
@@ -291,15 +290,14 @@ fn choose(
     Some((worker, decision))
 }
 
-/// Whether to match against the exact index: the pool's workers publish KV events, the request
-/// has token ids, and the mode allows it (`auto`: every candidate's events flow).
+/// Whether to match against the exact index: the one rule of `kvgate_index::choose_index`, on
+/// the pool's mode and events, the request's key and whether every candidate's events flow.
 fn use_exact_index(pool: &ModelPool, request: &RouteRequest<'_>, events_flowing: bool) -> bool {
-    if !pool.has_kv_events || !matches!(request.key, RoutingKey::Tokens(_)) {
-        return false;
-    }
-    match pool.config.prefix_index {
-        PrefixIndexMode::Auto => events_flowing,
-        PrefixIndexMode::Exact => true,
-        PrefixIndexMode::Approximate => false,
-    }
+    let inputs = IndexInputs {
+        mode: pool.config.prefix_index,
+        has_kv_events: pool.has_kv_events,
+        key_is_tokens: matches!(request.key, RoutingKey::Tokens(_)),
+        events_flowing,
+    };
+    choose_index(&inputs) == IndexKind::Exact
 }
