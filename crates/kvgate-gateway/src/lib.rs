@@ -2,7 +2,8 @@
 //! chosen by a `kvgate-policy` policy, and owns everything with I/O around that choice: the worker
 //! registry, health checks, retries, circuit breakers and metrics.
 
-// The modules by layer, bottom first: each uses only its own layer and those below it.
+// The modules by layer, bottom first: each uses only its own layer and those below it
+// (`layers.rs` checks it, see ARCHITECTURE.md).
 // Leaf types.
 mod auth;
 mod clock;
@@ -43,6 +44,9 @@ mod proxy;
 mod admin;
 mod listen;
 mod server;
+
+#[cfg(test)]
+mod layers;
 
 pub use config::{GatewayConfig, GatewayConfigBuilder};
 pub use config::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
