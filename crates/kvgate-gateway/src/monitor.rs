@@ -218,3 +218,50 @@ pub fn update_age_gauges(registry: &Registry, loads: &LoadSnapshot, clock: Clock
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use kvgate_policy::PolicyConfig;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::registry::NewWorker;
+    use crate::worker::CircuitSettings;
+
+    /// The snapshot is built from its parts alone: a registry, the load snapshot and a clock.
+    #[test]
+    fn get_loads_lists_registered_workers_and_forgets_removed_ones() {
+        let circuit = CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::ZERO };
+        let registry = Registry::new(
+            PolicyConfig::default(),
+            BTreeMap::new(),
+            [None, None],
+            circuit,
+            Arc::new(Metrics::new()),
+            16,
+        );
+        let new = |url: &str| NewWorker { url: url.into(), model: Some("m".into()), ..NewWorker::default() };
+        let a = registry.add(new("http://127.0.0.1:1"), true).unwrap();
+        let b = registry.add(new("http://127.0.0.1:2"), true).unwrap();
+        let loads = LoadSnapshot::new(1000);
+        let sample = LoadSample { token_usage: 0.5, ..LoadSample::default() };
+        let registered: HashSet<WorkerId> = [a.id, b.id].into();
+        loads.publish(&[(a.id, sample), (b.id, sample), (99, sample)], &registered);
+        let listed = |loads: &LoadSnapshot| {
+            let json = snapshot_json(&registry, loads, Clock::start());
+            json["loads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["worker"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(&loads), ["http://127.0.0.1:1", "http://127.0.0.1:2"], "99 was never registered");
+        loads.forget(a.id);
+        assert_eq!(listed(&loads), ["http://127.0.0.1:2"]);
+        let json = snapshot_json(&registry, &loads, Clock::start());
+        assert_eq!((json["polling"].as_bool(), json["interval_ms"].as_u64()), (Some(false), Some(1000)));
+    }
+}

@@ -159,58 +159,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         None => None,
     };
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let config = &state.config;
-    // Each background loop is built from the parts it needs, never the whole state.
-    let health = HealthLoop {
-        registry: state.registry.clone(),
-        loads: state.loads.clone(),
-        check: state.health_check.clone(),
-        metrics: state.metrics.clone(),
-        interval: Duration::from_secs_f64(config.health_check_interval_secs),
-        failure_threshold: config.health_failure_threshold,
-        success_threshold: config.health_success_threshold,
-        probes_disabled: config.disable_health_check,
-    };
-    let monitor = LoadMonitor {
-        registry: state.registry.clone(),
-        loads: state.loads.clone(),
-        client: state.client.clone(),
-        bearer: config.api_key.clone(),
-        health_timeout: state.health_check.timeout,
-        clock: state.clock,
-        metrics: state.metrics.loads.clone(),
-    };
-    let mut background = vec![
-        tokio::spawn(health.run(shutdown_rx.clone())),
-        tokio::spawn(maintain_policies(state.registry.clone(), state.clock, shutdown_rx.clone())),
-        tokio::spawn(monitor.run(shutdown_rx.clone())),
-    ];
-    if let (Some(sync), Some(redis_url)) = (&state.replica_sync, &config.replica_sync_redis_url) {
-        let settings = SyncSettings {
-            redis_url: redis_url.clone(),
-            channel: config.replica_sync_channel.clone(),
-            interval_ms: config.replica_sync_interval_ms,
-        };
-        background.push(tokio::spawn(crate::replica_sync::run(
-            sync.clone(),
-            state.registry.clone(),
-            settings,
-            shutdown_rx.clone(),
-        )));
-    }
-    if let Some((settings, client)) = discovery {
-        let discovery = Discovery {
-            registration: state.registration.clone(),
-            events: state.metrics.discovery_events.clone(),
-            pd_disaggregation: config.pd_disaggregation,
-        };
-        background.push(tokio::spawn(crate::discovery::run(
-            discovery,
-            client,
-            settings,
-            shutdown_rx.clone(),
-        )));
-    }
+    let background = spawn_background(&state, discovery, &shutdown_rx);
     let server = if io_threads == 0 {
         let slots = listen::connection_slots(&state);
         let listener = listeners.into_iter().next().expect("one listener was bound");
@@ -232,6 +181,63 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         tracing::info!(addr = %local_addr, policy = state.config.routing.policy.as_str(), "kvgate listening");
     }
     Ok(GatewayHandle { addr: local_addr, state, shutdown, server, background })
+}
+
+/// Builds each background loop from the parts of `state` it needs (never the whole state) and
+/// spawns it: the health loop, the policies' maintenance, the load monitor, and replica sync and
+/// discovery when they are on.
+fn spawn_background(
+    state: &AppState,
+    discovery: Option<(DiscoverySettings, kube::Client)>,
+    shutdown: &watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let config = &state.config;
+    let health = HealthLoop {
+        registry: state.registry.clone(),
+        loads: state.loads.clone(),
+        check: state.health_check.clone(),
+        metrics: state.metrics.clone(),
+        interval: Duration::from_secs_f64(config.health_check_interval_secs),
+        failure_threshold: config.health_failure_threshold,
+        success_threshold: config.health_success_threshold,
+        probes_disabled: config.disable_health_check,
+    };
+    let monitor = LoadMonitor {
+        registry: state.registry.clone(),
+        loads: state.loads.clone(),
+        client: state.client.clone(),
+        bearer: config.api_key.clone(),
+        health_timeout: state.health_check.timeout,
+        clock: state.clock,
+        metrics: state.metrics.loads.clone(),
+    };
+    let mut background = vec![
+        tokio::spawn(health.run(shutdown.clone())),
+        tokio::spawn(maintain_policies(state.registry.clone(), state.clock, shutdown.clone())),
+        tokio::spawn(monitor.run(shutdown.clone())),
+    ];
+    if let (Some(sync), Some(redis_url)) = (&state.replica_sync, &config.replica_sync_redis_url) {
+        let settings = SyncSettings {
+            redis_url: redis_url.clone(),
+            channel: config.replica_sync_channel.clone(),
+            interval_ms: config.replica_sync_interval_ms,
+        };
+        background.push(tokio::spawn(crate::replica_sync::run(
+            sync.clone(),
+            state.registry.clone(),
+            settings,
+            shutdown.clone(),
+        )));
+    }
+    if let Some((settings, client)) = discovery {
+        let discovery = Discovery {
+            registration: state.registration.clone(),
+            events: state.metrics.discovery_events.clone(),
+            pd_disaggregation: config.pd_disaggregation,
+        };
+        background.push(tokio::spawn(crate::discovery::run(discovery, client, settings, shutdown.clone())));
+    }
+    background
 }
 
 /// Once a second: the policies' maintenance (prefix-tree eviction) on the gateway's clock, and
