@@ -18,10 +18,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kvgate_tokenizer::{Tokenizer, TokenizerError};
 
-use crate::proxy::Endpoint;
+use crate::endpoint::Endpoint;
+use crate::metrics::Metrics;
 use crate::registry::ModelPool;
 use crate::request::{estimate_tokens, OwnedKey, RequestFields};
-use crate::state::AppState;
 
 /// Inputs (a chat body or a prompt's text) up to this many bytes are tokenized on the request's
 /// own thread: at most a few tens of microseconds (docs/BENCHMARKS.md, "Tokenization in the
@@ -37,7 +37,7 @@ pub(crate) struct Tokenization {
     /// Most pending inputs: the threads plus the queue.
     capacity: usize,
     max_chars: usize,
-    metrics: Arc<crate::metrics::Metrics>,
+    metrics: Arc<Metrics>,
 }
 
 /// One input to tokenize, owned so that it can cross to the pool.
@@ -61,7 +61,7 @@ impl Tokenization {
         threads: usize,
         queue: usize,
         max_chars: usize,
-        metrics: Arc<crate::metrics::Metrics>,
+        metrics: Arc<Metrics>,
     ) -> Result<Tokenization, String> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -147,24 +147,26 @@ fn first_chars_of_key(key: OwnedKey<'_>, max_chars: usize) -> OwnedKey<'_> {
     }
 }
 
-/// The key a prefix-aware policy matches `fields` on, and the prompt's estimated length in
-/// tokens. Tokenizes only when the model's workers publish KV events, the policy matches
-/// against the exact index, and a tokenizer is configured; a request the tokenizer cannot
-/// handle (or the busy pool does not take) is routed on its text (never refused).
+/// The key a prefix-aware policy matches `fields` on (at most `max_chars` characters of the
+/// prompt, `--max-tokenize-chars`), and the prompt's estimated length in tokens. Tokenizes only
+/// when the model's workers publish KV events, the policy matches against the exact index, and
+/// a tokenizer is configured; a request the tokenizer cannot handle (or the busy pool does not
+/// take) is routed on its text (never refused).
 pub(crate) async fn routing_key<'a>(
-    state: &AppState,
+    tokenization: Option<&Tokenization>,
+    metrics: &Metrics,
+    max_chars: usize,
     pool: &ModelPool,
     endpoint: Endpoint,
     fields: &'a RequestFields<'a>,
     body: &Bytes,
 ) -> (OwnedKey<'a>, u64) {
-    let max_chars = state.config.max_tokenize_chars;
     let text_key = || {
         let key = fields.routing_key();
         let tokens = estimate_tokens(&key);
         (first_chars_of_key(key, max_chars), tokens)
     };
-    let tokenization = match &state.tokenization {
+    let tokenization = match tokenization {
         Some(tokenization) if pool.has_kv_events && pool.config.uses_exact_index() => tokenization,
         _ => return text_key(),
     };
@@ -186,7 +188,7 @@ pub(crate) async fn routing_key<'a>(
         _ => return text_key(),
     };
     let limited = |reason: &str| {
-        state.metrics.tokenize_limited.with_label_values(&[endpoint.label(), reason]).inc();
+        metrics.tokenize_limited.with_label_values(&[endpoint.label(), reason]).inc();
     };
     match tokenization.encode(input).await {
         Ok((ids, encoded_cut)) => {
@@ -204,7 +206,7 @@ pub(crate) async fn routing_key<'a>(
             text_key()
         }
         Err(Skipped::Failed(error)) => {
-            state.metrics.tokenize_failures.with_label_values(&[endpoint.label()]).inc();
+            metrics.tokenize_failures.with_label_values(&[endpoint.label()]).inc();
             tracing::debug!(endpoint = endpoint.label(), %error, "could not tokenize; routing on the text");
             text_key()
         }

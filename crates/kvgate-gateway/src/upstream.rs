@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus::IntCounterVec;
 use tokio_rustls::TlsConnector;
 
 use crate::tls::{self, WorkerStream};
@@ -200,4 +201,47 @@ pub async fn discover_model(
         .as_str()
         .map(str::to_string)
         .ok_or_else(|| failed("GET /v1/models: no model id in data[0].id".to_string()))
+}
+
+/// Health probes and model discovery, as registration and the health loop run them: the
+/// background client, the workers' key (`--api-key`), the health endpoint, the deadline and the
+/// largest answer read (`--max-probe-answer-bytes`; past it the probe fails, counted in
+/// `oversized`).
+#[derive(Clone)]
+pub struct HealthCheck {
+    pub client: HttpClient,
+    /// The path probed (`--health-check-endpoint`).
+    pub endpoint: String,
+    pub bearer: Option<String>,
+    pub timeout: Duration,
+    pub max_answer_bytes: usize,
+    /// `kvgate_oversized_answers_total{source}`.
+    pub oversized: IntCounterVec,
+}
+
+impl HealthCheck {
+    /// One health check: 2xx from the health endpoint within the timeout, with an answer no
+    /// larger than the bound.
+    pub async fn probe(&self, url: &str) -> bool {
+        let target = format!("{url}{}", self.endpoint);
+        let bearer = self.bearer.as_deref();
+        match get(&self.client, &target, bearer, self.timeout, self.max_answer_bytes, Keep::Status).await {
+            Ok((status, _)) => status.is_success(),
+            Err(GetError::Oversized { .. }) => {
+                self.oversized.with_label_values(&["health"]).inc();
+                false
+            }
+            Err(GetError::Failed(_)) => false,
+        }
+    }
+
+    /// The model the worker serves (`GET /v1/models`).
+    pub async fn discover_model(&self, url: &str) -> Result<String, GetError> {
+        let bearer = self.bearer.as_deref();
+        let learned = discover_model(&self.client, url, bearer, self.timeout, self.max_answer_bytes).await;
+        if let Err(GetError::Oversized { .. }) = learned {
+            self.oversized.with_label_values(&["models"]).inc();
+        }
+        learned
+    }
 }

@@ -4,7 +4,6 @@
 use clap::Args;
 use kvgate_policy::{FieldError, PolicyConfig, ValidationErrors};
 
-use crate::kv_events::KvEventsSource;
 use crate::role::{PdProtocol, WorkerRole};
 use kvgate_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
@@ -453,7 +452,7 @@ impl GatewayConfig {
         }
         // A Redis password in the URL (AUTH) is a secret too.
         shown.replica_sync_redis_url =
-            shown.replica_sync_redis_url.map(|url| crate::worker::redact_credentials(&url));
+            shown.replica_sync_redis_url.map(|url| crate::worker_url::redact_credentials(&url));
         serde_norway::to_string(&shown).map_err(|e| e.to_string())
     }
 
@@ -628,7 +627,12 @@ impl GatewayConfigBuilder {
     }
 }
 
+mod discovery;
+mod kv_events_source;
 mod validate;
+
+pub use discovery::label_selector;
+pub use kv_events_source::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
 
 #[cfg(test)]
 mod tests;

@@ -14,13 +14,17 @@ use kvgate_index::{BlockIndex, CacheBlocks, CacheId};
 use kvgate_kv_events::{
     decode_message, decode_replay_reply, replay_request, EventBatch, KvEvent, ReplayReply,
 };
+use prometheus::IntCounterVec;
 use zeromq::{
     DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
 };
 
 use super::sequence::{apply_batch, Sequence, Verdict};
-use super::source::RankEndpoints;
-use crate::state::SharedState;
+use super::KvEventLimits;
+use crate::config::RankEndpoints;
+use crate::load_snapshot::LoadSnapshot;
+use crate::metrics::KvEventsMetrics;
+use crate::registry::Registry;
 use crate::worker::Worker;
 
 /// How long one replay (request to end marker) may take.
@@ -33,7 +37,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub(crate) struct RankSubscription {
-    pub(crate) state: SharedState,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) loads: Arc<LoadSnapshot>,
+    pub(crate) metrics: KvEventsMetrics,
+    pub(crate) oversized: IntCounterVec,
+    pub(crate) limits: KvEventLimits,
     pub(crate) worker: Arc<Worker>,
     pub(crate) rank: u32,
     pub(crate) endpoints: RankEndpoints,
@@ -96,7 +104,7 @@ impl RankSubscription {
     /// left the registry first.
     async fn wait_for_index(&self) -> Option<Arc<BlockIndex>> {
         loop {
-            let snapshot = self.state.registry.snapshot();
+            let snapshot = self.registry.snapshot();
             snapshot.find(&self.worker.url).filter(|w| w.id == self.worker.id)?;
             if let Some(pool) = snapshot.pool_of(&self.worker) {
                 return Some(pool.prefix.exact.clone());
@@ -134,10 +142,10 @@ impl RankSubscription {
     }
 
     async fn on_message(&self, live: &mut Live, frames: Vec<bytes::Bytes>) {
-        let limit = self.state.config.kv_events_max_message_bytes;
+        let limit = self.limits.max_message_bytes;
         if message_bytes(&frames) > limit {
             // Not decoded: like a lost batch, but no replay can fill it (it would send it again).
-            self.state.metrics.count_oversized("kv_events");
+            self.oversized.with_label_values(&["kv_events"]).inc();
             self.warn(live, &format!("KV event message over {limit} bytes dropped, cache cleared"));
             self.start_over(live);
             return;
@@ -146,7 +154,7 @@ impl RankSubscription {
             Ok(decoded) => decoded,
             Err(error) => {
                 // Its events are lost: what the index holds for this cache can no longer be trusted.
-                self.state.metrics.kv_events_malformed.with_label_values(&[&self.worker.url]).inc();
+                self.metrics.malformed.with_label_values(&[&self.worker.url]).inc();
                 self.warn(live, &format!("malformed KV event message dropped, cache cleared: {error}"));
                 live.cache.clear();
                 live.sequence.reset();
@@ -161,7 +169,7 @@ impl RankSubscription {
                 let recovered = joined
                     && matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
                 let recovery = if recovered { "replay" } else { "cleared" };
-                self.state.metrics.kv_events_gaps.with_label_values(&[&self.worker.url, recovery]).inc();
+                self.metrics.gaps.with_label_values(&[&self.worker.url, recovery]).inc();
                 self.warn(
                     live,
                     &format!("KV event sequence gap before {seq} (expected {expected}): {recovery}"),
@@ -169,7 +177,7 @@ impl RankSubscription {
                 self.apply_or_start_over(live, seq, &batch);
             }
             Verdict::Restart => {
-                self.state.metrics.kv_events_restarts.with_label_values(&[&self.worker.url]).inc();
+                self.metrics.restarts.with_label_values(&[&self.worker.url]).inc();
                 tracing::info!(worker = %self.worker.url, rank = self.rank, seq, "KV event sequence restarted: engine restart, cache cleared");
                 self.start_over(live);
                 if self.endpoints.replay.is_some() {
@@ -196,13 +204,13 @@ impl RankSubscription {
     fn set_live(&self, live: bool) {
         self.worker.set_kv_live(self.rank, live);
         let ranks = self.worker.kv_live_ranks() as i64;
-        self.state.metrics.kv_events_live_ranks.with_label_values(&[&self.worker.url]).set(ranks);
+        self.metrics.live_ranks.with_label_values(&[&self.worker.url]).set(ranks);
     }
 
     /// Most blocks the cache may hold: its engine's reported capacity times the slack, else
     /// `--kv-index-max-blocks-per-worker`.
     fn max_blocks(&self, live: &Live, batch: &EventBatch) -> usize {
-        let config = &self.state.config;
+        let limits = &self.limits;
         let block_size = match live.cache.index().block_size() {
             0 => batch.events.iter().find_map(|event| match event {
                 KvEvent::BlockStored(stored) => Some(stored.block_size as usize),
@@ -210,26 +218,26 @@ impl RankSubscription {
             }),
             known => Some(known),
         };
-        let capacity = self.state.loads.load().get(&self.worker.id).map(|load| load.max_total_num_tokens);
+        let capacity = self.loads.load().get(&self.worker.id).map(|load| load.max_total_num_tokens);
         match (capacity, block_size) {
             (Some(tokens), Some(block_size)) if tokens > 0 && block_size > 0 => {
-                let blocks = (tokens as f64 / block_size as f64 * config.kv_index_capacity_slack).ceil();
+                let blocks = (tokens as f64 / block_size as f64 * limits.capacity_slack).ceil();
                 (blocks as usize).max(1)
             }
-            _ => config.kv_index_max_blocks_per_worker,
+            _ => limits.max_blocks_per_worker,
         }
     }
 
     fn apply(&self, live: &mut Live, seq: u64, batch: &EventBatch) {
         let max_blocks = self.max_blocks(live, batch);
         live.cache.set_max_blocks(max_blocks);
-        let metrics = &self.state.metrics;
+        let metrics = &self.metrics;
         let url = self.worker.url.as_str();
         apply_batch(&mut live.cache, batch, &mut |refusal| {
-            metrics.kv_events_refused.with_label_values(&[url, refusal.as_str()]).inc();
+            metrics.refused.with_label_values(&[url, refusal.as_str()]).inc();
         });
         live.sequence.accept(seq, batch.ts);
-        metrics.kv_events_batches.with_label_values(&[url]).inc();
+        metrics.batches.with_label_values(&[url]).inc();
     }
 
     fn start_over(&self, live: &mut Live) {
@@ -249,7 +257,7 @@ impl RankSubscription {
     /// sequence without a hole.
     async fn replay_from(&self, live: &mut Live, start: u64) -> bool {
         let Some(endpoint) = &self.endpoints.replay else { return false };
-        let limit = self.state.config.kv_events_max_message_bytes;
+        let limit = self.limits.max_message_bytes;
         let mut joined = true;
         let replay = fetch_replay(endpoint, start, limit, |seq, batch| {
             // A hole here: the buffer does not reach back far enough (or holds a new engine's
@@ -260,7 +268,7 @@ impl RankSubscription {
         match tokio::time::timeout(REPLAY_TIMEOUT, replay).await {
             Ok(Ok(())) => joined,
             Ok(Err(ReplayError::Oversized)) => {
-                self.state.metrics.count_oversized("kv_replay");
+                self.oversized.with_label_values(&["kv_replay"]).inc();
                 self.warn(
                     live,
                     &format!("KV event replay from {endpoint}: a reply over {limit} bytes; stopped"),

@@ -7,7 +7,6 @@
 //! routing on its own state, with a warning and `kvgate_replica_sync_connected 0`, until it
 //! reconnects (with backoff).
 
-mod metrics;
 mod session;
 #[cfg(test)]
 mod tests;
@@ -20,10 +19,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
-pub use metrics::ReplicaSyncMetrics;
-pub use session::run;
+pub use session::{run, SyncSettings};
 pub use wire::Routed;
 use wire::Seal;
+
+use crate::metrics::ReplicaSyncMetrics;
 
 /// Routing records waiting to be published; beyond this they are dropped (and counted).
 const QUEUE: usize = 4096;
@@ -55,11 +55,19 @@ pub struct ReplicaSync {
     /// The peers' requests in flight per worker URL (summed over fresh peers).
     peer_in_flight: ArcSwap<HashMap<String, u64>>,
     metrics: ReplicaSyncMetrics,
+    /// `kvgate_oversized_answers_total{source="replica_sync"}`.
+    oversized: prometheus::IntCounter,
 }
 
 impl ReplicaSync {
-    /// `secret` signs this replica's messages and authenticates its peers'.
-    pub fn new(metrics: ReplicaSyncMetrics, secret: &[u8], limits: SyncLimits) -> Self {
+    /// `secret` signs this replica's messages and authenticates its peers'; `oversized` counts
+    /// messages past `limits.max_message_bytes`.
+    pub fn new(
+        metrics: ReplicaSyncMetrics,
+        oversized: prometheus::IntCounter,
+        secret: &[u8],
+        limits: SyncLimits,
+    ) -> Self {
         let (outgoing, receiver) = mpsc::channel(QUEUE);
         Self {
             replica: rand::random(),
@@ -69,6 +77,7 @@ impl ReplicaSync {
             receiver: Mutex::new(Some(receiver)),
             peer_in_flight: ArcSwap::from_pointee(HashMap::new()),
             metrics,
+            oversized,
         }
     }
 

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::wire::{Message, OpenError, Routed};
 use super::ReplicaSync;
-use crate::state::SharedState;
+use crate::registry::Registry;
 
 /// Most routing records in one published message.
 const BATCH: usize = 256;
@@ -57,9 +57,25 @@ pub(super) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
 }
 
-/// Runs the replica's synchronisation until shutdown.
-pub async fn run(state: SharedState, sync: Arc<ReplicaSync>, mut shutdown: watch::Receiver<bool>) {
-    let Some(url) = state.config.replica_sync_redis_url.clone() else { return };
+/// The sync task's options (`--replica-sync-*`).
+#[derive(Clone, Debug)]
+pub struct SyncSettings {
+    pub redis_url: String,
+    /// The pub/sub channel every replica of the fleet publishes on.
+    pub channel: String,
+    /// How often this replica's in-flight counts are published.
+    pub interval_ms: u64,
+}
+
+/// Runs the replica's synchronisation until shutdown: `sync` is the request path's side,
+/// `registry` the pools whose peer block indexes the peers' records feed.
+pub async fn run(
+    sync: Arc<ReplicaSync>,
+    registry: Arc<Registry>,
+    settings: SyncSettings,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let url = settings.redis_url.clone();
     let Some(mut outgoing) = sync.take_receiver() else { return };
     let client = match redis::Client::open(url.as_str()) {
         Ok(client) => client,
@@ -73,7 +89,8 @@ pub async fn run(state: SharedState, sync: Arc<ReplicaSync>, mut shutdown: watch
     let mut next_seq = 0u64;
     loop {
         let started = Instant::now();
-        match session(&state, &sync, &client, &mut outgoing, &mut shutdown, &mut next_seq).await {
+        match session(&registry, &settings, &sync, &client, &mut outgoing, &mut shutdown, &mut next_seq).await
+        {
             Ended::Shutdown => return,
             Ended::Lost { kind, error } => {
                 sync.metrics.connected.set(0);
@@ -102,7 +119,8 @@ pub async fn run(state: SharedState, sync: Arc<ReplicaSync>, mut shutdown: watch
 }
 
 async fn session(
-    state: &SharedState,
+    registry: &Registry,
+    settings: &SyncSettings,
     sync: &ReplicaSync,
     client: &redis::Client,
     outgoing: &mut mpsc::Receiver<Routed>,
@@ -110,7 +128,7 @@ async fn session(
     next_seq: &mut u64,
 ) -> Ended {
     let lost = |kind, error: String| Ended::Lost { kind, error };
-    let channel = state.config.replica_sync_channel.as_str();
+    let channel = settings.channel.as_str();
     let connect = async {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(OPERATION_TIMEOUT))
@@ -128,7 +146,7 @@ async fn session(
     let mut messages = subscriber.into_on_message();
     sync.metrics.connected.set(1);
     tracing::info!(channel, replica = format!("{:016x}", sync.replica), "replica sync: connected to Redis");
-    let interval = Duration::from_millis(state.config.replica_sync_interval_ms.max(1));
+    let interval = Duration::from_millis(settings.interval_ms.max(1));
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut peers = Peers::default();
@@ -139,7 +157,7 @@ async fn session(
                 let Some(received) = received else {
                     return lost("subscription", "the subscription connection closed".into());
                 };
-                apply(state, sync, &mut peers, received.get_payload_bytes());
+                apply(registry, sync, &mut peers, received.get_payload_bytes());
                 continue;
             }
             Some(first) = outgoing.recv() => {
@@ -160,7 +178,7 @@ async fn session(
             }
             _ = tick.tick() => {
                 expire(sync, &mut peers, interval);
-                Message { in_flight: Some(own_in_flight(state)), ..Message::default() }
+                Message { in_flight: Some(own_in_flight(registry)), ..Message::default() }
             }
         };
         let message = Message { replica: sync.replica, seq: *next_seq, sent_at_ms: unix_ms(), ..message };
@@ -177,8 +195,8 @@ async fn session(
 }
 
 /// This replica's requests in flight per worker URL (workers with none are left out).
-fn own_in_flight(state: &SharedState) -> Vec<(String, u64)> {
-    let snapshot = state.registry.snapshot();
+fn own_in_flight(registry: &Registry) -> Vec<(String, u64)> {
+    let snapshot = registry.snapshot();
     snapshot
         .workers
         .iter()
@@ -195,13 +213,13 @@ fn record_size(routed: &Routed) -> usize {
 /// Applies a peer's message: its routing records to the pools' peer block indexes, its
 /// in-flight counts to the peers' table (summed on the next tick). Anything not signed with
 /// the secret, stale, replayed, from one peer too many or over a cap is dropped and counted.
-pub(super) fn apply(state: &SharedState, sync: &ReplicaSync, peers: &mut Peers, payload: &[u8]) {
+pub(super) fn apply(registry: &Registry, sync: &ReplicaSync, peers: &mut Peers, payload: &[u8]) {
     let limits = &sync.limits;
     let drop = |kind: &str| sync.metrics.errors.with_label_values(&[kind]).inc();
     let message = match sync.seal.open(payload, limits.max_message_bytes) {
         Ok(message) => message,
         Err(OpenError::Oversized(_)) => {
-            state.metrics.count_oversized("replica_sync");
+            sync.oversized.inc();
             return;
         }
         Err(OpenError::Unsigned) => return drop("unsigned"),
@@ -235,7 +253,7 @@ pub(super) fn apply(state: &SharedState, sync: &ReplicaSync, peers: &mut Peers, 
     };
     peer.last_seq = message.seq;
     peer.heard_at = now;
-    let snapshot = state.registry.snapshot();
+    let snapshot = registry.snapshot();
     for routed in &message.routed {
         if routed.hashes.len() > limits.max_hashes_per_record {
             drop("record_too_large");
