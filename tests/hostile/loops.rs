@@ -28,7 +28,7 @@ async fn forwarder(target: std::net::SocketAddr) -> String {
 async fn the_gateway_under_any_spelling_is_not_a_worker() {
     let gw = gateway(config(Vec::new())).await;
     let port = gw.addr.port();
-    let workers = format!("{}/workers", gw.url());
+    let workers = format!("{}/workers", gw.admin_url());
     for host in [
         "127.1",
         "2130706433",

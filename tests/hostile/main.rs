@@ -4,6 +4,7 @@
 //! the I/O threads. docs/RELIABILITY.md ("Hostile neighbours") lists each attack, its bound and
 //! its test here. Every loop is bounded in count and time.
 
+mod admin;
 #[path = "../common/mod.rs"]
 mod common;
 mod credentials;

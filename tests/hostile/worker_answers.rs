@@ -23,7 +23,8 @@ async fn endless_model_and_health_answers_are_cut_at_the_bound() {
     let mut cfg = config(Vec::new());
     cfg.max_probe_answer_bytes = BOUND;
     let gw = gateway(cfg).await;
-    let res = client().post(format!("{}/workers", gw.url())).json(&json!({"url": hostile.url})).send().await;
+    let res =
+        client().post(format!("{}/workers", gw.admin_url())).json(&json!({"url": hostile.url})).send().await;
     assert_eq!(res.unwrap().status(), 201, "registered; its model is retried by the health loop");
     assert!(wait_metric(&gw, "kvgate_oversized_answers_total{source=\"models\"}", 2.0).await >= 2.0);
     assert!(wait_metric(&gw, "kvgate_oversized_answers_total{source=\"health\"}", 2.0).await >= 2.0);

@@ -255,6 +255,7 @@ mod tests {
             circuit,
             Arc::new(Metrics::new()),
             16,
+            100,
         );
         let new = |url: &str| NewWorker { url: url.into(), model: Some("m".into()), ..NewWorker::default() };
         let a = registry.add(new("http://127.0.0.1:1"), true).unwrap();

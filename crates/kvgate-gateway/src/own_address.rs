@@ -23,13 +23,19 @@ pub async fn leads_to_gateway(url: &str, listeners: &[SocketAddr]) -> bool {
     if !listeners.iter().any(|listener| listener.port() == port) {
         return false;
     }
-    // The connector dials `format!("{host}:{port}")` (`tls::connect_worker`): resolve the same.
-    let target = format!("{host}:{port}");
-    let resolved = match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(target)).await {
-        Ok(Ok(addresses)) => addresses.collect::<Vec<_>>(),
-        _ => return false,
-    };
+    let resolved = resolve(host, port).await;
     resolved.iter().any(|address| listeners.iter().any(|listener| reaches(*address, *listener)))
+}
+
+/// The addresses `host:port` resolves to, as the connector resolves them: it dials
+/// `format!("{host}:{port}")` (`tls::connect_worker`), through the system resolver. Empty when
+/// the name does not resolve within a bound time.
+pub async fn resolve(host: &str, port: u16) -> Vec<SocketAddr> {
+    let target = format!("{host}:{port}");
+    match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(target)).await {
+        Ok(Ok(addresses)) => addresses.collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Whether a connection to `address` would reach a socket bound to `listener`.

@@ -143,6 +143,8 @@ pub enum RegistryError {
     Duplicate(String),
     #[error("{0}")]
     PolicyConflict(String),
+    #[error("the gateway has its most workers already ({0}, --max-workers)")]
+    Full(usize),
 }
 
 pub struct Registry {
@@ -162,6 +164,8 @@ pub struct Registry {
     metrics: Arc<Metrics>,
     /// Capacity of each pool's peer block index.
     peer_blocks: usize,
+    /// Most workers registered at once (`--max-workers`).
+    max_workers: usize,
 }
 
 impl Registry {
@@ -172,6 +176,7 @@ impl Registry {
         circuit: CircuitSettings,
         metrics: Arc<Metrics>,
         peer_blocks: usize,
+        max_workers: usize,
     ) -> Self {
         Self {
             snapshot: ArcSwap::from_pointee(PoolSnapshot::default()),
@@ -184,6 +189,7 @@ impl Registry {
             circuit,
             metrics,
             peer_blocks,
+            max_workers,
         }
     }
 
@@ -205,6 +211,9 @@ impl Registry {
         let current = self.snapshot.load();
         if current.find(&url).is_some() {
             return Err(RegistryError::Duplicate(url));
+        }
+        if current.workers.len() >= self.max_workers {
+            return Err(RegistryError::Full(self.max_workers));
         }
         if let (Some(kind), Some(model)) = (policy, &model) {
             self.hint(&models, model, role, kind)?;

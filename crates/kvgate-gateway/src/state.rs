@@ -22,6 +22,7 @@ use crate::replica_sync::{ReplicaSync, SyncLimits};
 use crate::tokenize::Tokenization;
 use crate::upstream::{build_client, HealthCheck, HttpClient};
 use crate::worker::CircuitSettings;
+use crate::worker_url::AllowList;
 
 pub struct AppState {
     pub config: GatewayConfig,
@@ -51,6 +52,8 @@ pub struct AppState {
     pub instance: HeaderValue,
     /// The address the gateway listens on (set once bound): never registered as a worker.
     pub listen_addr: Arc<OnceLock<SocketAddr>>,
+    /// The admin listener's address, when it has one (set once bound).
+    pub admin_addr: Arc<OnceLock<SocketAddr>>,
     /// The listener's TLS (`tls_cert_path`): set when the gateway serves HTTPS.
     pub listener_tls: Option<tokio_rustls::TlsAcceptor>,
     /// TLS to `https://` workers: the trusted CAs and the client certificate.
@@ -122,6 +125,7 @@ impl AppState {
             circuit,
             metrics.clone(),
             config.replica_sync_max_blocks,
+            config.max_workers,
         ));
         let loads = Arc::new(LoadSnapshot::new(config.load_poll_interval_ms()));
         let health_check = HealthCheck {
@@ -133,6 +137,7 @@ impl AppState {
             oversized: metrics.oversized_answers.clone(),
         };
         let listen_addr = Arc::new(OnceLock::new());
+        let admin_addr = Arc::new(OnceLock::new());
         let registration = Arc::new(Registration {
             registry: registry.clone(),
             loads: loads.clone(),
@@ -150,7 +155,8 @@ impl AppState {
                     capacity_slack: config.kv_index_capacity_slack,
                 },
             },
-            own_address: OwnAddress { listen: listen_addr.clone() },
+            own_address: OwnAddress { listen: listen_addr.clone(), admin: admin_addr.clone() },
+            allow: AllowList::new(&config.worker_url_allow)?,
         });
         Ok(Self {
             tokenization,
@@ -178,6 +184,7 @@ impl AppState {
             instance: HeaderValue::from_str(&format!("{:016x}", rand::random::<u64>()))
                 .expect("hex digits are a valid header value"),
             listen_addr,
+            admin_addr,
             replica_sync,
             config,
         })

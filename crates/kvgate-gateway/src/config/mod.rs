@@ -204,9 +204,34 @@ pub struct GatewayConfig {
     #[arg(long)]
     pub disable_circuit_breaker: bool,
 
-    /// When set, /workers requires `Authorization: Bearer KEY`.
+    /// The admin API's key: `/workers` and `/v1/route` require `Authorization: Bearer KEY` on
+    /// every listener, and are served on the main listener too. Without it they are served
+    /// only on the admin listener (--admin-host, --admin-port).
     #[arg(long, env = "KVGATE_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
+    /// Address of the admin listener (`/workers`, `/v1/route`, and the read-only endpoints; no
+    /// proxied traffic). A non-loopback address needs --admin-api-key (or --admin-insecure).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub admin_host: String,
+    /// Port of the admin listener (0 picks a free port). Unset: the port after --port (a free
+    /// one when --port is 0) when no --admin-api-key is given, else no admin listener (the
+    /// admin API is on the main listener, behind the key).
+    #[arg(long)]
+    pub admin_port: Option<u16>,
+    /// Serve the admin API without a key on a non-loopback --admin-host: anyone who reaches it
+    /// can add workers (which then receive clients' prompts). Logged loudly at start.
+    #[arg(long)]
+    pub admin_insecure: bool,
+    /// Most workers registered at once (POST /workers, discovery, --worker-urls); further
+    /// registrations are refused with 409.
+    #[arg(long, default_value_t = 4096)]
+    pub max_workers: usize,
+    /// Where workers may be: CIDRs (`10.0.0.0/8`, `127.0.0.1/32`), host names (`engine-1`) or
+    /// name patterns (`*.svc.cluster.local`); a worker URL (and its KV event endpoints) whose
+    /// host matches none is refused. A name is allowed when it matches a pattern, or when every
+    /// address it resolves to is in an allowed CIDR. Empty: any address.
+    #[arg(long = "worker-url-allow", value_delimiter = ',', num_args = 0.., value_name = "CIDR_OR_HOST")]
+    pub worker_url_allow: Vec<String>,
     /// Bearer token sent to workers.
     #[arg(long, env = "KVGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -361,6 +386,19 @@ impl GatewayConfig {
     /// 0 when they are served on the caller's runtime.
     pub fn io_thread_count(&self) -> usize {
         self.io_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// Where the admin listener binds: `--admin-host` with `--admin-port`, else, without an admin
+    /// key, the port after `--port` (a free one with `--port 0`); `None`: no admin listener (the
+    /// admin API is on the main listener, behind the key).
+    pub fn admin_listener(&self) -> Option<(String, u16)> {
+        let port = match (self.admin_port, &self.admin_api_key) {
+            (Some(port), _) => port,
+            (None, Some(_)) => return None,
+            (None, None) if self.port == 0 => 0,
+            (None, None) => self.port.checked_add(1)?,
+        };
+        Some((self.admin_host.clone(), port))
     }
 
     /// How many threads tokenize (`--tokenizer-threads`, by default half the cores, at least 1).

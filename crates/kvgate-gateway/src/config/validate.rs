@@ -148,6 +148,7 @@ impl GatewayConfig {
         self.validate_kv_events(&mut checks);
         validate_client_connections(self, &mut checks);
         self.validate_replica_sync(&mut checks);
+        self.validate_admin(&mut checks);
         checks.ensure(
             !(self.tokenizer_path.is_some() && self.mock_tokenizer),
             "mock_tokenizer",
@@ -160,6 +161,47 @@ impl GatewayConfig {
         );
         super::discovery::validate(self, &mut checks);
         checks.finish()
+    }
+
+    fn validate_admin(&self, checks: &mut Checks) {
+        if self.admin_api_key.as_deref() == Some("") {
+            checks.push(FieldError::new("admin_api_key", "must not be empty"));
+        }
+        if self.admin_port.is_none() && self.admin_api_key.is_none() && self.port == u16::MAX {
+            checks.push(FieldError::new(
+                "admin_port",
+                "must be given when port is 65535 and there is no admin_api_key (the admin listener's default is the port after port)",
+            ));
+        }
+        if let Some((host, port)) = self.admin_listener() {
+            if port != 0 && port == self.port && host == self.host {
+                checks.push(
+                    FieldError::new(
+                        "admin_port",
+                        "must differ from port (the admin API has a listener of its own)",
+                    )
+                    .got(port),
+                );
+            }
+            let loopback =
+                host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+            let named = host.parse::<std::net::IpAddr>().is_err() && host != "localhost";
+            if !loopback && !named && self.admin_api_key.is_none() && !self.admin_insecure {
+                checks.push(
+                    FieldError::new(
+                        "admin_host",
+                        "is not a loopback address: give admin_api_key (or admin_insecure to serve the admin API to anyone who reaches it)",
+                    )
+                    .got(&host),
+                );
+            }
+        }
+        checks.at_least("max_workers", self.max_workers as u64, 1);
+        for entry in &self.worker_url_allow {
+            if let Err(message) = crate::worker_url::AllowList::parse_entry(entry) {
+                checks.push(FieldError::new("worker_url_allow", message));
+            }
+        }
     }
 
     fn validate_replica_sync(&self, checks: &mut Checks) {

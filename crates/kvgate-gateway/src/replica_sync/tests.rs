@@ -31,7 +31,7 @@ fn replica() -> Replica {
     let circuit =
         CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::from_secs(1) };
     let registry =
-        Registry::new(Default::default(), BTreeMap::new(), [None, None], circuit, metrics.clone(), 1000);
+        Registry::new(Default::default(), BTreeMap::new(), [None, None], circuit, metrics.clone(), 1000, 10);
     let worker = NewWorker { url: WORKER.into(), model: Some("m".into()), ..NewWorker::default() };
     registry.add(worker, true).unwrap();
     let limits = SyncLimits {
