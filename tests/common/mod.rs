@@ -39,6 +39,8 @@ pub struct Upstream {
     pub last_headers: std::sync::Mutex<axum::http::HeaderMap>,
     /// Delay before answering proxied requests.
     pub delay_ms: AtomicUsize,
+    /// Delay before answering `GET /health`.
+    pub health_delay_ms: AtomicUsize,
     /// Body of `GET /v1/loads` (SGLang shape); empty means 404.
     pub loads_body: std::sync::Mutex<String>,
     /// Delay before answering `GET /v1/loads`.
@@ -160,6 +162,10 @@ async fn answer(
 }
 
 async fn health(State(up): State<Arc<Upstream>>) -> StatusCode {
+    let delay = up.health_delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay as u64)).await;
+    }
     if up.healthy.load(Ordering::SeqCst) {
         StatusCode::OK
     } else {
@@ -194,6 +200,7 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
         last_auth: std::sync::Mutex::new(None),
         last_headers: std::sync::Mutex::new(Default::default()),
         delay_ms: AtomicUsize::new(0),
+        health_delay_ms: AtomicUsize::new(0),
         loads_body: std::sync::Mutex::new(sglang_loads(0.0, 0, 0)),
         loads_delay_ms: AtomicUsize::new(0),
         loads_polls: AtomicUsize::new(0),

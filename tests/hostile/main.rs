@@ -13,6 +13,7 @@ mod kv_events;
 mod loops;
 mod replica_sync;
 mod rss;
+mod series;
 mod tokenize;
 mod worker_answers;
 

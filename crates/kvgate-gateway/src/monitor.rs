@@ -146,7 +146,7 @@ async fn poll_worker(
             Some((worker.id, sample))
         }
         Err(error) => {
-            monitor.metrics.poll_failures.with_label_values(&[&worker.url]).inc();
+            worker.series.write(|url| monitor.metrics.poll_failures.with_label_values(&[url]).inc());
             tracing::debug!(worker = %worker.url, %error, "load poll failed");
             None
         }
@@ -228,7 +228,7 @@ pub fn update_age_gauges(registry: &Registry, loads: &LoadSnapshot, clock: Clock
     for worker in &registry.snapshot().workers {
         if let Some(load) = loads.get(&worker.id) {
             let age = now_ms.saturating_sub(load.fetched_at_ms) as f64 / 1000.0;
-            metrics.snapshot_age.with_label_values(&[&worker.url]).set(age);
+            worker.series.write(|url| metrics.snapshot_age.with_label_values(&[url]).set(age));
         }
     }
 }

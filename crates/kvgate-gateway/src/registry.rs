@@ -227,8 +227,10 @@ impl Registry {
         let mut workers = current.workers.clone();
         workers.push(worker.clone());
         self.publish(&mut models, workers);
-        self.metrics.worker_healthy.with_label_values(&[&worker.url]).set(healthy as i64);
-        self.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+        worker.series.write(|url| {
+            self.metrics.worker_healthy.with_label_values(&[url]).set(healthy as i64);
+            self.metrics.circuit_state.with_label_values(&[url]).set(0);
+        });
         Ok(worker)
     }
 
@@ -247,7 +249,7 @@ impl Registry {
             state.prefix.peers.remove_tenant(removed.id);
         }
         self.publish(&mut models, workers);
-        self.metrics.remove_worker(&removed.url);
+        self.metrics.remove_worker(&removed.series);
         removed.conns.clear();
         removed.stop_kv_events();
         Some(removed)

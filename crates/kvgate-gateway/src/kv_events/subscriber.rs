@@ -154,7 +154,7 @@ impl RankSubscription {
             Ok(decoded) => decoded,
             Err(error) => {
                 // Its events are lost: what the index holds for this cache can no longer be trusted.
-                self.metrics.malformed.with_label_values(&[&self.worker.url]).inc();
+                self.worker.series.write(|url| self.metrics.malformed.with_label_values(&[url]).inc());
                 self.warn(live, &format!("malformed KV event message dropped, cache cleared: {error}"));
                 live.cache.clear();
                 live.sequence.reset();
@@ -169,7 +169,7 @@ impl RankSubscription {
                 let recovered = joined
                     && matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
                 let recovery = if recovered { "replay" } else { "cleared" };
-                self.metrics.gaps.with_label_values(&[&self.worker.url, recovery]).inc();
+                self.worker.series.write(|url| self.metrics.gaps.with_label_values(&[url, recovery]).inc());
                 self.warn(
                     live,
                     &format!("KV event sequence gap before {seq} (expected {expected}): {recovery}"),
@@ -177,7 +177,7 @@ impl RankSubscription {
                 self.apply_or_start_over(live, seq, &batch);
             }
             Verdict::Restart => {
-                self.metrics.restarts.with_label_values(&[&self.worker.url]).inc();
+                self.worker.series.write(|url| self.metrics.restarts.with_label_values(&[url]).inc());
                 tracing::info!(worker = %self.worker.url, rank = self.rank, seq, "KV event sequence restarted: engine restart, cache cleared");
                 self.start_over(live);
                 if self.endpoints.replay.is_some() {
@@ -204,7 +204,7 @@ impl RankSubscription {
     fn set_live(&self, live: bool) {
         self.worker.set_kv_live(self.rank, live);
         let ranks = self.worker.kv_live_ranks() as i64;
-        self.metrics.live_ranks.with_label_values(&[&self.worker.url]).set(ranks);
+        self.worker.series.write(|url| self.metrics.live_ranks.with_label_values(&[url]).set(ranks));
     }
 
     /// Most blocks the cache may hold: its engine's reported capacity times the slack, else
@@ -231,13 +231,12 @@ impl RankSubscription {
     fn apply(&self, live: &mut Live, seq: u64, batch: &EventBatch) {
         let max_blocks = self.max_blocks(live, batch);
         live.cache.set_max_blocks(max_blocks);
-        let metrics = &self.metrics;
-        let url = self.worker.url.as_str();
+        let (metrics, series) = (&self.metrics, &self.worker.series);
         apply_batch(&mut live.cache, batch, &mut |refusal| {
-            metrics.refused.with_label_values(&[url, refusal.as_str()]).inc();
+            series.write(|url| metrics.refused.with_label_values(&[url, refusal.as_str()]).inc());
         });
         live.sequence.accept(seq, batch.ts);
-        metrics.batches.with_label_values(&[url]).inc();
+        series.write(|url| metrics.batches.with_label_values(&[url]).inc());
     }
 
     fn start_over(&self, live: &mut Live) {

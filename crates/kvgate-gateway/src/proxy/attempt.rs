@@ -86,7 +86,7 @@ pub(super) async fn attempt(
             if status.is_server_error() {
                 record_failure(state, worker, "status", now);
             } else if worker.circuit.record_success() {
-                state.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+                worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(0));
             }
             Attempt::Done(response, in_flight)
         }
@@ -140,9 +140,9 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
-    state.metrics.upstream_failures.with_label_values(&[&worker.url, kind]).inc();
+    worker.series.write(|url| state.metrics.upstream_failures.with_label_values(&[url, kind]).inc());
     if worker.circuit.record_failure(now) {
         tracing::warn!(worker = %worker.url, "circuit opened after consecutive failures");
-        state.metrics.circuit_state.with_label_values(&[&worker.url]).set(1);
+        worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(1));
     }
 }
