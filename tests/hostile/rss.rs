@@ -99,8 +99,8 @@ impl Drop for Gateway {
     }
 }
 
-/// `count` POSTs of `body` to `url`, 8 at a time; returns how many got 2xx.
-async fn post_many(url: &str, bodies: Vec<Bytes>) -> usize {
+/// POSTs of `bodies` to `url`, from `clients` clients at a time; returns how many got 2xx.
+async fn post_many(url: &str, bodies: Vec<Bytes>, clients: usize) -> usize {
     stream::iter(bodies)
         .map(|body| async move {
             let sent = client().post(url).header("content-type", "application/json").body(body).send().await;
@@ -113,7 +113,7 @@ async fn post_many(url: &str, bodies: Vec<Bytes>) -> usize {
                 Err(_) => 0,
             }
         })
-        .buffer_unordered(8)
+        .buffer_unordered(clients)
         .fold(0, |sum, ok| async move { sum + ok })
         .await
 }
@@ -130,9 +130,16 @@ fn small_chats(count: usize) -> Vec<Bytes> {
 }
 
 /// Idle RSS after a warm-up of small chats, then the peak while `attack` runs; prints a row.
-async fn measure(name: &str, gateway: &Gateway, attack: impl AsyncFnOnce(&Gateway) -> String) -> f64 {
+/// Within bounds: the peak under twice the idle RSS, or (where the bound is a configured size,
+/// docs/RELIABILITY.md) at most `allowance_mib` over it.
+async fn measure(
+    name: &str,
+    gateway: &Gateway,
+    allowance_mib: f64,
+    attack: impl AsyncFnOnce(&Gateway) -> String,
+) -> (String, f64, bool) {
     let chats = format!("{}/v1/chat/completions", gateway.url);
-    post_many(&chats, small_chats(200)).await;
+    post_many(&chats, small_chats(200), 8).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle = gateway.rss();
     gateway.reset_peak();
@@ -148,7 +155,8 @@ async fn measure(name: &str, gateway: &Gateway, attack: impl AsyncFnOnce(&Gatewa
         peak as f64 / 1024.0,
         after as f64 / 1024.0
     );
-    ratio
+    let growth_mib = peak.saturating_sub(idle) as f64 / 1024.0;
+    (name.to_string(), ratio, ratio < 2.0 || growth_mib <= allowance_mib)
 }
 
 fn tokenizer_flags(worker: &str) -> Vec<String> {
@@ -178,7 +186,7 @@ async fn rss_under_each_attack() {
 
     let gateway = Gateway::start(&["--worker-urls".into(), worker.url.clone()]).await;
     ratios.push(
-        measure("`POST /workers` on the main listener, no key", &gateway, async |gw| {
+        measure("`POST /workers` on the main listener, no key", &gateway, 0.0, async |gw| {
             let bodies = (0..10_000)
                 .map(|i| {
                     Bytes::from(
@@ -186,7 +194,7 @@ async fn rss_under_each_attack() {
                     )
                 })
                 .collect();
-            let added = post_many(&format!("{}/workers", gw.url), bodies).await;
+            let added = post_many(&format!("{}/workers", gw.url), bodies, 8).await;
             assert_eq!(added, 0);
             "10,000 registrations".into()
         })
@@ -198,7 +206,7 @@ async fn rss_under_each_attack() {
         Gateway::start(&["--worker-urls".into(), worker.url.clone(), "--max-workers".into(), "100".into()])
             .await;
     ratios.push(
-        measure("registrations past `--max-workers 100`, with the key", &gateway, async |gw| {
+        measure("registrations past `--max-workers 100`, with the key", &gateway, 0.0, async |gw| {
             let mut added = 0;
             for _ in 0..2000 {
                 added += gw.add_worker(json!({"url": dead_url().await, "model_id": "m"})).await.is_success()
@@ -213,7 +221,7 @@ async fn rss_under_each_attack() {
 
     let gateway = Gateway::start(&["--worker-urls".into(), worker.url.clone()]).await;
     ratios.push(
-        measure("a worker answering `/v1/models` and `/health` without end", &gateway, async |gw| {
+        measure("a worker answering `/v1/models` and `/health` without end", &gateway, 0.0, async |gw| {
             let hostile = flood("m", &["/v1/models", "/health"], false, 1 << 30).await;
             assert!(gw.add_worker(json!({"url": hostile.url})).await.is_success());
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -228,8 +236,12 @@ async fn rss_under_each_attack() {
 
     let gateway = Gateway::start(&["--worker-urls".into(), worker.url.clone()]).await;
     ratios.push(
-        measure("workers added and removed", &gateway, async |gw| {
+        measure("workers added and removed", &gateway, 0.0, async |gw| {
+            let mut halfway = 0;
             for i in 0..1000 {
+                if i == 500 {
+                    halfway = gw.rss();
+                }
                 let other = upstream(&format!("churn{i}"), "m").await;
                 assert!(gw.add_worker(json!({"url": other.url, "model_id": "m"})).await.is_success());
                 let encoded = other.url.replace(':', "%3A").replace('/', "%2F");
@@ -240,44 +252,56 @@ async fn rss_under_each_attack() {
                     .await;
                 assert!(res.unwrap().status().is_success());
             }
-            "1,000 cycles".into()
+            format!("1,000 cycles (RSS {:.1} MiB after 500)", halfway as f64 / 1024.0)
         })
         .await,
     );
     drop(gateway);
 
-    let gateway = Gateway::start(&tokenizer_flags(&worker.url)).await;
-    ratios.push(
-        measure("10,000-message chats, 2 clients", &gateway, async |gw| {
-            let bodies: Vec<Bytes> = (0..40)
-                .map(|n| {
-                    let messages: Vec<_> = (0..10_000)
-                        .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("chat {n} message {i}: the quick brown fox")}))
-                        .collect();
-                    Bytes::from(serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap())
-                })
-                .collect();
-            let served = post_many(&format!("{}/v1/chat/completions", gw.url), bodies).await;
-            format!("{served} chats of 10,000 messages")
-        })
-        .await,
-    );
-    ratios.push(
-        measure("2 MB prompts", &gateway, async |gw| {
-            let bodies: Vec<Bytes> = (0..40)
-                .map(|n| {
-                    let prompt: String = (0..200_000).map(|i| format!("w{n}x{i} ")).collect::<String>();
-                    Bytes::from(
-                        serde_json::to_vec(&json!({"model": "m", "prompt": &prompt[..2_000_000]})).unwrap(),
-                    )
-                })
-                .collect();
-            let served = post_many(&format!("{}/v1/completions", gw.url), bodies).await;
-            format!("{served} prompts of 2 MB")
-        })
-        .await,
-    );
-    drop(gateway);
+    // Long inputs: what they cost is bounded by --max-tokenize-chars per tokenizer thread (the
+    // tokenizer's working memory, some hundreds of bytes per character) plus the bodies in flight.
+    for chars in [262_144usize, 65_536] {
+        let allowance = chars as f64 * 512.0 / (1024.0 * 1024.0) + 64.0;
+        let mut flags = tokenizer_flags(&worker.url);
+        flags.extend(["--max-tokenize-chars".to_string(), chars.to_string()]);
+        let gateway = Gateway::start(&flags).await;
+        let name = format!("10,000-message chats, 2 clients, `--max-tokenize-chars {chars}`");
+        ratios.push(
+            measure(&name, &gateway, allowance, async |gw| {
+                let bodies: Vec<Bytes> = (0..40)
+                    .map(|n| {
+                        let messages: Vec<_> = (0..10_000)
+                            .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("chat {n} message {i}: the quick brown fox")}))
+                            .collect();
+                        Bytes::from(serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap())
+                    })
+                    .collect();
+                let served = post_many(&format!("{}/v1/chat/completions", gw.url), bodies, 2).await;
+                format!("{served} chats of 10,000 messages")
+            })
+            .await,
+        );
+        drop(gateway);
+        let gateway = Gateway::start(&flags).await;
+        let name = format!("2 MB prompts, 2 clients, `--max-tokenize-chars {chars}`");
+        ratios.push(
+            measure(&name, &gateway, allowance, async |gw| {
+                let bodies: Vec<Bytes> = (0..40)
+                    .map(|n| {
+                        let prompt: String = (0..250_000).map(|i| format!("w{n}x{i} ")).collect::<String>();
+                        Bytes::from(
+                            serde_json::to_vec(&json!({"model": "m", "prompt": &prompt[..2_000_000]}))
+                                .unwrap(),
+                        )
+                    })
+                    .collect();
+                let served = post_many(&format!("{}/v1/completions", gw.url), bodies, 2).await;
+                format!("{served} prompts of 2 MB")
+            })
+            .await,
+        );
+        drop(gateway);
+    }
 
     let mut publisher = Publisher::bind().await;
     let args: Vec<String> =
@@ -286,7 +310,7 @@ async fn rss_under_each_attack() {
             .to_vec();
     let gateway = Gateway::start(&args).await;
     ratios.push(
-        measure("KV events past the engine's capacity", &gateway, async |gw| {
+        measure("KV events past the engine's capacity", &gateway, 0.0, async |gw| {
             let metrics = format!("{}/metrics", gw.url);
             publisher
                 .wait_subscribed(async || {
@@ -294,13 +318,15 @@ async fn rss_under_each_attack() {
                     crate::metric(&text, "kvgate_kv_events_batches_total") > 0.0
                 })
                 .await;
-            for round in 0..5u64 {
-                let hashes: Vec<u64> = (0..1_000_000).map(|i| (round << 40) + i).collect();
-                let tokens: Vec<u32> = (0..1_000_000).collect();
+            // Over the message bound (dropped undecoded), then under it but over the block bound
+            // (decoded, refused alone).
+            for (round, blocks) in [1_000_000u64, 280_000].into_iter().flat_map(|b| [b; 5]).enumerate() {
+                let hashes: Vec<u64> = (0..blocks).map(|i| ((round as u64) << 40) + i).collect();
+                let tokens: Vec<u32> = (0..blocks as u32).collect();
                 publisher.publish(batch(&[block_stored(&hashes, None, &tokens, 1)])).await;
             }
             tokio::time::sleep(Duration::from_secs(3)).await;
-            "5 events of 1 M blocks (14 MB each)".into()
+            "5 events of 1 M blocks (14 MB each), 5 of 280,000 (3.9 MB)".into()
         })
         .await,
     );
@@ -319,7 +345,7 @@ async fn rss_under_each_attack() {
         .to_vec();
         let gateway = Gateway::start(&args).await;
         ratios.push(
-            measure("forged replica-sync messages", &gateway, async |_| {
+            measure("forged replica-sync messages", &gateway, 0.0, async |_| {
                 let forged = |replica: u64| {
                     use rmp::encode::{write_array_len, write_str, write_uint};
                     let mut message = Vec::new();
@@ -344,8 +370,9 @@ async fn rss_under_each_attack() {
         );
         drop(gateway);
     }
+    let over: Vec<_> = ratios.iter().filter(|(_, _, ok)| !ok).collect();
     assert!(
-        ratios.iter().all(|&ratio| ratio < 2.0),
-        "peak RSS within 2x idle under every attack: {ratios:?}"
+        over.is_empty(),
+        "peak RSS within 2x idle (or the documented allowance) under every attack: {over:?}"
     );
 }

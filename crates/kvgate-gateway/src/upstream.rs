@@ -99,24 +99,52 @@ pub enum GetError {
 }
 
 /// Reads `body` to its end, keeping at most `limit` bytes: past it, stops reading and says so
-/// (nothing past the limit is ever buffered).
+/// (nothing past the limit is ever buffered). The chunks are kept as they came and joined once
+/// at the end (one chunk: no copy), so an answer near the limit costs at most twice it, not
+/// the regrowth copies of one growing buffer.
 pub async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, GetError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    /// Smaller chunks are gathered into one of this size first (so tiny chunks cost no more
+    /// than their bytes).
+    const GATHER: usize = 16 * 1024;
     let mut body = std::pin::pin!(body);
-    let mut buffer = bytes::BytesMut::new();
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut small = bytes::BytesMut::new();
+    let mut read = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| GetError::Failed(e.to_string()))?;
         if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > limit {
+            read = read.saturating_add(data.len());
+            if read > limit {
                 return Err(GetError::Oversized { limit });
             }
-            buffer.extend_from_slice(&data);
+            if data.len() >= GATHER && small.is_empty() {
+                chunks.push(data);
+            } else {
+                small.extend_from_slice(&data);
+                if small.len() >= GATHER {
+                    chunks.push(small.split().freeze());
+                }
+            }
         }
     }
-    Ok(buffer.freeze())
+    if !small.is_empty() {
+        chunks.push(small.freeze());
+    }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().expect("one chunk"),
+        _ => {
+            let mut joined = bytes::BytesMut::with_capacity(read);
+            for chunk in chunks {
+                joined.extend_from_slice(&chunk);
+            }
+            joined.freeze()
+        }
+    })
 }
 
 /// Reads `body` to its end without keeping it (so its connection can be reused), up to `limit`
@@ -243,5 +271,31 @@ impl HealthCheck {
             self.oversized.with_label_values(&["models"]).inc();
         }
         learned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(chunks: Vec<Bytes>) -> impl http_body::Body<Data = Bytes, Error = std::convert::Infallible> {
+        let frames = chunks.into_iter().map(|chunk| Ok(http_body::Frame::data(chunk)));
+        http_body_util::StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn a_limited_read_keeps_every_byte_in_order_and_stops_past_the_limit() {
+        let big = Bytes::from(vec![b'b'; 40_000]);
+        let mut chunks: Vec<Bytes> = (0..3000).map(|i| Bytes::from(vec![b'a' + (i % 3) as u8])).collect();
+        chunks.push(big.clone());
+        chunks.push(Bytes::from_static(b"end"));
+        let expected: Vec<u8> = chunks.iter().flat_map(|chunk| chunk.to_vec()).collect();
+        let read = read_limited(body(chunks.clone()), expected.len()).await.unwrap();
+        assert_eq!(read.as_ref(), expected.as_slice());
+        let one = read_limited(body(vec![big.clone()]), 40_000).await.unwrap();
+        assert_eq!(one, big);
+        assert!(read_limited(body(Vec::new()), 0).await.unwrap().is_empty());
+        let over = read_limited(body(chunks), expected.len() - 1).await;
+        assert!(matches!(over, Err(GetError::Oversized { .. })));
     }
 }

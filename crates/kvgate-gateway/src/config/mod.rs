@@ -75,8 +75,9 @@ pub struct GatewayConfig {
     #[arg(long, default_value = "")]
     pub kv_events_topic: String,
     /// Largest KV event message (a live batch or a replayed one) applied, in bytes; a larger one
-    /// is dropped like a lost batch (the worker's index entries are cleared) and counted.
-    #[arg(long, default_value_t = 16 * 1024 * 1024, value_name = "BYTES")]
+    /// is dropped like a lost batch (the worker's index entries are cleared) and counted. An
+    /// engine's step of 128K prompt tokens is about 0.6 MB of events.
+    #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
     pub kv_events_max_message_bytes: usize,
     /// Most KV blocks the exact index holds for one engine cache (a worker's rank) when its
     /// engine reports no capacity; a stored event past it is refused alone (counted in
@@ -154,8 +155,9 @@ pub struct GatewayConfig {
 
     /// Largest answer read from a worker's health endpoint, `GET /v1/models` and load endpoint
     /// (`/v1/loads`, `/metrics`), in bytes; past it the probe or poll fails without reading the
-    /// rest (counted in `kvgate_oversized_answers_total`).
-    #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
+    /// rest (counted in `kvgate_oversized_answers_total`). An engine's `/metrics` is some
+    /// hundreds of KiB at most; each probe in flight may hold up to twice this.
+    #[arg(long, default_value_t = 2 * 1024 * 1024, value_name = "BYTES")]
     pub max_probe_answer_bytes: usize,
     /// Largest prefill answer of a disaggregated pair read, in bytes (vLLM: parsed for its
     /// kv_transfer_params; SGLang: drained); past it the prefill side failed.
