@@ -44,6 +44,7 @@ mod proxy;
 // The edge: admin endpoints, the accept loop, start and stop.
 mod admin;
 mod listen;
+mod metrics_listener;
 mod server;
 
 #[cfg(test)]

@@ -220,6 +220,14 @@ pub struct GatewayConfig {
     /// admin API is on the main listener, behind the key).
     #[arg(long)]
     pub admin_port: Option<u16>,
+    /// Address of the metrics listener (--prometheus-port).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub prometheus_host: String,
+    /// Also serve `GET /metrics` (and `/health`) on a listener of its own at --prometheus-host
+    /// on this port (0 picks a free port), as SMG does; `/metrics` stays on --port too. Unset: no
+    /// metrics listener.
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
     /// Serve the admin API without a key on a non-loopback --admin-host: anyone who reaches it
     /// can add workers (which then receive clients' prompts). Logged loudly at start.
     #[arg(long)]
@@ -286,6 +294,10 @@ pub struct GatewayConfig {
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+    /// Also write the log to DIR/kvgate.log (appended; the directory is created), beside stderr
+    /// (`kvgate launch`).
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<std::path::PathBuf>,
     /// Add x-kvgate-worker and x-kvgate-route headers to proxied responses.
     #[arg(long)]
     pub expose_routing_headers: bool,
