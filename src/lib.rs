@@ -232,7 +232,9 @@ async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
         );
     } else {
         match handle.metrics_addr {
-            Some(metrics) => println!("kvgate listening on {url} (admin API: {admin}; metrics: http://{metrics}/metrics)"),
+            Some(metrics) => {
+                println!("kvgate listening on {url} (admin API: {admin}; metrics: http://{metrics}/metrics)")
+            }
             None => println!("kvgate listening on {url} (admin API: {admin})"),
         }
     }
@@ -276,7 +278,8 @@ fn smg_translated(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsStrin
     if args.get(1).and_then(|arg| arg.to_str()) != Some("launch") {
         return Ok(args);
     }
-    let Some(text) = args.iter().map(|arg| arg.to_str().map(str::to_string)).collect::<Option<Vec<_>>>() else {
+    let Some(text) = args.iter().map(|arg| arg.to_str().map(str::to_string)).collect::<Option<Vec<_>>>()
+    else {
         return Ok(args);
     };
     let translated = smg::translate(&text[2..], &launch_flags())?;
@@ -294,6 +297,33 @@ pub fn launch_config(args: &[&str]) -> Result<GatewayConfig, String> {
         Command::Launch(args) => Ok(args.gateway),
         _ => Err("not a launch command line".into()),
     }
+}
+
+/// The kvgate options an SMG command line sets (the arguments after `launch`), by their YAML
+/// keys, routing options among them (flat): what the Python package's SMG keywords become.
+/// Refused SMG options and parse errors are the `Err`, with the command line's messages.
+pub fn smg_settings(args: &[String]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let translated = smg::translate(args, &launch_flags()).map_err(|refusals| refusals.to_string())?;
+    let all = ["kvgate".to_string(), "launch".to_string()].into_iter().chain(translated);
+    let matches = Cli::command().try_get_matches_from(all).map_err(|error| error.to_string())?;
+    let Some(launch) = matches.subcommand_matches("launch") else {
+        return Err("not a launch command line".into());
+    };
+    let given: Vec<String> = launch
+        .ids()
+        .map(|id| id.as_str().to_string())
+        .filter(|id| launch.value_source(id) == Some(ValueSource::CommandLine))
+        .collect();
+    let cli = Cli::from_arg_matches(&matches).map_err(|error| error.to_string())?;
+    let Command::Launch(args) = cli.command else { return Err("not a launch command line".into()) };
+    let value = serde_json::to_value(&args.gateway).map_err(|error| error.to_string())?;
+    let mut settings = serde_json::Map::new();
+    for id in given {
+        if let Some(found) = value.get(&id).or_else(|| value["routing"].get(&id)) {
+            settings.insert(id, found.clone());
+        }
+    }
+    Ok(settings)
 }
 
 /// The whole command line (every subcommand and flag), for documentation checks and generators.
@@ -346,12 +376,10 @@ where
         }
     };
     let result = match cli.command {
-        Command::Launch(args) => {
-            match init_launch_logging(&args.gateway) {
-                Ok(()) => runtime.block_on(launch(*args)),
-                Err(error) => Err(error),
-            }
-        }
+        Command::Launch(args) => match init_launch_logging(&args.gateway) {
+            Ok(()) => runtime.block_on(launch(*args)),
+            Err(error) => Err(error),
+        },
         Command::Mock(args) => {
             init_logging("info", false);
             runtime.block_on(kvgate_mock::run_fleet(*args)).map_err(anyhow::Error::from)

@@ -26,7 +26,9 @@ fn every_smg_option_is_classified_once() {
 fn command_lines(pick: fn(&Class) -> Option<&'static str>) -> Vec<Vec<String>> {
     let mut lines = Vec::new();
     for option in smg::smg_options() {
-        let Some(example) = smg::entry(&option.names[0]).and_then(|entry| pick(&entry.class)) else { continue };
+        let Some(example) = smg::entry(&option.names[0]).and_then(|entry| pick(&entry.class)) else {
+            continue;
+        };
         for name in &option.names {
             let mut line = vec![name.clone()];
             line.extend(example.split_whitespace().map(str::to_string));
@@ -50,7 +52,11 @@ fn same_and_mapped_options_parse() {
             failures.push(format!("{}: {error}", line.join(" ")));
         }
     }
-    assert!(failures.is_empty(), "same/mapped SMG options that kvgate launch does not take:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "same/mapped SMG options that kvgate launch does not take:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -78,9 +84,15 @@ fn refused_options_name_the_missing_feature_and_what_to_use() {
 
 #[test]
 fn every_refused_option_of_a_command_line_is_reported_at_once() {
-    let error =
-        kvgate::launch_config(&["--enable-mesh", "--port", "0", "--dp-aware", "--history-backend", "postgres"])
-            .unwrap_err();
+    let error = kvgate::launch_config(&[
+        "--enable-mesh",
+        "--port",
+        "0",
+        "--dp-aware",
+        "--history-backend",
+        "postgres",
+    ])
+    .unwrap_err();
     for name in ["--enable-mesh", "--dp-aware", "--history-backend"] {
         assert!(error.contains(name), "{error}");
     }
@@ -242,7 +254,8 @@ fn smg_documented_command_lines_through_print_config() {
 
 #[tokio::test]
 async fn a_typical_smg_deployment_serves_requests_and_prometheus_metrics() {
-    let fleet = kvgate_mock::spawn_fleet(kvgate_mock::MockArgs { count: 2, ..Default::default() }).await.unwrap();
+    let fleet =
+        kvgate_mock::spawn_fleet(kvgate_mock::MockArgs { count: 2, ..Default::default() }).await.unwrap();
     let urls = fleet.urls();
     // The options a typical SMG deployment sets, by SMG's names (ports 0: free ones).
     let mut args = vec!["--host", "127.0.0.1", "--port", "0", "--worker-urls"];
@@ -286,7 +299,8 @@ async fn a_typical_smg_deployment_serves_requests_and_prometheus_metrics() {
         "messages": [{"role": "user", "content": "Hello from an SMG command line"}]});
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     let answer = loop {
-        let res = client.post(format!("{}/v1/chat/completions", gateway.url())).json(&body).send().await.unwrap();
+        let res =
+            client.post(format!("{}/v1/chat/completions", gateway.url())).json(&body).send().await.unwrap();
         if res.status() == 200 {
             break res.json::<serde_json::Value>().await.unwrap();
         }
@@ -301,7 +315,8 @@ async fn a_typical_smg_deployment_serves_requests_and_prometheus_metrics() {
     // /metrics stays on the main port too; the metrics listener serves nothing else.
     let main = client.get(format!("{}/metrics", gateway.url())).send().await.unwrap();
     assert_eq!(main.status(), 200);
-    let other = client.post(format!("http://{metrics_addr}/v1/chat/completions")).json(&body).send().await.unwrap();
+    let other =
+        client.post(format!("http://{metrics_addr}/v1/chat/completions")).json(&body).send().await.unwrap();
     assert_eq!(other.status(), 404);
     gateway.shutdown().await;
     fleet.shutdown().await;
@@ -345,4 +360,19 @@ fn log_dir_and_log_json_write_json_lines_to_the_log_file() {
         let entry: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(entry["level"].is_string(), "{line}");
     }
+}
+
+#[test]
+fn smg_settings_are_the_kvgate_options_a_command_line_sets() {
+    let args: Vec<String> =
+        ["--eviction-interval-secs", "45", "--prometheus-port", "29000", "--model-path", "/m"]
+            .map(String::from)
+            .to_vec();
+    let settings = kvgate::smg_settings(&args).unwrap();
+    let keys: Vec<&str> = settings.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["eviction_interval", "prometheus_port", "tokenizer_path"]);
+    assert_eq!(settings["eviction_interval"], 45.0);
+    assert_eq!(settings["prometheus_port"], 29000);
+    let error = kvgate::smg_settings(&["--dp-aware".to_string()]).unwrap_err();
+    assert!(error.contains("--dp-aware (SMG) is not supported"), "{error}");
 }

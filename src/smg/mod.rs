@@ -81,8 +81,10 @@ pub fn refusal_message(option: &str, feature: &str, instead: &str) -> String {
 /// table maps is translated, a refused one is reported (all of them at once).
 pub fn translate(args: &[String], kvgate_flags: &[String]) -> Result<Vec<String>, Refusals> {
     let options = smg_options();
-    let by_name: BTreeMap<&str, &SmgOption> =
-        options.iter().flat_map(|option| option.names.iter().map(move |name| (name.as_str(), option))).collect();
+    let by_name: BTreeMap<&str, &SmgOption> = options
+        .iter()
+        .flat_map(|option| option.names.iter().map(move |name| (name.as_str(), option)))
+        .collect();
     let mut out = Vec::with_capacity(args.len());
     let mut refusals = Vec::new();
     let mut index = 0;
@@ -164,7 +166,8 @@ fn take_values(args: &[String], index: &mut usize, arity: Arity, inline: Option<
             None => Vec::new(),
         },
         Arity::Any | Arity::OneOrMore => {
-            let values: Vec<String> = args[*index..].iter().take_while(|arg| is_value(arg)).cloned().collect();
+            let values: Vec<String> =
+                args[*index..].iter().take_while(|arg| is_value(arg)).cloned().collect();
             *index += values.len();
             values
         }

@@ -46,13 +46,17 @@ const fn refused(smg: &'static str, feature: &'static str, instead: &'static str
     Entry { smg, class: Class::Refused { feature, instead } }
 }
 
-pub(super) const GRPC: &str = "gRPC engines (SMG's gRPC router and its tokenizer, parsers and multimodal pipeline)";
-pub(super) const GRPC_INSTEAD: &str = "run the engines' OpenAI-compatible HTTP servers and give their URLs to --worker-urls";
+pub(super) const GRPC: &str =
+    "gRPC engines (SMG's gRPC router and its tokenizer, parsers and multimodal pipeline)";
+pub(super) const GRPC_INSTEAD: &str =
+    "run the engines' OpenAI-compatible HTTP servers and give their URLs to --worker-urls";
 const HISTORY: &str = "conversation history storage (the Responses API's stored responses)";
-const HISTORY_INSTEAD: &str = "keep history in the client or the application; kvgate proxies stateless requests";
+const HISTORY_INSTEAD: &str =
+    "keep history in the client or the application; kvgate proxies stateless requests";
 const MESH: &str = "SMG's mesh of gateway replicas";
 const MESH_INSTEAD: &str = "--replica-sync-redis-url (replicas share routing through Redis)";
-const WARMUP: &str = "a warm-up ramp for new workers (a new worker takes full traffic once its health check passes)";
+const WARMUP: &str =
+    "a warm-up ramp for new workers (a new worker takes full traffic once its health check passes)";
 const WARMUP_INSTEAD: &str =
     "cache_aware's imbalance test (--balance-abs-threshold, --balance-rel-threshold) moves load to a cold worker";
 const OVERLOAD: &str = "per-worker overload protection (admission and shedding per worker)";
@@ -60,7 +64,8 @@ const OVERLOAD_INSTEAD: &str = "--overload-token-usage-threshold (route away fro
 const SELECTION: &str = "SMG's selection-policy framework";
 const SELECTION_INSTEAD: &str = "--policy (kv_aware predicts each engine's time to first token)";
 const MULTIMODAL: &str = "multimodal processing in the gateway";
-const MULTIMODAL_INSTEAD: &str = "send multimodal requests to the engines through kvgate's HTTP proxy; the engine processes media";
+const MULTIMODAL_INSTEAD: &str =
+    "send multimodal requests to the engines through kvgate's HTTP proxy; the engine processes media";
 const TENANT: &str = "tenants (per-tenant identity, rate limits and priorities)";
 const TENANT_INSTEAD: &str = "--client-api-keys for client authentication and --rate-limit-tokens-per-second for a gateway-wide rate limit";
 const JWT: &str = "JWT authentication";
@@ -303,7 +308,8 @@ fn max_concurrent_requests(values: &[String], _command_line: &[String]) -> Resul
 }
 
 fn model_path(values: &[String], command_line: &[String]) -> Result<Vec<String>, String> {
-    let tokenizer_given = command_line.iter().any(|arg| arg == "--tokenizer-path" || arg.starts_with("--tokenizer-path="));
+    let tokenizer_given =
+        command_line.iter().any(|arg| arg == "--tokenizer-path" || arg.starts_with("--tokenizer-path="));
     if tokenizer_given {
         return Ok(Vec::new());
     }

@@ -45,6 +45,7 @@ pub(crate) fn serve(
 ) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()> + Send + 'static)> {
     let addr = listener.local_addr()?;
     let slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
-    let serving = listen::serve(listener, state.clone(), router(state.clone()), shutdown, slots, Surface::Admin);
+    let serving =
+        listen::serve(listener, state.clone(), router(state.clone()), shutdown, slots, Surface::Admin);
     Ok((addr, serving))
 }

@@ -275,8 +275,9 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     }
     let metrics_addr = match metrics_listener {
         Some(listener) => {
-            let (metrics_addr, serving) = crate::metrics_listener::serve(listener, &state, shutdown_rx.clone())
-                .map_err(|source| StartError::Bind { addr: "the metrics listener".into(), source })?;
+            let (metrics_addr, serving) =
+                crate::metrics_listener::serve(listener, &state, shutdown_rx.clone())
+                    .map_err(|source| StartError::Bind { addr: "the metrics listener".into(), source })?;
             background.push(tokio::spawn(serving));
             tracing::info!(%metrics_addr, "metrics listening (/metrics)");
             Some(metrics_addr)

@@ -94,6 +94,8 @@ class Gateway:
         admin_api_key: str | None = None,
         admin_host: str = '127.0.0.1',
         admin_port: int | None = None,
+        prometheus_host: str = '127.0.0.1',
+        prometheus_port: int | None = None,
         admin_insecure: bool = False,
         max_workers: int = 4096,
         worker_url_allow: Sequence[str] = [],
@@ -110,6 +112,7 @@ class Gateway:
         client_key_path: str | os.PathLike[str] | None = None,
         log_level: str = 'info',
         log_json: bool = False,
+        log_dir: str | os.PathLike[str] | None = None,
         expose_routing_headers: bool = False,
         shutdown_grace_period_secs: float = 30.0,
         worker_threads: int | None = None,
@@ -307,6 +310,10 @@ class Gateway:
         admin_port: Port of the admin listener (0 picks a free port). Unset: the port after
             --port (a free one when --port is 0) when no --admin-api-key is given, else no admin
             listener (the admin API is on the main listener, behind the key)
+        prometheus_host: Address of the metrics listener (--prometheus-port)
+        prometheus_port: Also serve `GET /metrics` (and `/health`) on a listener of its own at
+            --prometheus-host on this port (0 picks a free port), as SMG does; `/metrics` stays
+            on --port too. Unset: no metrics listener
         admin_insecure: Serve the admin API without a key on a non-loopback --admin-host: anyone
             who reaches it can add workers (which then receive clients' prompts). Logged loudly
             at start
@@ -342,6 +349,8 @@ class Gateway:
         client_key_path: The private key (PEM) of --client-cert-path
         log_level: Log level (error, warn, info, debug, trace) or a tracing filter directive
         log_json: Log as JSON lines
+        log_dir: Also write the log to DIR/kvgate.log (appended; the directory is created),
+            beside stderr (`kvgate launch`)
         expose_routing_headers: Add x-kvgate-worker and x-kvgate-route headers to proxied
             responses
         shutdown_grace_period_secs: Seconds in-flight requests may take to finish after
@@ -417,6 +426,10 @@ class Gateway:
     def admin_url(self) -> str:
         """Where the admin API (``/workers``, ``/v1/route``) is served: the admin listener, or
         the main one with ``admin_api_key``. ``RuntimeError`` when not running."""
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the metrics listener (``prometheus_port``, SMG's name) serves ``/metrics``;
+        ``None`` without ``prometheus_port``. ``RuntimeError`` when not running."""
     @property
     def running(self) -> bool:
         """Whether the gateway is serving."""
