@@ -23,6 +23,10 @@ pub enum Class {
     Refused { feature: &'static str, instead: &'static str },
 }
 
+/// SMG's values of an option (and the whole command line, for context) to kvgate's arguments, or
+/// why not.
+pub type Translate = fn(&[String], &[String]) -> Result<Vec<String>, String>;
+
 /// A translation of an SMG option into kvgate's command line.
 pub enum Map {
     /// kvgate's flag of another name, same values and meaning.
@@ -31,7 +35,7 @@ pub enum Map {
     Nothing,
     /// Translated: SMG's values (and the whole command line, for context) to kvgate's
     /// arguments, or why not.
-    With(fn(&[String], &[String]) -> Result<Vec<String>, String>),
+    With(Translate),
 }
 
 const fn same(smg: &'static str, example: &'static str, note: &'static str) -> Entry {
