@@ -287,6 +287,9 @@ async fn a_typical_smg_deployment_serves_requests_and_prometheus_metrics() {
         "warn",
         "--shutdown-grace-period-secs",
         "1",
+        "--request-id-headers",
+        "x-request-id",
+        "x-correlation-id",
     ]);
     let mut config = kvgate::launch_config(&args).unwrap();
     config.admin_port = Some(0);
@@ -308,6 +311,15 @@ async fn a_typical_smg_deployment_serves_requests_and_prometheus_metrics() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(answer["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{answer}");
+    // Request ids: the client's (the first of --request-id-headers given), else a new one.
+    let chat = || client.post(format!("{}/v1/chat/completions", gateway.url())).json(&body);
+    let given = chat().header("x-correlation-id", "corr-42").send().await.unwrap();
+    assert_eq!(given.headers()["x-request-id"], "corr-42");
+    let generated = chat().send().await.unwrap();
+    let id = generated.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert!(id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    let refused = chat().header("x-request-id", "bad-1").body("{").send().await.unwrap();
+    assert_eq!((refused.status().as_u16(), &refused.headers()["x-request-id"]), (400, &"bad-1".parse().unwrap()));
     let scraped = client.get(format!("http://{metrics_addr}/metrics")).send().await.unwrap();
     assert_eq!(scraped.status(), 200);
     let metrics = scraped.text().await.unwrap();

@@ -193,7 +193,7 @@ pub const TABLE: &[Entry] = &[
     same("--prometheus-host", "127.0.0.1", "default 127.0.0.1 (SMG: 0.0.0.0)"),
     refused("--prometheus-duration-buckets", "configurable histogram buckets", "not needed: kvgate's latency histograms have fixed buckets"),
     refused("--jemalloc-prof-dir", "jemalloc heap profiling", "not needed: kvgate uses mimalloc"),
-    refused("--request-id-headers", "request ids", "log correlation at the client or a proxy in front of kvgate; kvgate forwards request headers to the engine unchanged"),
+    same("--request-id-headers", "x-request-id x-correlation-id", "the id is the first of these headers given, else a new one (sent to the worker as x-request-id); the response carries x-request-id. Unset: off"),
     refused("--storage-context-headers", HISTORY, HISTORY_INSTEAD),
     same("--request-timeout-secs", "1800", ""),
     same("--shutdown-grace-period-secs", "180", "kvgate's default is 30 (SMG: 180)"),

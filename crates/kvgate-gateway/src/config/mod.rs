@@ -52,6 +52,11 @@ pub struct GatewayConfig {
     /// body's `user` field is the key.
     #[arg(long, default_value = "x-kvgate-routing-key")]
     pub routing_key_header: String,
+    /// Give each proxied request an id: the value of the first of these request headers present
+    /// (e.g. `x-request-id x-correlation-id`), else a new one, also sent to the worker as
+    /// `x-request-id`; the response carries it as `x-request-id` (errors too). Empty: off.
+    #[arg(long = "request-id-headers", num_args = 0.., value_name = "HEADER")]
+    pub request_id_headers: Vec<String>,
     /// Honour `x-kvgate-target-worker: URL`: the request goes to that worker of its model
     /// (400 when it is not a routable worker of the model).
     #[arg(long)]
