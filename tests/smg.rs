@@ -319,7 +319,10 @@ async fn a_typical_smg_deployment_serves_requests_and_prometheus_metrics() {
     let id = generated.headers()["x-request-id"].to_str().unwrap().to_string();
     assert!(id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
     let refused = chat().header("x-request-id", "bad-1").body("{").send().await.unwrap();
-    assert_eq!((refused.status().as_u16(), &refused.headers()["x-request-id"]), (400, &"bad-1".parse().unwrap()));
+    assert_eq!(
+        (refused.status().as_u16(), &refused.headers()["x-request-id"]),
+        (400, &"bad-1".parse().unwrap())
+    );
     let scraped = client.get(format!("http://{metrics_addr}/metrics")).send().await.unwrap();
     assert_eq!(scraped.status(), 200);
     let metrics = scraped.text().await.unwrap();
@@ -387,4 +390,54 @@ fn smg_settings_are_the_kvgate_options_a_command_line_sets() {
     assert_eq!(settings["prometheus_port"], 29000);
     let error = kvgate::smg_settings(&["--dp-aware".to_string()]).unwrap_err();
     assert!(error.contains("--dp-aware (SMG) is not supported"), "{error}");
+}
+
+#[tokio::test]
+async fn cors_allowed_origins_answer_preflights_and_mark_responses() {
+    let fleet =
+        kvgate_mock::spawn_fleet(kvgate_mock::MockArgs { count: 1, ..Default::default() }).await.unwrap();
+    let urls = fleet.urls();
+    let mut args = vec!["--host", "127.0.0.1", "--port", "0", "--admin-port", "0", "--worker-urls"];
+    args.extend(urls.iter().map(String::as_str));
+    args.extend(["--policy", "round_robin", "--cors-allowed-origins", "https://app.example"]);
+    let mut config = kvgate::launch_config(&args).unwrap();
+    config.io_threads = Some(0);
+    let gateway = kvgate_gateway::start(config).await.unwrap();
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
+    let path = format!("{}/v1/chat/completions", gateway.url());
+    let preflight = |origin: &'static str| {
+        client
+            .request(reqwest::Method::OPTIONS, &path)
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type, authorization")
+            .send()
+    };
+    let allowed = preflight("https://app.example").await.unwrap();
+    assert_eq!(allowed.status(), 204);
+    assert_eq!(allowed.headers()["access-control-allow-origin"], "https://app.example");
+    assert_eq!(allowed.headers()["access-control-allow-headers"], "content-type, authorization");
+    assert!(allowed.headers()["access-control-allow-methods"].to_str().unwrap().contains("POST"));
+    let other = preflight("https://evil.example").await.unwrap();
+    assert_eq!(other.status(), 403);
+    assert!(other.headers().get("access-control-allow-origin").is_none());
+
+    let body = serde_json::json!({"model": "mock-model", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hello from a browser"}]});
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let answer = loop {
+        let res =
+            client.post(&path).header("origin", "https://app.example").json(&body).send().await.unwrap();
+        if res.status() == 200 {
+            break res;
+        }
+        assert!(std::time::Instant::now() < deadline, "no answer: {}", res.status());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(answer.headers()["access-control-allow-origin"], "https://app.example");
+    let foreign =
+        client.post(&path).header("origin", "https://evil.example").json(&body).send().await.unwrap();
+    assert!(foreign.headers().get("access-control-allow-origin").is_none());
+    gateway.shutdown().await;
+    fleet.shutdown().await;
 }

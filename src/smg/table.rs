@@ -201,7 +201,7 @@ pub const TABLE: &[Entry] = &[
     mapped("--idle-connection-timeout-secs", Map::Rename("--keep-alive-timeout-secs"), "90", "kvgate's --keep-alive-timeout-secs (default 60)"),
     refused("--trust-tenant-header", TENANT, TENANT_INSTEAD),
     refused("--tenant-header-name", TENANT, TENANT_INSTEAD),
-    refused("--cors-allowed-origins", "CORS", "a proxy in front of kvgate that answers CORS (nginx add_header, or the browser application's own backend)"),
+    same("--cors-allowed-origins", "https://app.example", "the proxied endpoints' responses and their preflight OPTIONS; `*` for any origin"),
     mapped("--max-concurrent-requests", Map::With(max_concurrent_requests), "-1", "-1 (SMG: no limit) leaves it unset"),
     same("--queue-size", "100", "kvgate's default is 0 (SMG: 100)"),
     same("--queue-timeout-secs", "60", ""),

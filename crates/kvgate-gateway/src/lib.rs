@@ -7,6 +7,7 @@
 // Leaf types.
 mod auth;
 mod clock;
+mod cors;
 mod endpoint;
 mod error;
 mod loads;

@@ -143,8 +143,11 @@ pub fn router(state: SharedState) -> Router {
         }
     };
     for endpoint in Endpoint::ALL {
-        router = router
-            .route(endpoint.path(), post(move |state, request| proxy::handle(state, endpoint, request)));
+        router = router.route(
+            endpoint.path(),
+            post(move |state, request| proxy::handle(state, endpoint, request))
+                .options(crate::cors::preflight),
+        );
     }
     not_found(router).with_state(state)
 }

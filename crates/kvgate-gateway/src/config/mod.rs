@@ -57,6 +57,11 @@ pub struct GatewayConfig {
     /// `x-request-id`; the response carries it as `x-request-id` (errors too). Empty: off.
     #[arg(long = "request-id-headers", num_args = 0.., value_name = "HEADER")]
     pub request_id_headers: Vec<String>,
+    /// Origins whose browsers may call the proxied endpoints (CORS): `https://app.example`, or
+    /// `*` for any; their responses carry `Access-Control-Allow-Origin` and the preflight
+    /// `OPTIONS` is answered. Empty: no CORS.
+    #[arg(long = "cors-allowed-origins", num_args = 0.., value_name = "ORIGIN")]
+    pub cors_allowed_origins: Vec<String>,
     /// Honour `x-kvgate-target-worker: URL`: the request goes to that worker of its model
     /// (400 when it is not a routable worker of the model).
     #[arg(long)]

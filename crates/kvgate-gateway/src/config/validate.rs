@@ -148,7 +148,8 @@ impl GatewayConfig {
         for name in &self.request_id_headers {
             if http::HeaderName::from_bytes(name.trim().as_bytes()).is_err() {
                 checks.push(
-                    FieldError::new("request_id_headers", "must be valid header names").got(format!("{name:?}")),
+                    FieldError::new("request_id_headers", "must be valid header names")
+                        .got(format!("{name:?}")),
                 );
             }
         }

@@ -78,6 +78,7 @@ where
 {
     let started = Instant::now();
     let mut request = request;
+    let cors_origin = crate::cors::allow_origin(&state.config.cors_allowed_origins, request.headers());
     let request_id = match state.config.request_id_headers.is_empty() {
         true => None,
         false => {
@@ -97,6 +98,9 @@ where
     };
     if let Some(id) = request_id {
         response.headers_mut().insert(request_id::REQUEST_ID_HEADER.clone(), id);
+    }
+    if let Some(origin) = cors_origin {
+        crate::cors::decorate(&mut response, origin);
     }
     response
 }
