@@ -13,20 +13,19 @@ use tokio::sync::watch;
 use crate::admin;
 use crate::config::GatewayConfig;
 use crate::listen::{self, Surface};
-use crate::server::StartError;
 use crate::state::SharedState;
 
 /// Connections the metrics listener takes at once (scrapers are few).
 const METRICS_CONNECTIONS: usize = 64;
 
-/// Binds the metrics listener when `--prometheus-port` is given.
-pub(crate) async fn bind(config: &GatewayConfig) -> Result<Option<TcpListener>, StartError> {
+/// Binds the metrics listener when `--prometheus-port` is given; an error names the address.
+pub(crate) async fn bind(config: &GatewayConfig) -> Result<Option<TcpListener>, (String, std::io::Error)> {
     let Some(port) = config.prometheus_port else { return Ok(None) };
     let addr = format!("{}:{port}", config.prometheus_host);
-    let listener = TcpListener::bind(&addr)
-        .await
-        .map_err(|source| StartError::Bind { addr: format!("{addr} (the metrics listener)"), source })?;
-    Ok(Some(listener))
+    match TcpListener::bind(&addr).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(error) => Err((format!("{addr} (the metrics listener)"), error)),
+    }
 }
 
 /// The metrics listener's routes.

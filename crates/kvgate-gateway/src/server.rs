@@ -200,7 +200,9 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     let local_addr =
         listeners[0].local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let admin_listener = bind_admin(&config).await?;
-    let metrics_listener = crate::metrics_listener::bind(&config).await?;
+    let metrics_listener = crate::metrics_listener::bind(&config)
+        .await
+        .map_err(|(addr, source)| StartError::Bind { addr, source })?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
     let _ = state.listen_addr.set(local_addr);
     let admin_addr = match &admin_listener {

@@ -53,6 +53,8 @@ class Gateway:
         decode_policy: Literal['round_robin', 'random', 'cache_aware', 'power_of_two', 'least_load', 'kv_aware', 'prefix_hash', 'consistent_hashing', 'manual', 'bucket'] | None = None,
         pd_protocol: Literal['sglang', 'vllm'] = 'sglang',
         routing_key_header: str = 'x-kvgate-routing-key',
+        request_id_headers: Sequence[str] = [],
+        cors_allowed_origins: Sequence[str] = [],
         routing_key_override: bool = False,
         kv_events_endpoints: Sequence[str] = [],
         kv_events_replay_endpoints: Sequence[str] = [],
@@ -221,6 +223,13 @@ class Gateway:
         pd_protocol: How prefill workers hand their KV cache to decode workers
         routing_key_header: Header carrying a request's session key (consistent_hashing,
             manual); without it the body's `user` field is the key
+        request_id_headers: Give each proxied request an id: the value of the first of these
+            request headers present (e.g. `x-request-id x-correlation-id`), else a new one, also
+            sent to the worker as `x-request-id`; the response carries it as `x-request-id`
+            (errors too). Empty: off
+        cors_allowed_origins: Origins whose browsers may call the proxied endpoints (CORS):
+            `https://app.example`, or `*` for any; their responses carry `Access-Control-Allow-
+            Origin` and the preflight `OPTIONS` is answered. Empty: no CORS
         routing_key_override: Honour `x-kvgate-target-worker: URL`: the request goes to that
             worker of its model (400 when it is not a routable worker of the model)
         kv_events_endpoints: ZMQ endpoints of the workers' KV event publishers (vLLM/SGLang
