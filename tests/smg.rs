@@ -224,7 +224,7 @@ const SMG_DOC_COMMAND_LINES: &[(&str, Result<&str, &str>)] = &[
     (
         "--worker-urls grpc://worker-1:50051 --model-path meta-llama/Llama-3.1-8B-Instruct --policy cache_aware \
          --block-size 16 --host 0.0.0.0 --port 30000",
-        Err("grpc://worker-1:50051 (SMG) is not supported: kvgate lacks gRPC engines"),
+        Err("worker URL grpc://worker-1:50051 is not supported: kvgate lacks gRPC engines"),
     ),
 ];
 

@@ -101,7 +101,10 @@ pub fn translate(args: &[String], kvgate_flags: &[String]) -> Result<Vec<String>
         };
         let Some(option) = by_name.get(name) else {
             if arg.starts_with("grpc://") || arg.contains("=grpc://") {
-                refusals.push(refusal_message(arg, table::GRPC, table::GRPC_INSTEAD));
+                let (feature, instead) = (table::GRPC, table::GRPC_INSTEAD);
+                refusals.push(format!(
+                    "worker URL {arg} is not supported: kvgate lacks {feature}; instead: {instead}"
+                ));
             }
             out.push(arg.clone());
             continue;

@@ -302,7 +302,7 @@ pub struct GatewayConfig {
     #[arg(long, default_value = "info")]
     pub log_level: String,
     /// Log as JSON lines.
-    #[arg(long)]
+    #[arg(long, alias = "json-log")]
     pub log_json: bool,
     /// Also write the log to DIR/kvgate.log (appended; the directory is created), beside stderr
     /// (`kvgate launch`).
