@@ -441,3 +441,78 @@ async fn cors_allowed_origins_answer_preflights_and_mark_responses() {
     gateway.shutdown().await;
     fleet.shutdown().await;
 }
+
+/// The lines a child prints to stdout, on a channel.
+fn stdout_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The binaries themselves: `kvgate mock` engines, and `kvgate launch` with the typical SMG
+/// deployment's command line in front of them.
+#[tokio::test]
+async fn the_typical_smg_command_line_runs_in_the_kvgate_binary_in_front_of_kvgate_mock() {
+    let kvgate = || std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"));
+    let piped = std::process::Stdio::piped;
+    let mut mock = Child(
+        kvgate()
+            .args(["mock", "--workers", "2", "--base-port", "0", "--host", "127.0.0.1"])
+            .stdout(piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = stdout_lines(&mut mock);
+    let mut engines = Vec::new();
+    while engines.len() < 2 {
+        let line = lines.recv_timeout(Duration::from_secs(30)).expect("kvgate mock prints its engines");
+        if let Some((_, url)) = line.split_once(": http://") {
+            engines.push(format!("http://{url}"));
+        }
+    }
+    let mut launch = Child(
+        kvgate()
+            .args(["launch", "--host", "127.0.0.1", "--port", "0", "--worker-urls"])
+            .args(&engines)
+            .args(["--policy", "cache_aware", "--cache-threshold", "0.5", "--balance-abs-threshold", "32"])
+            .args(["--balance-rel-threshold", "1.5", "--eviction-interval-secs", "60"])
+            .args(["--max-tree-size", "67108864", "--balance-token-usage-threshold", "0.3"])
+            .args(["--overload-token-usage-threshold", "0.9", "--load-monitor-interval", "1"])
+            .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", "0", "--log-level", "warn"])
+            .args(["--shutdown-grace-period-secs", "1"])
+            .stdout(piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let line = stdout_lines(&mut launch).recv_timeout(Duration::from_secs(30)).expect("kvgate launch starts");
+    // "kvgate listening on URL (admin API: URL; metrics: URL/metrics)"
+    let url = line.split_whitespace().nth(3).unwrap().to_string();
+    let metrics = line.rsplit(' ').next().unwrap().trim_end_matches(')').to_string();
+    assert!(url.starts_with("http://127.0.0.1:") && metrics.ends_with("/metrics"), "{line}");
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
+    let body = serde_json::json!({"model": "mock-model", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hello from the SMG command line"}]});
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let res = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+        if res.status() == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no answer: {}", res.status());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let scraped = client.get(&metrics).send().await.unwrap().text().await.unwrap();
+    assert!(scraped.contains("kvgate_requests_total{"), "{scraped}");
+    drop(launch);
+    drop(mock);
+}
