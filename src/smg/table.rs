@@ -173,7 +173,7 @@ pub const TABLE: &[Entry] = &[
     refused("--log-mm-timing", MULTIMODAL, MULTIMODAL_INSTEAD),
     same("--log-dir", "/tmp/kvgate-logs", "the log file is DIR/kvgate.log (appended), beside stderr"),
     same("--log-level", "info", "also a tracing filter directive"),
-    same("--log-json", "", ""),
+    same("--log-json", "", "also spelled --json-log"),
     same("--service-discovery", "", "Kubernetes pods"),
     mapped("--discovery-provider", Map::With(discovery_provider), "kubernetes", "kubernetes only (kvgate's discovery watches pods)"),
     refused("--discovery-file", "file-based service discovery", "--worker-urls, or POST /workers on the admin listener"),
