@@ -144,6 +144,8 @@ fn mapped_options_become_kvgate_settings() {
         let config = kvgate::launch_config(&args).unwrap();
         assert_eq!(config.tokenizer_path.as_deref(), Some(std::path::Path::new("/models/b/tokenizer.json")));
     }
+    let error = kvgate::launch_config(&["--model-path", "meta-llama/Llama-3.1-8B-Instruct"]).unwrap_err();
+    assert!(error.contains("is a Hugging Face model id, not a local path"), "{error}");
     let error = kvgate::launch_config(&["--backend", "openai"]).unwrap_err();
     assert!(error.contains("--backend (SMG) openai") && error.contains("sglang, vllm"), "{error}");
 }

@@ -231,7 +231,7 @@ pub const TABLE: &[Entry] = &[
     same("--health-check-endpoint", "/health", ""),
     same("--disable-health-check", "", ""),
     refused("--remove-unhealthy-workers", "removing unhealthy workers", "not needed: kvgate keeps unhealthy workers registered and routes around them until their health check passes; DELETE /workers/URL removes one"),
-    mapped("--model-path", Map::With(model_path), "/models/llama", "a local directory or tokenizer.json, as --tokenizer-path (kvgate never downloads): --tokenizer-path wins when both are given"),
+    mapped("--model-path", Map::With(model_path), "/models/llama", "a local directory or tokenizer.json, as --tokenizer-path (kvgate never downloads: a Hugging Face model id is refused); --tokenizer-path wins when both are given"),
     same("--tokenizer-path", "/models/llama/tokenizer.json", "never downloaded: a local tokenizer.json or a directory holding it"),
     same("--chat-template", "/models/llama/template.jinja", ""),
     mapped("--disable-tokenizer-autoload", Map::Nothing, "", "kvgate never downloads a tokenizer"),
@@ -317,7 +317,20 @@ fn model_path(values: &[String], command_line: &[String]) -> Result<Vec<String>,
     if tokenizer_given {
         return Ok(Vec::new());
     }
+    if let Some(id) = values.iter().find(|value| looks_like_a_hub_id(value)) {
+        return Err(format!(
+            "{id:?} is a Hugging Face model id, not a local path, and kvgate never downloads a tokenizer: \
+             give the local directory holding its tokenizer.json, or leave --model-path out (routing on \
+             the prompt's text needs no tokenizer)"
+        ));
+    }
     Ok(values.iter().flat_map(|path| ["--tokenizer-path".to_string(), path.clone()]).collect())
+}
+
+/// `org/name` that is not a path on this machine.
+fn looks_like_a_hub_id(value: &str) -> bool {
+    let relative = !value.starts_with(['/', '.', '~']);
+    relative && value.matches('/').count() == 1 && !std::path::Path::new(value).exists()
 }
 
 fn discovery_provider(values: &[String], _command_line: &[String]) -> Result<Vec<String>, String> {
