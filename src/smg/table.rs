@@ -230,7 +230,7 @@ pub const TABLE: &[Entry] = &[
     same("--health-check-interval-secs", "60", "kvgate's default is 10 (SMG: 60)"),
     same("--health-check-endpoint", "/health", ""),
     same("--disable-health-check", "", ""),
-    refused("--remove-unhealthy-workers", "removing unhealthy workers", "not needed: kvgate keeps unhealthy workers registered and routes around them until their health check passes; DELETE /workers/URL removes one"),
+    mapped("--remove-unhealthy-workers", Map::Nothing, "", "accepted, no effect: SMG removes unhealthy workers so they can recover; kvgate keeps them registered, re-probes them and routes to them again once their health check passes (its --no- form is kvgate's behaviour); DELETE /workers/URL removes one"),
     mapped("--model-path", Map::With(model_path), "/models/llama", "a local directory or tokenizer.json, as --tokenizer-path (kvgate never downloads: a Hugging Face model id is refused); --tokenizer-path wins when both are given"),
     same("--tokenizer-path", "/models/llama/tokenizer.json", "never downloaded: a local tokenizer.json or a directory holding it"),
     same("--chat-template", "/models/llama/template.jinja", ""),
