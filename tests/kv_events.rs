@@ -102,7 +102,7 @@ fn index_equals_engines(gw: &GatewayHandle, fleet: &MockFleet, prompts: &[Vec<u3
     let index = index_of(gw);
     for prompt in prompts {
         let mut matched = PrefixMatch::default();
-        index.overlap(prompt, &mut matched);
+        index.overlap(prompt, kvgate_index::Namespace::BASE, &mut matched);
         for (worker_idx, url) in fleet.urls().iter().enumerate() {
             let engine = fleet.cached_prefix_tokens(worker_idx, prompt);
             let indexed = matched.matched(worker_id(gw, url));
@@ -211,13 +211,13 @@ async fn without_replay_a_gap_clears_the_workers_entries() {
     let index = index_of(&gw);
     let cleared = eventually(5.0, async || {
         let mut matched = PrefixMatch::default();
-        index.overlap(&tokens(&prompt(2, 16)), &mut matched);
+        index.overlap(&tokens(&prompt(2, 16)), kvgate_index::Namespace::BASE, &mut matched);
         matched.best() == 16
     })
     .await;
     assert!(cleared, "the batch after the gap is applied");
     let mut matched = PrefixMatch::default();
-    index.overlap(&kept, &mut matched);
+    index.overlap(&kept, kvgate_index::Namespace::BASE, &mut matched);
     assert_eq!(matched.best(), 0, "entries from before the gap are gone although the engine still has them");
     assert!(fleet.cached_prefix_tokens(0, &kept) > 0);
     let text = metrics(&gw).await;
@@ -508,7 +508,8 @@ async fn malformed_messages_are_counted_and_survived() {
         vec![Vec::new(), seq.to_be_bytes().to_vec()], // two frames
         vec![Vec::new(), vec![0; 7], batch(&all_blocks_cleared())], // a 7-byte sequence
         vec![Vec::new(), (seq + 1).to_be_bytes().to_vec(), vec![0xc1, 0xff]], // not msgpack
-        vec![Vec::new(), (seq + 2).to_be_bytes().to_vec(), batch(&[0xa3, b'B', b'a', b'd'])], // event not an array
+        // An event that is not one: refused alone, the batch is applied.
+        vec![Vec::new(), (seq + 2).to_be_bytes().to_vec(), batch(&[0xa3, b'B', b'a', b'd'])],
     ];
     for frames in garbage {
         publisher.send(frames).await;
@@ -523,13 +524,14 @@ async fn malformed_messages_are_counted_and_survived() {
     let index = index_of(&gw);
     let applied = eventually(5.0, async || {
         let mut matched = PrefixMatch::default();
-        index.overlap(&[7, 8, 9, 10, 11], &mut matched);
+        index.overlap(&[7, 8, 9, 10, 11], kvgate_index::Namespace::BASE, &mut matched);
         matched.best() == 4
     })
     .await;
     assert!(applied, "the batches after the garbage were applied");
     let text = metrics(&gw).await;
-    assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 4.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 3.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"malformed\""), 1.0, "{text}");
     assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"unknown_event\""), 1.0, "{text}");
     let res =
         client().post(format!("{}/v1/completions", gw.url())).json(&json!({"prompt": "hi"})).send().await;

@@ -44,14 +44,17 @@ mod tree;
 mod tests;
 
 pub use block::{
-    content_hash, ApplyError, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, StoredBlocks,
-    IN_FLIGHT_RANK, ROOT_HASH,
+    block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheId, ChainRoot, HeldBlock,
+    InFlightBlocks, InFlightPrompt, Layout, Namespace, Residency, StoredBlocks, TierWeights, IN_FLIGHT_RANK,
+    MAX_LAYOUTS, ROOT_HASH,
 };
 pub use matching::PrefixMatch;
 pub use peer::{
     prompt_blocks, prompt_hash, PeerBlocks, PeerMerged, PromptBlocks, ReadOnlyTree, TEXT_BLOCK_BYTES,
 };
-pub use prefix::{ApproxIndex, ExactRecordingTree, IndexKind, PrefixIndex, PromptKey, TreeSettings};
+pub use prefix::{
+    ApproxIndex, ExactRecordingTree, IndexKind, NamespacedExact, PrefixIndex, PromptKey, TreeSettings,
+};
 pub use tree::RadixTree;
 
 /// Worker id, assigned by the host.

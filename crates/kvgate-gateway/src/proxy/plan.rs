@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_index::{
-    prompt_blocks, prompt_hash, ExactRecordingTree, InFlightPrompt, PeerMerged, ReadOnlyTree,
+    prompt_blocks, prompt_hash, ExactRecordingTree, InFlightPrompt, Namespace, PeerMerged, ReadOnlyTree,
 };
 use kvgate_policy::{
     Candidate, Decision, IndexKind, PrefixIndex, PrefixIndexMode, RouteRequest, RoutingKey, SelectContext,
@@ -161,9 +161,10 @@ impl Pick {
         request: &RouteRequest<'_>,
     ) -> Option<(Arc<ModelPrefix>, InFlightPrompt)> {
         match (self.decision.index, request.key) {
-            (Some(IndexKind::Exact), RoutingKey::Tokens(tokens)) => {
-                Some((self.pool.prefix.clone(), self.pool.prefix.in_flight.add(self.decision.worker, tokens)))
-            }
+            (Some(IndexKind::Exact), RoutingKey::Tokens(tokens)) => Some((
+                self.pool.prefix.clone(),
+                self.pool.prefix.in_flight.add(self.decision.worker, tokens, Namespace::BASE),
+            )),
             _ => None,
         }
     }
@@ -241,7 +242,8 @@ fn choose(
     }
     let live = planning == Planning::Live;
     let exact_index = use_exact_index(pool, request, events_flowing);
-    let recording = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
+    let recording =
+        ExactRecordingTree { exact: &pool.prefix.exact, namespace: Namespace::BASE, tree: &pool.prefix.tree };
     let read_only = ReadOnlyTree(&pool.prefix.tree);
     let local: &dyn PrefixIndex = match (exact_index, live) {
         (true, true) => &recording,

@@ -353,11 +353,15 @@ impl ExactHarness {
     fn store(&mut self, worker: usize, tokens: &[u32], blocks: usize) {
         let hashes: Vec<u64> = (0..blocks as u64).map(|b| b + 1000 * tokens[0] as u64).collect();
         let event = StoredBlocks {
+            group: 0,
             block_hashes: &hashes,
             parent_block_hash: None,
             token_ids: &tokens[..blocks * 4],
             block_size: 4,
-            medium: None,
+            lookahead: &[],
+            opaque: &[],
+            namespace: kvgate_index::Namespace::BASE,
+            residency: &kvgate_index::Residency::gpu(),
         };
         self.caches[worker].apply_stored(event).unwrap();
     }

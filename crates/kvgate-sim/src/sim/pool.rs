@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch};
 use kvgate_index::{
-    ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, PrefixIndex, StoredBlocks,
+    ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, Namespace, PrefixIndex,
+    Residency, StoredBlocks,
 };
 use kvgate_policy::{
     build_policy, Candidate, Decision, LoadSample, NoRoute, Policy, PolicyConfig, RouteRequest, RoutingKey,
@@ -124,7 +125,7 @@ impl Pool {
         let worker = decision.worker as usize;
         self.in_flight[worker] += 1;
         if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
-            prompts.insert(id, in_flight.add(worker as u32, prompt));
+            prompts.insert(id, in_flight.add(worker as u32, prompt, Namespace::BASE));
         }
         Ok(decision)
     }
@@ -183,15 +184,19 @@ fn apply_event(cache: &mut CacheBlocks, event: &KvEvent) -> bool {
     match event {
         KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => cache
             .apply_stored(StoredBlocks {
+                group: 0,
                 block_hashes,
                 parent_block_hash: *parent_block_hash,
                 token_ids,
                 block_size: *block_size,
-                medium: None,
+                lookahead: &[],
+                opaque: &[],
+                namespace: Namespace::BASE,
+                residency: &Residency::gpu(),
             })
             .is_ok(),
         KvEvent::BlockRemoved { block_hashes } => {
-            cache.apply_removed(block_hashes, None);
+            cache.apply_removed(0, block_hashes, &Residency::gpu());
             true
         }
         KvEvent::AllBlocksCleared => {
