@@ -140,8 +140,8 @@ fn metric(text: &str, series: &str) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_index_follows_stores_and_evictions_in_both_encodings() {
-    for encoding in [KvEventEncoding::Array, KvEventEncoding::Map] {
+async fn the_index_follows_stores_and_evictions_in_every_engine_format() {
+    for encoding in [KvEventEncoding::Vllm033, KvEventEncoding::Vllm010, KvEventEncoding::Sglang05] {
         let fleet = fleet(2, |args| args.kv_events_encoding = encoding).await;
         let gw = gateway(gateway_config(&fleet)).await;
         wait_flowing(&gw).await;

@@ -41,8 +41,12 @@ pub enum PdStage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestStats {
     pub prompt_tokens: u32,
-    /// Prompt tokens served from the prefix cache (not prefilled).
+    /// Prompt tokens served from the prefix cache (not prefilled), host-memory hits included (as
+    /// vLLM reports them).
     pub cached_tokens: u32,
+    /// Of `cached_tokens`, those loaded back from the host-memory tier.
+    #[serde(default)]
+    pub offloaded_tokens: u32,
     pub completion_tokens: u32,
     pub arrival_us: u64,
     pub admitted_us: u64,
@@ -102,20 +106,37 @@ impl EngineOutput {
     }
 }
 
+/// Where a cached block lives: the engine's GPU prefix cache, or the host-memory tier of an
+/// engine with KV offloading.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Tier {
+    #[default]
+    Gpu,
+    Cpu,
+}
+
 /// A change to the prefix cache, in the shape of vLLM's KV events.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvEvent {
-    /// Consecutive blocks of one prompt were stored; `block_hashes[0]` chains on `parent_block_hash`.
+    /// Consecutive blocks of one prompt were stored in `tier`; `block_hashes[0]` chains on
+    /// `parent_block_hash`. The host tier sends vLLM's offload placeholders: the hashes only
+    /// (no tokens, block size 0, no parent), as its offloading connector does by default.
     BlockStored {
         block_hashes: Vec<u64>,
         parent_block_hash: Option<u64>,
         /// Tokens of all stored blocks, `block_size` per block.
         token_ids: Vec<u32>,
         block_size: u32,
+        #[serde(default)]
+        tier: Tier,
     },
-    /// Blocks were evicted from the prefix cache.
-    BlockRemoved { block_hashes: Vec<u64> },
-    /// The whole prefix cache was cleared.
+    /// Blocks were evicted from `tier`.
+    BlockRemoved {
+        block_hashes: Vec<u64>,
+        #[serde(default)]
+        tier: Tier,
+    },
+    /// The whole prefix cache was cleared (every tier).
     AllBlocksCleared,
 }
 

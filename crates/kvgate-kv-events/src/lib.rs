@@ -49,6 +49,7 @@
 
 mod apply;
 mod batch;
+mod encode;
 mod error;
 mod event;
 mod extra;
@@ -62,6 +63,7 @@ mod tokens;
 mod tests;
 
 pub use apply::{apply_batch, apply_event, Refusal};
+pub use encode::{encode_batch, WireFormat};
 pub use error::DecodeError;
 pub use extra::ExtraKey;
 pub use feed::{Feed, FeedCounts, Live, Recovery, Replayed};

@@ -155,6 +155,7 @@ impl Simulation<'_> {
         self.outcome.finished.push(RequestStats {
             prompt_tokens: prefill.prompt_tokens,
             cached_tokens: prefill.cached_tokens,
+            offloaded_tokens: prefill.offloaded_tokens,
             completion_tokens: stats.completion_tokens,
             arrival_us: prefill.arrival_us,
             admitted_us: prefill.admitted_us,

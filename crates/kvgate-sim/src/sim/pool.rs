@@ -3,9 +3,9 @@
 //! A regular fleet is one pool; a prefill/decode fleet is two, each routed on its own state.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch};
+use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch, Tier};
 use kvgate_index::{
     ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, Namespace, PrefixIndex,
     Residency, StoredBlocks,
@@ -179,10 +179,21 @@ impl Pool {
     }
 }
 
-/// Applies one engine KV event to its cache's writer; false when the index refused it.
+/// The residency of an engine tier, as vLLM names it.
+fn residency(tier: Tier) -> &'static Residency {
+    static GPU: LazyLock<Residency> = LazyLock::new(Residency::gpu);
+    static CPU: LazyLock<Residency> = LazyLock::new(|| Residency::of(Some("CPU"), None, None));
+    match tier {
+        Tier::Gpu => &GPU,
+        Tier::Cpu => &CPU,
+    }
+}
+
+/// Applies one engine KV event to its cache's writer (a host tier's placeholders as the gateway
+/// applies vLLM's); false when the index refused it.
 fn apply_event(cache: &mut CacheBlocks, event: &KvEvent) -> bool {
     match event {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => cache
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, tier } => cache
             .apply_stored(StoredBlocks {
                 group: 0,
                 block_hashes,
@@ -192,11 +203,11 @@ fn apply_event(cache: &mut CacheBlocks, event: &KvEvent) -> bool {
                 lookahead: &[],
                 opaque: &[],
                 namespace: Namespace::BASE,
-                residency: &Residency::gpu(),
+                residency: residency(*tier),
             })
             .is_ok(),
-        KvEvent::BlockRemoved { block_hashes } => {
-            cache.apply_removed(0, block_hashes, &Residency::gpu());
+        KvEvent::BlockRemoved { block_hashes, tier } => {
+            cache.apply_removed(0, block_hashes, residency(*tier));
             true
         }
         KvEvent::AllBlocksCleared => {
