@@ -55,7 +55,7 @@ impl Pool {
     /// flow, so `prefix_index=auto` is exact here), else the approximate tree.
     pub(super) fn new(config: &PolicyConfig, first_engine: usize, n_workers: usize) -> Pool {
         let prefix = if config.uses_exact_index() {
-            let index = Arc::new(BlockIndex::new());
+            let index = Arc::new(config.block_index());
             let caches = (0..n_workers as u32)
                 .map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 }))
                 .collect();
