@@ -32,6 +32,7 @@
 //! assert!(tree.tenant_size(1) <= 20);
 //! ```
 
+mod accuracy;
 mod block;
 mod evict;
 mod matching;
@@ -43,6 +44,9 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
+pub use accuracy::{
+    AccuracyChange, AccuracySample, AccuracySettings, Disagreement, IndexAccuracy, LikelyCause,
+};
 pub use block::{
     block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheId, ChainRoot, HeldBlock,
     InFlightBlocks, InFlightPrompt, Layout, Namespace, Residency, StoredBlocks, TierWeights, IN_FLIGHT_RANK,
