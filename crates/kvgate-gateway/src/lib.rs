@@ -25,6 +25,8 @@ mod state;
 mod tls;
 mod tokenize;
 mod upstream;
+#[allow(dead_code)] // wired into the proxy by the closed loop
+mod usage;
 mod worker;
 
 pub use config::{GatewayConfig, GatewayConfigBuilder};
