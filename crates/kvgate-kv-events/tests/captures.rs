@@ -436,3 +436,82 @@ fn the_encoder_writes_what_each_engine_writes() {
 fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+fn capture(publisher: &str, case: &str) -> Capture {
+    read_capture(&captures_dir().join(publisher).join(format!("{case}.jsonl")))
+}
+
+/// Regression: from vLLM 0.26 on (and in SGLang 0.5) replay replies carry the topic frame, four
+/// frames as a DEALER sees them; the decoder read two or three, so a gateway started after the
+/// engines learned nothing and every gap cleared the worker.
+#[test]
+fn regression_replay_replies_have_four_frames() {
+    for publisher in ["vllm-0.33.0", "sglang-0.5.23"] {
+        let capture = capture(publisher, "replay-topic");
+        let replies: Vec<&Vec<Vec<u8>>> = capture
+            .lines
+            .iter()
+            .filter(|(socket, ..)| socket == "replay")
+            .map(|(_, frames, _)| frames)
+            .collect();
+        assert!(replies.iter().all(|frames| frames.len() == 4), "{publisher}");
+        let index = Arc::new(BlockIndex::new());
+        let mut feed = Feed::new(CacheBlocks::new(index, CacheId { worker: WORKER, rank: 0 }));
+        for (socket, frames, _) in &capture.lines {
+            match socket.as_str() {
+                "pub" => {
+                    if let Live::ReplayFrom(start) = feed.on_live(frames) {
+                        assert_eq!(start, 2, "{publisher}: seq 2 and 3 were missed");
+                    }
+                }
+                _ => {
+                    if feed.on_replay(frames).unwrap() == Replayed::End {
+                        feed.end_replay(true);
+                    }
+                }
+            }
+        }
+        let counts = feed.take_counts();
+        assert_eq!(
+            counts.gaps,
+            [(kvgate_kv_events::Recovery::Replayed, 1)],
+            "{publisher}: recovered, not cleared"
+        );
+        assert_eq!(feed.cache().len(), 15, "{publisher}: S0-S4");
+    }
+}
+
+/// Regression: vLLM 0.33's offloading connector sends `BlockStored(token_ids=[], block_size=0)`
+/// in the same batch as the GPU stores; the whole batch was refused and the worker cleared.
+#[test]
+fn regression_offload_placeholders_do_not_spoil_their_batch() {
+    let capture = capture("vllm-0.33.0", "offload-placeholder");
+    let (_, batch) = kvgate_kv_events::decode_message(&capture.lines[0].1).unwrap();
+    assert_eq!(batch.events.len(), 3, "the GPU store and two placeholders");
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: WORKER, rank: 0 });
+    let mut refused = Vec::new();
+    kvgate_kv_events::apply_batch(&mut cache, &batch, &mut |refusal| refused.push(refusal));
+    assert_eq!(refused, []);
+    let tiers: Vec<usize> = cache.holdings().iter().map(|block| block.residencies.len()).collect();
+    assert_eq!(cache.len(), 4, "A0-A3, and no block of the placeholders' own");
+    assert_eq!(tiers.iter().filter(|&&n| n == 2).count(), 2, "A1 and A3 also on the CPU: {tiers:?}");
+    let prompt = tokens_of(&capture.meta["prompts"]["A"]["token_ids"]);
+    assert_eq!(matched(&index, &prompt, Namespace::BASE), 64);
+}
+
+/// Regression: SGLang with EAGLE publishes bigram token ids (`[[t0, t1], [t1, t2], ...]`); the
+/// batch was refused and the cache cleared.
+#[test]
+fn regression_eagle_bigrams_are_indexed() {
+    let capture = capture("sglang-0.5.23", "bigram");
+    let (_, batch) = kvgate_kv_events::decode_message(&capture.lines[0].1).unwrap();
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: WORKER, rank: 0 });
+    let mut refused = Vec::new();
+    kvgate_kv_events::apply_batch(&mut cache, &batch, &mut |refusal| refused.push(refusal));
+    assert_eq!((refused, cache.len()), (vec![], 3));
+    let raw = tokens_of(&capture.meta["prompts"]["A"]["raw_token_ids"]);
+    assert_eq!(matched(&index, &raw, Namespace::BASE), 48, "49 raw tokens: 3 pages of 16 bigrams");
+    assert_eq!(matched(&index, &raw[..48], Namespace::BASE), 32, "the third page needs token 48 after it");
+}
