@@ -11,6 +11,23 @@ pub struct EngineRequest {
     pub prompt: Vec<u32>,
     /// Tokens to generate; 0 is treated as 1.
     pub output_tokens: u32,
+    /// The LoRA adapter the request runs with (`None`: the base model).
+    pub lora: Option<LoraAdapter>,
+}
+
+impl EngineRequest {
+    /// A base-model request.
+    pub fn new(id: u64, prompt: Vec<u32>, output_tokens: u32) -> Self {
+        EngineRequest { id, prompt, output_tokens, lora: None }
+    }
+}
+
+/// A LoRA adapter as vLLM names it in its KV events: `lora_id` (the `LoRARequest`'s integer
+/// id) and `lora_name`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LoraAdapter {
+    pub id: u32,
+    pub name: String,
 }
 
 /// Which half of a request an engine serves under prefill/decode (PD) disaggregation.
@@ -129,6 +146,9 @@ pub enum KvEvent {
         block_size: u32,
         #[serde(default)]
         tier: Tier,
+        /// The adapter whose KV the blocks are (`None`: the base model's).
+        #[serde(default)]
+        lora: Option<LoraAdapter>,
     },
     /// Blocks were evicted from `tier`.
     BlockRemoved {

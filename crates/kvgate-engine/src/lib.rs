@@ -54,7 +54,7 @@
 //! let mut engine = Engine::new(EngineConfig::default());
 //! let mut out = Vec::new();
 //! let prompt = tokenize(&"word ".repeat(4096));
-//! engine.submit(0, EngineRequest { id: 1, prompt, output_tokens: 1 }, &mut out);
+//! engine.submit(0, EngineRequest::new(1, prompt, 1), &mut out);
 //! while let Some(at) = engine.next_event_time() {
 //!     engine.advance(at, &mut out);
 //! }
@@ -73,14 +73,16 @@ mod tokenizer;
 
 pub use config::EngineConfig;
 pub use events::{
-    EngineOutput, EngineRequest, KvEvent, KvEventBatch, PdStage, RejectReason, RequestStats, Tier,
+    EngineOutput, EngineRequest, KvEvent, KvEventBatch, LoraAdapter, PdStage, RejectReason, RequestStats,
+    Tier,
 };
 pub use flags::EngineFlags;
 pub use kvgate_config::{FieldError, ValidationErrors};
 pub use load::{EngineLoad, THROUGHPUT_WINDOW_US};
 pub use scheduler::Engine;
 pub use tokenizer::{
-    block_hash, count_tokens, prompt_block_hashes, render_chat, splitmix64, token_id, tokenize,
+    adapter_block_hashes, block_hash, count_tokens, prompt_block_hashes, render_chat, splitmix64, token_id,
+    tokenize,
 };
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::events::{
 };
 use crate::load::ThroughputWindow;
 use crate::offload::HostTier;
-use crate::tokenizer::prompt_block_hashes;
+use crate::tokenizer::adapter_block_hashes;
 
 /// A discrete-event model of one serving engine replica.
 ///
@@ -65,6 +65,8 @@ struct Request {
     output_tokens: u32,
     /// Hashes of the prompt's full blocks (empty without prefix cache).
     block_hashes: Vec<u64>,
+    /// The adapter the request runs with.
+    lora: Option<crate::events::LoraAdapter>,
     total_blocks: u64,
     /// Blocks held outside the cache.
     private_blocks: u64,
@@ -200,7 +202,7 @@ impl Engine {
         out: &mut Vec<EngineOutput>,
     ) {
         self.advance(now, out);
-        let EngineRequest { id, prompt, output_tokens } = request;
+        let EngineRequest { id, prompt, output_tokens, lora } = request;
         let output_tokens = output_tokens.max(1);
         let block_size = u64::from(self.config.block_size);
         let required_tokens = prompt.len() as u64 + u64::from(output_tokens);
@@ -223,7 +225,7 @@ impl Engine {
         }
         let prompt_len = prompt.len() as u32;
         let block_hashes = if self.config.prefix_cache {
-            prompt_block_hashes(&prompt, self.config.block_size as usize)
+            adapter_block_hashes(&prompt, self.config.block_size as usize, lora.as_ref())
         } else {
             Vec::new()
         };
@@ -242,6 +244,7 @@ impl Engine {
             prompt_len,
             output_tokens,
             block_hashes,
+            lora,
             total_blocks,
             private_blocks: 0,
             referenced_blocks: 0,
@@ -506,6 +509,7 @@ impl Engine {
                             token_ids: request.prompt[start * block_size..index * block_size].to_vec(),
                             block_size: block_size as u32,
                             tier: Tier::Gpu,
+                            lora: request.lora.clone(),
                         });
                     }
                     if let Some(host) = &mut self.host {
@@ -527,6 +531,7 @@ impl Engine {
                     token_ids: Vec::new(),
                     block_size: 0,
                     tier: Tier::Cpu,
+                    lora: None,
                 });
             }
         }

@@ -12,7 +12,7 @@ fn tokens(start: u32, n: u32) -> Vec<u32> {
 }
 
 fn request(id: u64, prompt: Vec<u32>, output_tokens: u32) -> EngineRequest {
-    EngineRequest { id, prompt, output_tokens }
+    EngineRequest::new(id, prompt, output_tokens)
 }
 
 /// Everything an engine emitted for a workload.
@@ -205,6 +205,39 @@ fn lru_evicts_oldest_unreferenced_prefix_first() {
     assert_eq!(trace.stats(5).cached_tokens, 0);
 }
 
+/// A LoRA adapter's blocks hash apart from the base model's (and from another adapter's), and
+/// its stores name it.
+#[test]
+fn an_adapter_caches_its_own_blocks() {
+    let prompt = tokens(0, 32);
+    let sql = LoraAdapter { id: 1, name: "sql".into() };
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    let adapter =
+        |id, lora: &LoraAdapter| EngineRequest { lora: Some(lora.clone()), ..request(id, prompt.clone(), 1) };
+    engine.submit(0, adapter(1, &sql), &mut out);
+    while let Some(at) = engine.next_event_time() {
+        engine.advance(at, &mut out);
+    }
+    let stored = engine.drain_kv_events().into_iter().flat_map(|batch| batch.events).collect::<Vec<_>>();
+    let [KvEvent::BlockStored { block_hashes, lora, .. }] = &stored[..] else { panic!("{stored:?}") };
+    assert_eq!(lora.as_ref(), Some(&sql));
+    assert_eq!(block_hashes, &adapter_block_hashes(&prompt, 16, Some(&sql)));
+    assert_ne!(block_hashes, &prompt_block_hashes(&prompt, 16), "the base model's hashes differ");
+    let other = LoraAdapter { id: 2, name: "chat".into() };
+    assert_ne!(adapter_block_hashes(&prompt, 16, Some(&other)), *block_hashes);
+    assert_eq!(engine.cached_prefix_tokens(&prompt), 0, "the base model has nothing cached");
+    engine.submit(1_000_000, adapter(2, &sql), &mut out);
+    while let Some(at) = engine.next_event_time() {
+        engine.advance(at, &mut out);
+    }
+    let stats = out.iter().rev().find_map(|o| match o {
+        EngineOutput::Finished { id: 2, stats } => Some(*stats),
+        _ => None,
+    });
+    assert_eq!(stats.unwrap().cached_tokens, 31, "the adapter's own blocks hit");
+}
+
 /// The host tier: stored on write (placeholders), a prefix evicted from the GPU but held in host
 /// memory counts as cached and loads back, which costs less than computing it and more than a GPU
 /// hit; evicted from both, it is computed again.
@@ -240,6 +273,7 @@ fn a_prefix_in_host_memory_loads_back_instead_of_prefilling() {
                 token_ids,
                 block_size: 0,
                 parent_block_hash: None,
+                ..
             } => {
                 assert!(token_ids.is_empty());
                 Some(block_hashes)
@@ -416,6 +450,7 @@ fn kv_events_describe_stored_blocks_with_increasing_seqs() {
                 token_ids: prompt[..32].to_vec(),
                 block_size: 16,
                 tier: Tier::Gpu,
+                lora: None,
             },
             &KvEvent::BlockStored {
                 block_hashes: extended_hashes[2..].to_vec(),
@@ -423,6 +458,7 @@ fn kv_events_describe_stored_blocks_with_increasing_seqs() {
                 token_ids: extended[32..64].to_vec(),
                 block_size: 16,
                 tier: Tier::Gpu,
+                lora: None,
             },
         ]
     );

@@ -53,6 +53,11 @@ pub struct MockArgs {
     /// Model name served on /v1/models and in responses.
     #[arg(long, default_value = "mock-model")]
     pub model: String,
+    /// LoRA adapters every engine serves besides the base model (listed on /v1/models with the
+    /// base model as `parent`, as vLLM's --lora-modules): a request whose `model` is one runs
+    /// with it, and its KV blocks (and their events) are the adapter's.
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+    pub lora_adapters: Vec<String>,
     /// Engine behaviour.
     #[arg(long, value_enum, default_value_t = EngineKind::Realistic)]
     pub engine: EngineKind,

@@ -39,22 +39,29 @@ fn medium(tier: Tier) -> &'static str {
 }
 
 /// What an engine of `format`'s version publishes for `event`: vLLM 0.2x and later name the
-/// medium and group 0 and list one (empty) extra-key entry per GPU block; vLLM 0.10 has none of
-/// those fields; SGLang names the medium.
+/// medium and group 0 and list one extra-key entry per GPU block (nil, or the LoRA name: vLLM
+/// hashes it into each block); vLLM 0.10 has none of those fields; SGLang names the medium. A
+/// LoRA adapter's stores carry `lora_name` (and vLLM's `lora_id`; SGLang sends it nil).
 fn wire_event(event: &KvEvent, format: WireFormat) -> wire::KvEvent {
     let vllm = matches!(format, WireFormat::Vllm033 | WireFormat::Vllm025);
     let named = format != WireFormat::Vllm010;
     match event {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, tier } => {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, tier, lora } => {
+            let lora_key = lora.as_ref().map(|lora| vec![wire::ExtraKey::Str(lora.name.clone())]);
             wire::KvEvent::BlockStored(wire::BlockStored {
                 block_hashes: block_hashes.clone(),
                 parent_block_hash: *parent_block_hash,
                 token_ids: token_ids.clone().into(),
                 block_size: *block_size,
+                lora_id: lora
+                    .as_ref()
+                    .filter(|_| format != WireFormat::Sglang05)
+                    .map(|lora| i64::from(lora.id)),
+                lora_name: lora.as_ref().filter(|_| named).map(|lora| lora.name.clone()),
                 medium: named.then(|| medium(*tier).to_owned()),
-                // The block pool's stores list their (absent) extra keys; the offloading
-                // connector's placeholders do not.
-                extra_keys: (vllm && *tier == Tier::Gpu).then(|| vec![None; block_hashes.len()]),
+                // The block pool's stores list their extra keys; the offloading connector's
+                // placeholders do not.
+                extra_keys: (vllm && *tier == Tier::Gpu).then(|| vec![lora_key; block_hashes.len()]),
                 group_idx: vllm.then_some(0),
                 ..wire::BlockStored::default()
             })
@@ -86,6 +93,7 @@ mod tests {
                     token_ids: vec![7, 8],
                     block_size: 1,
                     tier: Tier::Gpu,
+                    lora: None,
                 },
                 KvEvent::BlockStored {
                     block_hashes: vec![u64::MAX],
@@ -93,6 +101,7 @@ mod tests {
                     token_ids: vec![],
                     block_size: 0,
                     tier: Tier::Cpu,
+                    lora: None,
                 },
                 KvEvent::BlockRemoved { block_hashes: vec![1], tier: Tier::Gpu },
                 KvEvent::AllBlocksCleared,

@@ -15,6 +15,8 @@ use crate::server::{parse_json, ApiError, AppState};
 
 #[derive(Deserialize)]
 pub(crate) struct ChatRequest {
+    #[serde(default)]
+    pub(crate) model: Option<String>,
     pub(crate) messages: Vec<ChatMessage>,
     #[serde(default)]
     pub(crate) stream: bool,
@@ -69,6 +71,8 @@ pub(crate) fn chat_prompt(messages: &[ChatMessage]) -> String {
 
 #[derive(Deserialize)]
 pub(crate) struct CompletionRequest {
+    #[serde(default)]
+    pub(crate) model: Option<String>,
     pub(crate) prompt: Prompt,
     #[serde(default)]
     pub(crate) stream: bool,
@@ -140,6 +144,7 @@ pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         ignore_eos: request.ignore_eos,
         stream: request.stream,
         pd,
+        lora: state.lora(request.model.as_deref()),
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Chat, include_usage(&request.stream_options));
     respond(&state, params, format, cut).await
@@ -156,6 +161,7 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         Err(error) => return error.into_response(),
     };
     let usage_chunk = include_usage(&request.stream_options);
+    let lora = state.lora(request.model.as_deref());
     let prompt = match request.prompt.into_tokens() {
         Ok(prompt) => prompt,
         Err(error) => return error.into_response(),
@@ -166,6 +172,7 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         ignore_eos: request.ignore_eos,
         stream: request.stream,
         pd,
+        lora,
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Completion, usage_chunk);
     respond(&state, params, format, cut).await

@@ -196,3 +196,39 @@ async fn an_offload_tier_publishes_vllms_placeholders() {
     assert_eq!(placeholder.block_hashes, expected[0]);
     harness.fleet.shutdown().await;
 }
+
+/// `--lora-adapters`: adapters on /v1/models with the base model as parent (vLLM's ModelCard),
+/// and a request for one stores the adapter's blocks, named in its events as vLLM names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapters_blocks_are_published_as_the_adapters() {
+    let harness = spawn(|args| {
+        args.time_scale = 50.0;
+        args.kv_events_base_port = Some(0);
+        args.lora_adapters = vec!["sql-lora".into(), "chat-lora".into()];
+    })
+    .await;
+    let models = harness.client.get(format!("{}/v1/models", harness.url)).send().await.unwrap();
+    let models: serde_json::Value = models.json().await.unwrap();
+    let listed: Vec<(&str, &serde_json::Value)> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), &m["parent"]))
+        .collect();
+    let base = json!("mock-model");
+    assert_eq!(listed, [("mock-model", &json!(null)), ("sql-lora", &base), ("chat-lora", &base)]);
+    let (mut subscriber, _probes) = subscribe(&harness).await;
+    let body = json!({"model": "chat-lora", "prompt": words(0, 32), "max_tokens": 1});
+    harness.post_json("/v1/completions", &body).await;
+    let batch = kvgate_kv_events::decode_batch(&recv_batch(&mut subscriber).await.payload).unwrap();
+    let kvgate_kv_events::KvEvent::BlockStored(stored) = &batch.events[0] else { panic!("{batch:?}") };
+    assert_eq!((stored.lora_id, stored.lora_name.as_deref()), (Some(2), Some("chat-lora")));
+    let key = Some(vec![kvgate_kv_events::ExtraKey::Str("chat-lora".into())]);
+    assert_eq!(stored.extra_keys, Some(vec![key.clone(), key]));
+    assert_ne!(
+        stored.block_hashes,
+        prompt_block_hashes(&tokenize(&words(0, 32)), 16),
+        "the adapter's own hashes"
+    );
+    harness.fleet.shutdown().await;
+}

@@ -193,7 +193,7 @@ fn residency(tier: Tier) -> &'static Residency {
 /// applies vLLM's); false when the index refused it.
 fn apply_event(cache: &mut CacheBlocks, event: &KvEvent) -> bool {
     match event {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, tier } => cache
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, tier, .. } => cache
             .apply_stored(StoredBlocks {
                 group: 0,
                 block_hashes,
