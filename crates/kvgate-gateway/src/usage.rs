@@ -111,8 +111,12 @@ impl StreamUsage {
     /// itself; with it, the complete events of it (the tail of an incomplete one is held until
     /// the frame that completes it).
     pub(crate) fn on_frame(&mut self, frame: Bytes) -> Bytes {
-        if !self.strip && self.pending.is_empty() && frame.ends_with(b"\n\n") {
-            // The common case: whole events only, nothing held.
+        if self.pending.is_empty() && frame.ends_with(b"\n\n") {
+            // The common case (one or more whole events per frame): nothing held, nothing copied
+            // unless an event is left out.
+            if self.strip {
+                return self.filter(&frame);
+            }
             self.scan(&frame);
             return frame;
         }
