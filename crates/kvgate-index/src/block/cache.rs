@@ -95,8 +95,8 @@ pub struct CacheBlocks {
     /// Tier copies named for blocks this cache does not hold (yet): an offload placeholder for
     /// a hash whose own store is missing. A later store of the hash picks them up.
     pending: HashMap<(u32, u64), u16>,
-    /// This writer's view of the index's residency bits.
-    bits: Vec<(Residency, u16)>,
+    /// This writer's view of the index's residency bits, with each one's tier weight.
+    bits: Vec<(Residency, u16, f64)>,
 }
 
 impl CacheBlocks {
@@ -302,9 +302,23 @@ impl CacheBlocks {
         let Some(entry) = self.contents.get_mut(&content) else { return };
         // One engine block per content (the rule): its tiers are the content's. With more
         // (rare), tiers are only added until the others are gone.
+        let before = entry.tiers;
         entry.tiers = if entry.refs == 1 { tiers } else { entry.tiers | tiers };
-        let tiers = entry.tiers;
-        self.index.set_holder(content, self.key, tiers);
+        let after = entry.tiers;
+        // Queries read a holder's best tier weight only: a copy in a slower tier next to a GPU
+        // copy (every offloaded block) changes nothing there, and costs no shard write.
+        if self.best_weight(before) != self.best_weight(after) {
+            self.index.set_holder(content, self.key, after);
+        }
+    }
+
+    /// The best weight among `tiers` (the bits this writer interned).
+    fn best_weight(&self, tiers: u16) -> f64 {
+        self.bits
+            .iter()
+            .filter(|(_, bit, _)| tiers & bit != 0)
+            .map(|(_, _, weight)| *weight)
+            .fold(0.0, f64::max)
     }
 
     fn forget(&mut self, group: u32, engine_hash: u64) {
@@ -319,11 +333,12 @@ impl CacheBlocks {
 
     /// The index's bit for a residency, cached by this writer.
     fn bit(&mut self, residency: &Residency) -> u16 {
-        if let Some((_, bit)) = self.bits.iter().find(|(known, _)| known == residency) {
+        if let Some((_, bit, _)) = self.bits.iter().find(|(known, ..)| known == residency) {
             return *bit;
         }
         let bit = self.index.residency_bit(residency);
-        self.bits.push((residency.clone(), bit));
+        let weight = self.index.tier_weights().weight(&residency.medium);
+        self.bits.push((residency.clone(), bit, weight));
         bit
     }
 }

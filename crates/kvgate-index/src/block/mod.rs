@@ -72,6 +72,8 @@ pub const MAX_LAYOUTS: usize = 4;
 const MAX_RESIDENCIES: usize = 16;
 
 /// One cache holding a block, with the tiers it holds it in (one bit per interned residency).
+/// Queries use only the best weight among them, so a writer updates the mask when that weight
+/// changes: it may lag behind a slower tier added or removed next to a faster one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Holder {
     pub(crate) key: u64,
