@@ -6,6 +6,7 @@ mod report;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
+use crate::block_hash::adapter_block_hashes;
 use crate::blocks::BlockPool;
 use crate::config::EngineConfig;
 use crate::events::{
@@ -13,7 +14,6 @@ use crate::events::{
 };
 use crate::load::ThroughputWindow;
 use crate::offload::HostTier;
-use crate::tokenizer::adapter_block_hashes;
 
 /// A discrete-event model of one serving engine replica.
 ///

@@ -9,6 +9,9 @@
 //!   holding it; [`CacheBlocks`] applies one cache's stored/removed events to it. Queries run
 //!   concurrently with writers (sharded locks, one block at a time).
 //!
+//! * [`choose_index`] is the host's rule for which of the two a request is matched against
+//!   (exact when the engines' events flow, else the tree; [`PrefixIndexMode`] forces one).
+//!
 //! * [`RadixTree<T>`] is generic over the element: `u8` for UTF-8 prompt text ([`TextTree`]) and
 //!   `u32` for token ids ([`TokenTree`]); one implementation serves both.
 //! * [`RadixTree::match_and_insert`] does the routing hot path in one descent: match, let the
@@ -34,6 +37,7 @@
 
 mod accuracy;
 mod block;
+mod choice;
 mod evict;
 mod matching;
 mod node;
@@ -52,6 +56,7 @@ pub use block::{
     InFlightBlocks, InFlightPrompt, Layout, Namespace, Residency, StoredBlocks, TierWeights, IN_FLIGHT_RANK,
     MAX_LAYOUTS, ROOT_HASH,
 };
+pub use choice::{choose_index, IndexInputs, PrefixIndexMode};
 pub use matching::PrefixMatch;
 pub use peer::{
     prompt_blocks, prompt_hash, PeerBlocks, PeerMerged, PromptBlocks, ReadOnlyTree, TEXT_BLOCK_BYTES,

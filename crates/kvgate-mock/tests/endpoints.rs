@@ -26,7 +26,7 @@ async fn health_and_models() {
     assert_eq!(
         models,
         json!({"object": "list", "data": [{"id": "mock-model", "object": "model",
-            "owned_by": "kvgate-mock", "created": 0}]})
+            "owned_by": "kvgate-mock", "created": 0, "root": "mock-model", "parent": null}]})
     );
     harness.fleet.shutdown().await;
 }

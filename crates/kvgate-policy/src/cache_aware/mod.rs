@@ -13,7 +13,10 @@ pub use imbalance::{imbalance, in_band, kv_usable, Imbalance, Thresholds};
 use crate::config::{MissStrategy, PolicyConfig};
 use crate::inflight::RoutedLog;
 use crate::pick::pick_min_by;
-use crate::{Candidate, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{
+    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext,
+    WorkerId,
+};
 
 /// KV usages closer than this are a tie (broken by in-flight count, then at random).
 const KV_TIE: f64 = 0.01;
@@ -191,15 +194,12 @@ impl Policy for CacheAwarePolicy {
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let settings = &self.settings;
         let mut routed = self.lock();
-        let kv = kv_usable(candidates, ctx.now_ms, ctx.load_poll_interval_ms).then(|| {
+        let kv = kv_usable(&candidates, ctx.now_ms, ctx.load_poll_interval_ms).then(|| {
             candidates
                 .iter()
                 .map(|c| kv_estimate(&routed, c, settings.kv_inflight_correction))
@@ -220,7 +220,7 @@ impl Policy for CacheAwarePolicy {
         } else {
             None
         };
-        let inputs = Inputs { settings, candidates, imbalance, in_flight, kv, tree_sizes };
+        let inputs = Inputs { settings, candidates: &candidates, imbalance, in_flight, kv, tree_sizes };
 
         let mut outcome = None;
         let rng = &mut *ctx.rng;

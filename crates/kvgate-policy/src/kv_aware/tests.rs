@@ -64,7 +64,7 @@ impl Harness {
             rng: &mut self.rng,
             prefix_index: Some(&self.index),
         };
-        self.policy.select(&request, candidates, &mut ctx).unwrap()
+        self.policy.select(&request, Candidates::new(candidates).unwrap(), &mut ctx).unwrap()
     }
 }
 
@@ -132,7 +132,8 @@ fn a_prefix_in_host_memory_saves_its_tier_weight_of_the_prefill() {
         rng: &mut rng,
         prefix_index: Some(&*index),
     };
-    let d = policy.select(&request, &pool(&[(0, 0.1), (0, 0.1), (0, 0.1)]), &mut ctx).unwrap();
+    let candidates = pool(&[(0, 0.1), (0, 0.1), (0, 0.1)]);
+    let d = policy.select(&request, Candidates::new(&candidates).unwrap(), &mut ctx).unwrap();
     assert_eq!(d.worker, 2);
     let p = d.predicted.unwrap();
     // 8,000 tokens at 8,000 tokens/s is 1 s of prefill; from host memory a quarter of it.
