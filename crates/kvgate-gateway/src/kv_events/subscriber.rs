@@ -1,22 +1,22 @@
 //! One data-parallel rank's KV-event subscription: a ZMQ SUB socket on the engine's publisher,
-//! the replay socket asked for history at start, after a gap and after a restart, and the
-//! cache's writer into the model's exact index.
+//! the replay socket asked for history at start, after a gap and after a restart, feeding the
+//! rank's `Feed` (`kvgate-kv-events`: the sequence logic and the cache's writer into the model's
+//! exact index). This file only moves frames and counts what the feed did.
 //!
 //! The index never keeps what it cannot vouch for: a gap that replay cannot fill, a sequence
-//! that goes backwards (engine restart), a reconnection and a malformed batch all clear the
-//! cache's blocks first.
+//! that goes backwards (engine restart) and a reconnection clear the cache's blocks first. One
+//! bad event is refused alone, and a message that cannot be decoded is skipped: neither clears.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kvgate_index::{BlockIndex, CacheBlocks, CacheId};
-use kvgate_kv_events::{decode_message, decode_replay_reply, replay_request, EventBatch, ReplayReply};
+use kvgate_kv_events::{replay_request, Feed, FeedCounts, Live as Received, Recovery, Replayed, REPLAY_END};
 use zeromq::{
     DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
 };
 
-use super::sequence::{apply_batch, Sequence, Verdict};
 use crate::config::RankEndpoints;
 use crate::metrics::KvEventsMetrics;
 use crate::registry::Registry;
@@ -42,8 +42,7 @@ pub(crate) struct RankSubscription {
 
 /// The state of a running subscription.
 struct Live {
-    cache: CacheBlocks,
-    sequence: Sequence,
+    feed: Feed,
     warned_at: Option<Instant>,
     suppressed: u64,
 }
@@ -51,12 +50,8 @@ struct Live {
 impl RankSubscription {
     pub(crate) async fn run(self) {
         let Some(index) = self.wait_for_index().await else { return };
-        let mut live = Live {
-            cache: CacheBlocks::new(index, CacheId { worker: self.worker.id, rank: self.rank }),
-            sequence: Sequence::default(),
-            warned_at: None,
-            suppressed: 0,
-        };
+        let cache = CacheBlocks::new(index, CacheId { worker: self.worker.id, rank: self.rank });
+        let mut live = Live { feed: Feed::new(cache), warned_at: None, suppressed: 0 };
         let mut socket = self.connect().await;
         let mut monitor = socket.monitor();
         self.resync(&mut live).await;
@@ -80,8 +75,7 @@ impl RankSubscription {
                         // Whatever happened while we were away, the engine's cache may differ
                         // from what we held: start over from its replay buffer.
                         tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event publisher reconnected");
-                        live.cache.clear();
-                        live.sequence.reset();
+                        live.feed.reset();
                         self.resync(&mut live).await;
                         self.set_live(true);
                     }
@@ -134,55 +128,28 @@ impl RankSubscription {
     }
 
     async fn on_message(&self, live: &mut Live, frames: Vec<bytes::Bytes>) {
-        let (seq, batch) = match decode_message(&frames) {
-            Ok(decoded) => decoded,
-            Err(error) => {
-                // Its events are lost: what the index holds for this cache can no longer be trusted.
-                self.metrics.malformed.with_label_values(&[&self.worker.url]).inc();
-                self.warn(live, &format!("malformed KV event message dropped, cache cleared: {error}"));
-                live.cache.clear();
-                live.sequence.reset();
-                return;
+        match live.feed.on_live(&frames) {
+            Received::Applied | Received::Duplicate => {}
+            Received::Dropped(error) => {
+                self.warn(live, &format!("malformed KV event message dropped: {error}"));
             }
-        };
-        match live.sequence.check(seq, batch.ts) {
-            Verdict::Apply => self.apply(live, seq, &batch),
-            Verdict::Duplicate => {}
-            Verdict::Gap { expected } => {
-                let joined = self.endpoints.replay.is_some() && self.replay_from(live, expected).await;
-                let recovered = joined
-                    && matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
-                let recovery = if recovered { "replay" } else { "cleared" };
-                self.metrics.gaps.with_label_values(&[&self.worker.url, recovery]).inc();
-                self.warn(
-                    live,
-                    &format!("KV event sequence gap before {seq} (expected {expected}): {recovery}"),
-                );
-                self.apply_or_start_over(live, seq, &batch);
-            }
-            Verdict::Restart => {
-                self.metrics.restarts.with_label_values(&[&self.worker.url]).inc();
-                tracing::info!(worker = %self.worker.url, rank = self.rank, seq, "KV event sequence restarted: engine restart, cache cleared");
-                self.start_over(live);
-                if self.endpoints.replay.is_some() {
-                    self.replay_from(live, 0).await;
+            Received::ReplayFrom(start) => {
+                let completed = self.replay(live, start).await;
+                match live.feed.end_replay(completed) {
+                    Some(Recovery::Replayed) => {
+                        self.warn(live, &format!("KV event sequence gap from {start}: recovered by replay"));
+                    }
+                    Some(Recovery::Cleared) => self.warn(
+                        live,
+                        &format!("KV event sequence gap from {start}: no replay filled it, cache cleared"),
+                    ),
+                    None => {
+                        tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event sequence restarted: engine restart, cache cleared")
+                    }
                 }
-                self.apply_or_start_over(live, seq, &batch);
             }
         }
-    }
-
-    /// Applies the batch if it is the next one, skips it if it was applied already, and
-    /// otherwise (a hole nothing filled) clears the cache and starts over from it.
-    fn apply_or_start_over(&self, live: &mut Live, seq: u64, batch: &EventBatch) {
-        match live.sequence.check(seq, batch.ts) {
-            Verdict::Apply => self.apply(live, seq, batch),
-            Verdict::Duplicate => {}
-            Verdict::Gap { .. } | Verdict::Restart => {
-                self.start_over(live);
-                self.apply(live, seq, batch);
-            }
-        }
+        self.count(live);
     }
 
     fn set_live(&self, live: bool) {
@@ -191,34 +158,45 @@ impl RankSubscription {
         self.metrics.live_ranks.with_label_values(&[&self.worker.url]).set(ranks);
     }
 
-    fn apply(&self, live: &mut Live, seq: u64, batch: &EventBatch) {
+    /// Adds what the feed did since the last call to the metrics.
+    fn count(&self, live: &mut Live) {
+        let FeedCounts { batches, refused, malformed, gaps, restarts } = live.feed.take_counts();
         let metrics = &self.metrics;
         let url = self.worker.url.as_str();
-        apply_batch(&mut live.cache, batch, &mut |refusal| {
-            metrics.refused.with_label_values(&[url, refusal.as_str()]).inc();
-        });
-        live.sequence.accept(seq, batch.ts);
-        metrics.batches.with_label_values(&[url]).inc();
-    }
-
-    fn start_over(&self, live: &mut Live) {
-        live.cache.clear();
-        live.sequence.reset();
-    }
-
-    /// At start and after a reconnection: the engine's buffered history, when it has a replay socket.
-    async fn resync(&self, live: &mut Live) {
-        if self.endpoints.replay.is_some() {
-            self.replay_from(live, live.sequence.next()).await;
+        if batches > 0 {
+            metrics.batches.with_label_values(&[url]).inc_by(batches);
+        }
+        for (refusal, n) in refused {
+            metrics.refused.with_label_values(&[url, refusal.as_str()]).inc_by(n);
+        }
+        if malformed > 0 {
+            metrics.malformed.with_label_values(&[url]).inc_by(malformed);
+        }
+        for (recovery, n) in gaps {
+            metrics.gaps.with_label_values(&[url, recovery.as_str()]).inc_by(n);
+        }
+        if restarts > 0 {
+            metrics.restarts.with_label_values(&[url]).inc_by(restarts);
         }
     }
 
-    /// Applies the replay of every buffered batch from `start` on. True when the replay ran to its
-    /// end and joined the applied sequence without a hole.
-    async fn replay_from(&self, live: &mut Live, start: u64) -> bool {
+    /// At start and after a reconnection: the engine's buffered history, when it has a replay
+    /// socket.
+    async fn resync(&self, live: &mut Live) {
+        if self.endpoints.replay.is_some() {
+            let start = live.feed.begin_resync();
+            let completed = self.replay(live, start).await;
+            live.feed.end_replay(completed);
+            self.count(live);
+        }
+    }
+
+    /// Hands the feed every buffered batch from `start` on; true when the replay ran to its end
+    /// marker (false: no replay socket, or it failed or timed out).
+    async fn replay(&self, live: &mut Live, start: u64) -> bool {
         let Some(endpoint) = &self.endpoints.replay else { return false };
-        let batches = match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(endpoint, start)).await {
-            Ok(Ok(batches)) => batches,
+        let replies = match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(endpoint, start)).await {
+            Ok(Ok(replies)) => replies,
             Ok(Err(error)) => {
                 self.warn(live, &format!("KV event replay from {endpoint} failed: {error}"));
                 return false;
@@ -228,14 +206,17 @@ impl RankSubscription {
                 return false;
             }
         };
-        let mut joined = true;
-        for (seq, batch) in batches {
-            // A hole here: the buffer does not reach back far enough (or holds a new engine's
-            // batches), so start over from what it does hold.
-            joined &= matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
-            self.apply_or_start_over(live, seq, &batch);
+        for frames in &replies {
+            match live.feed.on_replay(frames) {
+                Ok(Replayed::Batch { .. }) => {}
+                Ok(Replayed::End) => return true,
+                Err(error) => {
+                    self.warn(live, &format!("malformed KV event replay reply from {endpoint}: {error}"));
+                    return false;
+                }
+            }
         }
-        joined
+        false
     }
 
     fn warn(&self, live: &mut Live, message: &str) {
@@ -250,8 +231,9 @@ impl RankSubscription {
     }
 }
 
-/// Every buffered batch from `start` on, in the order the replay socket sent them.
-async fn fetch_replay(endpoint: &str, start: u64) -> Result<Vec<(u64, EventBatch)>, String> {
+/// Every reply of the replay from `start` on, the end marker last, in the order the replay
+/// socket sent them.
+async fn fetch_replay(endpoint: &str, start: u64) -> Result<Vec<Vec<bytes::Bytes>>, String> {
     let mut options = SocketOptions::default();
     options.connect_timeout(REPLAY_TIMEOUT);
     let mut dealer = DealerSocket::with_options(options);
@@ -259,14 +241,16 @@ async fn fetch_replay(endpoint: &str, start: u64) -> Result<Vec<(u64, EventBatch
     let request: Vec<bytes::Bytes> = replay_request(start).into_iter().map(bytes::Bytes::from).collect();
     let request = ZmqMessage::try_from(request).map_err(|_| "empty replay request".to_string())?;
     dealer.send(request).await.map_err(|e| e.to_string())?;
-    let mut batches = Vec::new();
+    let mut replies = Vec::new();
     loop {
-        let reply = dealer.recv().await.map_err(|e| e.to_string())?;
-        match decode_replay_reply(&reply.into_vec()).map_err(|e| e.to_string())? {
-            ReplayReply::Batch { seq, batch } => batches.push((seq, batch)),
-            ReplayReply::End => return Ok(batches),
+        let frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
+        // The end marker's sequence frame is the second to last in every form.
+        let end = frames.len() >= 2 && frames[frames.len() - 2][..] == REPLAY_END.to_be_bytes();
+        replies.push(frames);
+        if end {
+            return Ok(replies);
         }
-        if batches.len() > REPLAY_MAX_BATCHES {
+        if replies.len() > REPLAY_MAX_BATCHES {
             return Err(format!("more than {REPLAY_MAX_BATCHES} batches"));
         }
     }
