@@ -78,7 +78,11 @@ impl AppState {
                 Tokenizer::from_path(path, config.chat_template.as_deref())
                     .map_err(|e| format!("loading the tokenizer: {e}"))?,
             )),
-            (None, true) => Some(Arc::new(Tokenizer::mock())),
+            (None, true) => Some(Arc::new(match &config.chat_template {
+                Some(template) => Tokenizer::mock_with_chat_template(template)
+                    .map_err(|e| format!("loading the chat template: {e}"))?,
+                None => Tokenizer::mock(),
+            })),
             (None, false) => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
