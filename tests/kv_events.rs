@@ -193,6 +193,31 @@ async fn a_lost_batch_is_recovered_through_replay() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_after_the_fleet_served_learns_its_holdings_through_replay() {
+    // The mock's default encoding is the current one (vLLM 0.33: replay replies with the topic
+    // frame, 4 frames at the DEALER).
+    assert_eq!(MockArgs::default().kv_events_encoding, KvEventEncoding::Vllm033);
+    let fleet = fleet(2, |_| {}).await;
+    let urls = fleet.urls();
+    let mut sent = Vec::new();
+    for i in 0..6 {
+        let text = prompt(i, 40);
+        complete_on(&urls[i % 2], &text).await;
+        sent.push(tokens(&text));
+    }
+    let held = |worker: usize| sent.iter().map(|p| fleet.cached_prefix_tokens(worker, p)).sum::<usize>();
+    assert!(held(0) > 0 && held(1) > 0, "both engines hold blocks before the gateway starts");
+    let gw = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&gw).await;
+    assert_in_sync(&gw, &fleet, &sent).await;
+    let text = metrics(&gw).await;
+    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 0.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 0.0, "{text}");
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_replay_a_gap_clears_the_workers_entries() {
     let fleet = fleet(1, |_| {}).await;
     let mut cfg = gateway_config(&fleet);
@@ -306,6 +331,51 @@ async fn two_gateways_fed_the_same_streams_hold_the_same_index() {
     assert_eq!(dump, by_url(&second));
     first.shutdown().await;
     second.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_adapters_and_the_base_route_to_the_holders_of_their_own_blocks() {
+    let fleet = fleet(3, |args| {
+        args.engine_flags.kv_capacity_tokens = Some(4096);
+        args.lora_adapters = vec!["adapter-a".into(), "adapter-b".into()];
+    })
+    .await;
+    let gw = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&gw).await;
+    let urls = fleet.urls();
+    let text = prompt(11, 120);
+    // The same prompt, cached by a different engine for each model: the base on engine 0, the
+    // adapters on engines 1 and 2 (each with blocks of its own, named by the adapter).
+    let holders = [(MODEL, &urls[0]), ("adapter-a", &urls[1]), ("adapter-b", &urls[2])];
+    for (model, url) in holders {
+        let res = client()
+            .post(format!("{url}/v1/completions"))
+            .json(&json!({"model": model, "prompt": text, "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{model}");
+    }
+    let index = index_of(&gw);
+    let stored =
+        eventually(5.0, async || urls.iter().all(|url| index.worker_blocks(worker_id(&gw, url)) >= 120 / 16))
+            .await;
+    assert!(stored, "every engine's blocks are indexed");
+    for _ in 0..2 {
+        for (model, url) in holders {
+            let res = client()
+                .post(format!("{}/v1/completions", gw.url()))
+                .json(&json!({"model": model, "prompt": format!("{text} and more"), "max_tokens": 1}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200, "{model}");
+            assert_eq!(res.headers()["x-kvgate-worker"], url.as_str(), "{model}");
+            assert_eq!(res.headers()["x-kvgate-route"], "cache_hit", "{model}");
+        }
+    }
+    gw.shutdown().await;
     fleet.shutdown().await;
 }
 

@@ -16,7 +16,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("configuration", &["config"]),
     ("plumbing", &["conn", "metrics", "tls", "upstream"]),
     ("registry", &["load_snapshot", "registry", "worker"]),
-    ("request parts", &["body", "tokenize"]),
+    ("request parts", &["accuracy", "body", "tokenize"]),
     ("subsystems", &["admission", "health", "kv_events", "monitor", "replica_sync"]),
     ("fleet", &["discovery", "registration"]),
     ("state", &["state"]),

@@ -12,7 +12,6 @@ mod error;
 mod loads;
 mod request;
 mod role;
-#[allow(dead_code)] // wired into the proxy by the closed loop
 mod usage;
 mod worker_url;
 // Configuration.
@@ -27,6 +26,7 @@ mod load_snapshot;
 mod registry;
 mod worker;
 // Request parts.
+mod accuracy;
 mod body;
 mod tokenize;
 // Subsystems, each built from the narrow parts it needs.
