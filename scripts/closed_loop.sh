@@ -71,6 +71,9 @@ EOF
 )
 echo "template: ${TEMPLATE:-right}; requests compared: $answered"
 echo "predicted cached tokens: $predicted; engine-reported: $cached"
-awk -v p="$predicted" -v c="$cached" 'BEGIN { if (c > 0) printf "difference: %.3f%% of the engine-reported\n", 100 * (p - c) / c }'
+prompt=$(head -n "$requests" "$trace" | python3 -c 'import json, sys; print(sum(json.loads(l)["input_length"] for l in sys.stdin))')
+awk -v p="$predicted" -v c="$cached" -v t="$prompt" 'BEGIN { if (c > 0) printf "difference: %.3f%% of the engine-reported, %.3f%% of the %d prompt tokens\n", 100 * (p - c) / c, 100 * (p - c) / t, t }'
+awk 'index($0, "kvgate_prefix_cached_tokens_difference_ratio_bucket{") == 1 { split($1, a, "le=\""); split(a[2], b, "\""); n[b[1]] += $NF }
+     END { printf "requests with a difference in (-1%%, 1%%] of the prompt: %d of %d\n", n["0.01"] - n["-0.01"], n["+Inf"] }' "$out/metrics.txt"
 echo "$error"
-grep -c "disagrees with the engine" "$out/gateway.log" | sed 's/^/warnings logged: /'
+echo "warnings logged: $(grep -c "disagrees with the engine" "$out/gateway.log" || true)"

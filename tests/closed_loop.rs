@@ -82,12 +82,42 @@ async fn send_turn(gw: &GatewayHandle, conversation: usize, turns: usize, shape:
     res.text().await.unwrap()
 }
 
+/// The engines' token ids of a conversation's prompt (their chat rendering).
+fn prompt_tokens(conversation: usize, turns: usize) -> Vec<u32> {
+    let messages = messages(conversation, turns);
+    let pairs: Vec<(String, String)> = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["role"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string()))
+        .collect();
+    kvgate_engine::tokenize(&kvgate_engine::render_chat(&pairs))
+}
+
+/// Waits until the gateway's index holds what every engine caches of `tokens` (the engine's
+/// store events travel after its answer; a next turn sent before they arrive would be
+/// predicted without them, which is the events' latency, not the index being wrong).
+async fn wait_indexed(gw: &GatewayHandle, fleet: &MockFleet, tokens: &[u32]) {
+    let index = gw.state.registry.snapshot().models[MODEL].regular.clone().unwrap().prefix.exact.clone();
+    let indexed = eventually(5.0, async || {
+        let mut matched = kvgate_index::PrefixMatch::default();
+        index.overlap(tokens, kvgate_index::Namespace::BASE, &mut matched);
+        fleet.urls().iter().enumerate().all(|(i, url)| {
+            let id = gw.state.registry.snapshot().find(url).unwrap().id;
+            matched.matched(id) >= fleet.cached_prefix_tokens(i, tokens)
+        })
+    })
+    .await;
+    assert!(indexed, "the engines' stores reach the index within 5 s");
+}
+
 /// Conversations of `turns` turns each, one after another (each turn extends the last prompt).
-async fn converse(gw: &GatewayHandle, conversations: usize, turns: usize) {
+async fn converse(gw: &GatewayHandle, fleet: &MockFleet, conversations: usize, turns: usize) {
     for conversation in 0..conversations {
         for turn in 1..=turns {
             let shape = conversation + turn;
             let text = send_turn(gw, conversation, turn, shape).await;
+            wait_indexed(gw, fleet, &prompt_tokens(conversation, turn)).await;
             // The usage chunk reaches the client only when it asked for it.
             match shape % 3 {
                 1 => assert!(!text.contains("\"usage\""), "the injected usage chunk is left out: {text}"),
@@ -121,7 +151,7 @@ async fn with_the_engines_template_the_index_agrees_with_the_engine() {
     let fleet = fleet(2).await;
     let gw = gateway(gateway_config(&fleet)).await;
     wait_flowing(&gw).await;
-    converse(&gw, 20, 4).await;
+    converse(&gw, &fleet, 20, 4).await;
     let text = metrics(&gw).await;
     let predicted = total(&text, "kvgate_prefix_predicted_tokens_total");
     let cached = total(&text, "kvgate_prefix_engine_cached_tokens_total");
@@ -156,7 +186,7 @@ async fn a_wrong_chat_template_is_detected_and_named() {
     let gw = gateway(cfg).await;
     wait_flowing(&gw).await;
     // 100 answered requests fill the window: 34 conversations of 3 turns.
-    converse(&gw, 34, 3).await;
+    converse(&gw, &fleet, 34, 3).await;
     let workers = workers(&gw).await;
     let disagreement = &workers[0]["index_accuracy"]["disagreement"];
     assert_eq!(disagreement["cause"], "tokenizer_or_template", "{workers:?}");

@@ -175,6 +175,7 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
                 worker = %worker.url,
                 cause = disagreement.cause.as_str(),
                 error_share = disagreement.error_share,
+                wrong_share = disagreement.wrong_share,
                 requests = disagreement.requests,
                 "the prefix index disagrees with the engine's cached tokens: {}",
                 disagreement.cause.advice()

@@ -99,6 +99,8 @@ pub struct IndexAccuracyInfo {
 pub struct DisagreementInfo {
     pub cause: &'static str,
     pub error_share: f64,
+    /// The share of the window's requests claiming cached tokens (either side) that were wrong.
+    pub wrong_share: f64,
     pub advice: &'static str,
 }
 
@@ -140,6 +142,7 @@ fn index_accuracy(worker: &Worker) -> Option<IndexAccuracyInfo> {
         disagreement: disagreement.map(|d| DisagreementInfo {
             cause: d.cause.as_str(),
             error_share: d.error_share,
+            wrong_share: d.wrong_share,
             advice: d.cause.advice(),
         }),
     })

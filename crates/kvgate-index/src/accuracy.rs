@@ -21,7 +21,9 @@ pub struct AccuracySample {
     pub exact: bool,
 }
 
-/// When a disagreement is raised: the window is full and the mean error exceeds the share.
+/// When a disagreement is raised: the window is full and either the error exceeds its share of
+/// the prompt tokens, or too many of the requests where either side claims a cache hit are
+/// wrong.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AccuracySettings {
     /// Requests in the window.
@@ -29,14 +31,22 @@ pub struct AccuracySettings {
     /// Raised when the error (sum of |predicted - reported| over the window's prompt tokens)
     /// exceeds this share; cleared when it is back under half of it.
     pub max_error_share: f64,
+    /// Raised when more than this share of the window's claimed requests (predicted or reported
+    /// cached tokens) are wrong (off by more than half of the larger claim), given at least
+    /// `min_claimed` of them; cleared under half of it. Where few prompt tokens are cached at
+    /// all (a 5% hit rate), a blind index is never 10% of the prompt tokens off, but most of
+    /// its claims are wrong.
+    pub max_wrong_share: f64,
+    pub min_claimed: usize,
 }
 
 impl Default for AccuracySettings {
-    /// 10% of prompt tokens over 100 requests: far above the noise of an index that agrees (a
-    /// request in flight, a block evicted between routing and admission: well under 1% on the
-    /// trace replays), far below what a wrong template gives (most of the prompt).
+    /// 10% of prompt tokens, or a quarter of at least 10 claims, over 100 requests: far above
+    /// the noise of an index that agrees (a request in flight, a block evicted between routing
+    /// and admission: one claim in a hundred on the trace replays), far below what a wrong
+    /// template gives (most of the prompt, or most of the claims).
     fn default() -> Self {
-        AccuracySettings { window: 100, max_error_share: 0.10 }
+        AccuracySettings { window: 100, max_error_share: 0.10, max_wrong_share: 0.25, min_claimed: 10 }
     }
 }
 
@@ -105,6 +115,8 @@ impl fmt::Display for LikelyCause {
 pub struct Disagreement {
     /// The window's error as a share of its prompt tokens.
     pub error_share: f64,
+    /// The share of the window's claimed requests that were wrong.
+    pub wrong_share: f64,
     pub cause: LikelyCause,
     pub requests: usize,
 }
@@ -150,6 +162,20 @@ impl IndexAccuracy {
         self.window.len()
     }
 
+    /// The share of the claimed requests (either side says something is cached) that are wrong
+    /// (off by more than half of the larger claim), and how many were claimed.
+    pub fn wrong_share(&self) -> (f64, usize) {
+        let (mut claimed, mut wrong) = (0usize, 0usize);
+        for (sample, cached) in self.reported() {
+            let claim = sample.predicted.max(cached);
+            if claim > 0 {
+                claimed += 1;
+                wrong += usize::from(sample.predicted.abs_diff(cached) * 2 > claim);
+            }
+        }
+        (if claimed == 0 { 0.0 } else { wrong as f64 / claimed as f64 }, claimed)
+    }
+
     /// Adds a request's outcome; says when a disagreement was raised or cleared by it.
     pub fn record(&mut self, sample: AccuracySample) -> Option<AccuracyChange> {
         if self.window.len() == self.settings.window.max(1) {
@@ -169,7 +195,10 @@ impl IndexAccuracy {
                 self.raised = Some(disagreement);
                 None
             }
-            (Some(_), None) if self.error_share() < self.settings.max_error_share / 2.0 => {
+            (Some(_), None)
+                if self.error_share() < self.settings.max_error_share / 2.0
+                    && self.wrong_share().0 < self.settings.max_wrong_share / 2.0 =>
+            {
                 self.raised = None;
                 Some(AccuracyChange::Cleared)
             }
@@ -193,12 +222,16 @@ impl IndexAccuracy {
             let share = if prompt == 0 { 0.0 } else { predicted as f64 / prompt as f64 };
             return (share > self.settings.max_error_share).then_some(Disagreement {
                 error_share: share,
+                wrong_share: 0.0,
                 cause: LikelyCause::EngineReportsNothing,
                 requests,
             });
         }
         let error_share = self.error_share();
-        if error_share <= self.settings.max_error_share {
+        let (wrong_share, claimed) = self.wrong_share();
+        let claims_wrong =
+            claimed >= self.settings.min_claimed && wrong_share > self.settings.max_wrong_share;
+        if error_share <= self.settings.max_error_share && !claims_wrong {
             return None;
         }
         let (mut over, mut under, mut blind, mut cached_total) = (0u64, 0u64, 0u64, 0u64);
@@ -226,7 +259,7 @@ impl IndexAccuracy {
         } else {
             LikelyCause::IndexUnderclaims
         };
-        Some(Disagreement { error_share, cause, requests })
+        Some(Disagreement { error_share, wrong_share, cause, requests })
     }
 }
 
@@ -247,6 +280,7 @@ mod tests {
         let mut accuracy = IndexAccuracy::new(AccuracySettings::default());
         assert_eq!(feed(&mut accuracy, 150, sample(1000, 512, Some(512))), []);
         assert_eq!(feed(&mut accuracy, 100, sample(1000, 512, Some(480))), [], "3% off");
+        assert_eq!(accuracy.wrong_share(), (0.0, 100));
         assert!((accuracy.error_share() - 0.032).abs() < 1e-9);
         assert_eq!(accuracy.requests(), 100);
     }
@@ -266,7 +300,8 @@ mod tests {
     #[test]
     fn each_cause_from_its_pattern() {
         let cause = |samples: &[AccuracySample]| {
-            let mut accuracy = IndexAccuracy::new(AccuracySettings { window: 10, max_error_share: 0.1 });
+            let settings = AccuracySettings { window: 10, min_claimed: 5, ..AccuracySettings::default() };
+            let mut accuracy = IndexAccuracy::new(settings);
             for _ in 0..10 {
                 for &s in samples {
                     accuracy.record(s);
@@ -282,5 +317,31 @@ mod tests {
         assert_eq!(cause(&[sample(100, 0, Some(90))]), Some(LikelyCause::TokenizerOrTemplate));
         let tree = AccuracySample { exact: false, ..sample(100, 80, Some(10)) };
         assert_eq!(cause(&[tree]), Some(LikelyCause::EventsNotFlowing));
+    }
+
+    #[test]
+    fn where_little_is_cached_wrong_claims_are_raised_and_one_outlier_is_not() {
+        // 5% of prompt tokens cached: a blind index is 5% off, under the 10% share, but every
+        // one of its claims is wrong.
+        let mut accuracy = IndexAccuracy::new(AccuracySettings::default());
+        let mut changes = Vec::new();
+        for i in 0..100 {
+            let hit = if i % 5 == 0 { sample(1000, 0, Some(250)) } else { sample(1000, 0, Some(0)) };
+            changes.extend(accuracy.record(hit));
+        }
+        let [AccuracyChange::Raised(raised)] = changes[..] else { panic!("{changes:?}") };
+        assert_eq!(raised.cause, LikelyCause::TokenizerOrTemplate);
+        assert!((raised.error_share - 0.05).abs() < 1e-9 && raised.wrong_share == 1.0, "{raised:?}");
+        // An index that agrees, one block evicted before admission among 20 claims: nothing.
+        let mut accuracy = IndexAccuracy::new(AccuracySettings::default());
+        for i in 0..100 {
+            let hit = match i {
+                0 => sample(1000, 512, Some(0)),
+                i if i % 5 == 0 => sample(1000, 256, Some(256)),
+                _ => sample(1000, 0, Some(0)),
+            };
+            assert_eq!(accuracy.record(hit), None);
+        }
+        assert_eq!(accuracy.wrong_share(), (0.05, 20));
     }
 }
