@@ -54,7 +54,7 @@ endpoint=chat
 "$kvgate" replay --trace "$trace" --url "http://127.0.0.1:$port" --max-requests "$requests" --model mock-model \
   --rate-scale "$scale" --endpoint "$endpoint" --deadline-secs 600 > "$out/replay.md"
 curl -s "http://127.0.0.1:$port/metrics" > "$out/metrics.txt"
-curl -s "http://127.0.0.1:$port/workers" > "$out/workers.json"
+curl -s "http://127.0.0.1:$((port + 1))/workers" > "$out/workers.json"   # the admin listener
 sum() { awk -v name="$1" 'index($0, name "{") == 1 { s += $NF } END { printf "%d", s }' "$out/metrics.txt"; }
 predicted=$(sum kvgate_prefix_predicted_tokens_total)
 cached=$(sum kvgate_prefix_engine_cached_tokens_total)

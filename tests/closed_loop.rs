@@ -141,7 +141,7 @@ fn total(text: &str, name: &str) -> f64 {
 }
 
 async fn workers(gw: &GatewayHandle) -> Vec<Value> {
-    let res = client().get(format!("{}/workers", gw.url())).send().await.unwrap();
+    let res = client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap();
     let body: Value = res.json().await.unwrap();
     body["workers"].as_array().unwrap().clone()
 }

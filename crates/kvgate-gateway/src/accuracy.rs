@@ -148,19 +148,22 @@ impl UsageTap {
 /// or cleared by it.
 pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<EngineUsage>) {
     let model = worker.model().unwrap_or("");
-    let labels = [model, worker.url.as_str()];
     let cached = usage.and_then(|usage| usage.cached_tokens);
     // The engine's own prompt length where it says (a wrong template changes the gateway's).
     let prompt_tokens =
         usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(probe.prompt_tokens);
-    metrics.prefix_predicted_tokens.with_label_values(&labels).inc_by(u64::from(probe.predicted));
-    if let Some(cached) = cached {
-        metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
-        if prompt_tokens > 0 {
-            let difference = (f64::from(cached) - f64::from(probe.predicted)) / f64::from(prompt_tokens);
-            metrics.prefix_cached_difference.with_label_values(&labels).observe(difference);
+    // Written through the worker's series: none is made again once it is removed.
+    worker.series.write(|url| {
+        let labels = [model, url];
+        metrics.prefix_predicted_tokens.with_label_values(&labels).inc_by(u64::from(probe.predicted));
+        if let Some(cached) = cached {
+            metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
+            if prompt_tokens > 0 {
+                let difference = (f64::from(cached) - f64::from(probe.predicted)) / f64::from(prompt_tokens);
+                metrics.prefix_cached_difference.with_label_values(&labels).observe(difference);
+            }
         }
-    }
+    });
     let sample = AccuracySample {
         prompt_tokens,
         predicted: probe.predicted,
@@ -169,7 +172,9 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
     };
     match worker.record_accuracy(sample) {
         Some(AccuracyChange::Raised(disagreement)) => {
-            metrics.prefix_index_disagreement.with_label_values(&labels).set(1);
+            worker
+                .series
+                .write(|url| metrics.prefix_index_disagreement.with_label_values(&[model, url]).set(1));
             tracing::warn!(
                 model,
                 worker = %worker.url,
@@ -182,7 +187,9 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
             );
         }
         Some(AccuracyChange::Cleared) => {
-            metrics.prefix_index_disagreement.with_label_values(&labels).set(0);
+            worker
+                .series
+                .write(|url| metrics.prefix_index_disagreement.with_label_values(&[model, url]).set(0));
             tracing::info!(model, worker = %worker.url, "the prefix index agrees with the engine again");
         }
         None => {}

@@ -14,7 +14,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["auth", "clock", "endpoint", "error", "loads", "request", "role", "usage", "worker_url"],
     ),
     ("configuration", &["config"]),
-    ("plumbing", &["conn", "metrics", "tls", "upstream"]),
+    ("plumbing", &["conn", "metrics", "own_address", "tls", "upstream"]),
     ("registry", &["load_snapshot", "registry", "worker"]),
     ("request parts", &["accuracy", "body", "tokenize"]),
     ("subsystems", &["admission", "health", "kv_events", "monitor", "replica_sync"]),

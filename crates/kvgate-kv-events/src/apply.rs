@@ -21,15 +21,18 @@ pub enum Refusal {
     TooManyLayouts,
     /// An event type this gateway does not know.
     UnknownEvent,
+    /// Its blocks would take the cache past what its engine can hold.
+    OverCapacity,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 5] = [
+    pub const ALL: [Refusal; 6] = [
         Refusal::Malformed,
         Refusal::UnknownParent,
         Refusal::Inconsistent,
         Refusal::TooManyLayouts,
         Refusal::UnknownEvent,
+        Refusal::OverCapacity,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -39,6 +42,7 @@ impl Refusal {
             Refusal::Inconsistent => "inconsistent",
             Refusal::TooManyLayouts => "too_many_layouts",
             Refusal::UnknownEvent => "unknown_event",
+            Refusal::OverCapacity => "over_capacity",
         }
     }
 }
@@ -101,6 +105,7 @@ fn apply_stored(cache: &mut CacheBlocks, stored: &BlockStored) -> Result<(), Ref
     cache.apply_stored(event).map_err(|error| match error {
         ApplyError::UnknownParent(_) => Refusal::UnknownParent,
         ApplyError::TooManyLayouts { .. } => Refusal::TooManyLayouts,
+        ApplyError::OverCapacity { .. } => Refusal::OverCapacity,
         ApplyError::ZeroBlockSize | ApplyError::TokenCount { .. } | ApplyError::PerBlockCount { .. } => {
             Refusal::Inconsistent
         }

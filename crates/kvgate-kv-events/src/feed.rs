@@ -130,6 +130,12 @@ impl Feed {
         &self.cache
     }
 
+    /// Bounds the blocks the cache may hold (`CacheBlocks::set_max_blocks`: its engine's
+    /// capacity, as the host knows it; a store past it is refused alone).
+    pub fn set_max_blocks(&mut self, max_blocks: usize) {
+        self.cache.set_max_blocks(max_blocks);
+    }
+
     pub fn sequence(&self) -> &Sequence {
         &self.sequence
     }

@@ -12,12 +12,15 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kvgate_index::{BlockIndex, CacheBlocks, CacheId};
-use kvgate_kv_events::{replay_request, Feed, FeedCounts, Live as Received, Recovery, Replayed, REPLAY_END};
+use kvgate_kv_events::{replay_request, Feed, FeedCounts, Live as Received, Recovery, Replayed};
+use prometheus::IntCounterVec;
 use zeromq::{
     DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
 };
 
+use super::KvEventLimits;
 use crate::config::RankEndpoints;
+use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::KvEventsMetrics;
 use crate::registry::Registry;
 use crate::worker::Worker;
@@ -33,7 +36,10 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub(crate) struct RankSubscription {
     pub(crate) registry: Arc<Registry>,
+    pub(crate) loads: Arc<LoadSnapshot>,
     pub(crate) metrics: KvEventsMetrics,
+    pub(crate) oversized: IntCounterVec,
+    pub(crate) limits: KvEventLimits,
     pub(crate) worker: Arc<Worker>,
     pub(crate) rank: u32,
     pub(crate) endpoints: RankEndpoints,
@@ -128,6 +134,15 @@ impl RankSubscription {
     }
 
     async fn on_message(&self, live: &mut Live, frames: Vec<bytes::Bytes>) {
+        let limit = self.limits.max_message_bytes;
+        if message_bytes(&frames) > limit {
+            // Not decoded: like a lost batch, but no replay can fill it (it would send it again).
+            self.oversized.with_label_values(&["kv_events"]).inc();
+            self.warn(live, &format!("KV event message over {limit} bytes dropped, cache cleared"));
+            live.feed.reset();
+            return;
+        }
+        live.feed.set_max_blocks(self.max_blocks(live));
         match live.feed.on_live(&frames) {
             Received::Applied | Received::Duplicate => {}
             Received::Dropped(error) => {
@@ -155,29 +170,45 @@ impl RankSubscription {
     fn set_live(&self, live: bool) {
         self.worker.set_kv_live(self.rank, live);
         let ranks = self.worker.kv_live_ranks() as i64;
-        self.metrics.live_ranks.with_label_values(&[&self.worker.url]).set(ranks);
+        self.worker.series.write(|url| self.metrics.live_ranks.with_label_values(&[url]).set(ranks));
+    }
+
+    /// Most blocks the cache may hold: its engine's reported capacity times the slack, else
+    /// `--kv-index-max-blocks-per-worker` (also before the index knows a block size).
+    fn max_blocks(&self, live: &Live) -> usize {
+        let limits = &self.limits;
+        let block_size = live.feed.cache().index().block_size();
+        let capacity = self.loads.load().get(&self.worker.id).map(|load| load.max_total_num_tokens);
+        match capacity {
+            Some(tokens) if tokens > 0 && block_size > 0 => {
+                let blocks = (tokens as f64 / block_size as f64 * limits.capacity_slack).ceil();
+                (blocks as usize).max(1)
+            }
+            _ => limits.max_blocks_per_worker,
+        }
     }
 
     /// Adds what the feed did since the last call to the metrics.
     fn count(&self, live: &mut Live) {
         let FeedCounts { batches, refused, malformed, gaps, restarts } = live.feed.take_counts();
         let metrics = &self.metrics;
-        let url = self.worker.url.as_str();
-        if batches > 0 {
-            metrics.batches.with_label_values(&[url]).inc_by(batches);
-        }
-        for (refusal, n) in refused {
-            metrics.refused.with_label_values(&[url, refusal.as_str()]).inc_by(n);
-        }
-        if malformed > 0 {
-            metrics.malformed.with_label_values(&[url]).inc_by(malformed);
-        }
-        for (recovery, n) in gaps {
-            metrics.gaps.with_label_values(&[url, recovery.as_str()]).inc_by(n);
-        }
-        if restarts > 0 {
-            metrics.restarts.with_label_values(&[url]).inc_by(restarts);
-        }
+        self.worker.series.write(|url| {
+            if batches > 0 {
+                metrics.batches.with_label_values(&[url]).inc_by(batches);
+            }
+            for (refusal, n) in refused {
+                metrics.refused.with_label_values(&[url, refusal.as_str()]).inc_by(n);
+            }
+            if malformed > 0 {
+                metrics.malformed.with_label_values(&[url]).inc_by(malformed);
+            }
+            for (recovery, n) in gaps {
+                metrics.gaps.with_label_values(&[url, recovery.as_str()]).inc_by(n);
+            }
+            if restarts > 0 {
+                metrics.restarts.with_label_values(&[url]).inc_by(restarts);
+            }
+        });
     }
 
     /// At start and after a reconnection: the engine's buffered history, when it has a replay
@@ -195,28 +226,42 @@ impl RankSubscription {
     /// marker (false: no replay socket, or it failed or timed out).
     async fn replay(&self, live: &mut Live, start: u64) -> bool {
         let Some(endpoint) = &self.endpoints.replay else { return false };
-        let replies = match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(endpoint, start)).await {
-            Ok(Ok(replies)) => replies,
-            Ok(Err(error)) => {
+        let limit = self.limits.max_message_bytes;
+        live.feed.set_max_blocks(self.max_blocks(live));
+        // Each reply is handed to the feed as it arrives (one batch in memory at a time).
+        let mut malformed = None;
+        let replay = fetch_replay(endpoint, start, limit, |frames| match live.feed.on_replay(&frames) {
+            Ok(Replayed::Batch { .. }) => true,
+            Ok(Replayed::End) => false,
+            Err(error) => {
+                malformed = Some(error);
+                false
+            }
+        });
+        let outcome = tokio::time::timeout(REPLAY_TIMEOUT, replay).await;
+        if let Some(error) = malformed {
+            self.warn(live, &format!("malformed KV event replay reply from {endpoint}: {error}"));
+            return false;
+        }
+        match outcome {
+            Ok(Ok(())) => true,
+            Ok(Err(ReplayError::Oversized)) => {
+                self.oversized.with_label_values(&["kv_replay"]).inc();
+                self.warn(
+                    live,
+                    &format!("KV event replay from {endpoint}: a reply over {limit} bytes; stopped"),
+                );
+                false
+            }
+            Ok(Err(ReplayError::Failed(error))) => {
                 self.warn(live, &format!("KV event replay from {endpoint} failed: {error}"));
-                return false;
+                false
             }
             Err(_) => {
                 self.warn(live, &format!("KV event replay from {endpoint} timed out"));
-                return false;
-            }
-        };
-        for frames in &replies {
-            match live.feed.on_replay(frames) {
-                Ok(Replayed::Batch { .. }) => {}
-                Ok(Replayed::End) => return true,
-                Err(error) => {
-                    self.warn(live, &format!("malformed KV event replay reply from {endpoint}: {error}"));
-                    return false;
-                }
+                false
             }
         }
-        false
     }
 
     fn warn(&self, live: &mut Live, message: &str) {
@@ -231,27 +276,45 @@ impl RankSubscription {
     }
 }
 
-/// Every reply of the replay from `start` on, the end marker last, in the order the replay
-/// socket sent them.
-async fn fetch_replay(endpoint: &str, start: u64) -> Result<Vec<Vec<bytes::Bytes>>, String> {
+/// The bytes of a ZMQ message.
+fn message_bytes(frames: &[bytes::Bytes]) -> usize {
+    frames.iter().fold(0usize, |sum, frame| sum.saturating_add(frame.len()))
+}
+
+enum ReplayError {
+    Failed(String),
+    /// A reply larger than `--kv-events-max-message-bytes`.
+    Oversized,
+}
+
+/// Hands every reply of the replay from `start` on to `take`, in the order the replay socket
+/// sends them, until `take` says stop (the end marker, or a reply it could not read).
+async fn fetch_replay(
+    endpoint: &str,
+    start: u64,
+    limit: usize,
+    mut take: impl FnMut(Vec<bytes::Bytes>) -> bool,
+) -> Result<(), ReplayError> {
+    let failed = |error: String| ReplayError::Failed(error);
     let mut options = SocketOptions::default();
     options.connect_timeout(REPLAY_TIMEOUT);
     let mut dealer = DealerSocket::with_options(options);
-    dealer.connect(endpoint).await.map_err(|e| e.to_string())?;
+    dealer.connect(endpoint).await.map_err(|e| failed(e.to_string()))?;
     let request: Vec<bytes::Bytes> = replay_request(start).into_iter().map(bytes::Bytes::from).collect();
-    let request = ZmqMessage::try_from(request).map_err(|_| "empty replay request".to_string())?;
-    dealer.send(request).await.map_err(|e| e.to_string())?;
-    let mut replies = Vec::new();
+    let request = ZmqMessage::try_from(request).map_err(|_| failed("empty replay request".to_string()))?;
+    dealer.send(request).await.map_err(|e| failed(e.to_string()))?;
+    let mut replies = 0usize;
     loop {
-        let frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
-        // The end marker's sequence frame is the second to last in every form.
-        let end = frames.len() >= 2 && frames[frames.len() - 2][..] == REPLAY_END.to_be_bytes();
-        replies.push(frames);
-        if end {
-            return Ok(replies);
+        let frames = dealer.recv().await.map_err(|e| failed(e.to_string()))?.into_vec();
+        if message_bytes(&frames) > limit {
+            return Err(ReplayError::Oversized);
         }
-        if replies.len() > REPLAY_MAX_BATCHES {
-            return Err(format!("more than {REPLAY_MAX_BATCHES} batches"));
+        if !take(frames) {
+            return Ok(());
+        }
+        replies += 1;
+        if replies > REPLAY_MAX_BATCHES {
+            return Err(failed(format!("more than {REPLAY_MAX_BATCHES} batches")));
         }
     }
 }

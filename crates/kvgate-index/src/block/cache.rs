@@ -53,6 +53,8 @@ pub enum ApplyError {
     UnknownParent(u64),
     #[error("a {got:?} layout would make more than {max} ways to cut a prompt", max = super::MAX_LAYOUTS)]
     TooManyLayouts { got: Layout },
+    #[error("{adding} new blocks would take the cache past its bound of {max} blocks ({held} held)")]
+    OverCapacity { held: usize, adding: usize, max: usize },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +99,8 @@ pub struct CacheBlocks {
     pending: HashMap<(u32, u64), u16>,
     /// This writer's view of the index's residency bits, with each one's tier weight.
     bits: Vec<(Residency, u16, f64)>,
+    /// Most engine blocks held: what the engine can hold, as its host knows it.
+    max_blocks: usize,
 }
 
 impl CacheBlocks {
@@ -110,7 +114,15 @@ impl CacheBlocks {
             contents: IntMap::default(),
             pending: HashMap::new(),
             bits: Vec::new(),
+            max_blocks: usize::MAX,
         }
+    }
+
+    /// Bounds the blocks this cache may hold (its engine's capacity, as the host knows it): a
+    /// stored event that would take it past the bound is refused whole
+    /// ([`ApplyError::OverCapacity`]). Blocks already held stay. Unbounded until set.
+    pub fn set_max_blocks(&mut self, max_blocks: usize) {
+        self.max_blocks = max_blocks;
     }
 
     pub fn id(&self) -> CacheId {
@@ -191,6 +203,17 @@ impl CacheBlocks {
                 None => return Err(ApplyError::UnknownParent(engine_hash)),
             },
         };
+        if self.len().saturating_add(blocks) > self.max_blocks {
+            let held_group = self.group(group);
+            let adding = stored
+                .block_hashes
+                .iter()
+                .filter(|hash| !held_group.is_some_and(|held| held.contains_key(hash)))
+                .count();
+            if self.len() + adding > self.max_blocks {
+                return Err(ApplyError::OverCapacity { held: self.len(), adding, max: self.max_blocks });
+            }
+        }
         let layout = Layout { block_size: stored.block_size, lookahead: lookahead as u32 };
         if group == 0 && !self.index.accept_layout(layout) {
             return Err(ApplyError::TooManyLayouts { got: layout });
