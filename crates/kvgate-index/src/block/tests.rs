@@ -90,7 +90,7 @@ fn a_store_past_the_cache_bound_is_refused_alone() {
         cache.apply_stored(stored(&[4], Some(3), &[7, 8])),
         Err(ApplyError::OverCapacity { .. })
     ));
-    assert_eq!(cache.apply_removed(&[3], None), 0);
+    assert_eq!(cache.apply_removed(0, &[3], gpu()), 0);
     cache.apply_stored(stored(&[4], Some(2), &[7, 8])).unwrap();
     assert_eq!(overlap(&index, &[1, 2, 3, 4, 7, 8]), [(3, 6)]);
 }
