@@ -13,6 +13,7 @@ mod error;
 mod loads;
 mod request;
 mod role;
+mod usage;
 mod worker_url;
 // Configuration.
 mod config;
@@ -27,6 +28,7 @@ mod load_snapshot;
 mod registry;
 mod worker;
 // Request parts.
+mod accuracy;
 mod body;
 mod tokenize;
 // Subsystems, each built from the narrow parts it needs.

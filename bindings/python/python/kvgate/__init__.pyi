@@ -30,6 +30,7 @@ class Gateway:
         rebalance_affinity: bool = True,
         cache_miss_strategy: Literal['least_load', 'most_free_kv', 'smallest_tree'] = 'least_load',
         prefix_index: Literal['auto', 'approximate', 'exact'] = 'auto',
+        kv_tier_weights: str = 'GPU=1,CPU=0.75,CPU_PINNED=0.75,STORAGE=0.25,DISK=0.25,*=0.25',
         least_load_kv_pressure_weight: float = 0.15,
         least_load_mean_prefill_tokens: float = 1024.0,
         least_load_default_throughput: float = 2000.0,
@@ -174,6 +175,10 @@ class Gateway:
         prefix_index: cache_aware: the prefix index requests are matched against: the exact
             index built from the engines' KV events, or the approximate tree of what was routed
             where
+        kv_tier_weights: cache_aware, kv_aware: the share of a GPU hit that a hit in each cache
+            tier earns in the exact index, MEDIUM=WEIGHT pairs by the medium names the engines
+            send (`*`: any other): a block held only in host memory or on disk is loaded back,
+            which costs transfer time, not a prefill. `*=1` counts every tier as the GPU
         least_load_kv_pressure_weight: least_load: weight of the KV pressure term k / (1 - k),
             in seconds, > 0
         least_load_mean_prefill_tokens: least_load: prompt tokens assumed for a request whose
@@ -254,7 +259,8 @@ class Gateway:
         tokenizer_path: Tokenizer for matching requests to KV blocks: a Hugging Face
             tokenizer.json, or a directory holding it and tokenizer_config.json (the chat
             template). Never downloaded
-        chat_template: Chat template file (Jinja) overriding the tokenizer's
+        chat_template: Chat template file (Jinja) overriding the tokenizer's (with --mock-
+            tokenizer: rendering chats instead of the mock engines' own rendering)
         tokenizer_threads: Threads tokenizing requests for the exact index, apart from the I/O
             threads (default: half the CPU cores, at least one). Inputs of at most 2 KiB are
             tokenized inline
@@ -473,6 +479,7 @@ def simulate(
     rebalance_affinity: bool = True,
     cache_miss_strategy: Literal['least_load', 'most_free_kv', 'smallest_tree'] = 'least_load',
     prefix_index: Literal['auto', 'approximate', 'exact'] = 'auto',
+    kv_tier_weights: str = 'GPU=1,CPU=0.75,CPU_PINNED=0.75,STORAGE=0.25,DISK=0.25,*=0.25',
     least_load_kv_pressure_weight: float = 0.15,
     least_load_mean_prefill_tokens: float = 1024.0,
     least_load_default_throughput: float = 2000.0,
@@ -497,6 +504,8 @@ def simulate(
     kv_capacity_tokens: int | None = None,
     kv_block_size: int | None = None,
     disable_prefix_cache: bool = False,
+    cpu_offload_tokens: int | None = None,
+    cpu_load_tokens_per_sec: float | None = None,
     rate_scale: float = 1.0,
     max_requests: int | None = None,
     load_monitor_interval_ms: int = 1000,
@@ -553,6 +562,10 @@ def simulate(
     cache_miss_strategy: cache_aware: where a cache miss goes
     prefix_index: cache_aware: the prefix index requests are matched against: the exact index
         built from the engines' KV events, or the approximate tree of what was routed where
+    kv_tier_weights: cache_aware, kv_aware: the share of a GPU hit that a hit in each cache tier
+        earns in the exact index, MEDIUM=WEIGHT pairs by the medium names the engines send (`*`:
+        any other): a block held only in host memory or on disk is loaded back, which costs
+        transfer time, not a prefill. `*=1` counts every tier as the GPU
     least_load_kv_pressure_weight: least_load: weight of the KV pressure term k / (1 - k), in
         seconds, > 0
     least_load_mean_prefill_tokens: least_load: prompt tokens assumed for a request whose size
@@ -595,6 +608,11 @@ def simulate(
     kv_capacity_tokens: KV cache capacity per engine in tokens [default: 262144]
     kv_block_size: Tokens per KV block of the engines [default: 16]
     disable_prefix_cache: Turn the engines' prefix cache off
+    cpu_offload_tokens: A host-memory (CPU) KV tier of this many tokens per engine, as vLLM's
+        offloading connector keeps one: cached blocks are copied there, and a prefix found there
+        loads back over PCIe instead of being recomputed [default: 0, no tier]
+    cpu_load_tokens_per_sec: Tokens per second loaded back from the host tier [default: 190000,
+        25 GB/s at 128 KiB per token]
     rate_scale: Trace timestamps are divided by this (2 = twice the request rate; `--speedup` is
         an alias, as in `kvgate replay`)
     max_requests: Replay only the first K requests (in arrival order)
