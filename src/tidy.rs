@@ -59,7 +59,10 @@ fn is_sleep_statement(code: &str, language: Language) -> bool {
     let Some(call) = call else { return false };
     let name = call.split('(').next().unwrap_or("");
     call.ends_with(')')
-        && (name == "sleep" || name.ends_with("::sleep") || name.ends_with(".sleep") || name.ends_with("sleep_until"))
+        && (name == "sleep"
+            || name.ends_with("::sleep")
+            || name.ends_with(".sleep")
+            || name.ends_with("sleep_until"))
 }
 
 fn opens_block(line: &Line, language: Language) -> bool {
@@ -85,9 +88,9 @@ fn polls(lines: &[Line], open: usize) -> bool {
     match first_word.unwrap_or("") {
         "while" | "loop" => true,
         word if word.starts_with("loop") || opener.ends_with("loop {") => true,
-        "for" => block_body(lines, open)
-            .iter()
-            .any(|line| line.code.split(|c: char| !c.is_alphanumeric()).any(|word| word == "break" || word == "return")),
+        "for" => block_body(lines, open).iter().any(|line| {
+            line.code.split(|c: char| !c.is_alphanumeric()).any(|word| word == "break" || word == "return")
+        }),
         _ => false,
     }
 }
@@ -102,7 +105,8 @@ fn fixed_sleeps(text: &str, language: Language) -> Vec<usize> {
         }
         // The comment lines right above the sleep (blank lines between them are skipped).
         let mut above = lines[..at].iter().rev().filter(|l| !l.code.is_empty() || !l.comment.is_empty());
-        let marked_above = above.by_ref().take_while(|l| l.code.is_empty()).any(|l| l.comment.contains(MARKER));
+        let marked_above =
+            above.by_ref().take_while(|l| l.code.is_empty()).any(|l| l.comment.contains(MARKER));
         if line.comment.contains(MARKER) || marked_above {
             continue;
         }
@@ -196,7 +200,11 @@ fn tests_wait_on_events_not_on_a_fixed_sleep_followed_by_an_assertion() {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let (part, skipped) = test_part(root, &path, &text);
         for number in fixed_sleeps(part, language) {
-            offenders.push(format!("{}:{}", path.strip_prefix(root).unwrap_or(&path).display(), number + skipped));
+            offenders.push(format!(
+                "{}:{}",
+                path.strip_prefix(root).unwrap_or(&path).display(),
+                number + skipped
+            ));
         }
     }
     assert!(

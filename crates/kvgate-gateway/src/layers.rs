@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 /// The gateway's layers, bottom first. A module may use modules of its own layer or of a lower
 /// one, never of a higher one.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaf types", &["auth", "backoff", "clock", "endpoint", "error", "loads", "request", "role", "worker_url"]),
+    (
+        "leaf types",
+        &["auth", "backoff", "clock", "endpoint", "error", "loads", "request", "role", "worker_url"],
+    ),
     ("configuration", &["config"]),
     ("plumbing", &["conn", "metrics", "tls", "upstream"]),
     ("registry", &["load_snapshot", "registry", "worker"]),

@@ -51,7 +51,10 @@ impl Engines {
     /// requests waiting in it are answered 503.
     pub(crate) async fn kill(&mut self, worker_idx: usize) -> Result<(), SoakError> {
         let Some(fleet) = self.fleets[worker_idx].take() else {
-            return Err(SoakError::engine(format!("killing engine {worker_idx}"), "the engine is not running"));
+            return Err(SoakError::engine(
+                format!("killing engine {worker_idx}"),
+                "the engine is not running",
+            ));
         };
         fleet.shutdown().await;
         Ok(())
@@ -173,9 +176,7 @@ pub(crate) async fn churn(
                 let sent = client.post(format!("{gateway_url}/workers")).json(&body).send().await;
                 sent.map(|r| r.status().as_u16().to_string()).unwrap_or_else(|e| e.to_string())
             }
-            Action::Kill => {
-                engines.kill(worker_idx).await.map_or_else(|e| e.to_string(), |()| "ok".into())
-            }
+            Action::Kill => engines.kill(worker_idx).await.map_or_else(|e| e.to_string(), |()| "ok".into()),
             Action::Restart => {
                 engines.restart(worker_idx).await.map_or_else(|e| e.to_string(), |()| "ok".into())
             }

@@ -19,7 +19,9 @@ fn strftime(format: &str, at: Timestamp) -> String {
     let config = Config::new().custom(PosixCustom::new()).lenient(true);
     // Lenient formatting writes what it cannot format as it stands: it fails only on a failing
     // writer, and a String never fails.
-    BrokenDownTime::from(&at.to_zoned(TimeZone::UTC)).to_string_with_config(&config, format).unwrap_or_default()
+    BrokenDownTime::from(&at.to_zoned(TimeZone::UTC))
+        .to_string_with_config(&config, format)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -40,7 +42,10 @@ mod tests {
             "Friday, July 26, 2024 13:05:09 PM 208"
         );
         assert_eq!(strftime("%F %T %y %I %a %% %K", moment), "2024-07-26 13:05:09 24 01 Fri % %K");
-        assert_eq!(strftime("%c|%D %e %u %w %z %Z", moment), "Fri Jul 26 13:05:09 2024|07/26/24 26 5 5 +0000 UTC");
+        assert_eq!(
+            strftime("%c|%D %e %u %w %z %Z", moment),
+            "Fri Jul 26 13:05:09 2024|07/26/24 26 5 5 +0000 UTC"
+        );
         assert_eq!(strftime("%x %X %r %h", moment), "07/26/24 13:05:09 01:05:09 PM Jul");
         assert_eq!(strftime("%Y-%m-%d", at(0)), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d %j %e", at(951_782_400)), "2000-02-29 060 29");

@@ -57,7 +57,8 @@ mod tests {
 
     #[test]
     fn data_lines_come_out_whole_however_the_stream_is_cut() {
-        let stream = "data: {\"i\":0}\n\n: a comment\nevent: message\r\ndata:{\"i\":1}\r\n\r\n  data: [DONE]  \n";
+        let stream =
+            "data: {\"i\":0}\n\n: a comment\nevent: message\r\ndata:{\"i\":1}\r\n\r\n  data: [DONE]  \n";
         for piece in 1..=stream.len() {
             assert_eq!(read_in_pieces(stream, piece), [r#"{"i":0}"#, r#"{"i":1}"#, "[DONE]"], "{piece}");
         }

@@ -112,7 +112,6 @@ pub(super) async fn attempt(
     }
 }
 
-
 fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
     state.metrics.upstream_failures.with_label_values(&[&worker.url, kind]).inc();
     if worker.circuit.record_failure(now) {

@@ -186,7 +186,10 @@ where
         state.metrics.retries.with_label_values(&[endpoint.label()]).inc();
         let backoff = backoff.get_or_insert_with(|| {
             let millis = |ms: u64| Duration::from_millis(ms);
-            Backoff::new(millis(state.config.retry_initial_backoff_ms), millis(state.config.retry_max_backoff_ms))
+            Backoff::new(
+                millis(state.config.retry_initial_backoff_ms),
+                millis(state.config.retry_max_backoff_ms),
+            )
         });
         tokio::time::sleep(backoff.next_delay()).await;
     }
@@ -213,4 +216,3 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
         Attempt::Fatal(error) => Outcome::Fatal(error),
     }
 }
-

@@ -93,7 +93,6 @@ pub(crate) async fn pull(
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
