@@ -16,8 +16,9 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     /// Delays of `first`, `2 first`, `4 first`, ... up to `max`, each scaled by a random factor
-    /// in `[0.5, 1)`.
+    /// in `[0.5, 1)`. A `first` above `max` starts at `max`.
     pub(crate) fn new(first: Duration, max: Duration) -> Backoff {
+        let first = first.min(max);
         // backon's jitter adds a random share in [0, 1) of the current delay: from half of each
         // bound, a delay d comes out in [d/2, d).
         let builder = ExponentialBuilder::new()
@@ -69,6 +70,12 @@ mod tests {
         distinct.sort();
         distinct.dedup();
         assert!(distinct.len() > 40, "50 loops, {} distinct first delays: {firsts:?}", distinct.len());
+    }
+
+    #[test]
+    fn no_delay_exceeds_the_ceiling_even_from_a_larger_first_one() {
+        let mut backoff = Backoff::new(900 * MS, 300 * MS);
+        assert!((0..5).all(|_| backoff.next_delay() <= 300 * MS + US));
     }
 
     #[test]
