@@ -16,7 +16,8 @@ use kvgate_mock::MockArgs;
 use tracing_subscriber::EnvFilter;
 
 pub mod smg;
-mod soak;
+#[cfg(test)]
+mod tidy;
 
 #[derive(Parser)]
 #[command(name = "kvgate", version, about = "An LLM inference gateway with KV-cache-aware routing")]
@@ -37,7 +38,7 @@ enum Command {
     Replay(Box<kvgate_replay::ReplayArgs>),
     /// Soak, burst and churn the gateway in front of simulated engines, in-process: no request
     /// may be lost or answered twice, memory and file descriptors must stay flat.
-    Soak(Box<soak::SoakArgs>),
+    Soak(Box<kvgate_soak::SoakArgs>),
 }
 
 #[derive(clap::Args)]
@@ -388,7 +389,7 @@ where
         Command::Replay(args) => runtime.block_on(kvgate_replay::run_cli(*args)).map_err(anyhow::Error::from),
         Command::Soak(args) => {
             init_logging(&args.log_level, false);
-            runtime.block_on(soak::run_cli(*args))
+            runtime.block_on(kvgate_soak::run_cli(*args)).map_err(anyhow::Error::from)
         }
     };
     match result {
