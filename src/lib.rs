@@ -15,6 +15,7 @@ use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
 use tracing_subscriber::EnvFilter;
 
+pub mod smg;
 #[cfg(test)]
 mod tidy;
 
@@ -76,6 +77,32 @@ fn init_logging(level: &str, json: bool) {
     } else {
         builder.init();
     }
+}
+
+/// `launch`'s logging: stderr, and with `--log-dir DIR` also `DIR/kvgate.log` (appended, no
+/// colour codes).
+fn init_launch_logging(config: &GatewayConfig) -> anyhow::Result<()> {
+    use tracing_subscriber::fmt::writer::MakeWriterExt;
+    let Some(dir) = &config.log_dir else {
+        init_logging(&config.log_level, config.log_json);
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating the log directory {}", dir.display()))?;
+    let path = dir.join("kvgate.log");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening the log file {}", path.display()))?;
+    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let writer = std::io::stderr.and(std::sync::Mutex::new(file));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false);
+    if config.log_json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    Ok(())
 }
 
 /// The mock fleet options for the demos: reference engines of `role`, default model name, KV
@@ -196,13 +223,21 @@ async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
         }
         println!("gateway: {url}   (metrics: {url}/metrics)");
         println!("admin: {admin}   (workers: {admin}/workers; loopback only unless --admin-api-key)");
+        if let Some(metrics) = handle.metrics_addr {
+            println!("metrics listener: http://{metrics}/metrics");
+        }
         println!("try:");
         println!(
             "  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    \
              -d '{{\"model\": \"mock-model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello there\"}}], \"max_tokens\": 16}}'"
         );
     } else {
-        println!("kvgate listening on {url} (admin API: {admin})");
+        match handle.metrics_addr {
+            Some(metrics) => {
+                println!("kvgate listening on {url} (admin API: {admin}; metrics: http://{metrics}/metrics)")
+            }
+            None => println!("kvgate listening on {url} (admin API: {admin})"),
+        }
     }
     kvgate_gateway::shutdown_signal().await;
     tracing::info!("shutting down: no new connections, waiting for in-flight requests");
@@ -227,6 +262,71 @@ fn apply_config_file(args: &mut LaunchArgs, matches: &ArgMatches) -> anyhow::Res
     Ok(())
 }
 
+/// Every long flag (and alias) `kvgate launch` takes, with its leading `--`.
+pub fn launch_flags() -> Vec<String> {
+    let command = Cli::command();
+    let Some(launch) = command.find_subcommand("launch") else { return Vec::new() };
+    launch
+        .get_arguments()
+        .flat_map(|arg| arg.get_long().into_iter().chain(arg.get_all_aliases().unwrap_or_default()))
+        .map(|name| format!("--{name}"))
+        .collect()
+}
+
+/// The arguments with a `launch` command line's SMG options translated (`smg::translate`);
+/// other subcommands, and arguments that are not UTF-8, pass unchanged.
+fn smg_translated(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, smg::Refusals> {
+    if args.get(1).and_then(|arg| arg.to_str()) != Some("launch") {
+        return Ok(args);
+    }
+    let Some(text) = args.iter().map(|arg| arg.to_str().map(str::to_string)).collect::<Option<Vec<_>>>()
+    else {
+        return Ok(args);
+    };
+    let translated = smg::translate(&text[2..], &launch_flags())?;
+    Ok(text[..2].iter().cloned().chain(translated).map(Into::into).collect())
+}
+
+/// The gateway configuration of a `kvgate launch` command line (the arguments after `launch`,
+/// SMG's options included), as `kvgate launch` would start it; no `--config` file is read.
+pub fn launch_config(args: &[&str]) -> Result<GatewayConfig, String> {
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    let translated = smg::translate(&args, &launch_flags()).map_err(|refusals| refusals.to_string())?;
+    let all = ["kvgate".to_string(), "launch".to_string()].into_iter().chain(translated);
+    let cli = Cli::try_parse_from(all).map_err(|error| error.to_string())?;
+    match cli.command {
+        Command::Launch(args) => Ok(args.gateway),
+        _ => Err("not a launch command line".into()),
+    }
+}
+
+/// The kvgate options an SMG command line sets (the arguments after `launch`), by their YAML
+/// keys, routing options among them (flat): what the Python package's SMG keywords become.
+/// Refused SMG options and parse errors are the `Err`, with the command line's messages.
+pub fn smg_settings(args: &[String]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let translated = smg::translate(args, &launch_flags()).map_err(|refusals| refusals.to_string())?;
+    let all = ["kvgate".to_string(), "launch".to_string()].into_iter().chain(translated);
+    let matches = Cli::command().try_get_matches_from(all).map_err(|error| error.to_string())?;
+    let Some(launch) = matches.subcommand_matches("launch") else {
+        return Err("not a launch command line".into());
+    };
+    let given: Vec<String> = launch
+        .ids()
+        .map(|id| id.as_str().to_string())
+        .filter(|id| launch.value_source(id) == Some(ValueSource::CommandLine))
+        .collect();
+    let cli = Cli::from_arg_matches(&matches).map_err(|error| error.to_string())?;
+    let Command::Launch(args) = cli.command else { return Err("not a launch command line".into()) };
+    let value = serde_json::to_value(&args.gateway).map_err(|error| error.to_string())?;
+    let mut settings = serde_json::Map::new();
+    for id in given {
+        if let Some(found) = value.get(&id).or_else(|| value["routing"].get(&id)) {
+            settings.insert(id, found.clone());
+        }
+    }
+    Ok(settings)
+}
+
 /// The whole command line (every subcommand and flag), for documentation checks and generators.
 pub fn command() -> clap::Command {
     Cli::command()
@@ -239,6 +339,14 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let args = match smg_translated(args) {
+        Ok(args) => args,
+        Err(refusals) => {
+            eprintln!("kvgate: {refusals}");
+            return ExitCode::from(2);
+        }
+    };
     let matches = Cli::command().get_matches_from(args);
     let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
@@ -269,10 +377,10 @@ where
         }
     };
     let result = match cli.command {
-        Command::Launch(args) => {
-            init_logging(&args.gateway.log_level, args.gateway.log_json);
-            runtime.block_on(launch(*args))
-        }
+        Command::Launch(args) => match init_launch_logging(&args.gateway) {
+            Ok(()) => runtime.block_on(launch(*args)),
+            Err(error) => Err(error),
+        },
         Command::Mock(args) => {
             init_logging("info", false);
             runtime.block_on(kvgate_mock::run_fleet(*args)).map_err(anyhow::Error::from)

@@ -48,6 +48,10 @@ GATEWAY_METHODS = '''\
         """Where the admin API (``/workers``, ``/v1/route``) is served: the admin listener, or
         the main one with ``admin_api_key``. ``RuntimeError`` when not running."""
     @property
+    def metrics_url(self) -> str | None:
+        """Where the metrics listener (``prometheus_port``, SMG's name) serves ``/metrics``;
+        ``None`` without ``prometheus_port``. ``RuntimeError`` when not running."""
+    @property
     def running(self) -> bool:
         """Whether the gateway is serving."""
     def config(self) -> dict[str, Any]:

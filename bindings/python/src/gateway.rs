@@ -22,6 +22,7 @@ struct Running {
     fleets: Vec<MockFleet>,
     url: String,
     admin_url: String,
+    metrics_url: Option<String>,
 }
 
 /// The gateway behind `kvgate.Gateway` (the keyword handling is in `kvgate/__init__.py`).
@@ -49,13 +50,32 @@ impl PyGateway {
     }
 }
 
-/// Log to stderr at the configuration's level (the first gateway of the process sets it).
+/// Log through Python's `logging` (pyo3-log): the gateway's events are records of the loggers
+/// under `kvgate` named after their Rust modules (`kvgate.kvgate_gateway.server`, ...), so the
+/// application's logging configuration decides what is shown and where (by default, Python
+/// shows WARNING and above on stderr); `log_level` caps what is passed on (the last gateway
+/// started sets it). The first gateway of the process installs the bridge; each start re-reads
+/// the Python loggers' levels.
 fn init_logging(config: &GatewayConfig) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    // An error only means a subscriber is already installed.
-    let _ = if config.log_json { builder.json().try_init() } else { builder.try_init() };
+    static BRIDGE: std::sync::OnceLock<Option<pyo3_log::ResetHandle>> = std::sync::OnceLock::new();
+    let bridge = BRIDGE.get_or_init(|| {
+        Python::attach(|py| {
+            let logger = pyo3_log::Logger::new(py, pyo3_log::Caching::LoggersAndLevels).ok()?;
+            // An error only means another logger is installed (then it gets the records).
+            logger.set_prefix("kvgate").filter(log::LevelFilter::Trace).install().ok()
+        })
+    });
+    if let Some(handle) = bridge {
+        handle.reset();
+    }
+    log::set_max_level(level_filter(&config.log_level));
+}
+
+/// The most verbose level a `log_level` (a level, or a tracing filter directive) lets through.
+fn level_filter(log_level: &str) -> log::LevelFilter {
+    let words = log_level.split([',', '=', ' ']).map(str::trim);
+    let levels = words.filter_map(|word| word.parse::<log::LevelFilter>().ok());
+    levels.max().unwrap_or(log::LevelFilter::Info)
 }
 
 /// Start the runtime, the simulated engines and the gateway; returns once it listens.
@@ -94,7 +114,8 @@ fn launch(mut config: GatewayConfig, mock_workers: usize) -> Result<Running, PyE
         }
     })?;
     let (url, admin_url) = (handle.url(), handle.admin_url());
-    Ok(Running { runtime, handle, fleets, url, admin_url })
+    let metrics_url = handle.metrics_addr.map(|addr| format!("http://{addr}"));
+    Ok(Running { runtime, handle, fleets, url, admin_url, metrics_url })
 }
 
 /// Graceful stop: no new connections, in-flight requests finish (up to the grace period).
@@ -173,6 +194,13 @@ impl PyGateway {
     #[getter]
     fn admin_url(&self, py: Python<'_>) -> PyResult<String> {
         py.detach(|| self.lock().as_ref().map(|running| running.admin_url.clone()))
+            .ok_or_else(|| PyRuntimeError::new_err("the gateway is not running: call start_background()"))
+    }
+
+    /// The metrics listener's URL while it runs (`prometheus_port`), else `None`.
+    #[getter]
+    fn metrics_url(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        py.detach(|| self.lock().as_ref().map(|running| running.metrics_url.clone()))
             .ok_or_else(|| PyRuntimeError::new_err("the gateway is not running: call start_background()"))
     }
 

@@ -20,8 +20,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("subsystems", &["admission", "health", "kv_events", "monitor", "replica_sync"]),
     ("fleet", &["discovery", "registration"]),
     ("state", &["state"]),
-    ("proxy", &["proxy"]),
-    ("edge", &["admin", "listen", "server"]),
+    ("proxy", &["cors", "proxy"]),
+    ("edge", &["admin", "listen", "metrics_listener", "server"]),
 ];
 
 /// One reference from a module to another, where it was found.

@@ -8,6 +8,7 @@
 mod auth;
 mod backoff;
 mod clock;
+mod cors;
 mod endpoint;
 mod error;
 mod loads;
@@ -47,6 +48,7 @@ mod proxy;
 // The edge: admin endpoints, the accept loop, start and stop.
 mod admin;
 mod listen;
+mod metrics_listener;
 mod server;
 
 #[cfg(test)]

@@ -42,6 +42,8 @@ pub struct GatewayHandle {
     pub addr: SocketAddr,
     /// The admin listener's address, when it has one (`GatewayConfig::admin_listener`).
     pub admin_addr: Option<SocketAddr>,
+    /// The metrics listener's address, with `--prometheus-port`.
+    pub metrics_addr: Option<SocketAddr>,
     pub state: SharedState,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<()>,
@@ -141,8 +143,11 @@ pub fn router(state: SharedState) -> Router {
         }
     };
     for endpoint in Endpoint::ALL {
-        router = router
-            .route(endpoint.path(), post(move |state, request| proxy::handle(state, endpoint, request)));
+        router = router.route(
+            endpoint.path(),
+            post(move |state, request| proxy::handle(state, endpoint, request))
+                .options(crate::cors::preflight),
+        );
     }
     not_found(router).with_state(state)
 }
@@ -195,6 +200,9 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     let local_addr =
         listeners[0].local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let admin_listener = bind_admin(&config).await?;
+    let metrics_listener = crate::metrics_listener::bind(&config)
+        .await
+        .map_err(|(addr, source)| StartError::Bind { addr, source })?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
     let _ = state.listen_addr.set(local_addr);
     let admin_addr = match &admin_listener {
@@ -270,6 +278,17 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         );
         background.push(tokio::spawn(admin));
     }
+    let metrics_addr = match metrics_listener {
+        Some(listener) => {
+            let (metrics_addr, serving) =
+                crate::metrics_listener::serve(listener, &state, shutdown_rx.clone())
+                    .map_err(|source| StartError::Bind { addr: "the metrics listener".into(), source })?;
+            background.push(tokio::spawn(serving));
+            tracing::info!(%metrics_addr, "metrics listening (/metrics)");
+            Some(metrics_addr)
+        }
+        None => None,
+    };
     let server = if io_threads == 0 {
         let slots = listen::connection_slots(&state);
         let listener = listeners.into_iter().next().expect("one listener was bound");
@@ -301,7 +320,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         Some(admin) => tracing::info!(%admin, "admin API listening"),
         None => tracing::info!(addr = %local_addr, "admin API on the main listener, behind --admin-api-key"),
     }
-    Ok(GatewayHandle { addr: local_addr, admin_addr, state, shutdown, server, background })
+    Ok(GatewayHandle { addr: local_addr, admin_addr, metrics_addr, state, shutdown, server, background })
 }
 
 /// Builds each background loop from the parts of `state` it needs (never the whole state) and

@@ -27,6 +27,9 @@ _ROUTING_OPTIONS = {name for name, option in _GATEWAY_OPTIONS.items() if option[
 _SIM_OPTIONS = {option["name"]: option for option in _kvgate._options("sim")}
 # Keywords of Gateway beyond the flat options: nested maps of the YAML file, and the demo fleet.
 _GATEWAY_EXTRA = ("routing", "models", "mock_workers")
+# SMG 1.13's keyword names (its RouterArgs fields, named as its flags): taken where kvgate has
+# the option (same or mapped, docs/SMG.md), refused with the command line's messages otherwise.
+_SMG_KEYWORDS = {option["keyword"]: option for option in _kvgate._smg_keywords()}
 
 
 def _unexpected(function: str, name: str, known: Iterable[str], what: str = "keyword argument") -> TypeError:
@@ -35,6 +38,21 @@ def _unexpected(function: str, name: str, known: Iterable[str], what: str = "key
     if close:
         message += f"; did you mean {close[0]!r}?"
     return TypeError(message)
+
+
+def _smg_flags(name: str, value: Any) -> list[str]:
+    """An SMG keyword as SMG's command line spells it (``None`` and ``False``: not given)."""
+    option = _SMG_KEYWORDS[name]
+    flag = option["flag"]
+    if value is None or value is False:
+        return []
+    if option["arity"] == "0":
+        if value is not True:
+            raise ValueError(f"invalid {name}: must be True or False, got {value!r}")
+        return [flag]
+    if option["arity"] in ("*", "+") and isinstance(value, (list, tuple)):
+        return [flag, *(_flag_value(item) for item in value)]
+    return [flag, _flag_value(value)]
 
 
 def _plain(value: Any) -> Any:
@@ -55,8 +73,15 @@ class Gateway:
     ``port=0``, ``worker_urls=[...]``); routing options may be given flat (``policy=...``,
     ``cache_threshold=0.5``) or as ``routing={...}``; ``models={name: {...}}`` gives per-model
     routing; ``mock_workers=N`` also starts N simulated engines in-process and routes to them.
+    SMG 1.13's keyword names (``eviction_interval_secs=60``, ``prometheus_port=29000``,
+    ``model_path=...``) are taken where kvgate has the option, and refused with ``ValueError``
+    naming the missing feature where it has not (docs/SMG.md).
     An unknown keyword raises ``TypeError``; a wrong type or an invalid value raises
     ``ValueError`` naming every problem, with the command line's messages.
+
+    Logs go through Python's ``logging``, to the loggers under ``kvgate`` (e.g.
+    ``logging.getLogger("kvgate").setLevel(logging.INFO)``; the levels are read at each start);
+    by default only warnings and errors show.
     """
 
     def __init__(self, **options: Any) -> None:
@@ -75,9 +100,12 @@ class Gateway:
             if name not in _ROUTING_OPTIONS:
                 raise _unexpected("Gateway", str(name), _ROUTING_OPTIONS, "routing option")
         config: dict[str, Any] = {}
+        smg_argv: list[str] = []
         for name, value in options.items():
             if name == "models":
                 config[name] = value
+            elif name not in _GATEWAY_OPTIONS and name in _SMG_KEYWORDS:
+                smg_argv += _smg_flags(name, value)
             elif name not in _GATEWAY_OPTIONS:
                 raise _unexpected("Gateway", name, [*_GATEWAY_OPTIONS, *_GATEWAY_EXTRA])
             elif name in _ROUTING_OPTIONS:
@@ -86,6 +114,11 @@ class Gateway:
                 routing[name] = value
             else:
                 config[name] = value
+        for name, value in (_kvgate._smg_settings(smg_argv) if smg_argv else {}).items():
+            target = routing if name in _ROUTING_OPTIONS else config
+            if name in target:
+                raise TypeError(f"Gateway() got multiple values for {name!r} (an SMG keyword and kvgate's)")
+            target[name] = value
         if routing:
             config["routing"] = routing
         self._gateway = _kvgate._Gateway(_plain(config), mock_workers)
@@ -117,6 +150,13 @@ class Gateway:
         (``admin_host``/``admin_port``, loopback by default), or the main one with
         ``admin_api_key``. ``RuntimeError`` when not running."""
         return self._gateway.admin_url
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the metrics listener (``prometheus_host``/``prometheus_port``, SMG's names) serves
+        ``/metrics``, e.g. ``http://127.0.0.1:29000``; ``None`` without ``prometheus_port``.
+        ``RuntimeError`` when not running."""
+        return self._gateway.metrics_url
 
     @property
     def running(self) -> bool:

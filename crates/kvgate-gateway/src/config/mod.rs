@@ -52,6 +52,16 @@ pub struct GatewayConfig {
     /// body's `user` field is the key.
     #[arg(long, default_value = "x-kvgate-routing-key")]
     pub routing_key_header: String,
+    /// Give each proxied request an id: the value of the first of these request headers present
+    /// (e.g. `x-request-id x-correlation-id`), else a new one, also sent to the worker as
+    /// `x-request-id`; the response carries it as `x-request-id` (errors too). Empty: off.
+    #[arg(long = "request-id-headers", num_args = 0.., value_name = "HEADER")]
+    pub request_id_headers: Vec<String>,
+    /// Origins whose browsers may call the proxied endpoints (CORS): `https://app.example`, or
+    /// `*` for any; their responses carry `Access-Control-Allow-Origin` and the preflight
+    /// `OPTIONS` is answered. Empty: no CORS.
+    #[arg(long = "cors-allowed-origins", num_args = 0.., value_name = "ORIGIN")]
+    pub cors_allowed_origins: Vec<String>,
     /// Honour `x-kvgate-target-worker: URL`: the request goes to that worker of its model
     /// (400 when it is not a routable worker of the model).
     #[arg(long)]
@@ -221,6 +231,14 @@ pub struct GatewayConfig {
     /// admin API is on the main listener, behind the key).
     #[arg(long)]
     pub admin_port: Option<u16>,
+    /// Address of the metrics listener (--prometheus-port).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub prometheus_host: String,
+    /// Also serve `GET /metrics` (and `/health`) on a listener of its own at --prometheus-host
+    /// on this port (0 picks a free port), as SMG does; `/metrics` stays on --port too. Unset: no
+    /// metrics listener.
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
     /// Serve the admin API without a key on a non-loopback --admin-host: anyone who reaches it
     /// can add workers (which then receive clients' prompts). Logged loudly at start.
     #[arg(long)]
@@ -285,8 +303,12 @@ pub struct GatewayConfig {
     #[arg(long, default_value = "info")]
     pub log_level: String,
     /// Log as JSON lines.
-    #[arg(long)]
+    #[arg(long, alias = "json-log")]
     pub log_json: bool,
+    /// Also write the log to DIR/kvgate.log (appended; the directory is created), beside stderr
+    /// (`kvgate launch`).
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<std::path::PathBuf>,
     /// Add x-kvgate-worker and x-kvgate-route headers to proxied responses.
     #[arg(long)]
     pub expose_routing_headers: bool,

@@ -145,6 +145,14 @@ impl GatewayConfig {
                     .got(format!("{:?}", self.routing_key_header)),
             );
         }
+        for name in &self.request_id_headers {
+            if http::HeaderName::from_bytes(name.trim().as_bytes()).is_err() {
+                checks.push(
+                    FieldError::new("request_id_headers", "must be valid header names")
+                        .got(format!("{name:?}")),
+                );
+            }
+        }
         self.validate_kv_events(&mut checks);
         validate_client_connections(self, &mut checks);
         self.validate_replica_sync(&mut checks);

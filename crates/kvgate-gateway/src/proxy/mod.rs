@@ -10,6 +10,7 @@ mod choose;
 mod pd;
 mod plan;
 mod prepare;
+mod request_id;
 mod respond;
 pub(crate) mod route_only;
 
@@ -76,15 +77,32 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let started = Instant::now();
-    match proxy(&state, endpoint, request, started).await {
+    let mut request = request;
+    let cors_origin = crate::cors::allow_origin(&state.config.cors_allowed_origins, request.headers());
+    let request_id = match state.config.request_id_headers.is_empty() {
+        true => None,
+        false => {
+            let names = request_id::header_names(&state.config.request_id_headers);
+            request_id::take(&names, request.headers_mut())
+        }
+    };
+    let mut response = match proxy(&state, endpoint, request, started).await {
         Ok(response) => response,
         Err(error) => {
             let status = error.status();
             state.metrics.requests.with_label_values(&[endpoint.label(), status.as_str(), "none"]).inc();
-            tracing::debug!(endpoint = endpoint.label(), %status, %error, "request failed in the gateway");
+            let id = request_id.as_ref().and_then(|id| id.to_str().ok()).unwrap_or("");
+            tracing::debug!(endpoint = endpoint.label(), %status, %error, request_id = id, "request failed in the gateway");
             error.into_response()
         }
+    };
+    if let Some(id) = request_id {
+        response.headers_mut().insert(request_id::REQUEST_ID_HEADER.clone(), id);
     }
+    if let Some(origin) = cors_origin {
+        crate::cors::decorate(&mut response, origin);
+    }
+    response
 }
 
 async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ApiError>
