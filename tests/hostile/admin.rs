@@ -114,12 +114,18 @@ async fn registrations_are_capped_and_confined() {
     let first = upstream("a", "m").await;
     let spelled = first.url.replace("127.0.0.1", "127.1");
     assert_eq!(post_worker(&admin, None, json!({"url": spelled, "model_id": "m"})).await.0, 201);
-    for _ in 0..2 {
-        assert_eq!(post_worker(&admin, None, json!({"url": dead_url().await, "model_id": "m"})).await.0, 201);
+    // Distinct addresses (a just-freed port can come back from the next bind: a repeat would be
+    // refused as already registered, not by the cap).
+    let mut urls = std::collections::BTreeSet::new();
+    while urls.len() < 52 {
+        urls.insert(dead_url().await);
     }
-    for _ in 0..50 {
-        let (status, body) =
-            post_worker(&admin, None, json!({"url": dead_url().await, "model_id": "m"})).await;
+    let mut urls = urls.into_iter();
+    for url in urls.by_ref().take(2) {
+        assert_eq!(post_worker(&admin, None, json!({"url": url, "model_id": "m"})).await.0, 201);
+    }
+    for url in urls {
+        let (status, body) = post_worker(&admin, None, json!({"url": url, "model_id": "m"})).await;
         assert_eq!(status, 409, "{body}");
         assert!(body["error"]["message"].as_str().unwrap().contains("--max-workers"), "{body}");
     }
