@@ -1,8 +1,10 @@
 //! kvgate-trace: what `kvgate sim` and `kvgate replay` share without the one pulling in the
 //! other: workload traces ([`trace`]: Mooncake jsonl, the prompt tokens and text built from a
-//! line), the trace's cache references ([`CacheReference`]: infinite ceiling, pooled LRU, pooled
-//! Belady) and the percentile every report uses.
+//! line), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents, bursts, long
+//! prompts), the trace's cache references ([`CacheReference`]: infinite ceiling, pooled LRU,
+//! pooled Belady) and the percentile every report uses.
 
+pub mod generate;
 mod reference;
 pub mod trace;
 
