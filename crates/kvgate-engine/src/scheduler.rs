@@ -6,7 +6,7 @@ mod report;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
-use crate::blocks::BlockPool;
+use crate::blocks::{BlockPool, PendingBlocks};
 use crate::config::EngineConfig;
 use crate::events::{
     EngineOutput, EngineRequest, KvEvent, KvEventBatch, KvEventLog, PdStage, RejectReason, RequestStats,
@@ -38,6 +38,9 @@ pub struct Engine {
     prefill_work: Vec<PrefillChunk>,
     /// Set when admission may have become possible (a submit, a release, a cache store).
     admission_pending: bool,
+    /// The block hashes of the prompts queued or prefilling (for the uncached estimate of a
+    /// request submitted behind them).
+    pending_blocks: PendingBlocks,
     kv_events: KvEventLog,
     evicted: Vec<u64>,
     /// KV of finished `PdStage::Prefill` requests, by id, until `release_held`.
@@ -138,6 +141,7 @@ impl Engine {
             step: None,
             prefill_work: Vec::new(),
             admission_pending: false,
+            pending_blocks: PendingBlocks::default(),
             evicted: Vec::new(),
             held: BTreeMap::new(),
             transferred_awaiting_first_token: false,
@@ -220,10 +224,15 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let matched = self.pool.match_prefix(&block_hashes);
+        // The estimate counts as cached what the prompts ahead will have cached by the time
+        // this one starts (their prefills run first): a burst sharing a prefix is counted once.
         let uncached_estimate = match stage {
             PdStage::Decode => 0,
-            PdStage::Regular | PdStage::Prefill => prompt_len - self.cached_tokens_for(matched, prompt_len),
+            PdStage::Regular | PdStage::Prefill => {
+                let matched = self.pending_blocks.match_prefix(&self.pool, &block_hashes);
+                self.pending_blocks.add(&block_hashes);
+                prompt_len - self.cached_tokens_for(matched, prompt_len)
+            }
         };
         self.waiting_uncached_tokens += u64::from(uncached_estimate);
         let request = Request {
@@ -289,6 +298,11 @@ impl Engine {
         };
         let request = self.slots[slot].take().expect("indexed slots are live");
         self.free_slots.push(slot);
+        if matches!(request.phase, Phase::Waiting | Phase::Prefilling { .. })
+            && request.stage != PdStage::Decode
+        {
+            self.pending_blocks.remove(&request.block_hashes);
+        }
         match request.phase {
             Phase::Waiting => {
                 remove_value(&mut self.waiting, slot);
@@ -462,6 +476,7 @@ impl Engine {
         let request = self.slots[slot].as_mut().expect("checked by the caller");
         request.first_token_us = at_us;
         out.push(EngineOutput::FirstToken { id: request.id, at: at_us });
+        self.pending_blocks.remove(&request.block_hashes);
         self.store_prompt_blocks(slot);
         let request = self.slots[slot].as_mut().expect("checked by the caller");
         if request.output_tokens == 1 {

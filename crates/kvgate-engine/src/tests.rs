@@ -312,6 +312,13 @@ fn a_burst_sharing_a_long_prefix_computes_it_once() {
     for id in 2..=4 {
         assert_eq!(trace.stats(id).cached_tokens, 20_480, "question {id} hits the whole document");
     }
+    // Reported while the burst waits, the shared document counts once.
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut outputs = Vec::new();
+    for id in 0..5u32 {
+        engine.submit(u64::from(id), request(u64::from(id), question(id), 1), &mut outputs);
+    }
+    assert_eq!(engine.load(10).num_waiting_uncached_tokens, 20_480 + 5 * 200);
     // All five are answered within one document prefill plus the questions' own tokens.
     let last = (0..=4).map(|id| trace.stats(id).first_token_us).max().unwrap();
     assert!(last <= (20_480 + 5 * 200 + 2048) as u64 * 1_000_000 / 8_000, "{last}");
