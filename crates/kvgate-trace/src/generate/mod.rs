@@ -5,9 +5,9 @@
 //! `long-prompts` (a stream of distinct long documents, a few asked again later).
 //!
 //! Loads are given as a fraction of the fleet's prefill capacity (`--capacity-tokens-per-sec`,
-//! default 8 reference engines), counted in *new* prompt tokens: the tokens an infinite cache
-//! could not serve (the trace's ceiling), i.e. the prefill no router can avoid. The same options
-//! and seed give the same file, byte for byte.
+//! default 8 reference engines), counted in prompt tokens: the prefill offered if nothing were
+//! cached (what the fleet computes is less, by its hit rate). The same options and seed give the
+//! same file, byte for byte.
 
 mod context;
 mod shapes;
@@ -103,8 +103,8 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 1000)]
     pub question_max_tokens: u32,
 
-    /// hot-docs: the background chats' load; long-prompts: the documents' first asks' load
-    /// (new tokens over the capacity).
+    /// hot-docs: the background chats' load; long-prompts: the documents' load (prompt tokens
+    /// over the capacity).
     #[arg(long, default_value_t = 0.3)]
     pub load: f64,
     /// bursts: load of the low phase.
@@ -233,16 +233,18 @@ pub fn run_cli(args: &GenArgs) -> Result<(), GenError> {
     written.map_err(|source| GenError::Output { path: path.clone(), source })?;
     let ceiling = trace.cache_ceiling();
     let span_s = trace.requests.last().map_or(0.0, |r| r.timestamp_ms / 1000.0);
+    let (per_sec, new_per_sec) = (
+        ceiling.prompt_tokens as f64 / span_s.max(1e-9),
+        (ceiling.prompt_tokens - ceiling.cached_tokens) as f64 / span_s.max(1e-9),
+    );
     eprintln!(
-        "trace gen {:?}: {} requests over {span_s:.0} s, {} prompt tokens ({:.0} new per second, {:.2} of \
-         {} tok/s), infinite-cache ceiling {:.1}%, to {path}",
+        "trace gen {:?}: {} requests over {span_s:.0} s, {} prompt tokens ({per_sec:.0} per second, \
+         {:.2} of {} tok/s; {new_per_sec:.0} per second not seen before), infinite-cache ceiling \
+         {:.1}%, to {path}",
         args.shape,
         trace.requests.len(),
         ceiling.prompt_tokens,
-        (ceiling.prompt_tokens - ceiling.cached_tokens) as f64 / span_s.max(1e-9),
-        (ceiling.prompt_tokens - ceiling.cached_tokens) as f64
-            / span_s.max(1e-9)
-            / args.capacity_tokens_per_sec,
+        per_sec / args.capacity_tokens_per_sec,
         args.capacity_tokens_per_sec,
         100.0 * ceiling.rate(),
     );

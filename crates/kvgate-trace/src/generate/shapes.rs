@@ -33,11 +33,19 @@ impl Sessions {
         Sessions { system_prompts }
     }
 
-    /// New prompt tokens of a session, on average (its system prompt is shared: not counted).
-    fn new_tokens(args: &GenArgs) -> f64 {
-        let turns = (1.0 + f64::from(args.session_max_turns)) / 2.0;
-        turns * mean(args.user_min_tokens, args.user_max_tokens)
-            + (turns - 1.0) * mean(args.output_min_tokens, args.output_max_tokens)
+    /// Prompt tokens of a session, on average: turn i's prompt is the system prompt, i user
+    /// messages and i - 1 answers, for i in 1..=n, n uniform in 1..=session_max_turns.
+    fn prompt_tokens(args: &GenArgs) -> f64 {
+        let max = f64::from(args.session_max_turns);
+        let n = (1.0 + max) / 2.0;
+        let n2 = (1.0 + max) * (2.0 * max + 1.0) / 6.0;
+        let (system, user) = (
+            f64::from(whole_blocks(args.system_prompt_tokens)),
+            mean(args.user_min_tokens, args.user_max_tokens),
+        );
+        let answer = mean(args.output_min_tokens, args.output_max_tokens);
+        // sum_i (S + i U + (i - 1) A) = n S + U n(n+1)/2 + A n(n-1)/2, averaged over n.
+        n * system + user * (n2 + n) / 2.0 + answer * (n2 - n) / 2.0
     }
 
     /// One session starting at `start_s`; turns after `end_s` are dropped.
@@ -68,7 +76,7 @@ impl Sessions {
         }
     }
 
-    /// Sessions starting as a Poisson process whose load (new tokens over the capacity) is
+    /// Sessions starting as a Poisson process whose load (prompt tokens over the capacity) is
     /// `load_at(t)`, piecewise constant, from 0 to `args.duration_secs`.
     fn poisson(
         &self,
@@ -78,7 +86,7 @@ impl Sessions {
         load_at: impl Fn(f64) -> f64,
         out: &mut Vec<TraceRequest>,
     ) {
-        let per_session = Self::new_tokens(args);
+        let per_session = Self::prompt_tokens(args);
         let rate_at = |t: f64| load_at(t) * args.capacity_tokens_per_sec / per_session;
         // Thinning against the highest rate: exact for a piecewise-constant rate.
         let peak = (0..=1000)
@@ -138,16 +146,16 @@ pub(super) fn bursts(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
     out
 }
 
-/// `long-prompts`: distinct documents (log-uniform lengths) asked as a Poisson stream at `load`,
-/// each followed by a question; a document is asked again `reasks` times on average (geometric),
-/// `reask_secs` apart on average.
+/// `long-prompts`: distinct documents (log-uniform lengths), each followed by a question, asked
+/// at `load` (prompt tokens of every ask, first and again); a document is asked again `reasks`
+/// times on average (geometric), `reask_secs` apart on average.
 pub(super) fn long_prompts(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
     let mut blocks = Blocks::default();
     let mut out = Vec::new();
     let (low, high) =
         (f64::from(args.doc_min_tokens), f64::from(args.doc_max_tokens.max(args.doc_min_tokens)));
     let mean_doc = if high > low { (high - low) / (high / low).ln() } else { low };
-    let per_doc = mean_doc + mean(50, args.question_max_tokens);
+    let per_doc = (mean_doc + mean(50, args.question_max_tokens)) * (1.0 + args.reasks);
     let rate = args.load * args.capacity_tokens_per_sec / per_doc;
     let again = args.reasks / (1.0 + args.reasks);
     let mut t = exponential(rng, 1.0 / rate);
