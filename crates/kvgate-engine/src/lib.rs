@@ -39,7 +39,8 @@
 //! One whitespace-separated word is one token; its id is the 32-bit FNV-1a hash of the word's
 //! UTF-8 bytes ([`tokenize`], [`token_id`]). The chat template ([`render_chat`]) renders each
 //! message as `<|role|> content ` in order, then `<|assistant|>`, so successive turns of one
-//! conversation share a prefix.
+//! conversation share a prefix. Both live in the leaf crate `kvgate-words` (re-exported here),
+//! which the gateway's mock tokenizer and the trace use without linking the engine model.
 //!
 //! # Driving an engine
 //! ```
@@ -56,23 +57,22 @@
 //! assert_eq!(out[0], EngineOutput::FirstToken { id: 1, at: 512_000 });
 //! ```
 
+mod block_hash;
 mod blocks;
 mod config;
 mod events;
 mod flags;
 mod load;
 mod scheduler;
-mod tokenizer;
 
+pub use block_hash::{block_hash, prompt_block_hashes};
 pub use config::EngineConfig;
 pub use events::{EngineOutput, EngineRequest, KvEvent, KvEventBatch, PdStage, RejectReason, RequestStats};
 pub use flags::EngineFlags;
 pub use kvgate_config::{FieldError, ValidationErrors};
+pub use kvgate_words::{count_tokens, render_chat, splitmix64, token_id, tokenize};
 pub use load::{EngineLoad, THROUGHPUT_WINDOW_US};
 pub use scheduler::Engine;
-pub use tokenizer::{
-    block_hash, count_tokens, prompt_block_hashes, render_chat, splitmix64, token_id, tokenize,
-};
 
 #[cfg(test)]
 mod tests;

@@ -6,13 +6,13 @@ mod report;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
+use crate::block_hash::prompt_block_hashes;
 use crate::blocks::{BlockPool, PendingBlocks};
 use crate::config::EngineConfig;
 use crate::events::{
     EngineOutput, EngineRequest, KvEvent, KvEventBatch, KvEventLog, PdStage, RejectReason, RequestStats,
 };
 use crate::load::ThroughputWindow;
-use crate::tokenizer::prompt_block_hashes;
 
 /// A discrete-event model of one serving engine replica.
 ///

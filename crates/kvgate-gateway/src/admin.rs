@@ -1,7 +1,6 @@
 //! The gateway's own endpoints: liveness, readiness, models, metrics, and worker management
-//! (list, add, remove) behind the optional admin key.
+//! (list, add, remove: the HTTP side of `registration.rs`) behind the optional admin key.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{Path, State};
@@ -11,13 +10,13 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::auth::check_admin_key;
+use crate::config::KvEventsSource;
 use crate::error::ApiError;
-use crate::kv_events::KvEventsSource;
-use crate::registry::{NewWorker, RegistryError};
+use crate::registry::NewWorker;
 use crate::role::WorkerRole;
 use crate::state::SharedState;
-use crate::upstream::{discover_model, get};
-use crate::worker::{normalize_url, CircuitState, Worker};
+use crate::worker::{CircuitState, Worker};
 
 pub async fn health() -> impl IntoResponse {
     Json(json!({"status": "ok"}))
@@ -49,12 +48,12 @@ pub async fn models(State(state): State<SharedState>) -> impl IntoResponse {
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
-    crate::monitor::update_age_gauges(&state);
+    crate::monitor::update_age_gauges(&state.registry, &state.loads, state.clock, &state.metrics.loads);
     for pools in state.registry.snapshot().models.values() {
         let with_events: Vec<_> = pools.all().filter(|pool| pool.has_kv_events).collect();
         if !with_events.is_empty() {
             let blocks: usize = with_events.iter().map(|pool| pool.prefix.exact.len()).sum();
-            state.metrics.kv_index_blocks.with_label_values(&[pools.model()]).set(blocks as i64);
+            state.metrics.kv_events.index_blocks.with_label_values(&[pools.model()]).set(blocks as i64);
         }
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
@@ -62,30 +61,7 @@ pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
 
 /// `GET /get_loads`: the load monitor's snapshot, with each entry's age.
 pub async fn get_loads(State(state): State<SharedState>) -> impl IntoResponse {
-    Json(crate::monitor::snapshot_json(&state))
-}
-
-/// Reject the request unless it carries the admin key (when one is configured).
-pub(crate) fn authorize(state: &SharedState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = &state.config.admin_api_key else { return Ok(()) };
-    if constant_time_eq(bearer_token(headers).as_bytes(), expected.as_bytes()) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
-    }
-}
-
-/// The `Authorization: Bearer TOKEN` token of a request ("" when there is none).
-pub(crate) fn bearer_token(headers: &HeaderMap) -> &str {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("")
-}
-
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    Json(crate::monitor::snapshot_json(&state.registry, &state.loads, state.clock))
 }
 
 #[derive(Serialize)]
@@ -138,7 +114,7 @@ pub async fn list_workers(
     State(state): State<SharedState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
+    check_admin_key(state.config.admin_api_key.as_deref(), &headers)?;
     let now = Instant::now();
     let workers: Vec<_> = state.registry.snapshot().workers.iter().map(|w| WorkerInfo::of(w, now)).collect();
     Ok(Json(json!({"workers": workers})).into_response())
@@ -172,7 +148,7 @@ pub async fn add_worker(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
+    check_admin_key(state.config.admin_api_key.as_deref(), &headers)?;
     let request: AddWorker = serde_json::from_slice(&body).map_err(|e| {
         ApiError::BadRequest(format!(
             "expected {{\"url\": \"http://...\", \"model_id\": \"...\", \"worker_type\": \"regular|prefill|decode\", \"bootstrap_port\": 8998, \"policy\": \"cache_aware\", \"kv_events_endpoint\": \"tcp://...\", \"kv_events_replay_endpoint\": \"tcp://...\"}} (all but url optional): {e}"
@@ -204,7 +180,7 @@ pub async fn add_worker(
         kv_events,
         policy: request.policy,
     };
-    let worker = register_worker(&state, new).await?;
+    let worker = state.registration.register(new).await?;
     let info = WorkerInfo::of(&worker, Instant::now());
     Ok((StatusCode::CREATED, Json(json!({"worker": info}))).into_response())
 }
@@ -214,97 +190,9 @@ pub async fn remove_worker(
     headers: HeaderMap,
     Path(url): Path<String>,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    match deregister_worker(&state, &url) {
+    check_admin_key(state.config.admin_api_key.as_deref(), &headers)?;
+    match state.registration.deregister(&url) {
         Some(worker) => Ok(Json(json!({"removed": worker.url})).into_response()),
         None => Err(ApiError::NotFound(format!("no worker {url} is registered"))),
     }
-}
-
-/// Remove a worker: no new request goes to it; requests already sent to it finish normally
-/// (they hold their own handle on it).
-pub fn deregister_worker(state: &SharedState, url: &str) -> Option<Arc<Worker>> {
-    let worker = state.registry.remove(url)?;
-    crate::monitor::forget(state, worker.id);
-    tracing::info!(worker = %worker.url, "worker removed");
-    Some(worker)
-}
-
-/// Add a worker: learn its model (unless given) and its first health state, then publish it.
-/// A worker whose model cannot be learned yet is registered and retried by the health loop.
-pub async fn register_worker(state: &SharedState, mut new: NewWorker) -> Result<Arc<Worker>, ApiError> {
-    let url = normalize_url(&new.url).map_err(ApiError::BadRequest)?;
-    if is_own_address(state, &url) {
-        return Err(ApiError::BadRequest(format!(
-            "{url} is this gateway's own address: routing to it would loop"
-        )));
-    }
-    if state.registry.snapshot().find(&url).is_some() {
-        return Err(ApiError::Conflict(format!("worker {url} is already registered")));
-    }
-    let bearer = state.config.api_key.as_deref();
-    let model = match new.model.take() {
-        Some(model) => Some(model),
-        None => match discover_model(&state.client, &url, bearer, state.health_timeout()).await {
-            Ok(model) => Some(model),
-            Err(error) => {
-                tracing::warn!(worker = %url, %error, "could not learn the worker's model yet; will retry");
-                None
-            }
-        },
-    };
-    let healthy = state.config.disable_health_check || probe(state, &url).await;
-    let worker = state.registry.add(NewWorker { url, model, ..new }, healthy).map_err(|e| match e {
-        RegistryError::InvalidUrl(message) => ApiError::BadRequest(message),
-        RegistryError::Duplicate(url) => ApiError::Conflict(format!("worker {url} is already registered")),
-        RegistryError::PolicyConflict(message) => ApiError::Conflict(message),
-    })?;
-    crate::kv_events::subscribe(state, &worker);
-    tracing::info!(
-        worker = %worker.url,
-        model = worker.model().unwrap_or("<unknown>"),
-        role = worker.role.as_str(),
-        healthy,
-        "worker added"
-    );
-    Ok(worker)
-}
-
-/// Whether `url` (normalized) points at this gateway's listener: its port, on a loopback or
-/// unspecified address, `localhost`, or the configured listen host.
-fn is_own_address(state: &SharedState, url: &str) -> bool {
-    let Some(listen) = state.listen_addr.get() else { return false };
-    let Ok(uri) = url.parse::<http::Uri>() else { return false };
-    let default = if uri.scheme_str() == Some("https") { 443 } else { 80 };
-    if uri.port_u16().unwrap_or(default) != listen.port() {
-        return false;
-    }
-    let host = uri.host().unwrap_or("").trim_start_matches('[').trim_end_matches(']');
-    if host == "localhost" || host.eq_ignore_ascii_case(&state.config.host) {
-        return true;
-    }
-    match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => {
-            ip.is_loopback()
-                || ip.is_unspecified()
-                || ip == listen.ip()
-                || listen.ip().is_unspecified() && is_local(ip)
-        }
-        Err(_) => false,
-    }
-}
-
-/// Whether `ip` is one of this machine's addresses (when listening on all of them): only those
-/// can be bound (nothing is sent).
-fn is_local(ip: std::net::IpAddr) -> bool {
-    std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
-/// One health check: 2xx from the health endpoint within the timeout.
-pub async fn probe(state: &SharedState, url: &str) -> bool {
-    let target = format!("{url}{}", state.config.health_check_endpoint);
-    matches!(
-        get(&state.client, &target, state.config.api_key.as_deref(), state.health_timeout()).await,
-        Ok((status, _)) if status.is_success()
-    )
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::AdmissionMetrics;
 
 /// A token bucket: `rate` tokens per second, holding at most `capacity`.
 #[derive(Debug)]
@@ -61,7 +61,7 @@ pub struct Admission {
     queue_size: usize,
     queued: AtomicUsize,
     queue_timeout: Duration,
-    metrics: Arc<Metrics>,
+    metrics: AdmissionMetrics,
 }
 
 /// Holds a concurrency slot (if limited) until dropped.
@@ -83,7 +83,7 @@ impl Admission {
         rate_per_sec: Option<f64>,
         queue_size: usize,
         queue_timeout: Duration,
-        metrics: Arc<Metrics>,
+        metrics: AdmissionMetrics,
     ) -> Self {
         Self {
             permits: max_concurrent.map(|n| Arc::new(Semaphore::new(n))),
@@ -97,7 +97,7 @@ impl Admission {
     }
 
     fn refuse(&self, reason: &str) -> ApiError {
-        self.metrics.admission_rejected.with_label_values(&[reason]).inc();
+        self.metrics.rejected.with_label_values(&[reason]).inc();
         match reason {
             "rate_limited" => ApiError::RateLimited,
             "queue_timeout" => ApiError::QueueTimeout(self.queue_timeout.as_secs_f64()),

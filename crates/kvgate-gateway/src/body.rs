@@ -15,8 +15,8 @@ use kvgate_index::InFlightPrompt;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::conn::UpstreamBody;
+use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
-use crate::proxy::Endpoint;
 use crate::registry::ModelPrefix;
 use crate::worker::Worker;
 

@@ -31,7 +31,6 @@ use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
 use crate::tls::{self, WorkerStream};
-use crate::worker::Worker;
 
 type Driver = http1::Connection<TokioIo<WorkerStream>, Full<Bytes>>;
 
@@ -195,18 +194,17 @@ impl ConnPool {
     }
 }
 
-/// Send `request` (origin-form URI) to `worker` on a pooled or new connection; the response body
-/// carries the connection and gives it back to the pool once read to the end.
+/// Send `request` (origin-form URI) to the pool's worker on a pooled or new connection; the
+/// response body carries the connection and gives it back to `pool` once read to the end.
 ///
 /// A pooled connection that turns out closed before the request was written is replaced by a new
 /// one: the request was not sent, so this is not a retry. `tls` opens connections to an
 /// `https://` worker.
 pub async fn send(
-    worker: &Arc<Worker>,
+    pool: &Arc<ConnPool>,
     mut request: Request<Full<Bytes>>,
     tls: &TlsConnector,
 ) -> Result<Response<UpstreamBody>, SendError> {
-    let pool = &worker.conns;
     request.headers_mut().insert(header::HOST, pool.host.clone());
     let mut pooled = pool.checkout(Instant::now());
     loop {
@@ -231,7 +229,7 @@ pub async fn send(
                 return Ok(response.map(|incoming| UpstreamBody {
                     incoming,
                     conn,
-                    worker: worker.clone(),
+                    pool: pool.clone(),
                     ended: false,
                 }));
             }
@@ -248,7 +246,8 @@ pub struct UpstreamBody {
     incoming: Incoming,
     /// `None` once the connection has ended.
     conn: Option<Box<UpstreamConn>>,
-    worker: Arc<Worker>,
+    /// Where the connection goes back to.
+    pool: Arc<ConnPool>,
     /// The body was read to its end (a chunked body does not say so in `is_end_stream`).
     ended: bool,
 }
@@ -298,7 +297,7 @@ impl Drop for UpstreamBody {
         // Only a connection whose answer was read to the end can carry another request.
         if self.ended || self.incoming.is_end_stream() {
             if let Some(conn) = self.conn.take() {
-                self.worker.conns.checkin(conn);
+                self.pool.checkin(conn);
             }
         }
     }

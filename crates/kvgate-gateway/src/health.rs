@@ -8,84 +8,98 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio::sync::watch;
 
-use crate::admin::probe;
-use crate::state::SharedState;
-use crate::upstream::discover_model;
-use crate::worker::Worker;
+use crate::load_snapshot::LoadSnapshot;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::upstream::HealthCheck;
+use crate::worker::{CircuitState, Worker};
 
-pub async fn run(state: SharedState, mut shutdown: watch::Receiver<bool>) {
-    let mut interval =
-        tokio::time::interval(Duration::from_secs_f64(state.config.health_check_interval_secs));
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    interval.tick().await; // workers were probed when they were added
-    loop {
-        tokio::select! {
-            _ = interval.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        check_all(&state).await;
-    }
+/// What the health loop is built from.
+pub struct HealthLoop {
+    pub registry: Arc<Registry>,
+    /// An unhealthy worker's load sample is dropped at once.
+    pub loads: Arc<LoadSnapshot>,
+    pub check: HealthCheck,
+    /// The workers' health and circuit gauges.
+    pub metrics: Arc<Metrics>,
+    pub interval: Duration,
+    /// Consecutive failed probes that mark a worker unhealthy, and passed ones that mark it
+    /// healthy again.
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+    /// `--disable-health-check`: models are still learned, nobody is probed.
+    pub probes_disabled: bool,
 }
 
-/// One round over every registered worker, concurrently.
-pub async fn check_all(state: &SharedState) {
-    let snapshot = state.registry.snapshot();
-    let learned = join_all(snapshot.workers.iter().map(|w| check_worker(state, w))).await;
-    if learned.into_iter().any(|model_learned| model_learned) {
-        state.registry.refresh();
+impl HealthLoop {
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut interval = tokio::time::interval(self.interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval.tick().await; // workers were probed when they were added
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            self.check_all().await;
+        }
     }
-    let now = Instant::now();
-    for worker in &snapshot.workers {
-        state.metrics.worker_healthy.with_label_values(&[&worker.url]).set(worker.is_healthy() as i64);
-        state
-            .metrics
-            .circuit_state
-            .with_label_values(&[&worker.url])
-            .set(worker.circuit.state(now).as_metric());
-    }
-}
 
-/// Returns true when the worker's model was learned in this round.
-async fn check_worker(state: &SharedState, worker: &Arc<Worker>) -> bool {
-    let mut learned = false;
-    if worker.model().is_none() {
-        let bearer = state.config.api_key.as_deref();
-        if let Ok(model) = discover_model(&state.client, &worker.url, bearer, state.health_timeout()).await {
-            tracing::info!(worker = %worker.url, %model, "learned the worker's model");
-            learned = worker.set_model(model);
+    /// One round over every registered worker, concurrently.
+    async fn check_all(&self) {
+        let snapshot = self.registry.snapshot();
+        let learned = join_all(snapshot.workers.iter().map(|w| self.check_worker(w))).await;
+        if learned.into_iter().any(|model_learned| model_learned) {
+            self.registry.refresh();
+        }
+        let now = Instant::now();
+        for worker in &snapshot.workers {
+            self.metrics.worker_healthy.with_label_values(&[&worker.url]).set(worker.is_healthy() as i64);
+            self.metrics
+                .circuit_state
+                .with_label_values(&[&worker.url])
+                .set(worker.circuit.state(now).as_metric());
         }
     }
-    if state.config.disable_health_check {
-        return learned;
-    }
-    let passed = probe(state, &worker.url).await;
-    // Active half-open probing: a worker whose circuit waits half-open may get no request for a
-    // long time (e.g. its prefixes are cached elsewhere); a passed probe closes it.
-    // An open one turns half-open at the first passing probe (a restarted engine need not wait
-    // out --cb-timeout-duration-secs), and closes at the next.
-    if passed {
-        match worker.circuit.state(Instant::now()) {
-            crate::worker::CircuitState::HalfOpen if worker.circuit.record_success() => {
-                tracing::info!(worker = %worker.url, "circuit closed: the half-open worker passed a health probe");
-                state.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+
+    /// Returns true when the worker's model was learned in this round.
+    async fn check_worker(&self, worker: &Arc<Worker>) -> bool {
+        let mut learned = false;
+        if worker.model().is_none() {
+            if let Ok(model) = self.check.discover_model(&worker.url).await {
+                tracing::info!(worker = %worker.url, %model, "learned the worker's model");
+                learned = worker.set_model(model);
             }
-            crate::worker::CircuitState::Open if worker.circuit.probe_passed() => {
-                tracing::info!(worker = %worker.url, "circuit half-open: the worker passed a health probe");
-                state.metrics.circuit_state.with_label_values(&[&worker.url]).set(2);
+        }
+        if self.probes_disabled {
+            return learned;
+        }
+        let passed = self.check.probe(&worker.url).await;
+        // Active half-open probing: a worker whose circuit waits half-open may get no request for a
+        // long time (e.g. its prefixes are cached elsewhere); a passed probe closes it.
+        // An open one turns half-open at the first passing probe (a restarted engine need not wait
+        // out --cb-timeout-duration-secs), and closes at the next.
+        if passed {
+            match worker.circuit.state(Instant::now()) {
+                CircuitState::HalfOpen if worker.circuit.record_success() => {
+                    tracing::info!(worker = %worker.url, "circuit closed: the half-open worker passed a health probe");
+                    self.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+                }
+                CircuitState::Open if worker.circuit.probe_passed() => {
+                    tracing::info!(worker = %worker.url, "circuit half-open: the worker passed a health probe");
+                    self.metrics.circuit_state.with_label_values(&[&worker.url]).set(2);
+                }
+                _ => {}
             }
-            _ => {}
         }
-    }
-    let config = &state.config;
-    if let Some(healthy) =
-        worker.record_health(passed, config.health_failure_threshold, config.health_success_threshold)
-    {
-        if healthy {
-            tracing::info!(worker = %worker.url, "worker is healthy again");
-        } else {
-            crate::monitor::forget(state, worker.id);
-            tracing::warn!(worker = %worker.url, "worker marked unhealthy");
+        if let Some(healthy) = worker.record_health(passed, self.failure_threshold, self.success_threshold) {
+            if healthy {
+                tracing::info!(worker = %worker.url, "worker is healthy again");
+            } else {
+                self.loads.forget(worker.id);
+                tracing::warn!(worker = %worker.url, "worker marked unhealthy");
+            }
         }
+        learned
     }
-    learned
 }

@@ -2,38 +2,60 @@
 //! chosen by a `kvgate-policy` policy, and owns everything with I/O around that choice: the worker
 //! registry, health checks, retries, circuit breakers and metrics.
 
-mod admin;
-mod admission;
-mod body;
-mod config;
-mod conn;
-mod discovery;
+// The modules by layer, bottom first: each uses only its own layer and those below it
+// (`layers.rs` checks it, see ARCHITECTURE.md).
+// Leaf types.
+mod auth;
+mod clock;
+mod endpoint;
 mod error;
-mod health;
-mod kv_events;
-mod listen;
 mod loads;
-mod metrics;
-mod monitor;
-mod proxy;
-mod registry;
-mod replica_sync;
 mod request;
 mod role;
-mod server;
-mod state;
+mod worker_url;
+// Configuration.
+mod config;
+// Plumbing: metrics, TLS, the proxy's connections, the background loops' client.
+mod conn;
+mod metrics;
 mod tls;
-mod tokenize;
 mod upstream;
+// Workers, the registry and the load snapshot.
+mod load_snapshot;
+mod registry;
 mod worker;
+// Request parts.
+mod body;
+mod tokenize;
+// Subsystems, each built from the narrow parts it needs.
+mod admission;
+mod health;
+mod kv_events;
+mod monitor;
+mod replica_sync;
+// The fleet: registering and removing workers, and the discovery that drives it.
+mod discovery;
+mod registration;
+// The assembled state.
+mod state;
+// The request path.
+mod proxy;
+// The edge: admin endpoints, the accept loop, start and stop.
+mod admin;
+mod listen;
+mod server;
+
+#[cfg(test)]
+mod layers;
 
 pub use config::{GatewayConfig, GatewayConfigBuilder};
+pub use config::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
+pub use endpoint::Endpoint;
 pub use error::ApiError;
-pub use kv_events::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
 pub use loads::{parse_sglang, parse_vllm};
-pub use proxy::Endpoint;
 pub use request::render_chat;
 pub use role::{PdProtocol, WorkerRole};
 pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};
 pub use state::{AppState, SharedState};
-pub use worker::{normalize_url, CircuitState};
+pub use worker::CircuitState;
+pub use worker_url::normalize_url;

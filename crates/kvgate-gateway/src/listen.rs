@@ -30,7 +30,8 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 use self::limits::{with_deadlines, Activity, ActivityIo, ClientLimits, GuardedBody};
-use crate::proxy::{self, Endpoint};
+use crate::endpoint::Endpoint;
+use crate::proxy;
 use crate::state::SharedState;
 
 /// At most one warning per this interval while connections are refused at the limit.

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the gateway: requests, latencies, in-flight, retries, worker health,
-//! circuit state and routing decisions, rendered as text at GET /metrics.
+//! circuit state and routing decisions, and each subsystem's own families (load monitor, KV
+//! events, admission, replica sync), rendered as text at GET /metrics.
 
 use std::sync::OnceLock;
 
@@ -9,7 +10,11 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::proxy::Endpoint;
+mod replica_sync;
+
+pub use replica_sync::ReplicaSyncMetrics;
+
+use crate::endpoint::Endpoint;
 use crate::role::WorkerRole;
 
 /// Latency buckets in seconds, from sub-millisecond proxy overhead to long generations.
@@ -34,24 +39,44 @@ pub struct Metrics {
     pub pd_requests: IntCounterVec,
     pub match_rate: HistogramVec,
     pub predicted_ttft: HistogramVec,
-    pub load_poll_duration: Histogram,
-    pub load_poll_failures: IntCounterVec,
-    pub load_snapshot_age: GaugeVec,
-    pub kv_events_batches: IntCounterVec,
-    pub kv_events_malformed: IntCounterVec,
-    pub kv_events_refused: IntCounterVec,
-    pub kv_events_gaps: IntCounterVec,
-    pub kv_events_restarts: IntCounterVec,
-    pub kv_events_live_ranks: IntGaugeVec,
-    pub kv_index_blocks: IntGaugeVec,
     pub tokenize_failures: IntCounterVec,
-    pub queue_depth: IntGauge,
-    pub admission_rejected: IntCounterVec,
-    pub replica_sync: crate::replica_sync::ReplicaSyncMetrics,
+    /// The subsystems' own families, each handed to its subsystem when it is built.
+    pub loads: LoadMetrics,
+    pub kv_events: KvEventsMetrics,
+    pub admission: AdmissionMetrics,
+    pub replica_sync: ReplicaSyncMetrics,
+    /// Kubernetes service discovery events: joined, left, relist, error.
     pub discovery_events: IntCounterVec,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
     ttfb_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
     duration_series: [OnceLock<Histogram>; Endpoint::ALL.len()],
+}
+
+/// The load monitor's families.
+#[derive(Clone)]
+pub struct LoadMetrics {
+    pub poll_duration: Histogram,
+    pub poll_failures: IntCounterVec,
+    pub snapshot_age: GaugeVec,
+}
+
+/// The KV-event subscriptions' families, and the size of the exact index they feed.
+#[derive(Clone)]
+pub struct KvEventsMetrics {
+    pub batches: IntCounterVec,
+    pub malformed: IntCounterVec,
+    pub refused: IntCounterVec,
+    pub gaps: IntCounterVec,
+    pub restarts: IntCounterVec,
+    pub live_ranks: IntGaugeVec,
+    pub index_blocks: IntGaugeVec,
+}
+
+/// The admission queue's families.
+#[derive(Clone)]
+pub struct AdmissionMetrics {
+    pub queue_depth: IntGauge,
+    pub rejected: IntCounterVec,
 }
 
 /// The series one worker touches on every request, resolved when it is registered.
@@ -176,7 +201,13 @@ impl Metrics {
                 &["model", "term"],
                 LATENCY_BUCKETS.to_vec(),
             ),
-            load_poll_duration: register(
+            tokenize_failures: counter(
+                "kvgate_tokenize_failures_total",
+                "Requests the gateway could not tokenize (routed on their text instead), by endpoint.",
+                &["endpoint"],
+            ),
+            loads: LoadMetrics {
+            poll_duration: register(
                 &registry,
                 Histogram::with_opts(
                     HistogramOpts::new("kvgate_load_poll_duration_seconds", "Duration of one engine load poll.")
@@ -184,12 +215,12 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
-            load_poll_failures: counter(
+            poll_failures: counter(
                 "kvgate_load_poll_failures_total",
                 "Failed engine load polls per worker.",
                 &["worker"],
             ),
-            load_snapshot_age: register(
+            snapshot_age: register(
                 &registry,
                 GaugeVec::new(
                     Opts::new("kvgate_load_snapshot_age_seconds", "Age of each worker's load sample."),
@@ -197,56 +228,56 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
-            kv_events_batches: counter(
+            },
+            kv_events: KvEventsMetrics {
+            batches: counter(
                 "kvgate_kv_events_batches_total",
                 "KV event batches applied to the exact index, per worker.",
                 &["worker"],
             ),
-            kv_events_malformed: counter(
+            malformed: counter(
                 "kvgate_kv_events_malformed_total",
                 "KV event messages that could not be decoded (the worker's index entries are cleared).",
                 &["worker"],
             ),
-            kv_events_refused: counter(
+            refused: counter(
                 "kvgate_kv_events_refused_total",
                 "KV events of well-formed batches not applied, by reason (unknown_parent, inconsistent, lora, other_group, unknown_event).",
                 &["worker", "reason"],
             ),
-            kv_events_gaps: counter(
+            gaps: counter(
                 "kvgate_kv_events_gaps_total",
                 "Sequence gaps in a worker's KV events, by recovery: replay (filled from the engine's buffer) or cleared.",
                 &["worker", "recovery"],
             ),
-            kv_events_restarts: counter(
+            restarts: counter(
                 "kvgate_kv_events_restarts_total",
                 "Engine restarts seen in a worker's KV events (the sequence went back; its entries were cleared).",
                 &["worker"],
             ),
-            kv_events_live_ranks: gauge(
+            live_ranks: gauge(
                 "kvgate_kv_events_live_ranks",
                 "Data-parallel ranks of a worker whose KV event subscription is connected and in sync.",
                 &["worker"],
             ),
-            kv_index_blocks: gauge(
+            index_blocks: gauge(
                 "kvgate_kv_index_blocks",
                 "Distinct KV blocks in a model's exact index.",
                 &["model"],
             ),
-            tokenize_failures: counter(
-                "kvgate_tokenize_failures_total",
-                "Requests the gateway could not tokenize (routed on their text instead), by endpoint.",
-                &["endpoint"],
-            ),
+            },
+            admission: AdmissionMetrics {
             queue_depth: register(
                 &registry,
                 IntGauge::new("kvgate_queue_depth", "Requests waiting in the admission queue.").expect("valid metric"),
             ),
-            admission_rejected: counter(
+            rejected: counter(
                 "kvgate_admission_rejected_total",
                 "Requests refused at admission, by reason: concurrency (limit reached, no queue), queue_full, queue_timeout, rate_limited.",
                 &["reason"],
             ),
-            replica_sync: crate::replica_sync::ReplicaSyncMetrics::register(&registry),
+            },
+            replica_sync: ReplicaSyncMetrics::register(&registry),
             discovery_events: counter(
                 "kvgate_discovery_events_total",
                 "Kubernetes service discovery events: joined, left, relist, error.",
@@ -338,8 +369,8 @@ impl Metrics {
         let _ = self.in_flight.remove_label_values(&[url]);
         let _ = self.worker_healthy.remove_label_values(&[url]);
         let _ = self.circuit_state.remove_label_values(&[url]);
-        let _ = self.load_poll_failures.remove_label_values(&[url]);
-        let _ = self.kv_events_live_ranks.remove_label_values(&[url]);
+        let _ = self.loads.poll_failures.remove_label_values(&[url]);
+        let _ = self.kv_events.live_ranks.remove_label_values(&[url]);
     }
 
     /// Prometheus text exposition.

@@ -12,9 +12,12 @@ use futures_util::{FutureExt, StreamExt};
 use kvgate_policy::{LoadSample, WorkerId};
 use tokio::sync::watch;
 
+use crate::clock::Clock;
+use crate::load_snapshot::LoadSnapshot;
 use crate::loads::{parse_sglang, parse_vllm};
-use crate::state::SharedState;
-use crate::upstream::get;
+use crate::metrics::LoadMetrics;
+use crate::registry::Registry;
+use crate::upstream::{get, HttpClient};
 use crate::worker::Worker;
 
 /// Where a worker's loads come from, learned on first contact.
@@ -24,37 +27,53 @@ enum Source {
     Vllm,
 }
 
-pub async fn run(state: SharedState, mut shutdown: watch::Receiver<bool>) {
-    let interval = Duration::from_millis(state.load_poll_interval_ms);
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let sources: Arc<Mutex<HashMap<WorkerId, Source>>> = Arc::default();
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = shutdown.changed() => return,
+/// What the load monitor is built from.
+pub struct LoadMonitor {
+    pub registry: Arc<Registry>,
+    /// Where it publishes (and how often it polls: `poll_interval_ms`).
+    pub loads: Arc<LoadSnapshot>,
+    pub client: HttpClient,
+    /// The workers' API key (`--api-key`).
+    pub bearer: Option<String>,
+    /// A poll never waits longer than a health check would.
+    pub health_timeout: Duration,
+    pub clock: Clock,
+    pub metrics: LoadMetrics,
+}
+
+impl LoadMonitor {
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let interval = Duration::from_millis(self.loads.poll_interval_ms);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let sources: Arc<Mutex<HashMap<WorkerId, Source>>> = Arc::default();
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            poll_once(&self, &sources, interval).await;
         }
-        poll_once(&state, &sources, interval).await;
     }
 }
 
 /// One round: drop entries of workers that left, then poll every routable worker concurrently.
-async fn poll_once(state: &SharedState, sources: &Arc<Mutex<HashMap<WorkerId, Source>>>, interval: Duration) {
-    let polling = state.registry.policies_need_loads();
-    state.monitor_active.store(polling, std::sync::atomic::Ordering::Relaxed);
+async fn poll_once(
+    monitor: &LoadMonitor,
+    sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
+    interval: Duration,
+) {
+    let polling = monitor.registry.policies_need_loads();
+    monitor.loads.set_active(polling);
     let now = Instant::now();
-    let snapshot = state.registry.snapshot();
+    let snapshot = monitor.registry.snapshot();
     let routable: Vec<Arc<Worker>> = if polling {
         snapshot.workers.iter().filter(|w| w.is_routable(now)).cloned().collect()
     } else {
         Vec::new()
     };
     let routable_ids: HashSet<WorkerId> = routable.iter().map(|w| w.id).collect();
-    state.loads.rcu(|loads| {
-        let mut kept = (**loads).clone();
-        kept.retain(|id, _| routable_ids.contains(id));
-        kept
-    });
+    monitor.loads.retain(&routable_ids);
     // Removed workers' remembered load formats go too (the map would otherwise grow with churn).
     let registered: HashSet<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
     sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
@@ -62,9 +81,9 @@ async fn poll_once(state: &SharedState, sources: &Arc<Mutex<HashMap<WorkerId, So
         return;
     }
     // A poll never outlives the interval, and never waits longer than a health check would.
-    let timeout = interval.min(state.health_timeout()).max(Duration::from_millis(50));
+    let timeout = interval.min(monitor.health_timeout).max(Duration::from_millis(50));
     let mut pending: FuturesUnordered<_> =
-        routable.iter().map(|worker| poll_worker(state, sources, worker, timeout)).collect();
+        routable.iter().map(|worker| poll_worker(monitor, sources, worker, timeout)).collect();
     // Answers are published as they arrive, a burst at a time: one copy of the snapshot per
     // burst (not per worker, which made a round quadratic in the fleet size), and a hung worker
     // still delays nobody.
@@ -74,30 +93,22 @@ async fn poll_once(state: &SharedState, sources: &Arc<Mutex<HashMap<WorkerId, So
         while let Some(Some(answer)) = pending.next().now_or_never() {
             arrived.extend(answer);
         }
-        publish(state, &mut arrived);
+        publish(monitor, &mut arrived);
     }
 }
 
 /// Publish the samples that arrived, except those of workers removed meanwhile.
-fn publish(state: &SharedState, arrived: &mut Vec<(WorkerId, LoadSample)>) {
+fn publish(monitor: &LoadMonitor, arrived: &mut Vec<(WorkerId, LoadSample)>) {
     if arrived.is_empty() {
         return;
     }
-    let registered: HashSet<WorkerId> = state.registry.snapshot().workers.iter().map(|w| w.id).collect();
-    state.loads.rcu(|loads| {
-        let mut next = (**loads).clone();
-        for (id, sample) in arrived.iter() {
-            if registered.contains(id) {
-                next.insert(*id, *sample);
-            }
-        }
-        next
-    });
+    let registered: HashSet<WorkerId> = monitor.registry.snapshot().workers.iter().map(|w| w.id).collect();
+    monitor.loads.publish(arrived, &registered);
     arrived.clear();
 }
 
 async fn poll_worker(
-    state: &SharedState,
+    monitor: &LoadMonitor,
     sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
     worker: &Arc<Worker>,
     timeout: Duration,
@@ -106,15 +117,15 @@ async fn poll_worker(
     let started = Instant::now();
     // Stamped when the poll is sent: requests routed while it is in flight may or may not be in
     // the engine's answer, and the in-flight correction counts everything routed from here on.
-    let sent_at_ms = state.now_ms();
+    let sent_at_ms = monitor.clock.now_ms();
     let result = match known {
-        Some(source) => fetch(state, worker, source, timeout).await,
-        None => match fetch(state, worker, Source::Sglang, timeout).await {
+        Some(source) => fetch(monitor, worker, source, timeout).await,
+        None => match fetch(monitor, worker, Source::Sglang, timeout).await {
             Ok(sample) => {
                 remember(sources, worker.id, Source::Sglang);
                 Ok(sample)
             }
-            Err(sglang_error) => match fetch(state, worker, Source::Vllm, timeout).await {
+            Err(sglang_error) => match fetch(monitor, worker, Source::Vllm, timeout).await {
                 Ok(sample) => {
                     remember(sources, worker.id, Source::Vllm);
                     Ok(sample)
@@ -123,14 +134,14 @@ async fn poll_worker(
             },
         },
     };
-    state.metrics.load_poll_duration.observe(started.elapsed().as_secs_f64());
+    monitor.metrics.poll_duration.observe(started.elapsed().as_secs_f64());
     match result {
         Ok(mut sample) => {
             sample.fetched_at_ms = sent_at_ms;
             Some((worker.id, sample))
         }
         Err(error) => {
-            state.metrics.load_poll_failures.with_label_values(&[&worker.url]).inc();
+            monitor.metrics.poll_failures.with_label_values(&[&worker.url]).inc();
             tracing::debug!(worker = %worker.url, %error, "load poll failed");
             None
         }
@@ -142,7 +153,7 @@ fn remember(sources: &Arc<Mutex<HashMap<WorkerId, Source>>>, id: WorkerId, sourc
 }
 
 async fn fetch(
-    state: &SharedState,
+    monitor: &LoadMonitor,
     worker: &Worker,
     source: Source,
     timeout: Duration,
@@ -151,8 +162,8 @@ async fn fetch(
         Source::Sglang => "/v1/loads",
         Source::Vllm => "/metrics",
     };
-    let bearer = state.config.api_key.as_deref();
-    let (status, body) = get(&state.client, &format!("{}{path}", worker.url), bearer, timeout).await?;
+    let bearer = monitor.bearer.as_deref();
+    let (status, body) = get(&monitor.client, &format!("{}{path}", worker.url), bearer, timeout).await?;
     if !status.is_success() {
         return Err(format!("GET {path} answered {status}"));
     }
@@ -162,20 +173,13 @@ async fn fetch(
     }
 }
 
-/// Forget a worker's entry at once (it was removed).
-pub fn forget(state: &SharedState, worker: WorkerId) {
-    state.loads.rcu(|loads| {
-        let mut next = (**loads).clone();
-        next.remove(&worker);
-        next
-    });
-}
-
 /// The snapshot as served at `GET /get_loads`.
-pub fn snapshot_json(state: &SharedState) -> serde_json::Value {
-    let now_ms = state.now_ms();
-    let loads = state.loads.load();
-    let registry = state.registry.snapshot();
+pub fn snapshot_json(registry: &Registry, loads: &LoadSnapshot, clock: Clock) -> serde_json::Value {
+    let now_ms = clock.now_ms();
+    let polling = loads.is_active();
+    let interval_ms = loads.poll_interval_ms;
+    let loads = loads.load();
+    let registry = registry.snapshot();
     let mut entries: Vec<serde_json::Value> = registry
         .workers
         .iter()
@@ -196,21 +200,68 @@ pub fn snapshot_json(state: &SharedState) -> serde_json::Value {
         .collect();
     entries.sort_by(|a, b| a["worker"].as_str().cmp(&b["worker"].as_str()));
     serde_json::json!({
-        "polling": state.monitor_active.load(std::sync::atomic::Ordering::Relaxed),
-        "interval_ms": state.load_poll_interval_ms,
+        "polling": polling,
+        "interval_ms": interval_ms,
         "loads": entries,
     })
 }
 
 /// Refresh the per-worker snapshot-age gauges (called when /metrics is scraped).
-pub fn update_age_gauges(state: &SharedState) {
-    let now_ms = state.now_ms();
-    let loads = state.loads.load();
-    state.metrics.load_snapshot_age.reset();
-    for worker in &state.registry.snapshot().workers {
+pub fn update_age_gauges(registry: &Registry, loads: &LoadSnapshot, clock: Clock, metrics: &LoadMetrics) {
+    let now_ms = clock.now_ms();
+    let loads = loads.load();
+    metrics.snapshot_age.reset();
+    for worker in &registry.snapshot().workers {
         if let Some(load) = loads.get(&worker.id) {
             let age = now_ms.saturating_sub(load.fetched_at_ms) as f64 / 1000.0;
-            state.metrics.load_snapshot_age.with_label_values(&[&worker.url]).set(age);
+            metrics.snapshot_age.with_label_values(&[&worker.url]).set(age);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use kvgate_policy::PolicyConfig;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::registry::NewWorker;
+    use crate::worker::CircuitSettings;
+
+    /// The snapshot is built from its parts alone: a registry, the load snapshot and a clock.
+    #[test]
+    fn get_loads_lists_registered_workers_and_forgets_removed_ones() {
+        let circuit = CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::ZERO };
+        let registry = Registry::new(
+            PolicyConfig::default(),
+            BTreeMap::new(),
+            [None, None],
+            circuit,
+            Arc::new(Metrics::new()),
+            16,
+        );
+        let new = |url: &str| NewWorker { url: url.into(), model: Some("m".into()), ..NewWorker::default() };
+        let a = registry.add(new("http://127.0.0.1:1"), true).unwrap();
+        let b = registry.add(new("http://127.0.0.1:2"), true).unwrap();
+        let loads = LoadSnapshot::new(1000);
+        let sample = LoadSample { token_usage: 0.5, ..LoadSample::default() };
+        let registered: HashSet<WorkerId> = [a.id, b.id].into();
+        loads.publish(&[(a.id, sample), (b.id, sample), (99, sample)], &registered);
+        let listed = |loads: &LoadSnapshot| {
+            let json = snapshot_json(&registry, loads, Clock::start());
+            json["loads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["worker"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(&loads), ["http://127.0.0.1:1", "http://127.0.0.1:2"], "99 was never registered");
+        loads.forget(a.id);
+        assert_eq!(listed(&loads), ["http://127.0.0.1:2"]);
+        let json = snapshot_json(&registry, &loads, Clock::start());
+        assert_eq!((json["polling"].as_bool(), json["interval_ms"].as_u64()), (Some(false), Some(1000)));
     }
 }

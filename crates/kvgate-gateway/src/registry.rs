@@ -10,10 +10,11 @@ use arc_swap::ArcSwap;
 use kvgate_index::{ApproxIndex, BlockIndex, InFlightBlocks, PeerBlocks};
 use kvgate_policy::{build_policy, Policy, PolicyConfig, PolicyKind};
 
-use crate::kv_events::KvEventsSource;
+use crate::config::KvEventsSource;
 use crate::metrics::{Metrics, PoolSeries};
 use crate::role::WorkerRole;
-use crate::worker::{normalize_url, CircuitSettings, Worker};
+use crate::worker::{CircuitSettings, Worker};
+use crate::worker_url::normalize_url;
 
 /// The workers of one role serving one model, and their policy and prefix indexes.
 pub struct ModelPool {

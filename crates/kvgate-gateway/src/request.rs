@@ -110,8 +110,8 @@ impl<'a> RequestFields<'a> {
     }
 
     /// Refuses a request that gives the endpoint nothing to generate from (or embed).
-    pub fn check(&self, endpoint: crate::proxy::Endpoint) -> Result<(), String> {
-        use crate::proxy::Endpoint;
+    pub fn check(&self, endpoint: crate::endpoint::Endpoint) -> Result<(), String> {
+        use crate::endpoint::Endpoint;
         let empty_prompt = |input: &Option<PromptInput<'_>>| match input {
             None => true,
             Some(PromptInput::Texts(items)) => items.is_empty(),
@@ -344,7 +344,7 @@ mod tests {
             raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
             body in body_strategy(),
         ) {
-            use crate::proxy::Endpoint;
+            use crate::endpoint::Endpoint;
             for bytes in [&raw, &body] {
                 if let Ok(fields) = RequestFields::parse(bytes) {
                     let _ = fields.routing_key();
@@ -358,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_request_with_nothing_to_generate_from_is_refused() {
-        use crate::proxy::Endpoint;
+        use crate::endpoint::Endpoint;
         let check = |body: &str, endpoint| RequestFields::parse(body.as_bytes()).unwrap().check(endpoint);
         assert!(check(r#"{"messages": []}"#, Endpoint::ChatCompletions).unwrap_err().contains("messages"));
         assert!(check(r#"{"model": "m"}"#, Endpoint::ChatCompletions).is_err());

@@ -13,13 +13,17 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin;
+use crate::clock::Clock;
 use crate::config::GatewayConfig;
+use crate::discovery::{Discovery, DiscoverySettings};
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
-use crate::health;
+use crate::health::HealthLoop;
 use crate::listen;
-use crate::monitor;
-use crate::proxy::{self, Endpoint};
-use crate::registry::NewWorker;
+use crate::monitor::LoadMonitor;
+use crate::proxy;
+use crate::registry::{NewWorker, Registry};
+use crate::replica_sync::SyncSettings;
 use crate::role::WorkerRole;
 use crate::state::{AppState, SharedState};
 
@@ -120,8 +124,8 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
                 kv_events: source,
                 policy: None,
             };
-            let state = state.clone();
-            async move { admin::register_worker(&state, new).await }
+            let registration = state.registration.clone();
+            async move { registration.register(new).await }
         })
         .collect();
     for result in join_all(initial).await {
@@ -131,7 +135,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     }
 
     if state.tokenizer.is_none()
-        && state.config.kv_events_endpoints.iter().any(|e| e != crate::kv_events::NO_ENDPOINT)
+        && state.config.kv_events_endpoints.iter().any(|e| e != crate::config::NO_ENDPOINT)
     {
         tracing::warn!(
             "KV events are configured but no tokenizer (--tokenizer-path): only requests that carry \
@@ -147,7 +151,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
             status => tracing::info!(?status, "tokenizer loaded"),
         }
     }
-    let discovery = match crate::discovery::DiscoverySettings::from_config(&state.config) {
+    let discovery = match DiscoverySettings::from_config(&state.config) {
         Some(settings) => {
             let client = settings.client().await.map_err(|e| StartError::State(e.to_string()))?;
             Some((settings, client))
@@ -155,26 +159,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         None => None,
     };
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let mut background = vec![
-        tokio::spawn(health::run(state.clone(), shutdown_rx.clone())),
-        tokio::spawn(maintain_policies(state.clone(), shutdown_rx.clone())),
-        tokio::spawn(monitor::run(state.clone(), shutdown_rx.clone())),
-    ];
-    if let Some(sync) = &state.replica_sync {
-        background.push(tokio::spawn(crate::replica_sync::run(
-            state.clone(),
-            sync.clone(),
-            shutdown_rx.clone(),
-        )));
-    }
-    if let Some((settings, client)) = discovery {
-        background.push(tokio::spawn(crate::discovery::run(
-            state.clone(),
-            client,
-            settings,
-            shutdown_rx.clone(),
-        )));
-    }
+    let background = spawn_background(&state, discovery, &shutdown_rx);
     let server = if io_threads == 0 {
         let slots = listen::connection_slots(&state);
         let listener = listeners.into_iter().next().expect("one listener was bound");
@@ -198,9 +183,66 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     Ok(GatewayHandle { addr: local_addr, state, shutdown, server, background })
 }
 
+/// Builds each background loop from the parts of `state` it needs (never the whole state) and
+/// spawns it: the health loop, the policies' maintenance, the load monitor, and replica sync and
+/// discovery when they are on.
+fn spawn_background(
+    state: &AppState,
+    discovery: Option<(DiscoverySettings, kube::Client)>,
+    shutdown: &watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let config = &state.config;
+    let health = HealthLoop {
+        registry: state.registry.clone(),
+        loads: state.loads.clone(),
+        check: state.health_check.clone(),
+        metrics: state.metrics.clone(),
+        interval: Duration::from_secs_f64(config.health_check_interval_secs),
+        failure_threshold: config.health_failure_threshold,
+        success_threshold: config.health_success_threshold,
+        probes_disabled: config.disable_health_check,
+    };
+    let monitor = LoadMonitor {
+        registry: state.registry.clone(),
+        loads: state.loads.clone(),
+        client: state.client.clone(),
+        bearer: config.api_key.clone(),
+        health_timeout: state.health_check.timeout,
+        clock: state.clock,
+        metrics: state.metrics.loads.clone(),
+    };
+    let mut background = vec![
+        tokio::spawn(health.run(shutdown.clone())),
+        tokio::spawn(maintain_policies(state.registry.clone(), state.clock, shutdown.clone())),
+        tokio::spawn(monitor.run(shutdown.clone())),
+    ];
+    if let (Some(sync), Some(redis_url)) = (&state.replica_sync, &config.replica_sync_redis_url) {
+        let settings = SyncSettings {
+            redis_url: redis_url.clone(),
+            channel: config.replica_sync_channel.clone(),
+            interval_ms: config.replica_sync_interval_ms,
+        };
+        background.push(tokio::spawn(crate::replica_sync::run(
+            sync.clone(),
+            state.registry.clone(),
+            settings,
+            shutdown.clone(),
+        )));
+    }
+    if let Some((settings, client)) = discovery {
+        let discovery = Discovery {
+            registration: state.registration.clone(),
+            events: state.metrics.discovery_events.clone(),
+            pd_disaggregation: config.pd_disaggregation,
+        };
+        background.push(tokio::spawn(crate::discovery::run(discovery, client, settings, shutdown.clone())));
+    }
+    background
+}
+
 /// Once a second: the policies' maintenance (prefix-tree eviction) on the gateway's clock, and
 /// closing idle upstream connections that expired or were closed by their worker.
-async fn maintain_policies(state: SharedState, mut shutdown: watch::Receiver<bool>) {
+async fn maintain_policies(registry: Arc<Registry>, clock: Clock, mut shutdown: watch::Receiver<bool>) {
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -208,8 +250,8 @@ async fn maintain_policies(state: SharedState, mut shutdown: watch::Receiver<boo
             _ = interval.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let now_ms = state.now_ms();
-        let snapshot = state.registry.snapshot();
+        let now_ms = clock.now_ms();
+        let snapshot = registry.snapshot();
         for pool in snapshot.pools() {
             pool.policy.maintain(now_ms);
             pool.prefix.tree.maintain(now_ms);

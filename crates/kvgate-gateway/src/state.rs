@@ -1,32 +1,42 @@
-//! The shared state of a running gateway: configuration, registry, metrics, client and the load
-//! snapshot, built once at startup and handed to every handler and background task.
+//! The assembled state of a running gateway: configuration, registry, metrics, clients and the
+//! load snapshot, built once at startup from the configuration. Each subsystem is built from the
+//! few of these parts it needs (`server.rs` hands them over); the request path and the admin
+//! endpoints read the whole.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use http::HeaderValue;
-use kvgate_policy::{LoadSample, WorkerId};
 use kvgate_tokenizer::Tokenizer;
 
+use crate::admission::Admission;
+use crate::clock::Clock;
 use crate::config::GatewayConfig;
+use crate::kv_events::KvEvents;
+use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::Metrics;
+use crate::registration::{OwnAddress, Registration};
 use crate::registry::Registry;
-use crate::upstream::{build_client, HttpClient};
+use crate::replica_sync::ReplicaSync;
+use crate::upstream::{build_client, HealthCheck, HttpClient};
 use crate::worker::CircuitSettings;
 
 pub struct AppState {
     pub config: GatewayConfig,
-    pub registry: Registry,
+    pub registry: Arc<Registry>,
+    /// Registering and removing workers (the registry's operations).
+    pub registration: Arc<Registration>,
     pub metrics: Arc<Metrics>,
+    /// The background loops' client (health checks, model discovery, load polls).
     pub client: HttpClient,
+    /// Health probes and model discovery with the workers' key and the health timeout.
+    pub health_check: HealthCheck,
     /// The latest engine loads by worker, published by the load monitor.
-    pub loads: ArcSwap<HashMap<WorkerId, LoadSample>>,
-    pub load_poll_interval_ms: u64,
-    /// Whether the load monitor polled in its last round (some policy consumes loads).
-    pub monitor_active: std::sync::atomic::AtomicBool,
-    pub admission: crate::admission::Admission,
+    pub loads: Arc<LoadSnapshot>,
+    /// The clock handed to policies and stamped on load samples.
+    pub clock: Clock,
+    pub admission: Admission,
     pub api_key_header: Option<HeaderValue>,
     pub request_timeout: Duration,
     /// How long a worker may take to send its response head before another is tried.
@@ -38,14 +48,13 @@ pub struct AppState {
     /// This gateway's random id in the `x-kvgate-via` hop header (loop detection).
     pub instance: HeaderValue,
     /// The address the gateway listens on (set once bound): never registered as a worker.
-    pub listen_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    pub listen_addr: Arc<OnceLock<SocketAddr>>,
     /// The listener's TLS (`tls_cert_path`): set when the gateway serves HTTPS.
     pub listener_tls: Option<tokio_rustls::TlsAcceptor>,
     /// TLS to `https://` workers: the trusted CAs and the client certificate.
     pub upstream_tls: tokio_rustls::TlsConnector,
     /// Sharing approximate routing with the other replicas (`--replica-sync-redis-url`).
-    pub replica_sync: Option<Arc<crate::replica_sync::ReplicaSync>>,
-    started: Instant,
+    pub replica_sync: Option<Arc<ReplicaSync>>,
 }
 
 impl AppState {
@@ -73,38 +82,61 @@ impl AppState {
             (None, false) => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
+        let client = build_client(upstream_tls.clone());
         let replica_sync = config
             .replica_sync_redis_url
             .is_some()
-            .then(|| Arc::new(crate::replica_sync::ReplicaSync::new(metrics.replica_sync.clone())));
+            .then(|| Arc::new(ReplicaSync::new(metrics.replica_sync.clone())));
+        let registry = Arc::new(Registry::new(
+            config.routing.clone(),
+            config
+                .models
+                .keys()
+                .map(|model| Ok((model.clone(), config.model_routing(model)?)))
+                .collect::<Result<_, String>>()?,
+            [config.prefill_policy, config.decode_policy],
+            circuit,
+            metrics.clone(),
+            config.replica_sync_max_blocks,
+        ));
+        let loads = Arc::new(LoadSnapshot::new(config.load_poll_interval_ms()));
+        let health_check = HealthCheck {
+            client: client.clone(),
+            endpoint: config.health_check_endpoint.clone(),
+            bearer: config.api_key.clone(),
+            timeout: Duration::from_secs_f64(config.health_check_timeout_secs),
+        };
+        let listen_addr = Arc::new(OnceLock::new());
+        let registration = Arc::new(Registration {
+            registry: registry.clone(),
+            loads: loads.clone(),
+            check: health_check.clone(),
+            probes_disabled: config.disable_health_check,
+            kv_events: KvEvents {
+                registry: registry.clone(),
+                metrics: metrics.kv_events.clone(),
+                topic: config.kv_events_topic.clone(),
+            },
+            own_address: OwnAddress { host: config.host.clone(), listen: listen_addr.clone() },
+        });
         Ok(Self {
             tokenizer,
-            registry: Registry::new(
-                config.routing.clone(),
-                config
-                    .models
-                    .keys()
-                    .map(|model| Ok((model.clone(), config.model_routing(model)?)))
-                    .collect::<Result<_, String>>()?,
-                [config.prefill_policy, config.decode_policy],
-                circuit,
-                metrics.clone(),
-                config.replica_sync_max_blocks,
-            ),
-            admission: crate::admission::Admission::new(
+            registry,
+            registration,
+            admission: Admission::new(
                 config.max_concurrent_requests,
                 config.rate_limit_tokens_per_second,
                 config.queue_size,
                 Duration::from_secs_f64(config.queue_timeout_secs),
-                metrics.clone(),
+                metrics.admission.clone(),
             ),
             metrics,
-            client: build_client(upstream_tls.clone()),
+            client,
+            health_check,
             listener_tls: crate::tls::listener_acceptor(&config)?,
             upstream_tls,
-            loads: ArcSwap::from_pointee(HashMap::new()),
-            load_poll_interval_ms: config.load_poll_interval_ms(),
-            monitor_active: std::sync::atomic::AtomicBool::new(false),
+            loads,
+            clock: Clock::start(),
             api_key_header,
             request_timeout: Duration::from_secs_f64(config.request_timeout_secs),
             ttfb_timeout: config.ttfb_timeout_secs.map(Duration::from_secs_f64),
@@ -112,20 +144,10 @@ impl AppState {
                 .map_err(|_| format!("invalid routing_key_header {:?}", config.routing_key_header))?,
             instance: HeaderValue::from_str(&format!("{:016x}", rand::random::<u64>()))
                 .expect("hex digits are a valid header value"),
-            listen_addr: std::sync::OnceLock::new(),
+            listen_addr,
             replica_sync,
-            started: Instant::now(),
             config,
         })
-    }
-
-    /// Milliseconds since the gateway started: the clock handed to policies.
-    pub fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
-    pub fn health_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.config.health_check_timeout_secs)
     }
 }
 

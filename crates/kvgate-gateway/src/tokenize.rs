@@ -4,22 +4,25 @@
 
 use std::borrow::Cow;
 
-use crate::proxy::Endpoint;
+use kvgate_tokenizer::Tokenizer;
+
+use crate::endpoint::Endpoint;
+use crate::metrics::Metrics;
 use crate::registry::ModelPool;
 use crate::request::{OwnedKey, RequestFields};
-use crate::state::AppState;
 
 /// The key a prefix-aware policy matches `fields` on. Tokenizes only when the model's workers
 /// publish KV events, the policy matches against the exact index, and a tokenizer is
 /// configured; a request the tokenizer cannot handle is routed on its text (never refused).
 pub(crate) fn routing_key<'a>(
-    state: &AppState,
+    tokenizer: Option<&Tokenizer>,
+    metrics: &Metrics,
     pool: &ModelPool,
     endpoint: Endpoint,
     fields: &'a RequestFields<'a>,
     body: &[u8],
 ) -> OwnedKey<'a> {
-    let tokenizer = match &state.tokenizer {
+    let tokenizer = match tokenizer {
         Some(tokenizer) if pool.has_kv_events && pool.config.uses_exact_index() => tokenizer,
         _ => return fields.routing_key(),
     };
@@ -34,7 +37,7 @@ pub(crate) fn routing_key<'a>(
     match encoded {
         Ok(ids) => OwnedKey::Tokens(Cow::Owned(ids)),
         Err(error) => {
-            state.metrics.tokenize_failures.with_label_values(&[endpoint.label()]).inc();
+            metrics.tokenize_failures.with_label_values(&[endpoint.label()]).inc();
             tracing::debug!(endpoint = endpoint.label(), %error, "could not tokenize; routing on the text");
             fields.routing_key()
         }

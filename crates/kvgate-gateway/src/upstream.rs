@@ -127,3 +127,30 @@ pub async fn discover_model(
         .map(str::to_string)
         .ok_or_else(|| "GET /v1/models: no model id in data[0].id".to_string())
 }
+
+/// Health probes and model discovery, as registration and the health loop run them: the
+/// background client, the workers' key (`--api-key`), the health endpoint and the deadline.
+#[derive(Clone)]
+pub struct HealthCheck {
+    pub client: HttpClient,
+    /// The path probed (`--health-check-endpoint`).
+    pub endpoint: String,
+    pub bearer: Option<String>,
+    pub timeout: Duration,
+}
+
+impl HealthCheck {
+    /// One health check: 2xx from the health endpoint within the timeout.
+    pub async fn probe(&self, url: &str) -> bool {
+        let target = format!("{url}{}", self.endpoint);
+        matches!(
+            get(&self.client, &target, self.bearer.as_deref(), self.timeout).await,
+            Ok((status, _)) if status.is_success()
+        )
+    }
+
+    /// The model the worker serves (`GET /v1/models`).
+    pub async fn discover_model(&self, url: &str) -> Result<String, String> {
+        discover_model(&self.client, url, self.bearer.as_deref(), self.timeout).await
+    }
+}

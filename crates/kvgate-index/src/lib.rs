@@ -9,6 +9,9 @@
 //!   holding it; [`CacheBlocks`] applies one cache's stored/removed events to it. Queries run
 //!   concurrently with writers (sharded locks, one block at a time).
 //!
+//! * [`choose_index`] is the host's rule for which of the two a request is matched against
+//!   (exact when the engines' events flow, else the tree; [`PrefixIndexMode`] forces one).
+//!
 //! * [`RadixTree<T>`] is generic over the element: `u8` for UTF-8 prompt text ([`TextTree`]) and
 //!   `u32` for token ids ([`TokenTree`]); one implementation serves both.
 //! * [`RadixTree::match_and_insert`] does the routing hot path in one descent: match, let the
@@ -33,6 +36,7 @@
 //! ```
 
 mod block;
+mod choice;
 mod evict;
 mod matching;
 mod node;
@@ -47,6 +51,7 @@ pub use block::{
     content_hash, ApplyError, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, StoredBlocks,
     IN_FLIGHT_RANK, ROOT_HASH,
 };
+pub use choice::{choose_index, IndexInputs, PrefixIndexMode};
 pub use matching::PrefixMatch;
 pub use peer::{
     prompt_blocks, prompt_hash, PeerBlocks, PeerMerged, PromptBlocks, ReadOnlyTree, TEXT_BLOCK_BYTES,

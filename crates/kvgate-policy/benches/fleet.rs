@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion};
 use kvgate_index::ApproxIndex;
 use kvgate_policy::{
-    build_policy, Candidate, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest, RoutingKey,
-    SelectContext,
+    build_policy, Candidate, Candidates, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest,
+    RoutingKey, SelectContext,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -99,7 +99,10 @@ impl Fleet {
             rng: &mut self.rng,
             prefix_index: Some(&self.index),
         };
-        self.policy.select(&request, &self.candidates, &mut ctx).expect("a non-empty fleet").worker
+        self.policy
+            .select(&request, Candidates::new(&self.candidates).unwrap(), &mut ctx)
+            .expect("a non-empty fleet")
+            .worker
     }
 }
 

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use crate::pick::least_in_flight;
-use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
 
 /// Recent prompt lengths remembered for placing the boundaries.
 const WINDOW: usize = 4096;
@@ -78,12 +78,9 @@ impl Policy for BucketPolicy {
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let mut members: Vec<WorkerId> = candidates.iter().map(|c| c.id).collect();
         members.sort_unstable();
@@ -98,7 +95,7 @@ impl Policy for BucketPolicy {
             buckets.recent.pop_front();
         }
         buckets.recent.push_back(length);
-        let fallback = least_in_flight(candidates, ctx.rng);
+        let fallback = least_in_flight(&candidates, ctx.rng);
         if buckets.boundaries.is_empty() {
             // Nothing learned yet: balance by count.
             return Ok(Decision::plain(candidates[fallback].id, Reason::Bucket));
@@ -117,7 +114,7 @@ impl Policy for BucketPolicy {
 mod tests {
     use super::*;
     use crate::test_support::{candidates, decide};
-    use crate::RoutingKey;
+    use crate::{Candidate, RoutingKey};
 
     fn route(policy: &BucketPolicy, tokens: u64, pool: &[Candidate], now_ms: u64) -> Decision {
         let request = RouteRequest { key: RoutingKey::None, prompt_tokens: tokens, session: None };

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
+pub use kvgate_index::PrefixIndexMode;
 use kvgate_index::TreeSettings;
 use serde::{Deserialize, Serialize};
 
@@ -89,30 +90,6 @@ pub enum MissStrategy {
     MostFreeKv,
     /// The worker holding the least prompt text in the prefix tree.
     SmallestTree,
-}
-
-/// Which prefix index cache_aware matches requests against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[clap(rename_all = "snake_case")]
-pub enum PrefixIndexMode {
-    /// The exact index when every candidate's KV events flow, else the approximate tree.
-    Auto,
-    /// Always the approximate tree of what was routed where.
-    Approximate,
-    /// The exact index whenever the model has KV events; workers without flowing events count
-    /// as holding nothing.
-    Exact,
-}
-
-impl PrefixIndexMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PrefixIndexMode::Auto => "auto",
-            PrefixIndexMode::Approximate => "approximate",
-            PrefixIndexMode::Exact => "exact",
-        }
-    }
 }
 
 /// Every policy option. Flattened into `kvgate launch` and `kvgate sim`, read from YAML.

@@ -5,7 +5,7 @@
 //! without the load bound), and without either at random.
 
 use crate::hashing::{prefix_key, session_key, SharedRing};
-use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
 use rand::Rng;
 
 pub struct ConsistentHashingPolicy {
@@ -27,16 +27,13 @@ impl Policy for ConsistentHashingPolicy {
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let key = session_key(request)
             .or_else(|| prefix_key(request, self.prefix_tokens))
             .unwrap_or_else(|| ctx.rng.random());
-        let chosen = self.ring.find(key, candidates, |_| true).unwrap_or(0);
+        let chosen = self.ring.find(key, &candidates, |_| true).unwrap_or(0);
         Ok(Decision::plain(candidates[chosen].id, Reason::ConsistentHash))
     }
 
@@ -57,7 +54,7 @@ impl Policy for ConsistentHashingPolicy {
 mod tests {
     use super::*;
     use crate::test_support::{candidates, decide};
-    use crate::RoutingKey;
+    use crate::{Candidate, RoutingKey};
 
     fn route(policy: &ConsistentHashingPolicy, session: &str, pool: &[Candidate]) -> WorkerId {
         let request = RouteRequest { key: RoutingKey::None, prompt_tokens: 0, session: Some(session) };

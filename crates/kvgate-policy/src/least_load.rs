@@ -9,7 +9,9 @@ use std::sync::Mutex;
 
 use crate::inflight::{fresh_load, RoutedLog};
 use crate::pick::pick_min_by;
-use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{
+    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId,
+};
 
 /// The knobs of the expected-wait estimate.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -65,12 +67,9 @@ impl Policy for LeastLoadPolicy {
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let mut routed = self.routed.lock().unwrap_or_else(|p| p.into_inner());
         let waits: Vec<(i64, u64)> = candidates
             .iter()
@@ -124,7 +123,7 @@ mod tests {
         let mut rng = ctx_rng(1);
         let mut ctx =
             SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        let d = policy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap();
+        let d = policy.select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx).unwrap();
         assert_eq!((d.worker, d.reason), (1, Reason::LeastLoad));
     }
 
@@ -140,7 +139,8 @@ mod tests {
         let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: 4000, session: None };
         let mut counts = [0; 2];
         for _ in 0..10 {
-            counts[policy.select(&request, &pool, &mut ctx).unwrap().worker as usize] += 1;
+            counts[policy.select(&request, Candidates::new(&pool).unwrap(), &mut ctx).unwrap().worker
+                as usize] += 1;
         }
         assert_eq!(counts, [5, 5], "the same stale sample, yet the burst alternates");
     }
@@ -152,6 +152,9 @@ mod tests {
         let mut rng = ctx_rng(3);
         let mut ctx =
             SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        assert_eq!(policy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 1);
+        assert_eq!(
+            policy.select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx).unwrap().worker,
+            1
+        );
     }
 }

@@ -65,6 +65,35 @@ pub struct Candidate {
     pub load: Option<LoadSample>,
 }
 
+/// The candidates of one decision: never empty. The host builds them once per decision
+/// ([`Candidates::new`] refuses an empty list with [`NoRoute::NoCandidates`]), so no policy
+/// checks for, or can be called with, an empty pool. Derefs to the slice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidates<'a>(&'a [Candidate]);
+
+impl<'a> Candidates<'a> {
+    /// The candidates, or `NoCandidates` when there are none.
+    pub fn new(candidates: &'a [Candidate]) -> Result<Self, NoRoute> {
+        if candidates.is_empty() {
+            Err(NoRoute::NoCandidates)
+        } else {
+            Ok(Self(candidates))
+        }
+    }
+
+    pub fn as_slice(self) -> &'a [Candidate] {
+        self.0
+    }
+}
+
+impl std::ops::Deref for Candidates<'_> {
+    type Target = [Candidate];
+
+    fn deref(&self) -> &[Candidate] {
+        self.0
+    }
+}
+
 /// What a policy may look at in a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RoutingKey<'a> {
@@ -238,11 +267,11 @@ pub trait Policy: Send + Sync {
     /// The policy's configuration name (`round_robin`, `cache_aware`, ...).
     fn name(&self) -> &'static str;
 
-    /// Choose one of `candidates` for `request`.
+    /// Choose one of `candidates` (at least one) for `request`.
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute>;
 
@@ -298,6 +327,19 @@ pub(crate) mod test_support {
         let mut rng = ctx_rng(now_ms);
         let mut ctx =
             crate::SelectContext { now_ms, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        policy.select(request, pool, &mut ctx).expect("a non-empty pool")
+        let candidates = crate::Candidates::new(pool).expect("a non-empty pool");
+        policy.select(request, candidates, &mut ctx).expect("a decision")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_candidates_is_no_route() {
+        assert_eq!(Candidates::new(&[]), Err(NoRoute::NoCandidates));
+        let one = [Candidate { id: 7, in_flight: 0, load: None }];
+        assert_eq!(Candidates::new(&one).map(|c| c[0].id), Ok(7));
     }
 }

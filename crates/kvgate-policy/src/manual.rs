@@ -14,7 +14,9 @@ use rand::Rng;
 
 use crate::hashing::session_key;
 use crate::pick::pick_min_by;
-use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{
+    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId,
+};
 
 /// How a new session picks its worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -143,15 +145,12 @@ impl Policy for ManualPolicy {
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let mut sessions = self.lock();
         let Some(key) = session_key(request) else {
-            let chosen = self.place(&sessions, candidates, ctx.rng);
+            let chosen = self.place(&sessions, &candidates, ctx.rng);
             return Ok(Decision::plain(candidates[chosen].id, Reason::SessionAssigned));
         };
         let now_ms = ctx.now_ms;
@@ -165,7 +164,7 @@ impl Policy for ManualPolicy {
         } else {
             self.make_room(&mut sessions, now_ms);
         }
-        let chosen = candidates[self.place(&sessions, candidates, ctx.rng)].id;
+        let chosen = candidates[self.place(&sessions, &candidates, ctx.rng)].id;
         sessions.bind(key, chosen, now_ms);
         Ok(Decision::plain(chosen, Reason::SessionAssigned))
     }

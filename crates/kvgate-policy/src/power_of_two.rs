@@ -7,7 +7,7 @@
 use rand::Rng;
 
 use crate::inflight::fresh_load;
-use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext};
+use crate::{Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext};
 
 #[derive(Debug, Default)]
 pub struct PowerOfTwoPolicy;
@@ -33,12 +33,11 @@ impl Policy for PowerOfTwoPolicy {
     fn select(
         &self,
         _request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
         let n = candidates.len();
         let worker = match n {
-            0 => return Err(NoRoute::NoCandidates),
             1 => candidates[0].id,
             _ => {
                 let first = ctx.rng.random_range(0..n);
@@ -70,7 +69,13 @@ mod tests {
         let mut ctx =
             SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         for _ in 0..50 {
-            assert_eq!(PowerOfTwoPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 1);
+            assert_eq!(
+                PowerOfTwoPolicy
+                    .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                    .unwrap()
+                    .worker,
+                1
+            );
         }
     }
 
@@ -83,11 +88,23 @@ mod tests {
         let mut rng = ctx_rng(4);
         let mut ctx =
             SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        assert_eq!(PowerOfTwoPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 1);
+        assert_eq!(
+            PowerOfTwoPolicy
+                .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                .unwrap()
+                .worker,
+            1
+        );
         // A stale sample is ignored: in-flight counts decide.
         let mut ctx =
             SelectContext { now_ms: 10_000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        assert_eq!(PowerOfTwoPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker, 0);
+        assert_eq!(
+            PowerOfTwoPolicy
+                .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                .unwrap()
+                .worker,
+            0
+        );
     }
 
     #[test]
@@ -98,8 +115,10 @@ mod tests {
             SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         let mut seen = [0; 4];
         for _ in 0..400 {
-            seen[PowerOfTwoPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker as usize] +=
-                1;
+            seen[PowerOfTwoPolicy
+                .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                .unwrap()
+                .worker as usize] += 1;
         }
         assert!(seen.iter().all(|&n| n > 50), "{seen:?}");
     }

@@ -6,7 +6,9 @@
 //! system prompt or conversation start lands on the same worker while it is not overloaded.
 
 use crate::hashing::{prefix_key, SharedRing};
-use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{
+    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId,
+};
 use rand::Rng;
 
 pub struct PrefixHashPolicy {
@@ -35,18 +37,15 @@ impl Policy for PrefixHashPolicy {
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let key = prefix_key(request, self.prefix_tokens).unwrap_or_else(|| ctx.rng.random());
-        let capacity = bounded_capacity(candidates, self.load_factor);
+        let capacity = bounded_capacity(&candidates, self.load_factor);
         let chosen = self
             .ring
-            .find(key, candidates, |i| candidates[i].in_flight < capacity)
-            .unwrap_or_else(|| crate::pick::least_in_flight(candidates, ctx.rng));
+            .find(key, &candidates, |i| candidates[i].in_flight < capacity)
+            .unwrap_or_else(|| crate::pick::least_in_flight(&candidates, ctx.rng));
         Ok(Decision::plain(candidates[chosen].id, Reason::PrefixHash))
     }
 

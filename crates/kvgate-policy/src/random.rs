@@ -2,7 +2,7 @@
 
 use rand::Rng;
 
-use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext};
+use crate::{Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext};
 
 #[derive(Debug, Default)]
 pub struct RandomPolicy;
@@ -15,12 +15,9 @@ impl Policy for RandomPolicy {
     fn select(
         &self,
         _request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let idx = ctx.rng.random_range(0..candidates.len());
         Ok(Decision {
             worker: candidates[idx].id,
@@ -45,7 +42,12 @@ mod tests {
             let mut ctx =
                 SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
             (0..200)
-                .map(|_| RandomPolicy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker)
+                .map(|_| {
+                    RandomPolicy
+                        .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                        .unwrap()
+                        .worker
+                })
                 .collect::<Vec<_>>()
         };
         let picks = run(7);

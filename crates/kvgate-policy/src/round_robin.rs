@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::{Candidate, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext};
+use crate::{Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext};
 
 #[derive(Debug, Default)]
 pub struct RoundRobinPolicy {
@@ -23,12 +23,9 @@ impl Policy for RoundRobinPolicy {
     fn select(
         &self,
         _request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         _ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
         Ok(Decision {
             worker: candidates[turn % candidates.len()].id,
@@ -52,17 +49,11 @@ mod tests {
         let mut rng = ctx_rng(1);
         let mut ctx =
             SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        let picks: Vec<_> =
-            (0..6).map(|_| policy.select(&RouteRequest::EMPTY, &pool, &mut ctx).unwrap().worker).collect();
+        let picks: Vec<_> = (0..6)
+            .map(|_| {
+                policy.select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx).unwrap().worker
+            })
+            .collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
-    }
-
-    #[test]
-    fn empty_pool_is_no_route() {
-        let policy = RoundRobinPolicy::new();
-        let mut rng = ctx_rng(1);
-        let mut ctx =
-            SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        assert_eq!(policy.select(&RouteRequest::EMPTY, &[], &mut ctx), Err(NoRoute::NoCandidates));
     }
 }

@@ -123,8 +123,8 @@ impl Tokenizer {
         Ok(Tokenizer { kind: Kind::Hf(Box::new(hf)) })
     }
 
-    /// The kvgate mock engines' own tokenizer (crates/kvgate-engine: one whitespace word = one
-    /// token; chats rendered with `kvgate_engine::render_chat` as crates/kvgate-mock does).
+    /// The kvgate mock engines' own tokenizer (crates/kvgate-words: one whitespace word = one
+    /// token; chats rendered with `kvgate_words::render_chat` as crates/kvgate-mock does).
     pub fn mock() -> Tokenizer {
         Tokenizer { kind: Kind::Mock }
     }
@@ -133,7 +133,7 @@ impl Tokenizer {
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => hf.encode(text, true),
-            Kind::Mock => Ok(kvgate_engine::tokenize(text)),
+            Kind::Mock => Ok(kvgate_words::tokenize(text)),
         }
     }
 
@@ -150,7 +150,7 @@ impl Tokenizer {
     ) -> Result<Vec<u32>, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => hf.encode(&hf.render_chat(ChatInput::from_json(messages, options)?)?, false),
-            Kind::Mock => Ok(kvgate_engine::tokenize(&self.render_chat(messages, options)?)),
+            Kind::Mock => Ok(kvgate_words::tokenize(&self.render_chat(messages, options)?)),
         }
     }
 
@@ -172,7 +172,7 @@ impl Tokenizer {
     pub fn encode_chat_request(&self, body: &[u8]) -> Result<Vec<u32>, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => hf.encode(&hf.render_chat(ChatInput::from_body(body)?)?, false),
-            Kind::Mock => Ok(kvgate_engine::tokenize(&self.render_chat_request(body)?)),
+            Kind::Mock => Ok(kvgate_words::tokenize(&self.render_chat_request(body)?)),
         }
     }
 

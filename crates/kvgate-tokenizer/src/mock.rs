@@ -1,4 +1,4 @@
-//! The kvgate mock engines' tokenizer: chats rendered with `kvgate_engine::render_chat` from messages read as crates/kvgate-mock/src/openai.rs reads them, one word one token.
+//! The kvgate mock engines' tokenizer: chats rendered with `kvgate_words::render_chat` from messages read as crates/kvgate-mock/src/openai.rs reads them, one word one token.
 
 use minijinja::value::ValueKind;
 use minijinja::Value;
@@ -41,7 +41,7 @@ pub(crate) fn render_chat(messages: &Value) -> Result<String, TokenizerError> {
         };
         pairs.push((role.to_string(), message_text(&field(&message, "content"), index)?));
     }
-    Ok(kvgate_engine::render_chat(&pairs))
+    Ok(kvgate_words::render_chat(&pairs))
 }
 
 fn message_text(content: &Value, index: usize) -> Result<String, TokenizerError> {

@@ -3,7 +3,7 @@
 //! A Mooncake line names its prompt as a list of `hash_ids`, each a block of
 //! [`MOONCAKE_BLOCK_TOKENS`] tokens; `input_length` is authoritative, so the last block may be
 //! partial. Token `j` of block `b` is the word [`block_word`]`(b, j)`, and its id is the simulated
-//! engines' [`kvgate_engine::token_id`] of that word: the simulator routes on exactly the tokens
+//! engines' [`kvgate_words::token_id`] of that word: the simulator routes on exactly the tokens
 //! that a simulated engine computes from the text that `kvgate replay` sends ([`prompt_text`]).
 //! Equal block ids give equal words; different ids give words that differ from the first one.
 
@@ -177,7 +177,7 @@ pub fn prefix_chain(hash_ids: &[u64]) -> Vec<u64> {
     hash_ids
         .iter()
         .map(|&id| {
-            parent = kvgate_engine::splitmix64(parent ^ kvgate_engine::splitmix64(id));
+            parent = kvgate_words::splitmix64(parent ^ kvgate_words::splitmix64(id));
             parent
         })
         .collect()
@@ -189,7 +189,7 @@ const LETTERS: &[u8; 26] = b"abcdefghijklmnopqrstuvwxyz";
 /// Appends the word's block part: two letters drawn from the block id's hash (so that texts of
 /// different blocks differ from the first character, usually), the id in hex, and a dot.
 fn push_block_prefix(block: u64, out: &mut Vec<u8>) {
-    let mixed = kvgate_engine::splitmix64(block);
+    let mixed = kvgate_words::splitmix64(block);
     out.push(LETTERS[(mixed % 26) as usize]);
     out.push(LETTERS[((mixed >> 8) % 26) as usize]);
     push_hex(block, out);
@@ -227,7 +227,7 @@ fn fnv_continue(mut hash: u32, bytes: &[u8]) -> u32 {
     hash
 }
 
-/// Appends the prompt's token ids: `kvgate_engine::token_id(&block_word(b, j))` for every token,
+/// Appends the prompt's token ids: `kvgate_words::token_id(&block_word(b, j))` for every token,
 /// `input_length` in all. FNV-1a is streamed: the block part is hashed once per block.
 pub fn extend_prompt_tokens(request: &TraceRequest, out: &mut Vec<u32>) {
     let total = request.input_length as usize;
@@ -353,8 +353,8 @@ mod tests {
         let request = request(1200, &[7, 300, 9]);
         let tokens = prompt_tokens(&request);
         assert_eq!(tokens.len(), 1200);
-        assert_eq!(kvgate_engine::tokenize(&prompt_text(&request)), tokens);
-        assert_eq!(tokens[513], kvgate_engine::token_id(&block_word(300, 1)));
+        assert_eq!(kvgate_words::tokenize(&prompt_text(&request)), tokens);
+        assert_eq!(tokens[513], kvgate_words::token_id(&block_word(300, 1)));
     }
 
     #[test]

@@ -4,7 +4,6 @@
 use clap::Args;
 use kvgate_policy::{FieldError, PolicyConfig, ValidationErrors};
 
-use crate::kv_events::KvEventsSource;
 use crate::role::{PdProtocol, WorkerRole};
 use kvgate_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
@@ -551,7 +550,12 @@ impl GatewayConfigBuilder {
     }
 }
 
+mod discovery;
+mod kv_events_source;
 mod validate;
+
+pub use discovery::label_selector;
+pub use kv_events_source::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
 
 #[cfg(test)]
 mod tests;

@@ -99,7 +99,7 @@ impl GatewayConfig {
             );
         }
         for url in &self.worker_urls {
-            if let Err(message) = crate::worker::normalize_url(url) {
+            if let Err(message) = crate::worker_url::normalize_url(url) {
                 checks.push(FieldError::new("worker_urls", message));
             }
         }
@@ -138,7 +138,7 @@ impl GatewayConfig {
             "chat_template",
             "needs tokenizer_path (the template is rendered for that tokenizer)",
         );
-        crate::discovery::validate(self, &mut checks);
+        super::discovery::validate(self, &mut checks);
         checks.finish()
     }
 
@@ -173,7 +173,7 @@ impl GatewayConfig {
         for entry in &groups {
             match entry.as_slice() {
                 [url] | [url, _] => {
-                    if let Err(message) = crate::worker::normalize_url(url) {
+                    if let Err(message) = crate::worker_url::normalize_url(url) {
                         errors.push(FieldError::new("prefill", message));
                     }
                     if let Some(Err(message)) = entry.get(1).map(|port| parse_bootstrap_port(port)) {
@@ -187,7 +187,7 @@ impl GatewayConfig {
             }
         }
         for url in &self.decode {
-            if let Err(message) = crate::worker::normalize_url(url) {
+            if let Err(message) = crate::worker_url::normalize_url(url) {
                 errors.push(FieldError::new("decode", message));
             }
         }

@@ -17,14 +17,13 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tokio::sync::watch as signal;
 
-use crate::admin::{deregister_worker, register_worker};
 use crate::error::ApiError;
+use crate::registration::Registration;
 use crate::registry::NewWorker;
 use crate::role::WorkerRole;
-use crate::state::SharedState;
 use pod::{pod_key, pod_target, PodTarget};
 use reconcile::{Action, Reconciler};
-pub use settings::{validate, DiscoverySettings};
+pub use settings::DiscoverySettings;
 
 /// The workers discovery wants registered, and those it registered itself (only those leave
 /// with their pods; a worker given by flag or `POST /workers` is never removed by discovery).
@@ -34,9 +33,20 @@ struct Book {
     owned: HashSet<String>,
 }
 
+/// What discovery is built from: the registry's operations its joins and leaves go through,
+/// its metric, and whether prefill and decode pods may join.
+#[derive(Clone)]
+pub struct Discovery {
+    pub registration: Arc<Registration>,
+    /// `kvgate_discovery_events_total`.
+    pub events: prometheus::IntCounterVec,
+    /// `--pd-disaggregation`: prefill and decode pods join; without it they are ignored.
+    pub pd_disaggregation: bool,
+}
+
 /// Watch the pods until `shutdown`; the watcher retries with backoff on API errors.
 pub async fn run(
-    state: SharedState,
+    discovery: Discovery,
     client: kube::Client,
     settings: DiscoverySettings,
     mut shutdown: signal::Receiver<bool>,
@@ -72,7 +82,7 @@ pub async fn run(
         let target = |pod: &Pod| pod_target(pod, role, &settings.rules);
         let actions = match event {
             Ok(Event::Init) => {
-                count(&state, "relist");
+                count(&discovery, "relist");
                 reconciler.begin_relist();
                 Vec::new()
             }
@@ -84,26 +94,26 @@ pub async fn run(
             Ok(Event::Apply(pod)) => reconciler.apply(pod_key(&pod), target(&pod)),
             Ok(Event::Delete(pod)) => reconciler.delete(&pod_key(&pod)),
             Err(error) => {
-                count(&state, "error");
+                count(&discovery, "error");
                 tracing::warn!(%error, role = role.as_str(), "pod watch failed; retrying");
                 Vec::new()
             }
         };
         for action in actions {
-            apply(&state, &book, action);
+            apply(&discovery, &book, action);
         }
     }
 }
 
-fn count(state: &SharedState, event: &str) {
-    state.metrics.discovery_events.with_label_values(&[event]).inc();
+fn count(discovery: &Discovery, event: &str) {
+    discovery.events.with_label_values(&[event]).inc();
 }
 
-fn apply(state: &SharedState, book: &Arc<Mutex<Book>>, action: Action) {
+fn apply(discovery: &Discovery, book: &Arc<Mutex<Book>>, action: Action) {
     match action {
         Action::Join(target) => {
             lock(book).desired.insert(target.url.clone());
-            tokio::spawn(join(state.clone(), book.clone(), target));
+            tokio::spawn(join(discovery.clone(), book.clone(), target));
         }
         Action::Leave(target) => {
             let owned = {
@@ -112,15 +122,15 @@ fn apply(state: &SharedState, book: &Arc<Mutex<Book>>, action: Action) {
                 book.owned.remove(&target.url)
             };
             // Not owned yet: a join still in progress sees it is no longer desired and undoes it.
-            if owned && deregister_worker(state, &target.url).is_some() {
-                count(state, "left");
+            if owned && discovery.registration.deregister(&target.url).is_some() {
+                count(discovery, "left");
                 tracing::info!(worker = %target.url, "pod left: worker removed");
             }
         }
     }
 }
 
-async fn join(state: SharedState, book: Arc<Mutex<Book>>, target: PodTarget) {
+async fn join(discovery: Discovery, book: Arc<Mutex<Book>>, target: PodTarget) {
     let new = NewWorker {
         url: target.url.clone(),
         model: None,
@@ -129,10 +139,10 @@ async fn join(state: SharedState, book: Arc<Mutex<Book>>, target: PodTarget) {
         kv_events: None,
         policy: None,
     };
-    if target.role != WorkerRole::Regular && !state.config.pd_disaggregation {
+    if target.role != WorkerRole::Regular && !discovery.pd_disaggregation {
         return;
     }
-    match register_worker(&state, new).await {
+    match discovery.registration.register(new).await {
         Ok(worker) => {
             let still_wanted = {
                 let mut book = lock(&book);
@@ -143,17 +153,17 @@ async fn join(state: SharedState, book: Arc<Mutex<Book>>, target: PodTarget) {
                 wanted
             };
             if still_wanted {
-                count(&state, "joined");
+                count(&discovery, "joined");
                 tracing::info!(worker = %worker.url, role = worker.role.as_str(), "pod ready: worker added");
             } else {
-                deregister_worker(&state, &worker.url);
+                discovery.registration.deregister(&worker.url);
             }
         }
         Err(ApiError::Conflict(message)) => {
             tracing::debug!(worker = %target.url, %message, "discovered worker already registered");
         }
         Err(error) => {
-            count(&state, "error");
+            count(&discovery, "error");
             tracing::warn!(worker = %target.url, %error, "discovered pod not registered");
         }
     }

@@ -17,8 +17,9 @@ use zeromq::{
 };
 
 use super::sequence::{apply_batch, Sequence, Verdict};
-use super::source::RankEndpoints;
-use crate::state::SharedState;
+use crate::config::RankEndpoints;
+use crate::metrics::KvEventsMetrics;
+use crate::registry::Registry;
 use crate::worker::Worker;
 
 /// How long one replay (request to end marker) may take.
@@ -31,7 +32,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub(crate) struct RankSubscription {
-    pub(crate) state: SharedState,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) metrics: KvEventsMetrics,
     pub(crate) worker: Arc<Worker>,
     pub(crate) rank: u32,
     pub(crate) endpoints: RankEndpoints,
@@ -94,7 +96,7 @@ impl RankSubscription {
     /// left the registry first.
     async fn wait_for_index(&self) -> Option<Arc<BlockIndex>> {
         loop {
-            let snapshot = self.state.registry.snapshot();
+            let snapshot = self.registry.snapshot();
             snapshot.find(&self.worker.url).filter(|w| w.id == self.worker.id)?;
             if let Some(pool) = snapshot.pool_of(&self.worker) {
                 return Some(pool.prefix.exact.clone());
@@ -136,7 +138,7 @@ impl RankSubscription {
             Ok(decoded) => decoded,
             Err(error) => {
                 // Its events are lost: what the index holds for this cache can no longer be trusted.
-                self.state.metrics.kv_events_malformed.with_label_values(&[&self.worker.url]).inc();
+                self.metrics.malformed.with_label_values(&[&self.worker.url]).inc();
                 self.warn(live, &format!("malformed KV event message dropped, cache cleared: {error}"));
                 live.cache.clear();
                 live.sequence.reset();
@@ -151,7 +153,7 @@ impl RankSubscription {
                 let recovered = joined
                     && matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
                 let recovery = if recovered { "replay" } else { "cleared" };
-                self.state.metrics.kv_events_gaps.with_label_values(&[&self.worker.url, recovery]).inc();
+                self.metrics.gaps.with_label_values(&[&self.worker.url, recovery]).inc();
                 self.warn(
                     live,
                     &format!("KV event sequence gap before {seq} (expected {expected}): {recovery}"),
@@ -159,7 +161,7 @@ impl RankSubscription {
                 self.apply_or_start_over(live, seq, &batch);
             }
             Verdict::Restart => {
-                self.state.metrics.kv_events_restarts.with_label_values(&[&self.worker.url]).inc();
+                self.metrics.restarts.with_label_values(&[&self.worker.url]).inc();
                 tracing::info!(worker = %self.worker.url, rank = self.rank, seq, "KV event sequence restarted: engine restart, cache cleared");
                 self.start_over(live);
                 if self.endpoints.replay.is_some() {
@@ -186,17 +188,17 @@ impl RankSubscription {
     fn set_live(&self, live: bool) {
         self.worker.set_kv_live(self.rank, live);
         let ranks = self.worker.kv_live_ranks() as i64;
-        self.state.metrics.kv_events_live_ranks.with_label_values(&[&self.worker.url]).set(ranks);
+        self.metrics.live_ranks.with_label_values(&[&self.worker.url]).set(ranks);
     }
 
     fn apply(&self, live: &mut Live, seq: u64, batch: &EventBatch) {
-        let metrics = &self.state.metrics;
+        let metrics = &self.metrics;
         let url = self.worker.url.as_str();
         apply_batch(&mut live.cache, batch, &mut |refusal| {
-            metrics.kv_events_refused.with_label_values(&[url, refusal.as_str()]).inc();
+            metrics.refused.with_label_values(&[url, refusal.as_str()]).inc();
         });
         live.sequence.accept(seq, batch.ts);
-        metrics.kv_events_batches.with_label_values(&[url]).inc();
+        metrics.batches.with_label_values(&[url]).inc();
     }
 
     fn start_over(&self, live: &mut Live) {

@@ -70,7 +70,8 @@ pub(super) async fn attempt(
 
     let in_flight = InFlight::begin(worker.clone(), prompt);
     let head_timeout = state.ttfb_timeout.map_or(state.request_timeout, |t| t.min(state.request_timeout));
-    let sent = tokio::time::timeout(head_timeout, conn::send(worker, upstream, &state.upstream_tls)).await;
+    let sent =
+        tokio::time::timeout(head_timeout, conn::send(&worker.conns, upstream, &state.upstream_tls)).await;
     let now = Instant::now();
     match sent {
         Ok(Ok(response)) => {

@@ -1,11 +1,15 @@
-//! The request path of a proxied endpoint: read and check the body, find the model's pools, then
-//! plan and execute: a route plan is one worker or a (prefill, decode) pair (`plan.rs`), executed
-//! by one exchange (`attempt.rs`) or a disaggregated pair of them (`pd.rs`); retries, errors and
-//! metrics stay in this one loop, and the answer streams back (`respond.rs`).
+//! The request path of a proxied endpoint: read the body, prepare the request (`prepare.rs`:
+//! the model's pools and the plan's shape, the checks, the routing key; the same preparation as
+//! the dry run's), then plan and execute: a route plan is one worker or a (prefill, decode) pair
+//! (`plan.rs`, each side chosen by its pool's policy in `choose.rs`), executed by one exchange
+//! (`attempt.rs`) or a disaggregated pair of them (`pd.rs`); retries, errors and metrics stay in
+//! this one loop, and the answer streams back (`respond.rs`).
 
 mod attempt;
+mod choose;
 mod pd;
 mod plan;
+mod prepare;
 mod respond;
 pub(crate) mod route_only;
 
@@ -17,15 +21,17 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use kvgate_policy::{RouteRequest, RoutingKey};
 use rand::Rng;
 
+use crate::auth::check_client_key;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
-use crate::request::{estimate_tokens, OwnedKey, RequestFields};
+use crate::request::RequestFields;
 use crate::role::PdProtocol;
 use crate::state::AppState;
 use attempt::{attempt, Attempt};
-use plan::{RoutePlan, Shape};
+use plan::RoutePlan;
+use prepare::prepare;
 use respond::{failure_response, respond, Failure, Outcome, Served};
 
 /// The gateways a request passed through, by instance id (loop detection).
@@ -55,64 +61,8 @@ fn check_loop(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiErro
     Ok(())
 }
 
-/// With `--client-api-keys`, the request must present one of them (compared in constant time).
-fn check_client_key(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiError> {
-    let keys = &state.config.client_api_keys;
-    if keys.is_empty() {
-        return Ok(());
-    }
-    let presented = crate::admin::bearer_token(headers);
-    let mut valid = false;
-    for key in keys {
-        valid |= crate::admin::constant_time_eq(presented.as_bytes(), key.as_bytes());
-    }
-    if valid {
-        Ok(())
-    } else {
-        Err(ApiError::InvalidApiKey)
-    }
-}
-
 /// Names the worker a request must go to (with `--routing-key-override`).
 static TARGET_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-target-worker");
-
-/// The proxied endpoints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    ChatCompletions,
-    Completions,
-    Generate,
-    Embeddings,
-}
-
-impl Endpoint {
-    pub const ALL: [Endpoint; 4] =
-        [Endpoint::ChatCompletions, Endpoint::Completions, Endpoint::Generate, Endpoint::Embeddings];
-
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::Generate => "/generate",
-            Endpoint::Embeddings => "/v1/embeddings",
-        }
-    }
-
-    /// The endpoint served at `path`, if any.
-    pub fn from_path(path: &str) -> Option<Endpoint> {
-        Endpoint::ALL.into_iter().find(|endpoint| endpoint.path() == path)
-    }
-
-    /// The metrics label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "chat_completions",
-            Endpoint::Completions => "completions",
-            Endpoint::Generate => "generate",
-            Endpoint::Embeddings => "embeddings",
-        }
-    }
-}
 
 /// The axum handler of a proxied endpoint.
 pub async fn handle(State(state): State<Arc<AppState>>, endpoint: Endpoint, request: Request) -> Response {
@@ -163,7 +113,7 @@ where
 {
     let (parts, body) = request.into_parts();
     check_loop(state, &parts.headers)?;
-    check_client_key(state, &parts.headers)?;
+    check_client_key(&state.config.client_api_keys, &parts.headers)?;
     let permit = state.admission.admit().await?;
     let limit = state.config.max_payload_size;
     let declared = parts
@@ -182,33 +132,13 @@ where
         ))
     })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
-
-    let pools = model_pools(state, fields.model.as_deref())?;
-    let shape = Shape::of(state, &pools, endpoint)?;
-    fields.check(endpoint).map_err(ApiError::BadRequest)?;
-    let key = if shape.needs_routing_key() {
-        crate::tokenize::routing_key(state, shape.key_pool(), endpoint, &fields, &bytes)
-    } else {
-        OwnedKey::None
-    };
-    let session = parts
-        .headers
-        .get(&state.routing_key_header)
-        .and_then(|value| value.to_str().ok())
-        .or(fields.user.as_deref());
+    let prepared = prepare(state, endpoint, &fields, &parts.headers, &bytes)?;
+    let shape = &prepared.shape;
     let target = match parts.headers.get(&TARGET_HEADER) {
         Some(value) if state.config.routing_key_override => Some(shape.target(value)?),
         _ => None,
     };
-    let route_request = RouteRequest {
-        key: match &key {
-            OwnedKey::None => RoutingKey::None,
-            OwnedKey::Text(text) => RoutingKey::Text(text),
-            OwnedKey::Tokens(ids) => RoutingKey::Tokens(ids),
-        },
-        prompt_tokens: estimate_tokens(&key),
-        session,
-    };
+    let route_request = prepared.route_request();
     let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path());
     let exchange = pd::Exchange {
         state,
@@ -276,29 +206,6 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
             Outcome::Retry { failure: Failure::TimedOut(timeout.as_secs_f64()), failed }
         }
         Attempt::Fatal(error) => Outcome::Fatal(error),
-    }
-}
-
-/// The pools of the request's model (a copy of the registry's handles, so no snapshot is held
-/// while the request runs), or the 404/400 a client gets when there is none.
-pub(super) fn model_pools(
-    state: &AppState,
-    model: Option<&str>,
-) -> Result<crate::registry::ModelPools, ApiError> {
-    let snapshot = state.registry.snapshot();
-    match snapshot.pool_for(model) {
-        Some(pools) => Ok(pools.clone()),
-        None => Err(no_pool_error(snapshot.models.len(), model)),
-    }
-}
-
-fn no_pool_error(model_count: usize, model: Option<&str>) -> ApiError {
-    match (model_count, model) {
-        (0, _) => ApiError::NoHealthyWorker(String::new()),
-        (_, Some(model)) => ApiError::ModelNotFound(model.to_string()),
-        (_, None) => ApiError::BadRequest(
-            "the `model` field is required: several models are served (see GET /v1/models)".into(),
-        ),
     }
 }
 

@@ -5,16 +5,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvgate_index::{
-    prompt_blocks, prompt_hash, ExactRecordingTree, InFlightPrompt, PeerMerged, ReadOnlyTree,
-};
-use kvgate_policy::{
-    Candidate, Decision, IndexKind, PrefixIndex, PrefixIndexMode, RouteRequest, RoutingKey, SelectContext,
-};
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use kvgate_index::InFlightPrompt;
+use kvgate_policy::{Decision, IndexKind, RouteRequest, RoutingKey};
 
-use super::Endpoint;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::registry::{ModelPool, ModelPools, ModelPrefix};
 use crate::state::AppState;
@@ -78,7 +72,7 @@ impl Shape {
     /// The worker an `x-kvgate-target-worker` header names, if it serves this request's model
     /// (on either side of a pair).
     pub(super) fn target(&self, value: &http::HeaderValue) -> Result<u32, ApiError> {
-        let named = value.to_str().ok().and_then(|url| crate::worker::normalize_url(url).ok());
+        let named = value.to_str().ok().and_then(|url| crate::worker_url::normalize_url(url).ok());
         let pools: Vec<&Arc<ModelPool>> = match self {
             Shape::Single(pool) => vec![pool],
             Shape::Pair { prefill, decode } => vec![prefill, decode],
@@ -139,7 +133,7 @@ impl Shape {
 
 /// Whether a plan is for real or a dry run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Planning {
+pub(super) enum Planning {
     /// The choice is recorded (prefix tree, metrics, peers).
     Live,
     /// Nothing is recorded (the policy's own state aside).
@@ -196,7 +190,7 @@ fn pick(
         }
         return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone() });
     }
-    choose(state, pool, request, tried, planning)
+    super::choose::choose(state, pool, request, tried, planning)
         .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
         .ok_or_else(|| {
             let side = match pool.role {
@@ -205,101 +199,4 @@ fn pick(
             };
             ApiError::NoHealthyWorker(format!(" for model `{}`{side}", pool.model))
         })
-}
-
-/// Ask the pool's policy for a routable worker that has not been tried yet. Candidates count
-/// the peers' requests in flight as well as this replica's; ties are broken by an RNG seeded
-/// from the prompt, so replicas with the same state decide alike.
-fn choose(
-    state: &AppState,
-    pool: &ModelPool,
-    request: &RouteRequest<'_>,
-    tried: &[u32],
-    planning: Planning,
-) -> Option<(Arc<Worker>, Decision)> {
-    let now = Instant::now();
-    let loads = state.loads.load();
-    let peer_in_flight = state.replica_sync.as_ref().map(|sync| sync.peer_in_flight());
-    let peers_on =
-        |url: &str| peer_in_flight.as_ref().and_then(|counts| counts.get(url)).copied().unwrap_or(0);
-    let mut events_flowing = true;
-    let candidates: Vec<Candidate> = pool
-        .workers
-        .iter()
-        .filter(|w| !tried.contains(&w.id) && w.is_routable(now))
-        .map(|w| {
-            events_flowing &= w.kv_events_flowing();
-            Candidate {
-                id: w.id,
-                in_flight: w.in_flight() + peers_on(&w.url),
-                load: loads.get(&w.id).copied(),
-            }
-        })
-        .collect();
-    if candidates.is_empty() {
-        return None;
-    }
-    let live = planning == Planning::Live;
-    let exact_index = use_exact_index(pool, request, events_flowing);
-    let recording = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
-    let read_only = ReadOnlyTree(&pool.prefix.tree);
-    let local: &dyn PrefixIndex = match (exact_index, live) {
-        (true, true) => &recording,
-        (true, false) => &*pool.prefix.exact,
-        (false, true) => &pool.prefix.tree,
-        (false, false) => &read_only,
-    };
-    // Approximate routing across replicas: the tree merged with what the peers routed.
-    let sync = state.replica_sync.as_deref().filter(|_| !exact_index);
-    let blocks = match (sync, request.key.prompt()) {
-        (Some(_), Some(key)) => Some(prompt_blocks(key, pool.prefix.tree.block_size())),
-        _ => None,
-    };
-    let merged;
-    let prefix_index: &dyn PrefixIndex = match &blocks {
-        Some(blocks) => {
-            merged = PeerMerged { local, peers: &pool.prefix.peers, blocks };
-            &merged
-        }
-        None => local,
-    };
-    let mut rng = match request.key.prompt() {
-        Some(key) => SmallRng::seed_from_u64(prompt_hash(key)),
-        None => SmallRng::from_rng(&mut rand::rng()),
-    };
-    let mut ctx = SelectContext {
-        now_ms: state.now_ms(),
-        load_poll_interval_ms: state.load_poll_interval_ms,
-        rng: &mut rng,
-        prefix_index: Some(prefix_index),
-    };
-    let decision = pool.policy.select(request, &candidates, &mut ctx).ok()?;
-    let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
-    if live {
-        state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
-        if let (Some(sync), Some(blocks)) = (sync, blocks) {
-            if decision.index == Some(IndexKind::Approximate) && !blocks.hashes.is_empty() {
-                sync.publish(crate::replica_sync::Routed {
-                    model: pool.model.clone(),
-                    role: pool.role,
-                    worker: worker.url.clone(),
-                    hashes: blocks.hashes,
-                });
-            }
-        }
-    }
-    Some((worker, decision))
-}
-
-/// Whether to match against the exact index: the pool's workers publish KV events, the request
-/// has token ids, and the mode allows it (`auto`: every candidate's events flow).
-fn use_exact_index(pool: &ModelPool, request: &RouteRequest<'_>, events_flowing: bool) -> bool {
-    if !pool.has_kv_events || !matches!(request.key, RoutingKey::Tokens(_)) {
-        return false;
-    }
-    match pool.config.prefix_index {
-        PrefixIndexMode::Auto => events_flowing,
-        PrefixIndexMode::Exact => true,
-        PrefixIndexMode::Approximate => false,
-    }
 }

@@ -10,9 +10,9 @@ use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::Decision;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::Endpoint;
 use crate::body::{InFlight, MeteredBody, RequestTail};
 use crate::conn::UpstreamBody;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::upstream::is_hop_by_hop;

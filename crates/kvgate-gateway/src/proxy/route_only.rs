@@ -10,14 +10,14 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use kvgate_policy::{RouteRequest, RoutingKey};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::plan::{Pick, RoutePlan, Shape};
-use super::{model_pools, Endpoint};
+use super::plan::{Pick, RoutePlan};
+use super::prepare::prepare;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
-use crate::request::{estimate_tokens, OwnedKey, RequestFields};
+use crate::request::RequestFields;
 use crate::state::SharedState;
 
 #[derive(Debug, Deserialize)]
@@ -64,34 +64,14 @@ fn decide(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Value, ApiError> {
-    crate::admin::authorize(state, headers)?;
+    crate::auth::check_admin_key(state.config.admin_api_key.as_deref(), headers)?;
     if body.len() > state.config.max_payload_size {
         return Err(ApiError::PayloadTooLarge(state.config.max_payload_size));
     }
     let fields = RequestFields::parse(body).map_err(ApiError::BadRequest)?;
     let endpoint = endpoint(query, &fields)?;
-    let pools = model_pools(state, fields.model.as_deref())?;
-    let shape = Shape::of(state, &pools, endpoint)?;
-    fields.check(endpoint).map_err(ApiError::BadRequest)?;
-    let key = if shape.needs_routing_key() {
-        crate::tokenize::routing_key(state, shape.key_pool(), endpoint, &fields, body)
-    } else {
-        OwnedKey::None
-    };
-    let session = headers
-        .get(&state.routing_key_header)
-        .and_then(|value| value.to_str().ok())
-        .or(fields.user.as_deref());
-    let request = RouteRequest {
-        key: match &key {
-            OwnedKey::None => RoutingKey::None,
-            OwnedKey::Text(text) => RoutingKey::Text(text),
-            OwnedKey::Tokens(ids) => RoutingKey::Tokens(ids),
-        },
-        prompt_tokens: estimate_tokens(&key),
-        session,
-    };
-    Ok(match shape.dry_run(state, &request)? {
+    let prepared = prepare(state, endpoint, &fields, headers, body)?;
+    Ok(match prepared.shape.dry_run(state, &prepared.route_request())? {
         RoutePlan::Single(pick) => describe(&pick, endpoint),
         RoutePlan::Pair { prefill, decode } => {
             json!({"endpoint": endpoint.label(), "prefill": describe(&prefill, endpoint), "decode": describe(&decode, endpoint)})

@@ -7,7 +7,6 @@
 //! routing on its own state, with a warning and `kvgate_replica_sync_connected 0`, until it
 //! reconnects (with backoff).
 
-mod metrics;
 mod session;
 mod wire;
 
@@ -17,9 +16,10 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
-pub use metrics::ReplicaSyncMetrics;
-pub use session::run;
+pub use session::{run, SyncSettings};
 pub use wire::Routed;
+
+use crate::metrics::ReplicaSyncMetrics;
 
 /// Routing records waiting to be published; beyond this they are dropped (and counted).
 const QUEUE: usize = 4096;

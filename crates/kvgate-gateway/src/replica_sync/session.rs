@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::wire::{Message, Routed};
 use super::ReplicaSync;
-use crate::state::SharedState;
+use crate::registry::Registry;
 
 /// Most routing records in one published message.
 const BATCH: usize = 256;
@@ -37,9 +37,25 @@ struct Peers {
     in_flight: HashMap<u64, (Instant, Vec<(String, u64)>)>,
 }
 
-/// Runs the replica's synchronisation until shutdown.
-pub async fn run(state: SharedState, sync: Arc<ReplicaSync>, mut shutdown: watch::Receiver<bool>) {
-    let Some(url) = state.config.replica_sync_redis_url.clone() else { return };
+/// The sync task's options (`--replica-sync-*`).
+#[derive(Clone, Debug)]
+pub struct SyncSettings {
+    pub redis_url: String,
+    /// The pub/sub channel every replica of the fleet publishes on.
+    pub channel: String,
+    /// How often this replica's in-flight counts are published.
+    pub interval_ms: u64,
+}
+
+/// Runs the replica's synchronisation until shutdown: `sync` is the request path's side,
+/// `registry` the pools whose peer block indexes the peers' records feed.
+pub async fn run(
+    sync: Arc<ReplicaSync>,
+    registry: Arc<Registry>,
+    settings: SyncSettings,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let url = settings.redis_url.clone();
     let Some(mut outgoing) = sync.take_receiver() else { return };
     let client = match redis::Client::open(url.as_str()) {
         Ok(client) => client,
@@ -51,7 +67,7 @@ pub async fn run(state: SharedState, sync: Arc<ReplicaSync>, mut shutdown: watch
     let mut backoff = FIRST_BACKOFF;
     loop {
         let started = Instant::now();
-        match session(&state, &sync, &client, &mut outgoing, &mut shutdown).await {
+        match session(&registry, &settings, &sync, &client, &mut outgoing, &mut shutdown).await {
             Ended::Shutdown => return,
             Ended::Lost { kind, error } => {
                 sync.metrics.connected.set(0);
@@ -80,14 +96,15 @@ pub async fn run(state: SharedState, sync: Arc<ReplicaSync>, mut shutdown: watch
 }
 
 async fn session(
-    state: &SharedState,
+    registry: &Registry,
+    settings: &SyncSettings,
     sync: &ReplicaSync,
     client: &redis::Client,
     outgoing: &mut mpsc::Receiver<Routed>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Ended {
     let lost = |kind, error: String| Ended::Lost { kind, error };
-    let channel = state.config.replica_sync_channel.as_str();
+    let channel = settings.channel.as_str();
     let connect = async {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(OPERATION_TIMEOUT))
@@ -105,7 +122,7 @@ async fn session(
     let mut messages = subscriber.into_on_message();
     sync.metrics.connected.set(1);
     tracing::info!(channel, replica = format!("{:016x}", sync.replica), "replica sync: connected to Redis");
-    let interval = Duration::from_millis(state.config.replica_sync_interval_ms.max(1));
+    let interval = Duration::from_millis(settings.interval_ms.max(1));
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut peers = Peers::default();
@@ -116,7 +133,7 @@ async fn session(
                 let Some(received) = received else {
                     return lost("subscription", "the subscription connection closed".into());
                 };
-                apply(state, sync, &mut peers, received.get_payload_bytes(), interval);
+                apply(registry, sync, &mut peers, received.get_payload_bytes(), interval);
                 continue;
             }
             Some(first) = outgoing.recv() => {
@@ -131,7 +148,7 @@ async fn session(
             }
             _ = tick.tick() => {
                 expire(sync, &mut peers, interval);
-                Message { replica: sync.replica, routed: Vec::new(), in_flight: Some(own_in_flight(state)) }
+                Message { replica: sync.replica, routed: Vec::new(), in_flight: Some(own_in_flight(registry)) }
             }
         };
         let records = message.routed.len() as u64;
@@ -146,8 +163,8 @@ async fn session(
 }
 
 /// This replica's requests in flight per worker URL (workers with none are left out).
-fn own_in_flight(state: &SharedState) -> Vec<(String, u64)> {
-    let snapshot = state.registry.snapshot();
+fn own_in_flight(registry: &Registry) -> Vec<(String, u64)> {
+    let snapshot = registry.snapshot();
     snapshot
         .workers
         .iter()
@@ -158,7 +175,7 @@ fn own_in_flight(state: &SharedState) -> Vec<(String, u64)> {
 
 /// Applies a peer's message: its routing records to the pools' peer block indexes, its
 /// in-flight counts to the peers' total.
-fn apply(state: &SharedState, sync: &ReplicaSync, peers: &mut Peers, payload: &[u8], interval: Duration) {
+fn apply(registry: &Registry, sync: &ReplicaSync, peers: &mut Peers, payload: &[u8], interval: Duration) {
     let message = match Message::decode(payload) {
         Ok(message) => message,
         Err(error) => {
@@ -171,7 +188,7 @@ fn apply(state: &SharedState, sync: &ReplicaSync, peers: &mut Peers, payload: &[
         return;
     }
     if !message.routed.is_empty() {
-        let snapshot = state.registry.snapshot();
+        let snapshot = registry.snapshot();
         for routed in &message.routed {
             let Some(pool) = snapshot.models.get(&routed.model).and_then(|pools| pools.get(routed.role))
             else {

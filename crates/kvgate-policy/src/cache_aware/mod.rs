@@ -17,7 +17,10 @@ pub use imbalance::{count_imbalanced, in_band, kv_exclusions, kv_usable, Imbalan
 use crate::config::{MissStrategy, PolicyConfig};
 use crate::inflight::RoutedLog;
 use crate::pick::pick_min_by;
-use crate::{Candidate, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{
+    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext,
+    WorkerId,
+};
 
 /// KV usages closer than this are a tie (broken by in-flight count, then at random).
 const KV_TIE: f64 = 0.01;
@@ -244,15 +247,12 @@ impl Policy for CacheAwarePolicy {
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let settings = &self.settings;
         let mut routed = self.lock();
-        let kv = kv_usable(candidates, ctx.now_ms, ctx.load_poll_interval_ms).then(|| {
+        let kv = kv_usable(&candidates, ctx.now_ms, ctx.load_poll_interval_ms).then(|| {
             candidates
                 .iter()
                 .map(|c| kv_estimate(&routed, c, settings.kv_inflight_correction))
@@ -276,7 +276,8 @@ impl Policy for CacheAwarePolicy {
         } else {
             (Vec::new(), false)
         };
-        let inputs = Inputs { settings, candidates, excluded, count_imbalanced, in_flight, kv, tree_sizes };
+        let inputs =
+            Inputs { settings, candidates: &candidates, excluded, count_imbalanced, in_flight, kv, tree_sizes };
 
         let mut outcome = None;
         let rng = &mut *ctx.rng;

@@ -67,7 +67,7 @@ impl Harness {
             rng: &mut self.rng,
             prefix_index: Some(&self.index),
         };
-        let decision = self.policy.select(request, candidates, &mut ctx).unwrap();
+        let decision = self.policy.select(request, Candidates::new(candidates).unwrap(), &mut ctx).unwrap();
         assert_eq!(decision.index, Some(IndexKind::Approximate));
         decision
     }
@@ -379,7 +379,7 @@ impl ExactHarness {
             rng: &mut self.rng,
             prefix_index: Some(&*self.index),
         };
-        self.policy.select(&request, &pool(in_flight, None, 0), &mut ctx).unwrap()
+        self.policy.select(&request, Candidates::new(&pool(in_flight, None, 0)).unwrap(), &mut ctx).unwrap()
     }
 }
 
@@ -411,7 +411,7 @@ fn without_an_index_every_prompt_is_a_miss() {
     for _ in 0..3 {
         let mut ctx =
             SelectContext { now_ms: 0, load_poll_interval_ms: POLL_MS, rng: &mut rng, prefix_index: None };
-        let d = policy.select(&request, &pool(&[3, 1], None, 0), &mut ctx).unwrap();
+        let d = policy.select(&request, Candidates::new(&pool(&[3, 1], None, 0)).unwrap(), &mut ctx).unwrap();
         assert_eq!((d.worker, d.reason, d.index), (1, Reason::CacheMiss, None));
     }
 }

@@ -26,7 +26,10 @@ use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
 use crate::inflight::{fresh_load, RoutedLog};
 use crate::pick::pick_min_by;
-use crate::{Candidate, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{
+    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext,
+    WorkerId,
+};
 
 /// Predictions closer than this many seconds are a tie (broken by in-flight count, then at random).
 const TIE_SECS: f64 = 1e-4;
@@ -238,17 +241,14 @@ impl Policy for KvAwarePolicy {
     fn select(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        if candidates.is_empty() {
-            return Err(NoRoute::NoCandidates);
-        }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (now_ms, poll_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
         {
             let State { routed, rates, .. } = &mut *state;
-            for c in candidates {
+            for c in candidates.iter() {
                 if let Some(load) = fresh_load(c, now_ms, poll_ms) {
                     rates.observe(c.id, &load, routed, poll_ms);
                 }
@@ -260,8 +260,8 @@ impl Policy for KvAwarePolicy {
         {
             let state = &*state;
             let mut decide = |prefix: &PrefixMatch| {
-                let scored = self.score(request, candidates, prefix, state, now_ms, poll_ms);
-                let chosen = self.choose(candidates, &scored, rng);
+                let scored = self.score(request, &candidates, prefix, state, now_ms, poll_ms);
+                let chosen = self.choose(&candidates, &scored, rng);
                 let query_len = prefix.query_len();
                 let matches = (query_len > 0).then(|| {
                     let best = candidates.iter().map(|c| prefix.matched(c.id)).max().unwrap_or(0);

@@ -64,7 +64,7 @@ impl Harness {
             rng: &mut self.rng,
             prefix_index: Some(&self.index),
         };
-        self.policy.select(&request, candidates, &mut ctx).unwrap()
+        self.policy.select(&request, Candidates::new(candidates).unwrap(), &mut ctx).unwrap()
     }
 }
 

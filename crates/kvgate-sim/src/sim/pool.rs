@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch};
 use kvgate_index::{
-    ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, PrefixIndex, StoredBlocks,
+    choose_index, ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, IndexInputs,
+    IndexKind, PrefixIndex, StoredBlocks,
 };
 use kvgate_policy::{
-    build_policy, Candidate, Decision, LoadSample, NoRoute, Policy, PolicyConfig, RouteRequest, RoutingKey,
-    SelectContext,
+    build_policy, Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, PolicyConfig, RouteRequest,
+    RoutingKey, SelectContext,
 };
 use rand::rngs::StdRng;
 
@@ -49,11 +50,18 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    /// A fresh policy built from `config`, with the index it consults: the exact index fed by
-    /// the engines' KV events when the policy uses it (the simulated engines' events always
-    /// flow, so `prefix_index=auto` is exact here), else the approximate tree.
+    /// A fresh policy built from `config`, with the index it consults, chosen by the gateway's
+    /// rule (`choose_index`): the simulated engines publish KV events when the policy matches
+    /// on them, prompts are token ids and the events always flow, so `prefix_index=auto` is
+    /// exact here; else the approximate tree.
     pub(super) fn new(config: &PolicyConfig, first_engine: usize, n_workers: usize) -> Pool {
-        let prefix = if config.uses_exact_index() {
+        let index = choose_index(&IndexInputs {
+            mode: config.prefix_index,
+            has_kv_events: config.uses_exact_index(),
+            key_is_tokens: true,
+            events_flowing: true,
+        });
+        let prefix = if index == IndexKind::Exact {
             let index = Arc::new(BlockIndex::new());
             let caches = (0..n_workers as u32)
                 .map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 }))
@@ -120,7 +128,7 @@ impl Pool {
             rng,
             prefix_index: Some(self.prefix.index()),
         };
-        let decision = self.policy.select(&route, &candidates, &mut ctx)?;
+        let decision = self.policy.select(&route, Candidates::new(&candidates)?, &mut ctx)?;
         let worker = decision.worker as usize;
         self.in_flight[worker] += 1;
         if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {

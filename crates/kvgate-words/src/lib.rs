@@ -1,4 +1,11 @@
-//! The simulated engines' tokenizer (one whitespace-separated word = one token), chat template and KV block hash.
+//! kvgate-words: the simulated engines' word tokenizer. One whitespace-separated word is one
+//! token, its id the 32-bit FNV-1a hash of the word's UTF-8 bytes ([`tokenize`], [`token_id`]);
+//! the chat template ([`render_chat`]) renders each message as `<|role|> content ` in order, then
+//! `<|assistant|>`, so successive turns of one conversation share a prefix.
+//!
+//! A leaf crate: the engine model (`kvgate-engine`), the gateway's mock tokenizer
+//! (`kvgate-tokenizer`) and the trace's prompts (`kvgate-trace`) all compute the same ids
+//! without the gateway linking the engine model.
 
 /// Token id of one word: 32-bit FNV-1a of its UTF-8 bytes. Stable across runs and platforms.
 pub fn token_id(word: &str) -> u32 {
@@ -42,30 +49,6 @@ pub fn render_chat<R: AsRef<str>, C: AsRef<str>>(messages: &[(R, C)]) -> String 
     rendered
 }
 
-const ROOT_BLOCK_SEED: u64 = 0x6b76_6761_7465_0001;
-
-/// Hash of one KV block: chained over the parent block's hash (`None` for the first block) and
-/// the block's token ids. FxHash-style word mixing with a splitmix64 finaliser; stable across runs.
-pub fn block_hash(parent_block_hash: Option<u64>, tokens: &[u32]) -> u64 {
-    let mut hash = parent_block_hash.unwrap_or(ROOT_BLOCK_SEED);
-    for &token in tokens {
-        hash = (hash.rotate_left(5) ^ u64::from(token)).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    splitmix64(hash ^ tokens.len() as u64)
-}
-
-/// Hashes of every full block of `tokens`, each chained on the previous one.
-pub fn prompt_block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
-    let mut hashes = Vec::with_capacity(tokens.len() / block_size.max(1));
-    let mut parent = None;
-    for block in tokens.chunks_exact(block_size.max(1)) {
-        let hash = block_hash(parent, block);
-        hashes.push(hash);
-        parent = Some(hash);
-    }
-    hashes
-}
-
 /// The splitmix64 finaliser: a cheap, well-mixing bijection on u64.
 pub fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -103,16 +86,5 @@ mod tests {
         let first_tokens = tokenize(&first);
         let second_tokens = tokenize(&second);
         assert_eq!(first_tokens[..first_tokens.len() - 1], second_tokens[..first_tokens.len() - 1]);
-    }
-
-    #[test]
-    fn block_hashes_chain() {
-        let tokens: Vec<u32> = (0..40).collect();
-        let hashes = prompt_block_hashes(&tokens, 16);
-        assert_eq!(hashes.len(), 2);
-        assert_eq!(hashes[0], block_hash(None, &tokens[..16]));
-        assert_eq!(hashes[1], block_hash(Some(hashes[0]), &tokens[16..32]));
-        // Same block content under a different parent hashes differently.
-        assert_ne!(block_hash(None, &tokens[16..32]), hashes[1]);
     }
 }

@@ -1,0 +1,157 @@
+//! One pool's choice for one attempt, in its four steps: the candidates (routable, not tried,
+//! with the peers' requests in flight), the prefix index consulted (`kvgate_index::choose_index`),
+//! the policy's decision on them, and, for a live plan, the decision recorded (metrics, and the
+//! peers told of a choice made on the tree).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvgate_index::{
+    choose_index, prompt_blocks, prompt_hash, ExactRecordingTree, IndexInputs, PeerMerged, PromptBlocks,
+    ReadOnlyTree,
+};
+use kvgate_policy::{
+    Candidate, Candidates, Decision, IndexKind, PrefixIndex, RouteRequest, RoutingKey, SelectContext,
+};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use super::plan::Planning;
+use crate::registry::ModelPool;
+use crate::replica_sync::Routed;
+use crate::state::AppState;
+use crate::worker::Worker;
+
+/// Ask the pool's policy for a routable worker that has not been tried yet. Candidates count
+/// the peers' requests in flight as well as this replica's; ties are broken by an RNG seeded
+/// from the prompt, so replicas with the same state decide alike.
+pub(super) fn choose(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    tried: &[u32],
+    planning: Planning,
+) -> Option<(Arc<Worker>, Decision)> {
+    let (offered, events_flowing) = candidates(state, pool, tried);
+    let candidates = Candidates::new(&offered).ok()?;
+    let index = index_kind(pool, request, events_flowing);
+    let peers = peer_blocks(state, pool, request, index);
+    let decision = select(state, pool, request, candidates, index, planning, peers.as_ref())?;
+    let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
+    if planning == Planning::Live {
+        record(state, pool, &worker, &decision, peers);
+    }
+    Some((worker, decision))
+}
+
+/// The pool's routable workers not tried yet, as policy candidates (in-flight counts include
+/// the peers'), and whether every one's KV events flow.
+fn candidates(state: &AppState, pool: &ModelPool, tried: &[u32]) -> (Vec<Candidate>, bool) {
+    let now = Instant::now();
+    let loads = state.loads.load();
+    let peer_in_flight = state.replica_sync.as_ref().map(|sync| sync.peer_in_flight());
+    let peers_on =
+        |url: &str| peer_in_flight.as_ref().and_then(|counts| counts.get(url)).copied().unwrap_or(0);
+    let mut events_flowing = true;
+    let offered = pool
+        .workers
+        .iter()
+        .filter(|w| !tried.contains(&w.id) && w.is_routable(now))
+        .map(|w| {
+            events_flowing &= w.kv_events_flowing();
+            Candidate {
+                id: w.id,
+                in_flight: w.in_flight() + peers_on(&w.url),
+                load: loads.get(&w.id).copied(),
+            }
+        })
+        .collect();
+    (offered, events_flowing)
+}
+
+/// Which prefix index the decision consults: the one rule of `kvgate_index::choose_index`, on
+/// the pool's mode and events, the request's key and whether every candidate's events flow.
+fn index_kind(pool: &ModelPool, request: &RouteRequest<'_>, events_flowing: bool) -> IndexKind {
+    choose_index(&IndexInputs {
+        mode: pool.config.prefix_index,
+        has_kv_events: pool.has_kv_events,
+        key_is_tokens: matches!(request.key, RoutingKey::Tokens(_)),
+        events_flowing,
+    })
+}
+
+/// With replica sync, a decision on the tree also consults what the peers routed: the prompt's
+/// block hashes, to match against the peers' blocks and to publish with the choice.
+fn peer_blocks(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    index: IndexKind,
+) -> Option<PromptBlocks> {
+    state.replica_sync.as_ref().filter(|_| index == IndexKind::Approximate)?;
+    Some(prompt_blocks(request.key.prompt()?, pool.prefix.tree.block_size()))
+}
+
+/// The policy's decision on `candidates`, matching on the chosen index: live plans record the
+/// choice in it (the tree learns it; the exact index routes and the tree learns it too, so the
+/// fallback stays warm); dry runs only read.
+#[allow(clippy::too_many_arguments, reason = "the decision's inputs, each used once")]
+fn select(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    candidates: Candidates<'_>,
+    index: IndexKind,
+    planning: Planning,
+    peers: Option<&PromptBlocks>,
+) -> Option<Decision> {
+    let recording = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
+    let read_only = ReadOnlyTree(&pool.prefix.tree);
+    let local: &dyn PrefixIndex = match (index, planning) {
+        (IndexKind::Exact, Planning::Live) => &recording,
+        (IndexKind::Exact, Planning::DryRun) => &*pool.prefix.exact,
+        (IndexKind::Approximate, Planning::Live) => &pool.prefix.tree,
+        (IndexKind::Approximate, Planning::DryRun) => &read_only,
+    };
+    // Approximate routing across replicas: the tree merged with what the peers routed.
+    let merged;
+    let prefix_index: &dyn PrefixIndex = match peers {
+        Some(blocks) => {
+            merged = PeerMerged { local, peers: &pool.prefix.peers, blocks };
+            &merged
+        }
+        None => local,
+    };
+    let mut rng = match request.key.prompt() {
+        Some(key) => SmallRng::seed_from_u64(prompt_hash(key)),
+        None => SmallRng::from_rng(&mut rand::rng()),
+    };
+    let mut ctx = SelectContext {
+        now_ms: state.clock.now_ms(),
+        load_poll_interval_ms: state.loads.poll_interval_ms,
+        rng: &mut rng,
+        prefix_index: Some(prefix_index),
+    };
+    pool.policy.select(request, candidates, &mut ctx).ok()
+}
+
+/// A live decision is counted, and, made on the tree, queued for the peers (never waits).
+fn record(
+    state: &AppState,
+    pool: &ModelPool,
+    worker: &Worker,
+    decision: &Decision,
+    peers: Option<PromptBlocks>,
+) {
+    state.metrics.count_decision(&pool.model, pool.role, &pool.series, decision);
+    if let (Some(sync), Some(blocks)) = (&state.replica_sync, peers) {
+        if decision.index == Some(IndexKind::Approximate) && !blocks.hashes.is_empty() {
+            sync.publish(Routed {
+                model: pool.model.clone(),
+                role: pool.role,
+                worker: worker.url.clone(),
+                hashes: blocks.hashes,
+            });
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Preparing a request for planning, one path for the proxy and the dry run (`POST /v1/route`):
+//! the model's pools and the plan's shape, the request's fields checked for its endpoint, the
+//! routing key (tokenized when the keying pool's exact index needs token ids) and the session
+//! key. Each is computed once per request, here.
+
+use http::HeaderMap;
+use kvgate_policy::{RouteRequest, RoutingKey};
+
+use super::plan::Shape;
+use crate::endpoint::Endpoint;
+use crate::error::ApiError;
+use crate::registry::ModelPools;
+use crate::request::{estimate_tokens, OwnedKey, RequestFields};
+use crate::state::AppState;
+
+/// A request ready to be planned.
+pub(super) struct Prepared<'a> {
+    pub shape: Shape,
+    /// What prefix-aware policies match (`None` when no policy of the shape reads it).
+    pub key: OwnedKey<'a>,
+    /// The routing-key header, else the body's `user` field.
+    pub session: Option<&'a str>,
+}
+
+impl Prepared<'_> {
+    /// The request as the policies see it.
+    pub fn route_request(&self) -> RouteRequest<'_> {
+        RouteRequest {
+            key: match &self.key {
+                OwnedKey::None => RoutingKey::None,
+                OwnedKey::Text(text) => RoutingKey::Text(text),
+                OwnedKey::Tokens(ids) => RoutingKey::Tokens(ids),
+            },
+            prompt_tokens: estimate_tokens(&self.key),
+            session: self.session,
+        }
+    }
+}
+
+/// Prepares the request whose `fields` were read from `body`, for `endpoint`: the 404/400/503 a
+/// client gets when its model has no pool or its body does not fit the endpoint.
+pub(super) fn prepare<'a>(
+    state: &AppState,
+    endpoint: Endpoint,
+    fields: &'a RequestFields<'a>,
+    headers: &'a HeaderMap,
+    body: &[u8],
+) -> Result<Prepared<'a>, ApiError> {
+    let pools = model_pools(state, fields.model.as_deref())?;
+    let shape = Shape::of(state, &pools, endpoint)?;
+    fields.check(endpoint).map_err(ApiError::BadRequest)?;
+    let key = if shape.needs_routing_key() {
+        let tokenizer = state.tokenizer.as_deref();
+        crate::tokenize::routing_key(tokenizer, &state.metrics, shape.key_pool(), endpoint, fields, body)
+    } else {
+        OwnedKey::None
+    };
+    let session = headers
+        .get(&state.routing_key_header)
+        .and_then(|value| value.to_str().ok())
+        .or(fields.user.as_deref());
+    Ok(Prepared { shape, key, session })
+}
+
+/// The pools of the request's model (a copy of the registry's handles, so no snapshot is held
+/// while the request runs), or the 404/400 a client gets when there is none.
+fn model_pools(state: &AppState, model: Option<&str>) -> Result<ModelPools, ApiError> {
+    let snapshot = state.registry.snapshot();
+    match snapshot.pool_for(model) {
+        Some(pools) => Ok(pools.clone()),
+        None => Err(no_pool_error(snapshot.models.len(), model)),
+    }
+}
+
+fn no_pool_error(model_count: usize, model: Option<&str>) -> ApiError {
+    match (model_count, model) {
+        (0, _) => ApiError::NoHealthyWorker(String::new()),
+        (_, Some(model)) => ApiError::ModelNotFound(model.to_string()),
+        (_, None) => ApiError::BadRequest(
+            "the `model` field is required: several models are served (see GET /v1/models)".into(),
+        ),
+    }
+}
