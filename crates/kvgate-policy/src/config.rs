@@ -166,9 +166,10 @@ pub struct PolicyConfig {
     pub kv_aware_learn_prefill_rate: bool,
     /// kv_aware: learn a prefill and a decode rate per engine (an unequal fleet's fast engines
     /// are used, its slow ones measured); false predicts every engine at one fleet-wide rate
-    /// (the mean of the engines' estimates). Each rate is on a grid (--kv-aware-rate-grid-step)
+    /// (the mean of the engines' estimates), the default: per-engine rates made kv_aware worse
+    /// on S6 and S7 (docs/BENCHMARKS.md). Each rate is on a grid (--kv-aware-rate-grid-step)
     /// with hysteresis, so estimation noise never steers between equal engines.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub kv_aware_per_engine_rates: bool,
     /// kv_aware: busy intervals (load reports with prefill queued) before an engine is predicted
     /// at its own rates; until then at the fleet's, never at the configured one, so an engine

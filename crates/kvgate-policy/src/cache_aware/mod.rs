@@ -276,8 +276,15 @@ impl Policy for CacheAwarePolicy {
         } else {
             (Vec::new(), false)
         };
-        let inputs =
-            Inputs { settings, candidates: &candidates, excluded, count_imbalanced, in_flight, kv, tree_sizes };
+        let inputs = Inputs {
+            settings,
+            candidates: &candidates,
+            excluded,
+            count_imbalanced,
+            in_flight,
+            kv,
+            tree_sizes,
+        };
 
         let mut outcome = None;
         let rng = &mut *ctx.rng;

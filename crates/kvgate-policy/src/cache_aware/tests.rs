@@ -415,3 +415,36 @@ fn without_an_index_every_prompt_is_a_miss() {
         assert_eq!((d.worker, d.reason, d.index), (1, Reason::CacheMiss, None));
     }
 }
+
+proptest::proptest! {
+    /// The KV triggers per engine: with them on, never a request (hit or miss) on an engine above
+    /// the overload ceiling while another is below it, whoever holds the prefix and whatever the
+    /// queues.
+    #[test]
+    fn triggers_never_land_above_the_ceiling_while_one_below_exists(
+        engines in proptest::collection::vec((0u64..50, 0u32..=20), 2..8),
+        holder in 0usize..8,
+        new_prompt in proptest::bool::ANY,
+    ) {
+        let mut h = Harness::new(kv_aware());
+        let now = h.now_ms;
+        let holder = holder % engines.len();
+        let in_flight: Vec<u64> = engines.iter().map(|&(n, _)| n).collect();
+        // KV usage on a 5% grid, never within a rounding of the 0.9 ceiling.
+        let kv: Vec<f64> = engines.iter().map(|&(_, k)| f64::from(k) / 20.0).collect();
+        h.route(PROMPT, &pool(&[0], Some(&[0.0]), now - 5_000));
+        if holder != 0 {
+            // Move the prefix to `holder`: route it where holder is the only candidate.
+            let only = vec![Candidate { id: holder as u32, in_flight: 0, load: None }];
+            h.route(PROMPT, &only);
+        }
+        let text = if new_prompt { "a prompt nobody has seen" } else { PROMPT };
+        let d = h.route(text, &pool(&in_flight, Some(&kv), now));
+        let below_exists = kv.iter().any(|&k| k <= 0.9);
+        proptest::prop_assert!(
+            kv[d.worker as usize] <= 0.9 || !below_exists,
+            "chose {} ({:?}) with KV {kv:?}, in flight {in_flight:?}, holder {holder}",
+            d.worker, d.reason
+        );
+    }
+}

@@ -13,7 +13,7 @@
 //! - The fleet's rate: the mean of the measured engines' estimates, on a coarse grid (steps of
 //!   `--kv-aware-rate-grid-step` from the configured rate) that moves only when the mean is well
 //!   past the middle of a step. It corrects a badly configured rate.
-//! - Per engine (`--kv-aware-per-engine-rates`, the default): the fleet's rate times the grid
+//! - Per engine (`--kv-aware-per-engine-rates true`): the fleet's rate times the grid
 //!   step to the power of the engine's deviation from it in whole steps, again with hysteresis,
 //!   so equal engines measured with noise are predicted at exactly the same rate (a few percent
 //!   of noise steering between equal engines is what made the first per-engine learner
@@ -25,7 +25,9 @@
 //!   each engine at the configured rate, with the rate configured 4x low, the engines measured
 //!   first looked 4x faster than the others, took all the work, and the others were never
 //!   measured.)
-//! - Fleet-wide (`--kv-aware-per-engine-rates false`): the fleet's rate for every engine.
+//! - Fleet-wide (`--kv-aware-per-engine-rates false`, the default): the fleet's rate for every
+//!   engine. Per-engine rates, though measured right, made kv_aware worse on S6 (the unequal
+//!   fleet) and on S7 (bursts, equal engines): see docs/BENCHMARKS.md.
 //!
 //! Only prompts this host routed are counted as arrivals, so with several gateway replicas in
 //! front of one fleet the estimate is low (the others' prompts are computed too): leave learning
