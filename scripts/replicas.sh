@@ -35,7 +35,7 @@ launch() { # port, extra flags...
 }
 launch 31310
 launch 31320; launch 31321; launch 31322
-sync=(--replica-sync-redis-url redis://127.0.0.1:31399)
+sync=(--replica-sync-redis-url redis://127.0.0.1:31399 --replica-sync-secret "bench-$(date +%s)-replica-secret")
 launch 31330 "${sync[@]}"; launch 31331 "${sync[@]}"; launch 31332 "${sync[@]}"
 sleep 3
 

@@ -194,6 +194,7 @@ async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
     }
     let handle = kvgate_gateway::start(config).await?;
     let url = handle.url();
+    let admin = handle.admin_url();
     if !fleets.is_empty() {
         for fleet in &fleets {
             let role = match fleet.role() {
@@ -207,14 +208,15 @@ async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
                 fleet.urls().join(" ")
             );
         }
-        println!("gateway: {url}   (metrics: {url}/metrics, workers: {url}/workers)");
+        println!("gateway: {url}   (metrics: {url}/metrics)");
+        println!("admin: {admin}   (workers: {admin}/workers; loopback only unless --admin-api-key)");
         println!("try:");
         println!(
             "  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    \
              -d '{{\"model\": \"mock-model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello there\"}}], \"max_tokens\": 16}}'"
         );
     } else {
-        println!("kvgate listening on {url}");
+        println!("kvgate listening on {url} (admin API: {admin})");
     }
     kvgate_gateway::shutdown_signal().await;
     tracing::info!("shutting down: no new connections, waiting for in-flight requests");

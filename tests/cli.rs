@@ -18,25 +18,29 @@ impl Drop for Child {
     }
 }
 
-/// Start `kvgate ARGS` (a demo with mock workers) and return it with the gateway URL it prints.
-fn launch_demo(args: &[&str]) -> (Child, String) {
+/// Start `kvgate ARGS` (a demo with mock workers) and return it with the gateway URL and the
+/// admin URL it prints.
+fn launch_demo(args: &[&str]) -> (Child, String, String) {
     let mut child = Child(kvgate().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap());
     let stdout = child.0.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("gateway: ") {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+            for prefix in ["gateway: ", "admin: "] {
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+                }
             }
         }
     });
     let url = rx.recv_timeout(Duration::from_secs(30)).expect("kvgate prints the gateway URL");
-    (child, url)
+    let admin = rx.recv_timeout(Duration::from_secs(30)).expect("kvgate prints the admin URL");
+    (child, url, admin)
 }
 
 #[tokio::test]
 async fn demo_command_serves_a_chat_completion() {
-    let (_child, url) = launch_demo(&["launch", "--mock-workers", "2", "--port", "0"]);
+    let (_child, url, admin) = launch_demo(&["launch", "--mock-workers", "2", "--port", "0"]);
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let body = serde_json::json!({"model": "mock-model", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8});
     let started = Instant::now();
@@ -47,13 +51,13 @@ async fn demo_command_serves_a_chat_completion() {
     assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
     assert!(started.elapsed() < Duration::from_secs(10));
     let workers: serde_json::Value =
-        client.get(format!("{url}/workers")).send().await.unwrap().json().await.unwrap();
+        client.get(format!("{admin}/workers")).send().await.unwrap().json().await.unwrap();
     assert_eq!(workers["workers"].as_array().unwrap().len(), 2);
 }
 
 #[tokio::test]
 async fn the_pd_demo_routes_pairs_of_simulated_engines() {
-    let (_child, url) = launch_demo(&[
+    let (_child, url, admin) = launch_demo(&[
         "launch",
         "--pd-disaggregation",
         "--mock-prefill",
@@ -72,7 +76,7 @@ async fn the_pd_demo_routes_pairs_of_simulated_engines() {
     let answer: serde_json::Value = res.json().await.unwrap();
     assert_eq!(answer["usage"]["completion_tokens"], 8, "{answer}");
     let workers: serde_json::Value =
-        client.get(format!("{url}/workers")).send().await.unwrap().json().await.unwrap();
+        client.get(format!("{admin}/workers")).send().await.unwrap().json().await.unwrap();
     let mut roles: Vec<&str> =
         workers["workers"].as_array().unwrap().iter().map(|w| w["worker_type"].as_str().unwrap()).collect();
     roles.sort_unstable();
@@ -136,7 +140,7 @@ async fn a_config_file_configures_the_demo_and_flags_override_it() {
     std::fs::write(&file, "port: 1\nexpose_routing_headers: true\nrouting:\n  policy: round_robin\n")
         .unwrap();
     // `--port 0` must override the file's port 1, or no URL is printed.
-    let (_child, url) =
+    let (_child, url, _admin) =
         launch_demo(&["launch", "--config", file.to_str().unwrap(), "--mock-workers", "1", "--port", "0"]);
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let body = serde_json::json!({"model": "mock-model", "prompt": "hello", "max_tokens": 2});
@@ -147,13 +151,13 @@ async fn a_config_file_configures_the_demo_and_flags_override_it() {
 
 #[tokio::test]
 async fn the_demo_routes_on_the_engines_kv_events() {
-    let (_child, url) =
+    let (_child, url, admin) =
         launch_demo(&["launch", "--mock-workers", "2", "--port", "0", "--expose-routing-headers"]);
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let workers: serde_json::Value =
-            client.get(format!("{url}/workers")).send().await.unwrap().json().await.unwrap();
+            client.get(format!("{admin}/workers")).send().await.unwrap().json().await.unwrap();
         let flowing =
             workers["workers"].as_array().unwrap().iter().all(|w| w["kv_events"]["flowing"] == true);
         if flowing {

@@ -96,7 +96,7 @@ async fn dead_worker_is_retried_elsewhere_without_client_error() {
     // The dead worker's model cannot be discovered; register it explicitly through the API.
     let dead = dead_url().await;
     let res = client()
-        .post(format!("{}/workers", gw.url()))
+        .post(format!("{}/workers", gw.admin_url()))
         .json(&json!({"url": dead, "model_id": "m"}))
         .send()
         .await
@@ -156,7 +156,7 @@ async fn circuit_breaker_stops_traffic_to_a_failing_worker() {
     }
     assert_eq!(failing.requests.load(Ordering::SeqCst), 2, "the circuit opened after two failures");
     let workers: Value =
-        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
     let states: Vec<_> =
         workers["workers"].as_array().unwrap().iter().map(|w| w["circuit_state"].clone()).collect();
     assert!(states.contains(&json!("open")), "{workers}");
@@ -171,10 +171,10 @@ async fn health_transitions_remove_and_restore_a_worker() {
     let client = client();
     b.healthy.store(false, Ordering::SeqCst);
     let gw_url = gw.url();
+    let admin = gw.admin_url();
     assert!(
         eventually(5.0, async || {
-            let w: Value =
-                client.get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+            let w: Value = client.get(format!("{admin}/workers")).send().await.unwrap().json().await.unwrap();
             w["workers"].as_array().unwrap().iter().any(|w| w["healthy"] == json!(false))
         })
         .await,
@@ -189,8 +189,7 @@ async fn health_transitions_remove_and_restore_a_worker() {
     b.healthy.store(true, Ordering::SeqCst);
     assert!(
         eventually(5.0, async || {
-            let w: Value =
-                client.get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+            let w: Value = client.get(format!("{admin}/workers")).send().await.unwrap().json().await.unwrap();
             w["workers"].as_array().unwrap().iter().all(|w| w["healthy"] == json!(true))
         })
         .await,
@@ -221,18 +220,20 @@ async fn workers_added_and_removed_at_runtime() {
     let b = upstream("b", "m").await;
     let gw = gateway(config(vec![a.url.clone()])).await;
     let client = client();
-    let res = client.post(format!("{}/workers", gw.url())).json(&json!({"url": b.url})).send().await.unwrap();
+    let res =
+        client.post(format!("{}/workers", gw.admin_url())).json(&json!({"url": b.url})).send().await.unwrap();
     assert_eq!(res.status(), 201);
     let added: Value = res.json().await.unwrap();
     assert_eq!(added["worker"]["model_id"], "m", "model discovered from /v1/models");
-    let dup = client.post(format!("{}/workers", gw.url())).json(&json!({"url": b.url})).send().await.unwrap();
+    let dup =
+        client.post(format!("{}/workers", gw.admin_url())).json(&json!({"url": b.url})).send().await.unwrap();
     assert_eq!(dup.status(), 409);
     for _ in 0..4 {
         client.post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
     }
     assert_eq!(b.requests.load(Ordering::SeqCst), 2);
     let listed: Value =
-        client.get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+        client.get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
     assert_eq!(listed["workers"].as_array().unwrap().len(), 2);
     for key in ["url", "model_id", "healthy", "in_flight", "circuit_state"] {
         assert!(listed["workers"][0].get(key).is_some(), "{key} in {listed}");
@@ -252,7 +253,7 @@ async fn workers_added_and_removed_at_runtime() {
         streams.push(res);
     }
     let encoded: String = b.url.bytes().map(|c| format!("%{c:02X}")).collect();
-    let res = client.delete(format!("{}/workers/{encoded}", gw.url())).send().await.unwrap();
+    let res = client.delete(format!("{}/workers/{encoded}", gw.admin_url())).send().await.unwrap();
     assert_eq!(res.status(), 200);
     b.release.notify_one();
     a.release.notify_one();
@@ -265,10 +266,10 @@ async fn workers_added_and_removed_at_runtime() {
         client.post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
     }
     assert_eq!(b.requests.load(Ordering::SeqCst), after, "a removed worker gets no new requests");
-    let missing = client.delete(format!("{}/workers/{encoded}", gw.url())).send().await.unwrap();
+    let missing = client.delete(format!("{}/workers/{encoded}", gw.admin_url())).send().await.unwrap();
     assert_eq!(missing.status(), 404);
     // An unencoded URL in the path works too.
-    let res = client.delete(format!("{}/workers/{}", gw.url(), a.url)).send().await.unwrap();
+    let res = client.delete(format!("{}/workers/{}", gw.admin_url(), a.url)).send().await.unwrap();
     assert_eq!(res.status(), 200);
     gw.shutdown().await;
 }
@@ -342,7 +343,7 @@ async fn admin_api_requires_the_key() {
     cfg.api_key = Some("worker-key".into());
     let gw = gateway(cfg).await;
     let client = client();
-    let workers = format!("{}/workers", gw.url());
+    let workers = format!("{}/workers", gw.admin_url());
     expect_error(client.get(&workers).send().await.unwrap(), 401, "invalid_api_key").await;
     expect_error(client.get(&workers).bearer_auth("wrong").send().await.unwrap(), 401, "invalid_api_key")
         .await;
@@ -493,7 +494,7 @@ async fn every_worker_unreachable_is_502_after_trying_each_once() {
     let gw = gateway(cfg).await;
     for _ in 0..3 {
         let res = client()
-            .post(format!("{}/workers", gw.url()))
+            .post(format!("{}/workers", gw.admin_url()))
             .json(&json!({"url": dead_url().await, "model_id": "m"}))
             .send()
             .await
@@ -520,6 +521,7 @@ async fn a_worker_that_starts_after_the_gateway_is_learned_and_used() {
     assert_eq!(res.status(), 503, "nothing serves yet");
     let late = upstream_on("late", "m", url.trim_start_matches("http://")).await;
     let gw_url = gw.url();
+    let admin = gw.admin_url();
     assert!(
         eventually(5.0, async || {
             client()
@@ -535,8 +537,7 @@ async fn a_worker_that_starts_after_the_gateway_is_learned_and_used() {
         "the health loop learns the model and the worker becomes routable"
     );
     assert!(late.requests.load(Ordering::SeqCst) >= 1);
-    let workers: Value =
-        client().get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+    let workers: Value = client().get(format!("{admin}/workers")).send().await.unwrap().json().await.unwrap();
     assert_eq!(workers["workers"][0]["model_id"], "m");
     gw.shutdown().await;
 }
@@ -547,8 +548,9 @@ async fn a_client_that_disconnects_mid_stream_ends_the_request() {
     up.hold_stream.store(true, Ordering::SeqCst);
     let gw = gateway(config(vec![up.url.clone()])).await;
     let gw_url = gw.url();
+    let admin = gw.admin_url();
     let in_flight = async || {
-        let w: Value = client().get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+        let w: Value = client().get(format!("{admin}/workers")).send().await.unwrap().json().await.unwrap();
         w["workers"][0]["in_flight"].as_u64().unwrap()
     };
     let res = client()

@@ -386,11 +386,11 @@ async fn workers_added_at_run_time_subscribe_and_removed_ones_take_their_blocks(
         "kv_events_endpoint": fleet.kv_event_endpoints()[0],
         "kv_events_replay_endpoint": fleet.kv_event_replay_endpoints()[0],
     });
-    let res = client().post(format!("{}/workers", gw.url())).json(&body).send().await.unwrap();
+    let res = client().post(format!("{}/workers", gw.admin_url())).json(&body).send().await.unwrap();
     assert_eq!(res.status(), 201);
     wait_flowing(&gw).await;
     let listed: serde_json::Value =
-        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
     let events = &listed["workers"][0]["kv_events"];
     assert_eq!(
         (events["flowing"].as_bool(), events["live_ranks"].as_u64()),
@@ -402,11 +402,11 @@ async fn workers_added_at_run_time_subscribe_and_removed_ones_take_their_blocks(
     let id = worker_id(&gw, &url);
     assert!(eventually(5.0, async || index.worker_blocks(id) == 3).await);
     let encoded = url.replace(':', "%3A").replace('/', "%2F");
-    let res = client().delete(format!("{}/workers/{encoded}", gw.url())).send().await.unwrap();
+    let res = client().delete(format!("{}/workers/{encoded}", gw.admin_url())).send().await.unwrap();
     assert_eq!(res.status(), 200);
     assert!(eventually(5.0, async || index.worker_blocks(id) == 0 && index.is_empty()).await);
     let bad = json!({"url": "http://127.0.0.1:1", "kv_events_endpoint": "tcp://*:5557"});
-    let res = client().post(format!("{}/workers", gw.url())).json(&bad).send().await.unwrap();
+    let res = client().post(format!("{}/workers", gw.admin_url())).json(&bad).send().await.unwrap();
     assert_eq!(res.status(), 400);
     gw.shutdown().await;
     fleet.shutdown().await;

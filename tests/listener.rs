@@ -464,7 +464,7 @@ async fn https_workers_are_reached_with_the_configured_ca_and_client_certificate
     for (what, settings) in [("no client certificate", without_client_cert), ("no trusted CA", without_ca)] {
         let gw = gateway(GatewayConfig { disable_health_check: true, ..settings }).await;
         let added = client
-            .post(format!("{}/workers", gw.url()))
+            .post(format!("{}/workers", gw.admin_url()))
             .json(&serde_json::json!({"url": worker.url, "model_id": "m"}))
             .send()
             .await

@@ -64,6 +64,7 @@ async fn a_hung_worker_does_not_delay_the_others_and_removed_workers_vanish() {
     cfg.load_monitor_interval_ms = 100;
     let gw = gateway(cfg).await;
     let gw_url = gw.url();
+    let admin = gw.admin_url();
     assert!(
         eventually(2.0, async || {
             let body: Value =
@@ -85,7 +86,7 @@ async fn a_hung_worker_does_not_delay_the_others_and_removed_workers_vanish() {
     assert!(metrics.contains(&format!("kvgate_load_snapshot_age_seconds{{worker=\"{}\"}}", fast.url)));
 
     let encoded: String = fast.url.bytes().map(|c| format!("%{c:02X}")).collect();
-    client().delete(format!("{gw_url}/workers/{encoded}")).send().await.unwrap();
+    client().delete(format!("{admin}/workers/{encoded}")).send().await.unwrap();
     let body = loads(&gw).await;
     assert_eq!(body["loads"].as_array().unwrap().len(), 0, "removed at once: {body}");
     gw.shutdown().await;

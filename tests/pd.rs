@@ -84,7 +84,7 @@ async fn sglang_both_sides_see_the_same_room_and_the_decode_answer_streams_back(
         r#"kvgate_pd_decisions_total{index="none",model="m",reason="round_robin",role="prefill"} 2"#
     ));
     let workers: Value =
-        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
     let roles: Vec<(&str, &Value)> = workers["workers"]
         .as_array()
         .unwrap()
@@ -279,7 +279,7 @@ async fn workers_register_with_a_role_at_run_time() {
     cfg.pd_disaggregation = true;
     let gw = gateway(cfg).await;
     let add = |body: Value| {
-        let url = format!("{}/workers", gw.url());
+        let url = format!("{}/workers", gw.admin_url());
         async move { client().post(url).json(&body).send().await.unwrap() }
     };
     // Only a prefill side: no pair yet.
@@ -305,7 +305,7 @@ async fn workers_register_with_a_role_at_run_time() {
     // A gateway not started for PD refuses roles.
     let gw = gateway(config(Vec::new())).await;
     let response = client()
-        .post(format!("{}/workers", gw.url()))
+        .post(format!("{}/workers", gw.admin_url()))
         .json(&json!({"url": other.url, "worker_type": "prefill"}))
         .send()
         .await

@@ -73,7 +73,7 @@ async fn a_models_first_worker_names_its_policy_and_sessions_stick() {
     })
     .await;
     let add = |body: Value| {
-        let url = format!("{}/workers", gw.url());
+        let url = format!("{}/workers", gw.admin_url());
         async move { client().post(url).json(&body).send().await.unwrap().status().as_u16() }
     };
     let ups =

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn add_worker(gw: &kvgate_gateway::GatewayHandle, body: Value) -> (u16, Value) {
-    let res = client().post(format!("{}/workers", gw.url())).json(&body).send().await.unwrap();
+    let res = client().post(format!("{}/workers", gw.admin_url())).json(&body).send().await.unwrap();
     let status = res.status().as_u16();
     (status, res.json().await.unwrap_or(Value::Null))
 }
@@ -59,7 +59,7 @@ async fn worker_urls_with_credentials_or_bad_ports_are_refused_and_duplicates_ar
     // The same worker, spelled differently, is a duplicate.
     assert_eq!(add_worker(&gw, json!({"url": format!("HTTP://127.0.0.1:{port}/")})).await.0, 409);
     let workers: Value =
-        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
     assert_eq!(workers["workers"].as_array().unwrap().len(), 1);
     gw.shutdown().await;
 }
@@ -173,7 +173,7 @@ async fn a_half_open_worker_is_probed_back_to_closed() {
     assert_eq!(res.status(), 500);
     let state = || async {
         let workers: Value =
-            client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+            client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
         workers["workers"][0]["circuit_state"].as_str().unwrap().to_string()
     };
     assert_eq!(state().await, "open");

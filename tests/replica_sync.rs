@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::redis::Redis;
 use common::{client, config, eventually, gateway};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
@@ -18,57 +17,6 @@ use kvgate_policy::PolicyKind;
 use serde_json::json;
 
 const MODEL: &str = "mock-model";
-
-/// A `redis-server` child on a loopback port, killed when dropped.
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Redis {
-    /// Starts one, or returns `None` (with a notice) when redis-server is not installed, unless
-    /// `KVGATE_REQUIRE_REDIS=1` (CI), which makes its absence a failure.
-    fn start() -> Option<Redis> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Redis::start_on(port)
-    }
-
-    fn start_on(port: u16) -> Option<Redis> {
-        let spawned = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match spawned {
-            Ok(child) => child,
-            Err(error) if std::env::var("KVGATE_REQUIRE_REDIS").as_deref() == Ok("1") => {
-                panic!("KVGATE_REQUIRE_REDIS=1 but redis-server cannot be started ({error}): install it (apt-get install -y redis-server)")
-            }
-            Err(error) => {
-                eprintln!("SKIPPED: redis-server cannot be started ({error}); set KVGATE_REQUIRE_REDIS=1 to make this a failure");
-                return None;
-            }
-        };
-        let redis = Redis { child, port };
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "redis-server listens on {port} within 10 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(redis)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Eight simulated engines with room for a few conversations each (no KV events: the
 /// gateways route on their approximate trees).
@@ -84,9 +32,13 @@ fn replica_config(fleet: &MockFleet, redis: Option<&Redis>) -> GatewayConfig {
     cfg.routing.policy = PolicyKind::CacheAware;
     cfg.expose_routing_headers = true;
     cfg.replica_sync_redis_url = redis.map(Redis::url);
+    cfg.replica_sync_secret = redis.map(|_| SECRET.to_string());
     cfg.replica_sync_interval_ms = 50;
     cfg
 }
+
+/// The replicas' shared secret in these tests.
+const SECRET: &str = "replica-sync-test-secret";
 
 async fn metrics_text(url: &str) -> String {
     client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap()
@@ -237,6 +189,7 @@ async fn peers_requests_in_flight_count_in_the_candidates() {
     upstream.hold_stream.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut cfg = config(vec![upstream.url.clone()]);
     cfg.replica_sync_redis_url = Some(redis.url());
+    cfg.replica_sync_secret = Some(SECRET.to_string());
     cfg.replica_sync_interval_ms = 50;
     let replicas = vec![gateway(cfg.clone()).await, gateway(cfg).await];
     wait_peers(&replicas).await;
@@ -315,6 +268,7 @@ fn bad_replica_sync_options_are_configuration_errors() {
         replica_sync_channel: String::new(),
         replica_sync_interval_ms: 0,
         replica_sync_max_blocks: 0,
+        replica_sync_max_peers: 0,
         ..GatewayConfig::default()
     };
     let fields: Vec<_> = config.validate().unwrap_err().iter().map(|e| e.field.clone()).collect();
@@ -324,12 +278,30 @@ fn bad_replica_sync_options_are_configuration_errors() {
             "replica_sync_redis_url",
             "replica_sync_channel",
             "replica_sync_interval_ms",
-            "replica_sync_max_blocks"
+            "replica_sync_max_blocks",
+            "replica_sync_secret",
+            "replica_sync_max_peers"
         ]
     );
     let fine = GatewayConfig {
         replica_sync_redis_url: Some("redis://127.0.0.1:6379/2".into()),
+        replica_sync_secret: Some(SECRET.into()),
         ..GatewayConfig::default()
     };
     assert!(fine.validate().is_ok());
+    // Redis AUTH (user and password in the URL) and TLS (rediss://) are accepted as documented.
+    for url in [
+        "redis://:s3cret@127.0.0.1:6379",
+        "redis://kvgate:s3cret@127.0.0.1:6379/1",
+        "rediss://:s3cret@127.0.0.1:6380",
+    ] {
+        let config = GatewayConfig { replica_sync_redis_url: Some(url.into()), ..fine.clone() };
+        assert!(config.validate().is_ok(), "{url}");
+    }
+    let short = GatewayConfig { replica_sync_secret: Some("short".into()), ..fine };
+    let errors = short.validate().unwrap_err().to_string();
+    assert!(
+        errors.contains("replica_sync_secret (--replica-sync-secret): must be at least 16 bytes"),
+        "{errors}"
+    );
 }

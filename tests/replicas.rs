@@ -105,7 +105,7 @@ async fn wait_flowing(gw: &GatewayHandle) {
 /// What `gw` would decide for a completion of `prompt` (`POST /v1/route`).
 async fn dry_run(gw: &GatewayHandle, prompt: &str) -> Value {
     let res = client()
-        .post(format!("{}/v1/route", gw.url()))
+        .post(format!("{}/v1/route", gw.admin_url()))
         .bearer_auth("admin")
         .json(&json!({"model": MODEL, "prompt": prompt, "max_tokens": 1}))
         .send()
@@ -181,7 +181,7 @@ async fn the_dry_run_needs_the_admin_key_and_records_nothing() {
     cfg.kv_events_endpoints.clear();
     cfg.kv_events_replay_endpoints.clear();
     let gw = gateway(cfg).await;
-    let url = format!("{}/v1/route", gw.url());
+    let url = format!("{}/v1/route", gw.admin_url());
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}]});
     let res = client().post(&url).json(&body).send().await.unwrap();
     assert_eq!(res.status(), 401);
@@ -214,8 +214,13 @@ async fn the_dry_run_needs_the_admin_key_and_records_nothing() {
 }
 
 async fn dry_run_chat(gw: &GatewayHandle, body: &Value) -> Value {
-    let res =
-        client().post(format!("{}/v1/route", gw.url())).bearer_auth("admin").json(body).send().await.unwrap();
+    let res = client()
+        .post(format!("{}/v1/route", gw.admin_url()))
+        .bearer_auth("admin")
+        .json(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     res.json().await.unwrap()
 }

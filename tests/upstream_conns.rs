@@ -150,7 +150,7 @@ async fn gateway_for(worker_url: &str) -> kvgate_gateway::GatewayHandle {
     config.disable_health_check = true;
     let gw = gateway(config).await;
     let res = client()
-        .post(format!("{}/workers", gw.url()))
+        .post(format!("{}/workers", gw.admin_url()))
         .json(&serde_json::json!({"url": worker_url, "model_id": "m"}))
         .send()
         .await
@@ -264,10 +264,10 @@ async fn a_worker_that_dies_mid_stream_ends_the_client_response() {
     let read_all = tokio::time::timeout(Duration::from_secs(5), res.bytes()).await;
     let read_all = read_all.expect("the client's response ends when the worker's does");
     assert!(read_all.is_err(), "a truncated stream must not look complete to the client");
-    let gw_url = gw.url();
+    let admin = gw.admin_url();
     let idle = eventually(5.0, async || {
         let workers: serde_json::Value =
-            client().get(format!("{gw_url}/workers")).send().await.unwrap().json().await.unwrap();
+            client().get(format!("{admin}/workers")).send().await.unwrap().json().await.unwrap();
         workers["workers"][0]["in_flight"].as_u64() == Some(0)
     })
     .await;

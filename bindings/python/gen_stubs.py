@@ -44,6 +44,10 @@ GATEWAY_METHODS = '''\
         """The URL the gateway serves on (with ``port=0``, the port chosen). ``RuntimeError``
         when not running."""
     @property
+    def admin_url(self) -> str:
+        """Where the admin API (``/workers``, ``/v1/route``) is served: the admin listener, or
+        the main one with ``admin_api_key``. ``RuntimeError`` when not running."""
+    @property
     def running(self) -> bool:
         """Whether the gateway is serving."""
     def config(self) -> dict[str, Any]:

@@ -141,7 +141,7 @@ pub(crate) struct ChurnEvent {
     pub result: String,
 }
 
-/// Runs the schedule against the gateway at `gateway_url` from `started`.
+/// Runs the schedule against the gateway's admin API at `gateway_url` from `started`.
 pub(crate) async fn churn(
     engines: &mut Engines,
     gateway_url: &str,

@@ -299,11 +299,11 @@ async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
         args.churn_down_secs,
         args.kill(),
     );
-    let gateway_url = gateway.url();
+    let admin_url = gateway.admin_url();
     let started = shared.started;
     let churn = tokio::spawn(async move {
         let mut engines = engines;
-        let done = engines::churn(&mut engines, &gateway_url, MODEL, events, started).await;
+        let done = engines::churn(&mut engines, &admin_url, MODEL, events, started).await;
         (engines, done)
     });
     let (stop_sampler, stopped) = tokio::sync::watch::channel(false);

@@ -17,6 +17,9 @@ use bytes::Bytes;
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use tokio::sync::Notify;
 
+pub mod kv_wire;
+pub mod redis;
+
 /// How a test upstream behaves; flip fields at run time.
 pub struct Upstream {
     pub name: String,
@@ -32,8 +35,12 @@ pub struct Upstream {
     pub release: Notify,
     /// Last Authorization header seen on a proxied request.
     pub last_auth: std::sync::Mutex<Option<String>>,
+    /// Headers of the last proxied request.
+    pub last_headers: std::sync::Mutex<axum::http::HeaderMap>,
     /// Delay before answering proxied requests.
     pub delay_ms: AtomicUsize,
+    /// Delay before answering `GET /health`.
+    pub health_delay_ms: AtomicUsize,
     /// Body of `GET /v1/loads` (SGLang shape); empty means 404.
     pub loads_body: std::sync::Mutex<String>,
     /// Delay before answering `GET /v1/loads`.
@@ -104,6 +111,7 @@ async fn answer(
     up.peers.lock().unwrap().insert(peer);
     *up.last_auth.lock().unwrap() =
         headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+    *up.last_headers.lock().unwrap() = headers.clone();
     let delay = up.delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay as u64)).await;
@@ -154,6 +162,10 @@ async fn answer(
 }
 
 async fn health(State(up): State<Arc<Upstream>>) -> StatusCode {
+    let delay = up.health_delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay as u64)).await;
+    }
     if up.healthy.load(Ordering::SeqCst) {
         StatusCode::OK
     } else {
@@ -186,7 +198,9 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
         hold_stream: AtomicBool::new(false),
         release: Notify::new(),
         last_auth: std::sync::Mutex::new(None),
+        last_headers: std::sync::Mutex::new(Default::default()),
         delay_ms: AtomicUsize::new(0),
+        health_delay_ms: AtomicUsize::new(0),
         loads_body: std::sync::Mutex::new(sglang_loads(0.0, 0, 0)),
         loads_delay_ms: AtomicUsize::new(0),
         loads_polls: AtomicUsize::new(0),

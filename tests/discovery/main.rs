@@ -26,7 +26,7 @@ fn discovery_config(api: &KubeApi, name: &str) -> GatewayConfig {
 
 async fn worker_urls(gw: &GatewayHandle) -> Vec<String> {
     let body: Value =
-        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
     let mut urls: Vec<String> =
         body["workers"].as_array().unwrap().iter().map(|w| w["url"].as_str().unwrap().to_string()).collect();
     urls.sort();
@@ -166,7 +166,7 @@ async fn pd_selectors_register_prefill_and_decode_pods() {
     let gw = gateway(config).await;
     assert!(eventually(10.0, async || has_workers(&gw, &[&prefill, &decode]).await).await);
     let body: Value =
-        client().get(format!("{}/workers", gw.url())).send().await.unwrap().json().await.unwrap();
+        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
     let roles: Vec<(String, Value)> = body["workers"]
         .as_array()
         .unwrap()

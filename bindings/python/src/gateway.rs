@@ -21,6 +21,7 @@ struct Running {
     handle: GatewayHandle,
     fleets: Vec<MockFleet>,
     url: String,
+    admin_url: String,
 }
 
 /// The gateway behind `kvgate.Gateway` (the keyword handling is in `kvgate/__init__.py`).
@@ -92,8 +93,8 @@ fn launch(mut config: GatewayConfig, mock_workers: usize) -> Result<Running, PyE
             }
         }
     })?;
-    let url = handle.url();
-    Ok(Running { runtime, handle, fleets, url })
+    let (url, admin_url) = (handle.url(), handle.admin_url());
+    Ok(Running { runtime, handle, fleets, url, admin_url })
 }
 
 /// Graceful stop: no new connections, in-flight requests finish (up to the grace period).
@@ -165,6 +166,13 @@ impl PyGateway {
     #[getter]
     fn url(&self, py: Python<'_>) -> PyResult<String> {
         py.detach(|| self.lock().as_ref().map(|running| running.url.clone()))
+            .ok_or_else(|| PyRuntimeError::new_err("the gateway is not running: call start_background()"))
+    }
+
+    /// The admin API's URL while it runs (the admin listener, or the main one with an admin key).
+    #[getter]
+    fn admin_url(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| self.lock().as_ref().map(|running| running.admin_url.clone()))
             .ok_or_else(|| PyRuntimeError::new_err("the gateway is not running: call start_background()"))
     }
 

@@ -28,7 +28,9 @@ def test_background_gateway_routes_to_simulated_engines_and_stops() -> None:
         assert not url.endswith(":0"), "port 0 reports the port chosen"
         answer = chat(url)
         assert answer["choices"][0]["message"]["content"], answer
-        with urllib.request.urlopen(f"{url}/workers", timeout=10) as response:
+        admin = gateway.admin_url
+        assert admin != url and admin.startswith("http://127.0.0.1:"), admin
+        with urllib.request.urlopen(f"{admin}/workers", timeout=10) as response:
             assert response.status == 200
             assert len(response.read()) > 0
     finally:

@@ -29,6 +29,9 @@ pub enum ApiError {
     UpstreamUnreachable(String),
     #[error("{0}")]
     Conflict(String),
+    /// Refused by the gateway's policy (a worker address outside `--worker-url-allow`).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     LoopDetected(String),
     #[error("over the rate limit (--rate-limit-tokens-per-second)")]
@@ -51,6 +54,7 @@ impl ApiError {
             ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
             ApiError::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ApiError::QueueTimeout(_) | ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -69,6 +73,7 @@ impl ApiError {
             ApiError::UpstreamTimeout(_) => ("timeout_error", "upstream_timeout"),
             ApiError::UpstreamUnreachable(_) => ("upstream_error", "upstream_unreachable"),
             ApiError::Conflict(_) => ("invalid_request_error", "conflict"),
+            ApiError::Forbidden(_) => ("permission_error", "forbidden"),
             ApiError::LoopDetected(_) => ("invalid_request_error", "loop_detected"),
             ApiError::RateLimited => ("rate_limit_error", "rate_limited"),
             ApiError::QueueTimeout(_) => ("rate_limit_error", "queue_timeout"),

@@ -54,11 +54,11 @@ impl HealthLoop {
         }
         let now = Instant::now();
         for worker in &snapshot.workers {
-            self.metrics.worker_healthy.with_label_values(&[&worker.url]).set(worker.is_healthy() as i64);
-            self.metrics
-                .circuit_state
-                .with_label_values(&[&worker.url])
-                .set(worker.circuit.state(now).as_metric());
+            let circuit = worker.circuit.state(now).as_metric();
+            worker.series.write(|url| {
+                self.metrics.worker_healthy.with_label_values(&[url]).set(worker.is_healthy() as i64);
+                self.metrics.circuit_state.with_label_values(&[url]).set(circuit);
+            });
         }
     }
 
@@ -83,11 +83,11 @@ impl HealthLoop {
             match worker.circuit.state(Instant::now()) {
                 CircuitState::HalfOpen if worker.circuit.record_success() => {
                     tracing::info!(worker = %worker.url, "circuit closed: the half-open worker passed a health probe");
-                    self.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+                    worker.series.write(|url| self.metrics.circuit_state.with_label_values(&[url]).set(0));
                 }
                 CircuitState::Open if worker.circuit.probe_passed() => {
                     tracing::info!(worker = %worker.url, "circuit half-open: the worker passed a health probe");
-                    self.metrics.circuit_state.with_label_values(&[&worker.url]).set(2);
+                    worker.series.write(|url| self.metrics.circuit_state.with_label_values(&[url]).set(2));
                 }
                 _ => {}
             }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     ("leaf types", &["auth", "clock", "endpoint", "error", "loads", "request", "role", "worker_url"]),
     ("configuration", &["config"]),
-    ("plumbing", &["conn", "metrics", "tls", "upstream"]),
+    ("plumbing", &["conn", "metrics", "own_address", "tls", "upstream"]),
     ("registry", &["load_snapshot", "registry", "worker"]),
     ("request parts", &["body", "tokenize"]),
     ("subsystems", &["admission", "health", "kv_events", "monitor", "replica_sync"]),

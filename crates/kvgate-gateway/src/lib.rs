@@ -18,6 +18,7 @@ mod config;
 // Plumbing: metrics, TLS, the proxy's connections, the background loops' client.
 mod conn;
 mod metrics;
+mod own_address;
 mod tls;
 mod upstream;
 // Workers, the registry and the load snapshot.

@@ -43,6 +43,18 @@ struct GatewayService {
     state: SharedState,
     router: Router,
     activity: Arc<Activity>,
+    /// Proxied endpoints are served (the traffic listener), or left to the router (the admin
+    /// listener, whose router has none).
+    proxied: bool,
+}
+
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Surface {
+    /// Clients' traffic: the proxied endpoints and the router's.
+    Traffic,
+    /// The admin listener: its router only.
+    Admin,
 }
 
 impl hyper::service::Service<Request<Incoming>> for GatewayService {
@@ -52,7 +64,7 @@ impl hyper::service::Service<Request<Incoming>> for GatewayService {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let guard = self.activity.begin();
-        if request.method() == Method::POST {
+        if self.proxied && request.method() == Method::POST {
             if let Some(endpoint) = Endpoint::from_path(request.uri().path()) {
                 let state = self.state.clone();
                 return Box::pin(async move {
@@ -78,6 +90,7 @@ struct Shared {
     router: Router,
     http: hyper::server::conn::http1::Builder,
     limits: ClientLimits,
+    surface: Surface,
 }
 
 /// A connection's place under `max_connections`, counted in `kvgate_client_connections`.
@@ -112,6 +125,7 @@ pub async fn serve(
     router: Router,
     mut stop: watch::Receiver<bool>,
     slots: Arc<Semaphore>,
+    surface: Surface,
 ) {
     let max_connections = state.config.max_connections;
     let tls = state.listener_tls.clone();
@@ -120,6 +134,7 @@ pub async fn serve(
         http: hyper::server::conn::http1::Builder::new(),
         state,
         router,
+        surface,
     });
     let graceful = GracefulShutdown::new();
     let mut last_refusal_log: Option<std::time::Instant> = None;
@@ -195,6 +210,7 @@ where
         state: shared.state.clone(),
         router: shared.router.clone(),
         activity: activity.clone(),
+        proxied: shared.surface == Surface::Traffic,
     };
     let io = TokioIo::new(ActivityIo::new(io, activity.clone()));
     let connection = watcher.watch(shared.http.serve_connection(io, service));

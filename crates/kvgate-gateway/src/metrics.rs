@@ -2,7 +2,8 @@
 //! circuit state and routing decisions, and each subsystem's own families (load monitor, KV
 //! events, admission, replica sync), rendered as text at GET /metrics.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
 
 use kvgate_policy::{IndexKind, Reason};
 use prometheus::{
@@ -16,6 +17,23 @@ pub use replica_sync::ReplicaSyncMetrics;
 
 use crate::endpoint::Endpoint;
 use crate::role::WorkerRole;
+
+/// Removes every series of `family` whose `worker` label is `url`, whatever its other labels.
+fn remove_labelled<T: prometheus::core::MetricVecBuilder>(
+    family: &prometheus::core::MetricVec<T>,
+    url: &str,
+) {
+    use prometheus::core::Collector;
+    for gathered in family.collect() {
+        for metric in gathered.get_metric() {
+            let labels: HashMap<&str, &str> =
+                metric.get_label().iter().map(|pair| (pair.name(), pair.value())).collect();
+            if labels.get("worker") == Some(&url) {
+                let _ = family.remove(&labels);
+            }
+        }
+    }
+}
 
 /// Latency buckets in seconds, from sub-millisecond proxy overhead to long generations.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -40,6 +58,10 @@ pub struct Metrics {
     pub match_rate: HistogramVec,
     pub predicted_ttft: HistogramVec,
     pub tokenize_failures: IntCounterVec,
+    pub tokenize_limited: IntCounterVec,
+    pub tokenizer_pending: IntGauge,
+    /// Answers of workers and peers past their bound, by source.
+    pub oversized_answers: IntCounterVec,
     /// The subsystems' own families, each handed to its subsystem when it is built.
     pub loads: LoadMetrics,
     pub kv_events: KvEventsMetrics,
@@ -79,12 +101,29 @@ pub struct AdmissionMetrics {
     pub rejected: IntCounterVec,
 }
 
-/// The series one worker touches on every request, resolved when it is registered.
+/// One worker's series: those its requests touch, resolved when it is registered, and every
+/// other one labelled by its URL, made only through [`WorkerSeries::write`]. Once the worker is
+/// removed ([`Metrics::remove_worker`]) nothing writes its series again, whatever loop still
+/// holds it (a health round, a load poll, a KV-event subscription, a request finishing), so a
+/// removed worker's series go with it.
 #[derive(Debug)]
 pub struct WorkerSeries {
+    url: String,
     pub in_flight: IntGauge,
     /// `kvgate_requests_total{status="200"}` per endpoint; other statuses take the slow path.
     ok_requests: [OnceLock<IntCounter>; Endpoint::ALL.len()],
+    /// False once the worker is removed: writers hold it shared, removal exclusively.
+    live: RwLock<bool>,
+}
+
+impl WorkerSeries {
+    /// Runs `write` with the worker's URL (the `worker` label), unless the worker was removed.
+    pub fn write(&self, write: impl FnOnce(&str)) {
+        let live = self.live.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *live {
+            write(&self.url);
+        }
+    }
 }
 
 /// The `index` label of a decision: none, approximate, exact.
@@ -206,6 +245,24 @@ impl Metrics {
                 "Requests the gateway could not tokenize (routed on their text instead), by endpoint.",
                 &["endpoint"],
             ),
+            tokenize_limited: counter(
+                "kvgate_tokenize_limited_total",
+                "Requests not tokenized whole, by endpoint and reason: prefix (longer than --max-tokenize-chars: routed on the ids of its first characters), queue_full (the tokenizer threads' queue was full: routed on its text).",
+                &["endpoint", "reason"],
+            ),
+            tokenizer_pending: register(
+                &registry,
+                IntGauge::new(
+                    "kvgate_tokenizer_pending",
+                    "Inputs handed to the tokenizer threads and not finished (running or queued).",
+                )
+                .expect("valid metric"),
+            ),
+            oversized_answers: counter(
+                "kvgate_oversized_answers_total",
+                "Answers of workers or peers larger than their bound, not read past it, by source: health, models, loads (--max-probe-answer-bytes), prefill (--max-prefill-answer-bytes), kv_events, kv_replay (--kv-events-max-message-bytes), replica_sync (--replica-sync-max-message-bytes).",
+                &["source"],
+            ),
             loads: LoadMetrics {
             poll_duration: register(
                 &registry,
@@ -299,23 +356,29 @@ impl Metrics {
     }
 
     pub fn worker_series(&self, url: &str) -> WorkerSeries {
-        WorkerSeries { in_flight: self.in_flight.with_label_values(&[url]), ok_requests: Default::default() }
+        WorkerSeries {
+            url: url.to_string(),
+            in_flight: self.in_flight.with_label_values(&[url]),
+            ok_requests: Default::default(),
+            live: RwLock::new(true),
+        }
     }
 
     /// Count a finished request to a worker by endpoint and status.
-    pub fn count_request(
-        &self,
-        endpoint: Endpoint,
-        status: http::StatusCode,
-        url: &str,
-        series: &WorkerSeries,
-    ) {
+    pub fn count_request(&self, endpoint: Endpoint, status: http::StatusCode, series: &WorkerSeries) {
+        let slot = &series.ok_requests[endpoint as usize];
         if status == http::StatusCode::OK {
-            series.ok_requests[endpoint as usize]
-                .get_or_init(|| self.requests.with_label_values(&[endpoint.label(), "200", url]))
-                .inc();
+            if let Some(counter) = slot.get() {
+                counter.inc(); // removed: a detached series nobody exports
+                return;
+            }
+            series.write(|url| {
+                slot.get_or_init(|| self.requests.with_label_values(&[endpoint.label(), "200", url])).inc()
+            });
         } else {
-            self.requests.with_label_values(&[endpoint.label(), status.as_str(), url]).inc();
+            series.write(|url| {
+                self.requests.with_label_values(&[endpoint.label(), status.as_str(), url]).inc()
+            });
         }
     }
 
@@ -364,13 +427,38 @@ impl Metrics {
         }
     }
 
-    /// Forget a removed worker's series.
-    pub fn remove_worker(&self, url: &str) {
-        let _ = self.in_flight.remove_label_values(&[url]);
-        let _ = self.worker_healthy.remove_label_values(&[url]);
-        let _ = self.circuit_state.remove_label_values(&[url]);
-        let _ = self.loads.poll_failures.remove_label_values(&[url]);
-        let _ = self.kv_events.live_ranks.remove_label_values(&[url]);
+    /// Count an answer that went past its bound (`source`: health, models, loads, prefill,
+    /// kv_events, kv_replay, replica_sync).
+    pub fn count_oversized(&self, source: &str) {
+        self.oversized_answers.with_label_values(&[source]).inc();
+    }
+
+    /// The count of `count_oversized(source)`.
+    #[cfg(test)]
+    pub fn count_oversized_value(&self, source: &str) -> u64 {
+        self.oversized_answers.with_label_values(&[source]).get()
+    }
+
+    /// Forget a removed worker's series: every series labelled by it goes, in every family, and
+    /// none is made again (`WorkerSeries::write` runs nothing once this has begun).
+    pub fn remove_worker(&self, series: &WorkerSeries) {
+        let mut live = series.live.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *live = false;
+        let url = series.url.as_str();
+        for family in [&self.requests, &self.upstream_failures] {
+            remove_labelled(family, url);
+        }
+        for family in [&self.in_flight, &self.worker_healthy, &self.circuit_state, &self.kv_events.live_ranks]
+        {
+            remove_labelled(family, url);
+        }
+        remove_labelled(&self.loads.snapshot_age, url);
+        let kv = &self.kv_events;
+        for family in
+            [&self.loads.poll_failures, &kv.batches, &kv.malformed, &kv.refused, &kv.gaps, &kv.restarts]
+        {
+            remove_labelled(family, url);
+        }
     }
 
     /// Prometheus text exposition.
@@ -404,9 +492,9 @@ mod tests {
         }
         let metrics = Metrics::new();
         let series = metrics.worker_series("http://w");
-        metrics.count_request(Endpoint::Generate, http::StatusCode::OK, "http://w", &series);
-        metrics.count_request(Endpoint::Generate, http::StatusCode::OK, "http://w", &series);
-        metrics.count_request(Endpoint::Generate, http::StatusCode::NOT_FOUND, "http://w", &series);
+        metrics.count_request(Endpoint::Generate, http::StatusCode::OK, &series);
+        metrics.count_request(Endpoint::Generate, http::StatusCode::OK, &series);
+        metrics.count_request(Endpoint::Generate, http::StatusCode::NOT_FOUND, &series);
         series.in_flight.inc();
         metrics.ttfb(Endpoint::Embeddings).observe(0.1);
         let text = metrics.render();

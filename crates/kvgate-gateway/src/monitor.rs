@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use kvgate_policy::{LoadSample, WorkerId};
+use prometheus::IntCounterVec;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
@@ -17,7 +18,7 @@ use crate::load_snapshot::LoadSnapshot;
 use crate::loads::{parse_sglang, parse_vllm};
 use crate::metrics::LoadMetrics;
 use crate::registry::Registry;
-use crate::upstream::{get, HttpClient};
+use crate::upstream::{get, GetError, HttpClient, Keep};
 use crate::worker::Worker;
 
 /// Where a worker's loads come from, learned on first contact.
@@ -39,6 +40,10 @@ pub struct LoadMonitor {
     pub health_timeout: Duration,
     pub clock: Clock,
     pub metrics: LoadMetrics,
+    /// Largest load answer read (`--max-probe-answer-bytes`); past it the poll fails.
+    pub max_answer_bytes: usize,
+    /// `kvgate_oversized_answers_total{source}`.
+    pub oversized: IntCounterVec,
 }
 
 impl LoadMonitor {
@@ -141,7 +146,7 @@ async fn poll_worker(
             Some((worker.id, sample))
         }
         Err(error) => {
-            monitor.metrics.poll_failures.with_label_values(&[&worker.url]).inc();
+            worker.series.write(|url| monitor.metrics.poll_failures.with_label_values(&[url]).inc());
             tracing::debug!(worker = %worker.url, %error, "load poll failed");
             None
         }
@@ -163,7 +168,16 @@ async fn fetch(
         Source::Vllm => "/metrics",
     };
     let bearer = monitor.bearer.as_deref();
-    let (status, body) = get(&monitor.client, &format!("{}{path}", worker.url), bearer, timeout).await?;
+    let url = format!("{}{path}", worker.url);
+    let limit = monitor.max_answer_bytes;
+    let (status, body) = match get(&monitor.client, &url, bearer, timeout, limit, Keep::Body).await {
+        Ok(answer) => answer,
+        Err(error @ GetError::Oversized { .. }) => {
+            monitor.oversized.with_label_values(&["loads"]).inc();
+            return Err(error.to_string());
+        }
+        Err(GetError::Failed(error)) => return Err(error),
+    };
     if !status.is_success() {
         return Err(format!("GET {path} answered {status}"));
     }
@@ -214,7 +228,7 @@ pub fn update_age_gauges(registry: &Registry, loads: &LoadSnapshot, clock: Clock
     for worker in &registry.snapshot().workers {
         if let Some(load) = loads.get(&worker.id) {
             let age = now_ms.saturating_sub(load.fetched_at_ms) as f64 / 1000.0;
-            metrics.snapshot_age.with_label_values(&[&worker.url]).set(age);
+            worker.series.write(|url| metrics.snapshot_age.with_label_values(&[url]).set(age));
         }
     }
 }
@@ -241,6 +255,7 @@ mod tests {
             circuit,
             Arc::new(Metrics::new()),
             16,
+            100,
         );
         let new = |url: &str| NewWorker { url: url.into(), model: Some("m".into()), ..NewWorker::default() };
         let a = registry.add(new("http://127.0.0.1:1"), true).unwrap();

@@ -5,21 +5,22 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
+use crate::config::KvEventsSource;
 use crate::error::ApiError;
 use crate::kv_events::KvEvents;
 use crate::load_snapshot::LoadSnapshot;
 use crate::registry::{NewWorker, Registry, RegistryError};
 use crate::upstream::HealthCheck;
 use crate::worker::Worker;
-use crate::worker_url::normalize_url;
+use crate::worker_url::{normalize_url, AllowList};
 
-/// The gateway's own listener, which is never a worker (routing to it would loop).
+/// The gateway's own listeners, which are never workers (routing to them would loop).
 #[derive(Clone, Debug)]
 pub struct OwnAddress {
-    /// The configured listen host (`--host`).
-    pub host: String,
     /// The bound address, set once the listener is up.
     pub listen: Arc<OnceLock<SocketAddr>>,
+    /// The admin listener's, when it has one.
+    pub admin: Arc<OnceLock<SocketAddr>>,
 }
 
 /// What registration is built from.
@@ -33,6 +34,8 @@ pub struct Registration {
     pub probes_disabled: bool,
     pub kv_events: KvEvents,
     pub own_address: OwnAddress,
+    /// `--worker-url-allow`: where workers (and their KV event publishers) may be.
+    pub allow: AllowList,
 }
 
 impl Registration {
@@ -40,11 +43,12 @@ impl Registration {
     /// A worker whose model cannot be learned yet is registered and retried by the health loop.
     pub async fn register(&self, mut new: NewWorker) -> Result<Arc<Worker>, ApiError> {
         let url = normalize_url(&new.url).map_err(ApiError::BadRequest)?;
-        if self.own_address.is_own(&url) {
+        if self.own_address.is_own(&url).await {
             return Err(ApiError::BadRequest(format!(
                 "{url} is this gateway's own address: routing to it would loop"
             )));
         }
+        self.check_allowed(&url, new.kv_events.as_ref()).await?;
         if self.registry.snapshot().find(&url).is_some() {
             return Err(ApiError::Conflict(format!("worker {url} is already registered")));
         }
@@ -65,6 +69,7 @@ impl Registration {
                 ApiError::Conflict(format!("worker {url} is already registered"))
             }
             RegistryError::PolicyConflict(message) => ApiError::Conflict(message),
+            full @ RegistryError::Full(_) => ApiError::Conflict(full.to_string()),
         })?;
         self.kv_events.subscribe(&worker);
         tracing::info!(
@@ -87,34 +92,55 @@ impl Registration {
     }
 }
 
-impl OwnAddress {
-    /// Whether `url` (normalized) points at this gateway's listener: its port, on a loopback or
-    /// unspecified address, `localhost`, or the configured listen host.
-    fn is_own(&self, url: &str) -> bool {
-        let Some(listen) = self.listen.get() else { return false };
-        let Ok(uri) = url.parse::<http::Uri>() else { return false };
-        let default = if uri.scheme_str() == Some("https") { 443 } else { 80 };
-        if uri.port_u16().unwrap_or(default) != listen.port() {
-            return false;
+impl Registration {
+    /// Refuses a worker outside `--worker-url-allow`: its URL's host, and each of its KV event
+    /// publishers' (the gateway connects to those too).
+    async fn check_allowed(&self, url: &str, kv_events: Option<&KvEventsSource>) -> Result<(), ApiError> {
+        if self.allow.is_open() {
+            return Ok(());
         }
-        let host = uri.host().unwrap_or("").trim_start_matches('[').trim_end_matches(']');
-        if host == "localhost" || host.eq_ignore_ascii_case(&self.host) {
+        let uri: http::Uri = url.parse().map_err(|e| ApiError::BadRequest(format!("{url}: {e}")))?;
+        let default_port = if uri.scheme_str() == Some("https") { 443 } else { 80 };
+        let mut hosts =
+            vec![(uri.host().unwrap_or_default().to_string(), uri.port_u16().unwrap_or(default_port))];
+        for rank in kv_events.map(|source| source.ranks.as_slice()).unwrap_or_default() {
+            for endpoint in std::iter::once(&rank.events).chain(&rank.replay) {
+                if let Some((host, port)) = endpoint.trim_start_matches("tcp://").rsplit_once(':') {
+                    hosts.push((host.to_string(), port.parse().unwrap_or(0)));
+                }
+            }
+        }
+        for (host, port) in hosts {
+            if !self.allowed(&host, port).await {
+                return Err(ApiError::Forbidden(format!(
+                    "{host} is not an allowed worker address (--worker-url-allow)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `host` is allowed: an address in an allowed network, a name that matches, or a
+    /// name every address of which (resolved as the connector will) is in an allowed network.
+    async fn allowed(&self, host: &str, port: u16) -> bool {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            return self.allow.allows_ip(ip);
+        }
+        if self.allow.allows_name(bare) {
             return true;
         }
-        match host.parse::<std::net::IpAddr>() {
-            Ok(ip) => {
-                ip.is_loopback()
-                    || ip.is_unspecified()
-                    || ip == listen.ip()
-                    || listen.ip().is_unspecified() && is_local(ip)
-            }
-            Err(_) => false,
-        }
+        let resolved = crate::own_address::resolve(host, port).await;
+        !resolved.is_empty() && resolved.iter().all(|address| self.allow.allows_ip(address.ip()))
     }
 }
 
-/// Whether `ip` is one of this machine's addresses (when listening on all of them): only those
-/// can be bound (nothing is sent).
-fn is_local(ip: std::net::IpAddr) -> bool {
-    std::net::UdpSocket::bind((ip, 0)).is_ok()
+impl OwnAddress {
+    /// Whether `url` (normalized) leads back to one of this gateway's listeners, its host
+    /// resolved as the connector resolves it (`own_address.rs`).
+    async fn is_own(&self, url: &str) -> bool {
+        let listeners: Vec<SocketAddr> =
+            [self.listen.get(), self.admin.get()].into_iter().flatten().copied().collect();
+        crate::own_address::leads_to_gateway(url, &listeners).await
+    }
 }

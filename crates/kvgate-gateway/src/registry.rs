@@ -143,6 +143,8 @@ pub enum RegistryError {
     Duplicate(String),
     #[error("{0}")]
     PolicyConflict(String),
+    #[error("the gateway has its most workers already ({0}, --max-workers)")]
+    Full(usize),
 }
 
 pub struct Registry {
@@ -162,6 +164,8 @@ pub struct Registry {
     metrics: Arc<Metrics>,
     /// Capacity of each pool's peer block index.
     peer_blocks: usize,
+    /// Most workers registered at once (`--max-workers`).
+    max_workers: usize,
 }
 
 impl Registry {
@@ -172,6 +176,7 @@ impl Registry {
         circuit: CircuitSettings,
         metrics: Arc<Metrics>,
         peer_blocks: usize,
+        max_workers: usize,
     ) -> Self {
         Self {
             snapshot: ArcSwap::from_pointee(PoolSnapshot::default()),
@@ -184,6 +189,7 @@ impl Registry {
             circuit,
             metrics,
             peer_blocks,
+            max_workers,
         }
     }
 
@@ -206,6 +212,9 @@ impl Registry {
         if current.find(&url).is_some() {
             return Err(RegistryError::Duplicate(url));
         }
+        if current.workers.len() >= self.max_workers {
+            return Err(RegistryError::Full(self.max_workers));
+        }
         if let (Some(kind), Some(model)) = (policy, &model) {
             self.hint(&models, model, role, kind)?;
         }
@@ -218,8 +227,10 @@ impl Registry {
         let mut workers = current.workers.clone();
         workers.push(worker.clone());
         self.publish(&mut models, workers);
-        self.metrics.worker_healthy.with_label_values(&[&worker.url]).set(healthy as i64);
-        self.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+        worker.series.write(|url| {
+            self.metrics.worker_healthy.with_label_values(&[url]).set(healthy as i64);
+            self.metrics.circuit_state.with_label_values(&[url]).set(0);
+        });
         Ok(worker)
     }
 
@@ -238,7 +249,7 @@ impl Registry {
             state.prefix.peers.remove_tenant(removed.id);
         }
         self.publish(&mut models, workers);
-        self.metrics.remove_worker(&removed.url);
+        self.metrics.remove_worker(&removed.series);
         removed.conns.clear();
         removed.stop_kv_events();
         Some(removed)

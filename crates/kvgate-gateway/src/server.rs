@@ -19,7 +19,7 @@ use crate::discovery::{Discovery, DiscoverySettings};
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::health::HealthLoop;
-use crate::listen;
+use crate::listen::{self, Surface};
 use crate::monitor::LoadMonitor;
 use crate::proxy;
 use crate::registry::{NewWorker, Registry};
@@ -40,6 +40,8 @@ pub enum StartError {
 /// A running gateway.
 pub struct GatewayHandle {
     pub addr: SocketAddr,
+    /// The admin listener's address, when it has one (`GatewayConfig::admin_listener`).
+    pub admin_addr: Option<SocketAddr>,
     pub state: SharedState,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<()>,
@@ -48,8 +50,23 @@ pub struct GatewayHandle {
 
 impl GatewayHandle {
     pub fn url(&self) -> String {
-        let scheme = if self.state.listener_tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://{}", self.addr)
+        format!("{}://{}", self.scheme(), self.addr)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.state.listener_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Where the admin API is: the admin listener, else (with `--admin-api-key`) the main one.
+    pub fn admin_url(&self) -> String {
+        match self.admin_addr {
+            Some(addr) => format!("{}://{addr}", self.scheme()),
+            None => self.url(),
+        }
     }
 
     /// Stop accepting, let in-flight requests finish for up to the grace period, stop the loops.
@@ -74,27 +91,98 @@ impl GatewayHandle {
     }
 }
 
-/// The HTTP routes of the gateway.
-pub fn router(state: SharedState) -> Router {
-    let mut router = Router::new()
+/// The read-only endpoints every listener serves.
+fn read_only_routes(router: Router<SharedState>) -> Router<SharedState> {
+    router
         .route("/health", get(admin::health))
         .route("/readiness", get(admin::readiness))
         .route("/v1/models", get(admin::models))
         .route("/metrics", get(admin::metrics))
         .route("/get_loads", get(admin::get_loads))
+}
+
+/// The admin API: worker management and the dry run.
+fn admin_routes(router: Router<SharedState>) -> Router<SharedState> {
+    router
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))
-        .route("/v1/route", post(proxy::route_only::route));
+        .route("/v1/route", post(proxy::route_only::route))
+}
+
+fn not_found(router: Router<SharedState>) -> Router<SharedState> {
+    router.fallback(|uri: axum::http::Uri| async move {
+        ApiError::NotFound(format!("no route for {}", uri.path()))
+    })
+}
+
+/// The HTTP routes of the main (traffic) listener: the proxied endpoints, the read-only ones,
+/// and the admin API only with `--admin-api-key` (which it then requires); without a key the
+/// admin paths say where the admin listener is.
+pub fn router(state: SharedState) -> Router {
+    let mut router = read_only_routes(Router::new());
+    router = match state.config.admin_api_key {
+        Some(_) => admin_routes(router),
+        None => {
+            let elsewhere = || {
+                async move |axum::extract::State(state): axum::extract::State<SharedState>| {
+                    let at = state
+                        .admin_addr
+                        .get()
+                        .map_or("no admin listener".to_string(), |addr| format!("http://{addr}"));
+                    ApiError::NotFound(format!(
+                    "the admin API is not served on this listener: it is on the admin listener ({at}, --admin-host/--admin-port), or here with --admin-api-key"
+                ))
+                }
+            };
+            router
+                .route("/workers", get(elsewhere()).post(elsewhere()))
+                .route("/workers/{*url}", delete(elsewhere()))
+                .route("/v1/route", post(elsewhere()))
+        }
+    };
     for endpoint in Endpoint::ALL {
         router = router
             .route(endpoint.path(), post(move |state, request| proxy::handle(state, endpoint, request)));
     }
-    router
-        .fallback(
-            |uri: axum::http::Uri| async move { ApiError::NotFound(format!("no route for {}", uri.path())) },
-        )
-        .with_state(state)
+    not_found(router).with_state(state)
 }
+
+/// The HTTP routes of the admin listener: the admin API (behind the key when one is set) and
+/// the read-only endpoints; no proxied traffic.
+pub fn admin_router(state: SharedState) -> Router {
+    not_found(admin_routes(read_only_routes(Router::new()))).with_state(state)
+}
+
+/// Binds the admin listener (`GatewayConfig::admin_listener`), refusing a non-loopback address
+/// without an admin key unless `--admin-insecure` says so (then loudly).
+async fn bind_admin(config: &GatewayConfig) -> Result<Option<tokio::net::TcpListener>, StartError> {
+    let Some((host, port)) = config.admin_listener() else { return Ok(None) };
+    let addr = format!("{host}:{port}");
+    let bind_error = |source| StartError::Bind { addr: format!("{addr} (the admin listener)"), source };
+    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
+    if !bound.ip().is_loopback() && config.admin_api_key.is_none() {
+        if !config.admin_insecure {
+            let error = kvgate_config::FieldError::new(
+                "admin_host",
+                format!(
+                    "binds {bound}, not a loopback address: give admin_api_key (or admin_insecure to serve the admin API to anyone who reaches it)"
+                ),
+            );
+            return Err(StartError::Config(error.into()));
+        }
+        tracing::warn!(
+            addr = %bound,
+            "--admin-insecure: the admin API is served WITHOUT A KEY on a non-loopback address; anyone \
+             who reaches it can add workers, which then receive clients' prompts"
+        );
+    }
+    Ok(Some(listener))
+}
+
+/// Connections the admin listener takes at once (its own, so a full traffic listener leaves it
+/// reachable).
+const ADMIN_CONNECTIONS: usize = 256;
 
 /// Validate, bind, register the initial workers and serve in the background.
 pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
@@ -106,8 +194,18 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let local_addr =
         listeners[0].local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
+    let admin_listener = bind_admin(&config).await?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
     let _ = state.listen_addr.set(local_addr);
+    let admin_addr = match &admin_listener {
+        Some(listener) => {
+            Some(listener.local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?)
+        }
+        None => None,
+    };
+    if let Some(admin_addr) = admin_addr {
+        let _ = state.admin_addr.set(admin_addr);
+    }
 
     let initial: Vec<_> = state
         .config
@@ -134,7 +232,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         }
     }
 
-    if state.tokenizer.is_none()
+    if state.tokenization.is_none()
         && state.config.kv_events_endpoints.iter().any(|e| e != crate::config::NO_ENDPOINT)
     {
         tracing::warn!(
@@ -142,8 +240,8 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
              token ids (/generate input_ids) can be matched against the exact index"
         );
     }
-    if let Some(tokenizer) = &state.tokenizer {
-        match tokenizer.segment_cache_status() {
+    if let Some(tokenization) = &state.tokenization {
+        match tokenization.tokenizer().segment_cache_status() {
             kvgate_tokenizer::SegmentCacheStatus::Unsupported { reason } => tracing::warn!(
                 %reason,
                 "the tokenizer's segment cache is off: every request is tokenized whole"
@@ -159,11 +257,30 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         None => None,
     };
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let background = spawn_background(&state, discovery, &shutdown_rx);
+    let mut background = spawn_background(&state, discovery, &shutdown_rx);
+    if let Some(listener) = admin_listener {
+        let slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_CONNECTIONS));
+        let admin = listen::serve(
+            listener,
+            state.clone(),
+            admin_router(state.clone()),
+            shutdown_rx.clone(),
+            slots,
+            Surface::Admin,
+        );
+        background.push(tokio::spawn(admin));
+    }
     let server = if io_threads == 0 {
         let slots = listen::connection_slots(&state);
         let listener = listeners.into_iter().next().expect("one listener was bound");
-        tokio::spawn(listen::serve(listener, state.clone(), router(state.clone()), shutdown_rx, slots))
+        tokio::spawn(listen::serve(
+            listener,
+            state.clone(),
+            router(state.clone()),
+            shutdown_rx,
+            slots,
+            Surface::Traffic,
+        ))
     } else {
         listen::spawn_io_threads(listeners, state.clone(), router(state.clone()), shutdown_rx)
             .map_err(|source| StartError::Bind { addr, source })?
@@ -180,7 +297,11 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     } else {
         tracing::info!(addr = %local_addr, policy = state.config.routing.policy.as_str(), "kvgate listening");
     }
-    Ok(GatewayHandle { addr: local_addr, state, shutdown, server, background })
+    match admin_addr {
+        Some(admin) => tracing::info!(%admin, "admin API listening"),
+        None => tracing::info!(addr = %local_addr, "admin API on the main listener, behind --admin-api-key"),
+    }
+    Ok(GatewayHandle { addr: local_addr, admin_addr, state, shutdown, server, background })
 }
 
 /// Builds each background loop from the parts of `state` it needs (never the whole state) and
@@ -210,6 +331,8 @@ fn spawn_background(
         health_timeout: state.health_check.timeout,
         clock: state.clock,
         metrics: state.metrics.loads.clone(),
+        max_answer_bytes: config.max_probe_answer_bytes,
+        oversized: state.metrics.oversized_answers.clone(),
     };
     let mut background = vec![
         tokio::spawn(health.run(shutdown.clone())),

@@ -13,14 +13,16 @@ use kvgate_tokenizer::Tokenizer;
 use crate::admission::Admission;
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
-use crate::kv_events::KvEvents;
+use crate::kv_events::{KvEventLimits, KvEvents};
 use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::Metrics;
 use crate::registration::{OwnAddress, Registration};
 use crate::registry::Registry;
-use crate::replica_sync::ReplicaSync;
+use crate::replica_sync::{ReplicaSync, SyncLimits};
+use crate::tokenize::Tokenization;
 use crate::upstream::{build_client, HealthCheck, HttpClient};
 use crate::worker::CircuitSettings;
+use crate::worker_url::AllowList;
 
 pub struct AppState {
     pub config: GatewayConfig,
@@ -43,12 +45,15 @@ pub struct AppState {
     pub ttfb_timeout: Option<Duration>,
     /// The header carrying a request's session key (validated with the configuration).
     pub routing_key_header: http::HeaderName,
-    /// Turns requests into the engines' token ids, for the exact index (when configured).
-    pub tokenizer: Option<Arc<Tokenizer>>,
+    /// Turns requests into the engines' token ids, for the exact index (when configured), on
+    /// threads of its own.
+    pub(crate) tokenization: Option<Tokenization>,
     /// This gateway's random id in the `x-kvgate-via` hop header (loop detection).
     pub instance: HeaderValue,
     /// The address the gateway listens on (set once bound): never registered as a worker.
     pub listen_addr: Arc<OnceLock<SocketAddr>>,
+    /// The admin listener's address, when it has one (set once bound).
+    pub admin_addr: Arc<OnceLock<SocketAddr>>,
     /// The listener's TLS (`tls_cert_path`): set when the gateway serves HTTPS.
     pub listener_tls: Option<tokio_rustls::TlsAcceptor>,
     /// TLS to `https://` workers: the trusted CAs and the client certificate.
@@ -74,19 +79,41 @@ impl AppState {
             None => None,
         };
         let tokenizer = match (&config.tokenizer_path, config.mock_tokenizer) {
-            (Some(path), _) => Some(Arc::new(
+            (Some(path), _) => Some(
                 Tokenizer::from_path(path, config.chat_template.as_deref())
                     .map_err(|e| format!("loading the tokenizer: {e}"))?,
-            )),
-            (None, true) => Some(Arc::new(Tokenizer::mock())),
+            ),
+            (None, true) => Some(Tokenizer::mock()),
             (None, false) => None,
+        };
+        let tokenization = match tokenizer {
+            Some(tokenizer) => Some(Tokenization::new(
+                tokenizer,
+                config.tokenizer_thread_count(),
+                config.tokenizer_queue_size,
+                config.max_tokenize_chars,
+                metrics.clone(),
+            )?),
+            None => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
         let client = build_client(upstream_tls.clone());
-        let replica_sync = config
-            .replica_sync_redis_url
-            .is_some()
-            .then(|| Arc::new(ReplicaSync::new(metrics.replica_sync.clone())));
+        let replica_sync = match (&config.replica_sync_redis_url, &config.replica_sync_secret) {
+            (Some(_), Some(secret)) => {
+                let limits = SyncLimits {
+                    max_message_bytes: config.replica_sync_max_message_bytes,
+                    max_hashes_per_record: config.replica_sync_max_hashes_per_record,
+                    max_peers: config.replica_sync_max_peers,
+                    max_peer_in_flight: config.replica_sync_max_peer_in_flight,
+                    max_age: Duration::from_millis(config.replica_sync_max_age_ms),
+                };
+                let oversized = metrics.oversized_answers.with_label_values(&["replica_sync"]);
+                let sync =
+                    ReplicaSync::new(metrics.replica_sync.clone(), oversized, secret.as_bytes(), limits);
+                Some(Arc::new(sync))
+            }
+            _ => None,
+        };
         let registry = Arc::new(Registry::new(
             config.routing.clone(),
             config
@@ -98,6 +125,7 @@ impl AppState {
             circuit,
             metrics.clone(),
             config.replica_sync_max_blocks,
+            config.max_workers,
         ));
         let loads = Arc::new(LoadSnapshot::new(config.load_poll_interval_ms()));
         let health_check = HealthCheck {
@@ -105,8 +133,11 @@ impl AppState {
             endpoint: config.health_check_endpoint.clone(),
             bearer: config.api_key.clone(),
             timeout: Duration::from_secs_f64(config.health_check_timeout_secs),
+            max_answer_bytes: config.max_probe_answer_bytes,
+            oversized: metrics.oversized_answers.clone(),
         };
         let listen_addr = Arc::new(OnceLock::new());
+        let admin_addr = Arc::new(OnceLock::new());
         let registration = Arc::new(Registration {
             registry: registry.clone(),
             loads: loads.clone(),
@@ -114,13 +145,21 @@ impl AppState {
             probes_disabled: config.disable_health_check,
             kv_events: KvEvents {
                 registry: registry.clone(),
+                loads: loads.clone(),
                 metrics: metrics.kv_events.clone(),
+                oversized: metrics.oversized_answers.clone(),
                 topic: config.kv_events_topic.clone(),
+                limits: KvEventLimits {
+                    max_message_bytes: config.kv_events_max_message_bytes,
+                    max_blocks_per_worker: config.kv_index_max_blocks_per_worker,
+                    capacity_slack: config.kv_index_capacity_slack,
+                },
             },
-            own_address: OwnAddress { host: config.host.clone(), listen: listen_addr.clone() },
+            own_address: OwnAddress { listen: listen_addr.clone(), admin: admin_addr.clone() },
+            allow: AllowList::new(&config.worker_url_allow)?,
         });
         Ok(Self {
-            tokenizer,
+            tokenization,
             registry,
             registration,
             admission: Admission::new(
@@ -145,6 +184,7 @@ impl AppState {
             instance: HeaderValue::from_str(&format!("{:016x}", rand::random::<u64>()))
                 .expect("hex digits are a valid header value"),
             listen_addr,
+            admin_addr,
             replica_sync,
             config,
         })

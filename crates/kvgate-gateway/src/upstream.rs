@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus::IntCounterVec;
 use tokio_rustls::TlsConnector;
 
 use crate::tls::{self, WorkerStream};
@@ -86,27 +87,126 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// GET `url` with a deadline; returns the status and the whole (small) body.
+/// Why a worker's answer was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error("{0}")]
+    Failed(String),
+    /// The body went past the limit (`--max-probe-answer-bytes`, ...): the rest was not read and
+    /// the connection is dropped.
+    #[error("the answer is larger than {limit} bytes")]
+    Oversized { limit: usize },
+}
+
+/// Reads `body` to its end, keeping at most `limit` bytes: past it, stops reading and says so
+/// (nothing past the limit is ever buffered). The chunks are kept as they came and joined once
+/// at the end (one chunk: no copy), so an answer near the limit costs at most twice it, not
+/// the regrowth copies of one growing buffer.
+pub async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, GetError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    /// Smaller chunks are gathered into one of this size first (so tiny chunks cost no more
+    /// than their bytes).
+    const GATHER: usize = 16 * 1024;
+    let mut body = std::pin::pin!(body);
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut small = bytes::BytesMut::new();
+    let mut read = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| GetError::Failed(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            read = read.saturating_add(data.len());
+            if read > limit {
+                return Err(GetError::Oversized { limit });
+            }
+            if data.len() >= GATHER && small.is_empty() {
+                chunks.push(data);
+            } else {
+                small.extend_from_slice(&data);
+                if small.len() >= GATHER {
+                    chunks.push(small.split().freeze());
+                }
+            }
+        }
+    }
+    if !small.is_empty() {
+        chunks.push(small.freeze());
+    }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().expect("one chunk"),
+        _ => {
+            let mut joined = bytes::BytesMut::with_capacity(read);
+            for chunk in chunks {
+                joined.extend_from_slice(&chunk);
+            }
+            joined.freeze()
+        }
+    })
+}
+
+/// Reads `body` to its end without keeping it (so its connection can be reused), up to `limit`
+/// bytes: past it, stops and says so.
+pub async fn drain_limited<B>(body: B, limit: usize) -> Result<(), GetError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let mut body = std::pin::pin!(body);
+    let mut read = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| GetError::Failed(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            read = read.saturating_add(data.len());
+            if read > limit {
+                return Err(GetError::Oversized { limit });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What to do with an answer's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Return it (at most the limit).
+    Body,
+    /// Only the status matters: read it to its end (at most the limit) and drop it.
+    Status,
+}
+
+/// GET `url` with a deadline; returns the status and the body, read up to `limit` bytes
+/// (`Keep::Status`: read and dropped, an empty body is returned).
 pub async fn get(
     client: &HttpClient,
     url: &str,
     bearer: Option<&str>,
     timeout: Duration,
-) -> Result<(StatusCode, Bytes), String> {
+    limit: usize,
+    keep: Keep,
+) -> Result<(StatusCode, Bytes), GetError> {
     let mut builder = Request::get(url);
     if let Some(token) = bearer {
         builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
     }
-    let request = builder.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let request = builder.body(Full::new(Bytes::new())).map_err(|e| GetError::Failed(e.to_string()))?;
     let exchange = async {
-        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let response = client.request(request).await.map_err(|e| GetError::Failed(e.to_string()))?;
         let status = response.status();
-        let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok::<_, String>((status, body))
+        let body = match keep {
+            Keep::Body => read_limited(response.into_body(), limit).await?,
+            Keep::Status => {
+                drain_limited(response.into_body(), limit).await?;
+                Bytes::new()
+            }
+        };
+        Ok::<_, GetError>((status, body))
     };
     tokio::time::timeout(timeout, exchange)
         .await
-        .map_err(|_| format!("no answer within {:.1} s", timeout.as_secs_f64()))?
+        .map_err(|_| GetError::Failed(format!("no answer within {:.1} s", timeout.as_secs_f64())))?
 }
 
 /// Ask a worker which model it serves (`GET /v1/models`, first entry).
@@ -115,21 +215,26 @@ pub async fn discover_model(
     worker_url: &str,
     bearer: Option<&str>,
     timeout: Duration,
-) -> Result<String, String> {
-    let (status, body) = get(client, &format!("{worker_url}/v1/models"), bearer, timeout).await?;
+    limit: usize,
+) -> Result<String, GetError> {
+    let url = format!("{worker_url}/v1/models");
+    let (status, body) = get(client, &url, bearer, timeout, limit, Keep::Body).await?;
+    let failed = |message: String| GetError::Failed(message);
     if !status.is_success() {
-        return Err(format!("GET /v1/models answered {status}"));
+        return Err(failed(format!("GET /v1/models answered {status}")));
     }
     let value: serde_json::Value =
-        serde_json::from_slice(&body).map_err(|e| format!("GET /v1/models: invalid JSON: {e}"))?;
+        serde_json::from_slice(&body).map_err(|e| failed(format!("GET /v1/models: invalid JSON: {e}")))?;
     value["data"][0]["id"]
         .as_str()
         .map(str::to_string)
-        .ok_or_else(|| "GET /v1/models: no model id in data[0].id".to_string())
+        .ok_or_else(|| failed("GET /v1/models: no model id in data[0].id".to_string()))
 }
 
 /// Health probes and model discovery, as registration and the health loop run them: the
-/// background client, the workers' key (`--api-key`), the health endpoint and the deadline.
+/// background client, the workers' key (`--api-key`), the health endpoint, the deadline and the
+/// largest answer read (`--max-probe-answer-bytes`; past it the probe fails, counted in
+/// `oversized`).
 #[derive(Clone)]
 pub struct HealthCheck {
     pub client: HttpClient,
@@ -137,20 +242,60 @@ pub struct HealthCheck {
     pub endpoint: String,
     pub bearer: Option<String>,
     pub timeout: Duration,
+    pub max_answer_bytes: usize,
+    /// `kvgate_oversized_answers_total{source}`.
+    pub oversized: IntCounterVec,
 }
 
 impl HealthCheck {
-    /// One health check: 2xx from the health endpoint within the timeout.
+    /// One health check: 2xx from the health endpoint within the timeout, with an answer no
+    /// larger than the bound.
     pub async fn probe(&self, url: &str) -> bool {
         let target = format!("{url}{}", self.endpoint);
-        matches!(
-            get(&self.client, &target, self.bearer.as_deref(), self.timeout).await,
-            Ok((status, _)) if status.is_success()
-        )
+        let bearer = self.bearer.as_deref();
+        match get(&self.client, &target, bearer, self.timeout, self.max_answer_bytes, Keep::Status).await {
+            Ok((status, _)) => status.is_success(),
+            Err(GetError::Oversized { .. }) => {
+                self.oversized.with_label_values(&["health"]).inc();
+                false
+            }
+            Err(GetError::Failed(_)) => false,
+        }
     }
 
     /// The model the worker serves (`GET /v1/models`).
-    pub async fn discover_model(&self, url: &str) -> Result<String, String> {
-        discover_model(&self.client, url, self.bearer.as_deref(), self.timeout).await
+    pub async fn discover_model(&self, url: &str) -> Result<String, GetError> {
+        let bearer = self.bearer.as_deref();
+        let learned = discover_model(&self.client, url, bearer, self.timeout, self.max_answer_bytes).await;
+        if let Err(GetError::Oversized { .. }) = learned {
+            self.oversized.with_label_values(&["models"]).inc();
+        }
+        learned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(chunks: Vec<Bytes>) -> impl http_body::Body<Data = Bytes, Error = std::convert::Infallible> {
+        let frames = chunks.into_iter().map(|chunk| Ok(http_body::Frame::data(chunk)));
+        http_body_util::StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn a_limited_read_keeps_every_byte_in_order_and_stops_past_the_limit() {
+        let big = Bytes::from(vec![b'b'; 40_000]);
+        let mut chunks: Vec<Bytes> = (0..3000).map(|i| Bytes::from(vec![b'a' + (i % 3) as u8])).collect();
+        chunks.push(big.clone());
+        chunks.push(Bytes::from_static(b"end"));
+        let expected: Vec<u8> = chunks.iter().flat_map(|chunk| chunk.to_vec()).collect();
+        let read = read_limited(body(chunks.clone()), expected.len()).await.unwrap();
+        assert_eq!(read.as_ref(), expected.as_slice());
+        let one = read_limited(body(vec![big.clone()]), 40_000).await.unwrap();
+        assert_eq!(one, big);
+        assert!(read_limited(body(Vec::new()), 0).await.unwrap().is_empty());
+        let over = read_limited(body(chunks), expected.len() - 1).await;
+        assert!(matches!(over, Err(GetError::Oversized { .. })));
     }
 }

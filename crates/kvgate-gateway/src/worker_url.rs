@@ -70,9 +70,111 @@ pub fn redact_credentials(url: &str) -> String {
     }
 }
 
+/// Where workers may be (`--worker-url-allow`): CIDRs, host names and `*.suffix` patterns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllowList {
+    networks: Vec<ipnet::IpNet>,
+    /// Lower-cased names, matched whole.
+    names: Vec<String>,
+    /// Lower-cased suffixes of `*.suffix` patterns, with their dot (`.svc.cluster.local`).
+    suffixes: Vec<String>,
+}
+
+impl AllowList {
+    /// Every entry parsed (validated with the configuration).
+    pub fn new(entries: &[String]) -> Result<AllowList, String> {
+        let mut list = AllowList::default();
+        for entry in entries {
+            match AllowList::parse_entry(entry)? {
+                Entry::Network(network) => list.networks.push(network),
+                Entry::Name(name) => list.names.push(name),
+                Entry::Suffix(suffix) => list.suffixes.push(suffix),
+            }
+        }
+        Ok(list)
+    }
+
+    /// One entry: `10.0.0.0/8`, `127.0.0.1` (a /32), `[::1]` or `::1/128`, `engine-1`,
+    /// `*.svc.cluster.local`.
+    pub fn parse_entry(entry: &str) -> Result<Entry, String> {
+        let entry = entry.trim();
+        let bare = entry.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(network) = bare.parse::<ipnet::IpNet>() {
+            return Ok(Entry::Network(network.trunc()));
+        }
+        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            return Ok(Entry::Network(ipnet::IpNet::from(ip)));
+        }
+        let name_like = |text: &str| {
+            !text.is_empty()
+                && text.split('.').all(|label| {
+                    !label.is_empty()
+                        && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                })
+        };
+        if let Some(suffix) = entry.strip_prefix("*.") {
+            if name_like(suffix) {
+                return Ok(Entry::Suffix(format!(".{}", suffix.to_ascii_lowercase())));
+            }
+        } else if name_like(entry) && !entry.contains('/') {
+            return Ok(Entry::Name(entry.to_ascii_lowercase()));
+        }
+        Err(format!("{entry:?} is not a CIDR (10.0.0.0/8), an address, a host name or a *.domain pattern"))
+    }
+
+    /// Whether any address may be registered (no entry given).
+    pub fn is_open(&self) -> bool {
+        self.networks.is_empty() && self.names.is_empty() && self.suffixes.is_empty()
+    }
+
+    /// Whether the host name (not an address literal) is allowed by name.
+    pub fn allows_name(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        self.names.contains(&host) || self.suffixes.iter().any(|suffix| host.ends_with(suffix.as_str()))
+    }
+
+    /// Whether `ip` is in an allowed network (IPv4-mapped IPv6 addresses as IPv4).
+    pub fn allows_ip(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.networks.iter().any(|network| network.contains(&ip))
+    }
+}
+
+/// One `--worker-url-allow` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    Network(ipnet::IpNet),
+    Name(String),
+    Suffix(String),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allow_list_entries() {
+        let list = AllowList::new(&[
+            "10.0.0.0/8".into(),
+            "127.0.0.1".into(),
+            "[::1]".into(),
+            "engine-1".into(),
+            "*.svc.cluster.local".into(),
+        ])
+        .unwrap();
+        assert!(list.allows_ip("10.1.2.3".parse().unwrap()));
+        assert!(list.allows_ip("127.0.0.1".parse().unwrap()));
+        assert!(list.allows_ip("::ffff:10.0.0.1".parse().unwrap()), "IPv4-mapped IPv6 is IPv4");
+        assert!(list.allows_ip("::1".parse().unwrap()));
+        assert!(!list.allows_ip("127.0.0.2".parse().unwrap()));
+        assert!(!list.allows_ip("192.168.0.1".parse().unwrap()));
+        assert!(list.allows_name("ENGINE-1") && list.allows_name("vllm.ns.svc.cluster.local."));
+        assert!(!list.allows_name("engine-10") && !list.allows_name("svc.cluster.local.evil.com"));
+        assert!(AllowList::new(&[]).unwrap().is_open());
+        for bad in ["10.0.0.0/33", "http://x", "*.", "a..b", ""] {
+            assert!(AllowList::parse_entry(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn url_normalization() {

@@ -116,19 +116,23 @@ impl ApproxIndex {
     }
 
     /// Periodic maintenance on the host's clock: per-worker LRU eviction every
-    /// `eviction_interval_ms` (the first call only starts the clock).
+    /// `eviction_interval_ms` (the first call only starts the clock), and at once when a worker
+    /// holds more than twice its bound (prompts arriving faster than the interval evicts them:
+    /// what clients send cannot grow the tree past that between two calls' worth of traffic).
     pub fn maintain(&self, now_ms: u64) {
         let mut trees = self.lock();
+        let bound = self.settings.max_elements_per_tenant;
+        let far_over = trees.text.max_tenant_size() > bound.saturating_mul(2)
+            || trees.tokens.max_tenant_size() > bound.saturating_mul(2);
         let due = match trees.last_eviction_ms {
             None => {
                 trees.last_eviction_ms = Some(now_ms);
-                false
+                far_over
             }
-            Some(last) => now_ms.saturating_sub(last) >= self.settings.eviction_interval_ms,
+            Some(last) => far_over || now_ms.saturating_sub(last) >= self.settings.eviction_interval_ms,
         };
         if due {
             trees.last_eviction_ms = Some(now_ms);
-            let bound = self.settings.max_elements_per_tenant;
             trees.text.evict(bound);
             trees.tokens.evict(bound);
         }
@@ -224,5 +228,33 @@ impl PrefixIndex for ExactRecordingTree<'_> {
 
     fn tenant_size(&self, tenant: TenantId) -> usize {
         self.exact.tenant_size(tenant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_far_over_its_bound_is_evicted_before_the_interval() {
+        let settings =
+            TreeSettings { max_elements_per_tenant: 1000, eviction_interval_ms: 120_000, block_size: 1 };
+        let index = ApproxIndex::new(settings);
+        index.maintain(0);
+        // Prompts faster than the interval evicts: within twice the bound, they wait for it.
+        let prompt = |i: usize| format!("{i:04}{}", "x".repeat(296));
+        for i in 0..6 {
+            index.record(PromptKey::Text(&prompt(i)), 1, i as u64);
+        }
+        index.maintain(1_000);
+        let held = index.lock().text.tenant_size(1);
+        assert!(held > 1000 && held <= 2000, "{held}: under twice the bound, kept until the interval");
+        for i in 6..20 {
+            index.record(PromptKey::Text(&prompt(i)), 1, i as u64);
+        }
+        index.maintain(2_000);
+        assert!(index.lock().text.tenant_size(1) <= 1000, "far over: evicted at once");
+        index.maintain(120_000);
+        assert!(index.lock().text.tenant_size(1) <= 1000);
     }
 }

@@ -92,6 +92,11 @@ impl<T: Copy + Eq + Ord + std::hash::Hash> RadixTree<T> {
         self.sizes.get(&tenant).copied().unwrap_or(0)
     }
 
+    /// The most elements one tenant holds (0 for an empty tree).
+    pub fn max_tenant_size(&self) -> usize {
+        self.sizes.values().copied().max().unwrap_or(0)
+    }
+
     /// Tenants currently holding at least one node, sorted.
     pub fn tenants(&self) -> Vec<TenantId> {
         let mut v: Vec<TenantId> = self.sizes.keys().copied().collect();

@@ -133,6 +133,57 @@ impl ChatInput {
     }
 }
 
+impl ChatInput {
+    /// The conversation's leading messages, enough to render its first `max_chars` characters:
+    /// messages are kept until their contents pass `max_chars` bytes (the one that passes it
+    /// included), rendered as history (no generation prompt, no final message continued).
+    pub(crate) fn leading(mut self, max_chars: usize) -> ChatInput {
+        self.messages = leading_messages(&self.messages, max_chars);
+        self.add_generation_prompt = false;
+        self.continue_final_message = false;
+        self
+    }
+}
+
+/// The leading messages whose contents reach past `max_chars` bytes (all when they do not).
+pub(crate) fn leading_messages(messages: &Value, max_chars: usize) -> Value {
+    if messages.kind() != ValueKind::Seq {
+        return messages.clone(); // refused by the renderer as usual
+    }
+    let mut kept = Vec::new();
+    let mut size = 0usize;
+    for message in messages.try_iter().into_iter().flatten() {
+        size = size.saturating_add(content_bytes(&get(&message, "content")));
+        kept.push(message);
+        if size > max_chars {
+            break;
+        }
+    }
+    Value::from(kept)
+}
+
+/// The bytes of a message's text: a string, or the `text`s of its parts.
+fn content_bytes(content: &Value) -> usize {
+    match content.kind() {
+        ValueKind::String => content.as_str().map_or(0, str::len),
+        ValueKind::Seq => content
+            .try_iter()
+            .into_iter()
+            .flatten()
+            .map(|part| get(&part, "text").as_str().map_or(0, str::len))
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// `text` cut to its first `max_chars` characters.
+pub(crate) fn first_chars(text: &str, max_chars: usize) -> &str {
+    match text.char_indices().nth(max_chars) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
+
 /// A JSON value as a template value (objects keep serde_json's key order).
 pub(crate) fn json_value(value: &serde_json::Value) -> Value {
     Value::from(minijinja::value::Serde(value))

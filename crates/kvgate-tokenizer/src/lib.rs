@@ -184,6 +184,29 @@ impl Tokenizer {
         }
     }
 
+    /// Token ids of the first `max_chars` characters of a raw chat request's rendered prompt:
+    /// only the leading messages needed for them are rendered (as history: no generation
+    /// prompt), so the work is bounded by `max_chars`, not by the conversation. For templates
+    /// that render each message in turn, a prefix of [`Tokenizer::encode_chat_request`]'s ids
+    /// up to its last token or so.
+    pub fn encode_chat_request_prefix(
+        &self,
+        body: &[u8],
+        max_chars: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        match &self.kind {
+            Kind::Hf(hf) => {
+                let rendered = hf.render_chat(ChatInput::from_body(body)?.leading(max_chars))?;
+                hf.encode(chat::first_chars(&rendered, max_chars), false)
+            }
+            Kind::Mock => {
+                let messages = chat::leading_messages(&mock::messages_from_body(body)?, max_chars);
+                let rendered = mock::render_chat(&messages)?;
+                Ok(kvgate_words::tokenize(chat::first_chars(&rendered, max_chars)))
+            }
+        }
+    }
+
     /// Whether the segment cache is in use, and how full it is.
     pub fn segment_cache_status(&self) -> SegmentCacheStatus {
         match &self.kind {

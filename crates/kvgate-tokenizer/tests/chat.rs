@@ -188,3 +188,25 @@ fn the_tokenizer_is_shared_between_threads() {
         }
     }
 }
+
+/// A conversation too long to tokenize whole: the prefix ids of its first N characters are the
+/// whole conversation's ids up to the cut (bar the token the cut splits), whatever its length,
+/// for the Hugging Face path and the mock engines' tokenizer alike.
+#[test]
+fn the_prefix_of_a_long_chat_is_the_prefix_of_its_ids() {
+    let messages: Vec<_> = (0..3_000)
+        .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("turn {i} says hello world")}))
+        .collect();
+    let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
+    for tokenizer in [tiny(), Tokenizer::mock()] {
+        let whole = tokenizer.encode_chat_request(&body).unwrap();
+        let prefix = tokenizer.encode_chat_request_prefix(&body, 2000).unwrap();
+        assert!(prefix.len() > 20 && prefix.len() < whole.len() / 20, "{} of {}", prefix.len(), whole.len());
+        let agreed = prefix.iter().zip(&whole).take_while(|(a, b)| a == b).count();
+        assert!(agreed + 1 >= prefix.len(), "{agreed} of {} prefix ids agree", prefix.len());
+        // A short request is tokenized whole, its generation prompt excepted.
+        let short = serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
+        let ids = tokenizer.encode_chat_request_prefix(&short, 2000).unwrap();
+        assert!(tokenizer.encode_chat_request(&short).unwrap().starts_with(&ids));
+    }
+}

@@ -112,6 +112,13 @@ class Gateway:
         return self._gateway.url
 
     @property
+    def admin_url(self) -> str:
+        """Where the admin API (``/workers``, ``/v1/route``) is served: the admin listener
+        (``admin_host``/``admin_port``, loopback by default), or the main one with
+        ``admin_api_key``. ``RuntimeError`` when not running."""
+        return self._gateway.admin_url
+
+    @property
     def running(self) -> bool:
         """Whether the gateway is serving."""
         return self._gateway.running

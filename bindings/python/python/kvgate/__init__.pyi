@@ -57,8 +57,14 @@ class Gateway:
         kv_events_endpoints: Sequence[str] = [],
         kv_events_replay_endpoints: Sequence[str] = [],
         kv_events_topic: str = '',
+        kv_events_max_message_bytes: int = 4194304,
+        kv_index_max_blocks_per_worker: int = 262144,
+        kv_index_capacity_slack: float = 2.0,
         tokenizer_path: str | os.PathLike[str] | None = None,
         chat_template: str | os.PathLike[str] | None = None,
+        tokenizer_threads: int | None = None,
+        tokenizer_queue_size: int = 64,
+        max_tokenize_chars: int = 262144,
         mock_tokenizer: bool = False,
         load_monitor_interval_ms: int = 1000,
         load_monitor_interval: float | None = None,
@@ -70,6 +76,8 @@ class Gateway:
         rate_limit_tokens_per_second: float | None = None,
         body_read_timeout_secs: float = 60.0,
         ttfb_timeout_secs: float | None = None,
+        max_probe_answer_bytes: int = 2097152,
+        max_prefill_answer_bytes: int = 16777216,
         health_check_interval_secs: float = 10.0,
         health_check_timeout_secs: float = 5.0,
         health_check_endpoint: str = '/health',
@@ -84,8 +92,14 @@ class Gateway:
         cb_timeout_duration_secs: float = 30.0,
         disable_circuit_breaker: bool = False,
         admin_api_key: str | None = None,
+        admin_host: str = '127.0.0.1',
+        admin_port: int | None = None,
+        admin_insecure: bool = False,
+        max_workers: int = 4096,
+        worker_url_allow: Sequence[str] = [],
         api_key: str | None = None,
         client_api_keys: Sequence[str] = [],
+        forward_client_auth: bool = False,
         header_read_timeout_secs: float = 10.0,
         keep_alive_timeout_secs: float = 60.0,
         max_connections: int = 10000,
@@ -103,6 +117,12 @@ class Gateway:
         replica_sync_channel: str = 'kvgate:replica-sync',
         replica_sync_interval_ms: int = 200,
         replica_sync_max_blocks: int = 1048576,
+        replica_sync_secret: str | None = None,
+        replica_sync_max_age_ms: int = 10000,
+        replica_sync_max_message_bytes: int = 1048576,
+        replica_sync_max_hashes_per_record: int = 4096,
+        replica_sync_max_peers: int = 64,
+        replica_sync_max_peer_in_flight: int = 1024,
         io_threads: int | None = None,
         service_discovery: bool = False,
         selector: Sequence[str] = [],
@@ -208,10 +228,31 @@ class Gateway:
             shaped like --kv-events-endpoints (`-` for none). Replay fills gaps and rebuilds the
             index after a start or restart
         kv_events_topic: ZMQ topic the engines publish KV events under
+        kv_events_max_message_bytes: Largest KV event message (a live batch or a replayed one)
+            applied, in bytes; a larger one is dropped like a lost batch (the worker's index
+            entries are cleared) and counted. An engine's step of 128K prompt tokens is about
+            0.6 MB of events
+        kv_index_max_blocks_per_worker: Most KV blocks the exact index holds for one engine
+            cache (a worker's rank) when its engine reports no capacity; a stored event past it
+            is refused alone (counted in
+            `kvgate_kv_events_refused_total{reason="over_capacity"}`)
+        kv_index_capacity_slack: When the engine reports its KV capacity (`max_total_num_tokens`
+            in its load report), the index holds at most that capacity in blocks times this
+            factor for it (room for offload tiers and for events racing evictions)
         tokenizer_path: Tokenizer for matching requests to KV blocks: a Hugging Face
             tokenizer.json, or a directory holding it and tokenizer_config.json (the chat
             template). Never downloaded
         chat_template: Chat template file (Jinja) overriding the tokenizer's
+        tokenizer_threads: Threads tokenizing requests for the exact index, apart from the I/O
+            threads (default: half the CPU cores, at least one). Inputs of at most 2 KiB are
+            tokenized inline
+        tokenizer_queue_size: Inputs waiting for a tokenizer thread beyond the running ones;
+            when it is full a request routes on its text (the approximate tree) instead of
+            waiting
+        max_tokenize_chars: Longest prompt routed on, in characters: a longer prompt (or
+            rendered conversation) is routed on its first this-many characters (tokenized for
+            the exact index, as text for the approximate tree), so one request costs the
+            tokenizer and the tree a bounded amount
         mock_tokenizer: Tokenize as kvgate's simulated engines do (one word = one token); set by
             `launch --mock-workers`
         load_monitor_interval_ms: Milliseconds between engine load polls (used only while a
@@ -232,6 +273,14 @@ class Gateway:
         ttfb_timeout_secs: Seconds to wait for a worker's response head before giving up on it
             and trying another worker (nothing has reached the client yet); unset: wait up to
             --request-timeout-secs
+        max_probe_answer_bytes: Largest answer read from a worker's health endpoint, `GET
+            /v1/models` and load endpoint (`/v1/loads`, `/metrics`), in bytes; past it the probe
+            or poll fails without reading the rest (counted in
+            `kvgate_oversized_answers_total`). An engine's `/metrics` is some hundreds of KiB at
+            most; each probe in flight may hold up to twice this
+        max_prefill_answer_bytes: Largest prefill answer of a disaggregated pair read, in bytes
+            (vLLM: parsed for its kv_transfer_params; SGLang: drained); past it the prefill side
+            failed
         health_check_interval_secs: Seconds between health checks of each worker
         health_check_timeout_secs: Timeout of one health check, in seconds
         health_check_endpoint: Path probed on each worker
@@ -249,10 +298,31 @@ class Gateway:
         cb_timeout_duration_secs: Seconds an open circuit waits before letting a probe request
             through (half-open)
         disable_circuit_breaker: Never open circuits
-        admin_api_key: When set, /workers requires `Authorization: Bearer KEY`
+        admin_api_key: The admin API's key: `/workers` and `/v1/route` require `Authorization:
+            Bearer KEY` on every listener, and are served on the main listener too. Without it
+            they are served only on the admin listener (--admin-host, --admin-port)
+        admin_host: Address of the admin listener (`/workers`, `/v1/route`, and the read-only
+            endpoints; no proxied traffic). A non-loopback address needs --admin-api-key (or
+            --admin-insecure)
+        admin_port: Port of the admin listener (0 picks a free port). Unset: the port after
+            --port (a free one when --port is 0) when no --admin-api-key is given, else no admin
+            listener (the admin API is on the main listener, behind the key)
+        admin_insecure: Serve the admin API without a key on a non-loopback --admin-host: anyone
+            who reaches it can add workers (which then receive clients' prompts). Logged loudly
+            at start
+        max_workers: Most workers registered at once (POST /workers, discovery, --worker-urls);
+            further registrations are refused with 409
+        worker_url_allow: Where workers may be: CIDRs (`10.0.0.0/8`, `127.0.0.1/32`), host names
+            (`engine-1`) or name patterns (`*.svc.cluster.local`); a worker URL (and its KV
+            event endpoints) whose host matches none is refused. A name is allowed when it
+            matches a pattern, or when every address it resolves to is in an allowed CIDR.
+            Empty: any address
         api_key: Bearer token sent to workers
         client_api_keys: When set, the inference endpoints require `Authorization: Bearer KEY`
             with one of these keys (401 otherwise); the client's key is not forwarded to workers
+        forward_client_auth: Forward the client's credentials (`Authorization`, `Cookie`,
+            `X-Api-Key`, `Api-Key`) to the worker. Off by default: a worker gets only --api-key.
+            Never with --client-api-keys (those are the gateway's)
         header_read_timeout_secs: Seconds a client has to send a complete request head, counted
             from the connection's start (TLS handshake included) or from the first byte of a
             later request; a client that has not finished by then (or sent nothing) is
@@ -290,6 +360,20 @@ class Gateway:
         replica_sync_max_blocks: Most prompt blocks routed by peers kept per pool (least
             recently used go first; about 100 bytes each). A block is the tree's --block-size
             tokens, or 256 bytes of text
+        replica_sync_secret: The secret every replica of a deployment shares: each message is
+            signed with it (HMAC-SHA256) and peers' messages that do not verify are dropped.
+            Required with --replica-sync-redis-url; at least 16 bytes
+        replica_sync_max_age_ms: Oldest peer message applied, in milliseconds (also the clock
+            difference tolerated between replicas); older ones, and ones numbered at or below
+            their sender's last, are dropped as replays
+        replica_sync_max_message_bytes: Largest replica-sync message read, in bytes (this
+            replica's own stay below half of it)
+        replica_sync_max_hashes_per_record: Most block hashes in one routing record: this
+            replica sends a prompt's first ones; a peer's longer record is dropped alone
+        replica_sync_max_peers: Most peer replicas tracked at once; messages of further replica
+            ids are dropped
+        replica_sync_max_peer_in_flight: Most requests one peer may claim in flight on one
+            worker; larger claims are clamped
         io_threads: Serve client connections on this many I/O threads (default: one per CPU
             core), each with its own single-threaded runtime, its own SO_REUSEPORT listener and
             its own upstream connections, so a connection's requests never cross threads
@@ -329,6 +413,10 @@ class Gateway:
     def url(self) -> str:
         """The URL the gateway serves on (with ``port=0``, the port chosen). ``RuntimeError``
         when not running."""
+    @property
+    def admin_url(self) -> str:
+        """Where the admin API (``/workers``, ``/v1/route``) is served: the admin listener, or
+        the main one with ``admin_api_key``. ``RuntimeError`` when not running."""
     @property
     def running(self) -> bool:
         """Whether the gateway is serving."""

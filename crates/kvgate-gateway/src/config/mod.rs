@@ -74,6 +74,21 @@ pub struct GatewayConfig {
     /// ZMQ topic the engines publish KV events under.
     #[arg(long, default_value = "")]
     pub kv_events_topic: String,
+    /// Largest KV event message (a live batch or a replayed one) applied, in bytes; a larger one
+    /// is dropped like a lost batch (the worker's index entries are cleared) and counted. An
+    /// engine's step of 128K prompt tokens is about 0.6 MB of events.
+    #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
+    pub kv_events_max_message_bytes: usize,
+    /// Most KV blocks the exact index holds for one engine cache (a worker's rank) when its
+    /// engine reports no capacity; a stored event past it is refused alone (counted in
+    /// `kvgate_kv_events_refused_total{reason="over_capacity"}`).
+    #[arg(long, default_value_t = 262144, value_name = "BLOCKS")]
+    pub kv_index_max_blocks_per_worker: usize,
+    /// When the engine reports its KV capacity (`max_total_num_tokens` in its load report), the
+    /// index holds at most that capacity in blocks times this factor for it (room for offload
+    /// tiers and for events racing evictions).
+    #[arg(long, default_value_t = 2.0, value_name = "FACTOR")]
+    pub kv_index_capacity_slack: f64,
     /// Tokenizer for matching requests to KV blocks: a Hugging Face tokenizer.json, or a directory
     /// holding it and tokenizer_config.json (the chat template). Never downloaded.
     #[arg(long, value_name = "DIR_OR_FILE")]
@@ -81,6 +96,19 @@ pub struct GatewayConfig {
     /// Chat template file (Jinja) overriding the tokenizer's.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<std::path::PathBuf>,
+    /// Threads tokenizing requests for the exact index, apart from the I/O threads (default:
+    /// half the CPU cores, at least one). Inputs of at most 2 KiB are tokenized inline.
+    #[arg(long, value_name = "N")]
+    pub tokenizer_threads: Option<usize>,
+    /// Inputs waiting for a tokenizer thread beyond the running ones; when it is full a request
+    /// routes on its text (the approximate tree) instead of waiting.
+    #[arg(long, default_value_t = 64)]
+    pub tokenizer_queue_size: usize,
+    /// Longest prompt routed on, in characters: a longer prompt (or rendered conversation) is
+    /// routed on its first this-many characters (tokenized for the exact index, as text for the
+    /// approximate tree), so one request costs the tokenizer and the tree a bounded amount.
+    #[arg(long, default_value_t = 262144)]
+    pub max_tokenize_chars: usize,
     /// Tokenize as kvgate's simulated engines do (one word = one token); set by
     /// `launch --mock-workers`.
     #[arg(long)]
@@ -125,6 +153,17 @@ pub struct GatewayConfig {
     #[arg(long)]
     pub ttfb_timeout_secs: Option<f64>,
 
+    /// Largest answer read from a worker's health endpoint, `GET /v1/models` and load endpoint
+    /// (`/v1/loads`, `/metrics`), in bytes; past it the probe or poll fails without reading the
+    /// rest (counted in `kvgate_oversized_answers_total`). An engine's `/metrics` is some
+    /// hundreds of KiB at most; each probe in flight may hold up to twice this.
+    #[arg(long, default_value_t = 2 * 1024 * 1024, value_name = "BYTES")]
+    pub max_probe_answer_bytes: usize,
+    /// Largest prefill answer of a disaggregated pair read, in bytes (vLLM: parsed for its
+    /// kv_transfer_params; SGLang: drained); past it the prefill side failed.
+    #[arg(long, default_value_t = 16 * 1024 * 1024, value_name = "BYTES")]
+    pub max_prefill_answer_bytes: usize,
+
     /// Seconds between health checks of each worker.
     #[arg(long, default_value_t = 10.0)]
     pub health_check_interval_secs: f64,
@@ -167,9 +206,34 @@ pub struct GatewayConfig {
     #[arg(long)]
     pub disable_circuit_breaker: bool,
 
-    /// When set, /workers requires `Authorization: Bearer KEY`.
+    /// The admin API's key: `/workers` and `/v1/route` require `Authorization: Bearer KEY` on
+    /// every listener, and are served on the main listener too. Without it they are served
+    /// only on the admin listener (--admin-host, --admin-port).
     #[arg(long, env = "KVGATE_ADMIN_API_KEY", hide_env_values = true)]
     pub admin_api_key: Option<String>,
+    /// Address of the admin listener (`/workers`, `/v1/route`, and the read-only endpoints; no
+    /// proxied traffic). A non-loopback address needs --admin-api-key (or --admin-insecure).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub admin_host: String,
+    /// Port of the admin listener (0 picks a free port). Unset: the port after --port (a free
+    /// one when --port is 0) when no --admin-api-key is given, else no admin listener (the
+    /// admin API is on the main listener, behind the key).
+    #[arg(long)]
+    pub admin_port: Option<u16>,
+    /// Serve the admin API without a key on a non-loopback --admin-host: anyone who reaches it
+    /// can add workers (which then receive clients' prompts). Logged loudly at start.
+    #[arg(long)]
+    pub admin_insecure: bool,
+    /// Most workers registered at once (POST /workers, discovery, --worker-urls); further
+    /// registrations are refused with 409.
+    #[arg(long, default_value_t = 4096)]
+    pub max_workers: usize,
+    /// Where workers may be: CIDRs (`10.0.0.0/8`, `127.0.0.1/32`), host names (`engine-1`) or
+    /// name patterns (`*.svc.cluster.local`); a worker URL (and its KV event endpoints) whose
+    /// host matches none is refused. A name is allowed when it matches a pattern, or when every
+    /// address it resolves to is in an allowed CIDR. Empty: any address.
+    #[arg(long = "worker-url-allow", value_delimiter = ',', num_args = 0.., value_name = "CIDR_OR_HOST")]
+    pub worker_url_allow: Vec<String>,
     /// Bearer token sent to workers.
     #[arg(long, env = "KVGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -177,6 +241,12 @@ pub struct GatewayConfig {
     /// keys (401 otherwise); the client's key is not forwarded to workers.
     #[arg(long, env = "KVGATE_CLIENT_API_KEYS", value_delimiter = ',', hide_env_values = true)]
     pub client_api_keys: Vec<String>,
+
+    /// Forward the client's credentials (`Authorization`, `Cookie`, `X-Api-Key`, `Api-Key`) to
+    /// the worker. Off by default: a worker gets only --api-key. Never with --client-api-keys
+    /// (those are the gateway's).
+    #[arg(long)]
+    pub forward_client_auth: bool,
 
     /// Seconds a client has to send a complete request head, counted from the connection's
     /// start (TLS handshake included) or from the first byte of a later request; a client that
@@ -246,6 +316,30 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = 1048576)]
     pub replica_sync_max_blocks: usize,
 
+    /// The secret every replica of a deployment shares: each message is signed with it
+    /// (HMAC-SHA256) and peers' messages that do not verify are dropped. Required with
+    /// --replica-sync-redis-url; at least 16 bytes.
+    #[arg(long, env = "KVGATE_REPLICA_SYNC_SECRET", hide_env_values = true)]
+    pub replica_sync_secret: Option<String>,
+    /// Oldest peer message applied, in milliseconds (also the clock difference tolerated
+    /// between replicas); older ones, and ones numbered at or below their sender's last, are
+    /// dropped as replays.
+    #[arg(long, default_value_t = 10000)]
+    pub replica_sync_max_age_ms: u64,
+    /// Largest replica-sync message read, in bytes (this replica's own stay below half of it).
+    #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
+    pub replica_sync_max_message_bytes: usize,
+    /// Most block hashes in one routing record: this replica sends a prompt's first ones; a
+    /// peer's longer record is dropped alone.
+    #[arg(long, default_value_t = 4096)]
+    pub replica_sync_max_hashes_per_record: usize,
+    /// Most peer replicas tracked at once; messages of further replica ids are dropped.
+    #[arg(long, default_value_t = 64)]
+    pub replica_sync_max_peers: usize,
+    /// Most requests one peer may claim in flight on one worker; larger claims are clamped.
+    #[arg(long, default_value_t = 1024)]
+    pub replica_sync_max_peer_in_flight: u64,
+
     /// Serve client connections on this many I/O threads (default: one per CPU core), each with
     /// its own single-threaded runtime, its own SO_REUSEPORT listener and its own upstream
     /// connections, so a connection's requests never cross threads (nginx's worker model); 0
@@ -294,6 +388,26 @@ impl GatewayConfig {
     /// 0 when they are served on the caller's runtime.
     pub fn io_thread_count(&self) -> usize {
         self.io_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// Where the admin listener binds: `--admin-host` with `--admin-port`, else, without an admin
+    /// key, the port after `--port` (a free one with `--port 0`); `None`: no admin listener (the
+    /// admin API is on the main listener, behind the key).
+    pub fn admin_listener(&self) -> Option<(String, u16)> {
+        let port = match (self.admin_port, &self.admin_api_key) {
+            (Some(port), _) => port,
+            (None, Some(_)) => return None,
+            (None, None) if self.port == 0 => 0,
+            (None, None) => self.port.checked_add(1)?,
+        };
+        Some((self.admin_host.clone(), port))
+    }
+
+    /// How many threads tokenize (`--tokenizer-threads`, by default half the cores, at least 1).
+    pub fn tokenizer_thread_count(&self) -> usize {
+        self.tokenizer_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) / 2)
+            .max(1)
     }
 }
 
@@ -368,7 +482,7 @@ impl GatewayConfig {
     /// The configuration as YAML, readable back with `--config` (secrets shown as `<set>`).
     pub fn to_yaml(&self) -> Result<String, String> {
         let mut shown = self.clone();
-        for secret in [&mut shown.admin_api_key, &mut shown.api_key] {
+        for secret in [&mut shown.admin_api_key, &mut shown.api_key, &mut shown.replica_sync_secret] {
             if secret.is_some() {
                 *secret = Some("<set>".into());
             }
@@ -376,6 +490,9 @@ impl GatewayConfig {
         if !shown.client_api_keys.is_empty() {
             shown.client_api_keys = vec!["<set>".into()];
         }
+        // A Redis password in the URL (AUTH) is a secret too.
+        shown.replica_sync_redis_url =
+            shown.replica_sync_redis_url.map(|url| crate::worker_url::redact_credentials(&url));
         serde_norway::to_string(&shown).map_err(|e| e.to_string())
     }
 

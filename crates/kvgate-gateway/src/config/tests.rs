@@ -188,9 +188,15 @@ fn pd_workers_from_flags_and_yaml() {
 
 #[test]
 fn the_printed_configuration_reads_back() {
-    let config = GatewayConfig { port: 31234, api_key: Some("secret".into()), ..GatewayConfig::default() };
+    let config = GatewayConfig {
+        port: 31234,
+        api_key: Some("hunter2-api".into()),
+        replica_sync_secret: Some("hunter2-replica-sync".into()),
+        replica_sync_redis_url: Some("rediss://kvgate:hunter2@127.0.0.1:6380".into()),
+        ..GatewayConfig::default()
+    };
     let yaml = config.to_yaml().unwrap();
-    assert!(yaml.contains("port: 31234") && !yaml.contains("secret"), "{yaml}");
+    assert!(yaml.contains("port: 31234") && !yaml.contains("hunter2"), "{yaml}");
     let back = GatewayConfig::with_file(&yaml, &GatewayConfig::default(), &[]).unwrap();
     assert_eq!(back.port, 31234);
     assert_eq!(back.routing, config.routing);

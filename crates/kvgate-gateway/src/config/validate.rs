@@ -77,6 +77,26 @@ impl GatewayConfig {
         ] {
             checks.at_least(field, value.into(), 1);
         }
+        for (field, value) in [
+            ("max_probe_answer_bytes", self.max_probe_answer_bytes),
+            ("max_prefill_answer_bytes", self.max_prefill_answer_bytes),
+            ("kv_events_max_message_bytes", self.kv_events_max_message_bytes),
+        ] {
+            checks.at_least(field, value as u64, 1024);
+        }
+        if self.tokenizer_threads.is_some_and(|n| n == 0 || n > 1024) {
+            checks.push(
+                FieldError::new("tokenizer_threads", "must be between 1 and 1024")
+                    .got(self.tokenizer_threads.unwrap_or(0)),
+            );
+        }
+        checks.at_least("max_tokenize_chars", self.max_tokenize_chars as u64, 64);
+        checks.at_least("kv_index_max_blocks_per_worker", self.kv_index_max_blocks_per_worker as u64, 1);
+        checks.in_range(
+            "kv_index_capacity_slack",
+            self.kv_index_capacity_slack,
+            Range::new(1.0, true, 1000.0, true),
+        );
         if self.max_concurrent_requests == Some(0) {
             checks.push(
                 FieldError::new("max_concurrent_requests", "must be at least 1 (leave unset for no limit)")
@@ -128,6 +148,7 @@ impl GatewayConfig {
         self.validate_kv_events(&mut checks);
         validate_client_connections(self, &mut checks);
         self.validate_replica_sync(&mut checks);
+        self.validate_admin(&mut checks);
         checks.ensure(
             !(self.tokenizer_path.is_some() && self.mock_tokenizer),
             "mock_tokenizer",
@@ -142,6 +163,47 @@ impl GatewayConfig {
         checks.finish()
     }
 
+    fn validate_admin(&self, checks: &mut Checks) {
+        if self.admin_api_key.as_deref() == Some("") {
+            checks.push(FieldError::new("admin_api_key", "must not be empty"));
+        }
+        if self.admin_port.is_none() && self.admin_api_key.is_none() && self.port == u16::MAX {
+            checks.push(FieldError::new(
+                "admin_port",
+                "must be given when port is 65535 and there is no admin_api_key (the admin listener's default is the port after port)",
+            ));
+        }
+        if let Some((host, port)) = self.admin_listener() {
+            if port != 0 && port == self.port && host == self.host {
+                checks.push(
+                    FieldError::new(
+                        "admin_port",
+                        "must differ from port (the admin API has a listener of its own)",
+                    )
+                    .got(port),
+                );
+            }
+            let loopback =
+                host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+            let named = host.parse::<std::net::IpAddr>().is_err() && host != "localhost";
+            if !loopback && !named && self.admin_api_key.is_none() && !self.admin_insecure {
+                checks.push(
+                    FieldError::new(
+                        "admin_host",
+                        "is not a loopback address: give admin_api_key (or admin_insecure to serve the admin API to anyone who reaches it)",
+                    )
+                    .got(&host),
+                );
+            }
+        }
+        checks.at_least("max_workers", self.max_workers as u64, 1);
+        for entry in &self.worker_url_allow {
+            if let Err(message) = crate::worker_url::AllowList::parse_entry(entry) {
+                checks.push(FieldError::new("worker_url_allow", message));
+            }
+        }
+    }
+
     fn validate_replica_sync(&self, checks: &mut Checks) {
         if let Some(url) = &self.replica_sync_redis_url {
             if let Err(error) = redis::Client::open(url.as_str()) {
@@ -154,6 +216,26 @@ impl GatewayConfig {
         checks.ensure(!self.replica_sync_channel.is_empty(), "replica_sync_channel", "must not be empty");
         checks.at_least("replica_sync_interval_ms", self.replica_sync_interval_ms, 1);
         checks.at_least("replica_sync_max_blocks", self.replica_sync_max_blocks as u64, 1);
+        match (&self.replica_sync_redis_url, &self.replica_sync_secret) {
+            (Some(_), None) => checks.push(FieldError::new(
+                "replica_sync_secret",
+                "is required with replica_sync_redis_url: every message is signed with it (the same on every replica)",
+            )),
+            (_, Some(secret)) if secret.len() < 16 => checks.push(FieldError::new(
+                "replica_sync_secret",
+                format!("must be at least 16 bytes, got {}", secret.len()),
+            )),
+            _ => {}
+        }
+        checks.at_least("replica_sync_max_age_ms", self.replica_sync_max_age_ms, 1);
+        checks.at_least("replica_sync_max_message_bytes", self.replica_sync_max_message_bytes as u64, 4096);
+        checks.at_least(
+            "replica_sync_max_hashes_per_record",
+            self.replica_sync_max_hashes_per_record as u64,
+            1,
+        );
+        checks.at_least("replica_sync_max_peers", self.replica_sync_max_peers as u64, 1);
+        checks.at_least("replica_sync_max_peer_in_flight", self.replica_sync_max_peer_in_flight, 1);
     }
 
     fn validate_pd(&self, errors: &mut Checks) {

@@ -65,6 +65,8 @@ pub(crate) enum Refusal {
     OtherGroup,
     /// An event type this gateway does not know.
     UnknownEvent,
+    /// Its blocks would take the cache past what its engine can hold.
+    OverCapacity,
 }
 
 impl Refusal {
@@ -75,6 +77,7 @@ impl Refusal {
             Refusal::Lora => "lora",
             Refusal::OtherGroup => "other_group",
             Refusal::UnknownEvent => "unknown_event",
+            Refusal::OverCapacity => "over_capacity",
         }
     }
 }
@@ -102,6 +105,7 @@ pub(crate) fn apply_batch(cache: &mut CacheBlocks, batch: &EventBatch, refused: 
                 match result {
                     Ok(()) => {}
                     Err(ApplyError::UnknownParent(_)) => refused(Refusal::UnknownParent),
+                    Err(ApplyError::OverCapacity { .. }) => refused(Refusal::OverCapacity),
                     Err(_) => refused(Refusal::Inconsistent),
                 }
             }

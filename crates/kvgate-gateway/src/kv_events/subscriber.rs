@@ -11,13 +11,18 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kvgate_index::{BlockIndex, CacheBlocks, CacheId};
-use kvgate_kv_events::{decode_message, decode_replay_reply, replay_request, EventBatch, ReplayReply};
+use kvgate_kv_events::{
+    decode_message, decode_replay_reply, replay_request, EventBatch, KvEvent, ReplayReply,
+};
+use prometheus::IntCounterVec;
 use zeromq::{
     DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
 };
 
 use super::sequence::{apply_batch, Sequence, Verdict};
+use super::KvEventLimits;
 use crate::config::RankEndpoints;
+use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::KvEventsMetrics;
 use crate::registry::Registry;
 use crate::worker::Worker;
@@ -33,7 +38,10 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub(crate) struct RankSubscription {
     pub(crate) registry: Arc<Registry>,
+    pub(crate) loads: Arc<LoadSnapshot>,
     pub(crate) metrics: KvEventsMetrics,
+    pub(crate) oversized: IntCounterVec,
+    pub(crate) limits: KvEventLimits,
     pub(crate) worker: Arc<Worker>,
     pub(crate) rank: u32,
     pub(crate) endpoints: RankEndpoints,
@@ -134,11 +142,19 @@ impl RankSubscription {
     }
 
     async fn on_message(&self, live: &mut Live, frames: Vec<bytes::Bytes>) {
+        let limit = self.limits.max_message_bytes;
+        if message_bytes(&frames) > limit {
+            // Not decoded: like a lost batch, but no replay can fill it (it would send it again).
+            self.oversized.with_label_values(&["kv_events"]).inc();
+            self.warn(live, &format!("KV event message over {limit} bytes dropped, cache cleared"));
+            self.start_over(live);
+            return;
+        }
         let (seq, batch) = match decode_message(&frames) {
             Ok(decoded) => decoded,
             Err(error) => {
                 // Its events are lost: what the index holds for this cache can no longer be trusted.
-                self.metrics.malformed.with_label_values(&[&self.worker.url]).inc();
+                self.worker.series.write(|url| self.metrics.malformed.with_label_values(&[url]).inc());
                 self.warn(live, &format!("malformed KV event message dropped, cache cleared: {error}"));
                 live.cache.clear();
                 live.sequence.reset();
@@ -153,7 +169,7 @@ impl RankSubscription {
                 let recovered = joined
                     && matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
                 let recovery = if recovered { "replay" } else { "cleared" };
-                self.metrics.gaps.with_label_values(&[&self.worker.url, recovery]).inc();
+                self.worker.series.write(|url| self.metrics.gaps.with_label_values(&[url, recovery]).inc());
                 self.warn(
                     live,
                     &format!("KV event sequence gap before {seq} (expected {expected}): {recovery}"),
@@ -161,7 +177,7 @@ impl RankSubscription {
                 self.apply_or_start_over(live, seq, &batch);
             }
             Verdict::Restart => {
-                self.metrics.restarts.with_label_values(&[&self.worker.url]).inc();
+                self.worker.series.write(|url| self.metrics.restarts.with_label_values(&[url]).inc());
                 tracing::info!(worker = %self.worker.url, rank = self.rank, seq, "KV event sequence restarted: engine restart, cache cleared");
                 self.start_over(live);
                 if self.endpoints.replay.is_some() {
@@ -188,17 +204,39 @@ impl RankSubscription {
     fn set_live(&self, live: bool) {
         self.worker.set_kv_live(self.rank, live);
         let ranks = self.worker.kv_live_ranks() as i64;
-        self.metrics.live_ranks.with_label_values(&[&self.worker.url]).set(ranks);
+        self.worker.series.write(|url| self.metrics.live_ranks.with_label_values(&[url]).set(ranks));
+    }
+
+    /// Most blocks the cache may hold: its engine's reported capacity times the slack, else
+    /// `--kv-index-max-blocks-per-worker`.
+    fn max_blocks(&self, live: &Live, batch: &EventBatch) -> usize {
+        let limits = &self.limits;
+        let block_size = match live.cache.index().block_size() {
+            0 => batch.events.iter().find_map(|event| match event {
+                KvEvent::BlockStored(stored) => Some(stored.block_size as usize),
+                _ => None,
+            }),
+            known => Some(known),
+        };
+        let capacity = self.loads.load().get(&self.worker.id).map(|load| load.max_total_num_tokens);
+        match (capacity, block_size) {
+            (Some(tokens), Some(block_size)) if tokens > 0 && block_size > 0 => {
+                let blocks = (tokens as f64 / block_size as f64 * limits.capacity_slack).ceil();
+                (blocks as usize).max(1)
+            }
+            _ => limits.max_blocks_per_worker,
+        }
     }
 
     fn apply(&self, live: &mut Live, seq: u64, batch: &EventBatch) {
-        let metrics = &self.metrics;
-        let url = self.worker.url.as_str();
+        let max_blocks = self.max_blocks(live, batch);
+        live.cache.set_max_blocks(max_blocks);
+        let (metrics, series) = (&self.metrics, &self.worker.series);
         apply_batch(&mut live.cache, batch, &mut |refusal| {
-            metrics.refused.with_label_values(&[url, refusal.as_str()]).inc();
+            series.write(|url| metrics.refused.with_label_values(&[url, refusal.as_str()]).inc());
         });
         live.sequence.accept(seq, batch.ts);
-        metrics.batches.with_label_values(&[url]).inc();
+        series.write(|url| metrics.batches.with_label_values(&[url]).inc());
     }
 
     fn start_over(&self, live: &mut Live) {
@@ -213,29 +251,38 @@ impl RankSubscription {
         }
     }
 
-    /// Applies the replay of every buffered batch from `start` on. True when the replay ran to its
-    /// end and joined the applied sequence without a hole.
+    /// Applies the replay of every buffered batch from `start` on, each as it arrives (one
+    /// batch in memory at a time). True when the replay ran to its end and joined the applied
+    /// sequence without a hole.
     async fn replay_from(&self, live: &mut Live, start: u64) -> bool {
         let Some(endpoint) = &self.endpoints.replay else { return false };
-        let batches = match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(endpoint, start)).await {
-            Ok(Ok(batches)) => batches,
-            Ok(Err(error)) => {
-                self.warn(live, &format!("KV event replay from {endpoint} failed: {error}"));
-                return false;
-            }
-            Err(_) => {
-                self.warn(live, &format!("KV event replay from {endpoint} timed out"));
-                return false;
-            }
-        };
+        let limit = self.limits.max_message_bytes;
         let mut joined = true;
-        for (seq, batch) in batches {
+        let replay = fetch_replay(endpoint, start, limit, |seq, batch| {
             // A hole here: the buffer does not reach back far enough (or holds a new engine's
             // batches), so start over from what it does hold.
             joined &= matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
             self.apply_or_start_over(live, seq, &batch);
+        });
+        match tokio::time::timeout(REPLAY_TIMEOUT, replay).await {
+            Ok(Ok(())) => joined,
+            Ok(Err(ReplayError::Oversized)) => {
+                self.oversized.with_label_values(&["kv_replay"]).inc();
+                self.warn(
+                    live,
+                    &format!("KV event replay from {endpoint}: a reply over {limit} bytes; stopped"),
+                );
+                false
+            }
+            Ok(Err(ReplayError::Failed(error))) => {
+                self.warn(live, &format!("KV event replay from {endpoint} failed: {error}"));
+                false
+            }
+            Err(_) => {
+                self.warn(live, &format!("KV event replay from {endpoint} timed out"));
+                false
+            }
         }
-        joined
     }
 
     fn warn(&self, live: &mut Live, message: &str) {
@@ -250,24 +297,46 @@ impl RankSubscription {
     }
 }
 
-/// Every buffered batch from `start` on, in the order the replay socket sent them.
-async fn fetch_replay(endpoint: &str, start: u64) -> Result<Vec<(u64, EventBatch)>, String> {
+/// The bytes of a ZMQ message.
+fn message_bytes(frames: &[bytes::Bytes]) -> usize {
+    frames.iter().fold(0usize, |sum, frame| sum.saturating_add(frame.len()))
+}
+
+enum ReplayError {
+    Failed(String),
+    /// A reply larger than `--kv-events-max-message-bytes`.
+    Oversized,
+}
+
+/// Hands every buffered batch from `start` on to `apply`, in the order the replay socket sends
+/// them, until its end marker.
+async fn fetch_replay(
+    endpoint: &str,
+    start: u64,
+    limit: usize,
+    mut apply: impl FnMut(u64, EventBatch),
+) -> Result<(), ReplayError> {
+    let failed = |error: String| ReplayError::Failed(error);
     let mut options = SocketOptions::default();
     options.connect_timeout(REPLAY_TIMEOUT);
     let mut dealer = DealerSocket::with_options(options);
-    dealer.connect(endpoint).await.map_err(|e| e.to_string())?;
+    dealer.connect(endpoint).await.map_err(|e| failed(e.to_string()))?;
     let request: Vec<bytes::Bytes> = replay_request(start).into_iter().map(bytes::Bytes::from).collect();
-    let request = ZmqMessage::try_from(request).map_err(|_| "empty replay request".to_string())?;
-    dealer.send(request).await.map_err(|e| e.to_string())?;
-    let mut batches = Vec::new();
+    let request = ZmqMessage::try_from(request).map_err(|_| failed("empty replay request".to_string()))?;
+    dealer.send(request).await.map_err(|e| failed(e.to_string()))?;
+    let mut batches = 0usize;
     loop {
-        let reply = dealer.recv().await.map_err(|e| e.to_string())?;
-        match decode_replay_reply(&reply.into_vec()).map_err(|e| e.to_string())? {
-            ReplayReply::Batch { seq, batch } => batches.push((seq, batch)),
-            ReplayReply::End => return Ok(batches),
+        let reply = dealer.recv().await.map_err(|e| failed(e.to_string()))?.into_vec();
+        if message_bytes(&reply) > limit {
+            return Err(ReplayError::Oversized);
         }
-        if batches.len() > REPLAY_MAX_BATCHES {
-            return Err(format!("more than {REPLAY_MAX_BATCHES} batches"));
+        match decode_replay_reply(&reply).map_err(|e| failed(e.to_string()))? {
+            ReplayReply::Batch { seq, batch } => apply(seq, batch),
+            ReplayReply::End => return Ok(()),
+        }
+        batches += 1;
+        if batches > REPLAY_MAX_BATCHES {
+            return Err(failed(format!("more than {REPLAY_MAX_BATCHES} batches")));
         }
     }
 }

@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{connection_slots, serve};
+use super::{connection_slots, serve, Surface};
 use crate::state::SharedState;
 
 /// Backlog of each listener (tokio's default for `TcpListener::bind`).
@@ -67,7 +67,7 @@ pub fn spawn_io_threads(
                     Err(error) => return tracing::error!(%error, "I/O thread cannot listen"),
                 };
                 tokio::select! {
-                    _ = serve(listener, state, router, stop, slots) => {}
+                    _ = serve(listener, state, router, stop, slots, Surface::Traffic) => {}
                     // The owner went away (aborted after the grace period): stop now.
                     _ = aborted => {}
                 }

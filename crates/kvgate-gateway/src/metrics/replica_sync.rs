@@ -28,8 +28,9 @@ impl ReplicaSyncMetrics {
         let errors = IntCounterVec::new(
             Opts::new(
                 "kvgate_replica_sync_errors_total",
-                "Replica-sync failures by kind (connect, publish, subscription, decode, queue_full); each \
-                 leaves routing on local state.",
+                "Replica-sync failures by kind (connect, publish, subscription, queue_full: each leaves \
+                 routing on local state) and peers' messages dropped (unsigned: not signed with the \
+                 secret; decode, stale, replayed, too_many_peers, record_too_large).",
             ),
             &["kind"],
         )

@@ -47,9 +47,9 @@ pub(super) async fn attempt(
         Err(e) => return Attempt::Fatal(ApiError::BadRequest(format!("invalid request path: {e}"))),
     };
     let headers = upstream.headers_mut();
+    let forward_credentials = state.config.forward_client_auth && state.config.client_api_keys.is_empty();
     for (name, value) in client_headers {
-        let client_key = name == header::AUTHORIZATION && !state.config.client_api_keys.is_empty();
-        if !is_hop_by_hop(name) && name != header::HOST && name != header::CONTENT_LENGTH && !client_key {
+        if forwarded(name, forward_credentials) {
             headers.append(name.clone(), value.clone());
         }
     }
@@ -86,7 +86,7 @@ pub(super) async fn attempt(
             if status.is_server_error() {
                 record_failure(state, worker, "status", now);
             } else if worker.circuit.record_success() {
-                state.metrics.circuit_state.with_label_values(&[&worker.url]).set(0);
+                worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(0));
             }
             Attempt::Done(response, in_flight)
         }
@@ -111,6 +111,23 @@ pub(super) async fn attempt(
     }
 }
 
+/// The client's credentials: forwarded to workers only with `--forward-client-auth` (and never
+/// when the gateway checks them itself with `--client-api-keys`).
+fn is_credential(name: &http::HeaderName) -> bool {
+    matches!(name.as_str(), "authorization" | "cookie" | "x-api-key" | "api-key")
+}
+
+/// Whether a client's header goes to the worker: not the connection's own (hop-by-hop, `host`,
+/// `content-length`: the body is re-framed, `expect`: the body was read already), and the
+/// client's credentials only when told to.
+fn forwarded(name: &http::HeaderName, forward_credentials: bool) -> bool {
+    !is_hop_by_hop(name)
+        && name != header::HOST
+        && name != header::CONTENT_LENGTH
+        && name != header::EXPECT
+        && (forward_credentials || !is_credential(name))
+}
+
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -123,9 +140,9 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
-    state.metrics.upstream_failures.with_label_values(&[&worker.url, kind]).inc();
+    worker.series.write(|url| state.metrics.upstream_failures.with_label_values(&[url, kind]).inc());
     if worker.circuit.record_failure(now) {
         tracing::warn!(worker = %worker.url, "circuit opened after consecutive failures");
-        state.metrics.circuit_state.with_label_values(&[&worker.url]).set(1);
+        worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(1));
     }
 }

@@ -132,7 +132,7 @@ where
         ))
     })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
-    let prepared = prepare(state, endpoint, &fields, &parts.headers, &bytes)?;
+    let prepared = prepare(state, endpoint, &fields, &parts.headers, &bytes).await?;
     let shape = &prepared.shape;
     let target = match parts.headers.get(&TARGET_HEADER) {
         Some(value) if state.config.routing_key_override => Some(shape.target(value)?),

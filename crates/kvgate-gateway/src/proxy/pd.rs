@@ -7,11 +7,9 @@
 //! (its request dropped) and the outcome says which worker to avoid on the retry.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use http_body_util::{BodyExt, Limited};
 use kvgate_policy::RouteRequest;
 use rand::Rng;
 use serde_json::{json, Map, Value};
@@ -24,9 +22,7 @@ use crate::conn::UpstreamBody;
 use crate::error::ApiError;
 use crate::role::WorkerRole;
 use crate::state::AppState;
-
-/// Largest prefill answer read for its `kv_transfer_params` (vLLM).
-const PREFILL_ANSWER_LIMIT: usize = 16 * 1024 * 1024;
+use crate::upstream::{drain_limited, read_limited, GetError};
 
 /// What every exchange of one request shares.
 pub(super) struct Exchange<'a> {
@@ -128,9 +124,14 @@ fn decode_outcome(prefill: Pick, decode: Pick, result: Attempt) -> Outcome {
     }
 }
 
-/// Reads a finished prefill answer to its end (so its connection is reused), then ends it.
-async fn drain(response: http::Response<UpstreamBody>, in_flight: InFlight, timeout: Duration) {
-    let _ = tokio::time::timeout(timeout, response.into_body().collect()).await;
+/// Reads a finished prefill answer to its end without keeping it (so its connection is
+/// reused), at most `--max-prefill-answer-bytes`, then ends it.
+async fn drain(state: Arc<AppState>, response: http::Response<UpstreamBody>, in_flight: InFlight) {
+    let limit = state.config.max_prefill_answer_bytes;
+    let drained = tokio::time::timeout(state.request_timeout, drain_limited(response.into_body(), limit));
+    if let Ok(Err(GetError::Oversized { .. })) = drained.await {
+        state.metrics.count_oversized("prefill");
+    }
     drop(in_flight);
 }
 
@@ -159,7 +160,6 @@ pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Ou
     };
     let mut prefill_side = Box::pin(send(&prefill));
     let mut decode_side = Box::pin(send(&decode));
-    let timeout = ex.state.request_timeout;
     // The decode side's answer, held until the prefill side has answered too: a decode answer
     // whose prefill failed would break once its KV does not arrive, and a decode error answer
     // that comes first may be the prefill side's fault (its KV never came), so the side to
@@ -170,7 +170,7 @@ pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Ou
         tokio::select! {
             result = &mut prefill_side, if !prefill_done => match classify_prefill(&prefill, result) {
                 PrefillResult::Ok(response, in_flight) => {
-                    tokio::spawn(drain(response, in_flight, timeout));
+                    tokio::spawn(drain(ex.state.clone(), response, in_flight));
                     if let Some(result) = decoded.take() {
                         return decode_outcome(prefill, decode, result);
                     }
@@ -218,14 +218,16 @@ pub(super) async fn vllm(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outc
     count(state, WorkerRole::Prefill, &result);
     let params = match classify_prefill(&prefill, result) {
         PrefillResult::Ok(response, in_flight) => {
-            let read = tokio::time::timeout(
-                state.request_timeout,
-                Limited::new(response.into_body(), PREFILL_ANSWER_LIMIT).collect(),
-            )
-            .await;
+            let limit = state.config.max_prefill_answer_bytes;
+            let read = tokio::time::timeout(state.request_timeout, read_limited(response.into_body(), limit));
+            let read = read.await;
             drop(in_flight);
             let answer: Option<Value> = match read {
-                Ok(Ok(collected)) => serde_json::from_slice(&collected.to_bytes()).ok(),
+                Ok(Ok(body)) => serde_json::from_slice(&body).ok(),
+                Ok(Err(GetError::Oversized { .. })) => {
+                    state.metrics.count_oversized("prefill");
+                    None
+                }
                 _ => None,
             };
             match answer.and_then(|mut answer| answer.get_mut("kv_transfer_params").map(Value::take)) {

@@ -3,6 +3,7 @@
 //! routing key (tokenized when the keying pool's exact index needs token ids) and the session
 //! key. Each is computed once per request, here.
 
+use bytes::Bytes;
 use http::HeaderMap;
 use kvgate_policy::{RouteRequest, RoutingKey};
 
@@ -10,7 +11,7 @@ use super::plan::Shape;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::registry::ModelPools;
-use crate::request::{estimate_tokens, OwnedKey, RequestFields};
+use crate::request::{OwnedKey, RequestFields};
 use crate::state::AppState;
 
 /// A request ready to be planned.
@@ -18,6 +19,9 @@ pub(super) struct Prepared<'a> {
     pub shape: Shape,
     /// What prefix-aware policies match (`None` when no policy of the shape reads it).
     pub key: OwnedKey<'a>,
+    /// The prompt's estimated length in tokens (of the whole prompt, also when the key is cut
+    /// at `--max-tokenize-chars`).
+    pub prompt_tokens: u64,
     /// The routing-key header, else the body's `user` field.
     pub session: Option<&'a str>,
 }
@@ -31,7 +35,7 @@ impl Prepared<'_> {
                 OwnedKey::Text(text) => RoutingKey::Text(text),
                 OwnedKey::Tokens(ids) => RoutingKey::Tokens(ids),
             },
-            prompt_tokens: estimate_tokens(&self.key),
+            prompt_tokens: self.prompt_tokens,
             session: self.session,
         }
     }
@@ -39,27 +43,30 @@ impl Prepared<'_> {
 
 /// Prepares the request whose `fields` were read from `body`, for `endpoint`: the 404/400/503 a
 /// client gets when its model has no pool or its body does not fit the endpoint.
-pub(super) fn prepare<'a>(
+pub(super) async fn prepare<'a>(
     state: &AppState,
     endpoint: Endpoint,
     fields: &'a RequestFields<'a>,
     headers: &'a HeaderMap,
-    body: &[u8],
+    body: &Bytes,
 ) -> Result<Prepared<'a>, ApiError> {
     let pools = model_pools(state, fields.model.as_deref())?;
     let shape = Shape::of(state, &pools, endpoint)?;
     fields.check(endpoint).map_err(ApiError::BadRequest)?;
-    let key = if shape.needs_routing_key() {
-        let tokenizer = state.tokenizer.as_deref();
-        crate::tokenize::routing_key(tokenizer, &state.metrics, shape.key_pool(), endpoint, fields, body)
+    let (key, prompt_tokens) = if shape.needs_routing_key() {
+        let tokenization = state.tokenization.as_ref();
+        let max_chars = state.config.max_tokenize_chars;
+        let pool = shape.key_pool();
+        crate::tokenize::routing_key(tokenization, &state.metrics, max_chars, pool, endpoint, fields, body)
+            .await
     } else {
-        OwnedKey::None
+        (OwnedKey::None, 0)
     };
     let session = headers
         .get(&state.routing_key_header)
         .and_then(|value| value.to_str().ok())
         .or(fields.user.as_deref());
-    Ok(Prepared { shape, key, session })
+    Ok(Prepared { shape, key, prompt_tokens, session })
 }
 
 /// The pools of the request's model (a copy of the registry's handles, so no snapshot is held

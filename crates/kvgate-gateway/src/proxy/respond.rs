@@ -126,7 +126,7 @@ pub(super) fn respond(
     if state.config.expose_routing_headers {
         routing_headers(&mut parts.headers, &worker, &decision, prefill.as_ref());
     }
-    state.metrics.count_request(endpoint, parts.status, &worker.url, &worker.series);
+    state.metrics.count_request(endpoint, parts.status, &worker.series);
     tracing::debug!(endpoint = endpoint.label(), worker = %worker.url, reason = decision.reason.as_str(), status = %parts.status, "proxied");
     let event_stream = parts
         .headers

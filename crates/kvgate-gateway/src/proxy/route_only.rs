@@ -32,7 +32,7 @@ pub async fn route(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match decide(&state, &query, &headers, &body) {
+    match decide(&state, &query, &headers, &body).await {
         Ok(answer) => Json(answer).into_response(),
         Err(error) => error.into_response(),
     }
@@ -58,7 +58,7 @@ fn endpoint(query: &RouteQuery, fields: &RequestFields<'_>) -> Result<Endpoint, 
     })
 }
 
-fn decide(
+async fn decide(
     state: &SharedState,
     query: &RouteQuery,
     headers: &HeaderMap,
@@ -70,7 +70,7 @@ fn decide(
     }
     let fields = RequestFields::parse(body).map_err(ApiError::BadRequest)?;
     let endpoint = endpoint(query, &fields)?;
-    let prepared = prepare(state, endpoint, &fields, headers, body)?;
+    let prepared = prepare(state, endpoint, &fields, headers, body).await?;
     Ok(match prepared.shape.dry_run(state, &prepared.route_request())? {
         RoutePlan::Single(pick) => describe(&pick, endpoint),
         RoutePlan::Pair { prefill, decode } => {

@@ -2,15 +2,21 @@
 //! publish queued routing records in batches and this replica's in-flight counts every interval,
 //! apply the peers' messages; when Redis is lost, warn, drop the peers' in-flight counts (the
 //! replica routes on its own) and reconnect with backoff.
+//!
+//! A peer's message is applied only when its tag verifies with the shared secret, it is recent
+//! (`--replica-sync-max-age-ms`) and numbered after the last one of its sender; at most
+//! `--replica-sync-max-peers` senders are tracked, their in-flight claims are clamped per worker
+//! and summed with saturating arithmetic, and only registered workers' counts are kept.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 
-use super::wire::{Message, Routed};
+use super::wire::{Message, OpenError, Routed};
 use super::ReplicaSync;
 use crate::registry::Registry;
 
@@ -31,10 +37,24 @@ enum Ended {
     },
 }
 
-/// The peers' last in-flight counts, by replica id, with when they arrived.
+/// What this replica knows of one peer.
+pub(super) struct Peer {
+    /// The last message number applied (later ones only).
+    last_seq: u64,
+    heard_at: Instant,
+    /// Its last in-flight counts (registered workers only, clamped), with when they arrived.
+    in_flight: Option<(Instant, Vec<(String, u64)>)>,
+}
+
+/// The peers heard from, by replica id (at most `--replica-sync-max-peers`).
 #[derive(Default)]
-struct Peers {
-    in_flight: HashMap<u64, (Instant, Vec<(String, u64)>)>,
+pub(super) struct Peers {
+    peers: HashMap<u64, Peer>,
+}
+
+/// Milliseconds since the Unix epoch (the replicas' shared clock for a message's age).
+pub(super) fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
 }
 
 /// The sync task's options (`--replica-sync-*`).
@@ -65,9 +85,12 @@ pub async fn run(
         }
     };
     let mut backoff = FIRST_BACKOFF;
+    // Numbered across reconnections: peers drop anything numbered at or below what they heard.
+    let mut next_seq = 0u64;
     loop {
         let started = Instant::now();
-        match session(&registry, &settings, &sync, &client, &mut outgoing, &mut shutdown).await {
+        match session(&registry, &settings, &sync, &client, &mut outgoing, &mut shutdown, &mut next_seq).await
+        {
             Ended::Shutdown => return,
             Ended::Lost { kind, error } => {
                 sync.metrics.connected.set(0);
@@ -102,6 +125,7 @@ async fn session(
     client: &redis::Client,
     outgoing: &mut mpsc::Receiver<Routed>,
     shutdown: &mut watch::Receiver<bool>,
+    next_seq: &mut u64,
 ) -> Ended {
     let lost = |kind, error: String| Ended::Lost { kind, error };
     let channel = settings.channel.as_str();
@@ -133,27 +157,35 @@ async fn session(
                 let Some(received) = received else {
                     return lost("subscription", "the subscription connection closed".into());
                 };
-                apply(registry, sync, &mut peers, received.get_payload_bytes(), interval);
+                apply(registry, sync, &mut peers, received.get_payload_bytes());
                 continue;
             }
             Some(first) = outgoing.recv() => {
+                // Records up to BATCH, and up to half the largest message peers read.
+                let budget = sync.limits.max_message_bytes / 2;
+                let mut size = record_size(&first);
                 let mut routed = vec![first];
-                while routed.len() < BATCH {
+                while routed.len() < BATCH && size < budget {
                     match outgoing.try_recv() {
-                        Ok(next) => routed.push(next),
+                        Ok(next) => {
+                            size += record_size(&next);
+                            routed.push(next);
+                        }
                         Err(_) => break,
                     }
                 }
-                Message { replica: sync.replica, routed, in_flight: None }
+                Message { routed, ..Message::default() }
             }
             _ = tick.tick() => {
                 expire(sync, &mut peers, interval);
-                Message { replica: sync.replica, routed: Vec::new(), in_flight: Some(own_in_flight(registry)) }
+                Message { in_flight: Some(own_in_flight(registry)), ..Message::default() }
             }
         };
+        let message = Message { replica: sync.replica, seq: *next_seq, sent_at_ms: unix_ms(), ..message };
+        *next_seq += 1;
         let records = message.routed.len() as u64;
         let mut publish = redis::cmd("PUBLISH");
-        publish.arg(channel).arg(message.encode());
+        publish.arg(channel).arg(sync.seal.seal(&message));
         match tokio::time::timeout(OPERATION_TIMEOUT, publish.exec_async(&mut publisher)).await {
             Ok(Ok(())) => sync.metrics.published.inc_by(records),
             Ok(Err(error)) => return lost("publish", error.to_string()),
@@ -173,48 +205,98 @@ fn own_in_flight(registry: &Registry) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// About the encoded size of a routing record.
+fn record_size(routed: &Routed) -> usize {
+    routed.model.len() + routed.worker.len() + 9 * routed.hashes.len() + 16
+}
+
 /// Applies a peer's message: its routing records to the pools' peer block indexes, its
-/// in-flight counts to the peers' total.
-fn apply(registry: &Registry, sync: &ReplicaSync, peers: &mut Peers, payload: &[u8], interval: Duration) {
-    let message = match Message::decode(payload) {
+/// in-flight counts to the peers' table (summed on the next tick). Anything not signed with
+/// the secret, stale, replayed, from one peer too many or over a cap is dropped and counted.
+pub(super) fn apply(registry: &Registry, sync: &ReplicaSync, peers: &mut Peers, payload: &[u8]) {
+    let limits = &sync.limits;
+    let drop = |kind: &str| sync.metrics.errors.with_label_values(&[kind]).inc();
+    let message = match sync.seal.open(payload, limits.max_message_bytes) {
         Ok(message) => message,
-        Err(error) => {
-            sync.metrics.errors.with_label_values(&["decode"]).inc();
-            tracing::debug!(%error, "replica sync: message ignored");
+        Err(OpenError::Oversized(_)) => {
+            sync.oversized.inc();
             return;
+        }
+        Err(OpenError::Unsigned) => return drop("unsigned"),
+        Err(error @ OpenError::Undecodable(_)) => {
+            tracing::debug!(%error, "replica sync: message ignored");
+            return drop("decode");
         }
     };
     if message.replica == sync.replica {
         return;
     }
-    if !message.routed.is_empty() {
-        let snapshot = registry.snapshot();
-        for routed in &message.routed {
-            let Some(pool) = snapshot.models.get(&routed.model).and_then(|pools| pools.get(routed.role))
-            else {
-                continue;
-            };
-            let Some(worker) = pool.workers.iter().find(|w| w.url == routed.worker) else { continue };
-            pool.prefix.peers.record(&routed.hashes, worker.id);
-            sync.metrics.applied.inc();
-        }
+    if unix_ms().abs_diff(message.sent_at_ms) > limits.max_age.as_millis() as u64 {
+        return drop("stale");
     }
-    if let Some(in_flight) = message.in_flight {
-        peers.in_flight.insert(message.replica, (Instant::now(), in_flight));
-        expire(sync, peers, interval);
+    let now = Instant::now();
+    let full = peers.peers.len() >= limits.max_peers;
+    let peer = match peers.peers.entry(message.replica) {
+        Entry::Occupied(entry) => {
+            let peer = entry.into_mut();
+            if message.seq <= peer.last_seq {
+                return drop("replayed");
+            }
+            peer
+        }
+        Entry::Vacant(entry) => {
+            if full {
+                return drop("too_many_peers");
+            }
+            entry.insert(Peer { last_seq: message.seq, heard_at: now, in_flight: None })
+        }
+    };
+    peer.last_seq = message.seq;
+    peer.heard_at = now;
+    let snapshot = registry.snapshot();
+    for routed in &message.routed {
+        if routed.hashes.len() > limits.max_hashes_per_record {
+            drop("record_too_large");
+            continue;
+        }
+        let Some(pool) = snapshot.models.get(&routed.model).and_then(|pools| pools.get(routed.role)) else {
+            continue;
+        };
+        let Some(worker) = pool.workers.iter().find(|w| w.url == routed.worker) else { continue };
+        pool.prefix.peers.record(&routed.hashes, worker.id);
+        sync.metrics.applied.inc();
+    }
+    if let Some(claimed) = message.in_flight {
+        let registered: HashSet<&str> = snapshot.workers.iter().map(|w| w.url.as_str()).collect();
+        let counts = claimed
+            .into_iter()
+            .filter(|(url, _)| registered.contains(url.as_str()))
+            .map(|(url, count)| (url, count.min(limits.max_peer_in_flight)))
+            .collect();
+        peer.in_flight = Some((now, counts));
     }
 }
 
-/// Drops peers not heard from within five intervals and publishes the peers' total.
-fn expire(sync: &ReplicaSync, peers: &mut Peers, interval: Duration) {
+/// Drops in-flight counts not refreshed within five intervals (and peers not heard from within
+/// the longer of that and the message age limit), and publishes the peers' total.
+pub(super) fn expire(sync: &ReplicaSync, peers: &mut Peers, interval: Duration) {
     let now = Instant::now();
-    peers.in_flight.retain(|_, (at, _)| now.duration_since(*at) <= interval * 5);
+    let fresh = interval * 5;
+    let remembered = fresh.max(sync.limits.max_age);
+    peers.peers.retain(|_, peer| now.duration_since(peer.heard_at) <= remembered);
     let mut total: HashMap<String, u64> = HashMap::new();
-    for (_, counts) in peers.in_flight.values() {
+    let mut counting = 0;
+    for peer in peers.peers.values_mut() {
+        if peer.in_flight.as_ref().is_some_and(|(at, _)| now.duration_since(*at) > fresh) {
+            peer.in_flight = None;
+        }
+        let Some((_, counts)) = &peer.in_flight else { continue };
+        counting += 1;
         for (url, count) in counts {
-            *total.entry(url.clone()).or_default() += count;
+            let sum = total.entry(url.clone()).or_default();
+            *sum = sum.saturating_add(*count);
         }
     }
-    sync.metrics.peers.set(peers.in_flight.len() as i64);
+    sync.metrics.peers.set(counting);
     sync.set_peer_in_flight(total);
 }

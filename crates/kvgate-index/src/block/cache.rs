@@ -35,6 +35,8 @@ pub enum ApplyError {
     BlockSizeMismatch { got: u32, known: usize },
     #[error("parent block {0:#x} is not in this cache's index (its store was missed or removed)")]
     UnknownParent(u64),
+    #[error("{adding} new blocks would take the cache past its bound of {max} blocks ({held} held)")]
+    OverCapacity { held: usize, adding: usize, max: usize },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -59,6 +61,8 @@ pub struct CacheBlocks {
     distinct: usize,
     /// Medium names seen, by bit; bit 0 is the main cache (`None` or "GPU").
     media: Vec<String>,
+    /// Most engine blocks held: what the engine can hold, as its host knows it.
+    max_blocks: usize,
 }
 
 impl CacheBlocks {
@@ -72,7 +76,15 @@ impl CacheBlocks {
             extra_refs: IntMap::default(),
             distinct: 0,
             media: Vec::new(),
+            max_blocks: usize::MAX,
         }
+    }
+
+    /// Bounds the blocks this cache may hold (its engine's capacity, as the host knows it): a
+    /// stored event that would take it past the bound is refused whole
+    /// ([`ApplyError::OverCapacity`]). Blocks already held stay. Unbounded until set.
+    pub fn set_max_blocks(&mut self, max_blocks: usize) {
+        self.max_blocks = max_blocks;
     }
 
     pub fn id(&self) -> CacheId {
@@ -109,6 +121,13 @@ impl CacheBlocks {
                 None => return Err(ApplyError::UnknownParent(engine_hash)),
             },
         };
+        if self.engine.len().saturating_add(blocks) > self.max_blocks {
+            let adding = stored.block_hashes.iter().filter(|hash| !self.engine.contains_key(hash)).count();
+            if self.engine.len() + adding > self.max_blocks {
+                let held = self.engine.len();
+                return Err(ApplyError::OverCapacity { held, adding, max: self.max_blocks });
+            }
+        }
         if !self.index.accept_block_size(block_size) {
             return Err(ApplyError::BlockSizeMismatch { got: block_size, known: self.index.block_size() });
         }

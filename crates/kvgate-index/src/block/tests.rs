@@ -46,6 +46,32 @@ fn a_chain_of_events_is_matched_block_by_block() {
 }
 
 #[test]
+fn a_store_past_the_cache_bound_is_refused_alone() {
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 3, rank: 0 });
+    cache.set_max_blocks(3);
+    cache.apply_stored(stored(&[1, 2], None, &[1, 2, 3, 4])).unwrap();
+    // A million-block event (the attack) is refused whole, and nothing of it is kept.
+    let hashes: Vec<u64> = (100..1_000_100).collect();
+    let tokens = vec![7u32; hashes.len() * BS as usize];
+    assert_eq!(
+        cache.apply_stored(stored(&hashes, Some(2), &tokens)),
+        Err(ApplyError::OverCapacity { held: 2, adding: 1_000_000, max: 3 })
+    );
+    assert_eq!((cache.len(), index.worker_blocks(3)), (2, 2));
+    // Blocks already held do not count again; the next event within the bound is applied.
+    cache.apply_stored(stored(&[2, 3], Some(1), &[3, 4, 5, 6])).unwrap();
+    assert_eq!(cache.len(), 3);
+    assert!(matches!(
+        cache.apply_stored(stored(&[4], Some(3), &[7, 8])),
+        Err(ApplyError::OverCapacity { .. })
+    ));
+    assert_eq!(cache.apply_removed(&[3], None), 0);
+    cache.apply_stored(stored(&[4], Some(2), &[7, 8])).unwrap();
+    assert_eq!(overlap(&index, &[1, 2, 3, 4, 7, 8]), [(3, 6)]);
+}
+
+#[test]
 fn bad_events_are_refused_whole() {
     let index = Arc::new(BlockIndex::new());
     let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 1, rank: 0 });

@@ -309,10 +309,11 @@ fn maintain_evicts_down_to_the_bound_on_the_interval() {
     let mut h =
         Harness::new(PolicyConfig { max_tree_size: 100, eviction_interval: 1.0, ..PolicyConfig::default() });
     let only = pool(&[0], None, 0);
-    for i in 0..10 {
+    // Over the bound but within twice it (far over, the index evicts at once: `ApproxIndex::maintain`).
+    for i in 0..3 {
         h.route(&format!("{i} {}", "x".repeat(50)), &only);
     }
-    assert!(h.index.tenant_size(0) > 100);
+    assert!(h.index.tenant_size(0) > 100 && h.index.tenant_size(0) <= 200);
     h.index.maintain(0);
     assert!(h.index.tenant_size(0) > 100, "the first call only starts the clock");
     h.index.maintain(1000);
