@@ -156,18 +156,18 @@ impl Inputs<'_> {
         Some(Imbalance::Overload)
     }
 
-    /// The KV term that moved a miss: the miss strategy's best value is only on engines a KV term
-    /// keeps out (the coldest engine is never kept out, so `most_free_kv` is never moved).
+    /// The KV term that moved a miss: an engine a KV term keeps out has the miss strategy's best
+    /// value (alone, or tied with others it could have gone to); the coldest engine is never
+    /// kept out, so `most_free_kv` is never moved.
     fn miss_moved_by(&self) -> Option<Imbalance> {
-        let key = |i: usize| match self.settings.miss_strategy {
-            MissStrategy::LeastLoad => (self.in_flight[i], 0),
-            MissStrategy::SmallestTree => (self.tree_sizes[i] as u64, self.in_flight[i]),
-            MissStrategy::MostFreeKv => (0, 0),
-        };
-        let best = self.all().map(key).min()?;
-        if self.eligible().any(|i| key(i) == best) {
+        if matches!(self.settings.miss_strategy, MissStrategy::MostFreeKv) {
             return None;
         }
+        let key = |i: usize| match self.settings.miss_strategy {
+            MissStrategy::LeastLoad | MissStrategy::MostFreeKv => (self.in_flight[i], 0),
+            MissStrategy::SmallestTree => (self.tree_sizes[i] as u64, self.in_flight[i]),
+        };
+        let best = self.all().map(key).min()?;
         self.all()
             .filter(|&i| key(i) == best)
             .filter_map(|i| self.excluded(i))

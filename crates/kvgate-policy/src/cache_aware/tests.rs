@@ -449,3 +449,15 @@ proptest::proptest! {
         );
     }
 }
+
+#[test]
+fn a_miss_tied_with_an_engine_kept_out_names_the_kv_term() {
+    // Equal queues: the miss could have gone to either; the overloaded one is kept out, and the
+    // reason says the trigger chose.
+    let mut h = Harness::new(kv_aware());
+    let d = h.route("a new prompt", &pool(&[0, 0], Some(&[0.95, 0.1]), h.now_ms));
+    assert_eq!((d.worker, d.reason), (1, Reason::ImbalanceOverload));
+    // No engine kept out: a plain miss.
+    let d = h.route("another new prompt", &pool(&[0, 0], Some(&[0.5, 0.4]), h.now_ms));
+    assert_eq!(d.reason, Reason::CacheMiss);
+}
