@@ -94,8 +94,15 @@ fn all_flags() -> std::collections::BTreeMap<String, clap::Arg> {
     flags
 }
 
-/// Flags of other programs that the documents mention (cargo's, SGLang's).
-const FOREIGN_FLAGS: [&str; 4] = ["bin", "release", "workspace", "kv-events-config"];
+/// Flags of other programs that the documents mention (cargo's, vLLM's, SGLang's).
+const FOREIGN_FLAGS: [&str; 6] = [
+    "bin",
+    "release",
+    "workspace",
+    "kv-events-config",
+    "enable-prompt-tokens-details",
+    "enable-cache-report",
+];
 
 #[test]
 fn every_flag_the_documents_name_exists() {

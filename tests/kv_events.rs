@@ -102,7 +102,7 @@ fn index_equals_engines(gw: &GatewayHandle, fleet: &MockFleet, prompts: &[Vec<u3
     let index = index_of(gw);
     for prompt in prompts {
         let mut matched = PrefixMatch::default();
-        index.overlap(prompt, &mut matched);
+        index.overlap(prompt, kvgate_index::Namespace::BASE, &mut matched);
         for (worker_idx, url) in fleet.urls().iter().enumerate() {
             let engine = fleet.cached_prefix_tokens(worker_idx, prompt);
             let indexed = matched.matched(worker_id(gw, url));
@@ -140,8 +140,8 @@ fn metric(text: &str, series: &str) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_index_follows_stores_and_evictions_in_both_encodings() {
-    for encoding in [KvEventEncoding::Array, KvEventEncoding::Map] {
+async fn the_index_follows_stores_and_evictions_in_every_engine_format() {
+    for encoding in [KvEventEncoding::Vllm033, KvEventEncoding::Vllm010, KvEventEncoding::Sglang05] {
         let fleet = fleet(2, |args| args.kv_events_encoding = encoding).await;
         let gw = gateway(gateway_config(&fleet)).await;
         wait_flowing(&gw).await;
@@ -193,6 +193,31 @@ async fn a_lost_batch_is_recovered_through_replay() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_after_the_fleet_served_learns_its_holdings_through_replay() {
+    // The mock's default encoding is the current one (vLLM 0.33: replay replies with the topic
+    // frame, 4 frames at the DEALER).
+    assert_eq!(MockArgs::default().kv_events_encoding, KvEventEncoding::Vllm033);
+    let fleet = fleet(2, |_| {}).await;
+    let urls = fleet.urls();
+    let mut sent = Vec::new();
+    for i in 0..6 {
+        let text = prompt(i, 40);
+        complete_on(&urls[i % 2], &text).await;
+        sent.push(tokens(&text));
+    }
+    let held = |worker: usize| sent.iter().map(|p| fleet.cached_prefix_tokens(worker, p)).sum::<usize>();
+    assert!(held(0) > 0 && held(1) > 0, "both engines hold blocks before the gateway starts");
+    let gw = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&gw).await;
+    assert_in_sync(&gw, &fleet, &sent).await;
+    let text = metrics(&gw).await;
+    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 0.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 0.0, "{text}");
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_replay_a_gap_clears_the_workers_entries() {
     let fleet = fleet(1, |_| {}).await;
     let mut cfg = gateway_config(&fleet);
@@ -211,13 +236,13 @@ async fn without_replay_a_gap_clears_the_workers_entries() {
     let index = index_of(&gw);
     let cleared = eventually(5.0, async || {
         let mut matched = PrefixMatch::default();
-        index.overlap(&tokens(&prompt(2, 16)), &mut matched);
+        index.overlap(&tokens(&prompt(2, 16)), kvgate_index::Namespace::BASE, &mut matched);
         matched.best() == 16
     })
     .await;
     assert!(cleared, "the batch after the gap is applied");
     let mut matched = PrefixMatch::default();
-    index.overlap(&kept, &mut matched);
+    index.overlap(&kept, kvgate_index::Namespace::BASE, &mut matched);
     assert_eq!(matched.best(), 0, "entries from before the gap are gone although the engine still has them");
     assert!(fleet.cached_prefix_tokens(0, &kept) > 0);
     let text = metrics(&gw).await;
@@ -306,6 +331,51 @@ async fn two_gateways_fed_the_same_streams_hold_the_same_index() {
     assert_eq!(dump, by_url(&second));
     first.shutdown().await;
     second.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_adapters_and_the_base_route_to_the_holders_of_their_own_blocks() {
+    let fleet = fleet(3, |args| {
+        args.engine_flags.kv_capacity_tokens = Some(4096);
+        args.lora_adapters = vec!["adapter-a".into(), "adapter-b".into()];
+    })
+    .await;
+    let gw = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&gw).await;
+    let urls = fleet.urls();
+    let text = prompt(11, 120);
+    // The same prompt, cached by a different engine for each model: the base on engine 0, the
+    // adapters on engines 1 and 2 (each with blocks of its own, named by the adapter).
+    let holders = [(MODEL, &urls[0]), ("adapter-a", &urls[1]), ("adapter-b", &urls[2])];
+    for (model, url) in holders {
+        let res = client()
+            .post(format!("{url}/v1/completions"))
+            .json(&json!({"model": model, "prompt": text, "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{model}");
+    }
+    let index = index_of(&gw);
+    let stored =
+        eventually(5.0, async || urls.iter().all(|url| index.worker_blocks(worker_id(&gw, url)) >= 120 / 16))
+            .await;
+    assert!(stored, "every engine's blocks are indexed");
+    for _ in 0..2 {
+        for (model, url) in holders {
+            let res = client()
+                .post(format!("{}/v1/completions", gw.url()))
+                .json(&json!({"model": model, "prompt": format!("{text} and more"), "max_tokens": 1}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200, "{model}");
+            assert_eq!(res.headers()["x-kvgate-worker"], url.as_str(), "{model}");
+            assert_eq!(res.headers()["x-kvgate-route"], "cache_hit", "{model}");
+        }
+    }
+    gw.shutdown().await;
     fleet.shutdown().await;
 }
 
@@ -508,7 +578,8 @@ async fn malformed_messages_are_counted_and_survived() {
         vec![Vec::new(), seq.to_be_bytes().to_vec()], // two frames
         vec![Vec::new(), vec![0; 7], batch(&all_blocks_cleared())], // a 7-byte sequence
         vec![Vec::new(), (seq + 1).to_be_bytes().to_vec(), vec![0xc1, 0xff]], // not msgpack
-        vec![Vec::new(), (seq + 2).to_be_bytes().to_vec(), batch(&[0xa3, b'B', b'a', b'd'])], // event not an array
+        // An event that is not one: refused alone, the batch is applied.
+        vec![Vec::new(), (seq + 2).to_be_bytes().to_vec(), batch(&[0xa3, b'B', b'a', b'd'])],
     ];
     for frames in garbage {
         publisher.send(frames).await;
@@ -523,13 +594,14 @@ async fn malformed_messages_are_counted_and_survived() {
     let index = index_of(&gw);
     let applied = eventually(5.0, async || {
         let mut matched = PrefixMatch::default();
-        index.overlap(&[7, 8, 9, 10, 11], &mut matched);
+        index.overlap(&[7, 8, 9, 10, 11], kvgate_index::Namespace::BASE, &mut matched);
         matched.best() == 4
     })
     .await;
     assert!(applied, "the batches after the garbage were applied");
     let text = metrics(&gw).await;
-    assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 4.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 3.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"malformed\""), 1.0, "{text}");
     assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"unknown_event\""), 1.0, "{text}");
     let res =
         client().post(format!("{}/v1/completions", gw.url())).json(&json!({"prompt": "hi"})).send().await;

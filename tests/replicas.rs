@@ -68,7 +68,7 @@ fn converged(replicas: &[GatewayHandle], fleet: &MockFleet, prompts: &[Vec<u32>]
         let pool = snapshot.models.get(MODEL).and_then(|p| p.regular.clone()).ok_or("no pool yet")?;
         for prompt in prompts {
             let mut matched = PrefixMatch::default();
-            pool.prefix.exact.overlap(prompt, &mut matched);
+            pool.prefix.exact.overlap(prompt, kvgate_index::Namespace::BASE, &mut matched);
             for (engine, url) in fleet.urls().iter().enumerate() {
                 let id = snapshot.find(url).ok_or("a worker is missing")?.id;
                 let (cached, indexed) = (fleet.cached_prefix_tokens(engine, prompt), matched.matched(id));

@@ -46,7 +46,7 @@ async fn an_event_past_the_engine_capacity_is_refused_alone() {
     let id = snapshot.workers[0].id;
     let applied = eventually(5.0, async || {
         let mut matched = PrefixMatch::default();
-        pool.prefix.exact.overlap(&[7, 8, 9, 10], &mut matched);
+        pool.prefix.exact.overlap(&[7, 8, 9, 10], kvgate_index::Namespace::BASE, &mut matched);
         matched.best() == 4
     })
     .await;

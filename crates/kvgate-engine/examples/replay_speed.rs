@@ -20,7 +20,7 @@ fn main() {
         let conversation = index / 4;
         let prompt_tokens: Vec<u32> = (0..len).map(|i| (conversation as u32) << 17 ^ i).collect();
         let engine = &mut engines[(conversation % n_engines as u64) as usize];
-        engine.submit(at, EngineRequest { id: index, prompt: prompt_tokens, output_tokens: 343 }, &mut out);
+        engine.submit(at, EngineRequest::new(index, prompt_tokens, 343), &mut out);
         for engine in engines.iter_mut() {
             engine.advance(at, &mut out);
         }

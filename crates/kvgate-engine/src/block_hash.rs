@@ -3,6 +3,8 @@
 
 use kvgate_words::splitmix64;
 
+use crate::events::LoraAdapter;
+
 const ROOT_BLOCK_SEED: u64 = 0x6b76_6761_7465_0001;
 
 /// Hash of one KV block: chained over the parent block's hash (`None` for the first block) and
@@ -17,8 +19,19 @@ pub fn block_hash(parent_block_hash: Option<u64>, tokens: &[u32]) -> u64 {
 
 /// Hashes of every full block of `tokens`, each chained on the previous one.
 pub fn prompt_block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    adapter_block_hashes(tokens, block_size, None)
+}
+
+/// The block hashes of a prompt for a LoRA adapter (`None`: the base model): an adapter's KV
+/// differs from the base model's for the same tokens, so its chain has a root of its own (as
+/// engines put the adapter into the block hash).
+pub fn adapter_block_hashes(tokens: &[u32], block_size: usize, lora: Option<&LoraAdapter>) -> Vec<u64> {
     let mut hashes = Vec::with_capacity(tokens.len() / block_size.max(1));
-    let mut parent = None;
+    let mut parent = lora.map(|lora| {
+        let name =
+            lora.name.bytes().fold(ROOT_BLOCK_SEED, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        splitmix64(name ^ u64::from(lora.id))
+    });
     for block in tokens.chunks_exact(block_size.max(1)) {
         let hash = block_hash(parent, block);
         hashes.push(hash);

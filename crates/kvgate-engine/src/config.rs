@@ -31,6 +31,12 @@ pub struct EngineConfig {
     pub emit_token_events: bool,
     /// Record KV events for `Engine::drain_kv_events` (switch off when nobody consumes them).
     pub emit_kv_events: bool,
+    /// Host-memory (CPU) KV tier in tokens (0: none): blocks entering the prefix cache are also
+    /// copied there, and a prefix found there loads back instead of being recomputed.
+    pub cpu_offload_tokens: u64,
+    /// Tokens per second loaded back from the host tier (default: 25 GB/s of PCIe at 128 KiB of
+    /// KV per token, Llama-3-8B in fp16).
+    pub cpu_load_tokens_per_sec: f64,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +52,8 @@ impl Default for EngineConfig {
             prefix_cache: true,
             emit_token_events: true,
             emit_kv_events: true,
+            cpu_offload_tokens: 0,
+            cpu_load_tokens_per_sec: 190_000.0,
         }
     }
 }
@@ -60,6 +68,7 @@ impl EngineConfig {
         checks.in_range("decode_base_ms", self.decode_base_ms, Range::NON_NEGATIVE);
         checks.in_range("decode_per_request_ms", self.decode_per_request_ms, Range::NON_NEGATIVE);
         checks.at_least("max_running_requests", self.max_running_requests.into(), 1);
+        checks.in_range("cpu_load_tokens_per_sec", self.cpu_load_tokens_per_sec, Range::POSITIVE);
         if self.block_size == 0 {
             checks.push(
                 FieldError::new("block_size", "must be at least 1").got(0).with_flag(Some("--kv-block-size")),
@@ -90,6 +99,22 @@ impl EngineConfig {
     /// KV capacity in whole blocks.
     pub fn capacity_blocks(&self) -> u64 {
         self.kv_capacity_tokens / u64::from(self.block_size.max(1))
+    }
+
+    /// Host-memory tier capacity in whole blocks (0: no tier).
+    pub fn cpu_offload_blocks(&self) -> u64 {
+        self.cpu_offload_tokens / u64::from(self.block_size.max(1))
+    }
+
+    /// Prefill-equivalent tokens of loading `tokens` back from the host tier: the load holds the
+    /// request as long as computing this many tokens would.
+    pub fn load_work_tokens(&self, tokens: u32) -> u32 {
+        let work = f64::from(tokens) * self.prefill_tokens_per_sec / self.cpu_load_tokens_per_sec;
+        if work.is_finite() {
+            work.ceil().min(f64::from(u32::MAX)) as u32
+        } else {
+            tokens
+        }
     }
 
     /// Duration of a prefill step computing `tokens` uncached tokens, in microseconds (at least 1).

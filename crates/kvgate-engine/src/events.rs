@@ -11,6 +11,23 @@ pub struct EngineRequest {
     pub prompt: Vec<u32>,
     /// Tokens to generate; 0 is treated as 1.
     pub output_tokens: u32,
+    /// The LoRA adapter the request runs with (`None`: the base model).
+    pub lora: Option<LoraAdapter>,
+}
+
+impl EngineRequest {
+    /// A base-model request.
+    pub fn new(id: u64, prompt: Vec<u32>, output_tokens: u32) -> Self {
+        EngineRequest { id, prompt, output_tokens, lora: None }
+    }
+}
+
+/// A LoRA adapter as vLLM names it in its KV events: `lora_id` (the `LoRARequest`'s integer
+/// id) and `lora_name`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LoraAdapter {
+    pub id: u32,
+    pub name: String,
 }
 
 /// Which half of a request an engine serves under prefill/decode (PD) disaggregation.
@@ -41,8 +58,12 @@ pub enum PdStage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestStats {
     pub prompt_tokens: u32,
-    /// Prompt tokens served from the prefix cache (not prefilled).
+    /// Prompt tokens served from the prefix cache (not prefilled), host-memory hits included (as
+    /// vLLM reports them).
     pub cached_tokens: u32,
+    /// Of `cached_tokens`, those loaded back from the host-memory tier.
+    #[serde(default)]
+    pub offloaded_tokens: u32,
     pub completion_tokens: u32,
     pub arrival_us: u64,
     pub admitted_us: u64,
@@ -102,20 +123,40 @@ impl EngineOutput {
     }
 }
 
+/// Where a cached block lives: the engine's GPU prefix cache, or the host-memory tier of an
+/// engine with KV offloading.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Tier {
+    #[default]
+    Gpu,
+    Cpu,
+}
+
 /// A change to the prefix cache, in the shape of vLLM's KV events.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvEvent {
-    /// Consecutive blocks of one prompt were stored; `block_hashes[0]` chains on `parent_block_hash`.
+    /// Consecutive blocks of one prompt were stored in `tier`; `block_hashes[0]` chains on
+    /// `parent_block_hash`. The host tier sends vLLM's offload placeholders: the hashes only
+    /// (no tokens, block size 0, no parent), as its offloading connector does by default.
     BlockStored {
         block_hashes: Vec<u64>,
         parent_block_hash: Option<u64>,
         /// Tokens of all stored blocks, `block_size` per block.
         token_ids: Vec<u32>,
         block_size: u32,
+        #[serde(default)]
+        tier: Tier,
+        /// The adapter whose KV the blocks are (`None`: the base model's).
+        #[serde(default)]
+        lora: Option<LoraAdapter>,
     },
-    /// Blocks were evicted from the prefix cache.
-    BlockRemoved { block_hashes: Vec<u64> },
-    /// The whole prefix cache was cleared.
+    /// Blocks were evicted from `tier`.
+    BlockRemoved {
+        block_hashes: Vec<u64>,
+        #[serde(default)]
+        tier: Tier,
+    },
+    /// The whole prefix cache was cleared (every tier).
     AllBlocksCleared,
 }
 

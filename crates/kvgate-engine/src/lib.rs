@@ -24,6 +24,12 @@
 //!   completes, the prompt's full blocks enter the cache ([`KvEvent::BlockStored`]); when the
 //!   request finishes they become evictable, and its other blocks are freed. Eviction emits
 //!   [`KvEvent::BlockRemoved`].
+//! - **Host tier** (`cpu_offload_tokens`, vLLM's offloading connector). Blocks entering the prefix
+//!   cache are also copied to host memory, announced by the connector's default placeholder
+//!   events (`BlockStored` in [`Tier::Cpu`] with the hashes only); the tier evicts least recently
+//!   used blocks. A prompt whose prefix continues in host memory past its GPU hit counts those
+//!   tokens as cached but loads them back, which holds it in prefill as long as computing
+//!   `tokens × prefill_tokens_per_sec / cpu_load_tokens_per_sec` tokens would.
 //! - **Load.** [`Engine::load`] reports SGLang's `/v1/loads` fields; `token_usage` counts blocks
 //!   held by admitted requests (and KV held for transfer, below) only (evictable cached blocks
 //!   are free capacity).
@@ -49,7 +55,7 @@
 //! let mut engine = Engine::new(EngineConfig::default());
 //! let mut out = Vec::new();
 //! let prompt = tokenize(&"word ".repeat(4096));
-//! engine.submit(0, EngineRequest { id: 1, prompt, output_tokens: 1 }, &mut out);
+//! engine.submit(0, EngineRequest::new(1, prompt, 1), &mut out);
 //! while let Some(at) = engine.next_event_time() {
 //!     engine.advance(at, &mut out);
 //! }
@@ -63,11 +69,15 @@ mod config;
 mod events;
 mod flags;
 mod load;
+mod offload;
 mod scheduler;
 
-pub use block_hash::{block_hash, prompt_block_hashes};
+pub use block_hash::{adapter_block_hashes, block_hash, prompt_block_hashes};
 pub use config::EngineConfig;
-pub use events::{EngineOutput, EngineRequest, KvEvent, KvEventBatch, PdStage, RejectReason, RequestStats};
+pub use events::{
+    EngineOutput, EngineRequest, KvEvent, KvEventBatch, LoraAdapter, PdStage, RejectReason, RequestStats,
+    Tier,
+};
 pub use flags::EngineFlags;
 pub use kvgate_config::{FieldError, ValidationErrors};
 pub use kvgate_words::{count_tokens, render_chat, splitmix64, token_id, tokenize};

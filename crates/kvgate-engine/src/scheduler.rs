@@ -6,13 +6,14 @@ mod report;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
-use crate::block_hash::prompt_block_hashes;
+use crate::block_hash::adapter_block_hashes;
 use crate::blocks::{BlockPool, PendingBlocks};
 use crate::config::EngineConfig;
 use crate::events::{
-    EngineOutput, EngineRequest, KvEvent, KvEventBatch, KvEventLog, PdStage, RejectReason, RequestStats,
+    EngineOutput, EngineRequest, KvEvent, KvEventBatch, KvEventLog, PdStage, RejectReason, RequestStats, Tier,
 };
 use crate::load::ThroughputWindow;
+use crate::offload::HostTier;
 
 /// A discrete-event model of one serving engine replica.
 ///
@@ -23,6 +24,8 @@ use crate::load::ThroughputWindow;
 pub struct Engine {
     config: EngineConfig,
     pool: BlockPool,
+    /// The host-memory tier, with `cpu_offload_tokens`.
+    host: Option<HostTier>,
     slots: Vec<Option<Request>>,
     free_slots: Vec<usize>,
     slot_by_id: BTreeMap<u64, usize>,
@@ -65,12 +68,16 @@ struct Request {
     output_tokens: u32,
     /// Hashes of the prompt's full blocks (empty without prefix cache).
     block_hashes: Vec<u64>,
+    /// The adapter the request runs with.
+    lora: Option<crate::events::LoraAdapter>,
     total_blocks: u64,
     /// Blocks held outside the cache.
     private_blocks: u64,
     /// `block_hashes[..referenced_blocks]` are cached blocks this request references.
     referenced_blocks: usize,
     cached_tokens: u32,
+    /// Of `cached_tokens`, those loaded back from the host tier.
+    offloaded_tokens: u32,
     /// Uncached tokens estimated at submission (counted in `waiting_uncached_tokens`).
     uncached_estimate: u32,
     arrival_us: u64,
@@ -126,8 +133,10 @@ impl Engine {
             max_running_requests: config.max_running_requests.max(1),
             ..config
         };
+        let host_blocks = config.cpu_offload_blocks() as usize;
         Self {
             pool: BlockPool::new(config.capacity_blocks()),
+            host: (host_blocks > 0).then(|| HostTier::new(host_blocks)),
             kv_events: KvEventLog::new(config.emit_kv_events),
             config,
             slots: Vec::new(),
@@ -197,7 +206,7 @@ impl Engine {
         out: &mut Vec<EngineOutput>,
     ) {
         self.advance(now, out);
-        let EngineRequest { id, prompt, output_tokens } = request;
+        let EngineRequest { id, prompt, output_tokens, lora } = request;
         let output_tokens = output_tokens.max(1);
         let block_size = u64::from(self.config.block_size);
         let required_tokens = prompt.len() as u64 + u64::from(output_tokens);
@@ -220,18 +229,20 @@ impl Engine {
         }
         let prompt_len = prompt.len() as u32;
         let block_hashes = if self.config.prefix_cache {
-            prompt_block_hashes(&prompt, self.config.block_size as usize)
+            adapter_block_hashes(&prompt, self.config.block_size as usize, lora.as_ref())
         } else {
             Vec::new()
         };
         // The estimate counts as cached what the prompts ahead will have cached by the time
-        // this one starts (their prefills run first): a burst sharing a prefix is counted once.
+        // this one starts (their prefills run first): a burst sharing a prefix is counted once;
+        // a prefix in the host tier loads back instead of being recomputed.
         let uncached_estimate = match stage {
             PdStage::Decode => 0,
             PdStage::Regular | PdStage::Prefill => {
                 let matched = self.pending_blocks.match_prefix(&self.pool, &block_hashes);
+                let in_host = self.host.as_ref().map_or(0, |host| host.peek_prefix(&block_hashes[matched..]));
                 self.pending_blocks.add(&block_hashes);
-                prompt_len - self.cached_tokens_for(matched, prompt_len)
+                prompt_len - self.cached_tokens_for(matched + in_host, prompt_len)
             }
         };
         self.waiting_uncached_tokens += u64::from(uncached_estimate);
@@ -241,10 +252,12 @@ impl Engine {
             prompt_len,
             output_tokens,
             block_hashes,
+            lora,
             total_blocks,
             private_blocks: 0,
             referenced_blocks: 0,
             cached_tokens: 0,
+            offloaded_tokens: 0,
             uncached_estimate,
             arrival_us: now,
             admitted_us: 0,
@@ -332,6 +345,9 @@ impl Engine {
         if !self.pool.clear_if_unreferenced() {
             return false;
         }
+        if let Some(host) = &mut self.host {
+            host.clear();
+        }
         self.kv_events.push(KvEvent::AllBlocksCleared);
         self.kv_events.flush(now);
         true
@@ -409,11 +425,22 @@ impl Engine {
                 break;
             }
             if !self.evicted.is_empty() && self.kv_events.enabled() {
-                self.kv_events.push(KvEvent::BlockRemoved { block_hashes: self.evicted.clone() });
+                self.kv_events
+                    .push(KvEvent::BlockRemoved { block_hashes: self.evicted.clone(), tier: Tier::Gpu });
             }
-            let cached_tokens = self.cached_tokens_for(matched, request.prompt_len);
+            // The prefix continues in host memory: those blocks load back into the new ones.
+            let in_host = match (&mut self.host, request.stage) {
+                (Some(host), PdStage::Regular | PdStage::Prefill) => {
+                    host.match_prefix(&request.block_hashes[matched..])
+                }
+                _ => 0,
+            };
+            let cached_tokens = self.cached_tokens_for(matched + in_host, request.prompt_len);
+            let offloaded_tokens = cached_tokens - self.cached_tokens_for(matched, request.prompt_len);
+            let load_work = self.config.load_work_tokens(offloaded_tokens);
             let request = self.slots[slot].as_mut().expect("waiting slots are live");
             request.cached_tokens = cached_tokens;
+            request.offloaded_tokens = offloaded_tokens;
             request.referenced_blocks = matched;
             request.private_blocks = new_blocks;
             request.admitted_us = at_us;
@@ -424,7 +451,7 @@ impl Engine {
             if request.stage == PdStage::Decode {
                 self.start_transferred(slot);
             } else {
-                let remaining = request.prompt_len - cached_tokens;
+                let remaining = request.prompt_len - cached_tokens + load_work;
                 request.phase = Phase::Prefilling { remaining };
                 self.admitted_prefill_tokens += u64::from(remaining);
                 self.prefilling.push_back(slot);
@@ -511,6 +538,7 @@ impl Engine {
             return;
         }
         let mut run_start = None;
+        let (mut offloaded, mut host_evicted) = (Vec::new(), Vec::new());
         for index in request.referenced_blocks..=upto {
             let inserted = index < upto && self.pool.store(request.block_hashes[index]);
             match (inserted, run_start) {
@@ -523,10 +551,31 @@ impl Engine {
                             parent_block_hash: start.checked_sub(1).map(|p| request.block_hashes[p]),
                             token_ids: request.prompt[start * block_size..index * block_size].to_vec(),
                             block_size: block_size as u32,
+                            tier: Tier::Gpu,
+                            lora: request.lora.clone(),
                         });
+                    }
+                    if let Some(host) = &mut self.host {
+                        host.offload(&request.block_hashes[start..index], &mut offloaded, &mut host_evicted);
                     }
                 }
                 _ => {}
+            }
+        }
+        if self.kv_events.enabled() {
+            if !host_evicted.is_empty() {
+                self.kv_events.push(KvEvent::BlockRemoved { block_hashes: host_evicted, tier: Tier::Cpu });
+            }
+            if !offloaded.is_empty() {
+                // vLLM's offloading connector's default events: the hashes only.
+                self.kv_events.push(KvEvent::BlockStored {
+                    block_hashes: offloaded,
+                    parent_block_hash: None,
+                    token_ids: Vec::new(),
+                    block_size: 0,
+                    tier: Tier::Cpu,
+                    lora: None,
+                });
             }
         }
         request.private_blocks -= (upto - request.referenced_blocks) as u64;
@@ -583,6 +632,7 @@ impl Engine {
             stats: RequestStats {
                 prompt_tokens: request.prompt_len,
                 cached_tokens: request.cached_tokens,
+                offloaded_tokens: request.offloaded_tokens,
                 completion_tokens: request.output_tokens,
                 arrival_us: request.arrival_us,
                 admitted_us: request.admitted_us,

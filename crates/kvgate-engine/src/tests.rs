@@ -12,7 +12,7 @@ fn tokens(start: u32, n: u32) -> Vec<u32> {
 }
 
 fn request(id: u64, prompt: Vec<u32>, output_tokens: u32) -> EngineRequest {
-    EngineRequest { id, prompt, output_tokens }
+    EngineRequest::new(id, prompt, output_tokens)
 }
 
 /// Everything an engine emitted for a workload.
@@ -117,6 +117,7 @@ fn hand_computed_timing_for_one_request() {
                 stats: RequestStats {
                     prompt_tokens: 4096,
                     cached_tokens: 0,
+                    offloaded_tokens: 0,
                     completion_tokens: 3,
                     arrival_us: 1_000,
                     admitted_us: 1_000,
@@ -194,7 +195,7 @@ fn lru_evicts_oldest_unreferenced_prefix_first() {
     let removed: Vec<&Vec<u64>> = trace
         .events()
         .filter_map(|event| match event {
-            KvEvent::BlockRemoved { block_hashes } => Some(block_hashes),
+            KvEvent::BlockRemoved { block_hashes, .. } => Some(block_hashes),
             _ => None,
         })
         .collect();
@@ -202,6 +203,100 @@ fn lru_evicts_oldest_unreferenced_prefix_first() {
     assert_eq!(removed[0], &vec![a_hashes[1], a_hashes[0]]);
     assert_eq!(trace.stats(4).cached_tokens, 7);
     assert_eq!(trace.stats(5).cached_tokens, 0);
+}
+
+/// A LoRA adapter's blocks hash apart from the base model's (and from another adapter's), and
+/// its stores name it.
+#[test]
+fn an_adapter_caches_its_own_blocks() {
+    let prompt = tokens(0, 32);
+    let sql = LoraAdapter { id: 1, name: "sql".into() };
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    let adapter =
+        |id, lora: &LoraAdapter| EngineRequest { lora: Some(lora.clone()), ..request(id, prompt.clone(), 1) };
+    engine.submit(0, adapter(1, &sql), &mut out);
+    while let Some(at) = engine.next_event_time() {
+        engine.advance(at, &mut out);
+    }
+    let stored = engine.drain_kv_events().into_iter().flat_map(|batch| batch.events).collect::<Vec<_>>();
+    let [KvEvent::BlockStored { block_hashes, lora, .. }] = &stored[..] else { panic!("{stored:?}") };
+    assert_eq!(lora.as_ref(), Some(&sql));
+    assert_eq!(block_hashes, &adapter_block_hashes(&prompt, 16, Some(&sql)));
+    assert_ne!(block_hashes, &prompt_block_hashes(&prompt, 16), "the base model's hashes differ");
+    let other = LoraAdapter { id: 2, name: "chat".into() };
+    assert_ne!(adapter_block_hashes(&prompt, 16, Some(&other)), *block_hashes);
+    assert_eq!(engine.cached_prefix_tokens(&prompt), 0, "the base model has nothing cached");
+    engine.submit(1_000_000, adapter(2, &sql), &mut out);
+    while let Some(at) = engine.next_event_time() {
+        engine.advance(at, &mut out);
+    }
+    let stats = out.iter().rev().find_map(|o| match o {
+        EngineOutput::Finished { id: 2, stats } => Some(*stats),
+        _ => None,
+    });
+    assert_eq!(stats.unwrap().cached_tokens, 31, "the adapter's own blocks hit");
+}
+
+/// The host tier: stored on write (placeholders), a prefix evicted from the GPU but held in host
+/// memory counts as cached and loads back, which costs less than computing it and more than a GPU
+/// hit; evicted from both, it is computed again.
+#[test]
+fn a_prefix_in_host_memory_loads_back_instead_of_prefilling() {
+    let config = EngineConfig {
+        cpu_offload_tokens: 36, // 9 blocks: A, B and C
+        cpu_load_tokens_per_sec: 4.0 * small_config().prefill_tokens_per_sec,
+        ..small_config()
+    };
+    let a = tokens(0, 8);
+    let b = tokens(1_000, 8);
+    let c = tokens(2_000, 20);
+    let a_hashes = prompt_block_hashes(&a, 4);
+    let b_hashes = prompt_block_hashes(&b, 4);
+    let (_, trace) = simulate(
+        config,
+        submits(vec![
+            (0, request(1, a.clone(), 1)),
+            (1_000_000, request(2, b.clone(), 1)),        // host: A, B
+            (2_000_000, request(3, c, 1)),                // evicts A and B from the GPU
+            (3_000_000, request(4, a.clone(), 1)),        // A from host memory
+            (4_000_000, request(5, tokens(3_000, 8), 1)), // the host evicts B (least recent)
+            (6_000_000, request(7, b, 1)),                // B is gone from both tiers
+        ]),
+    );
+    let placeholders: Vec<&Vec<u64>> = trace
+        .events()
+        .filter_map(|event| match event {
+            KvEvent::BlockStored {
+                block_hashes,
+                tier: Tier::Cpu,
+                token_ids,
+                block_size: 0,
+                parent_block_hash: None,
+                ..
+            } => {
+                assert!(token_ids.is_empty());
+                Some(block_hashes)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(placeholders[..2], [&a_hashes, &b_hashes]);
+    let fresh = trace.stats(1);
+    let loaded = trace.stats(4);
+    assert_eq!((loaded.cached_tokens, loaded.offloaded_tokens), (7, 7));
+    let ttft = |stats: RequestStats| stats.first_token_us - stats.admitted_us;
+    assert!(ttft(loaded) < ttft(fresh), "{} vs {}", ttft(loaded), ttft(fresh));
+    assert!(ttft(loaded) > small_config().prefill_step_us(1), "a load takes time");
+    let host_removed: Vec<&Vec<u64>> = trace
+        .events()
+        .filter_map(|event| match event {
+            KvEvent::BlockRemoved { block_hashes, tier: Tier::Cpu } => Some(block_hashes),
+            _ => None,
+        })
+        .collect();
+    assert!(host_removed.iter().any(|hashes| hashes.contains(&b_hashes[0])));
+    assert_eq!(trace.stats(7).cached_tokens, 0);
 }
 
 #[test]
@@ -395,12 +490,16 @@ fn kv_events_describe_stored_blocks_with_increasing_seqs() {
                 parent_block_hash: None,
                 token_ids: prompt[..32].to_vec(),
                 block_size: 16,
+                tier: Tier::Gpu,
+                lora: None,
             },
             &KvEvent::BlockStored {
                 block_hashes: extended_hashes[2..].to_vec(),
                 parent_block_hash: Some(hashes[1]),
                 token_ids: extended[32..64].to_vec(),
                 block_size: 16,
+                tier: Tier::Gpu,
+                lora: None,
             },
         ]
     );

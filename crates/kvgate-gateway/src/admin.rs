@@ -79,6 +79,29 @@ pub struct WorkerInfo {
     /// The worker's KV event publishers, and how many of its ranks' events flow into the index.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<KvEventsInfo>,
+    /// The closed loop: does the index agree with what the engine reports cached? (Present once
+    /// an answer was compared.)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_accuracy: Option<IndexAccuracyInfo>,
+}
+
+#[derive(Serialize)]
+pub struct IndexAccuracyInfo {
+    /// Answered requests in the window (the last 100).
+    pub requests: usize,
+    /// Sum of |predicted - engine-reported cached tokens| over the window's prompt tokens.
+    pub error_share: f64,
+    /// A persistent disagreement (more than 10% over a full window), with its likely cause.
+    pub disagreement: Option<DisagreementInfo>,
+}
+
+#[derive(Serialize)]
+pub struct DisagreementInfo {
+    pub cause: &'static str,
+    pub error_share: f64,
+    /// The share of the window's requests claiming cached tokens (either side) that were wrong.
+    pub wrong_share: f64,
+    pub advice: &'static str,
 }
 
 #[derive(Serialize)]
@@ -106,8 +129,23 @@ impl WorkerInfo {
                 live_ranks: worker.kv_live_ranks(),
                 flowing: worker.kv_events_flowing(),
             }),
+            index_accuracy: index_accuracy(worker),
         }
     }
+}
+
+fn index_accuracy(worker: &Worker) -> Option<IndexAccuracyInfo> {
+    let (requests, error_share, disagreement) = worker.index_accuracy();
+    (requests > 0).then(|| IndexAccuracyInfo {
+        requests,
+        error_share,
+        disagreement: disagreement.map(|d| DisagreementInfo {
+            cause: d.cause.as_str(),
+            error_share: d.error_share,
+            wrong_share: d.wrong_share,
+            advice: d.cause.advice(),
+        }),
+    })
 }
 
 pub async fn list_workers(

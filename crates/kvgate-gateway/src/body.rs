@@ -14,6 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use kvgate_index::InFlightPrompt;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::accuracy::UsageTap;
 use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
@@ -58,6 +59,8 @@ pub struct RequestTail {
     pub permit: Option<OwnedSemaphorePermit>,
     /// Set for event streams: the worker named in the error event if the stream breaks.
     pub worker_url: Option<String>,
+    /// Reads the engine's usage as the answer passes (the closed loop, `accuracy.rs`).
+    pub usage: Option<UsageTap>,
 }
 
 pub struct MeteredBody {
@@ -68,11 +71,13 @@ pub struct MeteredBody {
     broken: Option<hyper::Error>,
     /// The error event was handed over and one poll has let the connection flush it.
     flushed: bool,
+    /// The worker's body ended (what the usage tap still held has been passed on).
+    ended: bool,
 }
 
 impl MeteredBody {
     pub fn new(inner: UpstreamBody, tail: RequestTail) -> Self {
-        Self { inner, tail, first_byte_seen: false, broken: None, flushed: false }
+        Self { inner, tail, first_byte_seen: false, broken: None, flushed: false, ended: false }
     }
 }
 
@@ -103,6 +108,9 @@ impl Body for MeteredBody {
                 return Poll::Ready(Some(Err(error)));
             }
         }
+        if this.ended {
+            return Poll::Ready(None);
+        }
         let polled = match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Err(error))) if this.tail.worker_url.is_some() => {
                 let worker = this.tail.worker_url.take().unwrap_or_default();
@@ -110,6 +118,24 @@ impl Body for MeteredBody {
                 this.broken = Some(error);
                 Poll::Ready(Some(Ok(Frame::data(event))))
             }
+            Poll::Ready(Some(Ok(frame))) => match &mut this.tail.usage {
+                Some(tap) => Poll::Ready(Some(Ok(frame.map_data(|data| tap.on_frame(data))))),
+                None => Poll::Ready(Some(Ok(frame))),
+            },
+            Poll::Ready(None) => match &mut this.tail.usage {
+                Some(tap) => {
+                    // The whole answer arrived: the closed loop's sample is recorded.
+                    this.ended = true;
+                    let rest = tap.finish(&this.tail.metrics);
+                    this.tail.usage = None;
+                    if rest.is_empty() {
+                        Poll::Ready(None)
+                    } else {
+                        Poll::Ready(Some(Ok(Frame::data(rest))))
+                    }
+                }
+                None => Poll::Ready(None),
+            },
             other => other,
         };
         if !this.first_byte_seen {
@@ -123,7 +149,7 @@ impl Body for MeteredBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ended || (self.tail.usage.is_none() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -133,6 +159,9 @@ impl Body for MeteredBody {
 
 impl Drop for MeteredBody {
     fn drop(&mut self) {
+        if let Some(tap) = &mut self.tail.usage {
+            tap.dropped(&self.tail.metrics);
+        }
         let elapsed = self.tail.started.elapsed().as_secs_f64();
         self.tail.metrics.duration(self.tail.endpoint).observe(elapsed);
     }

@@ -9,11 +9,14 @@ use std::path::{Path, PathBuf};
 /// The gateway's layers, bottom first. A module may use modules of its own layer or of a lower
 /// one, never of a higher one.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaf types", &["auth", "clock", "endpoint", "error", "loads", "request", "role", "worker_url"]),
+    (
+        "leaf types",
+        &["auth", "clock", "endpoint", "error", "loads", "request", "role", "usage", "worker_url"],
+    ),
     ("configuration", &["config"]),
     ("plumbing", &["conn", "metrics", "own_address", "tls", "upstream"]),
     ("registry", &["load_snapshot", "registry", "worker"]),
-    ("request parts", &["body", "tokenize"]),
+    ("request parts", &["accuracy", "body", "tokenize"]),
     ("subsystems", &["admission", "health", "kv_events", "monitor", "replica_sync"]),
     ("fleet", &["discovery", "registration"]),
     ("state", &["state"]),

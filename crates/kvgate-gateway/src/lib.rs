@@ -12,6 +12,7 @@ mod error;
 mod loads;
 mod request;
 mod role;
+mod usage;
 mod worker_url;
 // Configuration.
 mod config;
@@ -26,6 +27,7 @@ mod load_snapshot;
 mod registry;
 mod worker;
 // Request parts.
+mod accuracy;
 mod body;
 mod tokenize;
 // Subsystems, each built from the narrow parts it needs.

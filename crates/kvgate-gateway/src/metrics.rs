@@ -58,6 +58,11 @@ pub struct Metrics {
     pub match_rate: HistogramVec,
     pub predicted_ttft: HistogramVec,
     pub tokenize_failures: IntCounterVec,
+    /// The closed loop (`accuracy.rs`): per model and worker.
+    pub prefix_predicted_tokens: IntCounterVec,
+    pub prefix_engine_cached_tokens: IntCounterVec,
+    pub prefix_cached_difference: HistogramVec,
+    pub prefix_index_disagreement: IntGaugeVec,
     pub tokenize_limited: IntCounterVec,
     pub tokenizer_pending: IntGauge,
     /// Answers of workers and peers past their bound, by source.
@@ -244,6 +249,27 @@ impl Metrics {
                 "kvgate_tokenize_failures_total",
                 "Requests the gateway could not tokenize (routed on their text instead), by endpoint.",
                 &["endpoint"],
+            ),
+            prefix_predicted_tokens: counter(
+                "kvgate_prefix_predicted_tokens_total",
+                "Prompt tokens the prefix index predicted cached on the worker each answered request went to (requests routed on token ids), by model and worker.",
+                &["model", "worker"],
+            ),
+            prefix_engine_cached_tokens: counter(
+                "kvgate_prefix_engine_cached_tokens_total",
+                "Prompt tokens the engine reported served from its cache (usage.prompt_tokens_details.cached_tokens, SGLang's meta_info.cached_tokens) on the same requests, by model and worker.",
+                &["model", "worker"],
+            ),
+            prefix_cached_difference: histogram(
+                "kvgate_prefix_cached_tokens_difference_ratio",
+                "Per answered request: (engine-reported cached tokens - predicted) / prompt tokens, by model and worker. Near 0: the index agrees with the engine; negative: it overclaims; positive: it misses what the engine holds.",
+                &["model", "worker"],
+                vec![-1.0, -0.5, -0.2, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0],
+            ),
+            prefix_index_disagreement: gauge(
+                "kvgate_prefix_index_disagreement",
+                "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens or a quarter of at least 10 claimed requests wrong, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
+                &["model", "worker"],
             ),
             tokenize_limited: counter(
                 "kvgate_tokenize_limited_total",
@@ -453,6 +479,11 @@ impl Metrics {
             remove_labelled(family, url);
         }
         remove_labelled(&self.loads.snapshot_age, url);
+        for family in [&self.prefix_predicted_tokens, &self.prefix_engine_cached_tokens] {
+            remove_labelled(family, url);
+        }
+        remove_labelled(&self.prefix_index_disagreement, url);
+        remove_labelled(&self.prefix_cached_difference, url);
         let kv = &self.kv_events;
         for family in
             [&self.loads.poll_failures, &kv.batches, &kv.malformed, &kv.refused, &kv.gaps, &kv.restarts]

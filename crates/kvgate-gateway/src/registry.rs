@@ -348,7 +348,7 @@ impl Registry {
         ModelState {
             policy: build_policy(&config),
             prefix: {
-                let exact = Arc::new(BlockIndex::new());
+                let exact = Arc::new(config.block_index());
                 Arc::new(ModelPrefix {
                     tree: ApproxIndex::new(config.tree_settings()),
                     in_flight: InFlightBlocks::new(exact.clone()),

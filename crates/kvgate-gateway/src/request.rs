@@ -13,10 +13,13 @@ use serde::Deserialize;
 pub struct RequestFields<'a> {
     #[serde(borrow, default)]
     pub model: Option<Cow<'a, str>>,
-    /// Type-checked only: streamed and whole answers are both passed through as they arrive.
+    /// Streamed and whole answers are both passed through as they arrive; a stream is asked for
+    /// its usage chunk when the client did not ask (the closed loop reads it, `accuracy.rs`).
     #[serde(default)]
-    #[allow(dead_code, reason = "validated for a clear 400; the proxy streams either way")]
     pub stream: Option<bool>,
+    /// Present when the client set it (then the gateway asks for nothing).
+    #[serde(default)]
+    pub stream_options: Option<serde::de::IgnoredAny>,
     #[serde(borrow, default)]
     pub messages: Option<Vec<ChatMessage<'a>>>,
     /// `/v1/completions` prompt.
@@ -31,6 +34,10 @@ pub struct RequestFields<'a> {
     /// `/v1/embeddings` input.
     #[serde(borrow, default)]
     pub input: Option<PromptInput<'a>>,
+    /// vLLM's and SGLang's `cache_salt`: the request's blocks are shared only with requests
+    /// carrying the same salt.
+    #[serde(borrow, default)]
+    pub cache_salt: Option<Cow<'a, str>>,
     /// The end user (OpenAI's `user`): the session key when no routing-key header is given.
     #[serde(borrow, default)]
     pub user: Option<Cow<'a, str>>,

@@ -83,7 +83,11 @@ impl AppState {
                 Tokenizer::from_path(path, config.chat_template.as_deref())
                     .map_err(|e| format!("loading the tokenizer: {e}"))?,
             ),
-            (None, true) => Some(Tokenizer::mock()),
+            (None, true) => Some(match &config.chat_template {
+                Some(template) => Tokenizer::mock_with_chat_template(template)
+                    .map_err(|e| format!("loading the chat template: {e}"))?,
+                None => Tokenizer::mock(),
+            }),
             (None, false) => None,
         };
         let tokenization = match tokenizer {

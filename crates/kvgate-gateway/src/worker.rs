@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use kvgate_index::{AccuracyChange, AccuracySample, AccuracySettings, Disagreement, IndexAccuracy};
 use kvgate_policy::WorkerId;
 use serde::Serialize;
 
@@ -180,6 +181,8 @@ pub struct Worker {
     kv_live: Box<[AtomicBool]>,
     /// The subscriptions' tasks, aborted when the worker is removed.
     kv_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// The closed loop: what the index predicted cached here vs what the engine reported.
+    accuracy: Mutex<IndexAccuracy>,
 }
 
 impl Worker {
@@ -214,6 +217,7 @@ impl Worker {
                 .collect(),
             kv_events,
             kv_tasks: Mutex::new(Vec::new()),
+            accuracy: Mutex::new(IndexAccuracy::new(AccuracySettings::default())),
         }
     }
 
@@ -236,6 +240,18 @@ impl Worker {
     /// Whether every rank's KV events flow into the index (false without KV events).
     pub fn kv_events_flowing(&self) -> bool {
         !self.kv_live.is_empty() && self.kv_live.iter().all(|live| live.load(Ordering::Relaxed))
+    }
+
+    /// Adds one answer's outcome to the closed loop's window; says when a persistent
+    /// disagreement was raised or cleared by it.
+    pub fn record_accuracy(&self, sample: AccuracySample) -> Option<AccuracyChange> {
+        self.accuracy.lock().unwrap_or_else(|p| p.into_inner()).record(sample)
+    }
+
+    /// The closed loop's window: requests in it, its error share, the disagreement in force.
+    pub fn index_accuracy(&self) -> (usize, f64, Option<Disagreement>) {
+        let accuracy = self.accuracy.lock().unwrap_or_else(|p| p.into_inner());
+        (accuracy.requests(), accuracy.error_share(), accuracy.disagreement())
     }
 
     /// Ranks whose KV event subscription is connected and in sync.

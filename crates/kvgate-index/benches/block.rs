@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
-use kvgate_index::{BlockIndex, CacheBlocks, CacheId, PrefixMatch, StoredBlocks};
+use kvgate_index::{BlockIndex, CacheBlocks, CacheId, Namespace, PrefixMatch, Residency, StoredBlocks};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -65,11 +65,15 @@ fn store(cache: &mut CacheBlocks, prompt: &Prompt) -> usize {
         let end = (start + EVENT_BLOCKS).min(prompt.hashes.len());
         let parent = (chunk > 0).then(|| prompt.hashes[start - 1]);
         let event = StoredBlocks {
+            group: 0,
             block_hashes: &prompt.hashes[start..end],
             parent_block_hash: parent,
             token_ids: &prompt.tokens[start * BLOCK..end * BLOCK],
             block_size: BLOCK as u32,
-            medium: None,
+            lookahead: &[],
+            opaque: &[],
+            namespace: Namespace::BASE,
+            residency: &Residency::gpu(),
         };
         cache.apply_stored(event).expect("a well-formed event");
         events += 1;
@@ -116,7 +120,7 @@ fn apply_report(prompts: &[Prompt]) {
     let mut removals = 0;
     for prompt in prompts {
         for chunk in prompt.hashes.chunks(EVENT_BLOCKS) {
-            caches[prompt.cache].apply_removed(chunk, None);
+            caches[prompt.cache].apply_removed(0, chunk, &Residency::gpu());
             removals += 1;
         }
     }
@@ -162,7 +166,7 @@ fn latency_report(index: &BlockIndex, queries: &Queries, n: usize) {
         for i in 0..n {
             let query = &set[i % set.len()];
             let started = Instant::now();
-            index.overlap(query, &mut out);
+            index.overlap(query, Namespace::BASE, &mut out);
             times.push(started.elapsed().as_secs_f64() * 1e6);
             assert_eq!(out.best(), expect, "{name}");
         }
@@ -190,7 +194,7 @@ fn concurrent_report(prompts: &[Prompt], queries: &Queries, secs: f64) {
                 let prompt = &prompts[i % prompts.len()];
                 let cache = &mut caches[prompt.cache];
                 for chunk in prompt.hashes.chunks(EVENT_BLOCKS) {
-                    cache.apply_removed(chunk, None);
+                    cache.apply_removed(0, chunk, &Residency::gpu());
                 }
                 store(cache, prompt);
                 blocks += 2 * prompt.hashes.len();
@@ -206,7 +210,7 @@ fn concurrent_report(prompts: &[Prompt], queries: &Queries, secs: f64) {
             while Instant::now() < deadline {
                 let query = &queries.hits_short[i % queries.hits_short.len()];
                 let started = Instant::now();
-                index.overlap(query, &mut out);
+                index.overlap(query, Namespace::BASE, &mut out);
                 times.push(started.elapsed().as_secs_f64() * 1e6);
                 i += 1;
             }
@@ -276,7 +280,7 @@ fn main() {
             g.bench_function(BenchmarkId::from_parameter(name), |b| {
                 b.iter(|| {
                     i += 1;
-                    index.overlap(black_box(&set[i % set.len()]), &mut out);
+                    index.overlap(black_box(&set[i % set.len()]), Namespace::BASE, &mut out);
                 })
             });
         }

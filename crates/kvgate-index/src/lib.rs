@@ -35,6 +35,7 @@
 //! assert!(tree.tenant_size(1) <= 20);
 //! ```
 
+mod accuracy;
 mod block;
 mod choice;
 mod evict;
@@ -47,16 +48,22 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
+pub use accuracy::{
+    AccuracyChange, AccuracySample, AccuracySettings, Disagreement, IndexAccuracy, LikelyCause,
+};
 pub use block::{
-    content_hash, ApplyError, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, StoredBlocks,
-    IN_FLIGHT_RANK, ROOT_HASH,
+    block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheId, ChainRoot, HeldBlock,
+    InFlightBlocks, InFlightPrompt, Layout, Namespace, Residency, StoredBlocks, TierWeights, IN_FLIGHT_RANK,
+    MAX_LAYOUTS, ROOT_HASH,
 };
 pub use choice::{choose_index, IndexInputs, PrefixIndexMode};
 pub use matching::PrefixMatch;
 pub use peer::{
     prompt_blocks, prompt_hash, PeerBlocks, PeerMerged, PromptBlocks, ReadOnlyTree, TEXT_BLOCK_BYTES,
 };
-pub use prefix::{ApproxIndex, ExactRecordingTree, IndexKind, PrefixIndex, PromptKey, TreeSettings};
+pub use prefix::{
+    ApproxIndex, ExactRecordingTree, IndexKind, NamespacedExact, PrefixIndex, PromptKey, TreeSettings,
+};
 pub use tree::RadixTree;
 
 /// Worker id, assigned by the host.

@@ -9,12 +9,16 @@ use crate::TenantId;
 ///
 /// A tenant's matched length is the number of leading query elements found in the tree on nodes
 /// that tenant holds (a partial match inside an edge counts for the tenants of that edge's node).
+/// The exact index also says how many of them count once cache tiers are weighed
+/// ([`PrefixMatch::credited`]): a block held only in CPU memory earns part of a GPU hit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrefixMatch {
     query_len: usize,
     best: usize,
     /// `(tenant, matched_len)` with `matched_len > 0`, sorted by tenant.
     entries: Vec<(TenantId, usize)>,
+    /// `(tenant, credited_len)` for the tenants whose credit is below their match, sorted.
+    discounted: Vec<(TenantId, usize)>,
 }
 
 impl PrefixMatch {
@@ -28,6 +32,15 @@ impl PrefixMatch {
         match self.entries.binary_search_by(|e| e.0.cmp(&tenant)) {
             Ok(i) => self.entries[i].1,
             Err(_) => 0,
+        }
+    }
+
+    /// A tenant's matched length weighed by the tiers holding it (at most [`Self::matched`]):
+    /// what a policy counts as cached. Equal to the match where every tier is the GPU.
+    pub fn credited(&self, tenant: TenantId) -> usize {
+        match self.discounted.binary_search_by(|e| e.0.cmp(&tenant)) {
+            Ok(i) => self.discounted[i].1,
+            Err(_) => self.matched(tenant),
         }
     }
 
@@ -48,13 +61,14 @@ impl PrefixMatch {
 
     /// An empty match for a query of `query_len` elements.
     pub fn empty(query_len: usize) -> Self {
-        PrefixMatch { query_len, best: 0, entries: Vec::new() }
+        PrefixMatch { query_len, best: 0, entries: Vec::new(), discounted: Vec::new() }
     }
 
     pub(crate) fn reset(&mut self, query_len: usize) {
         self.query_len = query_len;
         self.best = 0;
         self.entries.clear();
+        self.discounted.clear();
     }
 
     /// Appends a tenant's matched length; tenants must come in increasing id order.
@@ -62,6 +76,14 @@ impl PrefixMatch {
         debug_assert!(self.entries.last().is_none_or(|&(last, _)| last < tenant));
         self.entries.push((tenant, matched));
         self.best = self.best.max(matched);
+    }
+
+    /// Appends a tenant's matched length and its tier-weighed credit (at most the match).
+    pub(crate) fn push_credited(&mut self, tenant: TenantId, matched: usize, credited: usize) {
+        self.push(tenant, matched);
+        if credited < matched {
+            self.discounted.push((tenant, credited));
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use crate::block::BlockIndex;
+use crate::block::{BlockIndex, Namespace};
 use crate::{PrefixMatch, TenantId, TextTree, TokenTree};
 
 /// Which index answered a prefix query.
@@ -181,7 +181,35 @@ impl PrefixIndex for BlockIndex {
         IndexKind::Exact
     }
 
-    /// Text keys match nothing: the exact index knows token ids only.
+    /// The base model's blocks (see [`NamespacedExact`] for an adapter's or a salted
+    /// request's). Text keys match nothing: the exact index knows token ids only.
+    fn route(
+        &self,
+        key: PromptKey<'_>,
+        now_ms: u64,
+        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
+    ) -> Option<TenantId> {
+        NamespacedExact { exact: self, namespace: Namespace::BASE }.route(key, now_ms, choose)
+    }
+
+    fn tenant_size(&self, tenant: TenantId) -> usize {
+        self.worker_blocks(tenant)
+    }
+}
+
+/// The exact index as one request sees it: the blocks of its namespace (its LoRA adapter, its
+/// cache salt) only.
+#[derive(Clone, Copy)]
+pub struct NamespacedExact<'a> {
+    pub exact: &'a BlockIndex,
+    pub namespace: Namespace<'a>,
+}
+
+impl PrefixIndex for NamespacedExact<'_> {
+    fn kind(&self) -> IndexKind {
+        IndexKind::Exact
+    }
+
     fn route(
         &self,
         key: PromptKey<'_>,
@@ -190,13 +218,13 @@ impl PrefixIndex for BlockIndex {
     ) -> Option<TenantId> {
         let mut matched = PrefixMatch::default();
         if let PromptKey::Tokens(ids) = key {
-            self.overlap(ids, &mut matched);
+            self.exact.overlap(ids, self.namespace, &mut matched);
         }
         choose(&matched)
     }
 
     fn tenant_size(&self, tenant: TenantId) -> usize {
-        self.worker_blocks(tenant)
+        self.exact.worker_blocks(tenant)
     }
 }
 
@@ -205,6 +233,8 @@ impl PrefixIndex for BlockIndex {
 #[derive(Clone, Copy)]
 pub struct ExactRecordingTree<'a> {
     pub exact: &'a BlockIndex,
+    /// The request's namespace in the exact index.
+    pub namespace: Namespace<'a>,
     pub tree: &'a ApproxIndex,
 }
 
@@ -219,7 +249,8 @@ impl PrefixIndex for ExactRecordingTree<'_> {
         now_ms: u64,
         choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
     ) -> Option<TenantId> {
-        let chosen = self.exact.route(key, now_ms, choose);
+        let chosen =
+            NamespacedExact { exact: self.exact, namespace: self.namespace }.route(key, now_ms, choose);
         if let Some(tenant) = chosen {
             self.tree.record(key, tenant, now_ms);
         }

@@ -8,8 +8,53 @@ use serde::de::{self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, Map
 
 use crate::error::{reason, DecodeError, Path};
 use crate::event::EventSeed;
-use crate::leaf::{self, reject_scalars, Field, Scalar, MAX_PREALLOC};
+use crate::leaf::{self, Checked, Field, Scalar, MAX_PREALLOC};
 use crate::{EventBatch, KvEvent};
+
+/// Rejects every kind a container visitor does not want with "expected X, got Y" (the batch
+/// envelope is strict: nothing of it can be used when it is of the wrong kind).
+macro_rules! reject_scalars {
+    () => {
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Err(wrong_kind(&self, "a boolean"))
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Err(wrong_kind(&self, "an integer"))
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Err(wrong_kind(&self, "an integer"))
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Err(wrong_kind(&self, "a float"))
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Err(wrong_kind(&self, "a string"))
+        }
+        fn visit_bytes<E: serde::de::Error>(self, _: &[u8]) -> Result<Self::Value, E> {
+            Err(wrong_kind(&self, "bytes"))
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Err(wrong_kind(&self, "nil"))
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Err(wrong_kind(&self, "nil"))
+        }
+        fn visit_newtype_struct<D: serde::Deserializer<'de>>(self, _: D) -> Result<Self::Value, D::Error> {
+            Err(wrong_kind(&self, "a msgpack extension"))
+        }
+    };
+    (map) => {
+        reject_scalars!();
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+            Err(wrong_kind(&self, "a map"))
+        }
+    };
+}
+
+/// "expected {what the visitor wants}, got {kind}".
+fn wrong_kind<E: de::Error>(expected: &dyn de::Expected, got: &str) -> E {
+    E::custom(format_args!("expected {expected}, got {got}"))
+}
 
 /// The msgpack nesting limit handed to rmp-serde. A batch needs 4 levels (batch, events, event,
 /// list); the rest is room for `extra_keys` and future fields. It bounds the recursion an
@@ -61,11 +106,12 @@ impl<'de> Visitor<'de> for BatchSeed<'_> {
         let path = self.path;
         path.batch_field.set(Some("ts"));
         let ts = seq.next_element_seed(leaf::TS)?.ok_or_else(|| A::Error::custom("missing field"))?;
+        let ts = strict(ts)?;
         path.batch_field.set(Some("events"));
         let events = seq.next_element_seed(EventsSeed { path })?;
         let events = events.ok_or_else(|| A::Error::custom("missing field"))?;
         path.batch_field.set(Some("data_parallel_rank"));
-        let data_parallel_rank = seq.next_element_seed(leaf::OPT_U32)?.flatten();
+        let data_parallel_rank = seq.next_element_seed(leaf::OPT_U32)?.map(strict).transpose()?.flatten();
         path.batch_field.set(None);
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(EventBatch { ts, events, data_parallel_rank })
@@ -75,12 +121,13 @@ impl<'de> Visitor<'de> for BatchSeed<'_> {
         let path = self.path;
         let (mut ts, mut events, mut data_parallel_rank) = (None, None, None);
         while let Some(key) = map.next_key_seed(KEY)? {
+            let key = strict(key)?;
             path.batch_field.set(key.name());
             let duplicate = match key {
-                Key::Ts => ts.replace(map.next_value_seed(leaf::TS)?).is_some(),
+                Key::Ts => ts.replace(strict(map.next_value_seed(leaf::TS)?)?).is_some(),
                 Key::Events => events.replace(map.next_value_seed(EventsSeed { path })?).is_some(),
                 Key::DataParallelRank => {
-                    data_parallel_rank.replace(map.next_value_seed(leaf::OPT_U32)?).is_some()
+                    data_parallel_rank.replace(strict(map.next_value_seed(leaf::OPT_U32)?)?).is_some()
                 }
                 Key::Other => map.next_value::<IgnoredAny>().map(|_| false)?,
             };
@@ -101,6 +148,11 @@ impl<'de> Visitor<'de> for BatchSeed<'_> {
     }
 
     reject_scalars!();
+}
+
+/// A batch-level field must be right: the batch is refused otherwise.
+fn strict<T, E: de::Error>(value: Checked<T>) -> Result<T, E> {
+    value.map_err(|problem| E::custom(problem.message))
 }
 
 const KEY: Field<Key> = Field { expected: leaf::text::FIELD_NAME, convert: key };
@@ -161,7 +213,7 @@ impl<'de> Visitor<'de> for EventsSeed<'_> {
         let mut events = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC / 8));
         loop {
             self.path.enter_event(events.len());
-            match seq.next_element_seed(EventSeed { path: self.path })? {
+            match seq.next_element_seed(EventSeed { path: self.path, index: events.len() })? {
                 Some(event) => events.push(event),
                 None => break,
             }
@@ -184,6 +236,6 @@ impl<'de> de::Deserialize<'de> for EventBatch {
 /// Decodes one event (either encoding) from any serde deserializer.
 impl<'de> de::Deserialize<'de> for KvEvent {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<KvEvent, D::Error> {
-        EventSeed { path: &Path::default() }.deserialize(deserializer)
+        EventSeed { path: &Path::default(), index: 0 }.deserialize(deserializer)
     }
 }

@@ -14,8 +14,8 @@ pub enum DecodeError {
     /// A sequence-number frame that is not 8 bytes long.
     #[error("sequence number frame: expected 8 bytes, got {len}")]
     SeqLength { len: usize },
-    /// A 3-frame replay reply whose first frame is not the empty delimiter.
-    #[error("replay reply: the first of 3 frames must be the empty delimiter, got {len} bytes")]
+    /// A replay reply whose first frame is neither the empty delimiter nor a topic.
+    #[error("replay reply: the first frame must be the empty delimiter, got {len} bytes")]
     Delimiter { len: usize },
     /// A payload that is not a valid `KVEventBatch`. `location` is where in the batch the
     /// problem is (e.g. `event 3 (BlockStored): token_ids[5]`), empty at the top level.

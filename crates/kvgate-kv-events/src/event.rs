@@ -1,16 +1,27 @@
-//! One event, in either encoding: a positional array led by its tag, or a map with a `type` key.
+//! One event, in either form: a positional array led by its tag, or a map with a `type` key.
+//!
+//! An event whose values are wrong (a field of the wrong kind, a missing or duplicate field)
+//! decodes as [`KvEvent::Invalid`]; the event is still read to its end, so the batch's next event
+//! decodes as usual.
 
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::error::{Path, Tag};
-use crate::leaf::{self, reject_scalars, Field, Scalar};
-use crate::{BlockRemoved, BlockStored, KvEvent};
+use crate::extra::EXTRA_KEYS;
+use crate::leaf::{
+    self, drain_seq, Checked, Field, Problem, Scalar, BLOCK_SIZE, HASH_LIST, LOOKAHEAD, OPT_HASH, OPT_I64,
+    OPT_STRING, OPT_U32,
+};
+use crate::tokens::TokenIdsSeed;
+use crate::{BlockRemoved, BlockStored, ExtraKey, InvalidEvent, KvEvent, TokenIds};
 
-/// Seed for one event; records its tag and fields in `path` as it goes.
+/// Seed for event `index` of its batch; records its tag and fields in `path` as it goes (for
+/// the location of a msgpack-level error).
 pub(crate) struct EventSeed<'p> {
     pub(crate) path: &'p Path,
+    pub(crate) index: usize,
 }
 
 impl<'de> DeserializeSeed<'de> for EventSeed<'_> {
@@ -30,37 +41,63 @@ impl<'de> Visitor<'de> for EventSeed<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KvEvent, A::Error> {
         let path = self.path;
-        let name = required_field(&mut seq, path, "type", NAME)?;
-        path.tag.set(Some(name.tag()));
-        let event = match name.tag() {
-            Tag::BlockStored => KvEvent::BlockStored(positional_stored(&mut seq, path)?),
-            Tag::BlockRemoved => KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: required_field(&mut seq, path, "block_hashes", leaf::hash_list(path))?,
-                medium: optional(&mut seq, path, "medium", leaf::OPT_STRING)?.flatten(),
-                group_idx: optional(&mut seq, path, "group_idx", leaf::OPT_U32)?.flatten(),
-            }),
-            Tag::AllBlocksCleared => KvEvent::AllBlocksCleared,
-            Tag::Unknown => KvEvent::Unknown(name.into_unknown()),
+        path.field.set(Some("type"));
+        let name = seq.next_element_seed(NAME)?;
+        path.field.set(None);
+        let mut draft = Draft::default();
+        let name = match name {
+            None => {
+                draft.problem(Key::Type, Problem::new("missing field"));
+                return Ok(draft.into_event(None, self.index));
+            }
+            Some(Err(problem)) => {
+                drain_seq(&mut seq)?;
+                draft.problem(Key::Type, problem);
+                return Ok(draft.into_event(None, self.index));
+            }
+            Some(Ok(name)) => name,
         };
+        path.tag.set(Some(name.tag()));
+        let order: &[Key] = match name.tag() {
+            Tag::BlockStored => &STORED_ORDER,
+            Tag::BlockRemoved => &REMOVED_ORDER,
+            Tag::AllBlocksCleared | Tag::Unknown => &[],
+        };
+        for &key in order {
+            path.field.set(Some(key.name()));
+            if !draft.read(key, &mut FromSeq(&mut seq))? {
+                break;
+            }
+        }
+        path.field.set(None);
         // Fields added by newer engines (and all of an unknown event's) are skipped.
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(event)
+        drain_seq(&mut seq)?;
+        Ok(draft.into_event(Some(name), self.index))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KvEvent, A::Error> {
         let path = self.path;
         let mut name: Option<Name> = None;
-        let mut fields = Fields::default();
+        let mut draft = Draft::default();
         while let Some(key) = map.next_key_seed(KEY)? {
-            if key == Key::Type {
-                path.field.set(Some("type"));
-                let value = map.next_value_seed(NAME)?;
-                if name.is_some() {
-                    return Err(A::Error::custom("duplicate field"));
+            let key = match key {
+                Ok(key) => key,
+                Err(problem) => {
+                    map.next_value::<IgnoredAny>()?;
+                    draft.problem(Key::Other, problem);
+                    continue;
                 }
-                path.tag.set(Some(value.tag()));
-                name = Some(value);
-                path.field.set(None);
+            };
+            path.field.set(Some(key.name()));
+            if key == Key::Type {
+                match map.next_value_seed(NAME)? {
+                    Ok(_) if name.is_some() => draft.problem(Key::Type, Problem::new("duplicate field")),
+                    Ok(value) => {
+                        path.tag.set(Some(value.tag()));
+                        name = Some(value);
+                    }
+                    Err(problem) => draft.problem(Key::Type, problem),
+                }
                 continue;
             }
             // Before the tag is known (it is not always first), every field any event has is
@@ -69,22 +106,56 @@ impl<'de> Visitor<'de> for EventSeed<'_> {
                 None => key != Key::Other,
                 Some(tag) => tag_has(tag, key),
             };
-            if !wanted {
+            if wanted {
+                draft.read(key, &mut FromMap(&mut map))?;
+            } else {
                 map.next_value::<IgnoredAny>()?;
-                continue;
             }
-            path.field.set(Some(key.name()));
-            fields.read(key, &mut map, path)?;
-            path.field.set(None);
         }
-        let Some(name) = name else {
-            path.field.set(Some("type"));
-            return Err(A::Error::custom("missing field"));
-        };
-        fields.into_event(name, path)
+        path.field.set(None);
+        if name.is_none() && !draft.problems.iter().any(|(key, _)| *key == Key::Type) {
+            draft.problem(Key::Type, Problem::new("missing field"));
+        }
+        Ok(draft.into_event(name, self.index))
     }
 
-    reject_scalars!();
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<KvEvent, E> {
+        Ok(self.not_an_event("a boolean"))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<KvEvent, E> {
+        Ok(self.not_an_event("an integer"))
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<KvEvent, E> {
+        Ok(self.not_an_event("an integer"))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<KvEvent, E> {
+        Ok(self.not_an_event("a float"))
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<KvEvent, E> {
+        Ok(self.not_an_event("a string"))
+    }
+    fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<KvEvent, E> {
+        Ok(self.not_an_event("bytes"))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<KvEvent, E> {
+        Ok(self.not_an_event("nil"))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<KvEvent, E> {
+        Ok(self.not_an_event("nil"))
+    }
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<KvEvent, D::Error> {
+        <IgnoredAny as serde::Deserialize>::deserialize(d)?;
+        Ok(self.not_an_event("a msgpack extension"))
+    }
+}
+
+impl EventSeed<'_> {
+    fn not_an_event(&self, got: &str) -> KvEvent {
+        KvEvent::Invalid(InvalidEvent {
+            location: format!("event {}", self.index),
+            reason: format!("expected an event (an array or a map), got {got}"),
+        })
+    }
 }
 
 const KEY: Field<Key> = Field { expected: leaf::text::FIELD_NAME, convert: key };
@@ -103,13 +174,6 @@ impl Name {
             Name::Unknown(_) => Tag::Unknown,
         }
     }
-
-    fn into_unknown(self) -> String {
-        match self {
-            Name::Known(tag) => tag.name().to_owned(),
-            Name::Unknown(name) => name,
-        }
-    }
 }
 
 fn name(value: Scalar<'_>) -> Result<Name, leaf::Mismatch> {
@@ -122,74 +186,7 @@ fn name(value: Scalar<'_>) -> Result<Name, leaf::Mismatch> {
     }
 }
 
-/// The positional `BlockStored` fields after the tag, in vLLM's order.
-fn positional_stored<'de, A: SeqAccess<'de>>(seq: &mut A, path: &Path) -> Result<BlockStored, A::Error> {
-    let block_hashes = required_field(seq, path, "block_hashes", leaf::hash_list(path))?;
-    let parent_block_hash = required_field(seq, path, "parent_block_hash", leaf::OPT_HASH)?;
-    let token_ids = required_field(seq, path, "token_ids", leaf::token_list(path))?;
-    let block_size = required_field(seq, path, "block_size", leaf::BLOCK_SIZE)?;
-    let lora_id = optional(seq, path, "lora_id", leaf::OPT_I64)?.flatten();
-    let medium = optional(seq, path, "medium", leaf::OPT_STRING)?.flatten();
-    let lora_name = optional(seq, path, "lora_name", leaf::OPT_STRING)?.flatten();
-    optional(seq, path, "extra_keys", PhantomIgnored)?;
-    let group_idx = optional(seq, path, "group_idx", leaf::OPT_U32)?.flatten();
-    Ok(BlockStored {
-        block_hashes,
-        parent_block_hash,
-        token_ids,
-        block_size,
-        lora_id,
-        lora_name,
-        medium,
-        group_idx,
-    })
-}
-
-/// The next element, `None` when the array has ended; `name` is in the path while it decodes.
-fn optional<'de, A, S>(
-    seq: &mut A,
-    path: &Path,
-    name: &'static str,
-    seed: S,
-) -> Result<Option<S::Value>, A::Error>
-where
-    A: SeqAccess<'de>,
-    S: DeserializeSeed<'de>,
-{
-    path.field.set(Some(name));
-    let value = seq.next_element_seed(seed)?;
-    if value.is_some() {
-        path.field.set(None);
-    }
-    Ok(value)
-}
-
-/// The next element; the end of the array is a "missing field" error at `name`.
-fn required_field<'de, A, S>(
-    seq: &mut A,
-    path: &Path,
-    name: &'static str,
-    seed: S,
-) -> Result<S::Value, A::Error>
-where
-    A: SeqAccess<'de>,
-    S: DeserializeSeed<'de>,
-{
-    optional(seq, path, name, seed)?.ok_or_else(|| A::Error::custom("missing field"))
-}
-
-/// `IgnoredAny` as a seed (for `extra_keys`, which this crate does not report).
-struct PhantomIgnored;
-
-impl<'de> DeserializeSeed<'de> for PhantomIgnored {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        de::Deserialize::deserialize(deserializer).map(|IgnoredAny| ())
-    }
-}
-
-/// The map keys any event type has; everything else is `Other`.
+/// The fields any event has, by name; everything else is `Other`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Key {
     Type,
@@ -200,116 +197,248 @@ enum Key {
     LoraId,
     Medium,
     LoraName,
+    ExtraKeys,
     GroupIdx,
+    KvCacheSpecKind,
+    KvCacheSpecSlidingWindow,
+    Locality,
+    Ownership,
+    SessionId,
+    LookaheadTokenIds,
+    CacheSalt,
     Other,
 }
 
+/// vLLM's `BlockStored` field order (the positional form); SGLang's `cache_salt` is map-only.
+const STORED_ORDER: [Key; 15] = [
+    Key::BlockHashes,
+    Key::ParentBlockHash,
+    Key::TokenIds,
+    Key::BlockSize,
+    Key::LoraId,
+    Key::Medium,
+    Key::LoraName,
+    Key::ExtraKeys,
+    Key::GroupIdx,
+    Key::KvCacheSpecKind,
+    Key::KvCacheSpecSlidingWindow,
+    Key::Locality,
+    Key::Ownership,
+    Key::SessionId,
+    Key::LookaheadTokenIds,
+];
+
+const REMOVED_ORDER: [Key; 5] = [Key::BlockHashes, Key::Medium, Key::GroupIdx, Key::Locality, Key::Ownership];
+
+const NAMES: [(Key, &str); 17] = [
+    (Key::Type, "type"),
+    (Key::BlockHashes, "block_hashes"),
+    (Key::ParentBlockHash, "parent_block_hash"),
+    (Key::TokenIds, "token_ids"),
+    (Key::BlockSize, "block_size"),
+    (Key::LoraId, "lora_id"),
+    (Key::Medium, "medium"),
+    (Key::LoraName, "lora_name"),
+    (Key::ExtraKeys, "extra_keys"),
+    (Key::GroupIdx, "group_idx"),
+    (Key::KvCacheSpecKind, "kv_cache_spec_kind"),
+    (Key::KvCacheSpecSlidingWindow, "kv_cache_spec_sliding_window"),
+    (Key::Locality, "locality"),
+    (Key::Ownership, "ownership"),
+    (Key::SessionId, "session_id"),
+    (Key::LookaheadTokenIds, "lookahead_token_ids"),
+    (Key::CacheSalt, "cache_salt"),
+];
+
 impl Key {
     fn name(self) -> &'static str {
-        match self {
-            Key::Type => "type",
-            Key::BlockHashes => "block_hashes",
-            Key::ParentBlockHash => "parent_block_hash",
-            Key::TokenIds => "token_ids",
-            Key::BlockSize => "block_size",
-            Key::LoraId => "lora_id",
-            Key::Medium => "medium",
-            Key::LoraName => "lora_name",
-            Key::GroupIdx => "group_idx",
-            Key::Other => "(other)",
-        }
+        NAMES.iter().find(|(key, _)| *key == self).map_or("(key)", |(_, name)| name)
     }
 }
 
 fn key(value: Scalar<'_>) -> Result<Key, leaf::Mismatch> {
-    let Scalar::Str(name) = value else {
+    let Scalar::Str(text) = value else {
         return Err(leaf::Mismatch::new(leaf::text::FIELD_NAME, &value));
     };
-    Ok(match &*name {
-        "type" => Key::Type,
-        "block_hashes" => Key::BlockHashes,
-        "parent_block_hash" => Key::ParentBlockHash,
-        "token_ids" => Key::TokenIds,
-        "block_size" => Key::BlockSize,
-        "lora_id" => Key::LoraId,
-        "medium" => Key::Medium,
-        "lora_name" => Key::LoraName,
-        "group_idx" => Key::GroupIdx,
-        _ => Key::Other,
-    })
+    Ok(NAMES.iter().find(|(_, name)| *name == text).map_or(Key::Other, |(key, _)| *key))
 }
 
 fn tag_has(tag: Tag, key: Key) -> bool {
     match tag {
         Tag::BlockStored => key != Key::Other,
-        Tag::BlockRemoved => matches!(key, Key::BlockHashes | Key::Medium | Key::GroupIdx),
+        Tag::BlockRemoved => REMOVED_ORDER.contains(&key),
         Tag::AllBlocksCleared | Tag::Unknown => false,
     }
 }
 
-/// The fields of a map-form event, as read so far (`Some(None)` = present and nil).
+/// Where the next field value comes from: an array element or a map value.
+trait Values<'de> {
+    type Error: de::Error;
+    /// The next value; `None` when an array has ended.
+    fn next<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, Self::Error>;
+}
+
+struct FromSeq<'a, A>(&'a mut A);
+
+impl<'de, A: SeqAccess<'de>> Values<'de> for FromSeq<'_, A> {
+    type Error = A::Error;
+    fn next<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, A::Error> {
+        self.0.next_element_seed(seed)
+    }
+}
+
+struct FromMap<'a, A>(&'a mut A);
+
+impl<'de, A: MapAccess<'de>> Values<'de> for FromMap<'_, A> {
+    type Error = A::Error;
+    fn next<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, A::Error> {
+        self.0.next_value_seed(seed).map(Some)
+    }
+}
+
+/// The fields of an event as read so far (`Some(None)`: present and nil), and the problems.
 #[derive(Default)]
-struct Fields {
+struct Draft {
     block_hashes: Option<Vec<u64>>,
     parent_block_hash: Option<Option<u64>>,
-    token_ids: Option<Vec<u32>>,
+    token_ids: Option<TokenIds>,
     block_size: Option<u32>,
     lora_id: Option<Option<i64>>,
     medium: Option<Option<String>>,
     lora_name: Option<Option<String>>,
+    extra_keys: Option<Option<Vec<Option<Vec<ExtraKey>>>>>,
     group_idx: Option<Option<u32>>,
+    kv_cache_spec_kind: Option<Option<String>>,
+    kv_cache_spec_sliding_window: Option<Option<u32>>,
+    locality: Option<Option<String>>,
+    ownership: Option<Option<String>>,
+    session_id: Option<Option<String>>,
+    lookahead_token_ids: Option<Option<Vec<Option<Vec<u32>>>>>,
+    cache_salt: Option<Option<String>>,
+    /// Problems by field, in the order found (usually none).
+    problems: Vec<(Key, Problem)>,
 }
 
-impl Fields {
-    fn read<'de, A: MapAccess<'de>>(&mut self, key: Key, map: &mut A, path: &Path) -> Result<(), A::Error> {
-        match key {
-            Key::BlockHashes => put(&mut self.block_hashes, map.next_value_seed(leaf::hash_list(path))?),
-            Key::ParentBlockHash => put(&mut self.parent_block_hash, map.next_value_seed(leaf::OPT_HASH)?),
-            Key::TokenIds => put(&mut self.token_ids, map.next_value_seed(leaf::token_list(path))?),
-            Key::BlockSize => put(&mut self.block_size, map.next_value_seed(leaf::BLOCK_SIZE)?),
-            Key::LoraId => put(&mut self.lora_id, map.next_value_seed(leaf::OPT_I64)?),
-            Key::Medium => put(&mut self.medium, map.next_value_seed(leaf::OPT_STRING)?),
-            Key::LoraName => put(&mut self.lora_name, map.next_value_seed(leaf::OPT_STRING)?),
-            Key::GroupIdx => put(&mut self.group_idx, map.next_value_seed(leaf::OPT_U32)?),
-            Key::Type | Key::Other => map.next_value::<IgnoredAny>().map(|_| ()),
+/// Stores a field's value: a problem, or a second value for the same field, is recorded.
+fn put<T>(problems: &mut Vec<(Key, Problem)>, key: Key, slot: &mut Option<T>, value: Checked<T>) {
+    match value {
+        Ok(value) if slot.is_some() => {
+            drop(value);
+            problems.push((key, Problem::new("duplicate field")));
         }
+        Ok(value) => *slot = Some(value),
+        Err(problem) => problems.push((key, problem)),
+    }
+}
+
+impl Draft {
+    fn problem(&mut self, key: Key, problem: Problem) {
+        self.problems.push((key, problem));
     }
 
-    fn into_event<E: de::Error>(self, name: Name, path: &Path) -> Result<KvEvent, E> {
-        let need = |name: &'static str| {
-            path.field.set(Some(name));
-            E::custom("missing field")
+    /// Reads field `key`'s value from `values`; false when an array has ended.
+    fn read<'de, V: Values<'de>>(&mut self, key: Key, values: &mut V) -> Result<bool, V::Error> {
+        macro_rules! field {
+            ($slot:ident, $seed:expr) => {{
+                let Some(value) = values.next($seed)? else { return Ok(false) };
+                put(&mut self.problems, key, &mut self.$slot, value);
+            }};
+            ($slot:ident, $seed:expr, $map:expr) => {{
+                let Some(value) = values.next($seed)? else { return Ok(false) };
+                put(&mut self.problems, key, &mut self.$slot, value.map($map));
+            }};
+        }
+        match key {
+            Key::BlockHashes => field!(block_hashes, HASH_LIST, Option::unwrap_or_default),
+            Key::ParentBlockHash => field!(parent_block_hash, OPT_HASH),
+            Key::TokenIds => field!(token_ids, TokenIdsSeed),
+            Key::BlockSize => field!(block_size, BLOCK_SIZE),
+            Key::LoraId => field!(lora_id, OPT_I64),
+            Key::Medium => field!(medium, OPT_STRING),
+            Key::LoraName => field!(lora_name, OPT_STRING),
+            Key::ExtraKeys => field!(extra_keys, EXTRA_KEYS),
+            Key::GroupIdx => field!(group_idx, OPT_U32),
+            Key::KvCacheSpecKind => field!(kv_cache_spec_kind, OPT_STRING),
+            Key::KvCacheSpecSlidingWindow => field!(kv_cache_spec_sliding_window, OPT_U32),
+            Key::Locality => field!(locality, OPT_STRING),
+            Key::Ownership => field!(ownership, OPT_STRING),
+            Key::SessionId => field!(session_id, OPT_STRING),
+            Key::LookaheadTokenIds => field!(lookahead_token_ids, LOOKAHEAD),
+            Key::CacheSalt => field!(cache_salt, OPT_STRING),
+            Key::Type | Key::Other => {
+                if values.next(std::marker::PhantomData::<IgnoredAny>)?.is_none() {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn into_event(mut self, name: Option<Name>, index: usize) -> KvEvent {
+        let tag = name.as_ref().map_or(Tag::Unknown, Name::tag);
+        let required: &[(Key, bool)] = match tag {
+            Tag::BlockStored => &[
+                (Key::BlockHashes, self.block_hashes.is_some()),
+                (Key::TokenIds, self.token_ids.is_some()),
+                (Key::BlockSize, self.block_size.is_some()),
+            ],
+            Tag::BlockRemoved => &[(Key::BlockHashes, self.block_hashes.is_some())],
+            Tag::AllBlocksCleared | Tag::Unknown => &[],
         };
-        Ok(match name.tag() {
-            Tag::BlockStored => KvEvent::BlockStored(BlockStored {
-                block_hashes: self.block_hashes.ok_or_else(|| need("block_hashes"))?,
+        for &(key, present) in required {
+            if !present {
+                self.problems.push((key, Problem::new("missing field")));
+            }
+        }
+        // Problems in fields the tag does not have (read before the tag was known) do not count.
+        let relevant =
+            |key: Key| matches!(key, Key::Type | Key::Other) || (name.is_some() && tag_has(tag, key));
+        if let Some((key, problem)) = self.problems.iter().find(|(key, _)| relevant(*key)) {
+            let mut location = format!("event {index}");
+            if name.is_some() {
+                location.push_str(&format!(" ({})", tag.name()));
+            }
+            location.push_str(&format!(": {}", key.name()));
+            if let Some(element) = problem.element {
+                location.push_str(&format!("[{element}]"));
+            }
+            return KvEvent::Invalid(InvalidEvent { location, reason: problem.message.clone() });
+        }
+        let Some(name) = name else {
+            unreachable!("a missing tag is a problem");
+        };
+        match name {
+            Name::Unknown(tag) => KvEvent::Unknown(tag),
+            Name::Known(Tag::AllBlocksCleared) => KvEvent::AllBlocksCleared,
+            Name::Known(Tag::BlockRemoved) => KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes: self.block_hashes.unwrap_or_default(),
+                medium: self.medium.flatten(),
+                group_idx: self.group_idx.flatten(),
+                locality: self.locality.flatten(),
+                ownership: self.ownership.flatten(),
+            }),
+            Name::Known(Tag::BlockStored | Tag::Unknown) => KvEvent::BlockStored(BlockStored {
+                block_hashes: self.block_hashes.unwrap_or_default(),
                 // Always sent by msgspec (no default); absent is read as "no parent".
                 parent_block_hash: self.parent_block_hash.flatten(),
-                token_ids: self.token_ids.ok_or_else(|| need("token_ids"))?,
-                block_size: self.block_size.ok_or_else(|| need("block_size"))?,
+                token_ids: self.token_ids.unwrap_or_default(),
+                block_size: self.block_size.unwrap_or_default(),
                 lora_id: self.lora_id.flatten(),
+                medium: self.medium.flatten(),
                 lora_name: self.lora_name.flatten(),
-                medium: self.medium.flatten(),
+                extra_keys: self.extra_keys.flatten(),
                 group_idx: self.group_idx.flatten(),
+                kv_cache_spec_kind: self.kv_cache_spec_kind.flatten(),
+                kv_cache_spec_sliding_window: self.kv_cache_spec_sliding_window.flatten(),
+                locality: self.locality.flatten(),
+                ownership: self.ownership.flatten(),
+                session_id: self.session_id.flatten(),
+                lookahead_token_ids: self
+                    .lookahead_token_ids
+                    .flatten()
+                    .map(|blocks| blocks.into_iter().map(Option::unwrap_or_default).collect()),
+                cache_salt: self.cache_salt.flatten(),
             }),
-            Tag::BlockRemoved => KvEvent::BlockRemoved(BlockRemoved {
-                block_hashes: self.block_hashes.ok_or_else(|| need("block_hashes"))?,
-                medium: self.medium.flatten(),
-                group_idx: self.group_idx.flatten(),
-            }),
-            Tag::AllBlocksCleared => KvEvent::AllBlocksCleared,
-            Tag::Unknown => KvEvent::Unknown(name.into_unknown()),
-        })
-    }
-}
-
-/// Stores a map field, refusing a second value for the same key.
-fn put<T, E: de::Error>(slot: &mut Option<T>, value: T) -> Result<(), E> {
-    match slot {
-        Some(_) => Err(E::custom("duplicate field")),
-        None => {
-            *slot = Some(value);
-            Ok(())
         }
     }
 }

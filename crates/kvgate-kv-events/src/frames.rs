@@ -17,31 +17,58 @@ pub enum ReplayReply {
 /// A PUB message's frames `[topic, seq, payload]` → (seq, batch). The topic is not checked (the
 /// subscription already filtered on it).
 pub fn decode_message<F: AsRef<[u8]>>(frames: &[F]) -> Result<(u64, EventBatch), DecodeError> {
+    let (seq, payload) = message_parts(frames)?;
+    Ok((seq, decode_batch(payload)?))
+}
+
+/// A PUB message's sequence number and (undecoded) payload.
+pub(crate) fn message_parts<F: AsRef<[u8]>>(frames: &[F]) -> Result<(u64, &[u8]), DecodeError> {
     let [_topic, seq, payload] = frames else {
         return Err(DecodeError::FrameCount { expected: "3 (topic, seq, payload)", got: frames.len() });
     };
-    Ok((seq_number(seq.as_ref())?, decode_batch(payload.as_ref())?))
+    Ok((seq_number(seq.as_ref())?, payload.as_ref()))
 }
 
-/// One reply of the replay endpoint, `[seq, payload]`, with or without the leading empty
-/// delimiter frame a DEALER socket receives. `[END, anything]` is [`ReplayReply::End`] (vLLM
-/// sends an empty payload with it).
+/// A replay reply's parts: a batch's sequence number and (undecoded) payload, or the end.
+pub(crate) enum ReplayParts<'a> {
+    Batch { seq: u64, payload: &'a [u8] },
+    End,
+}
+
+/// One reply of the replay endpoint, in any form an engine sends, as a DEALER receives it:
+///
+/// * `[b"", topic, seq, payload]` (vLLM 0.26 on, SGLang 0.5), ended by `[b"", b"", END, b""]`;
+/// * `[b"", seq, payload]` (vLLM up to 0.25), ended by `[b"", END, b""]`;
+/// * either without the leading empty delimiter (a socket that strips it): `[topic, seq,
+///   payload]` with a non-empty topic, or `[seq, payload]`.
+///
+/// A reply whose sequence number is [`REPLAY_END`] is [`ReplayReply::End`], whatever follows.
 pub fn decode_replay_reply<F: AsRef<[u8]>>(frames: &[F]) -> Result<ReplayReply, DecodeError> {
+    match replay_parts(frames)? {
+        ReplayParts::End => Ok(ReplayReply::End),
+        ReplayParts::Batch { seq, payload } => Ok(ReplayReply::Batch { seq, batch: decode_batch(payload)? }),
+    }
+}
+
+pub(crate) fn replay_parts<F: AsRef<[u8]>>(frames: &[F]) -> Result<ReplayParts<'_>, DecodeError> {
     let (seq, payload) = match frames {
         [seq, payload] => (seq, payload),
-        [delimiter, seq, payload] if delimiter.as_ref().is_empty() => (seq, payload),
-        [delimiter, _, _] => return Err(DecodeError::Delimiter { len: delimiter.as_ref().len() }),
+        [delimiter, _topic, seq, payload] if delimiter.as_ref().is_empty() => (seq, payload),
+        [delimiter, _, _, _] => return Err(DecodeError::Delimiter { len: delimiter.as_ref().len() }),
+        // An empty first frame: the delimiter (or an empty topic, which reads the same).
+        [first, seq, payload] if first.as_ref().is_empty() || seq.as_ref().len() == 8 => (seq, payload),
+        [first, _, _] => return Err(DecodeError::Delimiter { len: first.as_ref().len() }),
         _ => {
             return Err(DecodeError::FrameCount {
-                expected: "2 (seq, payload) or 3 (empty delimiter, seq, payload)",
+                expected: "2 to 4 ([delimiter,] [topic,] seq, payload)",
                 got: frames.len(),
             })
         }
     };
-    match seq_number(seq.as_ref())? {
-        REPLAY_END => Ok(ReplayReply::End),
-        seq => Ok(ReplayReply::Batch { seq, batch: decode_batch(payload.as_ref())? }),
-    }
+    Ok(match seq_number(seq.as_ref())? {
+        REPLAY_END => ReplayParts::End,
+        seq => ReplayParts::Batch { seq, payload: payload.as_ref() },
+    })
 }
 
 /// The frames a DEALER sends to ask for every buffered batch from `start_seq` on:

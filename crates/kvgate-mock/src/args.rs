@@ -15,15 +15,25 @@ pub enum EngineKind {
     Canned,
 }
 
-/// How KV event batches are encoded (vLLM has shipped both).
+/// Which engine version's KV event wire format the mock speaks (the formats of
+/// `crates/kvgate-kv-events/testdata/kv-wire/`, captured from the engines' own publishers).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvEventEncoding {
-    /// Positional msgpack arrays (older vLLM, msgspec `array_like=True`):
-    /// `[ts, [["BlockStored", ...], ...], dp_rank]`.
+    /// vLLM 0.26 to 0.33 (today's): events as maps with 0.33's fields, replay replies with the
+    /// topic frame.
     #[default]
-    Array,
-    /// Msgpack maps keyed by field name, events tagged with `"type"` (current vLLM).
-    Map,
+    #[value(name = "vllm-0.33", alias = "current")]
+    Vllm033,
+    /// vLLM 0.2x up to 0.25: events as maps, replay replies without the topic frame.
+    #[value(name = "vllm-0.25", alias = "map")]
+    Vllm025,
+    /// vLLM 0.10: events as positional arrays (`["BlockStored", hashes, parent, tokens, size,
+    /// lora_id]`), no medium, replay replies without the topic frame.
+    #[value(name = "vllm-0.10", alias = "array")]
+    Vllm010,
+    /// SGLang 0.5: events as maps with SGLang's fields, signed hashes, replay with the topic.
+    #[value(name = "sglang-0.5")]
+    Sglang05,
 }
 
 /// Options of `kvgate mock`: a fleet of simulated SGLang/vLLM engines on loopback.
@@ -43,6 +53,11 @@ pub struct MockArgs {
     /// Model name served on /v1/models and in responses.
     #[arg(long, default_value = "mock-model")]
     pub model: String,
+    /// LoRA adapters every engine serves besides the base model (listed on /v1/models with the
+    /// base model as `parent`, as vLLM's --lora-modules): a request whose `model` is one runs
+    /// with it, and its KV blocks (and their events) are the adapter's.
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+    pub lora_adapters: Vec<String>,
     /// Engine behaviour.
     #[arg(long, value_enum, default_value_t = EngineKind::Realistic)]
     pub engine: EngineKind,
@@ -58,8 +73,8 @@ pub struct MockArgs {
     /// ZMQ topic of the KV event messages.
     #[arg(long, default_value = "")]
     pub kv_events_topic: String,
-    /// Msgpack form of the KV event batches.
-    #[arg(long, value_enum, default_value_t = KvEventEncoding::Array)]
+    /// The engine version whose KV event wire format the mock speaks.
+    #[arg(long, value_enum, default_value_t = KvEventEncoding::Vllm033)]
     pub kv_events_encoding: KvEventEncoding,
     /// Serve vLLM's KV event replay (ZMQ ROUTER) on kv_events_replay_base_port + i (0 = pick free
     /// ports); needs --kv-events-base-port.
@@ -204,6 +219,19 @@ impl MockArgs {
         if let Some(every) = self.kv_events_drop_every {
             checks.at_least("kv_events_drop_every", every, 1);
         }
+        // The host tier announces its blocks as vLLM's offloading connector does.
+        let offloading = self.engine_flags.cpu_offload_tokens.is_some_and(|tokens| tokens > 0);
+        let vllm_media =
+            matches!(self.kv_events_encoding, KvEventEncoding::Vllm033 | KvEventEncoding::Vllm025);
+        if offloading && self.kv_events_base_port.is_some() && !vllm_media {
+            checks.push(
+                FieldError::new(
+                    "kv_events_encoding",
+                    "--cpu-offload-tokens publishes vLLM's offloading events: use vllm-0.33 or vllm-0.25",
+                )
+                .got(format!("{:?}", self.kv_events_encoding)),
+            );
+        }
     }
 }
 
@@ -260,7 +288,7 @@ mod tests {
     #[test]
     fn kv_event_flags_are_checked_together() {
         let defaults = MockArgs::default();
-        assert_eq!(defaults.kv_events_encoding, KvEventEncoding::Array);
+        assert_eq!(defaults.kv_events_encoding, KvEventEncoding::Vllm033);
         assert_eq!(defaults.kv_events_buffer_steps, 10_000);
         let orphans = MockArgs {
             kv_events_replay_base_port: Some(0),

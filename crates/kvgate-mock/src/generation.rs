@@ -31,6 +31,8 @@ pub(crate) struct GenerationParams {
     pub(crate) stream: bool,
     /// What the request is under prefill/decode disaggregation.
     pub(crate) pd: PdPlan,
+    /// The LoRA adapter the request names.
+    pub(crate) lora: Option<kvgate_engine::LoraAdapter>,
 }
 
 /// Token counts and finish reason of a completed generation.
@@ -136,7 +138,7 @@ pub(crate) async fn respond<F: ResponseFormat>(
     let Some(engine) = state.engine.as_ref() else {
         return ApiError::internal("this worker has no engine model").into_response();
     };
-    let GenerationParams { prompt, max_tokens, ignore_eos, stream: streamed, pd } = params;
+    let GenerationParams { prompt, max_tokens, ignore_eos, stream: streamed, pd, lora } = params;
     let start = match state.pd.start(pd, engine, prompt.len()).await {
         Ok(start) => start,
         Err(error) => return error.into_response(),
@@ -150,6 +152,7 @@ pub(crate) async fn respond<F: ResponseFormat>(
         output_tokens: n_tokens,
         wants_tokens: streamed,
         stage: start.stage,
+        lora,
         on_end: start.on_end,
     });
     let first = stream.try_next();

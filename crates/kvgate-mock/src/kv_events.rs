@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use crate::args::{worker_port, MockArgs};
 use crate::driver::EngineClock;
 use crate::kv_publisher::{KvEventFaults, KvPublisher, PublishOptions};
-use crate::kv_replay::{ReplayBuffer, ReplayServer};
+use crate::kv_replay::{Framing, ReplayBuffer, ReplayServer};
 
 /// A worker's running KV event sockets.
 pub(crate) struct WorkerKvEvents {
@@ -43,7 +43,11 @@ pub(crate) async fn start(
     let replay_endpoint = replay.as_ref().map(|replay| replay.endpoint().to_string());
     let mut tasks = Vec::new();
     if let (Some(replay), Some(buffer)) = (replay, &buffer) {
-        tasks.push(replay.spawn(buffer.clone(), stop.clone()));
+        let framing = Framing {
+            format: args.kv_events_encoding.wire_format(),
+            topic: bytes::Bytes::from(args.kv_events_topic.clone().into_bytes()),
+        };
+        tasks.push(replay.spawn(buffer.clone(), framing, stop.clone()));
     }
     let options = PublishOptions {
         topic: args.kv_events_topic.clone(),

@@ -1,4 +1,4 @@
-//! Publishes an engine's KV events over ZMQ PUB in vLLM's wire format (topic, 8-byte big-endian sequence number, msgpack `KVEventBatch`), keeping them for replay and dropping some on request (fault injection).
+//! Publishes an engine's KV events over ZMQ PUB in the chosen engine version's wire format (topic, 8-byte big-endian sequence number, msgpack `KVEventBatch`), keeping them for replay and dropping some on request (fault injection).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,9 +11,9 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 use crate::args::KvEventEncoding;
 use crate::driver::EngineClock;
-use crate::kv_encoding::encode_batch;
 use crate::kv_events::stopped;
 use crate::kv_replay::ReplayBuffer;
+use crate::kv_wire::encode;
 
 /// Lost-message fault injection: batches that are numbered and buffered but not sent on PUB.
 #[derive(Debug, Default)]
@@ -97,7 +97,7 @@ impl KvPublisher {
                     },
                 };
                 let timestamp_secs = clock.unix_secs_at(batch.timestamp_us);
-                let payload = Bytes::from(encode_batch(&batch, timestamp_secs, 0, options.encoding));
+                let payload = Bytes::from(encode(&batch, timestamp_secs, 0, options.encoding));
                 if let Some(buffer) = &options.buffer {
                     buffer.push(batch.seq, payload.clone());
                 }

@@ -1,23 +1,23 @@
-//! vLLM's KV event replay: the buffer of recently published (seq, payload) batches and the ZMQ ROUTER that answers replay requests from it.
+//! The engines' KV event replay: the buffer of recently published (seq, payload) batches and the ZMQ ROUTER that answers replay requests from it.
 //!
 //! A request is `[identity, b"", start_seq]` (as vLLM's DEALER/REQ clients send it) or
 //! `[identity, start_seq]` (a DEALER without the delimiter), `start_seq` 8 bytes big-endian.
-//! The answer is one message per buffered batch with `seq >= start_seq`, in publish order,
-//! `[identity, b"", seq, payload]`, then the end marker `[identity, b"", END, b""]` with END
-//! = -1 as 8 signed big-endian bytes (`ff` x 8). The delimiter is echoed only when the request
-//! had one. Malformed requests are logged and ignored.
+//! The answer is one message per buffered batch with `seq >= start_seq`, in publish order, then
+//! the end marker, framed as the engine version the mock speaks frames them
+//! (`WireFormat::replay_reply`): `[identity, b"", topic, seq, payload]` and
+//! `[identity, b"", b"", END, b""]` today, `[identity, b"", seq, payload]` and
+//! `[identity, b"", END, b""]` up to vLLM 0.25, END being -1 as 8 signed big-endian bytes. The
+//! delimiter is echoed only when the request had one. Malformed requests are logged and ignored.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::kv_events::stopped;
 use bytes::Bytes;
+use kvgate_kv_events::WireFormat;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
-
-/// The sequence frame of the end-of-replay marker: -1 as a signed 64-bit big-endian integer.
-pub(crate) const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 
 /// The last `capacity` batches, shared by the publisher (which pushes every batch, published
 /// or dropped) and the replay server.
@@ -82,14 +82,15 @@ impl ReplayRequest {
         Ok(Self { identity, delimited, start_seq: u64::from_be_bytes(start) })
     }
 
-    /// `[identity, (b""), seq, payload]`.
-    fn answer(&self, seq: [u8; 8], payload: Bytes) -> ZmqMessage {
+    /// `[identity, (b""), frames...]`.
+    fn answer(&self, frames: Vec<Bytes>) -> ZmqMessage {
         let mut message = ZmqMessage::from(self.identity.clone());
         if self.delimited {
             message.push_back(Bytes::new());
         }
-        message.push_back(Bytes::copy_from_slice(&seq));
-        message.push_back(payload);
+        for frame in frames {
+            message.push_back(frame);
+        }
         message
     }
 }
@@ -98,6 +99,12 @@ impl ReplayRequest {
 pub(crate) struct ReplayServer {
     socket: RouterSocket,
     endpoint: String,
+}
+
+/// How replies are framed: the wire format's version and the publisher's topic.
+pub(crate) struct Framing {
+    pub(crate) format: WireFormat,
+    pub(crate) topic: Bytes,
 }
 
 impl ReplayServer {
@@ -121,6 +128,7 @@ impl ReplayServer {
     pub(crate) fn spawn(
         mut self,
         buffer: std::sync::Arc<ReplayBuffer>,
+        framing: Framing,
         mut stop: watch::Receiver<bool>,
     ) -> JoinHandle<()> {
         tokio::spawn(async move {
@@ -131,7 +139,7 @@ impl ReplayServer {
                     received = self.socket.recv() => received,
                 };
                 match received {
-                    Ok(message) => self.serve(message.into_vec(), &buffer).await,
+                    Ok(message) => self.serve(message.into_vec(), &buffer, &framing).await,
                     Err(error) => {
                         tracing::error!(%error, endpoint = %self.endpoint, "KV event replay socket failed");
                         break;
@@ -144,7 +152,7 @@ impl ReplayServer {
         })
     }
 
-    async fn serve(&mut self, frames: Vec<Bytes>, buffer: &ReplayBuffer) {
+    async fn serve(&mut self, frames: Vec<Bytes>, buffer: &ReplayBuffer, framing: &Framing) {
         let request = match ReplayRequest::parse(frames) {
             Ok(request) => request,
             Err(problem) => {
@@ -154,8 +162,11 @@ impl ReplayServer {
         };
         let batches = buffer.since(request.start_seq);
         tracing::debug!(start_seq = request.start_seq, n_batches = batches.len(), "KV event replay");
-        let answers = batches.into_iter().map(|(seq, payload)| request.answer(seq.to_be_bytes(), payload));
-        for message in answers.chain([request.answer(END_SEQ, Bytes::new())]) {
+        let format = framing.format;
+        let answers = batches
+            .into_iter()
+            .map(|(seq, payload)| request.answer(format.replay_reply(&framing.topic, seq, payload)));
+        for message in answers.chain([request.answer(format.replay_end())]) {
             if let Err(error) = self.socket.send(message).await {
                 tracing::warn!(%error, endpoint = %self.endpoint, "KV event replay answer failed");
                 return;
@@ -202,12 +213,17 @@ mod tests {
     }
 
     #[test]
-    fn answers_echo_the_request_shape() {
+    fn answers_echo_the_request_shape_in_the_formats_framing() {
         let delimited = ReplayRequest { identity: Bytes::from_static(b"id"), delimited: true, start_seq: 0 };
-        let answer = delimited.answer(END_SEQ, Bytes::new()).into_vec();
+        let answer = delimited.answer(WireFormat::Vllm033.replay_end()).into_vec();
+        assert_eq!(answer, frames(&[b"id", b"", b"", &[0xff; 8], b""]), "today's end marker: an empty topic");
+        let answer = delimited.answer(WireFormat::Vllm025.replay_end()).into_vec();
         assert_eq!(answer, frames(&[b"id", b"", &[0xff; 8], b""]));
         let bare = ReplayRequest { delimited: false, ..delimited };
-        let answer = bare.answer(3u64.to_be_bytes(), Bytes::from_static(b"payload")).into_vec();
+        let payload = Bytes::from_static(b"payload");
+        let answer = bare.answer(WireFormat::Sglang05.replay_reply(b"kv", 3, payload.clone())).into_vec();
+        assert_eq!(answer, frames(&[b"id", b"kv", &[0, 0, 0, 0, 0, 0, 0, 3], b"payload"]));
+        let answer = bare.answer(WireFormat::Vllm010.replay_reply(b"kv", 3, payload)).into_vec();
         assert_eq!(answer, frames(&[b"id", &[0, 0, 0, 0, 0, 0, 0, 3], b"payload"]));
     }
 

@@ -15,9 +15,13 @@ use crate::server::{parse_json, ApiError, AppState};
 
 #[derive(Deserialize)]
 pub(crate) struct ChatRequest {
+    #[serde(default)]
+    pub(crate) model: Option<String>,
     pub(crate) messages: Vec<ChatMessage>,
     #[serde(default)]
     pub(crate) stream: bool,
+    #[serde(default)]
+    pub(crate) stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub(crate) max_tokens: Option<u32>,
     #[serde(default)]
@@ -67,13 +71,30 @@ pub(crate) fn chat_prompt(messages: &[ChatMessage]) -> String {
 
 #[derive(Deserialize)]
 pub(crate) struct CompletionRequest {
+    #[serde(default)]
+    pub(crate) model: Option<String>,
     pub(crate) prompt: Prompt,
     #[serde(default)]
     pub(crate) stream: bool,
     #[serde(default)]
+    pub(crate) stream_options: Option<StreamOptions>,
+    #[serde(default)]
     pub(crate) max_tokens: Option<u32>,
     #[serde(default)]
     pub(crate) ignore_eos: bool,
+}
+
+/// `stream_options`: a stream ends with a usage chunk only when the client asks for it, as
+/// vLLM's OpenAI server does (`should_include_usage` in vllm/entrypoints/openai: the chunk, with
+/// `choices: []` and `usage`, right before `data: [DONE]`).
+#[derive(Deserialize, Default)]
+pub(crate) struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+fn include_usage(options: &Option<StreamOptions>) -> bool {
+    options.as_ref().is_some_and(|options| options.include_usage)
 }
 
 /// A completion prompt: text, token ids, or a batch of one text.
@@ -123,8 +144,9 @@ pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         ignore_eos: request.ignore_eos,
         stream: request.stream,
         pd,
+        lora: state.lora(request.model.as_deref()),
     };
-    let format = OpenAiFormat::new(&state, OpenAiKind::Chat);
+    let format = OpenAiFormat::new(&state, OpenAiKind::Chat, include_usage(&request.stream_options));
     respond(&state, params, format, cut).await
 }
 
@@ -138,6 +160,8 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
+    let usage_chunk = include_usage(&request.stream_options);
+    let lora = state.lora(request.model.as_deref());
     let prompt = match request.prompt.into_tokens() {
         Ok(prompt) => prompt,
         Err(error) => return error.into_response(),
@@ -148,8 +172,9 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         ignore_eos: request.ignore_eos,
         stream: request.stream,
         pd,
+        lora,
     };
-    let format = OpenAiFormat::new(&state, OpenAiKind::Completion);
+    let format = OpenAiFormat::new(&state, OpenAiKind::Completion, usage_chunk);
     respond(&state, params, format, cut).await
 }
 
@@ -165,10 +190,12 @@ struct OpenAiFormat {
     id: String,
     created: u64,
     model: String,
+    /// Streams end with a usage chunk (`stream_options.include_usage`).
+    include_usage: bool,
 }
 
 impl OpenAiFormat {
-    fn new(state: &AppState, kind: OpenAiKind) -> Self {
+    fn new(state: &AppState, kind: OpenAiKind, include_usage: bool) -> Self {
         let prefix = match kind {
             OpenAiKind::Chat => "chatcmpl",
             OpenAiKind::Completion => "cmpl",
@@ -178,6 +205,7 @@ impl OpenAiFormat {
             id: state.response_id(prefix),
             created: unix_now_secs() as u64,
             model: state.model.clone(),
+            include_usage,
         }
     }
 
@@ -221,12 +249,16 @@ impl ResponseFormat for OpenAiFormat {
                 "logprobs": null, "finish_reason": outcome.finish_reason}),
         };
         sse_json(&self.envelope(self.chunk_object(), json!([choice])), out);
-        let mut usage_chunk = self.envelope(self.chunk_object(), json!([]));
-        usage_chunk["usage"] = usage(outcome);
-        if let Some(params) = &outcome.kv_transfer_params {
-            usage_chunk["kv_transfer_params"] = params.clone();
+        if self.include_usage || outcome.kv_transfer_params.is_some() {
+            let mut last_chunk = self.envelope(self.chunk_object(), json!([]));
+            if self.include_usage {
+                last_chunk["usage"] = usage(outcome);
+            }
+            if let Some(params) = &outcome.kv_transfer_params {
+                last_chunk["kv_transfer_params"] = params.clone();
+            }
+            sse_json(&last_chunk, out);
         }
-        sse_json(&usage_chunk, out);
         out.extend_from_slice(SSE_DONE);
     }
 

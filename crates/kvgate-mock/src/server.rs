@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvgate_engine::splitmix64;
+use kvgate_engine::{splitmix64, LoraAdapter};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
@@ -31,6 +31,8 @@ pub(crate) struct ServeOptions {
     pub(crate) extra_latency_ms: u64,
     pub(crate) unhealthy_after: Option<Duration>,
     pub(crate) seed: u64,
+    /// LoRA adapters served besides the base model, as vLLM serves `--lora-modules`.
+    pub(crate) lora_adapters: Vec<LoraAdapter>,
 }
 
 impl ServeOptions {
@@ -43,6 +45,13 @@ impl ServeOptions {
             cut_stream_rate: args.cut_stream_rate,
             extra_latency_ms: args.extra_latency_ms,
             unhealthy_after: args.unhealthy_after_secs.map(Duration::from_secs_f64),
+            // Ids from 1, in the order given (vLLM numbers its `--lora-modules` the same way).
+            lora_adapters: args
+                .lora_adapters
+                .iter()
+                .enumerate()
+                .map(|(i, name)| LoraAdapter { id: i as u32 + 1, name: name.clone() })
+                .collect(),
             seed: splitmix64(args.seed ^ splitmix64(worker_idx as u64)),
         }
     }
@@ -65,6 +74,12 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
+    /// The adapter a request's `model` names (`None`: the base model, or a name not served).
+    pub(crate) fn lora(&self, model: Option<&str>) -> Option<LoraAdapter> {
+        let model = model?;
+        self.options.lora_adapters.iter().find(|lora| lora.name == model).cloned()
+    }
+
     pub(crate) fn new(
         model: String,
         worker_idx: usize,
@@ -211,11 +226,16 @@ async fn health(State(state): State<Arc<AppState>>) -> StatusCode {
     }
 }
 
+/// `GET /v1/models`: the base model, then each adapter with `parent` naming the base model (as
+/// vLLM's `ModelCard` does for a LoRA module).
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
-        "object": "list",
-        "data": [{"id": state.model, "object": "model", "owned_by": "kvgate-mock", "created": 0}],
-    }))
+    let mut data = vec![serde_json::json!({"id": state.model, "object": "model", "owned_by": "kvgate-mock",
+        "created": 0, "root": state.model, "parent": null})];
+    data.extend(state.options.lora_adapters.iter().map(|lora| {
+        serde_json::json!({"id": lora.name, "object": "model", "owned_by": "kvgate-mock", "created": 0,
+            "root": format!("/adapters/{}", lora.name), "parent": state.model})
+    }));
+    Json(serde_json::json!({"object": "list", "data": data}))
 }
 
 /// SGLang's `/flush_cache`: clears the prefix cache when no request uses it.

@@ -24,6 +24,9 @@ struct GenerateRequest {
     sampling_params: SamplingParams,
     #[serde(default)]
     stream: bool,
+    /// SGLang names a request's adapter by `lora_path`.
+    #[serde(default)]
+    lora_path: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -57,6 +60,7 @@ pub(crate) async fn generate(State(state): State<Arc<AppState>>, body: Bytes) ->
         ignore_eos: request.sampling_params.ignore_eos,
         stream: request.stream,
         pd,
+        lora: state.lora(request.lora_path.as_deref()),
     };
     let format = GenerateFormat {
         id: state.response_id("gen"),

@@ -26,7 +26,7 @@ async fn health_and_models() {
     assert_eq!(
         models,
         json!({"object": "list", "data": [{"id": "mock-model", "object": "model",
-            "owned_by": "kvgate-mock", "created": 0}]})
+            "owned_by": "kvgate-mock", "created": 0, "root": "mock-model", "parent": null}]})
     );
     harness.fleet.shutdown().await;
 }
@@ -48,6 +48,10 @@ async fn chat_completion_whole_and_streamed() {
 
     let mut streaming = body.clone();
     streaming["stream"] = json!(true);
+    // Without stream_options.include_usage, no usage chunk (as vLLM).
+    let events = harness.post_sse("/v1/chat/completions", &streaming).await;
+    assert_eq!(events.len(), 12 + 1 + 1, "tokens, the finish chunk, [DONE]");
+    streaming["stream_options"] = json!({"include_usage": true});
     let events = harness.post_sse("/v1/chat/completions", &streaming).await;
     assert_eq!(events.last().unwrap(), "[DONE]");
     let chunks: Vec<Value> =
@@ -63,6 +67,7 @@ async fn chat_completion_whole_and_streamed() {
     let (_, completion, cached) = usage_counts(&chunks[13]["usage"]);
     assert_eq!(completion, 12);
     assert_eq!(cached, 32, "the repeated prompt's 2 full blocks hit the prefix cache");
+    assert_eq!(chunks[13]["choices"], json!([]), "the usage chunk has no choices");
     harness.fleet.shutdown().await;
 }
 
@@ -76,7 +81,7 @@ async fn text_completion_whole_and_streamed() {
     assert_eq!(whole["choices"][0]["text"].as_str().unwrap().split(' ').count(), 5);
 
     let body = json!({"prompt": [1, 2, 3, 4], "max_tokens": 3, "ignore_eos": true,
-        "stream": true});
+        "stream": true, "stream_options": {"include_usage": true}});
     let events = harness.post_sse("/v1/completions", &body).await;
     assert_eq!(events.len(), 3 + 2 + 1);
     let usage: Value = serde_json::from_str(&events[4]).unwrap();

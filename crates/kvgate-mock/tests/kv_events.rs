@@ -1,4 +1,4 @@
-//! KV events published over ZMQ: a SUB socket receives vLLM-format batches, in order, describing the blocks the engine stored and evicted, in either encoding.
+//! KV events published over ZMQ: a SUB socket receives batches in the chosen engine version's format, in order, describing the blocks the engine stored and evicted (and offloaded).
 
 mod common;
 
@@ -44,41 +44,41 @@ fn hashes(value: &Msgpack) -> Vec<u64> {
     value.as_array().unwrap().iter().map(|h| h.as_u64().unwrap()).collect()
 }
 
-/// A positional batch's events as (tag, fields).
-fn array_events(batch: &RawBatch) -> Vec<(String, Vec<Msgpack>)> {
+/// A batch's envelope `[ts, events, dp_rank]` (every version writes it so) and its events.
+fn events_of(batch: &RawBatch) -> Vec<Msgpack> {
     let payload = batch.decode();
     let batch = payload.as_array().unwrap();
     assert_eq!(batch.len(), 3, "[ts, events, dp_rank]");
     assert!(batch[0].as_f64().unwrap() > 1.6e9, "ts is Unix seconds");
     assert_eq!(batch[2].as_u64(), Some(0));
-    let events = batch[1].as_array().unwrap().iter().map(|event| {
-        let fields = event.as_array().unwrap();
-        (fields[0].as_str().unwrap().to_string(), fields[1..].to_vec())
-    });
-    events.collect()
+    batch[1].as_array().unwrap().clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subscriber_receives_stored_and_removed_blocks_in_order() {
-    let harness = small_cache_worker(KvEventEncoding::Array).await;
+async fn vllm_0_10_events_are_positional() {
+    let harness = small_cache_worker(KvEventEncoding::Vllm010).await;
     let (received, expected) = three_prompts(&harness).await;
-    let events: Vec<(String, Vec<Msgpack>)> = received.iter().flat_map(array_events).collect();
-    let tags: Vec<&str> = events.iter().map(|(tag, _)| tag.as_str()).collect();
+    let events: Vec<Vec<Msgpack>> =
+        received.iter().flat_map(events_of).map(|event| event.as_array().unwrap().clone()).collect();
+    let tags: Vec<&str> = events.iter().map(|event| event[0].as_str().unwrap()).collect();
     assert_eq!(tags, ["BlockStored", "BlockStored", "BlockRemoved", "BlockStored"]);
-    let (_, stored) = &events[0];
-    assert_eq!(stored.len(), 6, "hashes, parent, tokens, block_size, lora_id, medium");
-    assert_eq!(hashes(&stored[0]), expected[0]);
+    let stored = &events[0][1..];
+    assert_eq!(stored.len(), 5, "hashes, parent, tokens, block_size, lora_id");
+    // vLLM 0.10's builtin hashes are signed: the top bit set is a negative int.
+    let signed: Vec<u64> = stored[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_i64().map_or_else(|| h.as_u64().unwrap(), |v| v as u64))
+        .collect();
+    assert_eq!(signed, expected[0]);
     assert!(stored[1].is_nil());
     assert_eq!(stored[2].as_array().unwrap().len(), 32);
     assert_eq!(stored[2].as_array().unwrap()[0].as_u64(), Some(u64::from(tokenize("w0")[0])));
     assert_eq!(stored[3].as_u64(), Some(16));
-    assert!(stored[4].is_nil() && stored[5].is_nil());
-    assert_eq!(hashes(&events[1].1[0]), expected[1]);
-    // The oldest prompt's blocks go, tail first.
-    let (_, removed) = &events[2];
-    assert_eq!(hashes(&removed[0]), vec![expected[0][1], expected[0][0]]);
-    assert!(removed[1].is_nil());
-    assert_eq!(hashes(&events[3].1[0]), expected[2]);
+    assert!(stored[4].is_nil());
+    // The oldest prompt's blocks go, tail first; no medium field in this version.
+    assert_eq!(events[2].len(), 2);
     harness.fleet.shutdown().await;
 }
 
@@ -96,22 +96,17 @@ fn keys(map: &Msgpack) -> Vec<&str> {
     entries(map).into_iter().map(|(key, _)| key).collect()
 }
 
+/// The default: vLLM 0.33's events, as its block pool publishes them (the captures in
+/// `kvgate-kv-events/testdata/kv-wire/vllm-0.33.0` hold the engine's own bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn map_encoding_tags_events_and_names_every_field() {
-    let harness = small_cache_worker(KvEventEncoding::Map).await;
+async fn the_default_is_todays_vllm_with_every_field_it_sends() {
+    let harness = small_cache_worker(KvEventEncoding::default()).await;
     let (received, expected) = three_prompts(&harness).await;
-    let payloads: Vec<Msgpack> = received.iter().map(RawBatch::decode).collect();
-    for payload in &payloads {
-        assert_eq!(keys(payload), ["ts", "events", "data_parallel_rank"]);
-        assert!(field(payload, "ts").as_f64().unwrap() > 1.6e9, "ts is Unix seconds");
-        assert_eq!(field(payload, "data_parallel_rank").as_u64(), Some(0));
-    }
-    let events: Vec<&Msgpack> =
-        payloads.iter().flat_map(|payload| field(payload, "events").as_array().unwrap()).collect();
+    assert_eq!(received[0].payload[11..14], [0xde, 0x00, 0x0a], "msgspec's map16 BlockStored header");
+    let events: Vec<Msgpack> = received.iter().flat_map(events_of).collect();
     let tags: Vec<&str> = events.iter().map(|event| field(event, "type").as_str().unwrap()).collect();
     assert_eq!(tags, ["BlockStored", "BlockStored", "BlockRemoved", "BlockStored"]);
-
-    let stored = events[0];
+    let stored = &events[0];
     let stored_keys = [
         "type",
         "block_hashes",
@@ -121,6 +116,8 @@ async fn map_encoding_tags_events_and_names_every_field() {
         "lora_id",
         "medium",
         "lora_name",
+        "extra_keys",
+        "group_idx",
     ];
     assert_eq!(keys(stored), stored_keys);
     assert_eq!(hashes(field(stored, "block_hashes")), expected[0]);
@@ -130,23 +127,108 @@ async fn map_encoding_tags_events_and_names_every_field() {
     let prompt_tokens: Vec<u64> = tokenize(&words(0, 32)).into_iter().map(u64::from).collect();
     assert_eq!(token_ids, prompt_tokens);
     assert_eq!(field(stored, "block_size").as_u64(), Some(16));
-    assert!(["lora_id", "medium", "lora_name"].iter().all(|key| field(stored, key).is_nil()));
-    assert_eq!(hashes(field(events[1], "block_hashes")), expected[1]);
-    let removed = events[2];
-    assert_eq!(keys(removed), ["type", "block_hashes", "medium"]);
+    assert_eq!(field(stored, "medium").as_str(), Some("GPU"));
+    assert!(["lora_id", "lora_name"].iter().all(|key| field(stored, key).is_nil()));
+    assert_eq!(field(stored, "extra_keys").as_array().unwrap(), &[Msgpack::Nil, Msgpack::Nil]);
+    assert_eq!(field(stored, "group_idx").as_u64(), Some(0));
+    assert_eq!(hashes(field(&events[1], "block_hashes")), expected[1]);
+    let removed = &events[2];
+    assert_eq!(keys(removed), ["type", "block_hashes", "medium", "group_idx"]);
     assert_eq!(hashes(field(removed, "block_hashes")), vec![expected[0][1], expected[0][0]]);
-    assert!(field(removed, "medium").is_nil());
-    assert_eq!(hashes(field(events[3], "block_hashes")), expected[2]);
+    assert_eq!(field(removed, "medium").as_str(), Some("GPU"));
+    assert_eq!(hashes(field(&events[3], "block_hashes")), expected[2]);
     harness.fleet.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn map_encoding_of_a_cleared_cache_is_the_tag_alone() {
-    let harness = small_cache_worker(KvEventEncoding::Map).await;
+async fn a_cleared_cache_is_the_tag_alone() {
+    let harness = small_cache_worker(KvEventEncoding::Sglang05).await;
     let (_subscriber, probes) = subscribe(&harness).await;
-    let payload = probes[0].decode();
-    let events = field(&payload, "events").as_array().unwrap();
+    let events = events_of(&probes[0]);
     assert_eq!(events.len(), 1);
     assert_eq!(entries(&events[0]), [("type", &Msgpack::from("AllBlocksCleared"))]);
+    harness.fleet.shutdown().await;
+}
+
+/// `--cpu-offload-tokens`: the offloading connector's default events, in the same batch as the
+/// GPU stores (as `vllm-0.33.0/offload-placeholder` shows), and its removals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offload_tier_publishes_vllms_placeholders() {
+    let harness = spawn(|args| {
+        args.time_scale = 50.0;
+        args.kv_events_base_port = Some(0);
+        args.engine_flags.kv_capacity_tokens = Some(80);
+        args.engine_flags.cpu_offload_tokens = Some(64);
+    })
+    .await;
+    let (received, expected) = three_prompts(&harness).await;
+    let events: Vec<kvgate_kv_events::KvEvent> = received
+        .iter()
+        .flat_map(|batch| kvgate_kv_events::decode_batch(&batch.payload).unwrap().events)
+        .collect();
+    let summary: Vec<(String, Option<String>, usize)> = events
+        .iter()
+        .map(|event| match event {
+            kvgate_kv_events::KvEvent::BlockStored(stored) => {
+                ("stored".into(), stored.medium.clone(), stored.token_ids.len())
+            }
+            kvgate_kv_events::KvEvent::BlockRemoved(removed) => ("removed".into(), removed.medium.clone(), 0),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let gpu = Some("GPU".to_string());
+    let cpu = Some("CPU".to_string());
+    assert_eq!(
+        summary,
+        [
+            ("stored".into(), gpu.clone(), 32),
+            ("stored".into(), cpu.clone(), 0),
+            ("stored".into(), gpu.clone(), 32),
+            ("stored".into(), cpu.clone(), 0),
+            ("removed".into(), gpu.clone(), 0),
+            ("stored".into(), gpu, 32),
+            ("removed".into(), cpu.clone(), 0),
+            ("stored".into(), cpu, 0),
+        ]
+    );
+    let kvgate_kv_events::KvEvent::BlockStored(placeholder) = &events[1] else { unreachable!() };
+    assert_eq!((placeholder.block_size, placeholder.parent_block_hash), (0, None));
+    assert_eq!(placeholder.block_hashes, expected[0]);
+    harness.fleet.shutdown().await;
+}
+
+/// `--lora-adapters`: adapters on /v1/models with the base model as parent (vLLM's ModelCard),
+/// and a request for one stores the adapter's blocks, named in its events as vLLM names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapters_blocks_are_published_as_the_adapters() {
+    let harness = spawn(|args| {
+        args.time_scale = 50.0;
+        args.kv_events_base_port = Some(0);
+        args.lora_adapters = vec!["sql-lora".into(), "chat-lora".into()];
+    })
+    .await;
+    let models = harness.client.get(format!("{}/v1/models", harness.url)).send().await.unwrap();
+    let models: serde_json::Value = models.json().await.unwrap();
+    let listed: Vec<(&str, &serde_json::Value)> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), &m["parent"]))
+        .collect();
+    let base = json!("mock-model");
+    assert_eq!(listed, [("mock-model", &json!(null)), ("sql-lora", &base), ("chat-lora", &base)]);
+    let (mut subscriber, _probes) = subscribe(&harness).await;
+    let body = json!({"model": "chat-lora", "prompt": words(0, 32), "max_tokens": 1});
+    harness.post_json("/v1/completions", &body).await;
+    let batch = kvgate_kv_events::decode_batch(&recv_batch(&mut subscriber).await.payload).unwrap();
+    let kvgate_kv_events::KvEvent::BlockStored(stored) = &batch.events[0] else { panic!("{batch:?}") };
+    assert_eq!((stored.lora_id, stored.lora_name.as_deref()), (Some(2), Some("chat-lora")));
+    let key = Some(vec![kvgate_kv_events::ExtraKey::Str("chat-lora".into())]);
+    assert_eq!(stored.extra_keys, Some(vec![key.clone(), key]));
+    assert_ne!(
+        stored.block_hashes,
+        prompt_block_hashes(&tokenize(&words(0, 32)), 16),
+        "the adapter's own hashes"
+    );
     harness.fleet.shutdown().await;
 }

@@ -80,11 +80,11 @@ async fn replay_answers_in_the_shape_asked_and_skips_malformed_requests() {
     send(&mut dealer, &[b"", b"\x00\x01"]).await;
     send(&mut dealer, &[b"x", &[0; 8]]).await;
     send(&mut dealer, &[b"", &[0; 8], b""]).await;
-    // No delimiter: none in the answers either.
+    // No delimiter: none in the answers either (topic, seq, payload).
     let answers = replay(&mut dealer, &[&(last_seq - 1).to_be_bytes()]).await;
-    let shapes: Vec<(usize, u64)> = answers.iter().map(|frames| (frames.len(), seq_of(&frames[0]))).collect();
-    assert_eq!(shapes, [(2, last_seq - 1), (2, last_seq), (2, u64::MAX)]);
-    assert_eq!(answers[2], [Bytes::from_static(&END_SEQ), Bytes::new()]);
+    let shapes: Vec<(usize, u64)> = answers.iter().map(|frames| (frames.len(), seq_of(&frames[1]))).collect();
+    assert_eq!(shapes, [(3, last_seq - 1), (3, last_seq), (3, u64::MAX)]);
+    assert_eq!(answers[2], [Bytes::new(), Bytes::from_static(&END_SEQ), Bytes::new()]);
     // Still served after all that.
     let delimited = delimited_batches(&replay(&mut dealer, &[b"", &0u64.to_be_bytes()]).await);
     let seqs: Vec<u64> = delimited.iter().map(|batch| batch.seq).collect();

@@ -40,10 +40,10 @@ async fn pd_pair(configure: impl Fn(&mut MockArgs)) -> (Harness, Harness) {
 fn body(path: &str, prompt: &str, max_tokens: u32, stream: bool) -> Value {
     match path {
         "/v1/chat/completions" => json!({"messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "ignore_eos": true, "stream": stream}),
-        "/v1/completions" => {
-            json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true, "stream": stream})
-        }
+            "max_tokens": max_tokens, "ignore_eos": true, "stream": stream,
+            "stream_options": {"include_usage": true}}),
+        "/v1/completions" => json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true,
+            "stream": stream, "stream_options": {"include_usage": true}}),
         _ => json!({"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": true},
             "stream": stream}),
     }

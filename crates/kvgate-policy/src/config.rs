@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 pub use kvgate_index::PrefixIndexMode;
-use kvgate_index::TreeSettings;
+use kvgate_index::{TierWeights, TreeSettings};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -142,6 +142,13 @@ pub struct PolicyConfig {
     /// the engines' KV events, or the approximate tree of what was routed where.
     #[arg(long, value_enum, default_value = "auto")]
     pub prefix_index: PrefixIndexMode,
+    /// cache_aware, kv_aware: the share of a GPU hit that a hit in each cache tier earns in the
+    /// exact index, MEDIUM=WEIGHT pairs by the medium names the engines send (`*`: any other):
+    /// a block held only in host memory or on disk is loaded back, which costs transfer time,
+    /// not a prefill. `*=1` counts every tier as the GPU.
+    #[arg(long, default_value_t = TierWeights::default(), value_name = "MEDIUM=WEIGHT,...")]
+    #[serde(with = "tier_weights_text")]
+    pub kv_tier_weights: TierWeights,
 
     /// least_load: weight of the KV pressure term k / (1 - k), in seconds, > 0.
     #[arg(long, default_value_t = 0.15)]
@@ -312,6 +319,12 @@ impl PolicyConfig {
         checks.finish()
     }
 
+    /// The exact index of a model routed with this configuration (the host keeps one per model
+    /// and feeds it the engines' events): tiers credited at `kv_tier_weights`.
+    pub fn block_index(&self) -> kvgate_index::BlockIndex {
+        kvgate_index::BlockIndex::with_tier_weights(self.kv_tier_weights.clone())
+    }
+
     /// The approximate index's settings (the host keeps one tree index per model).
     pub fn tree_settings(&self) -> TreeSettings {
         TreeSettings {
@@ -473,5 +486,20 @@ mod tests {
         let most_free_kv =
             PolicyConfig { cache_miss_strategy: MissStrategy::MostFreeKv, ..PolicyConfig::default() };
         assert!(most_free_kv.needs_loads(), "a miss strategy that reads KV usage needs loads too");
+    }
+}
+
+/// `kv_tier_weights` in YAML and JSON: the flag's text (`GPU=1,CPU=0.75,...`).
+mod tier_weights_text {
+    use kvgate_index::TierWeights;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(weights: &TierWeights, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(weights)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TierWeights, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
     }
 }

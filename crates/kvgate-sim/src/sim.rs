@@ -300,7 +300,7 @@ impl<'a> Simulation<'a> {
             return;
         };
         let engine = self.pools[0].first_engine + worker;
-        self.engines[engine].submit(now, EngineRequest { id, prompt, output_tokens }, &mut self.outputs);
+        self.engines[engine].submit(now, EngineRequest::new(id, prompt, output_tokens), &mut self.outputs);
         self.after_engine_call(engine, now);
     }
 

@@ -39,7 +39,9 @@ pub struct Tokenizer {
 #[derive(Debug)]
 enum Kind {
     Hf(Box<HfTokenizer>),
-    Mock,
+    /// The mock engines' words, chats rendered as they render them, or with a template given in
+    /// their place (`--chat-template` with `--mock-tokenizer`).
+    Mock(Option<Box<template::ChatTemplates>>),
 }
 
 /// The chat options of vLLM's chat API that change the prompt.
@@ -126,14 +128,22 @@ impl Tokenizer {
     /// The kvgate mock engines' own tokenizer (crates/kvgate-words: one whitespace word = one
     /// token; chats rendered with `kvgate_words::render_chat` as crates/kvgate-mock does).
     pub fn mock() -> Tokenizer {
-        Tokenizer { kind: Kind::Mock }
+        Tokenizer { kind: Kind::Mock(None) }
+    }
+
+    /// The mock engines' word tokenizer, with chats rendered by the Jinja template at `path`
+    /// instead of the engines' own rendering: what a gateway configured with another chat
+    /// template than its engines' computes (the closed loop's wrong-template case).
+    pub fn mock_with_chat_template(path: &Path) -> Result<Tokenizer, TokenizerError> {
+        let templates = mock::compile_template(path)?;
+        Ok(Tokenizer { kind: Kind::Mock(Some(Box::new(templates))) })
     }
 
     /// Token ids of a completion prompt as the engine computes them (add_special_tokens = true).
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => hf.encode(text, true),
-            Kind::Mock => Ok(kvgate_words::tokenize(text)),
+            Kind::Mock(_) => Ok(kvgate_words::tokenize(text)),
         }
     }
 
@@ -150,7 +160,7 @@ impl Tokenizer {
     ) -> Result<Vec<u32>, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => hf.encode(&hf.render_chat(ChatInput::from_json(messages, options)?)?, false),
-            Kind::Mock => Ok(kvgate_words::tokenize(&self.render_chat(messages, options)?)),
+            Kind::Mock(_) => Ok(kvgate_words::tokenize(&self.render_chat(messages, options)?)),
         }
     }
 
@@ -162,7 +172,7 @@ impl Tokenizer {
     ) -> Result<String, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => hf.render_chat(ChatInput::from_json(messages, options)?),
-            Kind::Mock => mock::render_chat(&chat::json_value(messages)),
+            Kind::Mock(template) => mock::render_chat(&chat::json_value(messages), template.as_deref()),
         }
     }
 
@@ -172,7 +182,7 @@ impl Tokenizer {
     pub fn encode_chat_request(&self, body: &[u8]) -> Result<Vec<u32>, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => hf.encode(&hf.render_chat(ChatInput::from_body(body)?)?, false),
-            Kind::Mock => Ok(kvgate_words::tokenize(&self.render_chat_request(body)?)),
+            Kind::Mock(_) => Ok(kvgate_words::tokenize(&self.render_chat_request(body)?)),
         }
     }
 
@@ -180,7 +190,7 @@ impl Tokenizer {
     pub fn render_chat_request(&self, body: &[u8]) -> Result<String, TokenizerError> {
         match &self.kind {
             Kind::Hf(hf) => hf.render_chat(ChatInput::from_body(body)?),
-            Kind::Mock => mock::render_chat(&mock::messages_from_body(body)?),
+            Kind::Mock(template) => mock::render_chat(&mock::messages_from_body(body)?, template.as_deref()),
         }
     }
 
@@ -199,9 +209,9 @@ impl Tokenizer {
                 let rendered = hf.render_chat(ChatInput::from_body(body)?.leading(max_chars))?;
                 hf.encode(chat::first_chars(&rendered, max_chars), false)
             }
-            Kind::Mock => {
+            Kind::Mock(template) => {
                 let messages = chat::leading_messages(&mock::messages_from_body(body)?, max_chars);
-                let rendered = mock::render_chat(&messages)?;
+                let rendered = mock::render_chat(&messages, template.as_deref())?;
                 Ok(kvgate_words::tokenize(chat::first_chars(&rendered, max_chars)))
             }
         }
@@ -211,7 +221,7 @@ impl Tokenizer {
     pub fn segment_cache_status(&self) -> SegmentCacheStatus {
         match &self.kind {
             Kind::Hf(hf) => hf.segment_cache_status(),
-            Kind::Mock => SegmentCacheStatus::Off,
+            Kind::Mock(_) => SegmentCacheStatus::Off,
         }
     }
 
@@ -224,7 +234,7 @@ impl Tokenizer {
 
     /// True for the mock engines' tokenizer.
     pub fn is_mock(&self) -> bool {
-        matches!(self.kind, Kind::Mock)
+        matches!(self.kind, Kind::Mock(_))
     }
 }
 

@@ -5,6 +5,7 @@ use minijinja::Value;
 use serde::Deserialize;
 
 use crate::error::TokenizerError;
+use crate::template::{ChatTemplates, TemplateSource};
 
 /// The body fields the mock engines read for a chat prompt.
 #[derive(Deserialize)]
@@ -22,8 +23,19 @@ pub(crate) fn messages_from_body(body: &[u8]) -> Result<Value, TokenizerError> {
 
 /// The mock engines' chat prompt. Like the mock's request parsing: `role` must be a string;
 /// `content` is a string, null/absent (empty), or a list of parts whose `text`s are joined with
-/// single spaces (parts without text are skipped). The engines ignore the chat options.
-pub(crate) fn render_chat(messages: &Value) -> Result<String, TokenizerError> {
+/// single spaces (parts without text are skipped). The engines ignore the chat options. With
+/// `template`, the messages are rendered by it instead (with `add_generation_prompt` true).
+pub(crate) fn render_chat(
+    messages: &Value,
+    template: Option<&ChatTemplates>,
+) -> Result<String, TokenizerError> {
+    if let Some(template) = template {
+        let context = Value::from_pairs(vec![
+            ("messages".to_string(), messages.clone()),
+            ("add_generation_prompt".to_string(), Value::from(true)),
+        ]);
+        return template.render(false, context);
+    }
     if messages.kind() != ValueKind::Seq {
         return Err(TokenizerError::invalid_request(format!(
             "`messages` must be an array, not {}",
@@ -77,4 +89,12 @@ fn message_text(content: &Value, index: usize) -> Result<String, TokenizerError>
 
 fn field(map: &Value, key: &str) -> Value {
     map.get_item(&Value::from(key)).unwrap_or_default()
+}
+
+/// The chat template file at `path`, compiled as the Hugging Face tokenizers' templates are.
+pub(crate) fn compile_template(path: &std::path::Path) -> Result<ChatTemplates, TokenizerError> {
+    let source = std::fs::read_to_string(path)
+        .map_err(|source| TokenizerError::Io { path: path.to_path_buf(), source })?;
+    let template = TemplateSource { name: "default".into(), origin: path.display().to_string(), source };
+    ChatTemplates::compile(vec![template], true)
 }

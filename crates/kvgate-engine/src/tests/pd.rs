@@ -72,6 +72,7 @@ fn transferred_prompt_decodes_without_prefill() {
                 stats: RequestStats {
                     prompt_tokens: 4096,
                     cached_tokens: 0,
+                    offloaded_tokens: 0,
                     completion_tokens: 3,
                     arrival_us: 1_000,
                     admitted_us: 1_000,

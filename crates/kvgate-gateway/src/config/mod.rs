@@ -93,7 +93,8 @@ pub struct GatewayConfig {
     /// holding it and tokenizer_config.json (the chat template). Never downloaded.
     #[arg(long, value_name = "DIR_OR_FILE")]
     pub tokenizer_path: Option<std::path::PathBuf>,
-    /// Chat template file (Jinja) overriding the tokenizer's.
+    /// Chat template file (Jinja) overriding the tokenizer's (with --mock-tokenizer: rendering
+    /// chats instead of the mock engines' own rendering).
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<std::path::PathBuf>,
     /// Threads tokenizing requests for the exact index, apart from the I/O threads (default:

@@ -155,9 +155,9 @@ impl GatewayConfig {
             "conflicts with tokenizer_path: give one tokenizer",
         );
         checks.ensure(
-            !(self.chat_template.is_some() && self.tokenizer_path.is_none()),
+            !(self.chat_template.is_some() && self.tokenizer_path.is_none() && !self.mock_tokenizer),
             "chat_template",
-            "needs tokenizer_path (the template is rendered for that tokenizer)",
+            "needs tokenizer_path or mock_tokenizer (the template is rendered for that tokenizer)",
         );
         super::discovery::validate(self, &mut checks);
         checks.finish()

@@ -3,7 +3,6 @@
 //! after engine restarts. Where a worker's events come from is configuration data
 //! (`config::KvEventsSource`).
 
-mod sequence;
 mod subscriber;
 
 use std::sync::Arc;

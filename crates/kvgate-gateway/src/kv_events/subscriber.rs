@@ -1,25 +1,23 @@
 //! One data-parallel rank's KV-event subscription: a ZMQ SUB socket on the engine's publisher,
-//! the replay socket asked for history at start, after a gap and after a restart, and the
-//! cache's writer into the model's exact index.
+//! the replay socket asked for history at start, after a gap and after a restart, feeding the
+//! rank's `Feed` (`kvgate-kv-events`: the sequence logic and the cache's writer into the model's
+//! exact index). This file only moves frames and counts what the feed did.
 //!
 //! The index never keeps what it cannot vouch for: a gap that replay cannot fill, a sequence
-//! that goes backwards (engine restart), a reconnection and a malformed batch all clear the
-//! cache's blocks first.
+//! that goes backwards (engine restart) and a reconnection clear the cache's blocks first. One
+//! bad event is refused alone, and a message that cannot be decoded is skipped: neither clears.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kvgate_index::{BlockIndex, CacheBlocks, CacheId};
-use kvgate_kv_events::{
-    decode_message, decode_replay_reply, replay_request, EventBatch, KvEvent, ReplayReply,
-};
+use kvgate_kv_events::{replay_request, Feed, FeedCounts, Live as Received, Recovery, Replayed};
 use prometheus::IntCounterVec;
 use zeromq::{
     DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
 };
 
-use super::sequence::{apply_batch, Sequence, Verdict};
 use super::KvEventLimits;
 use crate::config::RankEndpoints;
 use crate::load_snapshot::LoadSnapshot;
@@ -50,8 +48,7 @@ pub(crate) struct RankSubscription {
 
 /// The state of a running subscription.
 struct Live {
-    cache: CacheBlocks,
-    sequence: Sequence,
+    feed: Feed,
     warned_at: Option<Instant>,
     suppressed: u64,
 }
@@ -59,12 +56,8 @@ struct Live {
 impl RankSubscription {
     pub(crate) async fn run(self) {
         let Some(index) = self.wait_for_index().await else { return };
-        let mut live = Live {
-            cache: CacheBlocks::new(index, CacheId { worker: self.worker.id, rank: self.rank }),
-            sequence: Sequence::default(),
-            warned_at: None,
-            suppressed: 0,
-        };
+        let cache = CacheBlocks::new(index, CacheId { worker: self.worker.id, rank: self.rank });
+        let mut live = Live { feed: Feed::new(cache), warned_at: None, suppressed: 0 };
         let mut socket = self.connect().await;
         let mut monitor = socket.monitor();
         self.resync(&mut live).await;
@@ -88,8 +81,7 @@ impl RankSubscription {
                         // Whatever happened while we were away, the engine's cache may differ
                         // from what we held: start over from its replay buffer.
                         tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event publisher reconnected");
-                        live.cache.clear();
-                        live.sequence.reset();
+                        live.feed.reset();
                         self.resync(&mut live).await;
                         self.set_live(true);
                     }
@@ -147,58 +139,32 @@ impl RankSubscription {
             // Not decoded: like a lost batch, but no replay can fill it (it would send it again).
             self.oversized.with_label_values(&["kv_events"]).inc();
             self.warn(live, &format!("KV event message over {limit} bytes dropped, cache cleared"));
-            self.start_over(live);
+            live.feed.reset();
             return;
         }
-        let (seq, batch) = match decode_message(&frames) {
-            Ok(decoded) => decoded,
-            Err(error) => {
-                // Its events are lost: what the index holds for this cache can no longer be trusted.
-                self.worker.series.write(|url| self.metrics.malformed.with_label_values(&[url]).inc());
-                self.warn(live, &format!("malformed KV event message dropped, cache cleared: {error}"));
-                live.cache.clear();
-                live.sequence.reset();
-                return;
+        live.feed.set_max_blocks(self.max_blocks(live));
+        match live.feed.on_live(&frames) {
+            Received::Applied | Received::Duplicate => {}
+            Received::Dropped(error) => {
+                self.warn(live, &format!("malformed KV event message dropped: {error}"));
             }
-        };
-        match live.sequence.check(seq, batch.ts) {
-            Verdict::Apply => self.apply(live, seq, &batch),
-            Verdict::Duplicate => {}
-            Verdict::Gap { expected } => {
-                let joined = self.endpoints.replay.is_some() && self.replay_from(live, expected).await;
-                let recovered = joined
-                    && matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
-                let recovery = if recovered { "replay" } else { "cleared" };
-                self.worker.series.write(|url| self.metrics.gaps.with_label_values(&[url, recovery]).inc());
-                self.warn(
-                    live,
-                    &format!("KV event sequence gap before {seq} (expected {expected}): {recovery}"),
-                );
-                self.apply_or_start_over(live, seq, &batch);
-            }
-            Verdict::Restart => {
-                self.worker.series.write(|url| self.metrics.restarts.with_label_values(&[url]).inc());
-                tracing::info!(worker = %self.worker.url, rank = self.rank, seq, "KV event sequence restarted: engine restart, cache cleared");
-                self.start_over(live);
-                if self.endpoints.replay.is_some() {
-                    self.replay_from(live, 0).await;
+            Received::ReplayFrom(start) => {
+                let completed = self.replay(live, start).await;
+                match live.feed.end_replay(completed) {
+                    Some(Recovery::Replayed) => {
+                        self.warn(live, &format!("KV event sequence gap from {start}: recovered by replay"));
+                    }
+                    Some(Recovery::Cleared) => self.warn(
+                        live,
+                        &format!("KV event sequence gap from {start}: no replay filled it, cache cleared"),
+                    ),
+                    None => {
+                        tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event sequence restarted: engine restart, cache cleared")
+                    }
                 }
-                self.apply_or_start_over(live, seq, &batch);
             }
         }
-    }
-
-    /// Applies the batch if it is the next one, skips it if it was applied already, and
-    /// otherwise (a hole nothing filled) clears the cache and starts over from it.
-    fn apply_or_start_over(&self, live: &mut Live, seq: u64, batch: &EventBatch) {
-        match live.sequence.check(seq, batch.ts) {
-            Verdict::Apply => self.apply(live, seq, batch),
-            Verdict::Duplicate => {}
-            Verdict::Gap { .. } | Verdict::Restart => {
-                self.start_over(live);
-                self.apply(live, seq, batch);
-            }
-        }
+        self.count(live);
     }
 
     fn set_live(&self, live: bool) {
@@ -208,19 +174,13 @@ impl RankSubscription {
     }
 
     /// Most blocks the cache may hold: its engine's reported capacity times the slack, else
-    /// `--kv-index-max-blocks-per-worker`.
-    fn max_blocks(&self, live: &Live, batch: &EventBatch) -> usize {
+    /// `--kv-index-max-blocks-per-worker` (also before the index knows a block size).
+    fn max_blocks(&self, live: &Live) -> usize {
         let limits = &self.limits;
-        let block_size = match live.cache.index().block_size() {
-            0 => batch.events.iter().find_map(|event| match event {
-                KvEvent::BlockStored(stored) => Some(stored.block_size as usize),
-                _ => None,
-            }),
-            known => Some(known),
-        };
+        let block_size = live.feed.cache().index().block_size();
         let capacity = self.loads.load().get(&self.worker.id).map(|load| load.max_total_num_tokens);
-        match (capacity, block_size) {
-            (Some(tokens), Some(block_size)) if tokens > 0 && block_size > 0 => {
+        match capacity {
+            Some(tokens) if tokens > 0 && block_size > 0 => {
                 let blocks = (tokens as f64 / block_size as f64 * limits.capacity_slack).ceil();
                 (blocks as usize).max(1)
             }
@@ -228,44 +188,63 @@ impl RankSubscription {
         }
     }
 
-    fn apply(&self, live: &mut Live, seq: u64, batch: &EventBatch) {
-        let max_blocks = self.max_blocks(live, batch);
-        live.cache.set_max_blocks(max_blocks);
-        let (metrics, series) = (&self.metrics, &self.worker.series);
-        apply_batch(&mut live.cache, batch, &mut |refusal| {
-            series.write(|url| metrics.refused.with_label_values(&[url, refusal.as_str()]).inc());
+    /// Adds what the feed did since the last call to the metrics.
+    fn count(&self, live: &mut Live) {
+        let FeedCounts { batches, refused, malformed, gaps, restarts } = live.feed.take_counts();
+        let metrics = &self.metrics;
+        self.worker.series.write(|url| {
+            if batches > 0 {
+                metrics.batches.with_label_values(&[url]).inc_by(batches);
+            }
+            for (refusal, n) in refused {
+                metrics.refused.with_label_values(&[url, refusal.as_str()]).inc_by(n);
+            }
+            if malformed > 0 {
+                metrics.malformed.with_label_values(&[url]).inc_by(malformed);
+            }
+            for (recovery, n) in gaps {
+                metrics.gaps.with_label_values(&[url, recovery.as_str()]).inc_by(n);
+            }
+            if restarts > 0 {
+                metrics.restarts.with_label_values(&[url]).inc_by(restarts);
+            }
         });
-        live.sequence.accept(seq, batch.ts);
-        series.write(|url| metrics.batches.with_label_values(&[url]).inc());
     }
 
-    fn start_over(&self, live: &mut Live) {
-        live.cache.clear();
-        live.sequence.reset();
-    }
-
-    /// At start and after a reconnection: the engine's buffered history, when it has a replay socket.
+    /// At start and after a reconnection: the engine's buffered history, when it has a replay
+    /// socket.
     async fn resync(&self, live: &mut Live) {
         if self.endpoints.replay.is_some() {
-            self.replay_from(live, live.sequence.next()).await;
+            let start = live.feed.begin_resync();
+            let completed = self.replay(live, start).await;
+            live.feed.end_replay(completed);
+            self.count(live);
         }
     }
 
-    /// Applies the replay of every buffered batch from `start` on, each as it arrives (one
-    /// batch in memory at a time). True when the replay ran to its end and joined the applied
-    /// sequence without a hole.
-    async fn replay_from(&self, live: &mut Live, start: u64) -> bool {
+    /// Hands the feed every buffered batch from `start` on; true when the replay ran to its end
+    /// marker (false: no replay socket, or it failed or timed out).
+    async fn replay(&self, live: &mut Live, start: u64) -> bool {
         let Some(endpoint) = &self.endpoints.replay else { return false };
         let limit = self.limits.max_message_bytes;
-        let mut joined = true;
-        let replay = fetch_replay(endpoint, start, limit, |seq, batch| {
-            // A hole here: the buffer does not reach back far enough (or holds a new engine's
-            // batches), so start over from what it does hold.
-            joined &= matches!(live.sequence.check(seq, batch.ts), Verdict::Apply | Verdict::Duplicate);
-            self.apply_or_start_over(live, seq, &batch);
+        live.feed.set_max_blocks(self.max_blocks(live));
+        // Each reply is handed to the feed as it arrives (one batch in memory at a time).
+        let mut malformed = None;
+        let replay = fetch_replay(endpoint, start, limit, |frames| match live.feed.on_replay(&frames) {
+            Ok(Replayed::Batch { .. }) => true,
+            Ok(Replayed::End) => false,
+            Err(error) => {
+                malformed = Some(error);
+                false
+            }
         });
-        match tokio::time::timeout(REPLAY_TIMEOUT, replay).await {
-            Ok(Ok(())) => joined,
+        let outcome = tokio::time::timeout(REPLAY_TIMEOUT, replay).await;
+        if let Some(error) = malformed {
+            self.warn(live, &format!("malformed KV event replay reply from {endpoint}: {error}"));
+            return false;
+        }
+        match outcome {
+            Ok(Ok(())) => true,
             Ok(Err(ReplayError::Oversized)) => {
                 self.oversized.with_label_values(&["kv_replay"]).inc();
                 self.warn(
@@ -308,13 +287,13 @@ enum ReplayError {
     Oversized,
 }
 
-/// Hands every buffered batch from `start` on to `apply`, in the order the replay socket sends
-/// them, until its end marker.
+/// Hands every reply of the replay from `start` on to `take`, in the order the replay socket
+/// sends them, until `take` says stop (the end marker, or a reply it could not read).
 async fn fetch_replay(
     endpoint: &str,
     start: u64,
     limit: usize,
-    mut apply: impl FnMut(u64, EventBatch),
+    mut take: impl FnMut(Vec<bytes::Bytes>) -> bool,
 ) -> Result<(), ReplayError> {
     let failed = |error: String| ReplayError::Failed(error);
     let mut options = SocketOptions::default();
@@ -324,18 +303,17 @@ async fn fetch_replay(
     let request: Vec<bytes::Bytes> = replay_request(start).into_iter().map(bytes::Bytes::from).collect();
     let request = ZmqMessage::try_from(request).map_err(|_| failed("empty replay request".to_string()))?;
     dealer.send(request).await.map_err(|e| failed(e.to_string()))?;
-    let mut batches = 0usize;
+    let mut replies = 0usize;
     loop {
-        let reply = dealer.recv().await.map_err(|e| failed(e.to_string()))?.into_vec();
-        if message_bytes(&reply) > limit {
+        let frames = dealer.recv().await.map_err(|e| failed(e.to_string()))?.into_vec();
+        if message_bytes(&frames) > limit {
             return Err(ReplayError::Oversized);
         }
-        match decode_replay_reply(&reply).map_err(|e| failed(e.to_string()))? {
-            ReplayReply::Batch { seq, batch } => apply(seq, batch),
-            ReplayReply::End => return Ok(()),
+        if !take(frames) {
+            return Ok(());
         }
-        batches += 1;
-        if batches > REPLAY_MAX_BATCHES {
+        replies += 1;
+        if replies > REPLAY_MAX_BATCHES {
             return Err(failed(format!("more than {REPLAY_MAX_BATCHES} batches")));
         }
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_index::{
-    choose_index, prompt_blocks, prompt_hash, ExactRecordingTree, IndexInputs, PeerMerged, PromptBlocks,
-    ReadOnlyTree,
+    choose_index, prompt_blocks, prompt_hash, ExactRecordingTree, IndexInputs, Namespace, NamespacedExact,
+    PeerMerged, PromptBlocks, ReadOnlyTree,
 };
 use kvgate_policy::{
     Candidate, Candidates, Decision, IndexKind, PrefixIndex, RouteRequest, RoutingKey, SelectContext,
@@ -29,6 +29,7 @@ pub(super) fn choose(
     state: &AppState,
     pool: &ModelPool,
     request: &RouteRequest<'_>,
+    namespace: Namespace<'_>,
     tried: &[u32],
     planning: Planning,
 ) -> Option<(Arc<Worker>, Decision)> {
@@ -36,7 +37,7 @@ pub(super) fn choose(
     let candidates = Candidates::new(&offered).ok()?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
-    let decision = select(state, pool, request, candidates, index, planning, peers.as_ref())?;
+    let decision = select(state, pool, request, namespace, candidates, index, planning, peers.as_ref())?;
     let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
     if planning == Planning::Live {
         record(state, pool, &worker, &decision, peers);
@@ -100,16 +101,18 @@ fn select(
     state: &AppState,
     pool: &ModelPool,
     request: &RouteRequest<'_>,
+    namespace: Namespace<'_>,
     candidates: Candidates<'_>,
     index: IndexKind,
     planning: Planning,
     peers: Option<&PromptBlocks>,
 ) -> Option<Decision> {
-    let recording = ExactRecordingTree { exact: &pool.prefix.exact, tree: &pool.prefix.tree };
+    let recording = ExactRecordingTree { exact: &pool.prefix.exact, namespace, tree: &pool.prefix.tree };
+    let exact = NamespacedExact { exact: &pool.prefix.exact, namespace };
     let read_only = ReadOnlyTree(&pool.prefix.tree);
     let local: &dyn PrefixIndex = match (index, planning) {
         (IndexKind::Exact, Planning::Live) => &recording,
-        (IndexKind::Exact, Planning::DryRun) => &*pool.prefix.exact,
+        (IndexKind::Exact, Planning::DryRun) => &exact,
         (IndexKind::Approximate, Planning::Live) => &pool.prefix.tree,
         (IndexKind::Approximate, Planning::DryRun) => &read_only,
     };

@@ -140,12 +140,27 @@ where
     };
     let route_request = prepared.route_request();
     let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path());
+    // The closed loop: a stream routed on token ids is asked for its usage chunk when the client
+    // did not ask (and the chunk is left out of the answer again).
+    let asked = match (shape, &route_request.key) {
+        (plan::Shape::Single(_), kvgate_policy::RoutingKey::Tokens(_))
+            if matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
+                && fields.stream == Some(true)
+                && fields.stream_options.is_none() =>
+        {
+            crate::accuracy::ask_for_usage(&bytes)
+        }
+        _ => None,
+    };
+    let strip_usage = asked.is_some();
+    let body = asked.unwrap_or_else(|| bytes.clone());
     let exchange = pd::Exchange {
         state,
         path_and_query,
         headers: &parts.headers,
-        body: &bytes,
+        body: &body,
         request: &route_request,
+        namespace: prepared.namespace,
     };
 
     let retries_allowed = if state.config.disable_retries { 0 } else { state.config.retry_max_retries };
@@ -153,7 +168,7 @@ where
     let mut last_failure: Option<Failure> = None;
     let mut retries = 0;
     loop {
-        let plan = match shape.plan(state, &route_request, &tried, target) {
+        let plan = match shape.plan(state, &route_request, prepared.namespace, &tried, target) {
             Ok(plan) => plan,
             Err(error) => {
                 return match last_failure {
@@ -170,7 +185,9 @@ where
             },
         };
         match outcome {
-            Outcome::Done(served) => return Ok(respond(state, endpoint, started, *served, permit)),
+            Outcome::Done(served) => {
+                return Ok(respond(state, endpoint, started, *served, permit, strip_usage))
+            }
             Outcome::Fatal(error) => return Err(error),
             Outcome::Retry { failure, failed } => {
                 tried.push(failed);
@@ -189,12 +206,21 @@ where
 
 /// Executes a one-worker plan.
 async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
-    let prompt = pick.in_flight_prompt(ex.request);
+    // Taken before the prompt counts as in flight on the worker: what its engine should hold.
+    let probe = pick.probe(ex.request, ex.namespace);
+    let prompt = pick.in_flight_prompt(ex.request, ex.namespace);
     let result =
         attempt(ex.state, &pick.worker, ex.path_and_query, ex.headers, ex.body.clone(), prompt).await;
     let failed = pick.worker.id;
     let served = |response, in_flight| {
-        Box::new(Served { response, in_flight, worker: pick.worker, decision: pick.decision, prefill: None })
+        Box::new(Served {
+            response,
+            in_flight,
+            worker: pick.worker,
+            decision: pick.decision,
+            prefill: None,
+            probe,
+        })
     };
     match result {
         Attempt::Done(response, in_flight) => Outcome::Done(served(response, in_flight)),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::HeaderMap;
+use kvgate_index::Namespace;
 use kvgate_policy::RouteRequest;
 use rand::Rng;
 use serde_json::{json, Map, Value};
@@ -31,6 +32,7 @@ pub(super) struct Exchange<'a> {
     pub headers: &'a HeaderMap,
     pub body: &'a Bytes,
     pub request: &'a RouteRequest<'a>,
+    pub namespace: Namespace<'a>,
 }
 
 /// The request body with `edit` applied to its top-level JSON object.
@@ -77,6 +79,7 @@ fn classify_prefill(prefill: &Pick, result: Attempt) -> PrefillResult {
             worker: prefill.worker.clone(),
             decision: prefill.decision,
             prefill: None,
+            probe: None,
         })
     };
     match result {
@@ -107,6 +110,7 @@ fn decode_outcome(prefill: Pick, decode: Pick, result: Attempt) -> Outcome {
             worker: decode.worker,
             decision: decode.decision,
             prefill: Some((prefill.worker, prefill.decision)),
+            probe: None,
         })
     };
     match result {
@@ -151,7 +155,7 @@ pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Ou
     let send = |pick: &Pick| {
         let (state, worker) = (ex.state.clone(), pick.worker.clone());
         let (path, headers, body) = (ex.path_and_query.to_string(), ex.headers.clone(), body.clone());
-        let prompt = pick.in_flight_prompt(ex.request);
+        let prompt = pick.in_flight_prompt(ex.request, ex.namespace);
         async move {
             let result = attempt(&state, &worker, &path, &headers, body, prompt).await;
             count(&state, worker.role, &result);
@@ -213,7 +217,7 @@ pub(super) async fn vllm(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outc
         Err(error) => return Outcome::Fatal(error),
     };
     let state = ex.state;
-    let prompt = prefill.in_flight_prompt(ex.request);
+    let prompt = prefill.in_flight_prompt(ex.request, ex.namespace);
     let result = attempt(state, &prefill.worker, ex.path_and_query, ex.headers, first, prompt).await;
     count(state, WorkerRole::Prefill, &result);
     let params = match classify_prefill(&prefill, result) {
@@ -254,7 +258,7 @@ pub(super) async fn vllm(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outc
         Ok(body) => body,
         Err(error) => return Outcome::Fatal(error),
     };
-    let prompt = decode.in_flight_prompt(ex.request);
+    let prompt = decode.in_flight_prompt(ex.request, ex.namespace);
     let result = attempt(state, &decode.worker, ex.path_and_query, ex.headers, second, prompt).await;
     count(state, WorkerRole::Decode, &result);
     decode_outcome(prefill, decode, result)

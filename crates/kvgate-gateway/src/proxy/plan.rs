@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvgate_index::InFlightPrompt;
+use kvgate_index::{InFlightPrompt, Namespace};
 use kvgate_policy::{Decision, IndexKind, RouteRequest, RoutingKey};
 
+use crate::accuracy::Probe;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::registry::{ModelPool, ModelPools, ModelPrefix};
@@ -95,10 +96,11 @@ impl Shape {
         &self,
         state: &AppState,
         request: &RouteRequest<'_>,
+        namespace: Namespace<'_>,
         tried: &[u32],
         target: Option<u32>,
     ) -> Result<RoutePlan, ApiError> {
-        self.plan_as(state, request, tried, target, Planning::Live)
+        self.plan_as(state, request, namespace, tried, target, Planning::Live)
     }
 
     /// The plan a first attempt would follow, made without recording anything: no prefix index
@@ -107,26 +109,26 @@ impl Shape {
         &self,
         state: &AppState,
         request: &RouteRequest<'_>,
+        namespace: Namespace<'_>,
     ) -> Result<RoutePlan, ApiError> {
-        self.plan_as(state, request, &[], None, Planning::DryRun)
+        self.plan_as(state, request, namespace, &[], None, Planning::DryRun)
     }
 
     fn plan_as(
         &self,
         state: &AppState,
         request: &RouteRequest<'_>,
+        namespace: Namespace<'_>,
         tried: &[u32],
         target: Option<u32>,
         planning: Planning,
     ) -> Result<RoutePlan, ApiError> {
+        let on = |pool| pick(state, pool, request, namespace, tried, target, planning);
         match self {
-            Shape::Single(pool) => {
-                Ok(RoutePlan::Single(pick(state, pool, request, tried, target, planning)?))
+            Shape::Single(pool) => Ok(RoutePlan::Single(on(pool)?)),
+            Shape::Pair { prefill, decode } => {
+                Ok(RoutePlan::Pair { prefill: on(prefill)?, decode: on(decode)? })
             }
-            Shape::Pair { prefill, decode } => Ok(RoutePlan::Pair {
-                prefill: pick(state, prefill, request, tried, target, planning)?,
-                decode: pick(state, decode, request, tried, target, planning)?,
-            }),
         }
     }
 }
@@ -148,16 +150,29 @@ pub(super) struct Pick {
 }
 
 impl Pick {
+    /// What the model's exact index predicts cached on the chosen worker, for a request keyed by
+    /// token ids on a pool whose engines publish KV events (the closed loop, `accuracy.rs`).
+    pub(super) fn probe(&self, request: &RouteRequest<'_>, namespace: Namespace<'_>) -> Option<Probe> {
+        let RoutingKey::Tokens(tokens) = request.key else { return None };
+        if !self.pool.has_kv_events {
+            return None;
+        }
+        let exact = self.decision.index == Some(IndexKind::Exact);
+        Some(Probe::predict(&self.pool.prefix.exact, tokens, namespace, self.decision.worker, exact))
+    }
+
     /// A request routed on the exact index: its prompt's blocks count as held by the chosen
     /// worker until the request ends.
     pub(super) fn in_flight_prompt(
         &self,
         request: &RouteRequest<'_>,
+        namespace: Namespace<'_>,
     ) -> Option<(Arc<ModelPrefix>, InFlightPrompt)> {
         match (self.decision.index, request.key) {
-            (Some(IndexKind::Exact), RoutingKey::Tokens(tokens)) => {
-                Some((self.pool.prefix.clone(), self.pool.prefix.in_flight.add(self.decision.worker, tokens)))
-            }
+            (Some(IndexKind::Exact), RoutingKey::Tokens(tokens)) => Some((
+                self.pool.prefix.clone(),
+                self.pool.prefix.in_flight.add(self.decision.worker, tokens, namespace),
+            )),
             _ => None,
         }
     }
@@ -169,10 +184,12 @@ pub(super) enum RoutePlan {
     Pair { prefill: Pick, decode: Pick },
 }
 
+#[allow(clippy::too_many_arguments, reason = "the plan's inputs, each used once")]
 fn pick(
     state: &AppState,
     pool: &Arc<ModelPool>,
     request: &RouteRequest<'_>,
+    namespace: Namespace<'_>,
     tried: &[u32],
     target: Option<u32>,
     planning: Planning,
@@ -190,7 +207,7 @@ fn pick(
         }
         return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone() });
     }
-    super::choose::choose(state, pool, request, tried, planning)
+    super::choose::choose(state, pool, request, namespace, tried, planning)
         .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
         .ok_or_else(|| {
             let side = match pool.role {

@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 use http::HeaderMap;
+use kvgate_index::Namespace;
 use kvgate_policy::{RouteRequest, RoutingKey};
 
 use super::plan::Shape;
@@ -24,6 +25,9 @@ pub(super) struct Prepared<'a> {
     pub prompt_tokens: u64,
     /// The routing-key header, else the body's `user` field.
     pub session: Option<&'a str>,
+    /// The request's blocks in the exact index: a LoRA adapter's (a `model` that is not the
+    /// pool's own: vLLM serves adapters under their own names), a `cache_salt`'s.
+    pub namespace: Namespace<'a>,
 }
 
 impl Prepared<'_> {
@@ -66,7 +70,10 @@ pub(super) async fn prepare<'a>(
         .get(&state.routing_key_header)
         .and_then(|value| value.to_str().ok())
         .or(fields.user.as_deref());
-    Ok(Prepared { shape, key, prompt_tokens, session })
+    let adapter = fields.model.as_deref().filter(|model| *model != shape.key_pool().model);
+    let namespace = Namespace { adapter: adapter.map(kvgate_index::Adapter::Name), cache_salt: None }
+        .with_salt(fields.cache_salt.as_deref());
+    Ok(Prepared { shape, key, prompt_tokens, session, namespace })
 }
 
 /// The pools of the request's model (a copy of the registry's handles, so no snapshot is held

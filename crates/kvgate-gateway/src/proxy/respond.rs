@@ -10,6 +10,7 @@ use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::Decision;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::accuracy::{Probe, UsageTap};
 use crate::body::{InFlight, MeteredBody, RequestTail};
 use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
@@ -35,6 +36,8 @@ pub(super) struct Served {
     pub decision: Decision,
     /// The prefill side of a disaggregated pair.
     pub prefill: Option<(Arc<Worker>, Decision)>,
+    /// What the exact index predicted cached on `worker` (requests routed on token ids).
+    pub probe: Option<Probe>,
 }
 
 /// What a failed attempt left, returned to the client when no retry is possible.
@@ -66,7 +69,7 @@ pub(super) fn failure_response(
     permit: Option<OwnedSemaphorePermit>,
 ) -> Response {
     let error = match failure {
-        Failure::Response(served) => return respond(state, endpoint, started, *served, permit),
+        Failure::Response(served) => return respond(state, endpoint, started, *served, permit, false),
         Failure::Unreachable(message) => ApiError::UpstreamUnreachable(message),
         Failure::TimedOut(secs) => ApiError::UpstreamTimeout(secs),
     };
@@ -110,14 +113,17 @@ fn routing_headers(
     }
 }
 
+/// The answer to the client; `strip_usage` when the gateway asked a stream for its usage chunk
+/// on the client's behalf (it is left out again).
 pub(super) fn respond(
     state: &AppState,
     endpoint: Endpoint,
     started: Instant,
     served: Served,
     permit: Option<OwnedSemaphorePermit>,
+    strip_usage: bool,
 ) -> Response {
-    let Served { response, in_flight, worker, decision, prefill } = served;
+    let Served { response, in_flight, worker, decision, prefill, probe } = served;
     let (mut parts, body) = response.into_parts();
     let hop_by_hop: Vec<HeaderName> = parts.headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
     for name in hop_by_hop {
@@ -133,6 +139,11 @@ pub(super) fn respond(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    // The closed loop reads successful answers only; a stream asked for its usage chunk is
+    // always read, so that the chunk is left out.
+    let probe = probe.filter(|_| parts.status.is_success()).map(|probe| (probe, worker.clone()));
+    let usage = (probe.is_some() || (strip_usage && event_stream))
+        .then(|| UsageTap::new(probe, event_stream, strip_usage && event_stream));
     let tail = RequestTail {
         endpoint,
         started,
@@ -140,6 +151,7 @@ pub(super) fn respond(
         in_flight,
         permit,
         worker_url: event_stream.then(|| worker.url.clone()),
+        usage,
     };
     Response::from_parts(parts, Body::new(MeteredBody::new(body, tail)))
 }

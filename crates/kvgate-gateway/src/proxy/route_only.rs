@@ -71,7 +71,7 @@ async fn decide(
     let fields = RequestFields::parse(body).map_err(ApiError::BadRequest)?;
     let endpoint = endpoint(query, &fields)?;
     let prepared = prepare(state, endpoint, &fields, headers, body).await?;
-    Ok(match prepared.shape.dry_run(state, &prepared.route_request())? {
+    Ok(match prepared.shape.dry_run(state, &prepared.route_request(), prepared.namespace)? {
         RoutePlan::Single(pick) => describe(&pick, endpoint),
         RoutePlan::Pair { prefill, decode } => {
             json!({"endpoint": endpoint.label(), "prefill": describe(&prefill, endpoint), "decode": describe(&decode, endpoint)})

@@ -1,40 +1,58 @@
-//! One engine cache's side of the block index: the engine's own block hashes mapped to kvgate's
-//! content hashes, per storage medium, applied to the shared index as stored and removed events
-//! arrive.
+//! One engine cache's side of the block index: per KV-cache group, the engine's own block hashes
+//! mapped to kvgate's content hashes and the tiers holding each block, applied to the shared
+//! index as stored and removed events arrive.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use nohash_hasher::IntMap;
+use smallvec::SmallVec;
 
-use super::hash::{content_hash, ROOT_HASH};
-use super::{BlockIndex, CacheId};
+use super::hash::{block_content, ChainRoot, Namespace};
+use super::residency::Residency;
+use super::{BlockIndex, CacheId, Layout};
 
 /// A `BlockStored` event, as the index needs it.
 #[derive(Clone, Copy, Debug)]
 pub struct StoredBlocks<'a> {
+    /// The KV-cache group (0 for engines with one).
+    pub group: u32,
     /// The engine's hashes of the stored blocks, in prompt order.
     pub block_hashes: &'a [u64],
-    /// The engine's hash of the block before the first one (`None`: the prompt's first block).
+    /// The engine's hash of the block before the first one (`None`: the chain's first block).
     pub parent_block_hash: Option<u64>,
-    /// Tokens of all stored blocks, `block_size` per block.
+    /// Tokens of all stored blocks, `block_size` per block. Empty with `block_size` 0: a tier
+    /// placeholder (vLLM's offloading connector), which names blocks without their content.
     pub token_ids: &'a [u32],
     pub block_size: u32,
-    /// Where the blocks live (`None` or `"GPU"`: the engine's main cache; e.g. `"CPU"`: an
-    /// offload tier). A block counts as held while any medium holds it.
-    pub medium: Option<&'a str>,
+    /// Per block, the tokens after it that its hash covers, the same number for every block
+    /// (EAGLE); empty when none.
+    pub lookahead: &'a [u32],
+    /// Per block, a digest of the extra keys kvgate cannot reproduce from a request (multimodal
+    /// items; 0: none), or empty when no block has any.
+    pub opaque: &'a [u64],
+    /// Whose blocks these are, when the chain starts here (a continuation inherits its
+    /// parent's).
+    pub namespace: Namespace<'a>,
+    /// The tier copy the event reports.
+    pub residency: &'a Residency,
 }
 
 /// Why a stored event was not applied. The index is unchanged when one is returned.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ApplyError {
-    #[error("block_size must be at least 1")]
+    #[error(
+        "block_size 0 with token ids: only an offload placeholder has no block size, and it has no tokens"
+    )]
     ZeroBlockSize,
     #[error("{tokens} token ids do not fill {blocks} blocks of {block_size}")]
     TokenCount { tokens: usize, blocks: usize, block_size: u32 },
-    #[error("block size {got} differs from the model's {known}")]
-    BlockSizeMismatch { got: u32, known: usize },
+    #[error("{lookahead} lookahead tokens or {opaque} extra-key digests for {blocks} blocks")]
+    PerBlockCount { lookahead: usize, opaque: usize, blocks: usize },
     #[error("parent block {0:#x} is not in this cache's index (its store was missed or removed)")]
     UnknownParent(u64),
+    #[error("a {got:?} layout would make more than {max} ways to cut a prompt", max = super::MAX_LAYOUTS)]
+    TooManyLayouts { got: Layout },
     #[error("{adding} new blocks would take the cache past its bound of {max} blocks ({held} held)")]
     OverCapacity { held: usize, adding: usize, max: usize },
 }
@@ -42,8 +60,29 @@ pub enum ApplyError {
 #[derive(Clone, Copy, Debug)]
 struct EngineBlock {
     content: u64,
-    /// One bit per medium holding the block.
-    media: u8,
+    /// One bit per residency holding the block.
+    tiers: u16,
+}
+
+/// The engine blocks of one KV-cache group, by engine hash.
+type Group = IntMap<u64, EngineBlock>;
+
+/// How many engine blocks of this cache name one content (more than one is rare: an engine
+/// hash reused, or keys kvgate does not model), and the tiers they hold it in together.
+#[derive(Clone, Copy, Debug)]
+struct ContentRef {
+    refs: u32,
+    tiers: u16,
+}
+
+/// One block as [`CacheBlocks::holdings`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HeldBlock {
+    pub group: u32,
+    pub engine_hash: u64,
+    /// kvgate's content hash ([`block_content`] chained from its [`ChainRoot`]).
+    pub content: u64,
+    pub residencies: Vec<Residency>,
 }
 
 /// The blocks one engine cache holds, as the index knows them. One writer per cache: whoever
@@ -53,14 +92,13 @@ pub struct CacheBlocks {
     index: Arc<BlockIndex>,
     id: CacheId,
     key: u64,
-    engine: IntMap<u64, EngineBlock>,
-    /// Content hashes held through more than one engine hash: how many more (rare; an engine
-    /// that hashes extra keys, e.g. a cache salt, names the same tokens twice).
-    extra_refs: IntMap<u64, u32>,
-    /// Distinct content hashes held.
-    distinct: usize,
-    /// Medium names seen, by bit; bit 0 is the main cache (`None` or "GPU").
-    media: Vec<String>,
+    groups: SmallVec<[(u32, Group); 1]>,
+    contents: IntMap<u64, ContentRef>,
+    /// Tier copies named for blocks this cache does not hold (yet): an offload placeholder for
+    /// a hash whose own store is missing. A later store of the hash picks them up.
+    pending: HashMap<(u32, u64), u16>,
+    /// This writer's view of the index's residency bits, with each one's tier weight.
+    bits: Vec<(Residency, u16, f64)>,
     /// Most engine blocks held: what the engine can hold, as its host knows it.
     max_blocks: usize,
 }
@@ -72,10 +110,10 @@ impl CacheBlocks {
             index,
             id,
             key: id.key(),
-            engine: IntMap::default(),
-            extra_refs: IntMap::default(),
-            distinct: 0,
-            media: Vec::new(),
+            groups: SmallVec::new(),
+            contents: IntMap::default(),
+            pending: HashMap::new(),
+            bits: Vec::new(),
             max_blocks: usize::MAX,
         }
     }
@@ -97,133 +135,234 @@ impl CacheBlocks {
 
     /// Distinct blocks (by content) this cache holds.
     pub fn len(&self) -> usize {
-        self.distinct
+        self.contents.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.distinct == 0
+        self.contents.is_empty()
     }
 
-    /// Applies a `BlockStored` event. A block already held gains the medium.
+    /// kvgate's content hash of an engine block this cache holds.
+    pub fn content_of(&self, group: u32, engine_hash: u64) -> Option<u64> {
+        self.group(group).and_then(|blocks| blocks.get(&engine_hash)).map(|block| block.content)
+    }
+
+    /// Every block this cache holds, sorted by (group, engine hash).
+    pub fn holdings(&self) -> Vec<HeldBlock> {
+        let mut all: Vec<HeldBlock> = self
+            .groups
+            .iter()
+            .flat_map(|(group, blocks)| {
+                blocks.iter().map(|(&engine_hash, block)| HeldBlock {
+                    group: *group,
+                    engine_hash,
+                    content: block.content,
+                    residencies: self.index.residencies(block.tiers),
+                })
+            })
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// Applies a `BlockStored` event. A block already held gains the residency.
     pub fn apply_stored(&mut self, stored: StoredBlocks<'_>) -> Result<(), ApplyError> {
-        let block_size = stored.block_size;
-        if block_size == 0 {
-            return Err(ApplyError::ZeroBlockSize);
+        if stored.block_size == 0 {
+            return match stored.token_ids.is_empty() {
+                true => {
+                    self.apply_placeholder(stored);
+                    Ok(())
+                }
+                false => Err(ApplyError::ZeroBlockSize),
+            };
         }
-        let blocks = stored.block_hashes.len();
-        if stored.token_ids.len() != blocks * block_size as usize {
-            return Err(ApplyError::TokenCount { tokens: stored.token_ids.len(), blocks, block_size });
+        let (blocks, block_size) = (stored.block_hashes.len(), stored.block_size as usize);
+        if stored.token_ids.len() != blocks * block_size {
+            return Err(ApplyError::TokenCount {
+                tokens: stored.token_ids.len(),
+                blocks,
+                block_size: stored.block_size,
+            });
         }
+        let per_block =
+            |len: usize| if blocks == 0 { Some(0) } else { len.is_multiple_of(blocks).then(|| len / blocks) };
+        let lookahead = per_block(stored.lookahead.len());
+        let opaque_ok = stored.opaque.is_empty() || stored.opaque.len() == blocks;
+        let Some(lookahead) = lookahead.filter(|_| opaque_ok) else {
+            return Err(ApplyError::PerBlockCount {
+                lookahead: stored.lookahead.len(),
+                opaque: stored.opaque.len(),
+                blocks,
+            });
+        };
+        let group = stored.group;
         let mut parent = match stored.parent_block_hash {
-            None => ROOT_HASH,
-            Some(engine_hash) => match self.engine.get(&engine_hash) {
-                Some(block) => block.content,
+            None => ChainRoot { namespace: stored.namespace, group, lookahead: lookahead as u32 }.hash(),
+            Some(engine_hash) => match self.content_of(group, engine_hash) {
+                Some(content) => content,
                 None => return Err(ApplyError::UnknownParent(engine_hash)),
             },
         };
-        if self.engine.len().saturating_add(blocks) > self.max_blocks {
-            let adding = stored.block_hashes.iter().filter(|hash| !self.engine.contains_key(hash)).count();
-            if self.engine.len() + adding > self.max_blocks {
-                let held = self.engine.len();
-                return Err(ApplyError::OverCapacity { held, adding, max: self.max_blocks });
+        if self.len().saturating_add(blocks) > self.max_blocks {
+            let held_group = self.group(group);
+            let adding = stored
+                .block_hashes
+                .iter()
+                .filter(|hash| !held_group.is_some_and(|held| held.contains_key(hash)))
+                .count();
+            if self.len() + adding > self.max_blocks {
+                return Err(ApplyError::OverCapacity { held: self.len(), adding, max: self.max_blocks });
             }
         }
-        if !self.index.accept_block_size(block_size) {
-            return Err(ApplyError::BlockSizeMismatch { got: block_size, known: self.index.block_size() });
+        let layout = Layout { block_size: stored.block_size, lookahead: lookahead as u32 };
+        if group == 0 && !self.index.accept_layout(layout) {
+            return Err(ApplyError::TooManyLayouts { got: layout });
         }
-        let bit = self.medium_bit(stored.medium);
-        let chunks = stored.token_ids.chunks_exact(block_size as usize);
-        for (&engine_hash, tokens) in stored.block_hashes.iter().zip(chunks) {
-            let content = content_hash(parent, tokens);
+        let bit = self.bit(stored.residency);
+        for (i, &engine_hash) in stored.block_hashes.iter().enumerate() {
+            let tokens = &stored.token_ids[i * block_size..(i + 1) * block_size];
+            let after = &stored.lookahead[i * lookahead..(i + 1) * lookahead];
+            let opaque = stored.opaque.get(i).copied().unwrap_or(0);
+            let content = block_content(parent, tokens, after, opaque);
             parent = content;
-            match self.engine.get_mut(&engine_hash) {
-                Some(block) if block.content == content => block.media |= bit,
+            match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
+                Some(block) if block.content == content => {
+                    self.set_tiers(group, engine_hash, block.tiers | bit)
+                }
                 Some(_) => {
                     // The engine reused a hash for other content: the old block is gone.
-                    self.forget(engine_hash);
-                    self.hold(engine_hash, content, bit);
+                    self.forget(group, engine_hash);
+                    self.hold(group, engine_hash, content, bit);
                 }
-                None => self.hold(engine_hash, content, bit),
+                None => {
+                    let tiers = bit | self.pending.remove(&(group, engine_hash)).unwrap_or(0);
+                    self.hold(group, engine_hash, content, tiers);
+                }
             }
         }
         self.index.set_size(self.key, self.len());
         Ok(())
     }
 
-    /// Applies a `BlockRemoved` event; returns how many of the hashes were unknown (ignored).
-    pub fn apply_removed(&mut self, block_hashes: &[u64], medium: Option<&str>) -> usize {
-        let bit = self.medium_bit(medium);
+    /// A placeholder names each hash as held in its tier: a block held already gains the
+    /// residency, an unknown hash is remembered for when its store arrives.
+    fn apply_placeholder(&mut self, stored: StoredBlocks<'_>) {
+        let bit = self.bit(stored.residency);
+        for &engine_hash in stored.block_hashes {
+            match self.group(stored.group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
+                Some(block) => self.set_tiers(stored.group, engine_hash, block.tiers | bit),
+                None => *self.pending.entry((stored.group, engine_hash)).or_insert(0) |= bit,
+            }
+        }
+    }
+
+    /// Applies a `BlockRemoved` event: the blocks leave that tier, and the index once no tier
+    /// holds them. Returns how many of the hashes named nothing this cache holds (ignored).
+    pub fn apply_removed(&mut self, group: u32, block_hashes: &[u64], residency: &Residency) -> usize {
+        let bit = self.bit(residency);
         let mut unknown = 0;
         for &engine_hash in block_hashes {
-            match self.engine.get_mut(&engine_hash) {
-                Some(block) => {
-                    block.media &= !bit;
-                    if block.media == 0 {
-                        self.forget(engine_hash);
+            match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
+                Some(block) if block.tiers & !bit == 0 => self.forget(group, engine_hash),
+                Some(block) => self.set_tiers(group, engine_hash, block.tiers & !bit),
+                None => match self.pending.get_mut(&(group, engine_hash)) {
+                    Some(tiers) => {
+                        *tiers &= !bit;
+                        if *tiers == 0 {
+                            self.pending.remove(&(group, engine_hash));
+                        }
                     }
-                }
-                None => unknown += 1,
+                    None => unknown += 1,
+                },
             }
         }
         self.index.set_size(self.key, self.len());
         unknown
     }
 
-    /// Forgets every block of this cache (`AllBlocksCleared`, a gap in the event stream, an
-    /// engine restart).
+    /// Forgets every block of this cache (`AllBlocksCleared`, an engine restart, a gap replay
+    /// could not fill).
     pub fn clear(&mut self) {
-        for block in self.engine.values() {
-            // A content held twice is removed once; the second call finds nothing.
-            self.index.remove_holder(block.content, self.key);
+        for &content in self.contents.keys() {
+            self.index.remove_holder(content, self.key);
         }
-        self.engine.clear();
-        self.extra_refs.clear();
-        self.distinct = 0;
+        self.groups.clear();
+        self.contents.clear();
+        self.pending.clear();
         self.index.set_size(self.key, 0);
     }
 
-    fn hold(&mut self, engine_hash: u64, content: u64, bit: u8) {
-        self.engine.insert(engine_hash, EngineBlock { content, media: bit });
-        if self.index.add_holder(content, self.key) {
-            self.distinct += 1;
-        } else {
-            *self.extra_refs.entry(content).or_insert(0) += 1;
-        }
+    fn group(&self, group: u32) -> Option<&Group> {
+        self.groups.iter().find(|(idx, _)| *idx == group).map(|(_, blocks)| blocks)
     }
 
-    fn forget(&mut self, engine_hash: u64) {
-        let Some(block) = self.engine.remove(&engine_hash) else { return };
-        match self.extra_refs.get_mut(&block.content) {
-            Some(extra) => {
-                *extra -= 1;
-                if *extra == 0 {
-                    self.extra_refs.remove(&block.content);
-                }
-            }
+    fn group_mut(&mut self, group: u32) -> &mut Group {
+        let at = match self.groups.iter().position(|(idx, _)| *idx == group) {
+            Some(at) => at,
             None => {
-                self.index.remove_holder(block.content, self.key);
-                self.distinct -= 1;
+                self.groups.push((group, Group::default()));
+                self.groups.len() - 1
             }
+        };
+        &mut self.groups[at].1
+    }
+
+    fn hold(&mut self, group: u32, engine_hash: u64, content: u64, tiers: u16) {
+        self.group_mut(group).insert(engine_hash, EngineBlock { content, tiers });
+        let entry = self.contents.entry(content).or_insert(ContentRef { refs: 0, tiers: 0 });
+        entry.refs += 1;
+        entry.tiers |= tiers;
+        let tiers = entry.tiers;
+        self.index.set_holder(content, self.key, tiers);
+    }
+
+    /// Sets a held block's tiers (never empty: a block no tier holds is forgotten).
+    fn set_tiers(&mut self, group: u32, engine_hash: u64, tiers: u16) {
+        let blocks = self.group_mut(group);
+        let Some(block) = blocks.get_mut(&engine_hash) else { return };
+        block.tiers = tiers;
+        let content = block.content;
+        let Some(entry) = self.contents.get_mut(&content) else { return };
+        // One engine block per content (the rule): its tiers are the content's. With more
+        // (rare), tiers are only added until the others are gone.
+        let before = entry.tiers;
+        entry.tiers = if entry.refs == 1 { tiers } else { entry.tiers | tiers };
+        let after = entry.tiers;
+        // Queries read a holder's best tier weight only: a copy in a slower tier next to a GPU
+        // copy (every offloaded block) changes nothing there, and costs no shard write.
+        if self.best_weight(before) != self.best_weight(after) {
+            self.index.set_holder(content, self.key, after);
         }
     }
 
-    /// The bit of a medium name; the main cache (`None`, "GPU") is bit 0, at most 8 media (the
-    /// eighth and later share the last bit).
-    fn medium_bit(&mut self, medium: Option<&str>) -> u8 {
-        let name = match medium {
-            None => return 1,
-            Some(name) if name.eq_ignore_ascii_case("gpu") => return 1,
-            Some(name) => name,
-        };
-        let position = match self.media.iter().position(|known| known == name) {
-            Some(position) => position,
-            None if self.media.len() < 7 => {
-                self.media.push(name.to_string());
-                self.media.len() - 1
-            }
-            None => 6,
-        };
-        1 << (position + 1)
+    /// The best weight among `tiers` (the bits this writer interned).
+    fn best_weight(&self, tiers: u16) -> f64 {
+        self.bits
+            .iter()
+            .filter(|(_, bit, _)| tiers & bit != 0)
+            .map(|(_, _, weight)| *weight)
+            .fold(0.0, f64::max)
+    }
+
+    fn forget(&mut self, group: u32, engine_hash: u64) {
+        let Some(block) = self.group_mut(group).remove(&engine_hash) else { return };
+        let Some(entry) = self.contents.get_mut(&block.content) else { return };
+        entry.refs -= 1;
+        if entry.refs == 0 {
+            self.contents.remove(&block.content);
+            self.index.remove_holder(block.content, self.key);
+        }
+    }
+
+    /// The index's bit for a residency, cached by this writer.
+    fn bit(&mut self, residency: &Residency) -> u16 {
+        if let Some((_, bit, _)) = self.bits.iter().find(|(known, ..)| known == residency) {
+            return *bit;
+        }
+        let bit = self.index.residency_bit(residency);
+        let weight = self.index.tier_weights().weight(&residency.medium);
+        self.bits.push((residency.clone(), bit, weight));
+        bit
     }
 }
 

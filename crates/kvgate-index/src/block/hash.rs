@@ -1,6 +1,8 @@
-//! kvgate's block content hash: xxh3 of a block's token ids, seeded with its parent's hash.
+//! kvgate's block content hash: xxh3 of a block's token ids, seeded with its parent's hash, and
+//! the chain roots that keep the blocks of one adapter, salt, KV-cache group or lookahead layout
+//! apart from everyone else's.
 
-/// The "parent" of a prompt's first block.
+/// The "parent" of a base-model prompt's first block (group 0, no salt, no lookahead).
 pub const ROOT_HASH: u64 = 0x6b76_6761_7465_5f30;
 
 /// Content hash of one KV block: xxh3-64 of its token ids (native byte order) seeded with the
@@ -9,6 +11,94 @@ pub const ROOT_HASH: u64 = 0x6b76_6761_7465_5f30;
 #[inline]
 pub fn content_hash(parent: u64, tokens: &[u32]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(bytemuck::cast_slice(tokens), parent)
+}
+
+/// The content hash of a block whose hash also covers the `lookahead` tokens after it (EAGLE:
+/// vLLM's `lookahead_token_ids`, SGLang's bigram pages), and `opaque`, a digest of extra keys
+/// kvgate cannot reproduce from a request (multimodal items; 0: none). With no lookahead and no
+/// opaque key this is [`content_hash`].
+#[inline]
+pub fn block_content(parent: u64, tokens: &[u32], lookahead: &[u32], opaque: u64) -> u64 {
+    let mut hash = content_hash(parent, tokens);
+    if !lookahead.is_empty() {
+        hash = content_hash(hash ^ LOOKAHEAD_MIX, lookahead);
+    }
+    if opaque != 0 {
+        hash = xxhash_rust::xxh3::xxh3_64_with_seed(&opaque.to_le_bytes(), hash ^ OPAQUE_MIX);
+    }
+    hash
+}
+
+const LOOKAHEAD_MIX: u64 = 0x6c6f_6f6b_6168_6561;
+const OPAQUE_MIX: u64 = 0x6f70_6171_7565_6b65;
+
+/// Whose blocks a chain holds: the base model's or one LoRA adapter's, with or without a cache
+/// salt. A request only matches blocks of its own namespace (vLLM and SGLang hash both in).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Namespace<'a> {
+    pub adapter: Option<Adapter<'a>>,
+    /// The request's `cache_salt` (vLLM, SGLang): its blocks are only ever shared with requests
+    /// carrying the same salt.
+    pub cache_salt: Option<&'a str>,
+}
+
+/// A LoRA adapter as an engine names its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Adapter<'a> {
+    /// `lora_name` (vLLM 0.2x on, SGLang): the name requests use as their `model`.
+    Name(&'a str),
+    /// Only `lora_id` (vLLM 0.10): an integer no request names, so those blocks match nothing.
+    Id(i64),
+}
+
+impl<'a> Namespace<'a> {
+    pub const BASE: Namespace<'static> = Namespace { adapter: None, cache_salt: None };
+
+    /// The namespace of requests for `adapter` (a model name that is a LoRA adapter).
+    pub fn adapter(name: &'a str) -> Self {
+        Namespace { adapter: Some(Adapter::Name(name)), cache_salt: None }
+    }
+
+    pub fn with_salt(self, cache_salt: Option<&'a str>) -> Self {
+        Namespace { cache_salt, ..self }
+    }
+}
+
+/// Where a block's chain hangs: one root per namespace, KV-cache group and lookahead length, so
+/// that chains of different kinds never share a key in the index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainRoot<'a> {
+    pub namespace: Namespace<'a>,
+    pub group: u32,
+    pub lookahead: u32,
+}
+
+impl ChainRoot<'_> {
+    /// The parent hash of the chain's first block; [`ROOT_HASH`] for the base model's group 0.
+    pub fn hash(&self) -> u64 {
+        let ns = self.namespace;
+        if ns.adapter.is_none() && ns.cache_salt.is_none() && self.group == 0 && self.lookahead == 0 {
+            return ROOT_HASH;
+        }
+        // A length-prefixed rendering: no two roots write the same bytes.
+        let mut bytes = Vec::with_capacity(64);
+        bytes.extend_from_slice(&self.group.to_le_bytes());
+        bytes.extend_from_slice(&self.lookahead.to_le_bytes());
+        let mut text = |tag: u8, value: &[u8]| {
+            bytes.push(tag);
+            bytes.extend_from_slice(&(value.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(value);
+        };
+        match ns.adapter {
+            None => {}
+            Some(Adapter::Name(name)) => text(b'n', name.as_bytes()),
+            Some(Adapter::Id(id)) => text(b'i', &id.to_le_bytes()),
+        }
+        if let Some(salt) = ns.cache_salt {
+            text(b's', salt.as_bytes());
+        }
+        xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, ROOT_HASH)
+    }
 }
 
 #[cfg(test)]
@@ -23,5 +113,30 @@ mod tests {
         let second = content_hash(first, &tokens[16..]);
         assert_ne!(second, content_hash(ROOT_HASH, &tokens[16..]), "the parent is part of the hash");
         assert_ne!(first, content_hash(ROOT_HASH, &tokens[..15]));
+        assert_eq!(block_content(first, &tokens[16..], &[], 0), second);
+        assert_ne!(block_content(first, &tokens[16..], &[32], 0), second, "the lookahead is part of it");
+        assert_ne!(block_content(first, &tokens[16..], &[], 7), second, "and so are opaque keys");
+    }
+
+    #[test]
+    fn every_namespace_group_and_layout_has_its_own_root() {
+        let root = |adapter, cache_salt, group, lookahead| {
+            ChainRoot { namespace: Namespace { adapter, cache_salt }, group, lookahead }.hash()
+        };
+        let roots = [
+            root(None, None, 0, 0),
+            root(Some(Adapter::Name("sql")), None, 0, 0),
+            root(Some(Adapter::Name("sq")), Some("l"), 0, 0),
+            root(Some(Adapter::Id(7)), None, 0, 0),
+            root(None, Some("sql"), 0, 0),
+            root(None, None, 1, 0),
+            root(None, None, 0, 1),
+        ];
+        assert_eq!(roots[0], ROOT_HASH);
+        for (i, a) in roots.iter().enumerate() {
+            for b in &roots[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 }

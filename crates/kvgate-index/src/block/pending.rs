@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::hash::{content_hash, ROOT_HASH};
+use super::hash::{block_content, ChainRoot, Namespace};
 use super::{BlockIndex, CacheId, SHARDS};
 use crate::TenantId;
 
@@ -36,26 +36,30 @@ impl InFlightBlocks {
         Self { index, refs: (0..SHARDS).map(|_| Mutex::new(Refs::default())).collect() }
     }
 
-    /// Counts `tokens`' whole blocks as held by `worker` until the returned prompt is removed.
-    /// Nothing is added before the index knows its block size (no event seen yet).
-    pub fn add(&self, worker: TenantId, tokens: &[u32]) -> InFlightPrompt {
-        let block_size = self.index.block_size();
+    /// Counts `tokens`' whole blocks (in `namespace`, cut as every layout the index walks) as
+    /// held in GPU memory by `worker` until the returned prompt is removed. Nothing is added
+    /// before the index knows a layout (no event seen yet).
+    pub fn add(&self, worker: TenantId, tokens: &[u32], namespace: Namespace<'_>) -> InFlightPrompt {
         let mut prompt = InFlightPrompt { worker, hashes: Vec::new() };
-        if block_size == 0 {
-            return prompt;
-        }
         let key = Self::key(worker);
-        let mut parent = ROOT_HASH;
-        prompt.hashes.reserve(tokens.len() / block_size);
-        for block in tokens.chunks_exact(block_size) {
-            let hash = content_hash(parent, block);
-            parent = hash;
-            prompt.hashes.push(hash);
-            let mut refs = self.refs[self.index.shard_of(hash)].lock().unwrap_or_else(|p| p.into_inner());
-            let count = refs.entry((hash, key)).or_insert(0);
-            *count += 1;
-            if *count == 1 {
-                self.index.add_holder(hash, key);
+        for layout in self.index.layouts() {
+            let (block_size, lookahead) = (layout.block_size as usize, layout.lookahead as usize);
+            let blocks = tokens.len().saturating_sub(lookahead) / block_size;
+            let mut parent = ChainRoot { namespace, group: 0, lookahead: layout.lookahead }.hash();
+            prompt.hashes.reserve(blocks);
+            for i in 0..blocks {
+                let start = i * block_size;
+                let after = &tokens[start + block_size..start + block_size + lookahead];
+                let hash = block_content(parent, &tokens[start..start + block_size], after, 0);
+                parent = hash;
+                prompt.hashes.push(hash);
+                let mut refs = self.refs[self.index.shard_of(hash)].lock().unwrap_or_else(|p| p.into_inner());
+                let count = refs.entry((hash, key)).or_insert(0);
+                *count += 1;
+                if *count == 1 {
+                    // In flight means being prefilled on the GPU: the GPU tier (bit 0).
+                    self.index.set_holder(hash, key, 1);
+                }
             }
         }
         prompt
@@ -97,11 +101,11 @@ impl InFlightBlocks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CacheBlocks, PrefixMatch, StoredBlocks};
+    use crate::{CacheBlocks, PrefixMatch, Residency, StoredBlocks};
 
     fn matched(index: &BlockIndex, tokens: &[u32], worker: TenantId) -> usize {
         let mut out = PrefixMatch::default();
-        index.overlap(tokens, &mut out);
+        index.overlap(tokens, Namespace::BASE, &mut out);
         out.matched(worker)
     }
 
@@ -110,27 +114,31 @@ mod tests {
         let index = Arc::new(BlockIndex::new());
         let in_flight = InFlightBlocks::new(index.clone());
         let tokens: Vec<u32> = (0..10).collect();
-        let early = in_flight.add(1, &tokens);
+        let early = in_flight.add(1, &tokens, Namespace::BASE);
         assert_eq!(matched(&index, &tokens, 1), 0, "no block size known before the first event");
         in_flight.remove(early);
         let mut engine = CacheBlocks::new(index.clone(), CacheId { worker: 2, rank: 0 });
         let event = StoredBlocks {
+            group: 0,
             block_hashes: &[9],
             parent_block_hash: None,
             token_ids: &[0, 1],
             block_size: 2,
-            medium: None,
+            lookahead: &[],
+            opaque: &[],
+            namespace: Namespace::BASE,
+            residency: &Residency::gpu(),
         };
         engine.apply_stored(event).unwrap();
-        let first = in_flight.add(1, &tokens);
-        let second = in_flight.add(1, &tokens[..6]);
+        let first = in_flight.add(1, &tokens, Namespace::BASE);
+        let second = in_flight.add(1, &tokens[..6], Namespace::BASE);
         assert_eq!((matched(&index, &tokens, 1), matched(&index, &tokens, 2)), (10, 2));
         in_flight.remove(first);
         assert_eq!(matched(&index, &tokens, 1), 6, "the shorter request is still in flight");
         in_flight.remove(second);
         assert_eq!(matched(&index, &tokens, 1), 0);
         assert_eq!(index.len(), 1, "only the engine's block is left");
-        let third = in_flight.add(3, &tokens);
+        let third = in_flight.add(3, &tokens, Namespace::BASE);
         in_flight.remove_worker(3);
         assert_eq!(matched(&index, &tokens, 3), 0);
         in_flight.remove(third); // after its worker left: nothing to undo

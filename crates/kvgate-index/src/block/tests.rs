@@ -10,21 +10,45 @@ use super::*;
 
 const BS: u32 = 2;
 
+fn gpu() -> &'static Residency {
+    static GPU: std::sync::OnceLock<Residency> = std::sync::OnceLock::new();
+    GPU.get_or_init(Residency::gpu)
+}
+
 fn stored<'a>(hashes: &'a [u64], parent: Option<u64>, tokens: &'a [u32]) -> StoredBlocks<'a> {
     StoredBlocks {
+        group: 0,
         block_hashes: hashes,
         parent_block_hash: parent,
         token_ids: tokens,
         block_size: BS,
-        medium: None,
+        lookahead: &[],
+        opaque: &[],
+        namespace: Namespace::BASE,
+        residency: gpu(),
     }
 }
 
 fn overlap(index: &BlockIndex, tokens: &[u32]) -> Vec<(TenantId, usize)> {
+    overlap_in(index, tokens, Namespace::BASE)
+}
+
+fn overlap_in(index: &BlockIndex, tokens: &[u32], namespace: Namespace<'_>) -> Vec<(TenantId, usize)> {
     let mut out = PrefixMatch::default();
-    index.overlap(tokens, &mut out);
+    index.overlap(tokens, namespace, &mut out);
     assert_eq!(out.query_len(), tokens.len());
     out.iter().collect()
+}
+
+/// (tenant, matched, credited) for every tenant that matched.
+fn credited(index: &BlockIndex, tokens: &[u32]) -> Vec<(TenantId, usize, usize)> {
+    let mut out = PrefixMatch::default();
+    index.overlap(tokens, Namespace::BASE, &mut out);
+    out.iter().map(|(tenant, matched)| (tenant, matched, out.credited(tenant))).collect()
+}
+
+fn residency(medium: &str) -> Residency {
+    Residency::of(Some(medium), None, None)
 }
 
 #[test]
@@ -37,7 +61,7 @@ fn a_chain_of_events_is_matched_block_by_block() {
     assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6, 7]), [(7, 6)]);
     assert_eq!(overlap(&index, &[1, 2, 3, 9, 5, 6]), [(7, 2)], "a different second block stops the match");
     assert_eq!(overlap(&index, &[3, 4, 5, 6]), [], "blocks are chained: the same tokens elsewhere differ");
-    assert_eq!(cache.apply_removed(&[11, 99], None), 1, "an unknown hash is ignored and counted");
+    assert_eq!(cache.apply_removed(0, &[11, 99], gpu()), 1, "an unknown hash is ignored and counted");
     assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(7, 2)], "a hole stops the match");
     assert_eq!(index.worker_blocks(7), 2);
     cache.clear();
@@ -66,7 +90,7 @@ fn a_store_past_the_cache_bound_is_refused_alone() {
         cache.apply_stored(stored(&[4], Some(3), &[7, 8])),
         Err(ApplyError::OverCapacity { .. })
     ));
-    assert_eq!(cache.apply_removed(&[3], None), 0);
+    assert_eq!(cache.apply_removed(0, &[3], gpu()), 0);
     cache.apply_stored(stored(&[4], Some(2), &[7, 8])).unwrap();
     assert_eq!(overlap(&index, &[1, 2, 3, 4, 7, 8]), [(3, 6)]);
 }
@@ -80,12 +104,25 @@ fn bad_events_are_refused_whole() {
         cache.apply_stored(stored(&[1, 2], None, &[1, 2, 3])),
         Err(ApplyError::TokenCount { tokens: 3, blocks: 2, block_size: 2 })
     );
-    let zero = StoredBlocks { block_size: 0, ..stored(&[], None, &[]) };
+    let zero = StoredBlocks { block_size: 0, ..stored(&[1], None, &[1, 2]) };
     assert_eq!(cache.apply_stored(zero), Err(ApplyError::ZeroBlockSize));
-    cache.apply_stored(stored(&[1], None, &[1, 2])).unwrap();
-    let other_size = StoredBlocks { block_size: 1, ..stored(&[2], None, &[9]) };
-    assert_eq!(cache.apply_stored(other_size), Err(ApplyError::BlockSizeMismatch { got: 1, known: 2 }));
-    assert_eq!(index.len(), 1);
+    let lookahead = StoredBlocks { lookahead: &[3, 4, 5], ..stored(&[1, 2], None, &[1, 2, 3, 4]) };
+    assert_eq!(
+        cache.apply_stored(lookahead),
+        Err(ApplyError::PerBlockCount { lookahead: 3, opaque: 0, blocks: 2 })
+    );
+    assert!(index.is_empty());
+    for size in 1..=MAX_LAYOUTS as u32 {
+        let tokens: Vec<u32> = (0..size).collect();
+        let hashes = [u64::from(size)];
+        let event = StoredBlocks { block_size: size, ..stored(&hashes, None, &tokens) };
+        cache.apply_stored(event).unwrap();
+    }
+    let fifth = StoredBlocks { block_size: 9, ..stored(&[9], None, &[0; 9]) };
+    let layout = Layout { block_size: 9, lookahead: 0 };
+    assert_eq!(cache.apply_stored(fifth), Err(ApplyError::TooManyLayouts { got: layout }));
+    assert_eq!(index.len(), MAX_LAYOUTS);
+    assert_eq!(index.block_size(), 1, "the first layout seen");
 }
 
 #[test]
@@ -98,12 +135,13 @@ fn workers_ranks_and_media() {
     rank1.apply_stored(stored(&[1, 2], None, &[1, 2, 3, 4])).unwrap();
     other.apply_stored(stored(&[5, 6, 7], None, &[1, 2, 3, 4, 5, 6])).unwrap();
     assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(1, 6), (3, 4)], "a worker's best rank counts");
-    // Offloaded to the CPU tier, then dropped from the GPU: still held.
-    let cpu = StoredBlocks { medium: Some("CPU"), ..stored(&[5], None, &[1, 2]) };
-    other.apply_stored(cpu).unwrap();
-    other.apply_removed(&[5], Some("GPU"));
+    // Offloaded to the CPU tier, then dropped from the GPU: still held, credited as CPU.
+    let cpu = residency("CPU");
+    other.apply_stored(StoredBlocks { residency: &cpu, ..stored(&[5, 6], None, &[1, 2, 3, 4]) }).unwrap();
+    other.apply_removed(0, &[5, 6], &Residency::of(Some("gpu"), None, None));
     assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(1, 6), (3, 4)]);
-    other.apply_removed(&[5], Some("CPU"));
+    assert_eq!(credited(&index, &[1, 2, 3, 4, 5, 6]), [(1, 6, 4 * 3 / 4 + 2), (3, 4, 4)]);
+    other.apply_removed(0, &[5], &cpu);
     assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(3, 4)]);
     drop(rank1);
     assert_eq!(overlap(&index, &[1, 2, 3, 4]), [(3, 2)], "a dropped writer takes its blocks along");
@@ -116,9 +154,9 @@ fn two_engine_hashes_for_one_content_hold_it_until_both_go() {
     let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 0, rank: 0 });
     cache.apply_stored(stored(&[1], None, &[1, 2])).unwrap();
     cache.apply_stored(stored(&[2], None, &[1, 2])).unwrap();
-    cache.apply_removed(&[1], None);
+    cache.apply_removed(0, &[1], gpu());
     assert_eq!(overlap(&index, &[1, 2]), [(0, 2)]);
-    cache.apply_removed(&[2], None);
+    cache.apply_removed(0, &[2], gpu());
     assert_eq!(overlap(&index, &[1, 2]), []);
 }
 
@@ -144,7 +182,7 @@ fn queries_see_a_growing_prefix_while_a_writer_stores_it() {
                 let mut last = 0;
                 let mut out = PrefixMatch::default();
                 for _ in 0..2_000 {
-                    index.overlap(tokens, &mut out);
+                    index.overlap(tokens, Namespace::BASE, &mut out);
                     let now = out.matched(9);
                     assert!(now >= last && now % 2 == 0, "{last} then {now}");
                     last = now;
@@ -155,9 +193,120 @@ fn queries_see_a_growing_prefix_while_a_writer_stores_it() {
     assert_eq!(overlap(&index, &tokens), [(9, 400)]);
 }
 
+#[test]
+fn groups_are_keyed_apart_and_only_the_first_is_walked() {
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 1, rank: 0 });
+    cache.apply_stored(stored(&[10, 11], None, &[1, 2, 3, 4])).unwrap();
+    // The same engine hashes in a sliding-window group, which then drops its oldest block.
+    cache.apply_stored(StoredBlocks { group: 1, ..stored(&[10, 11], None, &[1, 2, 3, 4]) }).unwrap();
+    assert_eq!(cache.apply_removed(1, &[10], gpu()), 0);
+    assert_eq!(overlap(&index, &[1, 2, 3, 4]), [(1, 4)], "group 0 is untouched");
+    let held: Vec<(u32, u64)> = cache.holdings().iter().map(|b| (b.group, b.engine_hash)).collect();
+    assert_eq!(held, [(0, 10), (0, 11), (1, 11)]);
+    // A state group's 64-token block and a partial tail block under it: sizes of its own.
+    let tokens: Vec<u32> = (0..8).collect();
+    let big = StoredBlocks { group: 2, block_size: 8, ..stored(&[20], None, &tokens) };
+    cache.apply_stored(big).unwrap();
+    let tail = StoredBlocks { group: 2, ..stored(&[21], Some(20), &[8, 9]) };
+    cache.apply_stored(tail).unwrap();
+    assert_eq!(index.layouts(), [Layout { block_size: 2, lookahead: 0 }], "group 0's layout only");
+    assert_eq!(cache.len(), 5);
+    // A parent is looked up in the event's own group.
+    let orphan = StoredBlocks { group: 1, ..stored(&[12], Some(20), &[5, 6]) };
+    assert_eq!(cache.apply_stored(orphan), Err(ApplyError::UnknownParent(20)));
+}
+
+#[test]
+fn adapters_and_salts_match_only_their_own_requests() {
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 1, rank: 0 });
+    let sql = Namespace::adapter("sql-lora");
+    let salted = Namespace::BASE.with_salt(Some("tenant-a"));
+    cache.apply_stored(StoredBlocks { namespace: sql, ..stored(&[1, 2], None, &[1, 2, 3, 4]) }).unwrap();
+    // A continuation inherits its parent's namespace, whatever the event says.
+    cache.apply_stored(stored(&[3], Some(2), &[5, 6])).unwrap();
+    cache.apply_stored(StoredBlocks { namespace: salted, ..stored(&[7], None, &[1, 2]) }).unwrap();
+    let prompt = [1, 2, 3, 4, 5, 6];
+    assert_eq!(overlap(&index, &prompt), [], "base requests never see adapter or salted blocks");
+    assert_eq!(overlap_in(&index, &prompt, sql), [(1, 6)]);
+    assert_eq!(overlap_in(&index, &prompt, Namespace::adapter("other")), []);
+    assert_eq!(overlap_in(&index, &prompt, salted), [(1, 2)]);
+    assert_eq!(overlap_in(&index, &prompt, Namespace::BASE.with_salt(Some("tenant-b"))), []);
+    let id_only = Namespace { adapter: Some(Adapter::Id(7)), cache_salt: None };
+    cache.apply_stored(StoredBlocks { namespace: id_only, ..stored(&[8], None, &[9, 9]) }).unwrap();
+    assert_eq!(overlap_in(&index, &[9, 9], id_only), [(1, 2)]);
+    assert_eq!(overlap_in(&index, &[9, 9], Namespace::adapter("7")), []);
+    // Extra keys kvgate cannot reproduce (an image): no request matches that block or its children.
+    cache
+        .apply_stored(StoredBlocks { opaque: &[0x1234, 0], ..stored(&[30, 31], None, &[7, 7, 8, 8]) })
+        .unwrap();
+    assert_eq!(overlap(&index, &[7, 7, 8, 8]), []);
+}
+
+#[test]
+fn a_lookahead_block_needs_its_next_token() {
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 4, rank: 0 });
+    // Blocks [1,2] and [3,4], each hashed with the token after it (3, then 5).
+    let event = StoredBlocks { lookahead: &[3, 5], ..stored(&[1, 2], None, &[1, 2, 3, 4]) };
+    cache.apply_stored(event).unwrap();
+    assert_eq!(index.layouts(), [Layout { block_size: 2, lookahead: 1 }]);
+    assert_eq!(overlap(&index, &[1, 2, 3, 4, 5]), [(4, 4)]);
+    assert_eq!(overlap(&index, &[1, 2, 3, 4]), [(4, 2)], "the second block's next token is unknown");
+    assert_eq!(overlap(&index, &[1, 2, 3, 4, 6]), [(4, 2)], "another next token is another block");
+    let in_flight = InFlightBlocks::new(index.clone());
+    let prompt = in_flight.add(5, &[1, 2, 3, 4, 5], Namespace::BASE);
+    assert_eq!(overlap(&index, &[1, 2, 3, 4, 5]), [(4, 4), (5, 4)], "in flight, cut the same way");
+    in_flight.remove(prompt);
+}
+
+#[test]
+fn placeholders_and_residencies() {
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 2, rank: 0 });
+    let cpu = residency("CPU");
+    let placeholder = |hashes: &'static [u64]| StoredBlocks {
+        parent_block_hash: None,
+        block_size: 0,
+        residency: &cpu,
+        ..stored(hashes, None, &[])
+    };
+    // A placeholder for a hash not held yet: the store that follows picks it up.
+    cache.apply_stored(placeholder(&[12])).unwrap();
+    cache.apply_stored(stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])).unwrap();
+    cache.apply_stored(placeholder(&[11])).unwrap();
+    let tiers = |cache: &CacheBlocks| -> Vec<String> {
+        cache
+            .holdings()
+            .iter()
+            .map(|b| b.residencies.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("+"))
+            .collect()
+    };
+    assert_eq!(tiers(&cache), ["GPU", "GPU+CPU", "GPU+CPU"]);
+    assert_eq!(cache.apply_removed(0, &[11], &cpu), 0);
+    assert_eq!(tiers(&cache), ["GPU", "GPU", "GPU+CPU"]);
+    // The same medium elsewhere, and under another owner: each copy on its own.
+    let local = Residency::of(Some("STORAGE"), Some("LOCAL"), None);
+    let kvcr = Residency::of(Some("CPU"), None, Some("kvcr"));
+    for residency in [&local, &kvcr] {
+        cache.apply_stored(StoredBlocks { residency, ..stored(&[10], None, &[1, 2]) }).unwrap();
+    }
+    assert_eq!(tiers(&cache)[0], "GPU+STORAGE locality=LOCAL+CPU ownership=kvcr");
+    cache.apply_removed(0, &[10, 12], &kvcr);
+    cache.apply_removed(0, &[10, 11, 12], gpu());
+    assert_eq!(tiers(&cache), ["STORAGE locality=LOCAL", "CPU"], "block 11 left with its last tier");
+    assert_eq!(credited(&index, &[1, 2, 3, 4]), [(2, 2, 1)], "STORAGE is credited a quarter (0.5 rounds up)");
+    assert_eq!(cache.apply_removed(0, &[99], &cpu), 1);
+    let flat = Arc::new(BlockIndex::with_tier_weights(TierWeights::flat()));
+    let mut flat_cache = CacheBlocks::new(flat.clone(), CacheId { worker: 2, rank: 0 });
+    flat_cache.apply_stored(StoredBlocks { residency: &local, ..stored(&[10], None, &[1, 2]) }).unwrap();
+    assert_eq!(credited(&flat, &[1, 2]), [(2, 2, 2)], "flat weights count every tier as the GPU");
+}
+
 // ---- differential test against a naive model ------------------------------------------------
 
-/// The naive model of one cache: engine hash → (the whole token prefix it ends, media bits).
+/// The naive model of one cache: engine hash → (the whole token prefix it ends, tier bits).
 type RefCache = HashMap<u64, (Vec<u32>, u8)>;
 
 #[derive(Clone, Debug)]
@@ -172,7 +321,7 @@ enum Op {
 
 const CACHES: [CacheId; 3] =
     [CacheId { worker: 0, rank: 0 }, CacheId { worker: 0, rank: 1 }, CacheId { worker: 2, rank: 0 }];
-const MEDIA: [Option<&str>; 3] = [None, Some("GPU"), Some("CPU")];
+const MEDIA: [Option<&str>; 4] = [None, Some("GPU"), Some("CPU"), Some("DISK")];
 
 /// Engine hash of a prompt's block: what an engine would send (depends on the cache for cache 2,
 /// as engines with different seeds do).
@@ -181,31 +330,45 @@ fn engine_hash(cache: usize, prefix: &[u32]) -> u64 {
     prefix.iter().fold(1469598103934665603u64 ^ salt, |h, &t| (h ^ u64::from(t)).wrapping_mul(1099511628211))
 }
 
-fn media_bit(medium: u8) -> u8 {
-    if medium == 2 {
-        2
-    } else {
-        1
+fn tier_bit(medium: u8) -> u8 {
+    match medium {
+        0 | 1 => 1,
+        2 => 2,
+        _ => 4,
     }
 }
 
-fn ref_overlap(caches: &[RefCache], query: &[u32]) -> Vec<(TenantId, usize)> {
-    let mut best: HashMap<TenantId, usize> = HashMap::new();
+/// The default weights of the model's tiers: GPU, CPU, DISK.
+fn ref_weight(tiers: u8) -> f64 {
+    [(1, 1.0), (2, 0.75), (4, 0.25)]
+        .iter()
+        .filter(|(bit, _)| tiers & bit != 0)
+        .map(|(_, w)| *w)
+        .fold(0.0, f64::max)
+}
+
+fn ref_overlap(caches: &[RefCache], query: &[u32]) -> Vec<(TenantId, usize, usize)> {
+    let mut best: HashMap<TenantId, (usize, f64)> = HashMap::new();
     for (c, cache) in caches.iter().enumerate() {
-        let mut blocks = 0;
+        let (mut blocks, mut credit) = (0, 0.0);
         while (blocks + 1) * BS as usize <= query.len() {
             let prefix = &query[..(blocks + 1) * BS as usize];
-            if !cache.values().any(|(held, _)| held.as_slice() == prefix) {
-                break;
-            }
+            let Some((_, tiers)) = cache.values().find(|(held, _)| held.as_slice() == prefix) else { break };
+            credit += ref_weight(*tiers) * f64::from(BS);
             blocks += 1;
         }
         if blocks > 0 {
-            let entry = best.entry(CACHES[c].worker).or_insert(0);
-            *entry = (*entry).max(blocks * BS as usize);
+            let entry = best.entry(CACHES[c].worker).or_insert((0, 0.0));
+            let here = (blocks * BS as usize, credit);
+            if here.0 > entry.0 || (here.0 == entry.0 && here.1 > entry.1) {
+                *entry = here;
+            }
         }
     }
-    let mut out: Vec<(TenantId, usize)> = best.into_iter().collect();
+    let mut out: Vec<(TenantId, usize, usize)> = best
+        .into_iter()
+        .map(|(tenant, (matched, credit))| (tenant, matched, credit.round() as usize))
+        .collect();
     out.sort_unstable();
     out
 }
@@ -216,8 +379,8 @@ fn prompts() -> impl Strategy<Value = Vec<Vec<u32>>> {
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
-        6 => (0..3usize, 0..4usize, 0..5usize, 0..6usize, 0..3u8).prop_map(|(c, p, a, b, m)| Op::Store(c, p, a, b, m)),
-        3 => (0..3usize, 0..4usize, 0..5usize, 0..3u8).prop_map(|(c, p, b, m)| Op::Remove(c, p, b, m)),
+        6 => (0..3usize, 0..4usize, 0..5usize, 0..6usize, 0..4u8).prop_map(|(c, p, a, b, m)| Op::Store(c, p, a, b, m)),
+        3 => (0..3usize, 0..4usize, 0..5usize, 0..4u8).prop_map(|(c, p, b, m)| Op::Remove(c, p, b, m)),
         1 => (0..3usize).prop_map(Op::Clear),
         4 => (0..4usize).prop_map(Op::Query),
     ];
@@ -232,6 +395,7 @@ proptest! {
         let mut writers: Vec<CacheBlocks> = CACHES.iter().map(|&id| CacheBlocks::new(index.clone(), id)).collect();
         let mut twins: Vec<CacheBlocks> = CACHES.iter().map(|&id| CacheBlocks::new(twin.clone(), id)).collect();
         let mut model: Vec<RefCache> = vec![RefCache::new(); CACHES.len()];
+        let residencies: Vec<Residency> = MEDIA.iter().map(|m| Residency::of(*m, None, None)).collect();
         for op in ops {
             match op {
                 Op::Store(c, p, first, end, medium) => {
@@ -245,7 +409,7 @@ proptest! {
                     let hashes: Vec<u64> = (first..end).map(|b| engine_hash(c, &prompt[..(b + 1) * bs])).collect();
                     let parent = first.checked_sub(1).map(|b| engine_hash(c, &prompt[..(b + 1) * bs]));
                     let tokens = &prompt[first * bs..end * bs];
-                    let event = StoredBlocks { medium: MEDIA[medium as usize], ..stored(&hashes, parent, tokens) };
+                    let event = StoredBlocks { residency: &residencies[medium as usize], ..stored(&hashes, parent, tokens) };
                     let applied = writers[c].apply_stored(event);
                     prop_assert_eq!(&applied, &twins[c].apply_stored(event));
                     let parent_known = parent.is_none_or(|h| model[c].contains_key(&h));
@@ -255,7 +419,7 @@ proptest! {
                             let prefix = prompt[..(b + 1) * bs].to_vec();
                             let hash = engine_hash(c, &prefix);
                             let entry = model[c].entry(hash).or_insert((prefix, 0));
-                            entry.1 |= media_bit(medium);
+                            entry.1 |= tier_bit(medium);
                         }
                     }
                 }
@@ -266,11 +430,11 @@ proptest! {
                         continue;
                     }
                     let hash = engine_hash(c, &prompt[..end]);
-                    let unknown = writers[c].apply_removed(&[hash], MEDIA[medium as usize]);
-                    twins[c].apply_removed(&[hash], MEDIA[medium as usize]);
+                    let unknown = writers[c].apply_removed(0, &[hash], &residencies[medium as usize]);
+                    twins[c].apply_removed(0, &[hash], &residencies[medium as usize]);
                     prop_assert_eq!(unknown == 1, !model[c].contains_key(&hash));
                     if let Some(entry) = model[c].get_mut(&hash) {
-                        entry.1 &= !media_bit(medium);
+                        entry.1 &= !tier_bit(medium);
                         if entry.1 == 0 {
                             model[c].remove(&hash);
                         }
@@ -283,7 +447,7 @@ proptest! {
                 }
                 Op::Query(p) => {
                     let query = &prompts[p];
-                    prop_assert_eq!(overlap(&index, query), ref_overlap(&model, query), "query {:?}", query);
+                    prop_assert_eq!(credited(&index, query), ref_overlap(&model, query), "query {:?}", query);
                 }
             }
             for (c, writer) in writers.iter().enumerate() {

@@ -1,4 +1,5 @@
-//! ZeroMQ framing: PUB messages, replay replies with and without the delimiter, the request.
+//! ZeroMQ framing: PUB messages, replay replies with and without the delimiter and the topic,
+//! the request.
 
 use super::concat;
 use super::positional::POSITIONAL;
@@ -58,7 +59,12 @@ fn replay_reply_with_and_without_the_delimiter() {
     let bare: [&[u8]; 2] = [&SEQ, &payload];
     assert_eq!(decode_replay_reply(&bare), Ok(expected.clone()));
     let dealer: [&[u8]; 3] = [b"", &SEQ, &payload];
-    assert_eq!(decode_replay_reply(&dealer), Ok(expected));
+    assert_eq!(decode_replay_reply(&dealer), Ok(expected.clone()));
+    // vLLM 0.26 on and SGLang 0.5: the topic after the delimiter (stripped by some sockets).
+    let with_topic: [&[u8]; 4] = [b"", b"kv", &SEQ, &payload];
+    assert_eq!(decode_replay_reply(&with_topic), Ok(expected.clone()));
+    let stripped: [&[u8]; 3] = [b"kv", &SEQ, &payload];
+    assert_eq!(decode_replay_reply(&stripped), Ok(expected));
 }
 
 #[test]
@@ -69,13 +75,18 @@ fn replay_end_marker() {
     assert_eq!(decode_replay_reply(&dealer), Ok(ReplayReply::End));
     let bare: [&[u8]; 2] = [&end, b""];
     assert_eq!(decode_replay_reply(&bare), Ok(ReplayReply::End));
+    // The current form keeps the topic frame empty even when a topic is set.
+    let current: [&[u8]; 4] = [b"", b"", &end, b""];
+    assert_eq!(decode_replay_reply(&current), Ok(ReplayReply::End));
 }
 
 #[test]
 fn replay_framing_errors() {
     let payload = cleared_payload();
-    let not_empty: [&[u8]; 3] = [b"x", &SEQ, &payload];
+    let not_empty: [&[u8]; 4] = [b"x", b"kv", &SEQ, &payload];
     assert_eq!(decode_replay_reply(&not_empty), Err(DecodeError::Delimiter { len: 1 }));
+    let not_a_topic: [&[u8]; 3] = [b"x", b"short", &payload];
+    assert_eq!(decode_replay_reply(&not_a_topic), Err(DecodeError::Delimiter { len: 1 }));
     let one: [&[u8]; 1] = [&SEQ];
     assert!(matches!(decode_replay_reply(&one), Err(DecodeError::FrameCount { got: 1, .. })));
     let none: [&[u8]; 0] = [];

@@ -1,16 +1,26 @@
-//! Malformed payloads: each gives an error that says what was wrong and where.
+//! Malformed payloads: each gives an error that says what was wrong and where: an error of the
+//! whole batch when its envelope or its msgpack is broken, else an invalid event (and only that).
 
 use super::concat;
 use super::maps::MAPS;
 use super::positional::POSITIONAL;
 use crate::{decode_batch, DecodeError, KvEvent};
 
-/// Decodes `parts` and compares the error message.
+/// Decodes `parts` and compares the message: the batch's error, or its one invalid event's
+/// (written as the batch error would be, `payload: ` first).
 #[track_caller]
 fn check(parts: &[&[u8]], expected: &str) {
-    match decode_batch(&concat(parts)) {
-        Ok(batch) => panic!("decoded {batch:?}, expected the error {expected:?}"),
-        Err(err) => assert_eq!(err.to_string(), expected),
+    assert_eq!(problem(&concat(parts)), expected);
+}
+
+#[track_caller]
+fn problem(payload: &[u8]) -> String {
+    match decode_batch(payload) {
+        Ok(batch) => match &batch.events[..] {
+            [KvEvent::Invalid(invalid)] => format!("payload: {invalid}"),
+            events => panic!("decoded {events:?}, expected an error"),
+        },
+        Err(err) => err.to_string(),
     }
 }
 
@@ -70,18 +80,20 @@ fn values_that_do_not_fit_are_errors() {
     let token_error =
         "payload: event 0 (BlockStored): token_ids[0]: expected a token id (an integer in 0..=4294967295)";
     let huge = stored(&[0xcf, 0, 0, 0, 1, 0, 0, 0, 0], &[0x02]);
-    assert_eq!(decode_batch(&huge).unwrap_err().to_string(), format!("{token_error}, got 4294967296"));
+    assert_eq!(problem(&huge), format!("{token_error}, got 4294967296"));
     let negative = stored(&[0xff], &[0x02]);
-    assert_eq!(decode_batch(&negative).unwrap_err().to_string(), format!("{token_error}, got -1"));
+    assert_eq!(problem(&negative), format!("{token_error}, got -1"));
     let size_error =
-        "payload: event 0 (BlockStored): block_size: expected a block size (an integer in 1..=4294967295)";
-    for (size, got) in [(&[0x00][..], "0"), (&[0xe0], "-32"), (&[0xcf, 0, 0, 0, 1, 0, 0, 0, 0], "4294967296")]
-    {
-        assert_eq!(
-            decode_batch(&stored(&[0x01], size)).unwrap_err().to_string(),
-            format!("{size_error}, got {got}")
-        );
+        "payload: event 0 (BlockStored): block_size: expected a block size (an integer in 0..=4294967295)";
+    for (size, got) in [(&[0xe0][..], "-32"), (&[0xcf, 0, 0, 0, 1, 0, 0, 0, 0], "4294967296")] {
+        assert_eq!(problem(&stored(&[0x01], size)), format!("{size_error}, got {got}"));
     }
+    // Block size 0 is what vLLM's offload placeholders send.
+    let KvEvent::BlockStored(placeholder) = &decode_batch(&stored(&[0x01], &[0x00])).unwrap().events[0]
+    else {
+        panic!("a placeholder is a BlockStored")
+    };
+    assert_eq!(placeholder.block_size, 0);
     check(
         &[&[0x93, 0x00, 0x90, 0xff]],
         "payload: data_parallel_rank: expected an integer in 0..=4294967295 or nil, got -1",
@@ -132,12 +144,73 @@ fn msgpack_level_errors() {
 fn a_string_that_is_not_utf8_is_not_a_string() {
     // rmp-serde hands such a string over as bytes, so the message says "bytes".
     let payload = concat(&[ONE_EVENT, &[0x93], b"\xacBlockRemoved", &[0x90, 0xa1, 0xff]]);
-    let err = decode_batch(&payload).unwrap_err().to_string();
-    assert_eq!(err, "payload: event 0 (BlockRemoved): medium: expected a string or nil, got bytes");
+    assert_eq!(
+        problem(&payload),
+        "payload: event 0 (BlockRemoved): medium: expected a string or nil, got bytes"
+    );
 }
 
 #[test]
 fn a_string_event_tag_is_required_but_any_string_is_accepted() {
     let batch = decode_batch(&concat(&[ONE_EVENT, &[0x91, 0xa0]])).unwrap();
     assert_eq!(batch.events, [KvEvent::Unknown(String::new())]);
+}
+
+/// One bad event spoils itself only: the events around it decode, and so does the rest of the
+/// bad event's own bytes (the stream never loses its place).
+#[test]
+fn a_bad_event_is_invalid_alone() {
+    let payload = concat(&[
+        &[0x92, 0x00, 0x94], // [0, [4 events]]
+        // a BlockRemoved whose hashes hold a map and an array (each read to its end)
+        &[0x92],
+        b"\xacBlockRemoved",
+        &[0x93, 0x01, 0x81, 0x01, 0x02, 0x92, 0x02, 0x03],
+        &[0x91],
+        b"\xb0AllBlocksCleared",
+        // a map event with a non-string key, then a token list of the wrong kind
+        &[0x83, 0xa4],
+        b"type",
+        STORED,
+        &[0x05, 0x91, 0x90],
+        b"\xa9token_ids",
+        &[0xa2],
+        b"xy",
+        &[0x91],
+        b"\xb0AllBlocksCleared",
+    ]);
+    let events = decode_batch(&payload).unwrap().events;
+    let problems: Vec<String> = events
+        .iter()
+        .map(|event| match event {
+            KvEvent::Invalid(invalid) => invalid.to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        problems,
+        [
+            "event 0 (BlockRemoved): block_hashes[1]: expected a block hash (an integer or bytes), got a map",
+            "AllBlocksCleared",
+            "event 2 (BlockStored): (key): expected a field name (a string), got 5",
+            "AllBlocksCleared",
+        ]
+    );
+}
+
+#[test]
+fn bigrams_must_be_pairs_and_not_mixed() {
+    let with = |tokens: &[u8]| concat(&[ONE_EVENT, &[0x95], STORED, &[0x90, 0xc0], tokens, &[0x02]]);
+    let pairs = decode_batch(&with(&[0x92, 0x92, 0x01, 0x02, 0x92, 0x02, 0x03])).unwrap();
+    let KvEvent::BlockStored(stored) = &pairs.events[0] else { panic!("{pairs:?}") };
+    assert_eq!(stored.token_ids, crate::TokenIds::Bigrams(vec![[1, 2], [2, 3]]));
+    assert_eq!(stored.token_ids.tokens(), [1, 2]);
+    assert_eq!(
+        problem(&with(&[0x92, 0x01, 0x92, 0x02, 0x03])),
+        "payload: event 0 (BlockStored): token_ids[1]: token ids and token id pairs mixed in one list"
+    );
+    assert_eq!(
+        problem(&with(&[0x91, 0x93, 0x01, 0x02, 0x03])),
+        "payload: event 0 (BlockStored): token_ids[0]: expected a pair of token ids, got an array of another length"
+    );
 }

@@ -1,7 +1,7 @@
 //! The map encoding (current vLLM, `omit_defaults=True`), from a payload written out by hand.
 
 use super::concat;
-use crate::{block_hash_from_bytes, decode_batch, BlockRemoved, KvEvent};
+use crate::{block_hash_from_bytes, decode_batch, BlockRemoved, ExtraKey, KvEvent};
 
 const SHA256: [u8; 32] = [
     0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, //
@@ -40,7 +40,7 @@ pub(super) const MAPS: &[&[u8]] = &[
     &[0x88], // map of 8
     b"\xacblock_hashes",
     &[0x91, 0xcd, 0x12],
-    b"\x34\xaaextra_keys", // [0x1234]; unknown to this crate: skipped, whatever it holds
+    b"\x34\xaaextra_keys", // [0x1234]
     &[0x91, 0x92],         // [["mm", nil]]
     b"\xa2mm",
     &[0xc0],
@@ -54,7 +54,7 @@ pub(super) const MAPS: &[&[u8]] = &[
     &[0xcd, 0x00],
     b"\x02\xa9group_idx", // uint16 2
     &[0x01],
-    b"\xb2kv_cache_spec_kind", // unknown: skipped
+    b"\xabx_future_01", // unknown: skipped
     b"\xaefull_attention",
     // event 2: BlockRemoved with medium
     &[0x83], // map of 3
@@ -111,14 +111,15 @@ fn map_fixture_decodes_field_by_field() {
     assert_eq!(stored.block_size, 2);
     assert_eq!((stored.lora_id, &stored.medium, &stored.lora_name), (None, &None, &None));
     assert_eq!(stored.group_idx, Some(1));
+    assert_eq!(stored.extra_keys, Some(vec![Some(vec![ExtraKey::Str("mm".into()), ExtraKey::Nil])]));
 
     let removed = BlockRemoved {
         block_hashes: vec![0xffff_ffff_ffff_fffe],
         medium: Some("CPU".into()),
-        group_idx: None,
+        ..BlockRemoved::default()
     };
     assert_eq!(batch.events[2], KvEvent::BlockRemoved(removed));
-    let removed = BlockRemoved { block_hashes: vec![1], medium: None, group_idx: None };
+    let removed = BlockRemoved { block_hashes: vec![1], ..BlockRemoved::default() };
     assert_eq!(batch.events[3], KvEvent::BlockRemoved(removed));
     assert_eq!(batch.events[4], KvEvent::AllBlocksCleared);
     assert_eq!(batch.events[5], KvEvent::Unknown("BlockMoved".into()));

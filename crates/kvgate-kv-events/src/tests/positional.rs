@@ -1,7 +1,7 @@
 //! The positional encoding (msgspec `array_like=True`), from a payload written out by hand.
 
 use super::concat;
-use crate::{decode_batch, BlockRemoved, BlockStored, KvEvent};
+use crate::{decode_batch, BlockRemoved, BlockStored, ExtraKey, KvEvent};
 
 /// `[1718000000.5, [4 events], 1]`, every msgpack header written by hand from the spec.
 pub(super) const POSITIONAL: &[&[u8]] = &[
@@ -37,14 +37,15 @@ pub(super) const POSITIONAL: &[&[u8]] = &[
     &[0x07],             // 7
     &[0xd0, 0x02],       // block_size: int8 2
     &[0x2a],             // lora_id: 42
-    // event 2: BlockRemoved with group_idx and one extra trailing element (5 elements)
-    &[0x95],             // array of 5
+    // event 2: BlockRemoved with group_idx and one extra trailing element (7 elements)
+    &[0x97],             // array of 7
     b"\xacBlockRemoved", // fixstr 12
     &[0x92],             // block_hashes: array of 2
     &[0x01],             // 1
     &[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
     b"\xff\xa3CPU", // uint64 u64::MAX; medium
     &[0x03],        // group_idx: 3
+    &[0xc0, 0xc0],  // locality, ownership: nil
     b"\xa5extra",   // a field from a future version: ignored
     // event 3: AllBlocksCleared (1 element)
     &[0x91],                 // array of 1
@@ -77,8 +78,13 @@ fn positional_fixture_decodes_field_by_field() {
     assert_eq!(stored.lora_id, Some(42));
     assert_eq!((&stored.medium, &stored.lora_name, stored.group_idx), (&None, &None, None));
 
-    let expected_removed =
-        BlockRemoved { block_hashes: vec![1, u64::MAX], medium: Some("CPU".into()), group_idx: Some(3) };
+    let expected_removed = BlockRemoved {
+        block_hashes: vec![1, u64::MAX],
+        medium: Some("CPU".into()),
+        group_idx: Some(3),
+        locality: None,
+        ownership: None,
+    };
     assert_eq!(batch.events[2], KvEvent::BlockRemoved(expected_removed));
     assert_eq!(batch.events[3], KvEvent::AllBlocksCleared);
 }
@@ -99,7 +105,7 @@ fn positional_batch_without_rank_and_with_nil_rank() {
 fn positional_newest_block_stored_has_every_field() {
     let payload = concat(&[
         &[0x92, 0x00, 0x91], // [0, [event]]
-        &[0x9d],             // array of 13: the tag, 11 fields, one newer than this crate
+        &[0x9d],             // array of 13: the tag and 12 fields
         b"\xabBlockStored",
         &[0x91, 0x09], // block_hashes [9]
         &[0x08],       // parent 8
@@ -108,24 +114,28 @@ fn positional_newest_block_stored_has_every_field() {
         &[0xff],       // lora_id -1 (negative fixint)
         b"\xa3GPU",    // medium
         b"\xa4sql1",   // lora_name
-        &[0x91, 0x92], // extra_keys: [["mm", 3]] (skipped)
+        &[0x91, 0x92], // extra_keys: [["mm", 3]]
         b"\xa2mm",
         &[0x03],
         &[0x02],               // group_idx 2
-        b"\xaefull_attention", // kv_cache_spec_kind (not reported)
+        b"\xaefull_attention", // kv_cache_spec_kind
         &[0xc0],               // kv_cache_spec_sliding_window: nil
-        &[0x80],               // a future field: an empty map
+        b"\xa5LOCAL",          // locality
     ]);
     let batch = decode_batch(&payload).unwrap();
     let expected = BlockStored {
         block_hashes: vec![9],
         parent_block_hash: Some(8),
-        token_ids: vec![5],
+        token_ids: vec![5].into(),
         block_size: 1,
         lora_id: Some(-1),
         lora_name: Some("sql1".into()),
         medium: Some("GPU".into()),
+        extra_keys: Some(vec![Some(vec![ExtraKey::Str("mm".into()), ExtraKey::Int(3)])]),
         group_idx: Some(2),
+        kv_cache_spec_kind: Some("full_attention".into()),
+        locality: Some("LOCAL".into()),
+        ..BlockStored::default()
     };
     assert_eq!(batch.events, [KvEvent::BlockStored(expected)]);
 }
@@ -144,6 +154,6 @@ fn positional_unknown_event_and_old_block_removed() {
     ]);
     let batch = decode_batch(&payload).unwrap();
     assert_eq!(batch.events[0], KvEvent::Unknown("BlockMoved".into()));
-    let removed = BlockRemoved { block_hashes: vec![5], medium: None, group_idx: None };
+    let removed = BlockRemoved { block_hashes: vec![5], ..BlockRemoved::default() };
     assert_eq!(batch.events[1], KvEvent::BlockRemoved(removed));
 }

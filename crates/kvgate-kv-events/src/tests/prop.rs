@@ -7,7 +7,9 @@ use super::concat;
 use super::maps::MAPS;
 use super::positional::POSITIONAL;
 use super::writer::{self, EventIn, HashIn, Style};
-use crate::{decode_batch, decode_message, decode_replay_reply, BlockRemoved, BlockStored, EventBatch};
+use crate::{
+    decode_batch, decode_message, decode_replay_reply, BlockRemoved, BlockStored, EventBatch, TokenIds,
+};
 
 fn hash() -> impl Strategy<Value = HashIn> {
     prop_oneof![
@@ -26,32 +28,49 @@ fn event() -> impl Strategy<Value = EventIn> {
     let stored = (
         prop::collection::vec(hash(), 0..6),
         prop::option::of(hash()),
-        prop::collection::vec(any::<u32>(), 0..40),
-        1..=u32::MAX,
+        prop_oneof![
+            prop::collection::vec(any::<u32>(), 0..40).prop_map(TokenIds::Plain),
+            prop::collection::vec(any::<[u32; 2]>(), 1..20).prop_map(TokenIds::Bigrams),
+        ],
+        0..=u32::MAX,
         prop::option::of(any::<i64>()),
         opt_name(),
         opt_name(),
         prop::option::of(any::<u32>()),
+        (opt_name(), opt_name()),
     )
-        .prop_map(|(hashes, parent, token_ids, block_size, lora_id, medium, lora_name, group_idx)| {
-            let stored = BlockStored {
-                block_hashes: vec![],
-                parent_block_hash: None,
+        .prop_map(
+            |(
+                hashes,
+                parent,
                 token_ids,
                 block_size,
                 lora_id,
-                lora_name,
                 medium,
+                lora_name,
                 group_idx,
-            };
-            EventIn::Stored { hashes, parent, stored }
-        });
-    let removed = (prop::collection::vec(hash(), 0..6), opt_name(), prop::option::of(any::<u32>())).prop_map(
-        |(hashes, medium, group_idx)| EventIn::Removed {
-            hashes,
-            removed: BlockRemoved { block_hashes: vec![], medium, group_idx },
-        },
-    );
+                (locality, session_id),
+            )| {
+                let stored = BlockStored {
+                    token_ids,
+                    block_size,
+                    lora_id,
+                    lora_name,
+                    medium,
+                    group_idx,
+                    locality,
+                    session_id,
+                    ..BlockStored::default()
+                };
+                EventIn::Stored { hashes, parent, stored }
+            },
+        );
+    let removed =
+        (prop::collection::vec(hash(), 0..6), opt_name(), prop::option::of(any::<u32>()), opt_name())
+            .prop_map(|(hashes, medium, group_idx, ownership)| EventIn::Removed {
+                hashes,
+                removed: BlockRemoved { medium, group_idx, ownership, ..BlockRemoved::default() },
+            });
     let unknown = "[A-Z][A-Za-z]{0,20}"
         .prop_filter("a known tag", |tag| {
             !["BlockStored", "BlockRemoved", "AllBlocksCleared"].contains(&tag.as_str())

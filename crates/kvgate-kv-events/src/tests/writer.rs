@@ -1,7 +1,7 @@
 //! A test-only msgpack writer that picks a random valid width for every header and integer, and
 //! writes a model batch in either encoding (for the round-trip property).
 
-use crate::{block_hash_from_bytes, BlockRemoved, BlockStored, EventBatch, KvEvent};
+use crate::{block_hash_from_bytes, BlockRemoved, BlockStored, EventBatch, KvEvent, TokenIds};
 
 /// Deterministic choices (splitmix64) from one proptest-drawn seed.
 pub(super) struct Style(pub(super) u64);
@@ -115,6 +115,7 @@ impl HashIn {
     }
 }
 
+#[allow(clippy::large_enum_variant)] // test data
 #[derive(Clone, Debug)]
 pub(super) enum EventIn {
     Stored { hashes: Vec<HashIn>, parent: Option<HashIn>, stored: BlockStored },
@@ -169,9 +170,18 @@ fn hashes(list: &[HashIn], style: &mut Style) -> Value {
 fn fields(event: &EventIn, style: &mut Style) -> (String, Vec<(&'static str, Value)>) {
     match event {
         EventIn::Stored { hashes: list, parent, stored } => {
-            let tokens = encoded(style, |out, style| {
-                array(out, stored.token_ids.len(), style);
-                stored.token_ids.iter().for_each(|&t| int(out, t.into(), style));
+            let tokens = encoded(style, |out, style| match &stored.token_ids {
+                TokenIds::Plain(ids) => {
+                    array(out, ids.len(), style);
+                    ids.iter().for_each(|&t| int(out, t.into(), style));
+                }
+                TokenIds::Bigrams(pairs) => {
+                    array(out, pairs.len(), style);
+                    for pair in pairs {
+                        array(out, 2, style);
+                        pair.iter().for_each(|&t| int(out, t.into(), style));
+                    }
+                }
             });
             let fields = vec![
                 ("block_hashes", hashes(list, style)),
@@ -186,6 +196,15 @@ fn fields(event: &EventIn, style: &mut Style) -> (String, Vec<(&'static str, Val
                 ("lora_name", opt_str(&stored.lora_name, style)),
                 ("extra_keys", None),
                 ("group_idx", opt_int(stored.group_idx.map(i128::from), style)),
+                ("kv_cache_spec_kind", opt_str(&stored.kv_cache_spec_kind, style)),
+                (
+                    "kv_cache_spec_sliding_window",
+                    opt_int(stored.kv_cache_spec_sliding_window.map(i128::from), style),
+                ),
+                ("locality", opt_str(&stored.locality, style)),
+                ("ownership", opt_str(&stored.ownership, style)),
+                ("session_id", opt_str(&stored.session_id, style)),
+                ("lookahead_token_ids", None),
             ];
             ("BlockStored".into(), fields)
         }
@@ -194,6 +213,8 @@ fn fields(event: &EventIn, style: &mut Style) -> (String, Vec<(&'static str, Val
                 ("block_hashes", hashes(list, style)),
                 ("medium", opt_str(&removed.medium, style)),
                 ("group_idx", opt_int(removed.group_idx.map(i128::from), style)),
+                ("locality", opt_str(&removed.locality, style)),
+                ("ownership", opt_str(&removed.ownership, style)),
             ];
             ("BlockRemoved".into(), fields)
         }
@@ -203,7 +224,20 @@ fn fields(event: &EventIn, style: &mut Style) -> (String, Vec<(&'static str, Val
 }
 
 /// Fields that may be left out: trailing nils (positional) or any nil with a default (maps).
-const OMITTABLE: &[&str] = &["lora_id", "medium", "lora_name", "extra_keys", "group_idx", "future"];
+const OMITTABLE: &[&str] = &[
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
+    "future",
+];
 
 fn write_value(out: &mut Vec<u8>, value: &Value) {
     match value {

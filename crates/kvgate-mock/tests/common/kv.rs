@@ -104,16 +104,18 @@ pub async fn send(dealer: &mut DealerSocket, frames: &[&[u8]]) {
     dealer.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
 }
 
-/// `[b"", seq, payload]` answers (end marker excluded) as batches.
+/// Today's `[b"", topic, seq, payload]` answers (end marker `[b"", b"", END, b""]` excluded) as
+/// batches, with the default (empty) topic.
 pub fn delimited_batches(answers: &[Vec<Bytes>]) -> Vec<RawBatch> {
     let (end, batches) = answers.split_last().expect("at least the end marker");
-    assert_eq!(end, &[Bytes::new(), Bytes::from_static(&END_SEQ), Bytes::new()]);
+    assert_eq!(end, &[Bytes::new(), Bytes::new(), Bytes::from_static(&END_SEQ), Bytes::new()]);
     batches
         .iter()
         .map(|frames| {
-            assert_eq!(frames.len(), 3, "delimiter, seq, payload");
+            assert_eq!(frames.len(), 4, "delimiter, topic, seq, payload");
             assert!(frames[0].is_empty(), "the delimiter is echoed");
-            RawBatch { seq: seq_of(&frames[1]), payload: frames[2].clone() }
+            assert!(frames[1].is_empty(), "the default topic");
+            RawBatch { seq: seq_of(&frames[2]), payload: frames[3].clone() }
         })
         .collect()
 }

@@ -176,7 +176,8 @@ impl Inputs<'_> {
 
     fn decide(&self, prefix: &PrefixMatch, rng: &mut dyn rand::RngCore) -> Outcome {
         let query_len = prefix.query_len();
-        let matched: Vec<usize> = self.candidates.iter().map(|c| prefix.matched(c.id)).collect();
+        // A hit in a slower tier (host memory, disk) counts at its tier's weight.
+        let matched: Vec<usize> = self.candidates.iter().map(|c| prefix.credited(c.id)).collect();
         let kv_active = self.excluded.iter().any(Option::is_some);
         let lost_to = self.affinity_lost_to(&matched, query_len);
         let (index, reason) = if !self.settings.rebalance_affinity && (kv_active || self.count_imbalanced) {
@@ -201,9 +202,11 @@ impl Inputs<'_> {
                 }
             }
         };
+        // Reported as matched (every tier): what the engine will count as cached.
+        let raw = |i: usize| prefix.matched(self.candidates[i].id);
         let matches = (query_len > 0).then(|| MatchInfo {
-            best_match_rate: matched.iter().copied().max().unwrap_or(0) as f64 / query_len as f64,
-            chosen_match_rate: matched[index] as f64 / query_len as f64,
+            best_match_rate: self.all().map(raw).max().unwrap_or(0) as f64 / query_len as f64,
+            chosen_match_rate: raw(index) as f64 / query_len as f64,
         });
         Outcome { index, reason, matches }
     }

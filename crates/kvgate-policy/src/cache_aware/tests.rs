@@ -344,26 +344,40 @@ struct ExactHarness {
 
 impl ExactHarness {
     fn new(workers: u32) -> Self {
-        let index = std::sync::Arc::new(BlockIndex::new());
+        Self::with_config(workers, PolicyConfig::default())
+    }
+
+    fn with_config(workers: u32, config: PolicyConfig) -> Self {
+        let index = std::sync::Arc::new(config.block_index());
         let caches =
             (0..workers).map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 })).collect();
-        Self {
-            policy: CacheAwarePolicy::new(&PolicyConfig::default()),
-            index,
-            caches,
-            rng: SmallRng::seed_from_u64(7),
-        }
+        Self { policy: CacheAwarePolicy::new(&config), index, caches, rng: SmallRng::seed_from_u64(7) }
     }
 
     /// Worker `worker`'s engine stored the first `blocks` 4-token blocks of `tokens`.
     fn store(&mut self, worker: usize, tokens: &[u32], blocks: usize) {
+        self.store_in(worker, tokens, blocks, &kvgate_index::Residency::gpu());
+    }
+
+    /// ... in the tier `residency`.
+    fn store_in(
+        &mut self,
+        worker: usize,
+        tokens: &[u32],
+        blocks: usize,
+        residency: &kvgate_index::Residency,
+    ) {
         let hashes: Vec<u64> = (0..blocks as u64).map(|b| b + 1000 * tokens[0] as u64).collect();
         let event = StoredBlocks {
+            group: 0,
             block_hashes: &hashes,
             parent_block_hash: None,
             token_ids: &tokens[..blocks * 4],
             block_size: 4,
-            medium: None,
+            lookahead: &[],
+            opaque: &[],
+            namespace: kvgate_index::Namespace::BASE,
+            residency,
         };
         self.caches[worker].apply_stored(event).unwrap();
     }
@@ -404,6 +418,27 @@ fn exact_index_routes_to_the_engine_that_holds_the_blocks() {
     assert_eq!(d.reason, Reason::CacheMiss, "4 of 20 tokens on worker 0 is under the cache threshold");
 }
 
+/// `--kv-tier-weights`: a prompt held whole in host memory is worth 0.75 of a GPU hit by default,
+/// so 80% of it on a GPU wins; weighing every tier as the GPU, the whole prompt in CPU memory wins.
+#[test]
+fn a_hit_in_host_memory_counts_at_its_tier_weight() {
+    let prompt: Vec<u32> = (1..=20).collect();
+    let cpu = kvgate_index::Residency::of(Some("CPU"), None, None);
+    for (weights, winner) in [(None, 0), (Some("*=1"), 1)] {
+        let mut config = PolicyConfig::default();
+        if let Some(weights) = weights {
+            config.kv_tier_weights = weights.parse().unwrap();
+        }
+        let mut h = ExactHarness::with_config(2, config);
+        h.store(0, &prompt, 4); // 16 of 20 tokens on the GPU
+        h.store_in(1, &prompt, 5, &cpu); // all 20 in host memory
+        let d = h.route(&prompt, &[0, 0]);
+        assert_eq!((d.worker, d.reason), (winner, Reason::CacheHit), "{weights:?}");
+        let expected = if winner == 0 { 16.0 } else { 20.0 };
+        assert_eq!(d.matches.unwrap().chosen_match_rate, expected / 20.0, "reported as matched, every tier");
+    }
+}
+
 #[test]
 fn without_an_index_every_prompt_is_a_miss() {
     let policy = CacheAwarePolicy::new(&PolicyConfig::default());
@@ -431,8 +466,9 @@ proptest::proptest! {
         let now = h.now_ms;
         let holder = holder % engines.len();
         let in_flight: Vec<u64> = engines.iter().map(|&(n, _)| n).collect();
-        // KV usage on a 5% grid, never within a rounding of the 0.9 ceiling.
-        let kv: Vec<f64> = engines.iter().map(|&(_, k)| f64::from(k) / 20.0).collect();
+        // KV usage on a grid whose points are at least 0.019 from the 0.9 ceiling (the in-flight
+        // correction adds the few tokens routed since the sample: never enough to cross it).
+        let kv: Vec<f64> = engines.iter().map(|&(_, k)| (f64::from(k) + 0.5) / 21.0).collect();
         h.route(PROMPT, &pool(&[0], Some(&[0.0]), now - 5_000));
         if holder != 0 {
             // Move the prefix to `holder`: route it where holder is the only candidate.

@@ -178,10 +178,12 @@ impl KvAwarePolicy {
             .iter()
             .enumerate()
             .map(|(i, c)| {
+                // Tiers weighed: a block held in host memory or on disk is loaded back, which
+                // costs part of its prefill (1 - its tier's weight), not nothing.
                 let matched = if prefix.query_len() == 0 {
                     0.0
                 } else {
-                    prompt * prefix.matched(c.id) as f64 / prefix.query_len() as f64
+                    prompt * prefix.credited(c.id) as f64 / prefix.query_len() as f64
                 };
                 let rates = state.rates.rates(c.id);
                 let queued =

@@ -99,6 +99,48 @@ fn a_cached_prefix_is_worth_its_prefill_time_and_no_more() {
     assert_eq!(d.matches.unwrap().chosen_match_rate, 0.0);
 }
 
+/// A prefix held only in host memory loads back: it saves its tier's weight of the prefill, not
+/// all of it (the prediction over the exact index with the default `--kv-tier-weights`).
+#[test]
+fn a_prefix_in_host_memory_saves_its_tier_weight_of_the_prefill() {
+    let config = PolicyConfig { kv_aware_prefill_cost_weight: 0.0, ..config() };
+    let index = std::sync::Arc::new(config.block_index());
+    let mut cache =
+        kvgate_index::CacheBlocks::new(index.clone(), kvgate_index::CacheId { worker: 2, rank: 0 });
+    let conversation = prompt(7, 8_000);
+    let hashes: Vec<u64> = (0..500).collect();
+    let cpu = kvgate_index::Residency::of(Some("CPU"), None, None);
+    let stored = kvgate_index::StoredBlocks {
+        group: 0,
+        block_hashes: &hashes,
+        parent_block_hash: None,
+        token_ids: &conversation,
+        block_size: 16,
+        lookahead: &[],
+        opaque: &[],
+        namespace: kvgate_index::Namespace::BASE,
+        residency: &cpu,
+    };
+    cache.apply_stored(stored).unwrap();
+    let policy = KvAwarePolicy::new(&config);
+    let mut rng = SmallRng::seed_from_u64(3);
+    let request =
+        RouteRequest { key: RoutingKey::Tokens(&conversation), prompt_tokens: 8_000, session: None };
+    let mut ctx = SelectContext {
+        now_ms: NOW,
+        load_poll_interval_ms: POLL_MS,
+        rng: &mut rng,
+        prefix_index: Some(&*index),
+    };
+    let candidates = pool(&[(0, 0.1), (0, 0.1), (0, 0.1)]);
+    let d = policy.select(&request, Candidates::new(&candidates).unwrap(), &mut ctx).unwrap();
+    assert_eq!(d.worker, 2);
+    let p = d.predicted.unwrap();
+    // 8,000 tokens at 8,000 tokens/s is 1 s of prefill; from host memory a quarter of it.
+    assert!((p.prefill_s - 0.25).abs() < 1e-9, "{p:?}");
+    assert_eq!(d.matches.unwrap().chosen_match_rate, 1.0);
+}
+
 #[test]
 fn recomputing_a_prefix_costs_more_than_its_own_wait() {
     // The default weight 8: recomputing 1 s of prefill elsewhere costs 9 s.

@@ -131,7 +131,7 @@ impl Simulation<'_> {
         };
         self.pd_state().requests.insert(id, request);
         let engine = self.pools[0].first_engine + prefill_worker;
-        let prefill = EngineRequest { id, prompt, output_tokens: 1 };
+        let prefill = EngineRequest::new(id, prompt, 1);
         self.engines[engine].submit_as(now, prefill, PdStage::Prefill, &mut self.outputs);
         self.after_engine_call(engine, now);
     }
@@ -155,6 +155,7 @@ impl Simulation<'_> {
         self.outcome.finished.push(RequestStats {
             prompt_tokens: prefill.prompt_tokens,
             cached_tokens: prefill.cached_tokens,
+            offloaded_tokens: prefill.offloaded_tokens,
             completion_tokens: stats.completion_tokens,
             arrival_us: prefill.arrival_us,
             admitted_us: prefill.admitted_us,
@@ -189,7 +190,7 @@ impl Simulation<'_> {
         self.engines[prefill_engine].release_held(now, id, &mut self.outputs);
         self.after_engine_call(prefill_engine, now);
         let decode_engine = self.pools[1].first_engine + decode_worker;
-        let decode = EngineRequest { id, prompt, output_tokens };
+        let decode = EngineRequest::new(id, prompt, output_tokens);
         self.engines[decode_engine].submit_as(now, decode, PdStage::Decode, &mut self.outputs);
         self.after_engine_call(decode_engine, now);
     }

@@ -3,12 +3,12 @@
 //! A regular fleet is one pool; a prefill/decode fleet is two, each routed on its own state.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch};
+use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch, Tier};
 use kvgate_index::{
     choose_index, ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, IndexInputs,
-    IndexKind, PrefixIndex, StoredBlocks,
+    IndexKind, Namespace, PrefixIndex, Residency, StoredBlocks,
 };
 use kvgate_policy::{
     build_policy, Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, PolicyConfig, RouteRequest,
@@ -62,7 +62,7 @@ impl Pool {
             events_flowing: true,
         });
         let prefix = if index == IndexKind::Exact {
-            let index = Arc::new(BlockIndex::new());
+            let index = Arc::new(config.block_index());
             let caches = (0..n_workers as u32)
                 .map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 }))
                 .collect();
@@ -132,7 +132,7 @@ impl Pool {
         let worker = decision.worker as usize;
         self.in_flight[worker] += 1;
         if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
-            prompts.insert(id, in_flight.add(worker as u32, prompt));
+            prompts.insert(id, in_flight.add(worker as u32, prompt, Namespace::BASE));
         }
         Ok(decision)
     }
@@ -186,20 +186,35 @@ impl Pool {
     }
 }
 
-/// Applies one engine KV event to its cache's writer; false when the index refused it.
+/// The residency of an engine tier, as vLLM names it.
+fn residency(tier: Tier) -> &'static Residency {
+    static GPU: LazyLock<Residency> = LazyLock::new(Residency::gpu);
+    static CPU: LazyLock<Residency> = LazyLock::new(|| Residency::of(Some("CPU"), None, None));
+    match tier {
+        Tier::Gpu => &GPU,
+        Tier::Cpu => &CPU,
+    }
+}
+
+/// Applies one engine KV event to its cache's writer (a host tier's placeholders as the gateway
+/// applies vLLM's); false when the index refused it.
 fn apply_event(cache: &mut CacheBlocks, event: &KvEvent) -> bool {
     match event {
-        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => cache
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, tier, .. } => cache
             .apply_stored(StoredBlocks {
+                group: 0,
                 block_hashes,
                 parent_block_hash: *parent_block_hash,
                 token_ids,
                 block_size: *block_size,
-                medium: None,
+                lookahead: &[],
+                opaque: &[],
+                namespace: Namespace::BASE,
+                residency: residency(*tier),
             })
             .is_ok(),
-        KvEvent::BlockRemoved { block_hashes } => {
-            cache.apply_removed(block_hashes, None);
+        KvEvent::BlockRemoved { block_hashes, tier } => {
+            cache.apply_removed(0, block_hashes, residency(*tier));
             true
         }
         KvEvent::AllBlocksCleared => {

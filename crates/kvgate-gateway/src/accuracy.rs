@@ -1,0 +1,215 @@
+//! Is the index right? The closed loop on the request path: what the exact index predicted
+//! cached on the worker a request went to ([`Probe`], taken before the request is sent), and
+//! what that worker's engine then reported cached, read from its answer as it passes
+//! ([`UsageTap`]: a whole body's `usage` or `meta_info`, a stream's last usage chunk). Each
+//! answered request adds to the per model and worker counters and histogram and to the worker's
+//! window (`kvgate_index::IndexAccuracy`), which raises one warning naming the likely cause when
+//! the two disagree persistently (shown in `/workers` as `index_accuracy`).
+//!
+//! A stream carries its usage only when asked (`stream_options.include_usage`): the gateway
+//! asks on the client's behalf ([`ask_for_usage`]) and leaves that chunk out again.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use kvgate_index::{AccuracyChange, AccuracySample, BlockIndex, Namespace, PrefixMatch};
+
+use crate::metrics::Metrics;
+use crate::usage::{usage_of_body, EngineUsage, StreamUsage};
+use crate::worker::Worker;
+
+/// Whole answers larger than this are not read for their usage (they pass through untouched).
+const MAX_READ_BODY: usize = 1 << 20;
+
+/// What the index predicted for one request on the worker it was sent to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Probe {
+    pub(crate) prompt_tokens: u32,
+    /// Leading prompt tokens the exact index says the worker's engine holds (any tier).
+    pub(crate) predicted: u32,
+    /// The decision was made on the exact index (the engines' events flowed).
+    pub(crate) exact: bool,
+}
+
+impl Probe {
+    /// The prediction for `tokens` (in `namespace`) on `worker` from the model's exact index.
+    pub(crate) fn predict(
+        index: &BlockIndex,
+        tokens: &[u32],
+        namespace: Namespace<'_>,
+        worker: u32,
+        exact: bool,
+    ) -> Probe {
+        let mut matched = PrefixMatch::default();
+        index.overlap(tokens, namespace, &mut matched);
+        let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Probe { prompt_tokens: clamp(tokens.len()), predicted: clamp(matched.matched(worker)), exact }
+    }
+}
+
+/// A streamed OpenAI request's body asking for the final usage chunk, when the client did not
+/// set `stream_options` at all (`None`: leave the body as it is). The field is put first in the
+/// object, the rest of the body is kept byte for byte (key order matters to chat templates that
+/// print JSON).
+pub(crate) fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
+    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[start] != b'{' {
+        return None;
+    }
+    let rest = &body[start + 1..];
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let mut asked = BytesMut::with_capacity(body.len() + 40);
+    asked.extend_from_slice(b"{\"stream_options\":{\"include_usage\":true}");
+    if !empty {
+        asked.extend_from_slice(b",");
+    }
+    asked.extend_from_slice(rest);
+    Some(asked.freeze())
+}
+
+/// How the answer is read.
+#[derive(Debug)]
+enum Reader {
+    Stream(StreamUsage),
+    /// A whole JSON body, collected up to [`MAX_READ_BODY`] (`None`: it was larger).
+    Whole(Option<BytesMut>),
+}
+
+/// Reads one answer's usage as it passes (and leaves the injected usage chunk out of a stream);
+/// at its end, records the closed loop's sample.
+#[derive(Debug)]
+pub(crate) struct UsageTap {
+    reader: Reader,
+    /// The prediction to compare with, and the worker it was made for.
+    probe: Option<(Probe, Arc<Worker>)>,
+}
+
+impl UsageTap {
+    /// A tap on an answer: `stream` for an event stream, `strip` when the gateway asked for the
+    /// usage chunk on the client's behalf.
+    pub(crate) fn new(probe: Option<(Probe, Arc<Worker>)>, stream: bool, strip: bool) -> Self {
+        let reader = if stream {
+            Reader::Stream(StreamUsage::new(strip))
+        } else {
+            Reader::Whole(Some(BytesMut::new()))
+        };
+        UsageTap { reader, probe }
+    }
+
+    /// One data frame of the answer; returns what to pass on.
+    pub(crate) fn on_frame(&mut self, data: Bytes) -> Bytes {
+        match &mut self.reader {
+            Reader::Stream(stream) => stream.on_frame(data),
+            Reader::Whole(collected) => {
+                if let Some(buffer) = collected {
+                    if buffer.len() + data.len() > MAX_READ_BODY {
+                        *collected = None;
+                    } else {
+                        buffer.extend_from_slice(&data);
+                    }
+                }
+                data
+            }
+        }
+    }
+
+    /// The answer ended: records the sample; returns what a stream still held (to pass on).
+    pub(crate) fn finish(&mut self, metrics: &Metrics) -> Bytes {
+        let (rest, usage) = match &mut self.reader {
+            Reader::Stream(stream) => {
+                let rest = stream.finish();
+                (rest, stream.usage())
+            }
+            Reader::Whole(collected) => {
+                (Bytes::new(), collected.take().and_then(|body| usage_of_body(&body)))
+            }
+        };
+        if let Some((probe, worker)) = self.probe.take() {
+            record(metrics, &worker, probe, usage);
+        }
+        rest
+    }
+
+    /// The body was dropped before its end was polled (a whole body of known length is done
+    /// once its bytes are written; a client that went away): records the sample when the
+    /// answer's usage was read, never a guess from half an answer.
+    pub(crate) fn dropped(&mut self, metrics: &Metrics) {
+        let usage = match &mut self.reader {
+            Reader::Stream(stream) => stream.usage(),
+            Reader::Whole(collected) => collected.take().and_then(|body| usage_of_body(&body)),
+        };
+        if let (Some(usage), Some((probe, worker))) = (usage, self.probe.take()) {
+            record(metrics, &worker, probe, Some(usage));
+        }
+    }
+}
+
+/// Adds one answered request to the worker's series and window, and logs a disagreement raised
+/// or cleared by it.
+pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<EngineUsage>) {
+    let model = worker.model().unwrap_or("");
+    let cached = usage.and_then(|usage| usage.cached_tokens);
+    // The engine's own prompt length where it says (a wrong template changes the gateway's).
+    let prompt_tokens =
+        usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(probe.prompt_tokens);
+    // Written through the worker's series: none is made again once it is removed.
+    worker.series.write(|url| {
+        let labels = [model, url];
+        metrics.prefix_predicted_tokens.with_label_values(&labels).inc_by(u64::from(probe.predicted));
+        if let Some(cached) = cached {
+            metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
+            if prompt_tokens > 0 {
+                let difference = (f64::from(cached) - f64::from(probe.predicted)) / f64::from(prompt_tokens);
+                metrics.prefix_cached_difference.with_label_values(&labels).observe(difference);
+            }
+        }
+    });
+    let sample = AccuracySample {
+        prompt_tokens,
+        predicted: probe.predicted,
+        engine_cached: cached,
+        exact: probe.exact,
+    };
+    match worker.record_accuracy(sample) {
+        Some(AccuracyChange::Raised(disagreement)) => {
+            worker
+                .series
+                .write(|url| metrics.prefix_index_disagreement.with_label_values(&[model, url]).set(1));
+            tracing::warn!(
+                model,
+                worker = %worker.url,
+                cause = disagreement.cause.as_str(),
+                error_share = disagreement.error_share,
+                wrong_share = disagreement.wrong_share,
+                requests = disagreement.requests,
+                "the prefix index disagrees with the engine's cached tokens: {}",
+                disagreement.cause.advice()
+            );
+        }
+        Some(AccuracyChange::Cleared) => {
+            worker
+                .series
+                .write(|url| metrics.prefix_index_disagreement.with_label_values(&[model, url]).set(0));
+            tracing::info!(model, worker = %worker.url, "the prefix index agrees with the engine again");
+        }
+        None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_usage_chunk_is_asked_for_first_and_the_rest_kept_byte_for_byte() {
+        let body = br#" {"model": "m", "stream": true, "messages": []}"#;
+        let asked = ask_for_usage(body).unwrap();
+        let expected =
+            r#"{"stream_options":{"include_usage":true},"model": "m", "stream": true, "messages": []}"#;
+        assert_eq!(std::str::from_utf8(&asked).unwrap(), expected);
+        let parsed: serde_json::Value = serde_json::from_slice(&asked).unwrap();
+        assert_eq!(parsed["stream_options"]["include_usage"], true);
+        assert_eq!(&ask_for_usage(b"{ }").unwrap()[..], br#"{"stream_options":{"include_usage":true} }"#);
+        assert_eq!(ask_for_usage(b"[1]"), None);
+    }
+}

@@ -1,0 +1,280 @@
+//! What an engine's answer says about its prompt (tokens, and how many were served from its
+//! cache), read from a whole JSON body or from a stream as it passes, and the usage chunk the
+//! gateway asked for on the client's behalf taken out of the stream again.
+//!
+//! Where the engines say it (read from their source, not from a description):
+//! - vLLM's OpenAI server (`vllm/entrypoints/openai/chat_completion/serving.py` and
+//!   `completion/serving.py`, main in 2026): `usage.prompt_tokens` and, with
+//!   `--enable-prompt-tokens-details`, `usage.prompt_tokens_details.cached_tokens` (local prefix
+//!   cache and KV-connector hits together). A whole answer carries `usage`; a stream carries it
+//!   only when `stream_options.include_usage` is set, in one last chunk with `"choices": []`
+//!   right before `data: [DONE]`.
+//! - SGLang (`sglang/srt/managers/tokenizer_manager.py`): `meta_info.prompt_tokens` and
+//!   `meta_info.cached_tokens` in every answer of `/generate`, each streamed chunk included (the
+//!   last one has the final counts); its OpenAI server reports like vLLM's with
+//!   `--enable-cache-report`.
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+
+/// The prompt and cached token counts of one answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EngineUsage {
+    pub(crate) prompt_tokens: Option<u32>,
+    /// `None` when the answer did not say (vLLM without `--enable-prompt-tokens-details`).
+    pub(crate) cached_tokens: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    meta_info: Option<MetaInfo>,
+    #[serde(default)]
+    choices: Option<Vec<serde::de::IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<u32>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct MetaInfo {
+    #[serde(default)]
+    prompt_tokens: Option<u32>,
+    #[serde(default)]
+    cached_tokens: Option<u32>,
+}
+
+impl Answer {
+    fn usage(&self) -> Option<EngineUsage> {
+        if let Some(usage) = &self.usage {
+            let cached_tokens =
+                usage.prompt_tokens_details.as_ref().and_then(|details| details.cached_tokens);
+            return Some(EngineUsage { prompt_tokens: usage.prompt_tokens, cached_tokens });
+        }
+        self.meta_info
+            .as_ref()
+            .map(|meta| EngineUsage { prompt_tokens: meta.prompt_tokens, cached_tokens: meta.cached_tokens })
+    }
+
+    /// vLLM's usage-only chunk: `"choices": []` and a usage object.
+    fn is_usage_chunk(&self) -> bool {
+        self.usage.is_some() && self.choices.as_ref().is_some_and(Vec::is_empty)
+    }
+}
+
+/// The usage of a whole (non-streamed) JSON answer.
+pub(crate) fn usage_of_body(body: &[u8]) -> Option<EngineUsage> {
+    serde_json::from_slice::<Answer>(body).ok()?.usage()
+}
+
+/// Whether `needle` occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|window| window == needle)
+}
+
+/// Reads a server-sent-events stream frame by frame: the last usage it carries, and (when the
+/// gateway asked for it on the client's behalf) the usage-only chunk left out. Events are only
+/// parsed when they mention `usage` or `meta_info`; token chunks pass untouched.
+#[derive(Debug, Default)]
+pub(crate) struct StreamUsage {
+    /// Drop vLLM's usage-only chunk (the client did not ask for it).
+    strip: bool,
+    /// The start of an event not complete yet.
+    pending: BytesMut,
+    usage: Option<EngineUsage>,
+}
+
+impl StreamUsage {
+    pub(crate) fn new(strip: bool) -> Self {
+        StreamUsage { strip, ..StreamUsage::default() }
+    }
+
+    /// The last usage seen so far.
+    pub(crate) fn usage(&self) -> Option<EngineUsage> {
+        self.usage
+    }
+
+    /// One frame of the stream; returns what to pass on. Without stripping, that is the frame
+    /// itself; with it, the complete events of it (the tail of an incomplete one is held until
+    /// the frame that completes it).
+    pub(crate) fn on_frame(&mut self, frame: Bytes) -> Bytes {
+        if self.pending.is_empty() && frame.ends_with(b"\n\n") {
+            // The common case (one or more whole events per frame): nothing held, nothing copied
+            // unless an event is left out.
+            if self.strip {
+                return self.filter(&frame);
+            }
+            self.scan(&frame);
+            return frame;
+        }
+        self.pending.extend_from_slice(&frame);
+        let Some(end) = last_boundary(&self.pending) else {
+            return if self.strip { Bytes::new() } else { frame };
+        };
+        let complete = self.pending.split_to(end).freeze();
+        let passed = self.filter(&complete);
+        if self.strip {
+            passed
+        } else {
+            frame
+        }
+    }
+
+    /// The stream ended: whatever was held.
+    pub(crate) fn finish(&mut self) -> Bytes {
+        let rest = std::mem::take(&mut self.pending).freeze();
+        if rest.is_empty() {
+            return rest;
+        }
+        let passed = self.filter(&rest);
+        if self.strip {
+            passed
+        } else {
+            Bytes::new()
+        }
+    }
+
+    fn scan(&mut self, events: &[u8]) {
+        for event in split_events(events) {
+            self.read(event);
+        }
+    }
+
+    /// Reads every event of `events`; returns them without the usage-only chunk when stripping.
+    fn filter(&mut self, events: &Bytes) -> Bytes {
+        let mut kept: Option<BytesMut> = None;
+        let mut offset = 0;
+        for event in split_events(events) {
+            let start = offset;
+            offset += event.len();
+            let drop = self.read(event) && self.strip;
+            match (&mut kept, drop) {
+                (None, false) => {}
+                (None, true) => kept = Some(BytesMut::from(&events[..start])),
+                (Some(kept), false) => kept.extend_from_slice(event),
+                (Some(_), true) => {}
+            }
+        }
+        kept.map_or_else(|| events.clone(), BytesMut::freeze)
+    }
+
+    /// Reads one event; true when it is vLLM's usage-only chunk.
+    fn read(&mut self, event: &[u8]) -> bool {
+        if !contains(event, b"\"usage\"") && !contains(event, b"\"meta_info\"") {
+            return false;
+        }
+        let Some(data) = event_data(event) else { return false };
+        let Ok(answer) = serde_json::from_slice::<Answer>(data) else { return false };
+        if let Some(usage) = answer.usage() {
+            self.usage = Some(usage);
+        }
+        answer.is_usage_chunk()
+    }
+}
+
+/// The end of the last complete event (just past its blank line), if any.
+fn last_boundary(buffer: &[u8]) -> Option<usize> {
+    buffer.windows(2).rposition(|window| window == b"\n\n").map(|at| at + 2)
+}
+
+/// The events of `buffer`, each with its terminating blank line (a trailing partial one too).
+fn split_events(buffer: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = buffer;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = rest.windows(2).position(|window| window == b"\n\n").map_or(rest.len(), |at| at + 2);
+        let (event, tail) = rest.split_at(end);
+        rest = tail;
+        Some(event)
+    })
+}
+
+/// The `data:` payload of an event (a single data line, as the engines write them).
+fn event_data(event: &[u8]) -> Option<&[u8]> {
+    let text = std::str::from_utf8(event).ok()?;
+    let line = text.lines().find_map(|line| line.strip_prefix("data:"))?;
+    let data = line.trim();
+    (data != "[DONE]").then_some(data.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+    const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\
+        \"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn run(strip: bool, frames: &[&str]) -> (String, Option<EngineUsage>) {
+        let mut reader = StreamUsage::new(strip);
+        let mut out = Vec::new();
+        for frame in frames {
+            out.extend_from_slice(&reader.on_frame(Bytes::copy_from_slice(frame.as_bytes())));
+        }
+        out.extend_from_slice(&reader.finish());
+        (String::from_utf8(out).unwrap(), reader.usage())
+    }
+
+    #[test]
+    fn whole_answers_of_both_engines() {
+        let vllm = br#"{"choices":[{"text":"x"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        assert_eq!(
+            usage_of_body(vllm),
+            Some(EngineUsage { prompt_tokens: Some(10), cached_tokens: Some(4) })
+        );
+        let no_details = br#"{"choices":[],"usage":{"prompt_tokens":10,"prompt_tokens_details":null}}"#;
+        assert_eq!(
+            usage_of_body(no_details),
+            Some(EngineUsage { prompt_tokens: Some(10), cached_tokens: None })
+        );
+        let sglang = br#"{"text":"x","meta_info":{"id":"1","prompt_tokens":7,"cached_tokens":3}}"#;
+        assert_eq!(
+            usage_of_body(sglang),
+            Some(EngineUsage { prompt_tokens: Some(7), cached_tokens: Some(3) })
+        );
+        assert_eq!(usage_of_body(b"not json"), None);
+    }
+
+    #[test]
+    fn a_stream_passes_untouched_unless_the_gateway_asked_for_the_usage() {
+        let usage = Some(EngineUsage { prompt_tokens: Some(40), cached_tokens: Some(32) });
+        let all = [TOKEN, TOKEN, USAGE, DONE];
+        assert_eq!(run(false, &all), (all.concat(), usage));
+        assert_eq!(run(true, &all), ([TOKEN, TOKEN, DONE].concat(), usage), "the usage chunk is left out");
+        // Events split across frames, and frames holding several events.
+        let joined = all.concat();
+        let cuts: Vec<&str> = vec![&joined[..5], &joined[5..90], &joined[90..200], &joined[200..]];
+        assert_eq!(run(true, &cuts), ([TOKEN, TOKEN, DONE].concat(), usage));
+        assert_eq!(run(false, &cuts), (joined.clone(), usage));
+        // A stream cut short: the partial event is passed on at the end.
+        assert_eq!(run(true, &[TOKEN, "data: {\"cho"]).0, format!("{TOKEN}data: {{\"cho"));
+    }
+
+    #[test]
+    fn sglang_streams_carry_meta_info_in_every_chunk() {
+        let chunk = |cached: u32| {
+            format!("data: {{\"text\":\"a\",\"meta_info\":{{\"prompt_tokens\":9,\"cached_tokens\":{cached}}}}}\n\n")
+        };
+        let frames = [chunk(0), chunk(4), DONE.to_string()];
+        let frames: Vec<&str> = frames.iter().map(String::as_str).collect();
+        let (out, usage) = run(true, &frames);
+        assert_eq!(out, frames.concat(), "no usage-only chunk to leave out");
+        assert_eq!(usage, Some(EngineUsage { prompt_tokens: Some(9), cached_tokens: Some(4) }));
+    }
+}

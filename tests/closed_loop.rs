@@ -1,0 +1,201 @@
+//! The closed loop over real sockets: `kvgate mock` engines publishing KV events (their default,
+//! current format) and reporting cached tokens truthfully, a gateway routing on the exact index.
+//! With the engines' own chat rendering the predicted and the engine-reported cached tokens
+//! agree; with a wrong chat template the gateway warns and `/workers` says why. The 500-request
+//! trace figure is measured with `kvgate replay` (docs/BENCHMARKS.md); this test stays bounded.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{client, config, eventually, gateway};
+use kvgate_gateway::{GatewayConfig, GatewayHandle};
+use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
+use kvgate_policy::PolicyKind;
+use serde_json::{json, Value};
+
+const MODEL: &str = "mock-model";
+
+async fn fleet(count: usize) -> MockFleet {
+    let mut args = MockArgs { count, ..MockArgs::default() };
+    args.time_scale = 50.0;
+    args.kv_events_base_port = Some(0);
+    args.kv_events_replay_base_port = Some(0);
+    spawn_fleet(args).await.expect("the mock fleet starts")
+}
+
+fn gateway_config(fleet: &MockFleet) -> GatewayConfig {
+    let mut cfg = config(fleet.urls());
+    cfg.routing.policy = PolicyKind::CacheAware;
+    cfg.kv_events_endpoints = fleet.kv_event_endpoints();
+    cfg.kv_events_replay_endpoints = fleet.kv_event_replay_endpoints();
+    cfg.mock_tokenizer = true;
+    cfg
+}
+
+async fn wait_flowing(gw: &GatewayHandle) {
+    let flowing = eventually(10.0, async || {
+        let snapshot = gw.state.registry.snapshot();
+        !snapshot.workers.is_empty() && snapshot.workers.iter().all(|w| w.kv_events_flowing())
+    })
+    .await;
+    assert!(flowing, "every worker's KV events flow within 10 s");
+}
+
+/// `words` words of conversation `conversation`, turn `turn` (distinct per turn and conversation).
+fn words(conversation: usize, turn: usize, words: usize) -> String {
+    (0..words).map(|i| format!("c{conversation}t{turn}w{i}")).collect::<Vec<_>>().join(" ")
+}
+
+/// The messages of a conversation's `turns` first turns, the last one asked.
+fn messages(conversation: usize, turns: usize) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": words(conversation, 99, 21)})];
+    for turn in 0..turns {
+        messages.push(json!({"role": "user", "content": words(conversation, turn, 23 + turn)}));
+        if turn + 1 < turns {
+            messages.push(json!({"role": "assistant", "content": words(conversation, turn + 50, 7)}));
+        }
+    }
+    Value::Array(messages)
+}
+
+/// Sends one turn: a whole chat answer, a stream the gateway asks the usage of, or a stream the
+/// client asks it of; returns the body as text.
+async fn send_turn(gw: &GatewayHandle, conversation: usize, turns: usize, shape: usize) -> String {
+    let mut body = json!({"model": MODEL, "messages": messages(conversation, turns), "max_tokens": 1});
+    match shape % 3 {
+        0 => {}
+        1 => body["stream"] = json!(true),
+        _ => {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+    }
+    let res = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&body)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.text().await.unwrap()
+}
+
+/// The engines' token ids of a conversation's prompt (their chat rendering).
+fn prompt_tokens(conversation: usize, turns: usize) -> Vec<u32> {
+    let messages = messages(conversation, turns);
+    let pairs: Vec<(String, String)> = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["role"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string()))
+        .collect();
+    kvgate_engine::tokenize(&kvgate_engine::render_chat(&pairs))
+}
+
+/// Waits until the gateway's index holds what every engine caches of `tokens` (the engine's
+/// store events travel after its answer; a next turn sent before they arrive would be
+/// predicted without them, which is the events' latency, not the index being wrong).
+async fn wait_indexed(gw: &GatewayHandle, fleet: &MockFleet, tokens: &[u32]) {
+    let index = gw.state.registry.snapshot().models[MODEL].regular.clone().unwrap().prefix.exact.clone();
+    let indexed = eventually(5.0, async || {
+        let mut matched = kvgate_index::PrefixMatch::default();
+        index.overlap(tokens, kvgate_index::Namespace::BASE, &mut matched);
+        fleet.urls().iter().enumerate().all(|(i, url)| {
+            let id = gw.state.registry.snapshot().find(url).unwrap().id;
+            matched.matched(id) >= fleet.cached_prefix_tokens(i, tokens)
+        })
+    })
+    .await;
+    assert!(indexed, "the engines' stores reach the index within 5 s");
+}
+
+/// Conversations of `turns` turns each, one after another (each turn extends the last prompt).
+async fn converse(gw: &GatewayHandle, fleet: &MockFleet, conversations: usize, turns: usize) {
+    for conversation in 0..conversations {
+        for turn in 1..=turns {
+            let shape = conversation + turn;
+            let text = send_turn(gw, conversation, turn, shape).await;
+            wait_indexed(gw, fleet, &prompt_tokens(conversation, turn)).await;
+            // The usage chunk reaches the client only when it asked for it.
+            match shape % 3 {
+                1 => assert!(!text.contains("\"usage\""), "the injected usage chunk is left out: {text}"),
+                2 => assert!(text.contains("\"prompt_tokens_details\""), "asked for: {text}"),
+                _ => assert!(text.contains("\"cached_tokens\""), "{text}"),
+            }
+        }
+    }
+}
+
+async fn metrics(gw: &GatewayHandle) -> String {
+    client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
+}
+
+/// The sum of every line of the family `name` (over models and workers).
+fn total(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn workers(gw: &GatewayHandle) -> Vec<Value> {
+    let res = client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap();
+    let body: Value = res.json().await.unwrap();
+    body["workers"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_engines_template_the_index_agrees_with_the_engine() {
+    let fleet = fleet(2).await;
+    let gw = gateway(gateway_config(&fleet)).await;
+    wait_flowing(&gw).await;
+    converse(&gw, &fleet, 20, 4).await;
+    let text = metrics(&gw).await;
+    let predicted = total(&text, "kvgate_prefix_predicted_tokens_total");
+    let cached = total(&text, "kvgate_prefix_engine_cached_tokens_total");
+    assert!(cached > 1000.0, "the engines served cached tokens: {text}");
+    assert!((predicted - cached).abs() <= 0.01 * cached, "predicted {predicted} vs engine {cached}");
+    assert_eq!(total(&text, "kvgate_prefix_cached_tokens_difference_ratio_count"), 80.0, "{text}");
+    let workers = workers(&gw).await;
+    let requests: u64 = workers.iter().map(|w| w["index_accuracy"]["requests"].as_u64().unwrap_or(0)).sum();
+    assert_eq!(requests, 80, "{workers:?}");
+    for worker in &workers {
+        let accuracy = &worker["index_accuracy"];
+        assert!(accuracy["error_share"].as_f64().unwrap() <= 0.01, "{worker}");
+        assert!(accuracy["disagreement"].is_null(), "{worker}");
+    }
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_chat_template_is_detected_and_named() {
+    let fleet = fleet(1).await;
+    let dir = std::env::temp_dir().join(format!("kvgate-closed-loop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let template = dir.join("wrong.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
+    )
+    .unwrap();
+    let mut cfg = gateway_config(&fleet);
+    cfg.chat_template = Some(template);
+    let gw = gateway(cfg).await;
+    wait_flowing(&gw).await;
+    // 100 answered requests fill the window: 34 conversations of 3 turns.
+    converse(&gw, &fleet, 34, 3).await;
+    let workers = workers(&gw).await;
+    let disagreement = &workers[0]["index_accuracy"]["disagreement"];
+    assert_eq!(disagreement["cause"], "tokenizer_or_template", "{workers:?}");
+    assert!(disagreement["error_share"].as_f64().unwrap() > 0.1, "{workers:?}");
+    assert!(disagreement["advice"].as_str().unwrap().contains("--chat-template"));
+    let text = metrics(&gw).await;
+    assert_eq!(total(&text, "kvgate_prefix_index_disagreement"), 1.0, "{text}");
+    assert_eq!(total(&text, "kvgate_prefix_predicted_tokens_total"), 0.0, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
