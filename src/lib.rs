@@ -15,7 +15,8 @@ use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
 use tracing_subscriber::EnvFilter;
 
-mod soak;
+#[cfg(test)]
+mod tidy;
 
 #[derive(Parser)]
 #[command(name = "kvgate", version, about = "An LLM inference gateway with KV-cache-aware routing")]
@@ -39,7 +40,7 @@ enum Command {
     Trace(TraceArgs),
     /// Soak, burst and churn the gateway in front of simulated engines, in-process: no request
     /// may be lost or answered twice, memory and file descriptors must stay flat.
-    Soak(Box<soak::SoakArgs>),
+    Soak(Box<kvgate_soak::SoakArgs>),
 }
 
 #[derive(clap::Args)]
@@ -298,7 +299,7 @@ where
         }
         Command::Soak(args) => {
             init_logging(&args.log_level, false);
-            runtime.block_on(soak::run_cli(*args))
+            runtime.block_on(kvgate_soak::run_cli(*args)).map_err(anyhow::Error::from)
         }
     };
     match result {

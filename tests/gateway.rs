@@ -382,7 +382,10 @@ async fn graceful_shutdown_lets_in_flight_requests_finish() {
     let gw = gateway(config(vec![up.url.clone()])).await;
     let url = format!("{}/v1/chat/completions", gw.url());
     let pending = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        eventually(5.0, async || up.requests.load(Ordering::SeqCst) == 1).await,
+        "the request is in flight"
+    );
     gw.shutdown().await;
     let res = pending.await.unwrap().unwrap();
     assert_eq!(res.status(), 200);

@@ -3,7 +3,6 @@
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use common::*;
 use kvgate_policy::{PolicyConfig, PolicyKind};
@@ -45,7 +44,9 @@ async fn polls_for_cache_aware_with_a_kv_threshold_and_not_otherwise() {
     {
         let quiet = upstream("q", "m").await;
         let gw = gateway(with_policy(vec![quiet.url.clone()], routing)).await;
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Four health probes (0.1 s apart) span at least six load-monitor intervals of 50 ms.
+        let probed = eventually(5.0, async || quiet.health_checks.load(Ordering::SeqCst) >= 4).await;
+        assert!(probed, "the health loop runs");
         assert_eq!(quiet.loads_polls.load(Ordering::SeqCst), 0);
         let body = loads(&gw).await;
         assert_eq!(body["polling"], false);
@@ -74,12 +75,18 @@ async fn a_hung_worker_does_not_delay_the_others_and_removed_workers_vanish() {
         .await,
         "the fast worker's entry is published while the other hangs"
     );
-    // Its entry stays fresh: ages stay near the interval, not the hung worker's delay.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let body = loads(&gw).await;
-    let entries = body["loads"].as_array().unwrap();
-    assert_eq!(entries.len(), 1, "{body}");
-    assert!(entries[0]["age_ms"].as_u64().unwrap() < 400, "{body}");
+    // Its polls go on while the other hangs, and its entry stays fresh: ages near the interval,
+    // not the hung worker's delay.
+    let polled = fast.loads_polls.load(Ordering::SeqCst);
+    let fresh = eventually(5.0, async || {
+        let body = loads(&gw).await;
+        let entries = body["loads"].as_array().unwrap();
+        fast.loads_polls.load(Ordering::SeqCst) >= polled + 4
+            && entries.len() == 1
+            && entries[0]["age_ms"].as_u64().unwrap() < 400
+    })
+    .await;
+    assert!(fresh, "{}", loads(&gw).await);
     let metrics = client().get(format!("{gw_url}/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains(&format!("kvgate_load_poll_failures_total{{worker=\"{}\"}}", hung.url)));
     assert!(metrics.contains("kvgate_load_poll_duration_seconds_count"));

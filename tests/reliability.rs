@@ -83,7 +83,7 @@ async fn a_bounded_queue_waits_for_a_slot_then_refuses() {
         let (url, body) = (url.clone(), chat("m"));
         async move { client().post(url).json(&body).send().await.unwrap() }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(metric_line_appears(&gw, "kvgate_queue_depth 1").await, "the second request is queued");
     let full = client().post(&url).json(&chat("m")).send().await.unwrap();
     assert_eq!(full.status(), 429);
     // Nobody leaves within the queue timeout: 408.
@@ -95,7 +95,7 @@ async fn a_bounded_queue_waits_for_a_slot_then_refuses() {
         let (url, body) = (url.clone(), chat("m"));
         async move { client().post(url).json(&body).send().await.unwrap() }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(metric_line_appears(&gw, "kvgate_queue_depth 1").await, "the request is queued");
     up.release.notify_one();
     let _ = held.text().await;
     let admitted = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();

@@ -86,6 +86,8 @@ struct OneShotWorker {
     url: String,
     connections: AtomicUsize,
     request_lines: Mutex<Vec<String>>,
+    /// Connections it has closed.
+    closed: AtomicUsize,
 }
 
 /// Read one HTTP/1.1 request (head and content-length body); returns the head.
@@ -122,6 +124,7 @@ async fn one_shot_worker() -> Arc<OneShotWorker> {
         url: format!("http://{}", listener.local_addr().unwrap()),
         connections: AtomicUsize::new(0),
         request_lines: Mutex::new(Vec::new()),
+        closed: AtomicUsize::new(0),
     });
     let state = worker.clone();
     tokio::spawn(async move {
@@ -139,6 +142,8 @@ async fn one_shot_worker() -> Arc<OneShotWorker> {
                 let _ = stream.write_all(answer.as_bytes()).await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 // Dropping the stream closes the connection the gateway keeps in its pool.
+                drop(stream);
+                state.closed.fetch_add(1, Ordering::SeqCst);
             });
         }
     });
@@ -164,13 +169,14 @@ async fn a_pooled_connection_the_worker_closed_is_replaced_without_error() {
     let worker = one_shot_worker().await;
     let gw = gateway_for(&worker.url).await;
     let client = client();
-    for _ in 0..5 {
+    for sent in 1..=5 {
         let res =
             client.post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
         assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
         res.bytes().await.unwrap();
-        // Let the worker close the connection the gateway just pooled.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The worker closes the connection the gateway just pooled.
+        let closed = eventually(5.0, async || worker.closed.load(Ordering::SeqCst) == sent).await;
+        assert!(closed, "the worker closed its connection {sent}");
     }
     assert_eq!(worker.connections.load(Ordering::SeqCst), 5);
     assert_eq!(worker.request_lines.lock().unwrap().len(), 5, "each request was sent exactly once");

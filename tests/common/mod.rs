@@ -57,6 +57,8 @@ pub struct Upstream {
     pub cut_stream: AtomicBool,
     /// Proxied requests whose handler is still running (dropped ones included once dropped).
     pub active: AtomicUsize,
+    /// Number of `GET /health` requests seen (the gateway's health loop ticking).
+    pub health_checks: AtomicUsize,
 }
 
 /// Counts a handler as active until it returns or is dropped (its client went away).
@@ -162,6 +164,7 @@ async fn answer(
 }
 
 async fn health(State(up): State<Arc<Upstream>>) -> StatusCode {
+    up.health_checks.fetch_add(1, Ordering::SeqCst);
     let delay = up.health_delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay as u64)).await;
@@ -209,6 +212,7 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
         bodies: std::sync::Mutex::new(Vec::new()),
         cut_stream: AtomicBool::new(false),
         active: AtomicUsize::new(0),
+        health_checks: AtomicUsize::new(0),
     });
     let app = Router::new()
         .route("/health", get(health))
@@ -276,4 +280,14 @@ pub async fn eventually(secs: f64, mut check: impl AsyncFnMut() -> bool) -> bool
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// Waits up to 5 s until the gateway's `/metrics` has the line `line` (e.g. `kvgate_queue_depth 1`).
+pub async fn metric_line_appears(gw: &GatewayHandle, line: &str) -> bool {
+    let url = format!("{}/metrics", gw.url());
+    eventually(5.0, async || {
+        let text = client().get(&url).send().await.unwrap().text().await.unwrap();
+        text.lines().any(|l| l == line)
+    })
+    .await
 }

@@ -6,9 +6,15 @@
 //! `routing.cache_threshold` or `models.llama.cache_threshold`), the command-line flag that sets
 //! it, the value given and what is allowed. [`ValidationErrors`] carries every problem found, so a
 //! user fixes them all in one round. [`Checks`] collects them with the common range checks (NaN
-//! and infinities are never in range).
+//! and infinities are never in range). [`error_chain`] is the one rendering of an error with its
+//! sources on one line, for messages that name a failed exchange (the gateway's, the mock
+//! engines', the soak client's).
 
 use std::fmt;
+
+mod chain;
+
+pub use chain::error_chain;
 
 /// One invalid option.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 // (`layers.rs` checks it, see ARCHITECTURE.md).
 // Leaf types.
 mod auth;
+mod backoff;
 mod clock;
 mod endpoint;
 mod error;

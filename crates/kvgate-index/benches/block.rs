@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
 use kvgate_index::{BlockIndex, CacheBlocks, CacheId, Namespace, PrefixMatch, Residency, StoredBlocks};
+use kvgate_trace::percentile;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -89,11 +90,6 @@ fn build(prompts: &[Prompt]) -> (Arc<BlockIndex>, Vec<CacheBlocks>) {
         store(&mut caches[prompt.cache], prompt);
     }
     (index, caches)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// Stores and removals: every prompt stored once into an empty index, then every prompt removed.

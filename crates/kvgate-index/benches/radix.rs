@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, BenchmarkId, Criterion};
 use kvgate_index::{PrefixMatch, RadixTree, TenantId, TextTree, TokenTree};
+use kvgate_trace::percentile;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -310,7 +311,7 @@ fn memory_report(name: &str, driver: &Driver) {
 
 /// Per-call latency distribution over `n` fresh calls.
 fn percentile_us(sorted: &[Duration], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)].as_secs_f64() * 1e6
+    percentile(sorted, p).as_secs_f64() * 1e6
 }
 
 /// Per-call latency distribution over `rounds` x `per_round` fresh calls. Besides the pooled
@@ -323,7 +324,7 @@ fn latency_report(name: &str, driver: &mut Driver, len: usize, rounds: usize, pe
     for _ in 0..rounds {
         let mut round: Vec<Duration> = (0..per_round).map(|_| driver.step(len)).collect();
         round.sort_unstable();
-        round_p99.push(percentile_us(&round, 0.99));
+        round_p99.push(percentile_us(&round, 99.0));
         all.extend_from_slice(&round);
     }
     let matched = driver.take_matched_fraction() * 100.0;
@@ -333,9 +334,9 @@ fn latency_report(name: &str, driver: &mut Driver, len: usize, rounds: usize, pe
     let mean = all.iter().sum::<Duration>().as_secs_f64() * 1e6 / n as f64;
     println!(
         "LATENCY | {name} | {len} | {n} | {matched:.0}% | {mean:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-        percentile_us(&all, 0.5),
-        percentile_us(&all, 0.9),
-        percentile_us(&all, 0.99),
+        percentile_us(&all, 50.0),
+        percentile_us(&all, 90.0),
+        percentile_us(&all, 99.0),
         round_p99[rounds / 2],
         all[n - 1].as_secs_f64() * 1e6,
     );

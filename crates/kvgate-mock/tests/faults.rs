@@ -76,13 +76,24 @@ async fn extra_latency_delays_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_turns_unhealthy_after_the_given_time() {
+    let started = Instant::now();
     let harness = spawn(|args| {
         args.engine = EngineKind::Canned;
-        args.unhealthy_after_secs = Some(0.3);
+        args.unhealthy_after_secs = Some(1.0);
     })
     .await;
     assert_eq!(harness.get("/health").await.status(), 200);
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    // Polled until it turns: never before the given time, and for good.
+    loop {
+        let status = harness.get("/health").await.status();
+        if status == 503 {
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(started.elapsed() < Duration::from_secs(10), "still healthy after 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_secs(1));
     assert_eq!(harness.get("/health").await.status(), 503);
     // Generation still answers.
     harness.post_json("/v1/completions", &json!({"prompt": "a"})).await;

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{spawn, sse_payloads, words, Harness};
-use kvgate_mock::{MockArgs, WorkerRole};
+use kvgate_mock::{MockArgs, WorkerRole, SOAK_ID_HEADER};
 use serde_json::{json, Value};
 
 /// Every wait in these tests gives up after this long.
@@ -70,6 +70,15 @@ async fn token_counts(response: reqwest::Response, stream: bool) -> (u64, u64) {
     (counts["prompt_tokens"].as_u64().unwrap(), counts["completion_tokens"].as_u64().unwrap())
 }
 
+/// Waits until `engine`'s handler has started on the request with soak id `id`.
+async fn wait_received(engine: &Harness, id: &str) {
+    let started = Instant::now();
+    while engine.fleet.soak_ids().get(id).map_or(0, |seen| seen.received) == 0 {
+        assert!(started.elapsed() < WAIT, "{id} never reached the engine");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn token_usage(harness: &Harness) -> f64 {
     bounded(harness.loads()).await["token_usage"].as_f64().unwrap()
 }
@@ -100,9 +109,10 @@ async fn sglang_pair_answers_on_every_endpoint_streamed_and_whole() {
     pd_body["bootstrap_room"] = json!("18446744073709551615");
     let early = tokio::spawn({
         let (client, url, pd_body) = (decode.client.clone(), decode.url.clone(), pd_body.clone());
-        async move { client.post(format!("{url}/v1/completions")).json(&pd_body).send().await }
+        let request = client.post(format!("{url}/v1/completions")).header(SOAK_ID_HEADER, "early");
+        async move { request.json(&pd_body).send().await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_received(&decode, "early").await;
     token_counts(bounded(prefill.post("/v1/completions", &pd_body)).await, false).await;
     let decoded = bounded(early).await.unwrap().unwrap();
     assert_eq!(token_counts(decoded, false).await.1, 4);
@@ -228,12 +238,14 @@ async fn a_failing_prefill_fails_the_decode_fast() {
     for (room, decode_first) in [(1, false), (2, true)] {
         let body = with_sglang_room(body("/v1/completions", &words(0, 100), 4, false), port, room);
         let started = Instant::now();
+        let id = format!("decode-{room}");
         let decoded = tokio::spawn({
             let (client, url, body) = (decode.client.clone(), decode.url.clone(), body.clone());
-            async move { client.post(format!("{url}/v1/completions")).json(&body).send().await }
+            let request = client.post(format!("{url}/v1/completions")).header(SOAK_ID_HEADER, &id);
+            async move { request.json(&body).send().await }
         });
         if decode_first {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            wait_received(&decode, &id).await;
         }
         let refused = bounded(prefill.post("/v1/completions", &body)).await;
         assert_eq!(refused.status(), 500);

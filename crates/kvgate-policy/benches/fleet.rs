@@ -20,6 +20,7 @@ use kvgate_policy::{
     build_policy, Candidate, Candidates, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest,
     RoutingKey, SelectContext,
 };
+use kvgate_trace::percentile;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -106,10 +107,6 @@ impl Fleet {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 fn main() {
     let mut c = Criterion::default()
         .sample_size(20)
@@ -147,12 +144,12 @@ fn main() {
                     round_times.push(started.elapsed());
                 }
                 round_times.sort();
-                round_p99.push(percentile(&round_times, 0.99));
+                round_p99.push(percentile(&round_times, 99.0));
                 times.extend(round_times);
             }
             times.sort();
             let best_round = round_p99.into_iter().min().expect("five rounds");
-            table.push((kind, n_workers, percentile(&times, 0.5), percentile(&times, 0.99), best_round));
+            table.push((kind, n_workers, percentile(&times, 50.0), percentile(&times, 99.0), best_round));
         }
         group.finish();
     }

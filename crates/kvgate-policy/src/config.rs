@@ -489,7 +489,7 @@ mod tests {
     }
 }
 
-/// `kv_tier_weights` in YAML and JSON: the flag's text (`GPU=1,CPU=0.75,...`).
+/// `kv_tier_weights` in YAML and JSON: the flag's text (`GPU=1,CPU=0.95,...`).
 mod tier_weights_text {
     use kvgate_index::TierWeights;
     use serde::{Deserialize, Deserializer, Serializer};

@@ -3,13 +3,14 @@
 //! `min_load`: fewest in flight, `min_group`: fewest sessions bound); later requests of the
 //! session go to the same worker for as long as it is a candidate. A session whose worker is
 //! gone (removed, unhealthy) is bound anew, once: it then stays on its new worker. Sessions idle
-//! longer than `--max-idle-secs` are forgotten, and at most `--max-sessions` are kept (the least
-//! recently used go first), so memory stays bounded. Requests without a key are placed by the
-//! assignment mode and not remembered.
+//! longer than `--max-idle-secs` are forgotten, and at most `--max-sessions` are kept (an
+//! `lru::LruCache`: the least recently used go first), so memory stays bounded. Requests without
+//! a key are placed by the assignment mode and not remembered.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use lru::LruCache;
 use rand::Rng;
 
 use crate::hashing::session_key;
@@ -37,38 +38,55 @@ struct Session {
     last_ms: u64,
 }
 
-#[derive(Debug, Default)]
+/// The sessions in least-recently-used order (each use stamps `last_ms` with the host's clock,
+/// which never goes back, so that order is also the order of `last_ms`), and how many are bound to
+/// each worker.
+#[derive(Debug)]
 struct Sessions {
-    by_key: HashMap<u64, Session>,
+    by_key: LruCache<u64, Session>,
     per_worker: HashMap<WorkerId, usize>,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        // Unbounded: `--max-sessions` is enforced on insertion, and nothing is allocated ahead.
+        Sessions { by_key: LruCache::unbounded(), per_worker: HashMap::new() }
+    }
 }
 
 impl Sessions {
     fn bind(&mut self, key: u64, worker: WorkerId, now_ms: u64) {
-        if let Some(old) = self.by_key.insert(key, Session { worker, last_ms: now_ms }) {
-            self.unbind_count(old.worker);
+        if let Some(old) = self.by_key.put(key, Session { worker, last_ms: now_ms }) {
+            unbind_count(&mut self.per_worker, old.worker);
         }
         *self.per_worker.entry(worker).or_default() += 1;
     }
 
-    fn unbind_count(&mut self, worker: WorkerId) {
-        if let Some(count) = self.per_worker.get_mut(&worker) {
-            *count = count.saturating_sub(1);
+    /// Forgets the sessions idle longer than `max_idle_ms`, from the least recently used on.
+    fn expire(&mut self, now_ms: u64, max_idle_ms: u64) {
+        while let Some((_, oldest)) = self.by_key.peek_lru() {
+            if now_ms.saturating_sub(oldest.last_ms) <= max_idle_ms {
+                return;
+            }
+            self.forget_least_recent();
         }
     }
 
-    /// Forgets the sessions `keep` refuses.
-    fn retain(&mut self, mut keep: impl FnMut(&Session) -> bool) {
-        let per_worker = &mut self.per_worker;
-        self.by_key.retain(|_, session| {
-            let kept = keep(session);
-            if !kept {
-                if let Some(count) = per_worker.get_mut(&session.worker) {
-                    *count = count.saturating_sub(1);
-                }
-            }
-            kept
-        });
+    fn forget_least_recent(&mut self) {
+        if let Some((_, session)) = self.by_key.pop_lru() {
+            unbind_count(&mut self.per_worker, session.worker);
+        }
+    }
+
+    fn remove_worker(&mut self, worker: WorkerId) {
+        self.by_key.retain(|_, session| session.worker != worker);
+        self.per_worker.remove(&worker);
+    }
+}
+
+fn unbind_count(per_worker: &mut HashMap<WorkerId, usize>, worker: WorkerId) {
+    if let Some(count) = per_worker.get_mut(&worker) {
+        *count = count.saturating_sub(1);
     }
 }
 
@@ -125,14 +143,9 @@ impl ManualPolicy {
         if sessions.by_key.len() < self.max_sessions {
             return;
         }
-        let max_idle = self.max_idle_ms;
-        sessions.retain(|s| now_ms.saturating_sub(s.last_ms) <= max_idle);
-        if sessions.by_key.len() >= self.max_sessions {
-            // Drop the oldest eighth at once, so this stays amortised O(1) per new session.
-            let mut ages: Vec<u64> = sessions.by_key.values().map(|s| s.last_ms).collect();
-            let cut = (self.max_sessions / 8).max(1).min(ages.len() - 1);
-            let (_, &mut threshold, _) = ages.select_nth_unstable(cut);
-            sessions.retain(|s| s.last_ms > threshold);
+        sessions.expire(now_ms, self.max_idle_ms);
+        while sessions.by_key.len() >= self.max_sessions {
+            sessions.forget_least_recent();
         }
     }
 }
@@ -170,22 +183,83 @@ impl Policy for ManualPolicy {
     }
 
     fn remove_worker(&self, worker: WorkerId) {
-        let mut sessions = self.lock();
-        sessions.retain(|s| s.worker != worker);
-        sessions.per_worker.remove(&worker);
+        self.lock().remove_worker(worker);
     }
 
     fn maintain(&self, now_ms: u64) {
-        let max_idle = self.max_idle_ms;
-        self.lock().retain(|s| now_ms.saturating_sub(s.last_ms) <= max_idle);
+        self.lock().expire(now_ms, self.max_idle_ms);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use expect_test::{expect, Expect};
+
     use super::*;
     use crate::test_support::{candidates, decide};
     use crate::RoutingKey;
+
+    /// Runs `steps` (`at_ms session workers`: the request's time, its session key, the
+    /// candidates' ids; `maintain` as the session runs the host's maintenance) and checks one
+    /// line per decision against `expected`, with the sessions remembered after it.
+    fn check(policy: &ManualPolicy, steps: &str, expected: Expect) {
+        let mut trace = String::new();
+        for step in steps.lines().map(str::trim).filter(|line| !line.is_empty()) {
+            let fields: Vec<&str> = step.split_whitespace().collect();
+            let at_ms: u64 = fields[0].parse().expect("a time");
+            if fields[1] == "maintain" {
+                policy.maintain(at_ms);
+                trace.push_str(&format!("at {at_ms:>5} maintain         sessions={}\n", policy.len()));
+                continue;
+            }
+            let pool: Vec<Candidate> = fields[2]
+                .split(',')
+                .map(|id| Candidate { id: id.parse().expect("a worker id"), in_flight: 0, load: None })
+                .collect();
+            let decision = route(policy, fields[1], &pool, at_ms);
+            let reason = format!("{:?}", decision.reason);
+            trace.push_str(&format!(
+                "at {at_ms:>5} {:<6} -> {} {reason:<16} sessions={}\n",
+                fields[1],
+                decision.worker,
+                policy.len()
+            ));
+        }
+        expected.assert_eq(&trace);
+    }
+
+    #[test]
+    fn the_least_recently_used_session_goes_first_and_idle_ones_expire() {
+        // At most three sessions, idle ones forgotten after 10 s, new ones on the emptiest worker.
+        let policy = ManualPolicy::new(AssignmentMode::MinGroup, 10.0, 3);
+        check(
+            &policy,
+            "
+            0 a 0,1,2
+            1 b 0,1,2
+            2 c 0,1,2
+            3 a 0,1,2
+            4 d 0,1,2
+            5 b 0,1,2
+            6 a 1,2
+            7 a 0,1,2
+            20000 maintain
+            20001 c 0,1,2
+            ",
+            expect![[r#"
+                at     0 a      -> 0 SessionAssigned  sessions=1
+                at     1 b      -> 2 SessionAssigned  sessions=2
+                at     2 c      -> 1 SessionAssigned  sessions=3
+                at     3 a      -> 0 Sticky           sessions=3
+                at     4 d      -> 2 SessionAssigned  sessions=3
+                at     5 b      -> 1 SessionAssigned  sessions=3
+                at     6 a      -> 2 SessionAssigned  sessions=3
+                at     7 a      -> 2 Sticky           sessions=3
+                at 20000 maintain         sessions=0
+                at 20001 c      -> 0 SessionAssigned  sessions=1
+            "#]],
+        );
+    }
 
     fn route(policy: &ManualPolicy, session: &str, pool: &[Candidate], now_ms: u64) -> Decision {
         let request = RouteRequest { key: RoutingKey::None, prompt_tokens: 0, session: Some(session) };

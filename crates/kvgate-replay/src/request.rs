@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kvgate_trace::trace::{prompt_text, TraceRequest};
+use kvgate_trace::SseData;
 use serde_json::{json, Value};
 
 /// Which OpenAI-compatible endpoint requests go to.
@@ -117,10 +118,11 @@ pub async fn send(client: &reqwest::Client, url: &str, body: &Value) -> Result<O
     })
 }
 
-/// An incremental reader of `data:` lines.
+/// What a replayed request's stream says: its `data:` events (`kvgate_trace::SseData` reads
+/// them), `[DONE]`, the last usage object, or an error event.
 #[derive(Debug, Default)]
 pub struct SseReader {
-    buffer: Vec<u8>,
+    events: SseData,
     /// `data:` events seen, `[DONE]` included.
     pub data_events: u64,
     pub done: bool,
@@ -129,23 +131,16 @@ pub struct SseReader {
 }
 
 impl SseReader {
-    /// Consumes bytes; complete lines are interpreted at once.
+    /// Consumes bytes; complete events are interpreted at once.
     pub fn push(&mut self, bytes: &[u8]) -> Result<(), RequestError> {
-        self.buffer.extend_from_slice(bytes);
-        let mut start = 0;
-        while let Some(offset) = self.buffer[start..].iter().position(|&b| b == b'\n') {
-            let end = start + offset;
-            let line = String::from_utf8_lossy(&self.buffer[start..end]).trim().to_string();
-            start = end + 1;
-            self.line(&line)?;
+        self.events.push(bytes);
+        while let Some(data) = self.events.next_data() {
+            self.data(&data)?;
         }
-        self.buffer.drain(..start);
         Ok(())
     }
 
-    fn line(&mut self, line: &str) -> Result<(), RequestError> {
-        let Some(data) = line.strip_prefix("data:") else { return Ok(()) };
-        let data = data.trim();
+    fn data(&mut self, data: &str) -> Result<(), RequestError> {
         self.data_events += 1;
         if data == "[DONE]" {
             self.done = true;

@@ -1,20 +1,24 @@
-//! kvgate-trace: what `kvgate sim` and `kvgate replay` share without the one pulling in the
-//! other: workload traces ([`trace`]: Mooncake jsonl, the prompt tokens and text built from a
-//! line), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents, bursts, long
-//! prompts), the trace's cache references ([`CacheReference`]: infinite ceiling, pooled LRU,
-//! pooled Belady) and the percentile every report uses.
+//! kvgate-trace: what the load tools (`kvgate sim`, `kvgate replay`, `kvgate soak`) share without
+//! pulling in one another: workload traces ([`trace`]: Mooncake jsonl, the prompt tokens and text
+//! built from a line), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents,
+//! bursts, long prompts), the trace's cache references ([`CacheReference`]: infinite ceiling,
+//! pooled LRU, pooled Belady), the one percentile every report uses, and the one reader of a
+//! streamed answer's SSE events at the client ([`SseData`]).
 
 pub mod generate;
 mod reference;
+mod sse;
 pub mod trace;
 
 pub use reference::CacheReference;
+pub use sse::SseData;
 pub use trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 
-/// Nearest-rank percentile of sorted values (0 when empty).
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// The nearest-rank `p`th percentile of sorted values, `p` in percent (50 for the median): the
+/// smallest value with at least `p`% of the values at or below it. The default (0) when empty.
+pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
     if sorted.is_empty() {
-        return 0.0;
+        return T::default();
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
@@ -22,6 +26,8 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::percentile;
 
     #[test]
@@ -31,6 +37,12 @@ mod tests {
         assert_eq!(percentile(&values, 99.0), 99.0);
         assert_eq!(percentile(&values, 100.0), 100.0);
         assert_eq!(percentile(&[7.0], 1.0), 7.0);
-        assert_eq!(percentile(&[], 50.0), 0.0);
+        assert_eq!(percentile::<f64>(&[], 50.0), 0.0);
+        // Any ordered copyable values: microseconds, durations.
+        assert_eq!(percentile(&[10u32, 20, 30, 40], 50.0), 20);
+        assert_eq!(percentile(&[10u32, 20, 30, 40], 51.0), 30);
+        let times: Vec<Duration> = (1..=10).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&times, 90.0), Duration::from_millis(9));
+        assert_eq!(percentile::<Duration>(&[], 99.0), Duration::ZERO);
     }
 }

@@ -30,7 +30,6 @@ class Gateway:
         rebalance_affinity: bool = True,
         cache_miss_strategy: Literal['least_load', 'most_free_kv', 'smallest_tree'] = 'least_load',
         prefix_index: Literal['auto', 'approximate', 'exact'] = 'auto',
-        kv_tier_weights: str = 'GPU=1,CPU=0.75,CPU_PINNED=0.75,STORAGE=0.25,DISK=0.25,*=0.25',
         least_load_kv_pressure_weight: float = 0.15,
         least_load_mean_prefill_tokens: float = 1024.0,
         least_load_default_throughput: float = 2000.0,
@@ -178,10 +177,6 @@ class Gateway:
         prefix_index: cache_aware: the prefix index requests are matched against: the exact
             index built from the engines' KV events, or the approximate tree of what was routed
             where
-        kv_tier_weights: cache_aware, kv_aware: the share of a GPU hit that a hit in each cache
-            tier earns in the exact index, MEDIUM=WEIGHT pairs by the medium names the engines
-            send (`*`: any other): a block held only in host memory or on disk is loaded back,
-            which costs transfer time, not a prefill. `*=1` counts every tier as the GPU
         least_load_kv_pressure_weight: least_load: weight of the KV pressure term k / (1 - k),
             in seconds, > 0
         least_load_mean_prefill_tokens: least_load: prompt tokens assumed for a request whose
@@ -286,8 +281,7 @@ class Gateway:
         tokenizer_path: Tokenizer for matching requests to KV blocks: a Hugging Face
             tokenizer.json, or a directory holding it and tokenizer_config.json (the chat
             template). Never downloaded
-        chat_template: Chat template file (Jinja) overriding the tokenizer's (with --mock-
-            tokenizer: rendering chats instead of the mock engines' own rendering)
+        chat_template: Chat template file (Jinja) overriding the tokenizer's
         tokenizer_threads: Threads tokenizing requests for the exact index, apart from the I/O
             threads (default: half the CPU cores, at least one). Inputs of at most 2 KiB are
             tokenized inline
@@ -496,7 +490,6 @@ def simulate(
     rebalance_affinity: bool = True,
     cache_miss_strategy: Literal['least_load', 'most_free_kv', 'smallest_tree'] = 'least_load',
     prefix_index: Literal['auto', 'approximate', 'exact'] = 'auto',
-    kv_tier_weights: str = 'GPU=1,CPU=0.75,CPU_PINNED=0.75,STORAGE=0.25,DISK=0.25,*=0.25',
     least_load_kv_pressure_weight: float = 0.15,
     least_load_mean_prefill_tokens: float = 1024.0,
     least_load_default_throughput: float = 2000.0,
@@ -589,10 +582,6 @@ def simulate(
     cache_miss_strategy: cache_aware: where a cache miss goes
     prefix_index: cache_aware: the prefix index requests are matched against: the exact index
         built from the engines' KV events, or the approximate tree of what was routed where
-    kv_tier_weights: cache_aware, kv_aware: the share of a GPU hit that a hit in each cache tier
-        earns in the exact index, MEDIUM=WEIGHT pairs by the medium names the engines send (`*`:
-        any other): a block held only in host memory or on disk is loaded back, which costs
-        transfer time, not a prefill. `*=1` counts every tier as the GPU
     least_load_kv_pressure_weight: least_load: weight of the KV pressure term k / (1 - k), in
         seconds, > 0
     least_load_mean_prefill_tokens: least_load: prompt tokens assumed for a request whose size

@@ -19,6 +19,7 @@ use zeromq::{
 };
 
 use super::KvEventLimits;
+use crate::backoff::Backoff;
 use crate::config::RankEndpoints;
 use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::KvEventsMetrics;
@@ -29,7 +30,9 @@ use crate::worker::Worker;
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most batches one replay may return (vLLM keeps 10,000 by default).
 const REPLAY_MAX_BATCHES: usize = 1_000_000;
-/// Connection attempts back off up to this.
+/// Connection attempts back off from the first delay up to the ceiling (with jitter, so the
+/// subscriptions of a fleet's engines do not reconnect in lockstep).
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// At most one warning per subscription this often; the rest are counted.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -107,7 +110,7 @@ impl RankSubscription {
 
     /// A SUB socket connected and subscribed, retrying with backoff until it is.
     async fn connect(&self) -> SubSocket {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
         loop {
             let mut options = SocketOptions::default();
             options.connect_timeout(Duration::from_secs(2));
@@ -128,8 +131,7 @@ impl RankSubscription {
                     tracing::debug!(endpoint = %self.endpoints.events, "KV event connect timed out; retrying")
                 }
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, StatusCode};
 use http_body_util::Full;
+use kvgate_config::error_chain;
 use kvgate_index::InFlightPrompt;
 
 use crate::body::InFlight;
@@ -126,17 +127,6 @@ fn forwarded(name: &http::HeaderName, forward_credentials: bool) -> bool {
         && name != header::CONTENT_LENGTH
         && name != header::EXPECT
         && (forward_credentials || !is_credential(name))
-}
-
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {

@@ -21,9 +21,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use rand::Rng;
 
 use crate::auth::check_client_key;
+use crate::backoff::Backoff;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::request::RequestFields;
@@ -167,6 +167,7 @@ where
     let mut tried: Vec<u32> = Vec::with_capacity(2);
     let mut last_failure: Option<Failure> = None;
     let mut retries = 0;
+    let mut backoff: Option<Backoff> = None; // made at the first retry
     loop {
         let plan = match shape.plan(state, &route_request, prepared.namespace, &tried, target) {
             Ok(plan) => plan,
@@ -200,7 +201,14 @@ where
         }
         retries += 1;
         state.metrics.retries.with_label_values(&[endpoint.label()]).inc();
-        tokio::time::sleep(backoff(state, retries)).await;
+        let backoff = backoff.get_or_insert_with(|| {
+            let millis = |ms: u64| Duration::from_millis(ms);
+            Backoff::new(
+                millis(state.config.retry_initial_backoff_ms),
+                millis(state.config.retry_max_backoff_ms),
+            )
+        });
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
@@ -233,13 +241,4 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
         }
         Attempt::Fatal(error) => Outcome::Fatal(error),
     }
-}
-
-fn backoff(state: &AppState, retry: u32) -> Duration {
-    let initial = state.config.retry_initial_backoff_ms as f64;
-    let capped =
-        (initial * 2f64.powi(retry.saturating_sub(1) as i32)).min(state.config.retry_max_backoff_ms as f64);
-    // Jitter in [50%, 100%] so that retries from many requests do not line up.
-    let jittered = capped * rand::rng().random_range(0.5..=1.0);
-    Duration::from_micros((jittered * 1000.0) as u64)
 }

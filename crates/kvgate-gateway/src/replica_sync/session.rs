@@ -1,7 +1,7 @@
 //! The sync task: connect to Redis (a connection to publish on, one subscribed to the channel),
 //! publish queued routing records in batches and this replica's in-flight counts every interval,
 //! apply the peers' messages; when Redis is lost, warn, drop the peers' in-flight counts (the
-//! replica routes on its own) and reconnect with backoff.
+//! replica routes on its own) and reconnect with backoff (`crate::backoff`, with jitter).
 //!
 //! A peer's message is applied only when its tag verifies with the shared secret, it is recent
 //! (`--replica-sync-max-age-ms`) and numbered after the last one of its sender; at most
@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::wire::{Message, OpenError, Routed};
 use super::ReplicaSync;
+use crate::backoff::Backoff;
 use crate::registry::Registry;
 
 /// Most routing records in one published message.
@@ -84,27 +85,29 @@ pub async fn run(
             return;
         }
     };
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     // Numbered across reconnections: peers drop anything numbered at or below what they heard.
     let mut next_seq = 0u64;
     loop {
         let started = Instant::now();
-        match session(&registry, &settings, &sync, &client, &mut outgoing, &mut shutdown, &mut next_seq).await
-        {
+        let ended =
+            session(&registry, &settings, &sync, &client, &mut outgoing, &mut shutdown, &mut next_seq).await;
+        if started.elapsed() > MAX_BACKOFF {
+            backoff.reset(); // the session had been up: start over
+        }
+        let delay = backoff.next_delay();
+        match ended {
             Ended::Shutdown => return,
             Ended::Lost { kind, error } => {
                 sync.metrics.connected.set(0);
                 sync.metrics.peers.set(0);
                 sync.metrics.errors.with_label_values(&[kind]).inc();
                 sync.set_peer_in_flight(HashMap::new());
-                tracing::warn!(%error, kind, retry_in_ms = backoff.as_millis() as u64,
+                tracing::warn!(%error, kind, retry_in_ms = delay.as_millis() as u64,
                     "replica sync: Redis lost; routing on this replica's own state until it is back");
             }
         }
-        if started.elapsed() > MAX_BACKOFF {
-            backoff = FIRST_BACKOFF; // the session had been up: start over
-        }
-        let wait = tokio::time::sleep(backoff);
+        let wait = tokio::time::sleep(delay);
         tokio::pin!(wait);
         loop {
             tokio::select! {
@@ -114,7 +117,6 @@ pub async fn run(
                 Some(_) = outgoing.recv() => sync.metrics.errors.with_label_values(&["queue_full"]).inc(),
             }
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 

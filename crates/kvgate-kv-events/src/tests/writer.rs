@@ -8,11 +8,9 @@ pub(super) struct Style(pub(super) u64);
 
 impl Style {
     pub(super) fn pick(&mut self, n: usize) -> usize {
+        let z = kvgate_words::splitmix64(self.0);
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) % n as u64) as usize
+        (z % n as u64) as usize
     }
 
     pub(super) fn coin(&mut self) -> bool {

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use kvgate_config::error_chain;
 use tokio::sync::watch;
 
 use super::bootstrap::PulledKv;
@@ -90,17 +91,6 @@ pub(crate) async fn pull(
         }
         Ok(Ok(_)) => Ok(()),
     }
-}
-
-/// An error and its sources, `: `-separated (reqwest's own message hides the cause).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let _ = write!(message, ": {cause}");
-        source = cause.source();
-    }
-    message
 }
 
 #[cfg(test)]

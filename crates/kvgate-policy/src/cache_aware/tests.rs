@@ -418,13 +418,14 @@ fn exact_index_routes_to_the_engine_that_holds_the_blocks() {
     assert_eq!(d.reason, Reason::CacheMiss, "4 of 20 tokens on worker 0 is under the cache threshold");
 }
 
-/// `--kv-tier-weights`: a prompt held whole in host memory is worth 0.75 of a GPU hit by default,
-/// so 80% of it on a GPU wins; weighing every tier as the GPU, the whole prompt in CPU memory wins.
+/// `--kv-tier-weights`: a prompt held whole in host memory is worth 0.95 of a GPU hit by default,
+/// so it beats 80% of it on a GPU; weighed at the peers' 0.75, the 80% on the GPU wins; weighing
+/// every tier as the GPU, the whole prompt in CPU memory wins.
 #[test]
 fn a_hit_in_host_memory_counts_at_its_tier_weight() {
     let prompt: Vec<u32> = (1..=20).collect();
     let cpu = kvgate_index::Residency::of(Some("CPU"), None, None);
-    for (weights, winner) in [(None, 0), (Some("*=1"), 1)] {
+    for (weights, winner) in [(None, 1), (Some("CPU=0.75"), 0), (Some("*=1"), 1)] {
         let mut config = PolicyConfig::default();
         if let Some(weights) = weights {
             config.kv_tier_weights = weights.parse().unwrap();

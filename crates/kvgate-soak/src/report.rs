@@ -7,11 +7,12 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use kvgate_mock::SoakIdSeen;
+use kvgate_trace::percentile;
 use serde::Serialize;
 
-use super::engines::ChurnEvent;
-use super::resources::{range, Sample};
-use super::traffic::{Cause, Outcome};
+use crate::engines::ChurnEvent;
+use crate::resources::{range, Sample};
+use crate::traffic::{Cause, Outcome};
 
 /// The load phases, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -163,12 +164,9 @@ pub(crate) fn is_duplicated(seen: SoakIdSeen, multi_answer: bool) -> bool {
     multi_answer || seen.answered > 1
 }
 
-fn percentile(sorted: &[u32], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(f64::from(sorted[rank - 1]) / 1000.0)
+/// The `p`th percentile (in percent) of sorted microseconds, in milliseconds; `None` when empty.
+fn percentile_ms(sorted_us: &[u32], p: f64) -> Option<f64> {
+    (!sorted_us.is_empty()).then(|| f64::from(percentile(sorted_us, p)) / 1000.0)
 }
 
 /// Re-sent requests listed at most (they are expected around a killed engine).
@@ -253,10 +251,10 @@ pub(crate) fn build(data: RunData) -> SoakReport {
     for (row, (ttft, latency)) in rows.iter_mut().zip(ttfts.iter_mut().zip(latencies.iter_mut())) {
         ttft.sort_unstable();
         latency.sort_unstable();
-        row.ttft_p50_ms = percentile(ttft, 0.50);
-        row.ttft_p99_ms = percentile(ttft, 0.99);
-        row.latency_p50_ms = percentile(latency, 0.50);
-        row.latency_p99_ms = percentile(latency, 0.99);
+        row.ttft_p50_ms = percentile_ms(ttft, 50.0);
+        row.ttft_p99_ms = percentile_ms(ttft, 99.0);
+        row.latency_p50_ms = percentile_ms(latency, 50.0);
+        row.latency_p99_ms = percentile_ms(latency, 99.0);
         let in_phase: Vec<&Sample> = samples.iter().filter(|s| s.label == row.phase).collect();
         row.rss_mb = mb_range(&in_phase);
         row.fds = range(&in_phase, |s| s.fds);
@@ -294,12 +292,12 @@ pub(crate) fn build(data: RunData) -> SoakReport {
     }
     let mut all_ttfts: Vec<u32> = ttfts.concat();
     all_ttfts.sort_unstable();
-    total.ttft_p50_ms = percentile(&all_ttfts, 0.50);
-    total.ttft_p99_ms = percentile(&all_ttfts, 0.99);
+    total.ttft_p50_ms = percentile_ms(&all_ttfts, 50.0);
+    total.ttft_p99_ms = percentile_ms(&all_ttfts, 99.0);
     let mut all_latencies: Vec<u32> = latencies.concat();
     all_latencies.sort_unstable();
-    total.latency_p50_ms = percentile(&all_latencies, 0.50);
-    total.latency_p99_ms = percentile(&all_latencies, 0.99);
+    total.latency_p50_ms = percentile_ms(&all_latencies, 50.0);
+    total.latency_p99_ms = percentile_ms(&all_latencies, 99.0);
     let all_samples: Vec<&Sample> =
         samples.iter().filter(|s| !matches!(s.label.as_str(), "baseline" | "after shutdown")).collect();
     total.rss_mb = mb_range(&all_samples);

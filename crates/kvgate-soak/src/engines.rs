@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use kvgate_mock::{MockArgs, MockFleet, SoakIdLog, SoakIdSeen};
+use kvgate_mock::{MockArgs, MockError, MockFleet, SoakIdLog, SoakIdSeen};
 use serde::Serialize;
+
+use crate::SoakError;
 
 /// Tries to bind a killed engine's port again before giving up.
 const RESTART_ATTEMPTS: u32 = 20;
@@ -22,17 +23,20 @@ pub(crate) struct Engines {
 }
 
 impl Engines {
-    pub(crate) async fn start(count: usize, template: MockArgs) -> anyhow::Result<Self> {
+    pub(crate) async fn start(count: usize, template: MockArgs) -> Result<Self, SoakError> {
         let mut engines = Self { template, fleets: Vec::new(), urls: Vec::new(), logs: Vec::new() };
         for worker_idx in 0..count {
-            let fleet = engines.spawn(0).await.with_context(|| format!("starting engine {worker_idx}"))?;
+            let fleet = engines
+                .spawn(0)
+                .await
+                .map_err(|error| SoakError::engine(format!("starting engine {worker_idx}"), error))?;
             engines.urls.push(fleet.urls()[0].clone());
             engines.fleets.push(Some(fleet));
         }
         Ok(engines)
     }
 
-    async fn spawn(&mut self, port: u16) -> anyhow::Result<MockFleet> {
+    async fn spawn(&mut self, port: u16) -> Result<MockFleet, MockError> {
         let args = MockArgs { count: 1, base_port: port, ..self.template.clone() };
         let fleet = kvgate_mock::spawn_fleet(args).await?;
         self.logs.push(fleet.soak_id_log());
@@ -45,16 +49,23 @@ impl Engines {
 
     /// Stops engine `worker_idx` at once: its port closes, its open streams end with an error,
     /// requests waiting in it are answered 503.
-    pub(crate) async fn kill(&mut self, worker_idx: usize) -> anyhow::Result<()> {
-        let fleet = self.fleets[worker_idx].take().context("the engine is not running")?;
+    pub(crate) async fn kill(&mut self, worker_idx: usize) -> Result<(), SoakError> {
+        let Some(fleet) = self.fleets[worker_idx].take() else {
+            return Err(SoakError::engine(
+                format!("killing engine {worker_idx}"),
+                "the engine is not running",
+            ));
+        };
         fleet.shutdown().await;
         Ok(())
     }
 
     /// Starts engine `worker_idx` again on its port (a fresh engine: empty cache and queue).
-    pub(crate) async fn restart(&mut self, worker_idx: usize) -> anyhow::Result<()> {
-        let port: u16 =
-            self.urls[worker_idx].rsplit(':').next().and_then(|p| p.parse().ok()).context("port")?;
+    pub(crate) async fn restart(&mut self, worker_idx: usize) -> Result<(), SoakError> {
+        let what = "restarting the engine on its port";
+        let Some(port) = self.urls[worker_idx].rsplit(':').next().and_then(|p| p.parse::<u16>().ok()) else {
+            return Err(SoakError::engine(what, format!("no port in {}", self.urls[worker_idx])));
+        };
         let mut last_error = None;
         for _ in 0..RESTART_ATTEMPTS {
             match self.spawn(port).await {
@@ -66,7 +77,7 @@ impl Engines {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(last_error.expect("at least one attempt")).context("restarting the engine on its port")
+        Err(SoakError::engine(what, last_error.expect("at least one attempt")))
     }
 
     /// Every soak id the engines received, summed over engines and restarts.
@@ -165,11 +176,9 @@ pub(crate) async fn churn(
                 let sent = client.post(format!("{gateway_url}/workers")).json(&body).send().await;
                 sent.map(|r| r.status().as_u16().to_string()).unwrap_or_else(|e| e.to_string())
             }
-            Action::Kill => {
-                engines.kill(worker_idx).await.map_or_else(|e| format!("{e:#}"), |()| "ok".into())
-            }
+            Action::Kill => engines.kill(worker_idx).await.map_or_else(|e| e.to_string(), |()| "ok".into()),
             Action::Restart => {
-                engines.restart(worker_idx).await.map_or_else(|e| format!("{e:#}"), |()| "ok".into())
+                engines.restart(worker_idx).await.map_or_else(|e| e.to_string(), |()| "ok".into())
             }
         };
         let action = format!("{action:?}").to_lowercase();

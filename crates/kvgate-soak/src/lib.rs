@@ -1,4 +1,4 @@
-//! `kvgate soak`: a bounded soak, burst and churn run in one process (simulated engines, the
+//! kvgate-soak, `kvgate soak`: a bounded soak, burst and churn run in one process (simulated engines, the
 //! gateway and the client) that checks no request is lost or answered twice and that memory and
 //! file descriptors stay flat. Phases: steady load with worker churn (removal and re-adding
 //! through `/workers`, one engine killed outright and restarted), a burst well above capacity,
@@ -7,6 +7,7 @@
 //! report joins those counts with what the client saw (`report.rs` defines a duplicate).
 
 mod engines;
+mod error;
 mod report;
 mod resources;
 mod traffic;
@@ -16,7 +17,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 use kvgate_engine::EngineFlags;
 use kvgate_gateway::GatewayConfig;
@@ -24,6 +24,7 @@ use kvgate_mock::MockArgs;
 use kvgate_policy::PolicyConfig;
 
 use engines::Engines;
+pub use error::SoakError;
 use report::{FdCheck, Incident, IncidentKind, Phase, Record, RunData, SoakReport};
 use resources::Sample;
 use traffic::{Draws, Outcome};
@@ -214,20 +215,21 @@ impl SoakArgs {
 
 /// Runs the soak, prints the table (and writes the JSON); fails when a request was lost or
 /// duplicated.
-pub async fn run_cli(args: SoakArgs) -> anyhow::Result<()> {
+pub async fn run_cli(args: SoakArgs) -> Result<(), SoakError> {
     args.validate()?;
     let report = run(&args).await?;
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report).context("serializing the report")?;
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        let output = |error: &dyn std::fmt::Display| SoakError::Output {
+            path: path.display().to_string(),
+            message: error.to_string(),
+        };
+        let json = serde_json::to_string_pretty(&report).map_err(|error| output(&error))?;
+        std::fs::write(path, json).map_err(|error| output(&error))?;
     }
     println!("{}", report.markdown());
-    anyhow::ensure!(
-        report.passed(),
-        "soak failed: {} lost, {} duplicated (details under \"incidents\" in --json)",
-        report.total.lost,
-        report.total.duplicated
-    );
+    if !report.passed() {
+        return Err(SoakError::Failed { lost: report.total.lost, duplicated: report.total.duplicated });
+    }
     Ok(())
 }
 
@@ -264,19 +266,22 @@ struct Shared {
     collected: Collected,
 }
 
-async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
+async fn run(args: &SoakArgs) -> Result<SoakReport, SoakError> {
     let baseline = resources::sample("baseline", 0.0, 0, 0);
     let engines = Engines::start(args.workers, args.mock_args()).await?;
     let worker_urls = engines.urls().to_vec();
     let gateway = kvgate_gateway::start(args.gateway_config(worker_urls.clone()))
         .await
-        .context("starting the gateway")?;
+        .map_err(|error| SoakError::Gateway(error.to_string()))?;
     tokio::time::sleep(SETTLE).await;
     let before = resources::sample("before", 0.0, 0, 0);
     let expected: f64 = args.plan().iter().map(|(_, secs, rate)| secs * rate).sum();
     let shared = Arc::new(Shared {
         // Short-lived idle connections, so descriptor samples follow the load.
-        client: reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(2)).build()?,
+        client: reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|error| SoakError::run("building the HTTP client", error))?,
         url: format!("{}/v1/chat/completions", gateway.url()),
         id_prefix: format!("soak{}-", args.seed),
         worker_urls: worker_urls.clone(),
@@ -311,7 +316,7 @@ async fn run(args: &SoakArgs) -> anyhow::Result<SoakReport> {
 
     dispatch(&shared, &args.plan()).await;
     drain(&shared).await;
-    let (engines, churn_events) = churn.await.context("the churn task")?;
+    let (engines, churn_events) = churn.await.map_err(|error| SoakError::run("the churn task", error))?;
     let _ = stop_sampler.send(true);
     let _ = sampler.await;
 
@@ -386,7 +391,7 @@ async fn drain(shared: &Shared) {
 
 /// Takes the shared state back once the last request task has let go of it (right after the
 /// in-flight count reached zero).
-async fn release(mut shared: Arc<Shared>) -> anyhow::Result<Shared> {
+async fn release(mut shared: Arc<Shared>) -> Result<Shared, SoakError> {
     for _ in 0..100 {
         match Arc::try_unwrap(shared) {
             Ok(shared) => return Ok(shared),
@@ -394,10 +399,8 @@ async fn release(mut shared: Arc<Shared>) -> anyhow::Result<Shared> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    anyhow::bail!(
-        "{} requests are still running after their deadline",
-        shared.progress.in_flight.load(Ordering::Relaxed)
-    )
+    let in_flight = shared.progress.in_flight.load(Ordering::Relaxed);
+    Err(SoakError::run("draining", format!("{in_flight} requests are still running after their deadline")))
 }
 
 /// One request: plan, send, classify, record.

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use kvgate_engine::splitmix64;
+use kvgate_config::error_chain;
+use kvgate_trace::SseData;
+use kvgate_words::splitmix64;
 use serde_json::{json, Value};
 
 /// Words the prompts are made of.
@@ -280,20 +282,14 @@ async fn exchange(
             Err(error) => (Cause::BrokenBody, Some(error_chain(&error))),
         };
     }
-    let mut buffer: Vec<u8> = Vec::new();
+    let mut events = SseData::default();
     loop {
         match response.chunk().await {
             Ok(Some(chunk)) => {
-                buffer.extend_from_slice(&chunk);
-                let mut start = 0;
-                while let Some(offset) = buffer[start..].iter().position(|&b| b == b'\n') {
-                    let line = String::from_utf8_lossy(&buffer[start..start + offset]);
-                    if let Some(payload) = line.trim().strip_prefix("data:") {
-                        seen.event(payload.trim(), started);
-                    }
-                    start += offset + 1;
+                events.push(&chunk);
+                while let Some(payload) = events.next_data() {
+                    seen.event(&payload, started);
                 }
-                buffer.drain(..start);
             }
             Ok(None) => {
                 return match (&seen.error_event, seen.done_events) {
@@ -314,17 +310,6 @@ async fn exchange(
 
 fn snippet(body: &[u8]) -> String {
     String::from_utf8_lossy(body).chars().take(200).collect()
-}
-
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
