@@ -2,34 +2,72 @@
 # The simulator against the real thing: replays a scenario's trace as streaming HTTP requests
 # through `kvgate launch` (one gateway per policy, KV events on) onto 8 `kvgate mock` engines
 # running TIME_SCALE times faster than wall time, then runs `kvgate sim` on the same requests,
-# and prints both reports. Loopback only.
+# and prints both reports and their per-percentile ratios. Loopback only.
 #
-#   scripts/sim_vs_http.sh S1|S4 [MAX_REQUESTS] [POLICY ...]
-#   env: KVGATE (binary, default target/release/kvgate), TRACE, TIME_SCALE (10), OUT (/tmp/sim_vs_http)
+#   scripts/sim_vs_http.sh S1|S2|S3|S4|S5|S6|S7|S8 [MAX_REQUESTS|-] [ENTRY ...]
+#
+# An ENTRY is a policy as `kvgate sim --policies` takes it: NAME[:flag=value...][@LABEL], e.g.
+# `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9@triggers`
+# (default: round_robin cache_aware kv_aware). S5, S7 and S8 are generated (kvgate trace gen,
+# seed 0) into OUT; S6 is the unequal fleet (docs/SCENARIOS.md).
+#
+# The gateway runs in wall time and the engines TIME_SCALE times faster, so every time-valued
+# policy setting is given to the gateway scaled (load polls every 1000 / TIME_SCALE ms, prefill
+# rates x TIME_SCALE, ...) so that it sees what the simulator's policy sees in model time.
+#
+#   env: KVGATE (binary, default target/release/kvgate), TRACE, TIME_SCALE (10),
+#        OUT (/tmp/sim_vs_http), PAUSE_SECS (5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scenario=${1:?S1 or S4}; shift
+scenario=${1:?S1..S8}; shift
 max=${1:-}; [ $# -gt 0 ] && shift
-policies=("$@"); [ ${#policies[@]} -gt 0 ] || policies=(round_robin cache_aware kv_aware)
+[ "$max" = "-" ] && max=
+entries=("$@"); [ ${#entries[@]} -gt 0 ] || entries=(round_robin cache_aware kv_aware)
 kvgate=${KVGATE:-target/release/kvgate}
 trace=${TRACE:-../shared/traces/conversation_trace.jsonl}
 scale=${TIME_SCALE:-10}
 out=${OUT:-/tmp/sim_vs_http}/$scenario
 mkdir -p "$out"
+kv=262144; rate=1; fleet=(); fleet_kv=
 case $scenario in
-  S1) rate=1; kv=262144 ;;
+  S1) ;;
+  S2) rate=2 ;;
+  S3) rate=2; kv=131072 ;;
   S4) rate=1.5; kv=1048576 ;;
+  S5) kv=1048576; trace=$out/s5.jsonl; "$kvgate" trace gen --shape hot-docs -o "$trace" ;;
+  S6) rate=2; fleet_kv=$((7 * 262144 + 131072))
+      fleet=(--worker-speeds 2,2,2,2,1,1,1,1
+        --worker-kv-capacity-tokens 262144,262144,262144,262144,262144,262144,262144,131072) ;;
+  S7) trace=$out/s7.jsonl; "$kvgate" trace gen --shape bursts -o "$trace" ;;
+  S8) trace=$out/s8.jsonl
+      "$kvgate" trace gen --shape long-prompts --doc-min-tokens 8000 --doc-max-tokens 100000 --load 0.6 -o "$trace" ;;
   *) echo "unknown scenario $scenario" >&2; exit 2 ;;
 esac
 speedup=$(python3 -c "print($rate * $scale)")
 limit=(); [ -n "$max" ] && limit=(--max-requests "$max")
+[ -n "$fleet_kv" ] || fleet_kv=$((8 * kv))
+
+# Time-valued policy settings in wall time: model-time defaults scaled by TIME_SCALE.
+scaled=$(python3 -c "
+s = $scale
+print(' '.join([
+  '--load-monitor-interval-ms', str(max(1, round(1000 / s))),
+  '--kv-aware-prefill-tokens-per-sec', str(8000 * s),
+  '--kv-aware-decode-ms-per-request', str(0.35 / s),
+  '--kv-aware-kv-pressure-weight', str(0.15 / s),
+  '--kv-aware-wait-slack-ms', str(1000 / s),
+  '--least-load-default-throughput', str(2000 * s),
+  '--least-load-kv-pressure-weight', str(0.15 / s),
+  '--eviction-interval', str(120 / s),
+]))")
 
 pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 "$kvgate" mock --workers 8 --time-scale "$scale" --base-port 31000 --kv-events-base-port 31100 \
-  --kv-events-replay-base-port 31200 --kv-capacity-tokens "$kv" --force-max-tokens > "$out/mock.log" 2>&1 &
+  --kv-events-replay-base-port 31200 --kv-capacity-tokens "$kv" "${fleet[@]}" --force-max-tokens \
+  > "$out/mock.log" 2>&1 &
 pids+=($!)
 sleep 2
 workers=(); events=(); replays=()
@@ -40,20 +78,32 @@ for i in 0 1 2 3 4 5 6 7; do
 done
 urls=(); labels=()
 port=30100
-for policy in "${policies[@]}"; do
-  "$kvgate" launch --port $port --policy "$policy" --worker-urls "${workers[@]}" \
+for entry in "${entries[@]}"; do
+  spec=${entry%%@*}
+  # The label `kvgate sim` gives the entry: its @LABEL, else the name and overrides.
+  label=${entry#*@}; [ "$label" = "$entry" ] && label=${spec//:/ }
+  IFS=: read -r -a parts <<< "$spec"
+  flags=(--policy "${parts[0]}")
+  for override in "${parts[@]:1}"; do
+    name=${override%%=*}
+    flags+=("--${name//_/-}" "${override#*=}")
+  done
+  # shellcheck disable=SC2086 # $scaled is a list of flags; later flags (the entry's) win.
+  "$kvgate" launch --port $port --worker-urls "${workers[@]}" \
     --kv-events-endpoints "${events[@]}" --kv-events-replay-endpoints "${replays[@]}" \
-    --mock-tokenizer --log-level warn > "$out/gateway-$policy.log" 2>&1 &
+    --mock-tokenizer --log-level warn $scaled "${flags[@]}" > "$out/gateway-${label// /_}.log" 2>&1 &
   pids+=($!)
-  urls+=("http://127.0.0.1:$port"); labels+=("$policy")
+  urls+=("http://127.0.0.1:$port"); labels+=("$label")
   port=$((port + 1))
 done
 sleep 3
+echo "uptime before: $(uptime)" | tee "$out/uptime.txt"
 "$kvgate" replay --trace "$trace" --url "${urls[@]}" --label "${labels[@]}" --speedup "$speedup" \
-  "${limit[@]}" --flush-cache-urls "${workers[@]}" --pause-secs 5 --fleet-kv-tokens $((8 * kv)) \
-  --json "$out/http.json" | tee "$out/http.md"
-"$kvgate" sim --trace "$trace" --rate-scale "$rate" --kv-capacity-tokens "$kv" "${limit[@]}" \
-  --policies "$(IFS=,; echo "${policies[*]}")" --json "$out/sim.json" | tee "$out/sim.md"
+  "${limit[@]}" --flush-cache-urls "${workers[@]}" --pause-secs "${PAUSE_SECS:-5}" \
+  --fleet-kv-tokens "$fleet_kv" --json "$out/http.json" | tee "$out/http.md"
+echo "uptime after: $(uptime)" | tee -a "$out/uptime.txt"
+"$kvgate" sim --trace "$trace" --rate-scale "$rate" --kv-capacity-tokens "$kv" "${fleet[@]}" "${limit[@]}" \
+  --policies "$(IFS=,; echo "${entries[*]}")" --json "$out/sim.json" | tee "$out/sim.md"
 # Per-percentile ratios, HTTP (wall time x TIME_SCALE = model time) over the simulator.
 python3 - "$out/http.json" "$out/sim.json" "$scale" <<'PY' | tee "$out/ratios.md"
 import json, sys

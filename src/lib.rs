@@ -36,9 +36,24 @@ enum Command {
     Sim(Box<kvgate_sim::SimArgs>),
     /// Send a trace as real HTTP requests to any OpenAI-compatible endpoint and measure it.
     Replay(Box<kvgate_replay::ReplayArgs>),
+    /// Workload traces: `kvgate trace gen --shape hot-docs|bursts|long-prompts` writes a seeded
+    /// synthetic trace (Mooncake jsonl) for `kvgate sim` and `kvgate replay`.
+    Trace(TraceArgs),
     /// Soak, burst and churn the gateway in front of simulated engines, in-process: no request
     /// may be lost or answered twice, memory and file descriptors must stay flat.
     Soak(Box<kvgate_soak::SoakArgs>),
+}
+
+#[derive(clap::Args)]
+struct TraceArgs {
+    #[command(subcommand)]
+    command: TraceCommand,
+}
+
+#[derive(Subcommand)]
+enum TraceCommand {
+    /// Write a seeded synthetic trace (docs/SCENARIOS.md: S5 hot-docs, S7 bursts, S8 long-prompts).
+    Gen(Box<kvgate_trace::generate::GenArgs>),
 }
 
 #[derive(clap::Args)]
@@ -387,6 +402,9 @@ where
         }
         Command::Sim(args) => kvgate_sim::run_cli(*args).map_err(anyhow::Error::from),
         Command::Replay(args) => runtime.block_on(kvgate_replay::run_cli(*args)).map_err(anyhow::Error::from),
+        Command::Trace(TraceArgs { command: TraceCommand::Gen(args) }) => {
+            kvgate_trace::generate::run_cli(&args).map_err(anyhow::Error::from)
+        }
         Command::Soak(args) => {
             init_logging(&args.log_level, false);
             runtime.block_on(kvgate_soak::run_cli(*args)).map_err(anyhow::Error::from)

@@ -150,6 +150,45 @@ impl BlockPool {
     }
 }
 
+/// The block hashes of the prompts queued or prefilling in an engine, counted: blocks that will
+/// be cached by the time a request submitted now starts its prefill (prefills run in order).
+#[derive(Debug, Default)]
+pub(crate) struct PendingBlocks {
+    counts: IntMap<u64, u32>,
+}
+
+impl PendingBlocks {
+    pub(crate) fn add(&mut self, hashes: &[u64]) {
+        for &hash in hashes {
+            *self.counts.entry(hash).or_insert(0) += 1;
+        }
+    }
+
+    pub(crate) fn remove(&mut self, hashes: &[u64]) {
+        for hash in hashes {
+            if let Entry::Occupied(mut entry) = self.counts.entry(*hash) {
+                *entry.get_mut() -= 1;
+                if *entry.get() == 0 {
+                    entry.remove();
+                }
+            }
+        }
+    }
+
+    /// Leading hashes of `hashes` cached in `pool` or pending here.
+    pub(crate) fn match_prefix(&self, pool: &BlockPool, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|hash| pool.cached.contains_key(hash) || self.counts.contains_key(hash))
+            .count()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

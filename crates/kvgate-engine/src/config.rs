@@ -86,6 +86,16 @@ impl EngineConfig {
         checks.finish()
     }
 
+    /// This engine at `speed` times the speed: prefill rate multiplied, decode step times divided.
+    pub fn scaled(self, speed: f64) -> EngineConfig {
+        EngineConfig {
+            prefill_tokens_per_sec: self.prefill_tokens_per_sec * speed,
+            decode_base_ms: self.decode_base_ms / speed,
+            decode_per_request_ms: self.decode_per_request_ms / speed,
+            ..self
+        }
+    }
+
     /// KV capacity in whole blocks.
     pub fn capacity_blocks(&self) -> u64 {
         self.kv_capacity_tokens / u64::from(self.block_size.max(1))

@@ -1,6 +1,8 @@
 //! The engine model's command-line flags, declared once and shared by `kvgate mock` and
 //! `kvgate sim`: each flag left unset keeps the reference replica's value.
 
+use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
+
 use crate::EngineConfig;
 
 #[derive(clap::Args, Clone, Debug, Default, PartialEq)]
@@ -29,6 +31,15 @@ pub struct EngineFlags {
     /// Turn the engines' prefix cache off.
     #[arg(long)]
     pub disable_prefix_cache: bool,
+    /// An unequal fleet: engine i runs this many times the speed of the others (its prefill
+    /// rate multiplied, its decode step times divided), one factor per engine in order,
+    /// comma-separated; engines past the list run at 1.
+    #[arg(long, value_delimiter = ',', value_name = "F,...")]
+    pub worker_speeds: Vec<f64>,
+    /// An unequal fleet: engine i's KV cache capacity in tokens, one per engine in order,
+    /// comma-separated; engines past the list have --kv-capacity-tokens.
+    #[arg(long, value_delimiter = ',', value_name = "N,...")]
+    pub worker_kv_capacity_tokens: Vec<u64>,
     /// A host-memory (CPU) KV tier of this many tokens per engine, as vLLM's offloading connector
     /// keeps one: cached blocks are copied there, and a prefix found there loads back over PCIe
     /// instead of being recomputed [default: 0, no tier].
@@ -58,6 +69,69 @@ impl EngineFlags {
             ..default
         }
     }
+
+    /// Engine `worker`'s configuration: [`EngineFlags::config`] with its entries of
+    /// `--worker-speeds` and `--worker-kv-capacity-tokens` applied.
+    pub fn config_for(&self, worker: usize) -> EngineConfig {
+        let mut config = self.config();
+        if let Some(&kv) = self.worker_kv_capacity_tokens.get(worker) {
+            config.kv_capacity_tokens = kv;
+        }
+        match self.worker_speeds.get(worker) {
+            Some(&speed) => config.scaled(speed),
+            None => config,
+        }
+    }
+
+    /// Whether the engines differ (a per-worker list is given).
+    pub fn is_unequal(&self) -> bool {
+        !self.worker_speeds.is_empty() || !self.worker_kv_capacity_tokens.is_empty()
+    }
+
+    /// Checks the configuration of each of `n_workers` engines (each problem once: the shared
+    /// flags' under their own names, a worker's entries as `worker_speeds[i]` /
+    /// `worker_kv_capacity_tokens[i]`).
+    pub fn validate(&self, n_workers: usize) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        checks.nested(self.config().validate());
+        for (worker, &speed) in self.worker_speeds.iter().enumerate() {
+            if !Range::POSITIVE.contains(speed) {
+                checks.push(
+                    FieldError::new(format!("worker_speeds[{worker}]"), "must be a finite number > 0")
+                        .got(speed)
+                        .with_flag(Some("--worker-speeds")),
+                );
+            }
+        }
+        let block = u64::from(self.config().block_size.max(1));
+        for (worker, &kv) in self.worker_kv_capacity_tokens.iter().enumerate() {
+            if kv < block {
+                checks.push(
+                    FieldError::new(
+                        format!("worker_kv_capacity_tokens[{worker}]"),
+                        format!("must hold at least one block of {block} tokens"),
+                    )
+                    .got(kv)
+                    .with_flag(Some("--worker-kv-capacity-tokens")),
+                );
+            }
+        }
+        for (flag, given) in [
+            ("--worker-speeds", self.worker_speeds.len()),
+            ("--worker-kv-capacity-tokens", self.worker_kv_capacity_tokens.len()),
+        ] {
+            if given > n_workers {
+                checks.push(
+                    FieldError::new(
+                        flag.trim_start_matches("--").replace('-', "_"),
+                        format!("lists {given} engines but the fleet has {n_workers}"),
+                    )
+                    .with_flag(Some(flag)),
+                );
+            }
+        }
+        checks.finish()
+    }
 }
 
 #[cfg(test)]
@@ -72,5 +146,35 @@ mod tests {
         let config = flags.config();
         assert_eq!((config.kv_capacity_tokens, config.prefix_cache), (1024, false));
         assert_eq!(config.prefill_chunk_tokens, EngineConfig::default().prefill_chunk_tokens);
+    }
+
+    #[test]
+    fn an_unequal_fleet_scales_each_listed_engine() {
+        let flags = EngineFlags {
+            worker_speeds: vec![2.0, 1.0],
+            worker_kv_capacity_tokens: vec![1_048_576, 1_048_576, 131_072],
+            kv_capacity_tokens: Some(1_048_576),
+            ..Default::default()
+        };
+        let fast = flags.config_for(0);
+        assert_eq!(
+            (fast.prefill_tokens_per_sec, fast.decode_base_ms, fast.decode_per_request_ms),
+            (16_000.0, 3.0, 0.175)
+        );
+        assert_eq!(flags.config_for(1), flags.config());
+        assert_eq!(flags.config_for(2).kv_capacity_tokens, 131_072);
+        assert_eq!(flags.config_for(2).prefill_tokens_per_sec, 8_000.0, "past the speeds: 1x");
+        assert_eq!(flags.config_for(7), flags.config());
+        assert!(flags.validate(8).is_ok() && flags.is_unequal() && !EngineFlags::default().is_unequal());
+        let bad = EngineFlags {
+            worker_speeds: vec![0.0, f64::NAN],
+            worker_kv_capacity_tokens: vec![8],
+            ..Default::default()
+        };
+        let fields: Vec<String> = bad.validate(1).unwrap_err().0.into_iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            ["worker_speeds[0]", "worker_speeds[1]", "worker_kv_capacity_tokens[0]", "worker_speeds"]
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use crate::block_hash::adapter_block_hashes;
-use crate::blocks::BlockPool;
+use crate::blocks::{BlockPool, PendingBlocks};
 use crate::config::EngineConfig;
 use crate::events::{
     EngineOutput, EngineRequest, KvEvent, KvEventBatch, KvEventLog, PdStage, RejectReason, RequestStats, Tier,
@@ -41,6 +41,9 @@ pub struct Engine {
     prefill_work: Vec<PrefillChunk>,
     /// Set when admission may have become possible (a submit, a release, a cache store).
     admission_pending: bool,
+    /// The block hashes of the prompts queued or prefilling (for the uncached estimate of a
+    /// request submitted behind them).
+    pending_blocks: PendingBlocks,
     kv_events: KvEventLog,
     evicted: Vec<u64>,
     /// KV of finished `PdStage::Prefill` requests, by id, until `release_held`.
@@ -147,6 +150,7 @@ impl Engine {
             step: None,
             prefill_work: Vec::new(),
             admission_pending: false,
+            pending_blocks: PendingBlocks::default(),
             evicted: Vec::new(),
             held: BTreeMap::new(),
             transferred_awaiting_first_token: false,
@@ -229,11 +233,15 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let matched = self.pool.match_prefix(&block_hashes);
-        let in_host = self.host.as_ref().map_or(0, |host| host.peek_prefix(&block_hashes[matched..]));
+        // The estimate counts as cached what the prompts ahead will have cached by the time
+        // this one starts (their prefills run first): a burst sharing a prefix is counted once;
+        // a prefix in the host tier loads back instead of being recomputed.
         let uncached_estimate = match stage {
             PdStage::Decode => 0,
             PdStage::Regular | PdStage::Prefill => {
+                let matched = self.pending_blocks.match_prefix(&self.pool, &block_hashes);
+                let in_host = self.host.as_ref().map_or(0, |host| host.peek_prefix(&block_hashes[matched..]));
+                self.pending_blocks.add(&block_hashes);
                 prompt_len - self.cached_tokens_for(matched + in_host, prompt_len)
             }
         };
@@ -303,6 +311,11 @@ impl Engine {
         };
         let request = self.slots[slot].take().expect("indexed slots are live");
         self.free_slots.push(slot);
+        if matches!(request.phase, Phase::Waiting | Phase::Prefilling { .. })
+            && request.stage != PdStage::Decode
+        {
+            self.pending_blocks.remove(&request.block_hashes);
+        }
         match request.phase {
             Phase::Waiting => {
                 remove_value(&mut self.waiting, slot);
@@ -387,15 +400,24 @@ impl Engine {
         }
     }
 
-    /// Admits queued requests head-of-line while a running slot and their blocks are available.
+    /// Admits queued requests head-of-line while a running slot and their blocks are available
+    /// and, for a request to prefill, the next step's prefill budget is not already taken by
+    /// the requests prefilling (vLLM v1's scheduler takes waiting requests only while
+    /// `token_budget > 0` after the running ones, SGLang's `PrefillAdder` the same with its
+    /// chunk budget): its prefix is matched when its prefill can start, so a burst of
+    /// requests sharing a long prefix computes it once, not once per request admitted early.
     fn admit(&mut self, at_us: u64) {
         self.admission_pending = false;
         let max_running = self.config.max_running_requests as usize;
+        let budget = u64::from(self.config.prefill_chunk_tokens);
         while let Some(&slot) = self.waiting.front() {
             if self.running() >= max_running {
                 break;
             }
             let request = self.slots[slot].as_ref().expect("waiting slots are live");
+            if request.stage != PdStage::Decode && self.admitted_prefill_tokens >= budget {
+                break;
+            }
             let matched = self.pool.match_prefix(&request.block_hashes);
             let new_blocks = request.total_blocks - matched as u64;
             self.evicted.clear();
@@ -455,9 +477,14 @@ impl Engine {
             if *remaining == 0 {
                 first_tokens += 1;
                 self.finish_prefill(chunk.slot, at_us, out);
+            } else {
+                let computed = (request.prompt_len - *remaining) as usize;
+                self.store_blocks(chunk.slot, computed / self.config.block_size as usize);
             }
         }
         self.prefill_work = work;
+        // The budget the step used is free again: the queue head may start its prefill.
+        self.admission_pending = true;
         while let Some(&slot) = self.prefilling.front() {
             match &self.slots[slot] {
                 Some(request) if matches!(request.phase, Phase::Prefilling { .. }) => break,
@@ -476,6 +503,7 @@ impl Engine {
         let request = self.slots[slot].as_mut().expect("checked by the caller");
         request.first_token_us = at_us;
         out.push(EngineOutput::FirstToken { id: request.id, at: at_us });
+        self.pending_blocks.remove(&request.block_hashes);
         self.store_prompt_blocks(slot);
         let request = self.slots[slot].as_mut().expect("checked by the caller");
         if request.output_tokens == 1 {
@@ -491,13 +519,28 @@ impl Engine {
     /// The request's prompt KV is complete: its full blocks not yet cached enter the prefix
     /// cache (recording `BlockStored` events), and its prompt tokens are dropped.
     fn store_prompt_blocks(&mut self, slot: usize) {
+        let n_full = self.slots[slot].as_ref().expect("checked by the caller").block_hashes.len();
+        self.store_blocks(slot, n_full);
+        let request = self.slots[slot].as_mut().expect("checked by the caller");
+        request.prompt = Vec::new();
+    }
+
+    /// The request's full blocks before `upto` not yet cached enter the prefix cache (recording
+    /// `BlockStored` events): after each prefill chunk for the blocks it completed, as vLLM
+    /// (v1 `KVCacheManager.allocate_slots` caches a request's full blocks as they are
+    /// scheduled) and SGLang (`cache_unfinished_req` after each chunk) do, so a request admitted
+    /// later matches what an earlier one has computed so far.
+    fn store_blocks(&mut self, slot: usize, upto: usize) {
         let block_size = self.config.block_size as usize;
         let request = self.slots[slot].as_mut().expect("checked by the caller");
-        let n_full = request.block_hashes.len();
+        let upto = upto.min(request.block_hashes.len());
+        if upto <= request.referenced_blocks {
+            return;
+        }
         let mut run_start = None;
         let (mut offloaded, mut host_evicted) = (Vec::new(), Vec::new());
-        for index in request.referenced_blocks..=n_full {
-            let inserted = index < n_full && self.pool.store(request.block_hashes[index]);
+        for index in request.referenced_blocks..=upto {
+            let inserted = index < upto && self.pool.store(request.block_hashes[index]);
             match (inserted, run_start) {
                 (true, None) => run_start = Some(index),
                 (false, Some(start)) => {
@@ -535,9 +578,8 @@ impl Engine {
                 });
             }
         }
-        request.private_blocks -= (n_full - request.referenced_blocks) as u64;
-        request.referenced_blocks = n_full;
-        request.prompt = Vec::new();
+        request.private_blocks -= (upto - request.referenced_blocks) as u64;
+        request.referenced_blocks = upto;
         self.admission_pending = true;
     }
 

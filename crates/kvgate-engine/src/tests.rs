@@ -379,6 +379,47 @@ fn prefill_is_chunked_fifo_and_has_priority_over_decode() {
 }
 
 #[test]
+fn a_burst_sharing_a_long_prefix_computes_it_once() {
+    // A 20,480-token document, then four questions on it arriving while it is prefilled. A
+    // request is admitted (and its prefix matched) only when the prefill budget of the next
+    // step is free, and the document's blocks are cached chunk by chunk (vLLM v1, SGLang), so
+    // the questions compute only what the document's last chunk had not cached yet.
+    let document = tokens(0, 20_480);
+    let question = |id: u32| {
+        let mut prompt = document.clone();
+        prompt.extend(tokens(1_000_000 * id, 200));
+        prompt
+    };
+    let mut requests = vec![(0, request(0, question(0), 1))];
+    requests.extend((1..=4).map(|id| (100_000 * u64::from(id), request(u64::from(id), question(id), 1))));
+    let (_, trace) = simulate(EngineConfig::default(), submits(requests));
+    let first = trace.stats(0);
+    assert_eq!(first.cached_tokens, 0);
+    let computed: u32 = (1..=4)
+        .map(|id| {
+            let s = trace.stats(id);
+            s.prompt_tokens - s.cached_tokens
+        })
+        .sum();
+    // The first question's last chunk (its 10th of 2,048) shares a step with the second's start:
+    // at most that chunk is computed twice, then every later question hits the whole document.
+    assert!(computed <= 4 * 200 + 2048, "the questions computed {computed} tokens");
+    for id in 2..=4 {
+        assert_eq!(trace.stats(id).cached_tokens, 20_480, "question {id} hits the whole document");
+    }
+    // Reported while the burst waits, the shared document counts once.
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut outputs = Vec::new();
+    for id in 0..5u32 {
+        engine.submit(u64::from(id), request(u64::from(id), question(id), 1), &mut outputs);
+    }
+    assert_eq!(engine.load(10).num_waiting_uncached_tokens, 20_480 + 5 * 200);
+    // All five are answered within one document prefill plus the questions' own tokens.
+    let last = (0..=4).map(|id| trace.stats(id).first_token_us).max().unwrap();
+    assert!(last <= (20_480 + 5 * 200 + 2048) as u64 * 1_000_000 / 8_000, "{last}");
+}
+
+#[test]
 fn token_events_follow_the_output_length_and_can_be_switched_off() {
     let count = |emit_token_events| {
         let config = EngineConfig { emit_token_events, ..EngineConfig::default() };

@@ -152,7 +152,7 @@ pub struct PoolSeries {
 }
 
 /// The `term` label of `kvgate_predicted_ttft_seconds`.
-const PREDICTED_TERMS: [&str; 5] = ["queue", "prefill", "decode", "kv", "total"];
+const PREDICTED_TERMS: [&str; 8] = kvgate_policy::PredictedTtft::TERMS;
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
     registry.register(Box::new(metric.clone())).expect("metric names are unique and valid");
@@ -241,7 +241,7 @@ impl Metrics {
             ),
             predicted_ttft: histogram(
                 "kvgate_predicted_ttft_seconds",
-                "kv_aware's predicted time to first token on the chosen worker, by term: queue (prefill work ahead), prefill (the request's uncached tokens), decode (running requests), kv (KV pressure), total.",
+                "kv_aware's predicted time to first token on the chosen worker, by term: queue (prefill work ahead), prefill (the request's uncached tokens), decode (running requests), kv (KV pressure), total; and the costs it adds to choose: recompute (its prefill's cost to the requests behind it), stall (to the requests decoding there), cost (the sum minimised).",
                 &["model", "term"],
                 LATENCY_BUCKETS.to_vec(),
             ),
@@ -447,14 +447,7 @@ impl Metrics {
                 .observe(matches.chosen_match_rate);
         }
         if let Some(predicted) = decision.predicted {
-            let values = [
-                predicted.queue_s,
-                predicted.prefill_s,
-                predicted.decode_s,
-                predicted.kv_s,
-                predicted.total(),
-            ];
-            for ((slot, term), value) in series.predicted.iter().zip(PREDICTED_TERMS).zip(values) {
+            for ((slot, term), value) in series.predicted.iter().zip(PREDICTED_TERMS).zip(predicted.terms()) {
                 slot.get_or_init(|| self.predicted_ttft.with_label_values(&[model, term])).observe(value);
             }
         }

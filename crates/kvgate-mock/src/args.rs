@@ -164,6 +164,16 @@ impl MockArgs {
         }
     }
 
+    /// Engine `worker`'s configuration: [`MockArgs::engine_config`] with its entries of
+    /// `--worker-speeds` and `--worker-kv-capacity-tokens` applied.
+    pub fn engine_config_for(&self, worker: usize) -> EngineConfig {
+        EngineConfig {
+            emit_token_events: true,
+            emit_kv_events: self.kv_events_base_port.is_some(),
+            ..self.engine_flags.config_for(worker)
+        }
+    }
+
     /// Checks every option; returns all problems found.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         let mut checks = Checks::new();
@@ -180,7 +190,7 @@ impl MockArgs {
             checks.in_range("unhealthy_after_secs", secs, Range::NON_NEGATIVE);
         }
         checks.at_least("default_max_tokens", self.default_max_tokens.into(), 1);
-        checks.nested(self.engine_config().validate());
+        checks.nested(self.engine_flags.validate(self.count));
         checks.finish()
     }
 
@@ -237,6 +247,25 @@ mod tests {
         assert_eq!(args.engine, EngineKind::Realistic);
         assert_eq!(args.engine_config(), EngineConfig { emit_kv_events: false, ..EngineConfig::default() });
         assert_eq!(args.validate(), Ok(()));
+    }
+
+    #[test]
+    fn an_unequal_fleet_gives_each_engine_its_own_configuration() {
+        let args = MockArgs {
+            count: 3,
+            engine_flags: EngineFlags {
+                worker_speeds: vec![2.0, 2.0],
+                worker_kv_capacity_tokens: vec![262_144, 262_144, 131_072],
+                ..EngineFlags::default()
+            },
+            ..MockArgs::default()
+        };
+        assert_eq!(args.validate(), Ok(()));
+        assert_eq!(args.engine_config_for(0).prefill_tokens_per_sec, 16_000.0);
+        assert_eq!(args.engine_config_for(2).prefill_tokens_per_sec, 8_000.0);
+        assert_eq!(args.engine_config_for(2).kv_capacity_tokens, 131_072);
+        let too_many = MockArgs { count: 1, ..args };
+        assert!(too_many.validate().unwrap_err().to_string().contains("--worker-speeds"));
     }
 
     #[test]

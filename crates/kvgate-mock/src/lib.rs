@@ -210,7 +210,6 @@ impl Drop for MockFleet {
 /// Binds `args.count` workers (and their KV event publishers) and starts serving.
 pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
     args.validate()?;
-    let config = args.engine_config();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut fleet = MockFleet {
         urls: Vec::new(),
@@ -245,7 +244,8 @@ pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
                     fleet.sockets.extend(kv_events.tasks);
                     kv_events.batches
                 });
-                let (engine, driver) = EngineHandle::spawn(config.clone(), clock, batches);
+                let (engine, driver) =
+                    EngineHandle::spawn(args.engine_config_for(worker_idx), clock, batches);
                 fleet.background.push(driver);
                 fleet.engines.push(engine.clone());
                 Some(engine)

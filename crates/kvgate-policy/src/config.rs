@@ -164,18 +164,58 @@ pub struct PolicyConfig {
     /// prediction's rate), > 0.
     #[arg(long, default_value_t = 8000.0)]
     pub kv_aware_prefill_tokens_per_sec: f64,
-    /// kv_aware: learn the engines' prefill rate from their load reports (between two reports
-    /// with prefill queued, what each computed over the interval), starting from
-    /// --kv-aware-prefill-tokens-per-sec; one fleet-wide rate on a 25% grid, so estimation noise
-    /// never steers between engines. Counts only the prompts this gateway routed (behind several
-    /// replicas the estimate is low: configure the rate and turn this off).
+    /// kv_aware: learn the engines' prefill and decode rates from their load reports (between
+    /// two reports with prefill queued, what each computed over the interval; with none queued,
+    /// its generation throughput), starting from --kv-aware-prefill-tokens-per-sec and
+    /// --kv-aware-decode-ms-per-request. Counts only the prompts this gateway routed (behind
+    /// several replicas the estimate is low: configure the rates and turn this off).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub kv_aware_learn_prefill_rate: bool,
+    /// kv_aware: learn a prefill and a decode rate per engine (an unequal fleet's fast engines
+    /// are used, its slow ones measured); false predicts every engine at one fleet-wide rate
+    /// (the mean of the engines' estimates), the default: per-engine rates made kv_aware worse
+    /// on S6 and S7 (docs/BENCHMARKS.md). Each rate is on a grid (--kv-aware-rate-grid-step)
+    /// with hysteresis, so estimation noise never steers between equal engines.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kv_aware_per_engine_rates: bool,
+    /// kv_aware: busy intervals (load reports with prefill queued) before an engine is predicted
+    /// at its own rates; until then at the fleet's, never at the configured one, so an engine
+    /// not yet measured gets work and is measured, >= 1.
+    #[arg(long, default_value_t = 5)]
+    pub kv_aware_rate_min_observations: u32,
+    /// kv_aware: how fast an engine's learned rates forget: each load report multiplies the
+    /// work and busy time summed so far by 1 - this, in (0, 1] (0.1: about the last 10 reports).
+    #[arg(long, default_value_t = 0.1)]
+    pub kv_aware_rate_smoothing: f64,
+    /// kv_aware: ratio between two rates of the grid the learned rates are snapped to, > 1
+    /// (an engine twice as fast is three steps of 1.25 away).
+    #[arg(long, default_value_t = 1.25)]
+    pub kv_aware_rate_grid_step: f64,
     /// kv_aware: weight of the request's own uncached prefill time in the cost, beyond its own
     /// wait (the prefill delays requests queued behind it and duplicates a cached prefix), >= 0;
     /// 0 minimises the predicted time to first token alone.
     #[arg(long, default_value_t = 8.0)]
     pub kv_aware_prefill_cost_weight: f64,
+    /// kv_aware: weight of the congestion in the recompute cost: the request's own prefill time
+    /// counts once more for each request expected to arrive at the engine before its queue and
+    /// this prefill are done (the pool's arrival rate per engine x that time), so under a burst
+    /// a prefix is recomputed elsewhere only for a larger gain, >= 0.
+    #[arg(long, default_value_t = 1.0)]
+    pub kv_aware_queue_cost_weight: f64,
+    /// kv_aware: weight of (requests running on the engine x the request's own prefill time) in
+    /// the cost: an engine prefilling stalls its running requests' decode steps, so a long
+    /// prefill is cheaper where fewer requests decode, >= 0.
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_aware_decode_stall_weight: f64,
+    /// kv_aware: a candidate whose queued prefill alone (in seconds) exceeds this many times the
+    /// best predicted time to first token among the candidates, plus --kv-aware-wait-slack-ms,
+    /// is not chosen: the request recomputes its prefix elsewhere rather than wait that long for
+    /// its holder, and a hot prefix is replicated (reason `kv_aware_replicate`), >= 1.
+    #[arg(long, default_value_t = 4.0)]
+    pub kv_aware_wait_margin: f64,
+    /// kv_aware: the slack of --kv-aware-wait-margin, in milliseconds, >= 0.
+    #[arg(long, default_value_t = 1000.0)]
+    pub kv_aware_wait_slack_ms: f64,
     /// kv_aware: milliseconds each request running on an engine adds to a new request's wait, >= 0.
     #[arg(long, default_value_t = 0.35)]
     pub kv_aware_decode_ms_per_request: f64,
@@ -252,6 +292,11 @@ impl PolicyConfig {
             ("kv_aware_decode_ms_per_request", self.kv_aware_decode_ms_per_request, Range::NON_NEGATIVE),
             ("kv_aware_kv_pressure_weight", self.kv_aware_kv_pressure_weight, Range::NON_NEGATIVE),
             ("router_temperature", self.router_temperature, Range::NON_NEGATIVE),
+            ("kv_aware_rate_smoothing", self.kv_aware_rate_smoothing, Range::FRACTION),
+            ("kv_aware_decode_stall_weight", self.kv_aware_decode_stall_weight, Range::NON_NEGATIVE),
+            ("kv_aware_queue_cost_weight", self.kv_aware_queue_cost_weight, Range::NON_NEGATIVE),
+            ("kv_aware_wait_margin", self.kv_aware_wait_margin, Range::AT_LEAST_ONE),
+            ("kv_aware_wait_slack_ms", self.kv_aware_wait_slack_ms, Range::NON_NEGATIVE),
         ] {
             checks.in_range(field, value, range);
         }
@@ -261,8 +306,15 @@ impl PolicyConfig {
             ("prefix_token_count", self.prefix_token_count),
             ("hash_virtual_nodes", self.hash_virtual_nodes),
             ("max_sessions", self.max_sessions),
+            ("kv_aware_rate_min_observations", self.kv_aware_rate_min_observations as usize),
         ] {
             checks.at_least(field, value as u64, 1);
+        }
+        if !(self.kv_aware_rate_grid_step.is_finite() && self.kv_aware_rate_grid_step > 1.0) {
+            checks.push(
+                FieldError::new("kv_aware_rate_grid_step", "must be a finite number > 1")
+                    .got(self.kv_aware_rate_grid_step),
+            );
         }
         checks.finish()
     }

@@ -158,6 +158,9 @@ pub enum Reason {
     PowerOfTwo,
     LeastLoad,
     KvAware,
+    /// kv_aware: the request recomputes a prefix another engine holds, because waiting there
+    /// costs more than the margin allows (`--kv-aware-wait-margin`): a hot prefix is replicated.
+    KvAwareReplicate,
     /// prefix_hash: the ring owner of the prompt's prefix (or the next within the load bound).
     PrefixHash,
     /// consistent_hashing: the ring owner of the session key.
@@ -173,7 +176,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::RoundRobin,
         Reason::Random,
         Reason::CacheHit,
@@ -184,6 +187,7 @@ impl Reason {
         Reason::PowerOfTwo,
         Reason::LeastLoad,
         Reason::KvAware,
+        Reason::KvAwareReplicate,
         Reason::PrefixHash,
         Reason::ConsistentHash,
         Reason::Sticky,
@@ -204,6 +208,7 @@ impl Reason {
             Reason::PowerOfTwo => "power_of_two",
             Reason::LeastLoad => "least_load",
             Reason::KvAware => "kv_aware",
+            Reason::KvAwareReplicate => "kv_aware_replicate",
             Reason::PrefixHash => "prefix_hash",
             Reason::ConsistentHash => "consistent_hash",
             Reason::Sticky => "sticky",

@@ -107,6 +107,13 @@ impl SimArgs {
         EngineConfig { emit_token_events: false, emit_kv_events: false, ..self.engine.config() }
     }
 
+    /// Engine `engine`'s configuration (fleet order: a disaggregated fleet's prefill engines
+    /// first): [`SimArgs::engine_config`] with its `--worker-speeds` and
+    /// `--worker-kv-capacity-tokens` entries.
+    pub fn engine_config_for(&self, engine: usize) -> EngineConfig {
+        EngineConfig { emit_token_events: false, emit_kv_events: false, ..self.engine.config_for(engine) }
+    }
+
     /// Checks the options and expands them into the runs to simulate, in report order: for each
     /// grid point (first sweep axis slowest), each listed policy. Reports every problem at once.
     pub fn runs(&self) -> Result<Vec<RunSpec>, SimError> {
@@ -123,7 +130,8 @@ impl SimArgs {
         if self.max_requests == Some(0) {
             problems.push("--max-requests must be at least 1".to_string());
         }
-        let engine_errors = self.engine_config().validate().err().map(|e| e.0).unwrap_or_default();
+        let n_engines = self.parse_fleet().map_or(self.workers, |fleet| fleet.n_engines());
+        let engine_errors = self.engine.validate(n_engines).err().map(|e| e.0).unwrap_or_default();
         let entries: Vec<PolicyEntry> = self
             .policies
             .iter()

@@ -68,13 +68,14 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     let fleet = args.fleet()?;
     let trace = trace.truncated(args.max_requests);
     let ceiling = trace.cache_ceiling();
-    let pooled_kv_tokens =
-        (fleet.prompt_engines() as u64).saturating_mul(args.engine_config().kv_capacity_tokens);
+    let engines: Vec<_> = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
+    let pooled_kv_tokens = engines[..fleet.prompt_engines()].iter().map(|e| e.kv_capacity_tokens).sum();
     let pooled_lru = trace.pooled_lru(pooled_kv_tokens);
     let pooled_belady = trace.pooled_belady(pooled_kv_tokens);
     let setup = SimSetup {
         fleet,
         engine: args.engine_config(),
+        engines,
         rate_scale: args.rate_scale,
         load_monitor_interval_ms: args.load_monitor_interval_ms,
         seed: args.seed,
@@ -154,6 +155,8 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
             load_monitor_interval_ms: setup.load_monitor_interval_ms,
             seed: setup.seed,
             engine: setup.engine,
+            worker_speeds: args.engine.worker_speeds.clone(),
+            worker_kv_capacity_tokens: args.engine.worker_kv_capacity_tokens.clone(),
         },
         runs: reports,
         sweep_best,

@@ -115,6 +115,22 @@ impl SimReport {
             s.load_monitor_interval_ms,
             s.seed
         );
+        if !s.worker_speeds.is_empty() || !s.worker_kv_capacity_tokens.is_empty() {
+            let speeds: Vec<String> = (0..s.workers)
+                .map(|i| format!("{}", s.worker_speeds.get(i).copied().unwrap_or(1.0)))
+                .collect();
+            let kv: Vec<String> = (0..s.workers)
+                .map(|i| {
+                    s.worker_kv_capacity_tokens.get(i).copied().unwrap_or(e.kv_capacity_tokens).to_string()
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "Unequal fleet: engine speeds {} (prefill rate x, decode step times /); KV tokens {}.\n",
+                speeds.join(", "),
+                kv.join(", ")
+            );
+        }
         if self.sweep_best.is_empty() {
             self.side_by_side(&mut out);
         } else {
@@ -163,6 +179,17 @@ impl SimReport {
                 }
                 let _ = writeln!(out, "{line}");
             }
+        }
+        let unequal =
+            !self.setup.worker_speeds.is_empty() || !self.setup.worker_kv_capacity_tokens.is_empty();
+        if unequal {
+            let mut line = String::from("| prefill share by engine (%) |");
+            for run in &self.runs {
+                let shares: Vec<String> =
+                    run.metrics.prefill_share_by_engine.iter().map(|s| format!("{:.0}", s * 100.0)).collect();
+                let _ = write!(line, " {} |", shares.join("/"));
+            }
+            let _ = writeln!(out, "{line}");
         }
         // Every decision name some run gave, in `decision_counts` order (reasons, then indexes).
         let mut reasons: Vec<&str> = Vec::new();

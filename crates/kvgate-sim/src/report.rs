@@ -56,6 +56,12 @@ pub struct SetupInfo {
     pub load_monitor_interval_ms: u64,
     pub seed: u64,
     pub engine: EngineConfig,
+    /// An unequal fleet's per-engine speed factors (`--worker-speeds`; empty: all equal).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub worker_speeds: Vec<f64>,
+    /// An unequal fleet's per-engine KV capacities (`--worker-kv-capacity-tokens`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub worker_kv_capacity_tokens: Vec<u64>,
 }
 
 /// One simulated run (a policy at one setting).
@@ -113,6 +119,8 @@ pub struct Metrics {
     pub best_match_mean: Option<f64>,
     /// Virtual seconds from the first arrival to the last completion.
     pub makespan_s: f64,
+    /// Each engine's share of the prompt tokens computed (prompt minus cache hit), fleet order.
+    pub prefill_share_by_engine: Vec<f64>,
     /// The decode side of a disaggregated fleet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pd: Option<PdMetrics>,
@@ -251,6 +259,10 @@ impl Metrics {
             chosen_match_mean: (n_match > 0.0).then(|| outcome.chosen_match_sum / n_match),
             best_match_mean: (n_match > 0.0).then(|| outcome.best_match_sum / n_match),
             makespan_s,
+            prefill_share_by_engine: {
+                let total: u64 = outcome.prefill_tokens_by_engine.iter().sum();
+                outcome.prefill_tokens_by_engine.iter().map(|&t| ratio(t as f64, total as f64)).collect()
+            },
             pd,
         };
         (metrics, ttft)

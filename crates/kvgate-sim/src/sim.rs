@@ -33,7 +33,11 @@ pub const MAINTAIN_INTERVAL_US: u64 = 1_000_000;
 #[derive(Clone, Debug)]
 pub struct SimSetup {
     pub fleet: Fleet,
+    /// The reference engine (what every engine is unless `engines` says otherwise).
     pub engine: EngineConfig,
+    /// Each engine's configuration, in fleet order (a disaggregated fleet's prefill engines
+    /// first): `engine` with its `--worker-speeds` and `--worker-kv-capacity-tokens` entries.
+    pub engines: Vec<EngineConfig>,
     /// Trace timestamps are divided by this.
     pub rate_scale: f64,
     pub load_monitor_interval_ms: u64,
@@ -102,6 +106,9 @@ pub struct SimOutcome {
     pub last_event_us: u64,
     /// What the decode side of a disaggregated fleet did.
     pub pd: Option<PdOutcome>,
+    /// Prompt tokens each engine computed (prompt minus cache hit) for the requests finished
+    /// (a regular fleet's; zeros for a disaggregated one).
+    pub prefill_tokens_by_engine: Vec<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -181,8 +188,13 @@ impl<'a> Simulation<'a> {
             .collect();
         let mut engines = Vec::new();
         for pool in &pools {
-            let config = EngineConfig { emit_kv_events: pool.wants_kv_events(), ..setup.engine.clone() };
-            engines.extend((0..pool.n_workers()).map(|_| Engine::new(config.clone())));
+            for worker in 0..pool.n_workers() {
+                let config = setup.engines.get(pool.first_engine + worker).unwrap_or(&setup.engine);
+                engines.push(Engine::new(EngineConfig {
+                    emit_kv_events: pool.wants_kv_events(),
+                    ..config.clone()
+                }));
+            }
         }
         let n = engines.len();
         let pd = match &setup.fleet {
@@ -196,6 +208,7 @@ impl<'a> Simulation<'a> {
             outcome: SimOutcome {
                 decisions: vec![0; Reason::ALL.len()],
                 pd: pd.as_ref().map(pd::PdState::outcome),
+                prefill_tokens_by_engine: vec![0; n],
                 ..SimOutcome::default()
             },
             pd,
@@ -342,6 +355,8 @@ impl<'a> Simulation<'a> {
                     if self.pd.is_some() {
                         self.disaggregated_finished(pool, now, id, stats);
                     } else {
+                        self.outcome.prefill_tokens_by_engine[engine] +=
+                            u64::from(stats.prompt_tokens.saturating_sub(stats.cached_tokens));
                         self.outcome.finished.push(stats);
                     }
                 }

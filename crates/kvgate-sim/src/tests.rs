@@ -145,6 +145,32 @@ fn ttft_of_one_request_on_an_idle_engine_matches_the_hand_computation() {
 }
 
 #[test]
+fn an_unequal_fleet_runs_each_engine_at_its_own_speed_and_reports_the_prefill_shares() {
+    // Two one-block prompts alternating over two engines, the first 4x faster.
+    let trace = Trace {
+        requests: (0..4u32)
+            .map(|i| request(f64::from(i) * 1000.0, 4096, 1, &[10 + u64::from(i); 8]))
+            .collect(),
+    };
+    let mut args = args("round_robin", 2);
+    args.engine.worker_speeds = vec![4.0];
+    args.engine.worker_kv_capacity_tokens = vec![65_536, 8_192];
+    let report = simulate(&args, &trace);
+    let metrics = &report.runs[0].metrics;
+    // 512 ms on the reference engine, 128 ms on the fast one: two of each.
+    assert_eq!((metrics.ttft_p50_ms, metrics.ttft_p99_ms), (128.0, 512.0));
+    assert_eq!(metrics.prefill_share_by_engine, [0.5, 0.5]);
+    assert_eq!(report.trace.pooled_kv_tokens, 65_536 + 8_192);
+    assert!(report.markdown().contains("Unequal fleet: engine speeds 4, 1"), "{}", report.markdown());
+    assert!(report.markdown().contains("| prefill share by engine (%) | 50/50 |"));
+    args.engine.worker_speeds = vec![4.0, 1.0, 1.0];
+    let Err(SimError::InvalidOptions(errors)) = run_on_trace(&args, &trace, false) else {
+        panic!("three speeds for two engines");
+    };
+    assert!(errors.to_string().contains("--worker-speeds"), "{errors}");
+}
+
+#[test]
 fn rate_scale_divides_timestamps_and_a_busy_engine_queues() {
     // Two 4096-token requests 100 ms apart on one engine: the second waits for the first's prefill.
     let trace = Trace { requests: vec![request(0.0, 4096, 1, &[1; 8]), request(200.0, 4096, 1, &[9; 8])] };
@@ -152,7 +178,8 @@ fn rate_scale_divides_timestamps_and_a_busy_engine_queues() {
     let mut scaled = args("round_robin", 1);
     scaled.rate_scale = 2.0;
     let fast = simulate(&scaled, &trace);
-    // Unscaled: the second arrives at 200 ms and is admitted at once, sharing prefill steps.
+    // Unscaled: the second arrives at 200 ms, during the first's prefill; scaled at 100 ms,
+    // earlier in it: it waits longer.
     assert!(fast.runs[0].metrics.ttft_p99_ms >= slow.runs[0].metrics.ttft_p99_ms);
     assert_eq!(fast.trace.span_s, 0.1);
 }

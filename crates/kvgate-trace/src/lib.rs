@@ -1,9 +1,11 @@
 //! kvgate-trace: what the load tools (`kvgate sim`, `kvgate replay`, `kvgate soak`) share without
 //! pulling in one another: workload traces ([`trace`]: Mooncake jsonl, the prompt tokens and text
-//! built from a line), the trace's cache references ([`CacheReference`]: infinite ceiling, pooled
-//! LRU, pooled Belady), the one percentile every report uses, and the one reader of a streamed
-//! answer's SSE events at the client ([`SseData`]).
+//! built from a line), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents,
+//! bursts, long prompts), the trace's cache references ([`CacheReference`]: infinite ceiling,
+//! pooled LRU, pooled Belady), the one percentile every report uses, and the one reader of a
+//! streamed answer's SSE events at the client ([`SseData`]).
 
+pub mod generate;
 mod reference;
 mod sse;
 pub mod trace;

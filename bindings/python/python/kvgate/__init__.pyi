@@ -36,7 +36,15 @@ class Gateway:
         least_load_default_throughput: float = 2000.0,
         kv_aware_prefill_tokens_per_sec: float = 8000.0,
         kv_aware_learn_prefill_rate: bool = True,
+        kv_aware_per_engine_rates: bool = False,
+        kv_aware_rate_min_observations: int = 5,
+        kv_aware_rate_smoothing: float = 0.1,
+        kv_aware_rate_grid_step: float = 1.25,
         kv_aware_prefill_cost_weight: float = 8.0,
+        kv_aware_queue_cost_weight: float = 1.0,
+        kv_aware_decode_stall_weight: float = 0.0,
+        kv_aware_wait_margin: float = 4.0,
+        kv_aware_wait_slack_ms: float = 1000.0,
         kv_aware_decode_ms_per_request: float = 0.35,
         kv_aware_kv_pressure_weight: float = 0.15,
         router_temperature: float = 0.0,
@@ -187,16 +195,47 @@ class Gateway:
             throughput, > 0
         kv_aware_prefill_tokens_per_sec: kv_aware: prefill tokens per second an engine computes
             (the time-to-first-token prediction's rate), > 0
-        kv_aware_learn_prefill_rate: kv_aware: learn the engines' prefill rate from their load
-            reports (between two reports with prefill queued, what each computed over the
-            interval), starting from --kv-aware-prefill-tokens-per-sec; one fleet-wide rate on a
-            25% grid, so estimation noise never steers between engines. Counts only the prompts
-            this gateway routed (behind several replicas the estimate is low: configure the rate
-            and turn this off)
+        kv_aware_learn_prefill_rate: kv_aware: learn the engines' prefill and decode rates from
+            their load reports (between two reports with prefill queued, what each computed over
+            the interval; with none queued, its generation throughput), starting from --kv-
+            aware-prefill-tokens-per-sec and --kv-aware-decode-ms-per-request. Counts only the
+            prompts this gateway routed (behind several replicas the estimate is low: configure
+            the rates and turn this off)
+        kv_aware_per_engine_rates: kv_aware: learn a prefill and a decode rate per engine (an
+            unequal fleet's fast engines are used, its slow ones measured); false predicts every
+            engine at one fleet-wide rate (the mean of the engines' estimates), the default:
+            per-engine rates made kv_aware worse on S6 and S7 (docs/BENCHMARKS.md). Each rate is
+            on a grid (--kv-aware-rate-grid-step) with hysteresis, so estimation noise never
+            steers between equal engines
+        kv_aware_rate_min_observations: kv_aware: busy intervals (load reports with prefill
+            queued) before an engine is predicted at its own rates; until then at the fleet's,
+            never at the configured one, so an engine not yet measured gets work and is
+            measured, >= 1
+        kv_aware_rate_smoothing: kv_aware: how fast an engine's learned rates forget: each load
+            report multiplies the work and busy time summed so far by 1 - this, in (0, 1] (0.1:
+            about the last 10 reports)
+        kv_aware_rate_grid_step: kv_aware: ratio between two rates of the grid the learned rates
+            are snapped to, > 1 (an engine twice as fast is three steps of 1.25 away)
         kv_aware_prefill_cost_weight: kv_aware: weight of the request's own uncached prefill
             time in the cost, beyond its own wait (the prefill delays requests queued behind it
             and duplicates a cached prefix), >= 0; 0 minimises the predicted time to first token
             alone
+        kv_aware_queue_cost_weight: kv_aware: weight of the congestion in the recompute cost:
+            the request's own prefill time counts once more for each request expected to arrive
+            at the engine before its queue and this prefill are done (the pool's arrival rate
+            per engine x that time), so under a burst a prefix is recomputed elsewhere only for
+            a larger gain, >= 0
+        kv_aware_decode_stall_weight: kv_aware: weight of (requests running on the engine x the
+            request's own prefill time) in the cost: an engine prefilling stalls its running
+            requests' decode steps, so a long prefill is cheaper where fewer requests decode, >=
+            0
+        kv_aware_wait_margin: kv_aware: a candidate whose queued prefill alone (in seconds)
+            exceeds this many times the best predicted time to first token among the candidates,
+            plus --kv-aware-wait-slack-ms, is not chosen: the request recomputes its prefix
+            elsewhere rather than wait that long for its holder, and a hot prefix is replicated
+            (reason `kv_aware_replicate`), >= 1
+        kv_aware_wait_slack_ms: kv_aware: the slack of --kv-aware-wait-margin, in milliseconds,
+            >= 0
         kv_aware_decode_ms_per_request: kv_aware: milliseconds each request running on an engine
             adds to a new request's wait, >= 0
         kv_aware_kv_pressure_weight: kv_aware: weight in seconds of the KV-pressure term k / (1
@@ -485,7 +524,15 @@ def simulate(
     least_load_default_throughput: float = 2000.0,
     kv_aware_prefill_tokens_per_sec: float = 8000.0,
     kv_aware_learn_prefill_rate: bool = True,
+    kv_aware_per_engine_rates: bool = False,
+    kv_aware_rate_min_observations: int = 5,
+    kv_aware_rate_smoothing: float = 0.1,
+    kv_aware_rate_grid_step: float = 1.25,
     kv_aware_prefill_cost_weight: float = 8.0,
+    kv_aware_queue_cost_weight: float = 1.0,
+    kv_aware_decode_stall_weight: float = 0.0,
+    kv_aware_wait_margin: float = 4.0,
+    kv_aware_wait_slack_ms: float = 1000.0,
     kv_aware_decode_ms_per_request: float = 0.35,
     kv_aware_kv_pressure_weight: float = 0.15,
     router_temperature: float = 0.0,
@@ -504,6 +551,8 @@ def simulate(
     kv_capacity_tokens: int | None = None,
     kv_block_size: int | None = None,
     disable_prefix_cache: bool = False,
+    worker_speeds: Sequence[float] = [],
+    worker_kv_capacity_tokens: Sequence[int] = [],
     cpu_offload_tokens: int | None = None,
     cpu_load_tokens_per_sec: float | None = None,
     rate_scale: float = 1.0,
@@ -574,15 +623,43 @@ def simulate(
         throughput, > 0
     kv_aware_prefill_tokens_per_sec: kv_aware: prefill tokens per second an engine computes (the
         time-to-first-token prediction's rate), > 0
-    kv_aware_learn_prefill_rate: kv_aware: learn the engines' prefill rate from their load
-        reports (between two reports with prefill queued, what each computed over the interval),
-        starting from --kv-aware-prefill-tokens-per-sec; one fleet-wide rate on a 25% grid, so
-        estimation noise never steers between engines. Counts only the prompts this gateway
-        routed (behind several replicas the estimate is low: configure the rate and turn this
-        off)
+    kv_aware_learn_prefill_rate: kv_aware: learn the engines' prefill and decode rates from
+        their load reports (between two reports with prefill queued, what each computed over the
+        interval; with none queued, its generation throughput), starting from --kv-aware-
+        prefill-tokens-per-sec and --kv-aware-decode-ms-per-request. Counts only the prompts
+        this gateway routed (behind several replicas the estimate is low: configure the rates
+        and turn this off)
+    kv_aware_per_engine_rates: kv_aware: learn a prefill and a decode rate per engine (an
+        unequal fleet's fast engines are used, its slow ones measured); false predicts every
+        engine at one fleet-wide rate (the mean of the engines' estimates), the default: per-
+        engine rates made kv_aware worse on S6 and S7 (docs/BENCHMARKS.md). Each rate is on a
+        grid (--kv-aware-rate-grid-step) with hysteresis, so estimation noise never steers
+        between equal engines
+    kv_aware_rate_min_observations: kv_aware: busy intervals (load reports with prefill queued)
+        before an engine is predicted at its own rates; until then at the fleet's, never at the
+        configured one, so an engine not yet measured gets work and is measured, >= 1
+    kv_aware_rate_smoothing: kv_aware: how fast an engine's learned rates forget: each load
+        report multiplies the work and busy time summed so far by 1 - this, in (0, 1] (0.1:
+        about the last 10 reports)
+    kv_aware_rate_grid_step: kv_aware: ratio between two rates of the grid the learned rates are
+        snapped to, > 1 (an engine twice as fast is three steps of 1.25 away)
     kv_aware_prefill_cost_weight: kv_aware: weight of the request's own uncached prefill time in
         the cost, beyond its own wait (the prefill delays requests queued behind it and
         duplicates a cached prefix), >= 0; 0 minimises the predicted time to first token alone
+    kv_aware_queue_cost_weight: kv_aware: weight of the congestion in the recompute cost: the
+        request's own prefill time counts once more for each request expected to arrive at the
+        engine before its queue and this prefill are done (the pool's arrival rate per engine x
+        that time), so under a burst a prefix is recomputed elsewhere only for a larger gain, >=
+        0
+    kv_aware_decode_stall_weight: kv_aware: weight of (requests running on the engine x the
+        request's own prefill time) in the cost: an engine prefilling stalls its running
+        requests' decode steps, so a long prefill is cheaper where fewer requests decode, >= 0
+    kv_aware_wait_margin: kv_aware: a candidate whose queued prefill alone (in seconds) exceeds
+        this many times the best predicted time to first token among the candidates, plus --kv-
+        aware-wait-slack-ms, is not chosen: the request recomputes its prefix elsewhere rather
+        than wait that long for its holder, and a hot prefix is replicated (reason
+        `kv_aware_replicate`), >= 1
+    kv_aware_wait_slack_ms: kv_aware: the slack of --kv-aware-wait-margin, in milliseconds, >= 0
     kv_aware_decode_ms_per_request: kv_aware: milliseconds each request running on an engine
         adds to a new request's wait, >= 0
     kv_aware_kv_pressure_weight: kv_aware: weight in seconds of the KV-pressure term k / (1 - k)
@@ -608,6 +685,11 @@ def simulate(
     kv_capacity_tokens: KV cache capacity per engine in tokens [default: 262144]
     kv_block_size: Tokens per KV block of the engines [default: 16]
     disable_prefix_cache: Turn the engines' prefix cache off
+    worker_speeds: An unequal fleet: engine i runs this many times the speed of the others (its
+        prefill rate multiplied, its decode step times divided), one factor per engine in order,
+        comma-separated; engines past the list run at 1
+    worker_kv_capacity_tokens: An unequal fleet: engine i's KV cache capacity in tokens, one per
+        engine in order, comma-separated; engines past the list have --kv-capacity-tokens
     cpu_offload_tokens: A host-memory (CPU) KV tier of this many tokens per engine, as vLLM's
         offloading connector keeps one: cached blocks are copied there, and a prefix found there
         loads back over PCIe instead of being recomputed [default: 0, no tier]

@@ -44,6 +44,9 @@ impl Engine {
             let phase = self.slots[slot].as_ref().unwrap().phase;
             assert!(matches!(phase, Phase::Decoding { position: p, .. } if p == position));
         }
+        if self.slot_by_id.is_empty() {
+            assert!(self.pending_blocks.is_empty(), "no request, yet blocks pending");
+        }
         if self.running() > 0 {
             assert!(self.step.is_some(), "running requests but no running step");
         }

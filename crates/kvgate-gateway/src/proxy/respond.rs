@@ -104,15 +104,12 @@ fn routing_headers(
     // The time to first token is decided where the prompt is prefilled.
     let predicted = prefill.map_or(decision.predicted, |(_, d)| d.predicted);
     if let Some(predicted) = predicted {
-        let terms = format!(
-            "total={:.1}ms; queue={:.1}ms; prefill={:.1}ms; decode={:.1}ms; kv={:.1}ms",
-            predicted.total() * 1e3,
-            predicted.queue_s * 1e3,
-            predicted.prefill_s * 1e3,
-            predicted.decode_s * 1e3,
-            predicted.kv_s * 1e3
-        );
-        set_header(headers, &PREDICTED_HEADER, &terms);
+        let terms: Vec<String> = kvgate_policy::PredictedTtft::TERMS
+            .iter()
+            .zip(predicted.terms())
+            .map(|(name, seconds)| format!("{name}={:.1}ms", seconds * 1e3))
+            .collect();
+        set_header(headers, &PREDICTED_HEADER, &terms.join("; "));
     }
 }
 

@@ -1,6 +1,10 @@
 //! `cache_aware`: route to the worker already holding the longest prefix of the prompt while the
-//! pool is balanced; when it is imbalanced (overload, KV spread or count spread), move load toward
-//! the coldest engine, keeping prefix affinity inside the acceptable load band when possible.
+//! pool is balanced. The KV terms act per engine: an engine above the overload ceiling (while
+//! another is below it) gets no new request, one more than the KV spread above the coldest no
+//! new prefix (a miss goes elsewhere; it keeps serving the prefixes it holds), and the others are
+//! routed as usual (prefix first, a miss to the shortest queue). The count spread is pool-wide:
+//! it moves load toward the shortest queue, keeping prefix affinity inside the acceptable load
+//! band when possible.
 
 mod imbalance;
 
@@ -8,7 +12,7 @@ use std::sync::Mutex;
 
 use kvgate_index::PrefixMatch;
 
-pub use imbalance::{imbalance, in_band, kv_usable, Imbalance, Thresholds};
+pub use imbalance::{count_imbalanced, in_band, kv_exclusions, kv_usable, Imbalance, Thresholds};
 
 use crate::config::{MissStrategy, PolicyConfig};
 use crate::inflight::RoutedLog;
@@ -72,7 +76,10 @@ struct Inputs<'a> {
     candidates: &'a [Candidate],
     in_flight: Vec<u64>,
     kv: Option<Vec<f64>>,
-    imbalance: Option<Imbalance>,
+    /// Per candidate, the KV term keeping it from new requests (empty: none does).
+    excluded: Vec<Option<Imbalance>>,
+    /// The count spread is beyond both thresholds.
+    count_imbalanced: bool,
     tree_sizes: Vec<usize>,
 }
 
@@ -87,16 +94,32 @@ impl Inputs<'_> {
         0..self.candidates.len()
     }
 
-    /// Fewest in-flight requests; ties by KV usage when known, then at random.
-    fn least_in_flight(&self, rng: &mut dyn rand::RngCore) -> usize {
+    fn excluded(&self, i: usize) -> Option<Imbalance> {
+        self.excluded.get(i).copied().flatten()
+    }
+
+    /// Candidates no KV term keeps from new prefixes (never empty: the coldest engine is one).
+    fn eligible(&self) -> impl Iterator<Item = usize> + Clone + '_ {
+        self.all().filter(|&i| self.excluded(i).is_none())
+    }
+
+    /// Candidates that may serve a prefix they hold: all but those above the overload ceiling.
+    /// An engine kept out by the KV spread alone still serves its prefixes (a hit adds little KV
+    /// there, and recomputing the prefix elsewhere adds all of it to a colder engine).
+    fn may_hit(&self) -> impl Iterator<Item = usize> + Clone + '_ {
+        self.all().filter(|&i| self.excluded(i) != Some(Imbalance::Overload))
+    }
+
+    /// Fewest in-flight requests among `indices`; ties by KV usage when known, then at random.
+    fn least_in_flight(&self, indices: impl Iterator<Item = usize>, rng: &mut dyn rand::RngCore) -> usize {
         let kv_bucket = |i: usize| self.kv.as_ref().map_or(0, |kv| (kv[i] / KV_TIE) as i64);
-        pick_min_by(self.all(), |i| (self.in_flight[i], kv_bucket(i)), rng).expect("candidates are not empty")
+        pick_min_by(indices, |i| (self.in_flight[i], kv_bucket(i)), rng).expect("candidates are not empty")
     }
 
     /// Lowest KV usage (ties within 1%: fewer in-flight, then at random). A tie never admits an
     /// engine above the overload ceiling while the coldest is below it.
     fn coldest(&self, rng: &mut dyn rand::RngCore) -> usize {
-        let Some(kv) = &self.kv else { return self.least_in_flight(rng) };
+        let Some(kv) = &self.kv else { return self.least_in_flight(self.all(), rng) };
         let coldest = kv.iter().copied().fold(f64::INFINITY, f64::min);
         let ceiling = self.settings.thresholds.overload;
         let allowed = |i: usize| kv[i] <= ceiling || coldest > ceiling;
@@ -120,33 +143,64 @@ impl Inputs<'_> {
         pick_min_by(indices.filter(|&i| matched[i] == best), |i| self.in_flight[i], rng)
     }
 
+    /// The KV term that took the request off its prefix: the best match clears the cache
+    /// threshold only on engines above the overload ceiling.
+    fn affinity_lost_to(&self, matched: &[usize], query_len: usize) -> Option<Imbalance> {
+        let best = matched.iter().copied().max().filter(|&best| {
+            query_len > 0 && best as f64 / query_len as f64 > self.settings.cache_threshold
+        })?;
+        let holders = || self.all().filter(|&i| matched[i] == best);
+        if holders().any(|i| self.excluded(i) != Some(Imbalance::Overload)) {
+            return None;
+        }
+        Some(Imbalance::Overload)
+    }
+
+    /// The KV term that moved a miss: an engine a KV term keeps out has the miss strategy's best
+    /// value (alone, or tied with others it could have gone to); the coldest engine is never
+    /// kept out, so `most_free_kv` is never moved.
+    fn miss_moved_by(&self) -> Option<Imbalance> {
+        if matches!(self.settings.miss_strategy, MissStrategy::MostFreeKv) {
+            return None;
+        }
+        let key = |i: usize| match self.settings.miss_strategy {
+            MissStrategy::LeastLoad | MissStrategy::MostFreeKv => (self.in_flight[i], 0),
+            MissStrategy::SmallestTree => (self.tree_sizes[i] as u64, self.in_flight[i]),
+        };
+        let best = self.all().map(key).min()?;
+        self.all()
+            .filter(|&i| key(i) == best)
+            .filter_map(|i| self.excluded(i))
+            .min_by_key(|k| *k != Imbalance::Overload)
+    }
+
     fn decide(&self, prefix: &PrefixMatch, rng: &mut dyn rand::RngCore) -> Outcome {
         let query_len = prefix.query_len();
         // A hit in a slower tier (host memory, disk) counts at its tier's weight.
         let matched: Vec<usize> = self.candidates.iter().map(|c| prefix.credited(c.id)).collect();
-        let (index, reason) = match self.imbalance {
-            Some(imbalance) => {
-                let thresholds = &self.settings.thresholds;
-                let kv = self.kv.as_deref();
-                let band = self.all().filter(|&i| in_band(thresholds, i, &self.in_flight, kv));
-                let affine = if self.settings.rebalance_affinity {
-                    self.best_match(band, &matched, query_len, rng)
-                } else {
-                    None
-                };
-                let index = affine.unwrap_or_else(|| {
-                    if imbalance.is_kv() {
-                        self.coldest(rng)
-                    } else {
-                        self.least_in_flight(rng)
-                    }
-                });
-                (index, imbalance.reason())
+        let kv_active = self.excluded.iter().any(Option::is_some);
+        let lost_to = self.affinity_lost_to(&matched, query_len);
+        let (index, reason) = if !self.settings.rebalance_affinity && (kv_active || self.count_imbalanced) {
+            // Rebalancing without affinity: the coldest engine (KV) or the shortest queue.
+            match self.excluded.iter().flatten().min_by_key(|kind| **kind != Imbalance::Overload) {
+                Some(kind) => (self.coldest(rng), kind.reason()),
+                None => (self.least_in_flight(self.all(), rng), Reason::ImbalanceCount),
             }
-            None => match self.best_match(self.all(), &matched, query_len, rng) {
+        } else if self.count_imbalanced {
+            let thresholds = &self.settings.thresholds;
+            let band = self.may_hit().filter(|&i| in_band(thresholds, i, &self.in_flight, None));
+            let index = self
+                .best_match(band, &matched, query_len, rng)
+                .unwrap_or_else(|| self.least_in_flight(self.eligible(), rng));
+            (index, lost_to.map_or(Reason::ImbalanceCount, Imbalance::reason))
+        } else {
+            match self.best_match(self.may_hit(), &matched, query_len, rng) {
                 Some(index) => (index, Reason::CacheHit),
-                None => (self.on_miss(rng), Reason::CacheMiss),
-            },
+                None => {
+                    let moved = lost_to.or_else(|| self.miss_moved_by());
+                    (self.on_miss(rng), moved.map_or(Reason::CacheMiss, Imbalance::reason))
+                }
+            }
         };
         // Reported as matched (every tier): what the engine will count as cached.
         let raw = |i: usize| prefix.matched(self.candidates[i].id);
@@ -157,12 +211,14 @@ impl Inputs<'_> {
         Outcome { index, reason, matches }
     }
 
+    /// Where a miss goes, among the engines no KV term keeps out.
     fn on_miss(&self, rng: &mut dyn rand::RngCore) -> usize {
         match self.settings.miss_strategy {
-            MissStrategy::LeastLoad => self.least_in_flight(rng),
+            MissStrategy::LeastLoad => self.least_in_flight(self.eligible(), rng),
             MissStrategy::MostFreeKv => self.coldest(rng),
             MissStrategy::SmallestTree => {
-                pick_min_by(self.all(), |i| (self.tree_sizes[i], self.in_flight[i]), rng).expect("not empty")
+                pick_min_by(self.eligible(), |i| (self.tree_sizes[i], self.in_flight[i]), rng)
+                    .expect("not empty")
             }
         }
     }
@@ -215,12 +271,23 @@ impl Policy for CacheAwarePolicy {
             _ => Vec::new(),
         };
         // One candidate cannot be out of balance with anyone: route it as balanced.
-        let imbalance = if candidates.len() > 1 {
-            imbalance(&settings.thresholds, &in_flight, kv.as_deref())
+        let (excluded, count_imbalanced) = if candidates.len() > 1 {
+            (
+                kv_exclusions(&settings.thresholds, kv.as_deref()),
+                count_imbalanced(&settings.thresholds, &in_flight),
+            )
         } else {
-            None
+            (Vec::new(), false)
         };
-        let inputs = Inputs { settings, candidates: &candidates, imbalance, in_flight, kv, tree_sizes };
+        let inputs = Inputs {
+            settings,
+            candidates: &candidates,
+            excluded,
+            count_imbalanced,
+            in_flight,
+            kv,
+            tree_sizes,
+        };
 
         let mut outcome = None;
         let rng = &mut *ctx.rng;

@@ -19,8 +19,8 @@ use std::sync::Mutex;
 use kvgate_index::PrefixMatch;
 use rand::Rng;
 
-pub use predict::{predict, queued_tokens, PredictSettings, PredictedTtft};
-pub use rate::PrefillRates;
+pub use predict::{predict, queued_tokens, EngineView, PredictSettings, PredictedTtft};
+pub use rate::{EngineRates, RateSettings, Rates};
 
 use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
@@ -37,9 +37,11 @@ const TIE_SECS: f64 = 1e-4;
 #[derive(Clone, Copy, Debug)]
 struct Settings {
     predict: PredictSettings,
-    /// Weight of the request's own uncached prefill time beyond its own wait (see the module doc).
-    prefill_cost_weight: f64,
     overload: f64,
+    /// A candidate whose queue alone exceeds `wait_margin` x the best predicted TTFT plus
+    /// `wait_slack_s` is not chosen (see the module doc).
+    wait_margin: f64,
+    wait_slack_s: f64,
     temperature: f64,
 }
 
@@ -52,7 +54,36 @@ struct State {
     /// Uncached prompt tokens routed to each worker, by routing time: the arrivals of each
     /// engine's fluid prefill queue between its load reports.
     routed: RoutedLog,
-    rates: PrefillRates,
+    rates: EngineRates,
+    /// When the pool's recent requests were routed.
+    arrivals: Arrivals,
+}
+
+/// The routing times of the pool's recent requests (the last four load-poll intervals).
+#[derive(Debug, Default)]
+struct Arrivals {
+    times: std::collections::VecDeque<u64>,
+}
+
+impl Arrivals {
+    fn window_ms(poll_ms: u64) -> u64 {
+        poll_ms.saturating_mul(4).max(1)
+    }
+
+    fn record(&mut self, now_ms: u64, poll_ms: u64) {
+        let window = Self::window_ms(poll_ms);
+        while self.times.front().is_some_and(|&at| at + window < now_ms) {
+            self.times.pop_front();
+        }
+        self.times.push_back(now_ms);
+    }
+
+    /// Requests per second over the window before `now_ms`.
+    fn per_sec(&self, now_ms: u64, poll_ms: u64) -> f64 {
+        let window = Self::window_ms(poll_ms);
+        let recent = self.times.iter().filter(|&&at| at + window >= now_ms).count();
+        recent as f64 * 1000.0 / window as f64
+    }
 }
 
 impl KvAwarePolicy {
@@ -60,19 +91,28 @@ impl KvAwarePolicy {
         Self {
             settings: Settings {
                 predict: PredictSettings {
-                    decode_secs_per_request: config.kv_aware_decode_ms_per_request / 1000.0,
                     kv_pressure_weight: config.kv_aware_kv_pressure_weight,
+                    prefill_cost_weight: config.kv_aware_prefill_cost_weight,
+                    queue_cost_weight: config.kv_aware_queue_cost_weight,
+                    decode_stall_weight: config.kv_aware_decode_stall_weight,
                 },
-                prefill_cost_weight: config.kv_aware_prefill_cost_weight,
                 overload: config.overload_token_usage_threshold,
+                wait_margin: config.kv_aware_wait_margin,
+                wait_slack_s: config.kv_aware_wait_slack_ms / 1000.0,
                 temperature: config.router_temperature,
             },
             state: Mutex::new(State {
                 routed: RoutedLog::default(),
-                rates: PrefillRates::new(
-                    config.kv_aware_prefill_tokens_per_sec,
-                    config.kv_aware_learn_prefill_rate,
-                ),
+                rates: EngineRates::new(RateSettings {
+                    prefill_tokens_per_sec: config.kv_aware_prefill_tokens_per_sec,
+                    decode_ms_per_request: config.kv_aware_decode_ms_per_request,
+                    learn: config.kv_aware_learn_prefill_rate,
+                    per_engine: config.kv_aware_per_engine_rates,
+                    min_observations: config.kv_aware_rate_min_observations,
+                    smoothing: config.kv_aware_rate_smoothing,
+                    grid_step: config.kv_aware_rate_grid_step,
+                }),
+                arrivals: Arrivals::default(),
             }),
         }
     }
@@ -84,6 +124,24 @@ struct Scored {
     /// The request's uncached prompt tokens there.
     uncached: f64,
     allowed: bool,
+    /// Kept out by the wait margin (its queue alone is too long compared with the best TTFT).
+    waits_too_long: bool,
+}
+
+/// Keeps out every allowed candidate whose queued prefill alone exceeds `margin` x the best
+/// predicted time to first token among the allowed plus `slack_s`. The best one always stays
+/// (its queue is part of its own prediction), so some candidate stays allowed.
+fn apply_wait_margin(scored: &mut [Scored], margin: f64, slack_s: f64) {
+    let best = scored.iter().filter(|s| s.allowed).map(|s| s.predicted.total()).fold(f64::INFINITY, f64::min);
+    if !best.is_finite() {
+        return;
+    }
+    for candidate in scored.iter_mut().filter(|s| s.allowed) {
+        if candidate.predicted.queue_s > margin * best + slack_s {
+            candidate.allowed = false;
+            candidate.waits_too_long = true;
+        }
+    }
 }
 
 impl KvAwarePolicy {
@@ -115,7 +173,8 @@ impl KvAwarePolicy {
             .collect();
         let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
         let prompt = request.prompt_tokens as f64;
-        candidates
+        let arrivals_per_sec = state.arrivals.per_sec(now_ms, poll_ms) / candidates.len() as f64;
+        let mut scored = candidates
             .iter()
             .enumerate()
             .map(|(i, c)| {
@@ -126,23 +185,26 @@ impl KvAwarePolicy {
                 } else {
                     prompt * prefix.credited(c.id) as f64 / prefix.query_len() as f64
                 };
-                let rate = state.rates.rate();
-                let queued = queued_tokens(c, loads[i].as_ref(), routed, now_ms, rate);
+                let rates = state.rates.rates(c.id);
+                let queued =
+                    queued_tokens(c, loads[i].as_ref(), routed, now_ms, rates.prefill_tokens_per_sec);
                 let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
                 let uncached = (prompt - matched).max(0.0);
-                let predicted = predict(&s.predict, rate, queued, uncached, running, kv[i]);
+                let view = EngineView { rates, queued, uncached, running, kv_usage: kv[i], arrivals_per_sec };
+                let predicted = predict(&s.predict, &view);
                 let allowed = !below_exists || kv[i].is_none_or(|k| k <= s.overload);
-                Scored { predicted, uncached, allowed }
+                Scored { predicted, uncached, allowed, waits_too_long: false }
             })
-            .collect()
+            .collect::<Vec<_>>();
+        apply_wait_margin(&mut scored, s.wait_margin, s.wait_slack_s);
+        scored
     }
 
     /// The chosen candidate: the lowest prediction among the allowed (ties: fewer in flight, then
     /// at random), or a softmax sample at temperature > 0.
     fn choose(&self, candidates: &[Candidate], scored: &[Scored], rng: &mut dyn rand::RngCore) -> usize {
         let allowed = || (0..candidates.len()).filter(|&i| scored[i].allowed);
-        let weight = self.settings.prefill_cost_weight;
-        let cost = |i: usize| scored[i].predicted.total() + weight * scored[i].predicted.prefill_s;
+        let cost = |i: usize| scored[i].predicted.cost();
         let temperature = self.settings.temperature;
         if temperature > 0.0 {
             let best = allowed().map(cost).fold(f64::INFINITY, f64::min);
@@ -187,16 +249,16 @@ impl Policy for KvAwarePolicy {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (now_ms, poll_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
         {
-            let State { routed, rates } = &mut *state;
+            let State { routed, rates, .. } = &mut *state;
             for c in candidates.iter() {
                 if let Some(load) = fresh_load(c, now_ms, poll_ms) {
-                    rates.observe(c.id, &load, routed);
+                    rates.observe(c.id, &load, routed, poll_ms);
                 }
             }
         }
         let index = ctx.prefix_index;
         let rng = &mut *ctx.rng;
-        let mut outcome: Option<(usize, PredictedTtft, f64, Option<MatchInfo>)> = None;
+        let mut outcome: Option<(usize, PredictedTtft, f64, Option<MatchInfo>, Reason)> = None;
         {
             let state = &*state;
             let mut decide = |prefix: &PrefixMatch| {
@@ -210,7 +272,12 @@ impl Policy for KvAwarePolicy {
                         chosen_match_rate: prefix.matched(candidates[chosen].id) as f64 / query_len as f64,
                     }
                 });
-                outcome = Some((chosen, scored[chosen].predicted, scored[chosen].uncached, matches));
+                // A holder of more of the prompt was kept out by the wait margin: replicated.
+                let held = prefix.matched(candidates[chosen].id);
+                let replicated = (0..candidates.len())
+                    .any(|i| scored[i].waits_too_long && prefix.matched(candidates[i].id) > held);
+                let reason = if replicated { Reason::KvAwareReplicate } else { Reason::KvAware };
+                outcome = Some((chosen, scored[chosen].predicted, scored[chosen].uncached, matches, reason));
                 Some(candidates[chosen].id)
             };
             match (index, request.key.prompt()) {
@@ -222,13 +289,14 @@ impl Policy for KvAwarePolicy {
                 }
             }
         }
-        let (chosen, predicted, uncached, matches) =
+        let (chosen, predicted, uncached, matches, reason) =
             outcome.expect("the index calls the chooser exactly once");
         let worker = candidates[chosen].id;
         state.routed.record(worker, now_ms, uncached, poll_ms.saturating_mul(4));
+        state.arrivals.record(now_ms, poll_ms);
         Ok(Decision {
             worker,
-            reason: Reason::KvAware,
+            reason,
             matches,
             index: index.map(|index| index.kind()),
             predicted: Some(predicted),

@@ -3,10 +3,12 @@
 //! the engine has computed since), its own uncached prompt tokens, over the engine's prefill
 //! rate, plus decode and KV-pressure terms.
 
+use super::Rates;
 use crate::inflight::RoutedLog;
 use crate::{Candidate, LoadSample};
 
-/// The terms of a predicted time to first token, in seconds.
+/// The terms of a predicted time to first token, in seconds, and what the request's prefill
+/// costs the others on that engine (the rest of kv_aware's cost).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PredictedTtft {
     /// Prefill work queued ahead of the request, over the prefill rate.
@@ -17,21 +19,57 @@ pub struct PredictedTtft {
     pub decode_s: f64,
     /// KV pressure: admission waits for blocks when the cache is nearly full.
     pub kv_s: f64,
+    /// Cost, not time to first token: the request's own prefill delays the requests that will
+    /// queue behind it and duplicates a prefix held elsewhere: `prefill_s` x
+    /// (`--kv-aware-prefill-cost-weight` + `--kv-aware-queue-cost-weight` x the requests
+    /// expected to arrive at the engine before its queue and this prefill are done).
+    pub recompute_s: f64,
+    /// Cost, not time to first token: the engine's running requests stall while it prefills
+    /// (`--kv-aware-decode-stall-weight` x running x `prefill_s`).
+    pub stall_s: f64,
 }
 
 impl PredictedTtft {
+    /// The term names, in the order of [`PredictedTtft::terms`] (route reasons and metrics).
+    pub const TERMS: [&'static str; 8] =
+        ["total", "queue", "prefill", "decode", "kv", "recompute", "stall", "cost"];
+
+    /// The predicted time to first token.
     pub fn total(&self) -> f64 {
         self.queue_s + self.prefill_s + self.decode_s + self.kv_s
     }
+
+    /// What kv_aware minimises: the predicted time to first token plus the costs to others.
+    pub fn cost(&self) -> f64 {
+        self.total() + self.recompute_s + self.stall_s
+    }
+
+    /// Every term in seconds, named by [`PredictedTtft::TERMS`].
+    pub fn terms(&self) -> [f64; 8] {
+        [
+            self.total(),
+            self.queue_s,
+            self.prefill_s,
+            self.decode_s,
+            self.kv_s,
+            self.recompute_s,
+            self.stall_s,
+            self.cost(),
+        ]
+    }
 }
 
-/// The constants of the prediction (the prefill rate is per engine: see `PrefillRates`).
+/// The constants of the prediction (the rates are per engine: see `EngineRates`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PredictSettings {
-    /// Seconds each running request adds to the wait (its share of the engine's steps).
-    pub decode_secs_per_request: f64,
     /// Weight in seconds of the KV-pressure term `k / (1 - k)`.
     pub kv_pressure_weight: f64,
+    /// Weight of the request's own prefill time in the recompute cost.
+    pub prefill_cost_weight: f64,
+    /// Weight of the requests expected to arrive behind it (arrival rate x (queue + prefill)).
+    pub queue_cost_weight: f64,
+    /// Weight of (running requests x the request's prefill time) in the stall cost.
+    pub decode_stall_weight: f64,
 }
 
 /// Prefill tokens queued on `candidate` at `now_ms`: a fluid queue that starts from the engine's
@@ -57,22 +95,36 @@ pub fn queued_tokens(
     (queue - per_ms * now_ms.saturating_sub(at_ms) as f64).max(0.0)
 }
 
-/// The predicted time to first token of a request with `uncached` prompt tokens on an engine that
-/// prefills `rate` tokens per second.
-pub fn predict(
-    settings: &PredictSettings,
-    rate: f64,
-    queued: f64,
-    uncached: f64,
-    running: u64,
-    kv_usage: Option<f64>,
-) -> PredictedTtft {
+/// What the prediction knows of one engine for one request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineView {
+    pub rates: Rates,
+    /// Prefill tokens queued ahead of the request.
+    pub queued: f64,
+    /// The request's uncached prompt tokens there.
+    pub uncached: f64,
+    /// Requests running there.
+    pub running: u64,
+    /// KV usage, when the snapshot is usable.
+    pub kv_usage: Option<f64>,
+    /// Requests per second arriving at an engine of the pool (the pool's rate over its size).
+    pub arrivals_per_sec: f64,
+}
+
+/// The predicted time to first token of a request on an engine, and its costs to the others.
+pub fn predict(settings: &PredictSettings, view: &EngineView) -> PredictedTtft {
+    let EngineView { rates, queued, uncached, running, kv_usage, arrivals_per_sec } = *view;
     let k = kv_usage.unwrap_or(0.0).clamp(0.0, 0.99);
+    let rate = rates.prefill_tokens_per_sec;
+    let (queue_s, prefill_s) = (queued / rate, uncached / rate);
+    let behind = arrivals_per_sec * (queue_s + prefill_s);
     PredictedTtft {
-        queue_s: queued / rate,
-        prefill_s: uncached / rate,
-        decode_s: settings.decode_secs_per_request * running as f64,
+        queue_s,
+        prefill_s,
+        decode_s: rates.decode_ms_per_request / 1000.0 * running as f64,
         kv_s: settings.kv_pressure_weight * k / (1.0 - k),
+        recompute_s: prefill_s * (settings.prefill_cost_weight + settings.queue_cost_weight * behind),
+        stall_s: settings.decode_stall_weight * running as f64 * prefill_s,
     }
 }
 
@@ -103,11 +155,33 @@ mod tests {
 
     #[test]
     fn terms_add_up() {
-        let settings = PredictSettings { decode_secs_per_request: 0.001, kv_pressure_weight: 0.1 };
-        let p = predict(&settings, 1_000.0, 2_000.0, 500.0, 10, Some(0.5));
+        let settings = PredictSettings {
+            kv_pressure_weight: 0.1,
+            prefill_cost_weight: 8.0,
+            queue_cost_weight: 1.0,
+            decode_stall_weight: 0.01,
+        };
+        let rates = Rates { prefill_tokens_per_sec: 1_000.0, decode_ms_per_request: 1.0 };
+        let view = EngineView {
+            rates,
+            queued: 2_000.0,
+            uncached: 500.0,
+            running: 10,
+            kv_usage: Some(0.5),
+            arrivals_per_sec: 0.0,
+        };
+        let p = predict(&settings, &view);
         assert_eq!((p.queue_s, p.prefill_s, p.decode_s, p.kv_s), (2.0, 0.5, 0.01, 0.1));
         assert!((p.total() - 2.61).abs() < 1e-12);
-        let clamped = predict(&settings, 1_000.0, 0.0, 0.0, 0, Some(2.0)).kv_s;
+        assert_eq!((p.recompute_s, p.stall_s), (4.0, 0.05));
+        assert!((p.cost() - 6.66).abs() < 1e-12);
+        // Two requests a second arrive behind its 2.5 s: 5 more requests delayed by its 0.5 s.
+        let busy = predict(&settings, &EngineView { arrivals_per_sec: 2.0, ..view });
+        assert_eq!(busy.recompute_s, 0.5 * (8.0 + 5.0));
+        assert_eq!(p.terms()[0], p.total());
+        assert_eq!(p.terms()[7], p.cost());
+        let idle = EngineView { queued: 0.0, uncached: 0.0, running: 0, kv_usage: Some(2.0), ..view };
+        let clamped = predict(&settings, &idle).kv_s;
         assert!((clamped - 9.9).abs() < 1e-9, "KV usage clamped to 0.99: {clamped}");
     }
 }

@@ -1,15 +1,33 @@
-//! Learning the engines' prefill rate from their load reports: between two reports during which
-//! an engine was busy (prefill queued at both), it computed what was queued at the first, plus
-//! what was routed to it since, minus what is queued at the second. Each engine's observations
-//! feed its own running estimate; predictions use one fleet-wide rate, the mean of the
-//! estimates, on a coarse grid (steps of 25% from the configured rate) that moves only when the
-//! mean is well past the middle of a step.
+//! Learning each engine's prefill and decode speed from its load reports.
 //!
-//! Why one rate and a grid (measured on S4, docs/BENCHMARKS.md): per-engine rates let a few
-//! percent of estimation noise decide between equal engines, and an engine predicted slow gets
-//! fewer prompts, is never busy, and never corrects its estimate; e2e p99 doubled. A uniform
-//! rate scales every candidate's prediction alike, so it corrects a badly configured rate
-//! without steering between engines.
+//! Prefill: between two reports during which an engine was busy (prefill queued at both), it
+//! computed what was queued at the first, plus what was routed to it since, minus what is
+//! queued at the second. Decode: a report whose engine has no prefill queued and enough
+//! requests running gives the time each running request adds to a step, `1000 /
+//! gen_throughput` ms. Each engine keeps a running estimate of both.
+//!
+//! What predictions use (measured on S4, S6 and S7, docs/BENCHMARKS.md):
+//! - An engine's estimate is a ratio of sums (the work it did over the time it was busy, both
+//!   decayed by `1 - --kv-aware-rate-smoothing` per observation), so one interval mis-measured
+//!   (a prompt the engine found cached when the index did not, or the reverse) moves it little.
+//! - The fleet's rate: the mean of the measured engines' estimates, on a coarse grid (steps of
+//!   `--kv-aware-rate-grid-step` from the configured rate) that moves only when the mean is well
+//!   past the middle of a step. It corrects a badly configured rate.
+//! - Per engine (`--kv-aware-per-engine-rates true`): the fleet's rate times the grid
+//!   step to the power of the engine's deviation from it in whole steps, again with hysteresis,
+//!   so equal engines measured with noise are predicted at exactly the same rate (a few percent
+//!   of noise steering between equal engines is what made the first per-engine learner
+//!   harmful: an engine predicted slow got fewer prompts, was never busy and never corrected),
+//!   while an engine twice as fast as another is three steps apart.
+//! - Exploration: an engine with fewer than `--kv-aware-rate-min-observations` busy intervals
+//!   is predicted at the fleet's rate, never at the configured one: an engine not yet measured
+//!   is neither shunned nor preferred, so it is given work, gets busy and is measured. (Starting
+//!   each engine at the configured rate, with the rate configured 4x low, the engines measured
+//!   first looked 4x faster than the others, took all the work, and the others were never
+//!   measured.)
+//! - Fleet-wide (`--kv-aware-per-engine-rates false`, the default): the fleet's rate for every
+//!   engine. Per-engine rates, though measured right, made kv_aware worse on S6 (the unequal
+//!   fleet) and on S7 (bursts, equal engines): see docs/BENCHMARKS.md.
 //!
 //! Only prompts this host routed are counted as arrivals, so with several gateway replicas in
 //! front of one fleet the estimate is low (the others' prompts are computed too): leave learning
@@ -20,25 +38,80 @@ use std::collections::HashMap;
 use crate::inflight::RoutedLog;
 use crate::{LoadSample, WorkerId};
 
-/// Weight of a new observation in the running estimate.
-const SMOOTHING: f64 = 0.2;
-/// Reports closer than this are too noisy to learn from.
-const MIN_INTERVAL_MS: u64 = 200;
 /// The estimate stays within this factor of the configured rate either way.
 const MAX_FACTOR: f64 = 10.0;
-/// The grid of rates predicted with: the configured rate times powers of this.
-const STEP: f64 = 1.25;
 /// How far past the middle of a step (in steps) the estimate must go to move the rate used.
 const HYSTERESIS: f64 = 0.25;
+/// Fewest running requests for a decode observation (below, the fixed cost of a step dominates).
+const MIN_DECODE_BATCH: u64 = 8;
+
+/// The learner's options (from `PolicyConfig`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateSettings {
+    /// Prefill tokens per second predicted before anything is learned.
+    pub prefill_tokens_per_sec: f64,
+    /// Milliseconds each running request adds to a decode step, before anything is learned.
+    pub decode_ms_per_request: f64,
+    pub learn: bool,
+    pub per_engine: bool,
+    /// Busy intervals before an engine's own estimate is used.
+    pub min_observations: u32,
+    /// How fast an engine's running estimate forgets: each observation multiplies the work and
+    /// time summed so far by `1 - smoothing`, in (0, 1].
+    pub smoothing: f64,
+    /// Ratio between two rates of the grid, > 1.
+    pub grid_step: f64,
+}
+
+/// A running rate: work over time, both decayed by `1 - smoothing` at each observation (a ratio
+/// of sums, so one interval mis-measured moves it little).
+#[derive(Clone, Copy, Debug, Default)]
+struct Running {
+    work: f64,
+    time: f64,
+    observations: u32,
+}
+
+impl Running {
+    fn observe(&mut self, work: f64, time: f64, smoothing: f64) {
+        let keep = 1.0 - smoothing;
+        self.work = self.work * keep + work;
+        self.time = self.time * keep + time;
+        self.observations = self.observations.saturating_add(1);
+    }
+
+    fn rate(&self) -> Option<f64> {
+        (self.observations > 0 && self.time > 0.0).then(|| self.work / self.time)
+    }
+}
 
 /// The grid rate to use given the one in use and the current estimate.
-fn snap(used: f64, estimate: f64, configured: f64) -> f64 {
-    let steps = |rate: f64| (rate / configured).ln() / STEP.ln();
+fn snap(used: f64, estimate: f64, configured: f64, step: f64) -> f64 {
+    let steps = |rate: f64| (rate / configured).ln() / step.ln();
     let (current, wanted) = (steps(used), steps(estimate));
     if (wanted - current).abs() <= 0.5 + HYSTERESIS {
         return used;
     }
-    configured * STEP.powf(wanted.round())
+    configured * step.powf(wanted.round())
+}
+
+/// An engine's deviation from the fleet's grid rate in grid steps, moved only past the
+/// hysteresis: equal engines measured with noise all stay at 0 steps.
+fn deviation(previous: i32, estimate: f64, fleet: f64, step: f64) -> i32 {
+    let wanted = (estimate / fleet).ln() / step.ln();
+    if (wanted - f64::from(previous)).abs() <= 0.5 + HYSTERESIS {
+        previous
+    } else {
+        wanted.round() as i32
+    }
+}
+
+/// One learned quantity (prefill or decode speed) of one engine.
+#[derive(Clone, Copy, Debug, Default)]
+struct Speed {
+    running: Running,
+    /// Grid steps from the fleet's rate.
+    steps: i32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -46,55 +119,137 @@ struct Learned {
     /// The last report seen: when its poll was sent, and the prefill it said was queued.
     at_ms: u64,
     queued: f64,
-    /// The engine's running estimate.
-    rate: f64,
+    prefill: Speed,
+    /// Decode speed as a rate, 1000 / (ms each running request adds to a step), so the grid and
+    /// the fleet mean treat it as the prefill rate.
+    decode: Speed,
 }
 
-/// The prefill rate to predict with: the configured one until reports teach otherwise.
-#[derive(Debug)]
-pub struct PrefillRates {
+#[derive(Clone, Copy, Debug)]
+enum Quantity {
+    Prefill,
+    Decode,
+}
+
+/// The fleet's grid rate of one quantity.
+#[derive(Clone, Copy, Debug)]
+struct Fleet {
     configured: f64,
-    learn: bool,
-    engines: HashMap<WorkerId, Learned>,
-    /// Sum of the engines' estimates.
-    sum: f64,
-    /// The grid rate predicted with.
     used: f64,
 }
 
-impl PrefillRates {
-    pub fn new(configured: f64, learn: bool) -> Self {
-        Self { configured, learn, engines: HashMap::new(), sum: 0.0, used: configured }
-    }
+/// The rates to predict with: the configured ones until reports teach otherwise.
+#[derive(Debug)]
+pub struct EngineRates {
+    settings: RateSettings,
+    engines: HashMap<WorkerId, Learned>,
+    prefill: Fleet,
+    decode: Fleet,
+}
 
-    /// The rate to predict with (the same for every engine).
-    pub fn rate(&self) -> f64 {
-        self.used
-    }
+/// What the prediction uses for one engine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rates {
+    pub prefill_tokens_per_sec: f64,
+    pub decode_ms_per_request: f64,
+}
 
-    fn update_used(&mut self) {
-        if !self.engines.is_empty() {
-            self.used = snap(self.used, self.sum / self.engines.len() as f64, self.configured);
+impl EngineRates {
+    pub fn new(settings: RateSettings) -> Self {
+        let prefill = settings.prefill_tokens_per_sec;
+        let decode = 1000.0 / settings.decode_ms_per_request.max(1e-9);
+        Self {
+            settings,
+            engines: HashMap::new(),
+            prefill: Fleet { configured: prefill, used: prefill },
+            decode: Fleet { configured: decode, used: decode },
         }
     }
 
-    /// Takes `worker`'s report into account (once per report).
-    pub fn observe(&mut self, worker: WorkerId, report: &LoadSample, routed: &RoutedLog) {
-        if !self.learn {
+    /// After `worker`'s speed changed: the fleet's grid rate (the mean of the measured engines,
+    /// with hysteresis) and the engines' deviations from it (every engine's when the fleet's
+    /// rate moved, else `worker`'s).
+    fn refresh(&mut self, worker: WorkerId, pick: fn(&mut Learned) -> &mut Speed, quantity: Quantity) {
+        let min = self.settings.min_observations;
+        let step = self.settings.grid_step;
+        let fleet = *self.fleet(quantity);
+        let measured: Vec<f64> = self
+            .engines
+            .values_mut()
+            .map(|learned| &*pick(learned))
+            .filter(|speed| speed.running.observations >= min)
+            .filter_map(|speed| speed.running.rate())
+            .collect();
+        if measured.is_empty() {
             return;
         }
+        let clamp = |rate: f64| rate.clamp(fleet.configured / MAX_FACTOR, fleet.configured * MAX_FACTOR);
+        let mean = clamp(measured.iter().sum::<f64>() / measured.len() as f64);
+        let used = snap(fleet.used, mean, fleet.configured, step);
+        self.fleet(quantity).used = used;
+        for (id, learned) in &mut self.engines {
+            if used != fleet.used || *id == worker {
+                let speed = pick(learned);
+                if let Some(rate) = speed.running.rate().filter(|_| speed.running.observations >= min) {
+                    speed.steps = deviation(speed.steps, clamp(rate), used, step);
+                }
+            }
+        }
+    }
+
+    fn fleet(&mut self, quantity: Quantity) -> &mut Fleet {
+        match quantity {
+            Quantity::Prefill => &mut self.prefill,
+            Quantity::Decode => &mut self.decode,
+        }
+    }
+
+    /// One quantity's rate on `worker`: the fleet's grid rate, times the engine's own deviation
+    /// in grid steps when per-engine and measured enough.
+    fn rate(&self, worker: WorkerId, fleet: &Fleet, pick: fn(&Learned) -> &Speed) -> f64 {
+        if !self.settings.learn {
+            return fleet.configured;
+        }
+        let steps = match self.engines.get(&worker).map(pick) {
+            Some(speed)
+                if self.settings.per_engine
+                    && speed.running.observations >= self.settings.min_observations =>
+            {
+                speed.steps
+            }
+            _ => 0,
+        };
+        fleet.used * self.settings.grid_step.powi(steps)
+    }
+
+    /// The rates to predict `worker` with.
+    pub fn rates(&self, worker: WorkerId) -> Rates {
+        Rates {
+            prefill_tokens_per_sec: self.rate(worker, &self.prefill, |l| &l.prefill),
+            decode_ms_per_request: 1000.0 / self.rate(worker, &self.decode, |l| &l.decode),
+        }
+    }
+
+    /// Takes `worker`'s report into account (once per report). Reports closer than half the
+    /// poll interval `poll_ms` are too noisy to learn a prefill rate from.
+    pub fn observe(&mut self, worker: WorkerId, report: &LoadSample, routed: &RoutedLog, poll_ms: u64) {
+        if !self.settings.learn {
+            return;
+        }
+        let smoothing = self.settings.smoothing;
         let queued = report.num_waiting_uncached_tokens as f64;
-        let configured = self.configured;
-        let entry = self.engines.entry(worker).or_insert_with(|| {
-            self.sum += configured;
-            Learned { at_ms: report.fetched_at_ms, queued, rate: configured }
+        let entry = self.engines.entry(worker).or_insert_with(|| Learned {
+            at_ms: report.fetched_at_ms,
+            queued,
+            prefill: Speed::default(),
+            decode: Speed::default(),
         });
         if report.fetched_at_ms <= entry.at_ms {
-            self.update_used();
             return;
         }
         let interval_ms = report.fetched_at_ms - entry.at_ms;
-        if interval_ms >= MIN_INTERVAL_MS && entry.queued > 0.0 && queued > 0.0 {
+        let mut prefill_learned = false;
+        if interval_ms >= poll_ms / 2 && entry.queued > 0.0 && queued > 0.0 {
             let arrived: f64 = routed
                 .entries(worker)
                 .filter(|&(at, _)| at >= entry.at_ms && at < report.fetched_at_ms)
@@ -102,79 +257,31 @@ impl PrefillRates {
                 .sum();
             let computed = entry.queued + arrived - queued;
             if computed > 0.0 {
-                let observed = computed * 1000.0 / interval_ms as f64;
-                let rate = entry.rate * (1.0 - SMOOTHING) + observed * SMOOTHING;
-                let rate = rate.clamp(configured / MAX_FACTOR, configured * MAX_FACTOR);
-                self.sum += rate - entry.rate;
-                entry.rate = rate;
+                entry.prefill.running.observe(computed, interval_ms as f64 / 1000.0, smoothing);
+                prefill_learned = true;
             }
+        }
+        let mut decode_learned = false;
+        if queued == 0.0 && report.num_running_reqs >= MIN_DECODE_BATCH && report.gen_throughput > 0.0 {
+            // A step of b running requests produces b tokens, so each request adds 1000 /
+            // gen_throughput ms to it: the decode "rate" learned is gen_throughput itself.
+            entry.decode.running.observe(report.gen_throughput, 1.0, smoothing);
+            decode_learned = true;
         }
         entry.at_ms = report.fetched_at_ms;
         entry.queued = queued;
-        self.update_used();
+        if prefill_learned {
+            self.refresh(worker, |l| &mut l.prefill, Quantity::Prefill);
+        }
+        if decode_learned {
+            self.refresh(worker, |l| &mut l.decode, Quantity::Decode);
+        }
     }
 
     pub fn forget(&mut self, worker: WorkerId) {
-        if let Some(learned) = self.engines.remove(&worker) {
-            self.sum -= learned.rate;
-            self.update_used();
-        }
+        self.engines.remove(&worker);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report(at_ms: u64, queued: u64) -> LoadSample {
-        LoadSample { fetched_at_ms: at_ms, num_waiting_uncached_tokens: queued, ..LoadSample::default() }
-    }
-
-    #[test]
-    fn a_busy_engine_teaches_its_rate() {
-        let mut routed = RoutedLog::default();
-        let mut rates = PrefillRates::new(8_000.0, true);
-        // 10,000 tokens arrive every 500 ms and the queue stays at 50,000: the engine computes
-        // 20,000 tokens/s.
-        rates.observe(1, &report(0, 50_000), &routed);
-        for step in 1..=40u64 {
-            routed.record(1, step * 500 - 250, 10_000.0, 1_000_000);
-            rates.observe(1, &report(step * 500, 50_000), &routed);
-        }
-        let estimate = rates.engines[&1].rate;
-        assert!((estimate - 20_000.0).abs() < 500.0, "{estimate}");
-        // On the grid: 8,000 x 1.25^4 = 19,531.
-        assert_eq!(rates.rate(), 8_000.0 * STEP.powi(4));
-        // A second engine, never busy, counts at the configured rate: the mean moves down.
-        rates.observe(2, &report(20_000, 0), &routed);
-        assert_eq!(rates.rate(), 8_000.0 * STEP.powi(3), "mean {}", rates.sum / 2.0);
-        rates.forget(2);
-        assert_eq!(rates.rate(), 8_000.0 * STEP.powi(4));
-    }
-
-    #[test]
-    fn noise_around_the_configured_rate_keeps_it_exactly() {
-        for estimate in [6_900.0, 7_300.0, 8_000.0, 8_700.0, 9_300.0] {
-            assert_eq!(snap(8_000.0, estimate, 8_000.0), 8_000.0, "{estimate}");
-        }
-        // Well past the middle of the step: one step up, and it stays there when the estimate
-        // wavers back below the middle.
-        let up = snap(8_000.0, 10_200.0, 8_000.0);
-        assert_eq!(up, 10_000.0);
-        assert_eq!(snap(up, 8_800.0, 8_000.0), 10_000.0);
-        assert_eq!(snap(up, 7_000.0, 8_000.0), 8_000.0 * STEP.powi(-1));
-    }
-
-    #[test]
-    fn an_idle_engine_or_learning_off_teaches_nothing() {
-        let routed = RoutedLog::default();
-        let mut rates = PrefillRates::new(8_000.0, true);
-        rates.observe(1, &report(0, 0), &routed);
-        rates.observe(1, &report(1_000, 0), &routed);
-        assert_eq!(rates.rate(), 8_000.0);
-        let mut off = PrefillRates::new(8_000.0, false);
-        off.observe(1, &report(0, 40_000), &routed);
-        off.observe(1, &report(1_000, 1_000), &routed);
-        assert_eq!(off.rate(), 8_000.0);
-    }
-}
+mod tests;

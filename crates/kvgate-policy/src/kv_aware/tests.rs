@@ -213,3 +213,48 @@ proptest::proptest! {
         proptest::prop_assert!(kv <= 0.8 || !below_exists, "chose KV {kv} with {samples:?}");
     }
 }
+
+proptest::proptest! {
+    /// The wait margin: never an engine whose queued prefill alone exceeds the margin times the
+    /// best predicted time to first token elsewhere, plus the slack, however long the prefix it
+    /// holds (a bound on the best from above: every prompt counted uncached).
+    #[test]
+    fn never_waits_past_the_margin_for_a_holder(
+        queues in proptest::collection::vec(0u64..600_000, 2..8),
+        kv in proptest::collection::vec(0.0f64..0.9, 8),
+        holder in 0usize..8,
+        prompt_len in 1_000u32..40_000,
+        margin in 1.0f64..6.0,
+        slack_ms in 0.0f64..2_000.0,
+    ) {
+        let rate = 8_000.0;
+        let mut h = Harness::new(PolicyConfig {
+            kv_aware_learn_prefill_rate: false,
+            kv_aware_prefill_tokens_per_sec: rate,
+            kv_aware_wait_margin: margin,
+            kv_aware_wait_slack_ms: slack_ms,
+            ..config()
+        });
+        let conversation = prompt(5, prompt_len);
+        let holder = (holder % queues.len()) as u32;
+        h.index.record(PromptKey::Tokens(&conversation), holder, NOW);
+        let samples: Vec<(u64, f64)> = queues.iter().zip(&kv).map(|(&q, &k)| (q, k)).collect();
+        let d = h.route(&conversation, &pool(&samples));
+        let settings = config();
+        let best_upper = samples
+            .iter()
+            .map(|&(q, k)| {
+                (q as f64 + prompt_len as f64) / rate + settings.kv_aware_kv_pressure_weight * k / (1.0 - k)
+            })
+            .fold(f64::INFINITY, f64::min);
+        let queue_s = samples[d.worker as usize].0 as f64 / rate;
+        proptest::prop_assert!(
+            queue_s <= margin * best_upper + slack_ms / 1000.0 + 1e-9,
+            "chose {} (queue {queue_s:.2} s) with best <= {best_upper:.2} s, margin {margin}: {samples:?}",
+            d.worker
+        );
+        if d.worker != holder && samples[holder as usize].0 as f64 / rate > margin * best_upper + slack_ms / 1000.0 {
+            proptest::prop_assert_eq!(d.reason, Reason::KvAwareReplicate);
+        }
+    }
+}

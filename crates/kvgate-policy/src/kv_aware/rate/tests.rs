@@ -1,0 +1,146 @@
+//! The learner: a busy engine teaches its rates, an unmeasured one is predicted at the fleet's,
+//! noise never separates equal engines (property), and the fleet-wide mode.
+
+use super::*;
+
+fn report(at_ms: u64, queued: u64) -> LoadSample {
+    LoadSample { fetched_at_ms: at_ms, num_waiting_uncached_tokens: queued, ..LoadSample::default() }
+}
+
+fn settings(per_engine: bool) -> RateSettings {
+    RateSettings {
+        prefill_tokens_per_sec: 8_000.0,
+        decode_ms_per_request: 0.35,
+        learn: true,
+        per_engine,
+        min_observations: 3,
+        smoothing: 0.1,
+        grid_step: 1.25,
+    }
+}
+
+/// `worker` computes `rate` tokens/s for `steps` reports 500 ms apart from `start_ms`, its queue
+/// staying at 50,000 tokens (what arrives is what it computes).
+fn busy(
+    rates: &mut EngineRates,
+    routed: &mut RoutedLog,
+    worker: WorkerId,
+    rate: f64,
+    start_ms: u64,
+    steps: u64,
+) {
+    rates.observe(worker, &report(start_ms, 50_000), routed, 500);
+    for step in 1..=steps {
+        routed.record(worker, start_ms + step * 500 - 250, rate / 2.0, 1_000_000);
+        rates.observe(worker, &report(start_ms + step * 500, 50_000), routed, 500);
+    }
+}
+
+#[test]
+fn a_busy_engine_teaches_its_own_rate_and_an_unmeasured_one_gets_the_fleets() {
+    let mut routed = RoutedLog::default();
+    let mut rates = EngineRates::new(settings(true));
+    busy(&mut rates, &mut routed, 1, 16_000.0, 0, 40);
+    busy(&mut rates, &mut routed, 2, 8_000.0, 0, 40);
+    let estimate = rates.engines[&1].prefill.running.rate().unwrap();
+    assert!((estimate - 16_000.0).abs() < 500.0, "{estimate}");
+    // The fleet's mean (12,000) on the grid is 12,500; engine 1 one step above it (15,625),
+    // engine 2 two below (8,000).
+    assert_eq!(rates.rates(1).prefill_tokens_per_sec, 8_000.0 * 1.25f64.powi(3));
+    assert_eq!(rates.rates(2).prefill_tokens_per_sec, 8_000.0);
+    // Engine 3 was never busy: the fleet's rate.
+    rates.observe(3, &report(20_000, 0), &routed, 500);
+    assert_eq!(rates.rates(3).prefill_tokens_per_sec, 12_500.0);
+    // Two busy intervals are not enough to trust its own estimate.
+    busy(&mut rates, &mut routed, 3, 4_000.0, 30_000, 2);
+    assert_eq!(rates.rates(3).prefill_tokens_per_sec, 12_500.0);
+    // Measured: the fleet's mean falls to 9,333 (grid: 10,000) and engine 3 is four steps below
+    // it; the others keep their rates (15,625 = two steps above 10,000; 8,000 = one below).
+    busy(&mut rates, &mut routed, 3, 4_000.0, 40_000, 2);
+    assert_eq!(rates.rates(3).prefill_tokens_per_sec, 10_000.0 / 1.25f64.powi(4));
+    assert_eq!(rates.rates(1).prefill_tokens_per_sec, 8_000.0 * 1.25f64.powi(3));
+    assert_eq!(rates.rates(2).prefill_tokens_per_sec, 8_000.0);
+    rates.forget(1);
+    assert!(!rates.engines.contains_key(&1));
+}
+
+#[test]
+fn the_fleet_wide_mode_predicts_every_engine_at_the_mean() {
+    let mut routed = RoutedLog::default();
+    let mut rates = EngineRates::new(settings(false));
+    busy(&mut rates, &mut routed, 1, 16_000.0, 0, 40);
+    busy(&mut rates, &mut routed, 2, 8_000.0, 0, 40);
+    assert_eq!(rates.rates(1), rates.rates(2));
+    assert_eq!(rates.rates(1).prefill_tokens_per_sec, 12_500.0);
+}
+
+#[test]
+fn decode_speed_is_learned_from_throughput_while_nothing_is_prefilled() {
+    let routed = RoutedLog::default();
+    let mut rates = EngineRates::new(settings(true));
+    for step in 0..10u64 {
+        // 64 running requests at 5,700 tokens/s: each adds 0.175 ms to a step (a 2x engine).
+        let sample = LoadSample { num_running_reqs: 64, gen_throughput: 5_700.0, ..report(step * 500, 0) };
+        rates.observe(1, &sample, &routed, 500);
+    }
+    let ms = rates.rates(1).decode_ms_per_request;
+    assert!((ms - 0.35 / 2.0).abs() < 0.03, "{ms}");
+    // Too few running requests to learn from: the configured value.
+    let sample = LoadSample { num_running_reqs: 2, gen_throughput: 100.0, ..report(0, 0) };
+    rates.observe(2, &sample, &routed, 500);
+    assert_eq!(rates.rates(2).decode_ms_per_request, ms, "the fleet's: engine 1's");
+}
+
+#[test]
+fn noise_around_a_grid_rate_keeps_it_exactly() {
+    let step = 1.25;
+    for estimate in [6_900.0, 7_300.0, 8_000.0, 8_700.0, 9_300.0] {
+        assert_eq!(snap(8_000.0, estimate, 8_000.0, step), 8_000.0, "{estimate}");
+    }
+    // Well past the middle of the step: one step up, and it stays there when the estimate
+    // wavers back below the middle.
+    let up = snap(8_000.0, 10_200.0, 8_000.0, step);
+    assert_eq!(up, 10_000.0);
+    assert_eq!(snap(up, 8_800.0, 8_000.0, step), 10_000.0);
+    assert_eq!(snap(up, 7_000.0, 8_000.0, step), 8_000.0 / step);
+}
+
+#[test]
+fn an_idle_engine_or_learning_off_teaches_nothing() {
+    let routed = RoutedLog::default();
+    let mut rates = EngineRates::new(settings(true));
+    rates.observe(1, &report(0, 0), &routed, 500);
+    rates.observe(1, &report(1_000, 0), &routed, 500);
+    assert_eq!(rates.rates(1).prefill_tokens_per_sec, 8_000.0);
+    let mut off = EngineRates::new(RateSettings { learn: false, ..settings(true) });
+    off.observe(1, &report(0, 40_000), &routed, 500);
+    off.observe(1, &report(1_000, 1_000), &routed, 500);
+    assert_eq!(off.rates(1).prefill_tokens_per_sec, 8_000.0);
+}
+
+proptest::proptest! {
+    /// Equal engines measured with up to 10% noise are predicted at exactly the same rate: noise
+    /// never steers between them (what made the first per-engine learner harmful).
+    #[test]
+    fn equal_engines_stay_equal_under_noise(
+        k in -3i32..=3,
+        noise in proptest::collection::vec(-0.1f64..0.1, 4 * 30),
+    ) {
+        let true_rate = 8_000.0 * 1.25f64.powi(k);
+        let mut routed = RoutedLog::default();
+        let mut rates = EngineRates::new(settings(true));
+        for worker in 0..4u32 {
+            rates.observe(worker, &report(0, 50_000), &routed, 500);
+        }
+        for step in 1..=30u64 {
+            for worker in 0..4u32 {
+                let rate = true_rate * (1.0 + noise[(step as usize - 1) * 4 + worker as usize]);
+                routed.record(worker, step * 500 - 250, rate / 2.0, 1_000_000);
+                rates.observe(worker, &report(step * 500, 50_000), &routed, 500);
+            }
+        }
+        let used: Vec<f64> = (0..4).map(|w| rates.rates(w).prefill_tokens_per_sec).collect();
+        proptest::prop_assert!(used.iter().all(|&r| r == used[0]), "{used:?}");
+        proptest::prop_assert!((used[0] / true_rate - 1.0).abs() < 1e-9, "{} vs {true_rate}", used[0]);
+    }
+}

@@ -1,0 +1,255 @@
+//! `kvgate trace gen`: seeded generators of workload traces in the Mooncake jsonl form, for the
+//! scenarios the conversation trace does not cover (docs/SCENARIOS.md): `hot-docs` (a few very
+//! long shared documents, each asked in bursts, beside a steady background of short chats),
+//! `bursts` (chat sessions whose arrival rate switches between a low and a high phase) and
+//! `long-prompts` (a stream of distinct long documents, a few asked again later).
+//!
+//! Loads are given as a fraction of the fleet's prefill capacity (`--capacity-tokens-per-sec`,
+//! default 8 reference engines), counted in prompt tokens: the prefill offered if nothing were
+//! cached (what the fleet computes is less, by its hit rate). The same options and seed give the
+//! same file, byte for byte.
+
+mod context;
+mod shapes;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvgate_config::{Checks, Range, ValidationErrors};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::trace::{Trace, TraceRequest};
+
+/// The workload shapes `kvgate trace gen` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[clap(rename_all = "kebab-case")]
+pub enum Shape {
+    /// A few very long shared documents, each receiving bursts of follow-up questions, beside a
+    /// steady background of short chat sessions (S5).
+    HotDocs,
+    /// Chat sessions whose arrival rate switches between `--low-load` and `--high-load` (S7).
+    Bursts,
+    /// Distinct long documents arriving steadily, some asked again later (S8).
+    LongPrompts,
+}
+
+/// Options of `kvgate trace gen`. Each shape reads the options its help names; the others are
+/// ignored.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct GenArgs {
+    /// The workload shape.
+    #[arg(long, value_enum)]
+    pub shape: Shape,
+    /// Seed of every random draw (the same options and seed give the same trace).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the trace here (default: standard output).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Seconds of arrivals.
+    #[arg(long, default_value_t = 1200.0)]
+    pub duration_secs: f64,
+    /// The fleet prefill capacity loads are relative to, in tokens per second (default: 8
+    /// reference engines of 8,000).
+    #[arg(long, default_value_t = 64_000.0)]
+    pub capacity_tokens_per_sec: f64,
+
+    /// Chat sessions (all shapes' background, bursts' only traffic): system prompts shared by
+    /// the sessions (each session uses one).
+    #[arg(long, default_value_t = 8)]
+    pub system_prompts: usize,
+    /// Tokens of each shared system prompt.
+    #[arg(long, default_value_t = 1024)]
+    pub system_prompt_tokens: u32,
+    /// Most turns of a chat session (uniform in 1..=N).
+    #[arg(long, default_value_t = 6)]
+    pub session_max_turns: u32,
+    /// Mean seconds between a session's turns (exponential).
+    #[arg(long, default_value_t = 8.0)]
+    pub think_secs: f64,
+    /// Fewest tokens of a user message.
+    #[arg(long, default_value_t = 100)]
+    pub user_min_tokens: u32,
+    /// Most tokens of a user message.
+    #[arg(long, default_value_t = 2000)]
+    pub user_max_tokens: u32,
+    /// Fewest tokens of an answer (every request's output length).
+    #[arg(long, default_value_t = 50)]
+    pub output_min_tokens: u32,
+    /// Most tokens of an answer.
+    #[arg(long, default_value_t = 500)]
+    pub output_max_tokens: u32,
+
+    /// hot-docs: the shared documents.
+    #[arg(long, default_value_t = 4)]
+    pub docs: usize,
+    /// hot-docs, long-prompts: fewest tokens of a document.
+    #[arg(long, default_value_t = 40_000)]
+    pub doc_min_tokens: u32,
+    /// hot-docs, long-prompts: most tokens of a document.
+    #[arg(long, default_value_t = 120_000)]
+    pub doc_max_tokens: u32,
+    /// hot-docs: mean seconds between two bursts of questions on one document (exponential).
+    #[arg(long, default_value_t = 5.0)]
+    pub burst_interval_secs: f64,
+    /// hot-docs: mean questions per burst (uniform in 1..=2N-1).
+    #[arg(long, default_value_t = 4)]
+    pub burst_questions: u32,
+    /// hot-docs: the questions of a burst arrive within this many seconds (uniformly).
+    #[arg(long, default_value_t = 1.0)]
+    pub burst_spread_secs: f64,
+    /// hot-docs, long-prompts: most tokens of a question after a document (uniform from 50).
+    #[arg(long, default_value_t = 1000)]
+    pub question_max_tokens: u32,
+
+    /// hot-docs: the background chats' load; long-prompts: the documents' load (prompt tokens
+    /// over the capacity).
+    #[arg(long, default_value_t = 0.3)]
+    pub load: f64,
+    /// bursts: load of the low phase.
+    #[arg(long, default_value_t = 0.3)]
+    pub low_load: f64,
+    /// bursts: load of the high phase.
+    #[arg(long, default_value_t = 3.0)]
+    pub high_load: f64,
+    /// bursts: seconds of each low phase (the trace starts with one).
+    #[arg(long, default_value_t = 240.0)]
+    pub low_secs: f64,
+    /// bursts: seconds of each high phase.
+    #[arg(long, default_value_t = 60.0)]
+    pub high_secs: f64,
+    /// long-prompts: mean times a document is asked again after its first ask (geometric).
+    #[arg(long, default_value_t = 1.0)]
+    pub reasks: f64,
+    /// long-prompts: mean seconds from a document's ask to its next one (exponential).
+    #[arg(long, default_value_t = 60.0)]
+    pub reask_secs: f64,
+}
+
+impl GenArgs {
+    /// Defaults for everything but the shape (as an empty command line would give).
+    pub fn new(shape: Shape) -> GenArgs {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            args: GenArgs,
+        }
+        let mut args = <Command as clap::Parser>::parse_from(["gen", "--shape", "hot-docs"]).args;
+        args.shape = shape;
+        args
+    }
+
+    /// Every problem with the options at once.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        for (field, value, range) in [
+            ("duration_secs", self.duration_secs, Range::POSITIVE),
+            ("capacity_tokens_per_sec", self.capacity_tokens_per_sec, Range::POSITIVE),
+            ("think_secs", self.think_secs, Range::POSITIVE),
+            ("burst_interval_secs", self.burst_interval_secs, Range::POSITIVE),
+            ("burst_spread_secs", self.burst_spread_secs, Range::NON_NEGATIVE),
+            ("load", self.load, Range::POSITIVE),
+            ("low_load", self.low_load, Range::POSITIVE),
+            ("high_load", self.high_load, Range::POSITIVE),
+            ("low_secs", self.low_secs, Range::POSITIVE),
+            ("high_secs", self.high_secs, Range::POSITIVE),
+            ("reasks", self.reasks, Range::NON_NEGATIVE),
+            ("reask_secs", self.reask_secs, Range::POSITIVE),
+        ] {
+            checks.in_range(field, value, range);
+        }
+        for (field, value) in [
+            ("system_prompts", self.system_prompts as u64),
+            ("system_prompt_tokens", self.system_prompt_tokens.into()),
+            ("session_max_turns", self.session_max_turns.into()),
+            ("user_min_tokens", self.user_min_tokens.into()),
+            ("output_min_tokens", self.output_min_tokens.into()),
+            ("docs", self.docs as u64),
+            ("doc_min_tokens", self.doc_min_tokens.into()),
+            ("burst_questions", self.burst_questions.into()),
+            ("question_max_tokens", self.question_max_tokens.into()),
+        ] {
+            checks.at_least(field, value, 1);
+        }
+        for (field, low, high) in [
+            ("user_max_tokens", self.user_min_tokens, self.user_max_tokens),
+            ("output_max_tokens", self.output_min_tokens, self.output_max_tokens),
+            ("doc_max_tokens", self.doc_min_tokens, self.doc_max_tokens),
+        ] {
+            checks.at_least(field, high.into(), low.into());
+        }
+        checks.finish()
+    }
+}
+
+/// Why `kvgate trace gen` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenError {
+    #[error("invalid trace gen options: {0}")]
+    InvalidOptions(#[from] ValidationErrors),
+    #[error("writing {path}: {source}")]
+    Output { path: String, source: std::io::Error },
+}
+
+/// The trace the options describe, in arrival order.
+pub fn generate(args: &GenArgs) -> Result<Trace, GenError> {
+    args.validate()?;
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut requests = match args.shape {
+        Shape::HotDocs => shapes::hot_docs(args, &mut rng),
+        Shape::Bursts => shapes::bursts(args, &mut rng),
+        Shape::LongPrompts => shapes::long_prompts(args, &mut rng),
+    };
+    requests.sort_by(|a, b| a.timestamp_ms.total_cmp(&b.timestamp_ms));
+    Ok(Trace { requests })
+}
+
+/// One trace line in the Mooncake form `Trace::parse_mooncake` reads.
+pub fn mooncake_line(request: &TraceRequest) -> String {
+    serde_json::json!({
+        "timestamp": (request.timestamp_ms * 1000.0).round() / 1000.0,
+        "input_length": request.input_length,
+        "output_length": request.output_length,
+        "hash_ids": request.hash_ids,
+    })
+    .to_string()
+}
+
+/// `kvgate trace gen`: writes the generated trace (jsonl) to `--out` or standard output, and a
+/// one-line summary on standard error.
+pub fn run_cli(args: &GenArgs) -> Result<(), GenError> {
+    let trace = generate(args)?;
+    let mut text = String::new();
+    for request in &trace.requests {
+        text.push_str(&mooncake_line(request));
+        text.push('\n');
+    }
+    let path = args.out.as_ref().map_or("standard output".to_string(), |p| p.display().to_string());
+    let written = match &args.out {
+        Some(path) => std::fs::write(path, text.as_bytes()),
+        None => std::io::stdout().lock().write_all(text.as_bytes()),
+    };
+    written.map_err(|source| GenError::Output { path: path.clone(), source })?;
+    let ceiling = trace.cache_ceiling();
+    let span_s = trace.requests.last().map_or(0.0, |r| r.timestamp_ms / 1000.0);
+    let (per_sec, new_per_sec) = (
+        ceiling.prompt_tokens as f64 / span_s.max(1e-9),
+        (ceiling.prompt_tokens - ceiling.cached_tokens) as f64 / span_s.max(1e-9),
+    );
+    eprintln!(
+        "trace gen {:?}: {} requests over {span_s:.0} s, {} prompt tokens ({per_sec:.0} per second, \
+         {:.2} of {} tok/s; {new_per_sec:.0} per second not seen before), infinite-cache ceiling \
+         {:.1}%, to {path}",
+        args.shape,
+        trace.requests.len(),
+        ceiling.prompt_tokens,
+        per_sec / args.capacity_tokens_per_sec,
+        args.capacity_tokens_per_sec,
+        100.0 * ceiling.rate(),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
