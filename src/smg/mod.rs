@@ -187,7 +187,7 @@ pub fn render_doc() -> String {
     let mut doc = String::new();
     doc.push_str("# SMG 1.13 command lines in kvgate\n\n");
     doc.push_str(
-        "<!-- Generated from src/smg/table.rs by `KVGATE_UPDATE_DOCS=1 cargo test --test smg`; do not edit. -->\n\n",
+        "<!-- Generated from src/smg/table.rs by `KVGATE_UPDATE_DOCS=1 cargo test --test commands docs`; do not edit. -->\n\n",
     );
     doc.push_str(&format!(
         "`kvgate launch` takes the command line of Shepherd Model Gateway 1.13 (`smg launch`, PyPI \
@@ -199,10 +199,10 @@ pub fn render_doc() -> String {
     ));
     doc.push_str(
         "The option names and arities come from SMG's own parser (`scripts/smg_options.py`, output in \
-         `tests/data/smg-1.13-options.txt`); `tests/smg.rs` fails when an SMG option is not in the table, \
+         `tests/data/smg-1.13-options.txt`); `tests/commands/smg.rs` fails when an SMG option is not in the table, \
          when a same or mapped option does not parse, or when this page is stale. A typical SMG \
          deployment's command line (cache_aware with its KV triggers, the Prometheus listener) runs \
-         unchanged: `tests/smg.rs` starts one in front of simulated engines.\n\n",
+         unchanged: `tests/commands/smg.rs` starts one in front of simulated engines.\n\n",
     );
     doc.push_str("| SMG option | kvgate | notes |\n|---|---|---|\n");
     for option in &options {

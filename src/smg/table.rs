@@ -1,7 +1,7 @@
 //! What kvgate does with each option of SMG 1.13's `smg launch` (the names and arities are in
 //! `tests/data/smg-1.13-options.txt`): *same* (kvgate takes the flag with the same meaning),
 //! *mapped* (kvgate takes it and translates it) or *refused* (the feature kvgate lacks and what to
-//! use instead). docs/SMG.md is generated from this table; `tests/smg.rs` fails when an SMG option
+//! use instead). docs/SMG.md is generated from this table; `tests/commands/smg.rs` fails when an SMG option
 //! is missing here or a same/mapped one does not parse.
 
 /// One SMG option's fate in kvgate.

@@ -3,7 +3,7 @@
 //! worker (snake_case or CamelCase), session keys come from the routing-key header or `user`,
 //! and a client may name its worker when the gateway allows it.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

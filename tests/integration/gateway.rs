@@ -1,6 +1,6 @@
 //! Integration tests of `kvgate launch`'s gateway against real HTTP upstreams on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The gateway's keep-alive connections to workers: reused across requests, replaced when the
 //! worker closed them while idle, and sent to the worker URL's path prefix.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! gateway on 127.0.0.1; every worker is registered and healthy, requests are answered and
 //! spread over many workers, and the load monitor keeps a sample of every worker (power_of_two).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

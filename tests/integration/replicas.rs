@@ -4,7 +4,7 @@
 //! of a fixed sequence, all name the same worker; each request then goes through one replica
 //! (round-robin, as an L4 balancer spreads them) to the worker they named.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

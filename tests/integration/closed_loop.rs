@@ -4,7 +4,7 @@
 //! agree; with a wrong chat template the gateway warns and `/workers` says why. The 500-request
 //! trace figure is measured with `kvgate replay` (docs/BENCHMARKS.md); this test stays bounded.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

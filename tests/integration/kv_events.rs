@@ -3,7 +3,7 @@
 //! evictions, lost messages (replay or clear), engine restarts and malformed payloads, and
 //! routes on it.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

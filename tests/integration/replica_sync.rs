@@ -5,7 +5,7 @@
 //! request served, the replica routing on its own state, `kvgate_replica_sync_connected 0`, until
 //! it comes back.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

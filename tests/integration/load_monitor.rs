@@ -1,6 +1,6 @@
 //! Integration tests of the load monitor and the load-driven policies against loopback upstreams.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 

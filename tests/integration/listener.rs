@@ -3,7 +3,7 @@
 //! workers reached with the configured CAs and client certificate (mTLS). Certificates are made
 //! by each test (rcgen); every server is on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! prefill and decode engines: the SGLang bootstrap fields, vLLM's two steps, retries as a new
 //! pair, a decode stream breaking, per-side policies and load snapshots, per-role metrics.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! End-to-end routing quality over HTTP: the gateway in front of simulated engines (kvgate-mock),
 //! comparing what the engines themselves report (cached prompt tokens, KV usage).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

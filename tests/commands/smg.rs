@@ -160,7 +160,7 @@ fn docs_smg_md_is_the_rendered_table() {
     let written = std::fs::read_to_string(path).unwrap_or_default();
     assert!(
         written == rendered,
-        "docs/SMG.md is stale: regenerate with `KVGATE_UPDATE_DOCS=1 cargo test --test smg`"
+        "docs/SMG.md is stale: regenerate with `KVGATE_UPDATE_DOCS=1 cargo test --test commands docs`"
     );
     assert!(!rendered.contains("unclassified"));
 }

@@ -2,7 +2,7 @@
 //! admission (queue, rate limit), slow workers, circuit recovery by probing, slow and malformed
 //! clients, credentials in worker URLs. Every wait is bounded.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! docs/CONFIG.md is generated from the one configuration schema (the clap + serde structs); this
-//! test fails when the two drift. Regenerate with `KVGATE_UPDATE_DOCS=1 cargo test --test docs`.
+//! test fails when the two drift. Regenerate with `KVGATE_UPDATE_DOCS=1 cargo test --test commands docs`.
 
 use clap::{Args, Command};
 use kvgate_gateway::GatewayConfig;
@@ -51,7 +51,7 @@ fn render() -> String {
     let [mock, sim, replay, soak] = ["mock", "sim", "replay", "soak"].map(|name| table(&sub(name), None));
     format!(
         "# kvgate configuration reference\n\n\
-         Generated from the configuration schema by `KVGATE_UPDATE_DOCS=1 cargo test --test docs`;\n\
+         Generated from the configuration schema by `KVGATE_UPDATE_DOCS=1 cargo test --test commands docs`;\n\
          do not edit by hand. The second column is the field's name in the configuration structs\n\
          (`GatewayConfig`, `PolicyConfig`, `MockArgs`, `SimArgs`, `ReplayArgs`), which is also its\n\
          key in the YAML file of `kvgate launch --config FILE` (the policy options, from `--policy`\n\
@@ -76,7 +76,7 @@ fn config_reference_matches_the_schema() {
     let actual = std::fs::read_to_string(path).unwrap_or_default();
     assert!(
         actual == expected,
-        "docs/CONFIG.md is out of date: run `KVGATE_UPDATE_DOCS=1 cargo test --test docs` and commit it"
+        "docs/CONFIG.md is out of date: run `KVGATE_UPDATE_DOCS=1 cargo test --test commands docs` and commit it"
     );
 }
 
