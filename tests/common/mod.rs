@@ -291,3 +291,14 @@ pub async fn metric_line_appears(gw: &GatewayHandle, line: &str) -> bool {
     })
     .await
 }
+
+/// A cache_aware gateway subscribed to every engine of a `kvgate mock` fleet, its KV events and
+/// their replay, tokenizing as the mock engines do.
+pub fn kv_events_config(fleet: &kvgate_mock::MockFleet) -> GatewayConfig {
+    let mut cfg = config(fleet.urls());
+    cfg.routing.policy = kvgate_policy::PolicyKind::CacheAware;
+    cfg.kv_events_endpoints = fleet.kv_event_endpoints();
+    cfg.kv_events_replay_endpoints = fleet.kv_event_replay_endpoints();
+    cfg.mock_tokenizer = true;
+    cfg
+}

@@ -8,10 +8,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, config, eventually, gateway};
-use kvgate_gateway::{GatewayConfig, GatewayHandle};
+use common::{client, eventually, gateway, kv_events_config};
+use kvgate_gateway::GatewayHandle;
 use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
-use kvgate_policy::PolicyKind;
 use serde_json::{json, Value};
 
 const MODEL: &str = "mock-model";
@@ -22,15 +21,6 @@ async fn fleet(count: usize) -> MockFleet {
     args.kv_events_base_port = Some(0);
     args.kv_events_replay_base_port = Some(0);
     spawn_fleet(args).await.expect("the mock fleet starts")
-}
-
-fn gateway_config(fleet: &MockFleet) -> GatewayConfig {
-    let mut cfg = config(fleet.urls());
-    cfg.routing.policy = PolicyKind::CacheAware;
-    cfg.kv_events_endpoints = fleet.kv_event_endpoints();
-    cfg.kv_events_replay_endpoints = fleet.kv_event_replay_endpoints();
-    cfg.mock_tokenizer = true;
-    cfg
 }
 
 async fn wait_flowing(gw: &GatewayHandle) {
@@ -149,7 +139,7 @@ async fn workers(gw: &GatewayHandle) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_engines_template_the_index_agrees_with_the_engine() {
     let fleet = fleet(2).await;
-    let gw = gateway(gateway_config(&fleet)).await;
+    let gw = gateway(kv_events_config(&fleet)).await;
     wait_flowing(&gw).await;
     converse(&gw, &fleet, 20, 4).await;
     let text = metrics(&gw).await;
@@ -181,7 +171,7 @@ async fn a_wrong_chat_template_is_detected_and_named() {
         "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
     )
     .unwrap();
-    let mut cfg = gateway_config(&fleet);
+    let mut cfg = kv_events_config(&fleet);
     cfg.chat_template = Some(template);
     let gw = gateway(cfg).await;
     wait_flowing(&gw).await;

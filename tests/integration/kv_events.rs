@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::kv_wire::block_stored;
 use common::{client, config, eventually, gateway};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_index::{BlockIndex, PrefixMatch};
@@ -44,13 +45,7 @@ async fn fleet(count: usize, tune: impl FnOnce(&mut MockArgs)) -> MockFleet {
 
 /// A cache_aware gateway subscribed to every engine of `fleet` (with replay unless told otherwise).
 fn gateway_config(fleet: &MockFleet) -> GatewayConfig {
-    let mut cfg = config(fleet.urls());
-    cfg.routing.policy = PolicyKind::CacheAware;
-    cfg.kv_events_endpoints = fleet.kv_event_endpoints();
-    cfg.kv_events_replay_endpoints = fleet.kv_event_replay_endpoints();
-    cfg.mock_tokenizer = true;
-    cfg.expose_routing_headers = true;
-    cfg
+    GatewayConfig { expose_routing_headers: true, ..common::kv_events_config(fleet) }
 }
 
 fn index_of(gw: &GatewayHandle) -> Arc<BlockIndex> {
@@ -490,30 +485,6 @@ fn batch(event: &[u8]) -> Vec<u8> {
     payload.extend_from_slice(event);
     payload.push(0x00);
     payload
-}
-
-/// `["BlockStored", hashes, parent, token_ids, 16, nil, nil]`, written with `rmp`.
-fn block_stored(hashes: &[u64], parent: Option<u64>, token_ids: &[u32], block_size: u32) -> Vec<u8> {
-    use rmp::encode::{write_array_len, write_nil, write_str, write_uint};
-    let mut event = Vec::new();
-    write_array_len(&mut event, 7).unwrap();
-    write_str(&mut event, "BlockStored").unwrap();
-    write_array_len(&mut event, hashes.len() as u32).unwrap();
-    for &hash in hashes {
-        write_uint(&mut event, hash).unwrap();
-    }
-    match parent {
-        Some(hash) => drop(write_uint(&mut event, hash).unwrap()),
-        None => write_nil(&mut event).unwrap(),
-    }
-    write_array_len(&mut event, token_ids.len() as u32).unwrap();
-    for &token in token_ids {
-        write_uint(&mut event, u64::from(token)).unwrap();
-    }
-    write_uint(&mut event, u64::from(block_size)).unwrap();
-    write_nil(&mut event).unwrap();
-    write_nil(&mut event).unwrap();
-    event
 }
 
 fn all_blocks_cleared() -> Vec<u8> {

@@ -8,11 +8,10 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, config, eventually, gateway};
+use common::{client, eventually, gateway};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_index::PrefixMatch;
 use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
-use kvgate_policy::PolicyKind;
 use serde_json::{json, Value};
 
 const MODEL: &str = "mock-model";
@@ -30,14 +29,11 @@ async fn engines() -> MockFleet {
 }
 
 fn replica_config(fleet: &MockFleet) -> GatewayConfig {
-    let mut cfg = config(fleet.urls());
-    cfg.routing.policy = PolicyKind::CacheAware;
-    cfg.kv_events_endpoints = fleet.kv_event_endpoints();
-    cfg.kv_events_replay_endpoints = fleet.kv_event_replay_endpoints();
-    cfg.mock_tokenizer = true;
-    cfg.expose_routing_headers = true;
-    cfg.admin_api_key = Some("admin".into());
-    cfg
+    GatewayConfig {
+        expose_routing_headers: true,
+        admin_api_key: Some("admin".into()),
+        ..common::kv_events_config(fleet)
+    }
 }
 
 /// A multi-turn workload: `sessions` conversations, each with its own system prompt, each
