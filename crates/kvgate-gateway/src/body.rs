@@ -12,7 +12,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use kvgate_index::InFlightPrompt;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::accuracy::UsageTap;
 use crate::conn::UpstreamBody;
@@ -55,8 +54,9 @@ pub struct RequestTail {
     pub metrics: Arc<Metrics>,
     #[allow(dead_code, reason = "held until the body ends: its Drop ends the request")]
     pub in_flight: InFlight,
+    /// The admission's hold (a concurrency slot, the tenant's request), freed when dropped.
     #[allow(dead_code, reason = "held until the body ends: its Drop frees a concurrency slot")]
-    pub permit: Option<OwnedSemaphorePermit>,
+    pub permit: Option<Box<dyn Send + Sync>>,
     /// Set for event streams: the worker named in the error event if the stream breaks.
     pub worker_url: Option<String>,
     /// Reads the engine's usage as the answer passes (the closed loop, `accuracy.rs`).

@@ -8,7 +8,6 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::Decision;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::accuracy::{Probe, UsageTap};
 use crate::body::{InFlight, MeteredBody, RequestTail};
@@ -66,7 +65,7 @@ pub(super) fn failure_response(
     endpoint: Endpoint,
     started: Instant,
     failure: Failure,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: crate::admission::Permit,
 ) -> Response {
     let error = match failure {
         Failure::Response(served) => return respond(state, endpoint, started, *served, permit, false),
@@ -120,7 +119,7 @@ pub(super) fn respond(
     endpoint: Endpoint,
     started: Instant,
     served: Served,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: crate::admission::Permit,
     strip_usage: bool,
 ) -> Response {
     let Served { response, in_flight, worker, decision, prefill, probe } = served;
@@ -149,7 +148,7 @@ pub(super) fn respond(
         started,
         metrics: state.metrics.clone(),
         in_flight,
-        permit,
+        permit: permit.into_hold(),
         worker_url: event_stream.then(|| worker.url.clone()),
         usage,
     };
