@@ -365,8 +365,16 @@ fn spawn_background(
         tokio::spawn(maintain_policies(state.registry.clone(), state.clock, shutdown.clone())),
         tokio::spawn(monitor.run(shutdown.clone())),
     ];
+    #[cfg(unix)]
     if config.client_api_keys_file.is_some() {
-        background.push(tokio::spawn(key_reload(state).on_sighup(shutdown.clone())));
+        // Listening before start returns, so a SIGHUP right after start never finds the default
+        // action (ending the process) in place.
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hangup) => background.push(tokio::spawn(key_reload(state).on_sighup(hangup, shutdown.clone()))),
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGHUP: the client keys file is read at start only")
+            }
+        }
     }
     if let (Some(sync), Some(redis_url)) = (&state.replica_sync, &config.replica_sync_redis_url) {
         let settings = SyncSettings {
@@ -427,25 +435,16 @@ impl KeyReload {
     }
 
     /// Reloads on every SIGHUP until shutdown.
-    async fn on_sighup(self, mut shutdown: watch::Receiver<bool>) {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let Ok(mut hangup) = signal(SignalKind::hangup()) else {
-                tracing::warn!("cannot listen for SIGHUP: the client keys file is read at start only");
-                return;
-            };
-            loop {
-                tokio::select! {
-                    _ = hangup.recv() => {
-                        let _ = self.reload();
-                    }
-                    _ = shutdown.changed() => return,
+    #[cfg(unix)]
+    async fn on_sighup(self, mut hangup: tokio::signal::unix::Signal, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = hangup.recv() => {
+                    let _ = self.reload();
                 }
+                _ = shutdown.changed() => return,
             }
         }
-        #[cfg(not(unix))]
-        let _ = shutdown.changed().await;
     }
 }
 
