@@ -205,3 +205,35 @@ async fn the_key_file_reloads_without_dropping_requests() {
     Arc::try_unwrap(gw).ok().expect("the client is done").shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_token_charge_is_corrected_to_what_the_engine_used() {
+    // Every answer is 300 tokens long, but the requests name no max_tokens: at admission each is
+    // charged its short prompt only, and corrected to ~300 when its answer's usage arrives.
+    let fleet = kvgate_mock::spawn_fleet(kvgate_mock::MockArgs {
+        count: 1,
+        time_scale: 1000.0,
+        force_max_tokens: true,
+        default_max_tokens: 300,
+        ..kvgate_mock::MockArgs::default()
+    })
+    .await
+    .unwrap();
+    let mut cfg = config(fleet.urls());
+    cfg.tenants = tenants(json!({"defaults": {"tokens_per_minute": 500}}));
+    let gw = gateway(cfg).await;
+    let mut served = 0;
+    let refused = loop {
+        let response = post(&gw, &chat("mock-model"), &[]).await;
+        if response.status() != 200 {
+            break response;
+        }
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["usage"]["completion_tokens"], 300, "{answer}");
+        served += 1;
+        assert!(served <= 3, "uncorrected: {served} answers of 300 tokens within 500 tokens a minute");
+    };
+    assert!(served >= 2, "{served}");
+    expect_over_quota(refused, "tokens_per_minute_exceeded", 1).await;
+    gw.shutdown().await;
+}

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use crate::body::AdmissionHold;
 use crate::config::TenantsConfig;
 use crate::error::ApiError;
 use crate::metrics::AdmissionMetrics;
@@ -102,14 +103,25 @@ impl Drop for Waiter {
 pub struct Permit {
     #[allow(dead_code, reason = "held: its Drop frees the slot")]
     slot: Option<Slot>,
-    #[allow(dead_code, reason = "held: its Drop ends the tenant's request")]
     tenant: Option<TenantCharge>,
 }
 
 impl Permit {
     /// The permit as something to hold until the answer ends (`None` when it holds nothing).
-    pub fn into_hold(self) -> Option<Box<dyn Send + Sync>> {
-        (self.slot.is_some() || self.tenant.is_some()).then(|| Box::new(self) as Box<dyn Send + Sync>)
+    pub fn into_hold(self) -> Option<Box<dyn AdmissionHold>> {
+        (self.slot.is_some() || self.tenant.is_some()).then(|| Box::new(self) as Box<dyn AdmissionHold>)
+    }
+}
+
+impl AdmissionHold for Permit {
+    fn wants_usage(&self) -> bool {
+        self.tenant.as_ref().is_some_and(TenantCharge::counts_tokens)
+    }
+
+    fn used(&mut self, tokens: u64) {
+        if let Some(charge) = &mut self.tenant {
+            charge.settle(tokens);
+        }
     }
 }
 

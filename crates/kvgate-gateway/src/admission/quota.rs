@@ -81,6 +81,27 @@ pub struct TenantCharge {
 }
 
 impl TenantCharge {
+    /// Whether the tenant has a tokens-per-minute quota to correct.
+    pub fn counts_tokens(&self) -> bool {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).tokens.is_some()
+    }
+
+    /// The request used `tokens` (the engine's prompt plus output): the difference from what it
+    /// was charged at admission is given back, or charged on top (the bucket may owe).
+    pub fn settle(&mut self, tokens: u64) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bucket) = &mut state.tokens {
+            let charged = self.tokens as f64;
+            let used = tokens as f64;
+            if used < charged {
+                bucket.refund(charged - used);
+            } else {
+                bucket.charge(used - charged);
+            }
+        }
+        self.tokens = tokens;
+    }
+
     /// The request was not served after all: its request and tokens are given back.
     pub fn refund(self) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -184,6 +205,21 @@ mod tests {
         assert!(concurrent.take("t", 0, now).is_ok());
         let _w1 = concurrent.take("wide", 0, now).unwrap();
         assert!(concurrent.take("wide", 0, now).is_ok());
+    }
+
+    #[test]
+    fn a_charge_is_corrected_both_ways_to_what_was_used() {
+        let now = Instant::now();
+        let tpm = quotas("defaults: {tokens_per_minute: 1000}");
+        let mut charge = tpm.take("t", 800, now).unwrap().unwrap();
+        assert!(charge.counts_tokens());
+        // Used 100 of the 800 charged: 700 come back.
+        charge.settle(100);
+        assert!(tpm.take("t", 900, now).is_ok());
+        // Used 300 more than charged: the bucket owes.
+        let mut over = tpm.take("u", 100, now).unwrap().unwrap();
+        over.settle(1100);
+        assert_eq!(tpm.take("u", 1, now).unwrap_err().quota, Quota::TokensPerMinute);
     }
 
     #[test]

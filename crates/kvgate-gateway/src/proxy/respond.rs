@@ -141,14 +141,17 @@ pub(super) fn respond(
     // The closed loop reads successful answers only; a stream asked for its usage chunk is
     // always read, so that the chunk is left out.
     let probe = probe.filter(|_| parts.status.is_success()).map(|probe| (probe, worker.clone()));
-    let usage = (probe.is_some() || (strip_usage && event_stream))
+    let permit = permit.into_hold();
+    // A tenant's token charge is corrected from the answer's usage (successful answers only).
+    let settles = parts.status.is_success() && permit.as_ref().is_some_and(|hold| hold.wants_usage());
+    let usage = (probe.is_some() || (strip_usage && event_stream) || settles)
         .then(|| UsageTap::new(probe, event_stream, strip_usage && event_stream));
     let tail = RequestTail {
         endpoint,
         started,
         metrics: state.metrics.clone(),
         in_flight,
-        permit: permit.into_hold(),
+        permit,
         worker_url: event_stream.then(|| worker.url.clone()),
         usage,
     };
