@@ -365,7 +365,8 @@ fn control_plane_api_keys(values: &[String], _command_line: &[String]) -> Result
 fn tenant_api_key(values: &[String], _command_line: &[String]) -> Result<Vec<String>, String> {
     let mut keys = Vec::new();
     for value in values {
-        let Some((tenant, key)) = value.split_once(':').filter(|(t, k)| !t.is_empty() && !k.is_empty()) else {
+        let Some((tenant, key)) = value.split_once(':').filter(|(t, k)| !t.is_empty() && !k.is_empty())
+        else {
             return Err(format!("--tenant-api-key takes TENANT_ID:KEY, got {value:?}"));
         };
         keys.push(format!("{key}={tenant}"));

@@ -228,8 +228,15 @@ async fn sighup_reloads_the_client_keys_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("keys.txt");
     std::fs::write(&file, "sk-old team-a\n").unwrap();
-    let (child, url, _admin) =
-        launch_demo(&["launch", "--mock-workers", "1", "--port", "0", "--client-api-keys-file", file.to_str().unwrap()]);
+    let (child, url, _admin) = launch_demo(&[
+        "launch",
+        "--mock-workers",
+        "1",
+        "--port",
+        "0",
+        "--client-api-keys-file",
+        file.to_str().unwrap(),
+    ]);
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let body = serde_json::json!({"model": "mock-model", "prompt": "hello", "max_tokens": 2});
     let status = async |key: &str| {

@@ -118,7 +118,9 @@ async fn each_quota_answers_429_with_retry_after() {
     assert_eq!(post(&gw, &chat("m"), &[("x-kvgate-tenant", "rpm2")]).await.status(), 200);
     up.release.notify_one();
     held.text().await.unwrap();
-    assert!(crate::common::eventually(5.0, async || post(&gw, &chat("m"), &conc).await.status() == 200).await);
+    assert!(
+        crate::common::eventually(5.0, async || post(&gw, &chat("m"), &conc).await.status() == 200).await
+    );
     let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
     for (tenant, reason, count) in
         [("rpm", "requests_per_minute", 1), ("tpm", "tokens_per_minute", 2), ("conc", "max_concurrent", 1)]
@@ -172,14 +174,19 @@ async fn a_higher_class_overtakes_a_queued_lower_one() {
 #[tokio::test]
 async fn the_key_file_reloads_without_dropping_requests() {
     let up = upstream("a", "m").await;
-    let dir = std::env::temp_dir().join(format!("kvgate-keys-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let dir = std::env::temp_dir().join(format!(
+        "kvgate-keys-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("keys.txt");
     std::fs::write(&file, "sk-old team-a\n").unwrap();
     let mut cfg = config(vec![up.url.clone()]);
     cfg.client_api_keys_file = Some(file.clone());
     let gw = Arc::new(gateway(cfg).await);
-    let with_key = |key: &'static str| [("authorization", if key == "old" { "Bearer sk-old" } else { "Bearer sk-new" })];
+    let with_key =
+        |key: &'static str| [("authorization", if key == "old" { "Bearer sk-old" } else { "Bearer sk-new" })];
     assert_eq!(post(&gw, &chat("m"), &with_key("new")).await.status(), 401);
     // A steady client with the old key runs across the reloads.
     let steady = {

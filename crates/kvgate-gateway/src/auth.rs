@@ -69,18 +69,17 @@ impl ClientKeys {
 
     /// The keys of the flag and of the file at `path` (read now).
     pub fn load(flag: &[String], path: Option<&Path>) -> Result<ClientKeys, String> {
-        let text = match path {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|error| format!("cannot read the client keys file {}: {error}", path.display()))?,
-            ),
-            None => None,
-        };
-        ClientKeys::new(flag, text.as_deref())
-            .map_err(|message| match path {
-                Some(path) => format!("{}: {message}", path.display()),
-                None => message,
-            })
+        let text =
+            match path {
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|error| {
+                    format!("cannot read the client keys file {}: {error}", path.display())
+                })?),
+                None => None,
+            };
+        ClientKeys::new(flag, text.as_deref()).map_err(|message| match path {
+            Some(path) => format!("{}: {message}", path.display()),
+            None => message,
+        })
     }
 
     pub fn required(&self) -> bool {

@@ -370,7 +370,9 @@ fn spawn_background(
         // Listening before start returns, so a SIGHUP right after start never finds the default
         // action (ending the process) in place.
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(hangup) => background.push(tokio::spawn(key_reload(state).on_sighup(hangup, shutdown.clone()))),
+            Ok(hangup) => {
+                background.push(tokio::spawn(key_reload(state).on_sighup(hangup, shutdown.clone())))
+            }
             Err(error) => {
                 tracing::warn!(%error, "cannot listen for SIGHUP: the client keys file is read at start only")
             }

@@ -124,7 +124,8 @@ pub fn identify(
             let named = claims.tenant_header.map(str::trim).filter(|t| !t.is_empty()).or(claims.user);
             match named {
                 Some(name) => {
-                    check_tenant_name(name).map_err(|message| format!("invalid tenant {name:?}: {message}"))?;
+                    check_tenant_name(name)
+                        .map_err(|message| format!("invalid tenant {name:?}: {message}"))?;
                     (name.to_string(), None)
                 }
                 None => (DEFAULT_TENANT.to_string(), None),

@@ -70,7 +70,11 @@ impl Answer {
             let cached_tokens =
                 usage.prompt_tokens_details.as_ref().and_then(|details| details.cached_tokens);
             let completion_tokens = usage.completion_tokens;
-            return Some(EngineUsage { prompt_tokens: usage.prompt_tokens, cached_tokens, completion_tokens });
+            return Some(EngineUsage {
+                prompt_tokens: usage.prompt_tokens,
+                cached_tokens,
+                completion_tokens,
+            });
         }
         self.meta_info.as_ref().map(|meta| EngineUsage {
             prompt_tokens: meta.prompt_tokens,
@@ -263,7 +267,11 @@ mod tests {
 
     #[test]
     fn a_stream_passes_untouched_unless_the_gateway_asked_for_the_usage() {
-        let usage = Some(EngineUsage { prompt_tokens: Some(40), cached_tokens: Some(32), completion_tokens: Some(2) });
+        let usage = Some(EngineUsage {
+            prompt_tokens: Some(40),
+            cached_tokens: Some(32),
+            completion_tokens: Some(2),
+        });
         let all = [TOKEN, TOKEN, USAGE, DONE];
         assert_eq!(run(false, &all), (all.concat(), usage));
         assert_eq!(run(true, &all), ([TOKEN, TOKEN, DONE].concat(), usage), "the usage chunk is left out");
@@ -285,6 +293,9 @@ mod tests {
         let frames: Vec<&str> = frames.iter().map(String::as_str).collect();
         let (out, usage) = run(true, &frames);
         assert_eq!(out, frames.concat(), "no usage-only chunk to leave out");
-        assert_eq!(usage, Some(EngineUsage { prompt_tokens: Some(9), cached_tokens: Some(4), completion_tokens: None }));
+        assert_eq!(
+            usage,
+            Some(EngineUsage { prompt_tokens: Some(9), cached_tokens: Some(4), completion_tokens: None })
+        );
     }
 }

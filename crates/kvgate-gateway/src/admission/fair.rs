@@ -112,7 +112,8 @@ mod tests {
     /// proportion to their weights.
     #[test]
     fn backlogged_tenants_share_tokens_by_weight_whatever_they_queued() {
-        for (weights, sizes) in [([1.0, 3.0], [100, 100]), ([1.0, 1.0], [400, 100]), ([2.0, 1.0], [50, 300])] {
+        for (weights, sizes) in [([1.0, 3.0], [100, 100]), ([1.0, 1.0], [400, 100]), ([2.0, 1.0], [50, 300])]
+        {
             let mut queue = FairQueue::default();
             // Tenant 0 floods: ten times the requests of tenant 1.
             for _ in 0..1000 {
@@ -129,7 +130,10 @@ mod tests {
             }
             let share = tokens[0] as f64 / (tokens[0] + tokens[1]) as f64;
             let expected = weights[0] / (weights[0] + weights[1]);
-            assert!((share - expected).abs() <= 0.1 * expected, "{weights:?} {sizes:?}: {share} vs {expected}");
+            assert!(
+                (share - expected).abs() <= 0.1 * expected,
+                "{weights:?} {sizes:?}: {share} vs {expected}"
+            );
         }
     }
 

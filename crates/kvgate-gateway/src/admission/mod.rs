@@ -254,7 +254,12 @@ impl Admission {
     }
 
     /// A rate-limit token: now (`None`), reserved after a wait the queue allows, or refused.
-    fn token(&self, ticket: &Ticket<'_>, tenant: &str, timeout: Duration) -> Result<Option<Duration>, ApiError> {
+    fn token(
+        &self,
+        ticket: &Ticket<'_>,
+        tenant: &str,
+        timeout: Duration,
+    ) -> Result<Option<Duration>, ApiError> {
         let Some(bucket) = &self.bucket else { return Ok(None) };
         let now = Instant::now();
         let mut bucket = bucket.lock().unwrap_or_else(|p| p.into_inner());
@@ -287,7 +292,10 @@ impl Admission {
         let started = tokio::time::Instant::now();
         match self.admit_slot(&ticket, &tenant).await {
             Ok(slot) => {
-                self.metrics.tenant_queue_wait.with_label_values(&[&tenant, class]).observe(started.elapsed().as_secs_f64());
+                self.metrics
+                    .tenant_queue_wait
+                    .with_label_values(&[&tenant, class])
+                    .observe(started.elapsed().as_secs_f64());
                 self.metrics.tenant_requests.with_label_values(&[&tenant, class]).inc();
                 self.metrics.tenant_tokens.with_label_values(&[&tenant, class]).inc_by(ticket.tokens);
                 Ok(Permit { slot, tenant: charge })

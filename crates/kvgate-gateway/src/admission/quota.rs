@@ -39,22 +39,38 @@ impl TenantState {
     fn take(&mut self, now: Instant, tokens: u64) -> Result<(), OverQuota> {
         if let Some(max) = self.max_concurrent {
             if self.in_flight >= max {
-                let refusal = OverQuota { quota: Quota::MaxConcurrent, limit: max as f64, retry_after: Some(Duration::from_secs(1)) };
+                let refusal = OverQuota {
+                    quota: Quota::MaxConcurrent,
+                    limit: max as f64,
+                    retry_after: Some(Duration::from_secs(1)),
+                };
                 return Err(refusal);
             }
         }
         if let Some(bucket) = &mut self.requests {
             if let Err(wait) = bucket.check(now, 1.0) {
-                return Err(OverQuota { quota: Quota::RequestsPerMinute, limit: bucket.capacity(), retry_after: Some(wait) });
+                return Err(OverQuota {
+                    quota: Quota::RequestsPerMinute,
+                    limit: bucket.capacity(),
+                    retry_after: Some(wait),
+                });
             }
         }
         if let Some(bucket) = &mut self.tokens {
             let cost = tokens as f64;
             if cost > bucket.capacity() {
-                return Err(OverQuota { quota: Quota::TokensPerMinute, limit: bucket.capacity(), retry_after: None });
+                return Err(OverQuota {
+                    quota: Quota::TokensPerMinute,
+                    limit: bucket.capacity(),
+                    retry_after: None,
+                });
             }
             if let Err(wait) = bucket.check(now, cost) {
-                return Err(OverQuota { quota: Quota::TokensPerMinute, limit: bucket.capacity(), retry_after: Some(wait) });
+                return Err(OverQuota {
+                    quota: Quota::TokensPerMinute,
+                    limit: bucket.capacity(),
+                    retry_after: Some(wait),
+                });
             }
             bucket.charge(cost);
         }
@@ -122,7 +138,9 @@ impl Drop for TenantCharge {
 }
 
 fn limits_anything(limits: &TenantLimits) -> bool {
-    limits.requests_per_minute.is_some() || limits.tokens_per_minute.is_some() || limits.max_concurrent.is_some()
+    limits.requests_per_minute.is_some()
+        || limits.tokens_per_minute.is_some()
+        || limits.max_concurrent.is_some()
 }
 
 impl TenantQuotas {

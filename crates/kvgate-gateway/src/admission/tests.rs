@@ -90,7 +90,10 @@ async fn contended_tenants_get_tokens_in_proportion_to_their_weights() {
         drop(permit);
     }
     let heavy_share = served[1] as f64 / 40.0;
-    assert!((heavy_share - 0.75).abs() <= 0.075, "heavy got {heavy_share} of the slots, weight 3 of 4: {served:?}");
+    assert!(
+        (heavy_share - 0.75).abs() <= 0.075,
+        "heavy got {heavy_share} of the slots, weight 3 of 4: {served:?}"
+    );
 }
 
 #[tokio::test]
@@ -135,7 +138,10 @@ async fn over_quota_is_refused_before_queueing_and_refused_requests_are_refunded
     let admission = admission(1, 0, "defaults: {requests_per_minute: 2}");
     let held = admission.admit(ticket("t", PriorityClass::Normal, 1)).await.unwrap();
     // No room and no queue: 429 for concurrency, and the tenant's request is given back.
-    assert!(matches!(admission.admit(ticket("t", PriorityClass::Normal, 1)).await, Err(ApiError::TooManyRequests(1))));
+    assert!(matches!(
+        admission.admit(ticket("t", PriorityClass::Normal, 1)).await,
+        Err(ApiError::TooManyRequests(1))
+    ));
     drop(held);
     let _second = admission.admit(ticket("t", PriorityClass::Normal, 1)).await.unwrap();
     match admission.admit(ticket("t", PriorityClass::Normal, 1)).await {

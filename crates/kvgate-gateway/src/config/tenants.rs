@@ -119,7 +119,8 @@ impl TenantsConfig {
         self.defaults.validate("tenants.defaults", checks);
         for (name, limits) in &self.named {
             if let Err(message) = check_tenant_name(name) {
-                checks.push(FieldError::new("tenants.named", message).with_flag(None).got(format!("{name:?}")));
+                checks
+                    .push(FieldError::new("tenants.named", message).with_flag(None).got(format!("{name:?}")));
             }
             limits.validate(&format!("tenants.named.{name}"), checks);
         }
@@ -163,13 +164,16 @@ mod tests {
 
     #[test]
     fn bad_limits_are_all_reported() {
-        let config: TenantsConfig =
-            serde_norway::from_str("defaults: {weight: 0}\nnamed: {a: {max_concurrent: 0, tokens_per_minute: .nan}}")
-                .unwrap();
+        let config: TenantsConfig = serde_norway::from_str(
+            "defaults: {weight: 0}\nnamed: {a: {max_concurrent: 0, tokens_per_minute: .nan}}",
+        )
+        .unwrap();
         let mut checks = Checks::new();
         config.validate(&mut checks);
         let text = checks.finish().unwrap_err().to_string();
-        for field in ["tenants.defaults.weight", "tenants.named.a.max_concurrent", "tenants.named.a.tokens_per_minute"] {
+        for field in
+            ["tenants.defaults.weight", "tenants.named.a.max_concurrent", "tenants.named.a.tokens_per_minute"]
+        {
             assert!(text.contains(field), "{text}");
         }
     }

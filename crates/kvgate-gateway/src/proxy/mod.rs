@@ -151,8 +151,9 @@ where
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
     let prepared = prepare(state, endpoint, &fields, &parts.headers, &bytes).await?;
     // Admission once the request is known: its tenant, class and size.
-    let identity =
-        state.clients.identify(&caller, &parts.headers, fields.user.as_deref(), |t| state.admission.class_of(t))?;
+    let identity = state
+        .clients
+        .identify(&caller, &parts.headers, fields.user.as_deref(), |t| state.admission.class_of(t))?;
     let tokens = match state.admission.counts_tokens() {
         true => {
             let prompt = match prepared.prompt_tokens {
