@@ -107,6 +107,6 @@ mod tests {
         bucket.refund(500.0);
         assert_eq!(bucket.check(start, 600.0), Ok(()));
         bucket.refund(1000.0);
-        assert_eq!(bucket.check(start, 601.0).is_err(), true);
+        assert!(bucket.check(start, 601.0).is_err());
     }
 }
