@@ -11,6 +11,7 @@ Scenarios, side by side in one run (the machine is noisy: compare ratios):
   fifo       + the flood, no tenant named on requests (one queue in arrival order)
   tenants    + the flood, each request naming its tenant (weighted fair queuing, equal weights)
   priority   + the flood, interactive tenants in class high
+  reserve    + the flood, which may hold every slot but one (its excess gets 429)
 
 Usage: scripts/tenants_flood.py [--kvgate target/release/kvgate] [--secs 10]
 Only 127.0.0.1 is used.
@@ -87,6 +88,10 @@ def run(kvgate: str, workers: list[str], scenario: str, args: argparse.Namespace
         config["tenants"] = {"named": {name: {"class": "high"} for name in interactive}}
     elif scenario == "tenants":
         config["tenants"] = {"named": {name: {} for name in [*interactive, "flood"]}}
+    elif scenario == "reserve":
+        # The flood may hold all slots but one: its excess is refused (429) instead of queued.
+        config["tenants"] = {"named": {**{name: {} for name in interactive},
+                                       "flood": {"max_concurrent": args.slots - 1}}}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
         json.dump(config, file)  # JSON is YAML
     gateway = subprocess.Popen(
@@ -140,6 +145,7 @@ def run(kvgate: str, workers: list[str], scenario: str, args: argparse.Namespace
         report[group] = {
             "requests": len(mine),
             "ok": len(ok),
+            "refused_429": sum(1 for _, _, status in mine if status == 429),
             "ttfb_p50_ms": round(percentile(ok, 50) * 1e3, 1),
             "ttfb_p99_ms": round(percentile(ok, 99) * 1e3, 1),
             "served_per_sec": round(len(ok) / elapsed, 1),
