@@ -102,6 +102,9 @@ struct Event {
     local: Vec<LocalBlockHash>,
 }
 
+/// Queries of one class: tokens, and the blocks a hit must match at least.
+type QuerySet = Vec<(Vec<u32>, usize)>;
+
 struct Stream {
     name: &'static str,
     stores: Vec<Event>,
@@ -110,7 +113,7 @@ struct Stream {
     blocks: usize,
     pairs: usize,
     /// Queries by class: (name, tokens, expected matched blocks).
-    queries: Vec<(String, Vec<(Vec<u32>, usize)>)>,
+    queries: Vec<(String, QuerySet)>,
 }
 
 fn dynamo_local(tokens: &[u32]) -> Vec<LocalBlockHash> {
