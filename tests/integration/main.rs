@@ -20,4 +20,5 @@ mod policies;
 mod reliability;
 mod replica_sync;
 mod replicas;
+mod tenants;
 mod upstream_conns;
