@@ -137,7 +137,13 @@ impl Shape {
         };
         let count = |pick: &Pick, path: PdPath| {
             if planning == Planning::Live {
-                state.metrics.count_decision(&pick.pool.model, pick.pool.role, &pick.pool.series, &pick.decision, path);
+                state.metrics.count_decision(
+                    &pick.pool.model,
+                    pick.pool.role,
+                    &pick.pool.series,
+                    &pick.decision,
+                    path,
+                );
             }
         };
         let Some(rule) = prefill.config.pd_rule() else {
@@ -227,9 +233,16 @@ impl Pick {
 pub(super) enum RoutePlan {
     Single(Pick),
     /// A disaggregated pair, and the rule's verdict (`why=always` without --pd-conditional).
-    Pair { prefill: Pick, decode: Pick, pd: PdChoice },
+    Pair {
+        prefill: Pick,
+        decode: Pick,
+        pd: PdChoice,
+    },
     /// The decode engine prefills the request itself: the plain request, no PD fields.
-    InPlace { decode: Pick, pd: PdChoice },
+    InPlace {
+        decode: Pick,
+        pd: PdChoice,
+    },
 }
 
 #[allow(clippy::too_many_arguments, reason = "the plan's inputs, each used once")]

@@ -11,8 +11,8 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use serde::Deserialize;
 use kvgate_policy::PdChoice;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::plan::{Pick, RoutePlan};
