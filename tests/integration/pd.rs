@@ -316,7 +316,7 @@ async fn workers_register_with_a_role_at_run_time() {
 
 // ---- With simulated PD engines (`kvgate mock --role prefill|decode`) ----
 
-async fn mock_fleet(
+pub(crate) async fn mock_fleet(
     role: kvgate_mock::WorkerRole,
     count: usize,
     tweak: impl FnOnce(&mut kvgate_mock::MockArgs),
@@ -333,7 +333,7 @@ async fn mock_fleet(
     kvgate_mock::spawn_fleet(args).await.expect("mock engines start")
 }
 
-fn mock_pd_config(
+pub(crate) fn mock_pd_config(
     prefill: &[&kvgate_mock::MockFleet],
     decode: &kvgate_mock::MockFleet,
     protocol: PdProtocol,

@@ -25,7 +25,7 @@ use kvgate_gateway::{GatewayConfig, PdProtocol};
 use kvgate_policy::PolicyKind;
 use serde_json::{json, Value};
 
-use super::pd::{last_body, metrics, pd_config, post};
+use super::pd::{last_body, metrics, mock_fleet, mock_pd_config, pd_config, post};
 
 /// A conditional PD gateway config, cache_aware on both sides (the decode side's tree knows
 /// which decode engine holds which conversation).
@@ -38,8 +38,12 @@ fn conditional(prefill: &Arc<Upstream>, decode: &[&Arc<Upstream>], protocol: PdP
 
 /// A first turn of about 5,000 tokens (20,000 characters, the gateway's estimate for text).
 fn long_turn(topic: &str) -> Value {
+    long_turn_of("m", topic)
+}
+
+fn long_turn_of(model: &str, topic: &str) -> Value {
     let content: String = (0..2000).map(|i| format!("{topic}{i:05} ")).collect();
-    json!({"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 8})
+    json!({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 8})
 }
 
 /// `first` with an answer and a short follow-up question.
@@ -204,4 +208,39 @@ async fn conditional_disaggregation_needs_a_disaggregated_fleet() {
     cfg.routing.pd_conditional = true;
     let error = kvgate_gateway::start(cfg).await.err().expect("refused").to_string();
     assert!(error.contains("pd_conditional") && error.contains("needs pd_disaggregation"), "{error}");
+}
+
+#[tokio::test]
+async fn simulated_decode_engines_prefill_in_place_from_what_they_hold_in_both_protocols() {
+    use kvgate_mock::WorkerRole;
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let prefill = mock_fleet(WorkerRole::Prefill, 1, |_| {}).await;
+        let decode = mock_fleet(WorkerRole::Decode, 2, |_| {}).await;
+        let mut cfg = mock_pd_config(&[&prefill], &decode, protocol);
+        cfg.routing.policy = PolicyKind::CacheAware;
+        cfg.routing.pd_conditional = true;
+        let gw = gateway(cfg).await;
+        let cached = |answer: &Value| answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+
+        let first = long_turn_of("mock-model", "alpha");
+        let response = post(&gw, &first).await;
+        assert_eq!(response.status(), 200, "{protocol:?}");
+        assert!(pd_path(&response).starts_with("pair;"), "{}", pd_path(&response));
+        let holder = response.headers()["x-kvgate-worker"].clone();
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["usage"]["completion_tokens"], 8, "{protocol:?}: {answer}");
+
+        // The second turn, in place on the engine the first turn's KV was moved to: the engine
+        // serves the first turn's prompt from its cache and prefills only the new turn.
+        let response = post(&gw, &next_turn(&first)).await;
+        assert_eq!(response.status(), 200, "{protocol:?}");
+        assert!(pd_path(&response).starts_with("in_place;"), "{}", pd_path(&response));
+        assert_eq!(response.headers()["x-kvgate-worker"], holder);
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["usage"]["completion_tokens"], 8, "{protocol:?}: {answer}");
+        assert!(cached(&answer).is_some_and(|n| n >= 1900), "{protocol:?}: {answer}");
+        gw.shutdown().await;
+        prefill.shutdown().await;
+        decode.shutdown().await;
+    }
 }
