@@ -60,9 +60,9 @@ pids+=($!)
 common=(--pd-disaggregation "${prefill[@]}" "${decode[@]}" --policy "$policy" --pd-protocol sglang
   --mock-tokenizer --log-level warn --load-monitor-interval-ms "$(python3 -c "print(max(1, round(1000 / $scale)))")"
   --eviction-interval "$(python3 -c "print(120 / $scale)")")
-"$kvgate" launch --port 32301 "${common[@]}" > "$out/kvgate-pair.log" 2>&1 &
+"$kvgate" launch --port 32301 --admin-port 32401 "${common[@]}" > "$out/kvgate-pair.log" 2>&1 &
 pids+=($!)
-"$kvgate" launch --port 32302 "${common[@]}" --pd-conditional > "$out/kvgate-conditional.log" 2>&1 &
+"$kvgate" launch --port 32302 --admin-port 32402 "${common[@]}" --pd-conditional > "$out/kvgate-conditional.log" 2>&1 &
 pids+=($!)
 # Every gateway sees every worker before the replay starts.
 for port in 32300 32301 32302; do
