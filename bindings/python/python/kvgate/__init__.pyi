@@ -156,6 +156,7 @@ class Gateway:
         service_discovery_kubeconfig: str | os.PathLike[str] | None = None,
         routing: Mapping[str, Any] | None = None,
         models: Mapping[str, Mapping[str, Any]] | None = None,
+        tenants: Mapping[str, Any] | None = None,
         mock_workers: int = 0,
     ) -> None:
         """Configure a gateway (``start_background()`` starts it).
@@ -495,6 +496,8 @@ class Gateway:
             cluster service account, else $KUBECONFIG or ~/.kube/config)
         routing: Routing options as a map (or give them flat).
         models: Per-model routing: model name -> routing options laid over the others.
+        tenants: Per-tenant quotas, weights and classes: {defaults: {...}, named: {name: {...}},
+            classes: {...}}.
         mock_workers: Also start this many simulated engines in-process and route to them (the
             demo).
         """
