@@ -16,6 +16,7 @@ mod kv_events;
 mod listener;
 mod load_monitor;
 mod pd;
+mod pd_conditional;
 mod policies;
 mod reliability;
 mod replica_sync;

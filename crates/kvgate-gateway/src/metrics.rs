@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
-use kvgate_policy::{IndexKind, Reason};
+use kvgate_policy::{IndexKind, PdPath, Reason};
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -151,7 +151,8 @@ fn index_slot(index: Option<IndexKind>) -> usize {
 /// The series of one model's routing decisions, resolved on first use.
 #[derive(Default)]
 pub struct PoolSeries {
-    decisions: [[OnceLock<IntCounter>; INDEX_LABELS.len()]; Reason::ALL.len()],
+    /// By reason, index and path (a regular pool's use the first path slot only).
+    decisions: [[[OnceLock<IntCounter>; PdPath::ALL.len()]; INDEX_LABELS.len()]; Reason::ALL.len()],
     match_best: OnceLock<Histogram>,
     match_chosen: OnceLock<Histogram>,
     predicted: [OnceLock<Histogram>; PREDICTED_TERMS.len()],
@@ -231,8 +232,8 @@ impl Metrics {
             ),
             pd_decisions: counter(
                 "kvgate_pd_decisions_total",
-                "Routing decisions of the prefill and decode sides of a disaggregated fleet, by model, role, reason and prefix index.",
-                &["model", "role", "reason", "index"],
+                "Routing decisions of the prefill and decode sides of a disaggregated fleet, by model, role, reason, prefix index and path (`pair`: prefilled on a prefill engine; `in_place`: on the decode engine, --pd-conditional).",
+                &["model", "role", "reason", "index", "path"],
             ),
             pd_requests: counter(
                 "kvgate_pd_requests_total",
@@ -441,18 +442,21 @@ impl Metrics {
     }
 
     /// Count one routing decision of a pool's policy (`model`'s regular pool, or one side of its
-    /// disaggregated pair), with its prefix-match rates and prediction if any (not for the
-    /// decode side: the prompt's prefix and first token are the prefill side's).
+    /// disaggregated pair, on `path`), with its prefix-match rates and prediction if any (not
+    /// for the decode side of a pair: the prompt's prefix and first token are the prefill
+    /// side's; a decode engine prefilling in place counts them).
     pub fn count_decision(
         &self,
         model: &str,
         role: WorkerRole,
         series: &PoolSeries,
         decision: &kvgate_policy::Decision,
+        path: PdPath,
     ) {
         let reason = decision.reason;
         let slot = index_slot(decision.index);
-        series.decisions[reason as usize][slot]
+        let path_slot = PdPath::ALL.iter().position(|&p| p == path).unwrap_or(0);
+        series.decisions[reason as usize][slot][path_slot]
             .get_or_init(|| match role {
                 WorkerRole::Regular => {
                     self.decisions.with_label_values(&[model, reason.as_str(), INDEX_LABELS[slot]])
@@ -462,10 +466,11 @@ impl Metrics {
                     role.as_str(),
                     reason.as_str(),
                     INDEX_LABELS[slot],
+                    path.as_str(),
                 ]),
             })
             .inc();
-        if role == WorkerRole::Decode {
+        if role == WorkerRole::Decode && path == PdPath::Pair {
             return;
         }
         if let Some(matches) = decision.matches {

@@ -55,6 +55,10 @@ class Gateway:
         max_idle_secs: float = 14400.0,
         max_sessions: int = 1000000,
         bucket_adjust_interval_secs: float = 5.0,
+        pd_conditional: bool = False,
+        pd_max_local_prefill_tokens: int = 2048,
+        pd_max_local_prefill_fraction: float = 0.7,
+        pd_max_prefill_queue: int = 8,
         pd_disaggregation: bool = False,
         prefill: Sequence[str] = [],
         decode: Sequence[str] = [],
@@ -259,6 +263,18 @@ class Gateway:
             first), > 0
         bucket_adjust_interval_secs: bucket: seconds between adjustments of the prompt-length
             boundaries, > 0
+        pd_conditional: Prefill/decode fleets: decide per request between a (prefill, decode)
+            pair and prefilling in place on the decode engine, which the decode side's policy
+            picks first: in place when the prompt's part that engine does not hold is short
+            (--pd-max-local-prefill-tokens) or a small share of the prompt (--pd-max-local-
+            prefill-fraction), or when the prefill side is busy (--pd-max-prefill-queue). Read
+            from the prefill side's options
+        pd_max_local_prefill_tokens: pd_conditional: an uncached part shorter than this many
+            tokens is prefilled in place
+        pd_max_local_prefill_fraction: pd_conditional: an uncached part under this share of the
+            prompt is prefilled in place, in [0, 1]
+        pd_max_prefill_queue: pd_conditional: when the least busy prefill engine has more
+            requests in flight than this, the request is prefilled in place
         pd_disaggregation: Route a prefill/decode disaggregated fleet: each request goes to a
             prefill worker and a decode worker (--prefill, --decode, or POST /workers with a
             worker_type)
@@ -561,6 +577,10 @@ def simulate(
     max_idle_secs: float = 14400.0,
     max_sessions: int = 1000000,
     bucket_adjust_interval_secs: float = 5.0,
+    pd_conditional: bool = False,
+    pd_max_local_prefill_tokens: int = 2048,
+    pd_max_local_prefill_fraction: float = 0.7,
+    pd_max_prefill_queue: int = 8,
     prefill_tokens_per_sec: float | None = None,
     prefill_chunk_tokens: int | None = None,
     decode_base_ms: float | None = None,
@@ -695,6 +715,18 @@ def simulate(
         first), > 0
     bucket_adjust_interval_secs: bucket: seconds between adjustments of the prompt-length
         boundaries, > 0
+    pd_conditional: Prefill/decode fleets: decide per request between a (prefill, decode) pair
+        and prefilling in place on the decode engine, which the decode side's policy picks
+        first: in place when the prompt's part that engine does not hold is short (--pd-max-
+        local-prefill-tokens) or a small share of the prompt (--pd-max-local-prefill-fraction),
+        or when the prefill side is busy (--pd-max-prefill-queue). Read from the prefill side's
+        options
+    pd_max_local_prefill_tokens: pd_conditional: an uncached part shorter than this many tokens
+        is prefilled in place
+    pd_max_local_prefill_fraction: pd_conditional: an uncached part under this share of the
+        prompt is prefilled in place, in [0, 1]
+    pd_max_prefill_queue: pd_conditional: when the least busy prefill engine has more requests
+        in flight than this, the request is prefilled in place
     prefill_tokens_per_sec: Uncached prompt tokens prefilled per second [default: 8000]
     prefill_chunk_tokens: Most prompt tokens per prefill step [default: 2048]
     decode_base_ms: Fixed decode step time in ms [default: 6.0]

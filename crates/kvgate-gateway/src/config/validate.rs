@@ -262,6 +262,7 @@ impl GatewayConfig {
                 ("decode", !self.decode.is_empty()),
                 ("prefill_policy", self.prefill_policy.is_some()),
                 ("decode_policy", self.decode_policy.is_some()),
+                ("routing.pd_conditional", self.routing.pd_conditional),
             ] {
                 if given {
                     errors.push(FieldError::new(field, "needs pd_disaggregation"));

@@ -11,7 +11,7 @@ use kvgate_index::{
     PeerMerged, PromptBlocks, ReadOnlyTree,
 };
 use kvgate_policy::{
-    Candidate, Candidates, Decision, IndexKind, PrefixIndex, RouteRequest, RoutingKey, SelectContext,
+    Candidate, Candidates, Decision, IndexKind, PdPath, PrefixIndex, RouteRequest, RoutingKey, SelectContext,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -43,6 +43,12 @@ pub(super) fn choose(
         record(state, pool, &worker, &decision, peers);
     }
     Some((worker, decision))
+}
+
+/// Requests in flight (this replica's and the peers') on the pool's least busy routable worker
+/// not tried yet (`None`: there is none): the prefill side's queue of the conditional rule.
+pub(super) fn least_in_flight(state: &AppState, pool: &ModelPool, tried: &[u32]) -> Option<u64> {
+    candidates(state, pool, tried).0.iter().map(|c| c.in_flight).min()
 }
 
 /// The pool's routable workers not tried yet, as policy candidates (in-flight counts include
@@ -146,7 +152,10 @@ fn record(
     decision: &Decision,
     peers: Option<PromptBlocks>,
 ) {
-    state.metrics.count_decision(&pool.model, pool.role, &pool.series, decision);
+    // The sides of a disaggregated plan are counted once its path is known (`plan.rs`).
+    if pool.role == crate::role::WorkerRole::Regular {
+        state.metrics.count_decision(&pool.model, pool.role, &pool.series, decision, PdPath::Pair);
+    }
     if let (Some(sync), Some(blocks)) = (&state.replica_sync, peers) {
         if decision.index == Some(IndexKind::Approximate) && !blocks.hashes.is_empty() {
             sync.publish(Routed {

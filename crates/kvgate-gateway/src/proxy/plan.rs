@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_index::{InFlightPrompt, Namespace};
-use kvgate_policy::{Decision, IndexKind, RouteRequest, RoutingKey};
+use kvgate_policy::{
+    cached_tokens, Decision, IndexKind, PdChoice, PdInputs, PdPath, PdRule, RouteRequest, RoutingKey,
+};
 
 use crate::accuracy::Probe;
 use crate::endpoint::Endpoint;
@@ -53,8 +55,11 @@ impl Shape {
     pub(super) fn needs_routing_key(&self) -> bool {
         match self {
             Shape::Single(pool) => pool.policy.needs_routing_key(),
+            // The conditional rule weighs the prompt's length, so it needs the prompt.
             Shape::Pair { prefill, decode } => {
-                prefill.policy.needs_routing_key() || decode.policy.needs_routing_key()
+                prefill.config.pd_conditional
+                    || prefill.policy.needs_routing_key()
+                    || decode.policy.needs_routing_key()
             }
         }
     }
@@ -66,6 +71,8 @@ impl Shape {
             |pool: &ModelPool| pool.workers.iter().any(|w| !tried.contains(&w.id) && w.is_routable(now));
         match self {
             Shape::Single(pool) => left(pool),
+            // In place needs the decode side only.
+            Shape::Pair { prefill, decode } if prefill.config.pd_conditional => left(decode),
             Shape::Pair { prefill, decode } => left(prefill) && left(decode),
         }
     }
@@ -124,13 +131,57 @@ impl Shape {
         planning: Planning,
     ) -> Result<RoutePlan, ApiError> {
         let on = |pool| pick(state, pool, request, namespace, tried, target, planning);
-        match self {
-            Shape::Single(pool) => Ok(RoutePlan::Single(on(pool)?)),
-            Shape::Pair { prefill, decode } => {
-                Ok(RoutePlan::Pair { prefill: on(prefill)?, decode: on(decode)? })
+        let (prefill, decode) = match self {
+            Shape::Single(pool) => return Ok(RoutePlan::Single(on(pool)?)),
+            Shape::Pair { prefill, decode } => (prefill, decode),
+        };
+        let count = |pick: &Pick, path: PdPath| {
+            if planning == Planning::Live {
+                state.metrics.count_decision(
+                    &pick.pool.model,
+                    pick.pool.role,
+                    &pick.pool.series,
+                    &pick.decision,
+                    path,
+                );
+            }
+        };
+        let Some(rule) = prefill.config.pd_rule() else {
+            // Always a pair: both sides chosen, the prefill side first.
+            let (prefill, decode) = (on(prefill)?, on(decode)?);
+            count(&prefill, PdPath::Pair);
+            count(&decode, PdPath::Pair);
+            let inputs = pd_inputs(request, &decode, None);
+            return Ok(RoutePlan::Pair { prefill, decode, pd: PdRule::always(inputs) });
+        };
+        // Conditional: the decode engine first, by the decode side's policy on its own prefix
+        // index; then the rule, on what that engine holds and the prefill side's queue. A
+        // request naming its worker goes where that worker serves.
+        let decode = on(decode)?;
+        let queue = super::choose::least_in_flight(state, prefill, tried);
+        let inputs = pd_inputs(request, &decode, queue);
+        let targets_prefill = target.is_some_and(|id| prefill.workers.iter().any(|w| w.id == id));
+        let choice = if targets_prefill { PdRule::always(inputs) } else { rule.decide(inputs) };
+        match choice.path {
+            PdPath::InPlace => {
+                count(&decode, PdPath::InPlace);
+                Ok(RoutePlan::InPlace { decode, pd: choice })
+            }
+            PdPath::Pair => {
+                let prefill = on(prefill)?;
+                count(&prefill, PdPath::Pair);
+                count(&decode, PdPath::Pair);
+                Ok(RoutePlan::Pair { prefill, decode, pd: choice })
             }
         }
     }
+}
+
+/// The conditional rule's inputs: the prompt's length, what the chosen decode engine holds of
+/// it (by the decode side's decision), and the prefill side's queue.
+fn pd_inputs(request: &RouteRequest<'_>, decode: &Pick, prefill_queue: Option<u64>) -> PdInputs {
+    let prompt_tokens = request.prompt_tokens;
+    PdInputs { prompt_tokens, cached_tokens: cached_tokens(&decode.decision, prompt_tokens), prefill_queue }
 }
 
 /// Whether a plan is for real or a dry run.
@@ -181,7 +232,17 @@ impl Pick {
 /// Where one attempt goes.
 pub(super) enum RoutePlan {
     Single(Pick),
-    Pair { prefill: Pick, decode: Pick },
+    /// A disaggregated pair, and the rule's verdict (`why=always` without --pd-conditional).
+    Pair {
+        prefill: Pick,
+        decode: Pick,
+        pd: PdChoice,
+    },
+    /// The decode engine prefills the request itself: the plain request, no PD fields.
+    InPlace {
+        decode: Pick,
+        pd: PdChoice,
+    },
 }
 
 #[allow(clippy::too_many_arguments, reason = "the plan's inputs, each used once")]
@@ -202,8 +263,8 @@ fn pick(
             )));
         }
         let decision = Decision::plain(worker.id, kvgate_policy::Reason::TargetWorker);
-        if planning == Planning::Live {
-            state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
+        if planning == Planning::Live && pool.role == crate::role::WorkerRole::Regular {
+            state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision, PdPath::Pair);
         }
         return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone() });
     }
