@@ -136,7 +136,7 @@ pub const TABLE: &[Entry] = &[
     refused("--pd-admission-wait-secs", "PD admission waiting", "--queue-size with --queue-timeout-secs"),
     refused("--stream-body-stall-timeout-secs", "a stall timeout of streamed bodies", "--request-timeout-secs and --ttfb-timeout-secs"),
     refused("--sse-keepalive-secs", "SSE keep-alive comments", "not needed: kvgate streams the engine's events as they come"),
-    refused("--dp-aware", "data-parallel ranks as routing targets (kvgate routes to a worker URL, not to a rank inside it)", "the engine's own data-parallel balancer (SGLang --dp-size); kvgate reads every rank's KV events from comma-separated --kv-events-endpoints"),
+    same("--dp-aware", "", "SGLang engines: dp_size from GET /server_info, one worker per rank (`URL@RANK`), the rank sent as data_parallel_rank"),
     same("--routing-key-override", "", "kvgate's target header is x-kvgate-target-worker"),
     mapped("--routing-key-headers", Map::With(routing_key_headers), "x-session-id", "one header, to kvgate's --routing-key-header"),
     refused("--dp-minimum-tokens-scheduler", "data-parallel rank scheduling", "the engine's own data-parallel balancer"),

@@ -88,12 +88,12 @@ fn every_refused_option_of_a_command_line_is_reported_at_once() {
         "--enable-mesh",
         "--port",
         "0",
-        "--dp-aware",
+        "--dp-minimum-tokens-scheduler",
         "--history-backend",
         "postgres",
     ])
     .unwrap_err();
-    for name in ["--enable-mesh", "--dp-aware", "--history-backend"] {
+    for name in ["--enable-mesh", "--dp-minimum-tokens-scheduler", "--history-backend"] {
         assert!(error.contains(name), "{error}");
     }
     assert!(error.contains("docs/SMG.md"), "{error}");
@@ -390,8 +390,8 @@ fn smg_settings_are_the_kvgate_options_a_command_line_sets() {
     assert_eq!(keys, ["eviction_interval", "prometheus_port", "tokenizer_path"]);
     assert_eq!(settings["eviction_interval"], 45.0);
     assert_eq!(settings["prometheus_port"], 29000);
-    let error = kvgate::smg_settings(&["--dp-aware".to_string()]).unwrap_err();
-    assert!(error.contains("--dp-aware (SMG) is not supported"), "{error}");
+    let error = kvgate::smg_settings(&["--enable-mesh".to_string()]).unwrap_err();
+    assert!(error.contains("--enable-mesh (SMG) is not supported"), "{error}");
 }
 
 #[tokio::test]

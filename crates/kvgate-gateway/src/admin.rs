@@ -76,6 +76,11 @@ pub struct WorkerInfo {
     pub worker_type: WorkerRole,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bootstrap_port: Option<u16>,
+    /// `--dp-aware`: its data-parallel rank inside the engine at `address`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// The worker's KV event publishers, and how many of its ranks' events flow into the index.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<KvEventsInfo>,
@@ -124,6 +129,8 @@ impl WorkerInfo {
             circuit_state: worker.circuit.state(now),
             worker_type: worker.role,
             bootstrap_port: worker.bootstrap_port,
+            dp_rank: worker.dp_rank,
+            address: worker.dp_rank.map(|_| worker.address.clone()),
             kv_events: worker.kv_events.clone().map(|source| KvEventsInfo {
                 source,
                 live_ranks: worker.kv_live_ranks(),
@@ -217,10 +224,14 @@ pub async fn add_worker(
         bootstrap_port: request.bootstrap_port,
         kv_events,
         policy: request.policy,
+        dp_rank: None,
     };
-    let worker = state.registration.register(new).await?;
-    let info = WorkerInfo::of(&worker, Instant::now());
-    Ok((StatusCode::CREATED, Json(json!({"worker": info}))).into_response())
+    let workers = state.registration.register(new).await?;
+    let now = Instant::now();
+    let infos: Vec<WorkerInfo> = workers.iter().map(|worker| WorkerInfo::of(worker, now)).collect();
+    // `worker`: the one added (with --dp-aware, rank 0); `workers`: every one (each rank).
+    let first = infos.first().map(|info| serde_json::to_value(info).unwrap_or_default());
+    Ok((StatusCode::CREATED, Json(json!({"worker": first, "workers": infos}))).into_response())
 }
 
 pub async fn remove_worker(
@@ -229,8 +240,13 @@ pub async fn remove_worker(
     Path(url): Path<String>,
 ) -> Result<Response, ApiError> {
     check_admin_key(state.config.admin_api_key.as_deref(), &headers)?;
-    match state.registration.deregister(&url) {
-        Some(worker) => Ok(Json(json!({"removed": worker.url})).into_response()),
+    let removed = state.registration.deregister(&url);
+    match removed.first() {
+        Some(worker) if removed.len() == 1 => Ok(Json(json!({"removed": worker.url})).into_response()),
+        Some(_) => {
+            let names: Vec<&str> = removed.iter().map(|worker| worker.url.as_str()).collect();
+            Ok(Json(json!({"removed": url, "ranks": names})).into_response())
+        }
         None => Err(ApiError::NotFound(format!("no worker {url} is registered"))),
     }
 }

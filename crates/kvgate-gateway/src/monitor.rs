@@ -168,7 +168,7 @@ async fn fetch(
         Source::Vllm => "/metrics",
     };
     let bearer = monitor.bearer.as_deref();
-    let url = format!("{}{path}", worker.url);
+    let url = format!("{}{path}", worker.address);
     let limit = monitor.max_answer_bytes;
     let (status, body) = match get(&monitor.client, &url, bearer, timeout, limit, Keep::Body).await {
         Ok(answer) => answer,
@@ -182,7 +182,7 @@ async fn fetch(
         return Err(format!("GET {path} answered {status}"));
     }
     match source {
-        Source::Sglang => parse_sglang(&body),
+        Source::Sglang => parse_sglang(&body, worker.dp_rank),
         Source::Vllm => parse_vllm(&String::from_utf8_lossy(&body)),
     }
 }

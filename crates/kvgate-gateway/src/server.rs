@@ -229,6 +229,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
                 bootstrap_port: worker.bootstrap_port,
                 kv_events: source,
                 policy: None,
+                dp_rank: None,
             };
             let registration = state.registration.clone();
             async move { registration.register(new).await }

@@ -147,6 +147,7 @@ impl AppState {
             loads: loads.clone(),
             check: health_check.clone(),
             probes_disabled: config.disable_health_check,
+            dp_aware: config.dp_aware,
             kv_events: KvEvents {
                 registry: registry.clone(),
                 loads: loads.clone(),

@@ -159,8 +159,15 @@ impl CircuitBreaker {
 #[derive(Debug)]
 pub struct Worker {
     pub id: WorkerId,
-    /// Canonical URL, e.g. `http://127.0.0.1:8000`.
+    /// Its name in the registry, the metrics and `/workers`: the canonical URL, e.g.
+    /// `http://127.0.0.1:8000`, or `URL@RANK` for one data-parallel rank of an engine
+    /// (`--dp-aware`, SMG's spelling).
     pub url: String,
+    /// Where it is reached (the canonical URL, without a rank).
+    pub address: String,
+    /// Its data-parallel rank inside the engine at `address` (`--dp-aware`): sent in every
+    /// request's body as `data_parallel_rank`.
+    pub dp_rank: Option<u32>,
     /// The model it serves; unset until given or discovered from `/v1/models`.
     model: OnceLock<String>,
     /// Regular, or one side of a prefill/decode pair.
@@ -211,6 +218,8 @@ impl Worker {
             circuit: CircuitBreaker::new(circuit),
             series,
             conns: Arc::new(ConnPool::new(&url)),
+            address: url.clone(),
+            dp_rank: None,
             url,
             kv_live: (0..kv_events.as_ref().map_or(0, |source| source.ranks.len()))
                 .map(|_| AtomicBool::new(false))
@@ -228,9 +237,19 @@ impl Worker {
         self
     }
 
+    /// The same worker as data-parallel rank `rank` of the engine at its URL: named
+    /// `URL@RANK`, reached at URL.
+    pub fn with_dp_rank(mut self, rank: Option<u32>) -> Self {
+        if let Some(rank) = rank {
+            self.url = format!("{}@{rank}", self.address);
+            self.dp_rank = Some(rank);
+        }
+        self
+    }
+
     /// The host part of its URL (what a decode worker dials for SGLang's bootstrap).
     pub fn host(&self) -> &str {
-        let authority = self.url.split("://").nth(1).unwrap_or("").split('/').next().unwrap_or("");
+        let authority = self.address.split("://").nth(1).unwrap_or("").split('/').next().unwrap_or("");
         match authority.strip_prefix('[') {
             Some(v6) => v6.split(']').next().unwrap_or(v6),
             None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),

@@ -253,6 +253,13 @@ pub struct GatewayConfig {
     /// address it resolves to is in an allowed CIDR. Empty: any address.
     #[arg(long = "worker-url-allow", value_delimiter = ',', num_args = 0.., value_name = "CIDR_OR_HOST")]
     pub worker_url_allow: Vec<String>,
+    /// Route to each data-parallel rank of an engine as a worker of its own (SMG's `--dp-aware`):
+    /// at registration the gateway reads the engine's `dp_size` from SGLang's `GET /server_info`,
+    /// registers one worker per rank (named `URL@RANK`, with its own load, in-flight count,
+    /// prefix state and, given one endpoint per rank, KV events) and sends the chosen rank in
+    /// the request body as `data_parallel_rank`.
+    #[arg(long)]
+    pub dp_aware: bool,
     /// Bearer token sent to workers.
     #[arg(long, env = "KVGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,

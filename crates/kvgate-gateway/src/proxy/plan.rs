@@ -73,7 +73,13 @@ impl Shape {
     /// The worker an `x-kvgate-target-worker` header names, if it serves this request's model
     /// (on either side of a pair).
     pub(super) fn target(&self, value: &http::HeaderValue) -> Result<u32, ApiError> {
-        let named = value.to_str().ok().and_then(|url| crate::worker_url::normalize_url(url).ok());
+        // `URL` or, for one data-parallel rank (`--dp-aware`), `URL@RANK`.
+        let named = value.to_str().ok().and_then(|name| match name.rsplit_once('@') {
+            Some((url, rank)) if rank.parse::<u32>().is_ok() => {
+                crate::worker_url::normalize_url(url).ok().map(|url| format!("{url}@{rank}"))
+            }
+            _ => crate::worker_url::normalize_url(name).ok(),
+        });
         let pools: Vec<&Arc<ModelPool>> = match self {
             Shape::Single(pool) => vec![pool],
             Shape::Pair { prefill, decode } => vec![prefill, decode],
