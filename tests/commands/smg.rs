@@ -518,3 +518,33 @@ async fn the_typical_smg_command_line_runs_in_the_kvgate_binary_in_front_of_kvga
     drop(launch);
     drop(mock);
 }
+
+#[test]
+fn worker_overload_and_warm_up_options_are_taken() {
+    let config = kvgate::launch_config(&["--worker-overload-protection"]).unwrap();
+    assert_eq!(config.worker_overload_waiting_requests, Some(8), "SMG's default bounds");
+    assert_eq!(config.worker_overload_token_usage, Some(0.8));
+    let config = kvgate::launch_config(&[
+        "--worker-overload-protection",
+        "--worker-overload-token-usage",
+        "0.9",
+        "--worker-overload-shed",
+        "--worker-warmup-secs",
+        "30",
+        "--worker-warmup-divert-every",
+        "4",
+    ])
+    .unwrap();
+    assert_eq!(
+        (config.worker_overload_waiting_requests, config.worker_overload_token_usage),
+        (Some(8), Some(0.9))
+    );
+    assert!(config.worker_overload_shed);
+    let config = kvgate::launch_config(&["--disable-worker-overload-protection"]).unwrap();
+    assert_eq!((config.worker_overload_waiting_requests, config.worker_overload_token_usage), (None, None));
+    let zero = kvgate::launch_config(&["--worker-overload-waiting-requests", "0"]).unwrap();
+    let error = zero.validate().unwrap_err().to_string();
+    assert!(error.contains("worker_overload_waiting_requests"), "{error}");
+    let config = kvgate::launch_config(&["--dp-aware"]).unwrap();
+    assert!(config.dp_aware);
+}

@@ -40,6 +40,10 @@ pub enum ApiError {
     QueueTimeout(f64),
     #[error("{0}")]
     RequestTimeout(String),
+    /// Every worker the request could use is over the overload bounds (`--worker-overload-shed`);
+    /// the client may retry after `retry_after_secs`.
+    #[error("every worker{where_} is overloaded (--worker-overload-waiting-requests, --worker-overload-token-usage); retry later")]
+    Overloaded { where_: String, retry_after_secs: u64 },
 }
 
 impl ApiError {
@@ -58,6 +62,7 @@ impl ApiError {
             ApiError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
             ApiError::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ApiError::QueueTimeout(_) | ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -78,6 +83,8 @@ impl ApiError {
             ApiError::RateLimited => ("rate_limit_error", "rate_limited"),
             ApiError::QueueTimeout(_) => ("rate_limit_error", "queue_timeout"),
             ApiError::RequestTimeout(_) => ("invalid_request_error", "request_timeout"),
+            // SMG's code for the same refusal.
+            ApiError::Overloaded { .. } => ("service_unavailable", "worker_overload_protection_shed"),
         }
     }
 }
@@ -92,6 +99,9 @@ impl IntoResponse for ApiError {
         let (kind, code) = self.kind_and_code();
         let mut response = (self.status(), error_body(&self.to_string(), kind, code)).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let ApiError::Overloaded { retry_after_secs, .. } = &self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+        }
         response
     }
 }

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     pub client_connections: IntGauge,
     pub retries: IntCounterVec,
+    /// Workers left out of a decision by per-worker overload protection, by model.
+    pub overload_left_out: IntCounterVec,
     pub upstream_failures: IntCounterVec,
     pub worker_healthy: IntGaugeVec,
     pub circuit_state: IntGaugeVec,
@@ -206,6 +208,12 @@ impl Metrics {
                 "kvgate_retries_total",
                 "Requests retried on another worker, by endpoint.",
                 &["endpoint"],
+            ),
+            overload_left_out: counter(
+                "kvgate_worker_overload_left_out_total",
+                "Workers left out of a routing decision for their waiting requests or KV usage \
+                 (--worker-overload-waiting-requests, --worker-overload-token-usage), by model.",
+                &["model"],
             ),
             upstream_failures: counter(
                 "kvgate_upstream_failures_total",

@@ -44,6 +44,8 @@ pub struct LoadMonitor {
     pub max_answer_bytes: usize,
     /// `kvgate_oversized_answers_total{source}`.
     pub oversized: IntCounterVec,
+    /// Poll whatever the policies need (per-worker overload protection reads every pool's loads).
+    pub always_poll: bool,
 }
 
 impl LoadMonitor {
@@ -68,7 +70,7 @@ async fn poll_once(
     sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
     interval: Duration,
 ) {
-    let polling = monitor.registry.policies_need_loads();
+    let polling = monitor.always_poll || monitor.registry.policies_need_loads();
     monitor.loads.set_active(polling);
     let now = Instant::now();
     let snapshot = monitor.registry.snapshot();

@@ -353,6 +353,7 @@ fn spawn_background(
         metrics: state.metrics.loads.clone(),
         max_answer_bytes: config.max_probe_answer_bytes,
         oversized: state.metrics.oversized_answers.clone(),
+        always_poll: state.overload.enabled(),
     };
     let mut background = vec![
         tokio::spawn(health.run(shutdown.clone())),

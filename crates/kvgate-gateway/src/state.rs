@@ -38,6 +38,8 @@ pub struct AppState {
     pub loads: Arc<LoadSnapshot>,
     /// The clock handed to policies and stamped on load samples.
     pub clock: Clock,
+    /// Per-worker overload protection (`--worker-overload-*`), applied to every decision.
+    pub overload: kvgate_policy::OverloadSettings,
     pub admission: Admission,
     pub api_key_header: Option<HeaderValue>,
     pub request_timeout: Duration,
@@ -181,6 +183,7 @@ impl AppState {
             upstream_tls,
             loads,
             clock: Clock::start(),
+            overload: config.overload_settings(),
             api_key_header,
             request_timeout: Duration::from_secs_f64(config.request_timeout_secs),
             ttfb_timeout: config.ttfb_timeout_secs.map(Duration::from_secs_f64),

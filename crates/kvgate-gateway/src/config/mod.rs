@@ -152,6 +152,20 @@ pub struct GatewayConfig {
     /// Longest wait in the admission queue, in seconds; then 408.
     #[arg(long, default_value_t = 60.0)]
     pub queue_timeout_secs: f64,
+    /// Per-worker overload protection (SMG's name): a worker whose engine reports at least this
+    /// many waiting requests is left out of routing while another worker is under the bounds
+    /// (every policy; unset: off). Needs the engines' loads (the load monitor polls them).
+    #[arg(long)]
+    pub worker_overload_waiting_requests: Option<u64>,
+    /// Per-worker overload protection: a worker whose engine reports at least this KV usage
+    /// (0-1] is left out of routing while another worker is under the bounds (unset: off).
+    /// Stronger than --overload-token-usage-threshold, which only cache_aware and kv_aware read.
+    #[arg(long)]
+    pub worker_overload_token_usage: Option<f64>,
+    /// When every worker a request could use is over the overload bounds, answer 503 (with
+    /// Retry-After) instead of sending it to the least loaded one.
+    #[arg(long)]
+    pub worker_overload_shed: bool,
     /// Requests admitted per second (token bucket, bursts of up to one second's worth); over it,
     /// requests queue (--queue-size) or get 429 (unset: no limit).
     #[arg(long)]
@@ -572,6 +586,15 @@ fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
 }
 
 impl GatewayConfig {
+    /// Per-worker overload protection's bounds (`--worker-overload-*`).
+    pub fn overload_settings(&self) -> kvgate_policy::OverloadSettings {
+        kvgate_policy::OverloadSettings {
+            waiting_requests: self.worker_overload_waiting_requests,
+            token_usage: self.worker_overload_token_usage,
+            shed: self.worker_overload_shed,
+        }
+    }
+
     /// Every worker given at start, in the order --worker-urls, --prefill, --decode (the order of
     /// --kv-events-endpoints). Entries that fail validation are skipped.
     pub fn initial_workers(&self) -> Vec<InitialWorker> {

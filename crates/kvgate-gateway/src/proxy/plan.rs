@@ -215,11 +215,18 @@ fn pick(
     }
     super::choose::choose(state, pool, request, namespace, tried, planning)
         .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
-        .ok_or_else(|| {
+        .map_err(|no_choice| {
             let side = match pool.role {
                 crate::role::WorkerRole::Regular => String::new(),
                 role => format!(" on the {} side", role.as_str()),
             };
-            ApiError::NoHealthyWorker(format!(" for model `{}`{side}", pool.model))
+            let where_ = format!(" for model `{}`{side}", pool.model);
+            match no_choice {
+                super::choose::NoChoice::NoWorker => ApiError::NoHealthyWorker(where_),
+                super::choose::NoChoice::Shed => ApiError::Overloaded {
+                    where_,
+                    retry_after_secs: state.loads.poll_interval_ms.div_ceil(1000).max(1),
+                },
+            }
         })
 }
