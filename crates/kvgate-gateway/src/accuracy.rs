@@ -158,6 +158,8 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
         metrics.prefix_predicted_tokens.with_label_values(&labels).inc_by(u64::from(probe.predicted));
         if let Some(cached) = cached {
             metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
+            let missed = cached.saturating_sub(probe.predicted);
+            metrics.prefix_missed_cached_tokens.with_label_values(&labels).inc_by(u64::from(missed));
             if prompt_tokens > 0 {
                 let difference = (f64::from(cached) - f64::from(probe.predicted)) / f64::from(prompt_tokens);
                 metrics.prefix_cached_difference.with_label_values(&labels).observe(difference);
@@ -181,6 +183,7 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
                 cause = disagreement.cause.as_str(),
                 error_share = disagreement.error_share,
                 wrong_share = disagreement.wrong_share,
+                missed_share = disagreement.missed_share,
                 requests = disagreement.requests,
                 "the prefix index disagrees with the engine's cached tokens: {}",
                 disagreement.cause.advice()

@@ -96,6 +96,9 @@ pub struct IndexAccuracyInfo {
     pub requests: usize,
     /// Sum of |predicted - engine-reported cached tokens| over the window's prompt tokens.
     pub error_share: f64,
+    /// The share of the window's engine-reported cached tokens the index did not predict (the
+    /// engine's hits beyond each prediction; the index misses what follows a shared start).
+    pub missed_share: f64,
     /// A persistent disagreement (more than 10% over a full window), with its likely cause.
     pub disagreement: Option<DisagreementInfo>,
 }
@@ -106,6 +109,8 @@ pub struct DisagreementInfo {
     pub error_share: f64,
     /// The share of the window's requests claiming cached tokens (either side) that were wrong.
     pub wrong_share: f64,
+    /// The share of the engine-reported cached tokens the index did not predict.
+    pub missed_share: f64,
     pub advice: &'static str,
 }
 
@@ -142,14 +147,16 @@ impl WorkerInfo {
 }
 
 fn index_accuracy(worker: &Worker) -> Option<IndexAccuracyInfo> {
-    let (requests, error_share, disagreement) = worker.index_accuracy();
+    let (requests, error_share, missed_share, disagreement) = worker.index_accuracy();
     (requests > 0).then(|| IndexAccuracyInfo {
         requests,
         error_share,
+        missed_share,
         disagreement: disagreement.map(|d| DisagreementInfo {
             cause: d.cause.as_str(),
             error_share: d.error_share,
             wrong_share: d.wrong_share,
+            missed_share: d.missed_share,
             advice: d.cause.advice(),
         }),
     })

@@ -63,6 +63,7 @@ pub struct Metrics {
     /// The closed loop (`accuracy.rs`): per model and worker.
     pub prefix_predicted_tokens: IntCounterVec,
     pub prefix_engine_cached_tokens: IntCounterVec,
+    pub prefix_missed_cached_tokens: IntCounterVec,
     pub prefix_cached_difference: HistogramVec,
     pub prefix_index_disagreement: IntGaugeVec,
     pub tokenize_limited: IntCounterVec,
@@ -266,6 +267,11 @@ impl Metrics {
             prefix_engine_cached_tokens: counter(
                 "kvgate_prefix_engine_cached_tokens_total",
                 "Prompt tokens the engine reported served from its cache (usage.prompt_tokens_details.cached_tokens, SGLang's meta_info.cached_tokens) on the same requests, by model and worker.",
+                &["model", "worker"],
+            ),
+            prefix_missed_cached_tokens: counter(
+                "kvgate_prefix_missed_cached_tokens_total",
+                "Of the engine-reported cached tokens, those beyond what the index predicted on the same request (the engine's hits the index did not see), by model and worker; over kvgate_prefix_engine_cached_tokens_total: the missed share.",
                 &["model", "worker"],
             ),
             prefix_cached_difference: histogram(
@@ -487,7 +493,11 @@ impl Metrics {
             remove_labelled(family, url);
         }
         remove_labelled(&self.loads.snapshot_age, url);
-        for family in [&self.prefix_predicted_tokens, &self.prefix_engine_cached_tokens] {
+        for family in [
+            &self.prefix_predicted_tokens,
+            &self.prefix_engine_cached_tokens,
+            &self.prefix_missed_cached_tokens,
+        ] {
             remove_labelled(family, url);
         }
         remove_labelled(&self.prefix_index_disagreement, url);

@@ -267,10 +267,11 @@ impl Worker {
         self.accuracy.lock().unwrap_or_else(|p| p.into_inner()).record(sample)
     }
 
-    /// The closed loop's window: requests in it, its error share, the disagreement in force.
-    pub fn index_accuracy(&self) -> (usize, f64, Option<Disagreement>) {
+    /// The closed loop's window: requests in it, its error share, the share of the engine's
+    /// cached tokens it missed, the disagreement in force.
+    pub fn index_accuracy(&self) -> (usize, f64, f64, Option<Disagreement>) {
         let accuracy = self.accuracy.lock().unwrap_or_else(|p| p.into_inner());
-        (accuracy.requests(), accuracy.error_share(), accuracy.disagreement())
+        (accuracy.requests(), accuracy.error_share(), accuracy.missed_share().0, accuracy.disagreement())
     }
 
     /// Ranks whose KV event subscription is connected and in sync.
