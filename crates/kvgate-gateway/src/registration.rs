@@ -209,3 +209,36 @@ impl OwnAddress {
         crate::own_address::leads_to_gateway(url, &listeners).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engines_kv_events_split_one_endpoint_per_rank() {
+        let source = KvEventsSource::parse(
+            "tcp://127.0.0.1:5557,tcp://127.0.0.1:5558",
+            Some("tcp://127.0.0.1:6557,tcp://127.0.0.1:6558"),
+        )
+        .unwrap();
+        let split = split_ranks(source.as_ref(), 2).unwrap();
+        let ranks: Vec<(&str, Option<&str>)> = split
+            .iter()
+            .map(|one| {
+                let rank = &one.as_ref().unwrap().ranks[..];
+                assert_eq!(rank.len(), 1);
+                (rank[0].events.as_str(), rank[0].replay.as_deref())
+            })
+            .collect();
+        assert_eq!(
+            ranks,
+            [
+                ("tcp://127.0.0.1:5557", Some("tcp://127.0.0.1:6557")),
+                ("tcp://127.0.0.1:5558", Some("tcp://127.0.0.1:6558"))
+            ]
+        );
+        assert_eq!(split_ranks(None, 3).unwrap(), vec![None, None, None]);
+        let error = split_ranks(source.as_ref(), 4).unwrap_err();
+        assert!(error.contains("4 data-parallel ranks but 2 KV events endpoints"), "{error}");
+    }
+}
