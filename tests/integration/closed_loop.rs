@@ -156,6 +156,12 @@ async fn with_the_engines_template_the_index_agrees_with_the_engine() {
         assert!(accuracy["error_share"].as_f64().unwrap() <= 0.01, "{worker}");
         assert!(accuracy["disagreement"].is_null(), "{worker}");
     }
+    // The model's window holds every worker's answers.
+    let listing: Value =
+        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
+    let model = &listing["models"][MODEL]["index_accuracy"];
+    assert_eq!(model["requests"], 80, "{listing}");
+    assert!(model["disagreement"].is_null() && model["missed_share"].as_f64().unwrap() <= 0.01, "{listing}");
     gw.shutdown().await;
     fleet.shutdown().await;
 }

@@ -147,7 +147,17 @@ impl WorkerInfo {
 }
 
 fn index_accuracy(worker: &Worker) -> Option<IndexAccuracyInfo> {
-    let (requests, error_share, missed_share, disagreement) = worker.index_accuracy();
+    accuracy_info(worker.index_accuracy())
+}
+
+fn accuracy_info(
+    (requests, error_share, missed_share, disagreement): (
+        usize,
+        f64,
+        f64,
+        Option<kvgate_index::Disagreement>,
+    ),
+) -> Option<IndexAccuracyInfo> {
     (requests > 0).then(|| IndexAccuracyInfo {
         requests,
         error_share,
@@ -168,8 +178,17 @@ pub async fn list_workers(
 ) -> Result<Response, ApiError> {
     check_admin_key(state.config.admin_api_key.as_deref(), &headers)?;
     let now = Instant::now();
-    let workers: Vec<_> = state.registry.snapshot().workers.iter().map(|w| WorkerInfo::of(w, now)).collect();
-    Ok(Json(json!({"workers": workers})).into_response())
+    let snapshot = state.registry.snapshot();
+    let workers: Vec<_> = snapshot.workers.iter().map(|w| WorkerInfo::of(w, now)).collect();
+    // The closed loop over each model's answers (every worker's), where there were some.
+    let models: serde_json::Map<String, serde_json::Value> = snapshot
+        .pools()
+        .filter_map(|pool| {
+            let info = accuracy_info(pool.prefix.accuracy.state())?;
+            Some((pool.model.clone(), json!({"index_accuracy": info})))
+        })
+        .collect();
+    Ok(Json(json!({"workers": workers, "models": models})).into_response())
 }
 
 #[derive(Deserialize)]

@@ -66,6 +66,7 @@ pub struct Metrics {
     pub prefix_missed_cached_tokens: IntCounterVec,
     pub prefix_cached_difference: HistogramVec,
     pub prefix_index_disagreement: IntGaugeVec,
+    pub prefix_model_index_disagreement: IntGaugeVec,
     pub tokenize_limited: IntCounterVec,
     pub tokenizer_pending: IntGauge,
     /// Answers of workers and peers past their bound, by source.
@@ -282,8 +283,13 @@ impl Metrics {
             ),
             prefix_index_disagreement: gauge(
                 "kvgate_prefix_index_disagreement",
-                "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens or a quarter of at least 10 claimed requests wrong, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
+                "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens, a quarter of at least 10 claimed requests wrong, or 10% of the engine's cached tokens missed over at least 5 requests, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
                 &["model", "worker"],
+            ),
+            prefix_model_index_disagreement: gauge(
+                "kvgate_prefix_model_index_disagreement",
+                "1 while the index and the engines disagree persistently over the model's last 500 answered requests (every worker's; the same bounds, the missed one at 5% of the engines' cached tokens over at least 15 requests; the cause is in the log and in /workers' models), else 0.",
+                &["model"],
             ),
             tokenize_limited: counter(
                 "kvgate_tokenize_limited_total",

@@ -75,6 +75,8 @@ pub struct ModelPrefix {
     pub in_flight: InFlightBlocks,
     /// What the other gateway replicas routed (`--replica-sync-redis-url`; empty otherwise).
     pub peers: PeerBlocks,
+    /// The closed loop over the model's answers (every worker's).
+    pub accuracy: Arc<crate::worker::ModelAccuracy>,
 }
 
 /// What a pool keeps across registry changes.
@@ -372,6 +374,7 @@ impl Registry {
                     in_flight: InFlightBlocks::new(exact.clone()),
                     exact,
                     peers: PeerBlocks::new(self.peer_blocks),
+                    accuracy: Arc::default(),
                 })
             },
             config,

@@ -164,7 +164,8 @@ impl Pick {
             return None;
         }
         let exact = self.decision.index == Some(IndexKind::Exact);
-        Some(Probe::predict(&self.pool.prefix.exact, tokens, namespace, self.decision.worker, exact))
+        let probe = Probe::predict(&self.pool.prefix.exact, tokens, namespace, self.decision.worker, exact);
+        Some(Probe { model_window: Some(self.pool.prefix.accuracy.clone()), ..probe })
     }
 
     /// A request routed on the exact index: its prompt's blocks count as held by the chosen
