@@ -392,7 +392,7 @@ mod tests {
     #[test]
     fn a_matched_shared_start_does_not_hide_the_missed_turns() {
         let trace_like = |i: usize, missed_turns: u32| {
-            let earlier = if i % 4 == 0 { missed_turns } else { 0 };
+            let earlier = if i.is_multiple_of(4) { missed_turns } else { 0 };
             sample(10_000, 512, Some(512 + earlier))
         };
         let mut accuracy = IndexAccuracy::new(AccuracySettings::default());
