@@ -21,4 +21,5 @@ mod policies;
 mod reliability;
 mod replica_sync;
 mod replicas;
+mod tenants;
 mod upstream_conns;

@@ -8,7 +8,6 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::Decision;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::accuracy::{Probe, UsageTap};
 use crate::body::{InFlight, MeteredBody, RequestTail};
@@ -66,7 +65,7 @@ pub(super) fn failure_response(
     endpoint: Endpoint,
     started: Instant,
     failure: Failure,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: crate::admission::Permit,
 ) -> Response {
     let error = match failure {
         Failure::Response(served) => return respond(state, endpoint, started, *served, permit, false),
@@ -120,7 +119,7 @@ pub(super) fn respond(
     endpoint: Endpoint,
     started: Instant,
     served: Served,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: crate::admission::Permit,
     strip_usage: bool,
 ) -> Response {
     let Served { response, in_flight, worker, decision, prefill, probe } = served;
@@ -142,7 +141,10 @@ pub(super) fn respond(
     // The closed loop reads successful answers only; a stream asked for its usage chunk is
     // always read, so that the chunk is left out.
     let probe = probe.filter(|_| parts.status.is_success()).map(|probe| (probe, worker.clone()));
-    let usage = (probe.is_some() || (strip_usage && event_stream))
+    let permit = permit.into_hold();
+    // A tenant's token charge is corrected from the answer's usage (successful answers only).
+    let settles = parts.status.is_success() && permit.as_ref().is_some_and(|hold| hold.wants_usage());
+    let usage = (probe.is_some() || (strip_usage && event_stream) || settles)
         .then(|| UsageTap::new(probe, event_stream, strip_usage && event_stream));
     let tail = RequestTail {
         endpoint,
