@@ -49,6 +49,8 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     pub client_connections: IntGauge,
     pub retries: IntCounterVec,
+    /// Workers left out of a decision by per-worker overload protection, by model.
+    pub overload_left_out: IntCounterVec,
     pub upstream_failures: IntCounterVec,
     pub worker_healthy: IntGaugeVec,
     pub circuit_state: IntGaugeVec,
@@ -61,8 +63,10 @@ pub struct Metrics {
     /// The closed loop (`accuracy.rs`): per model and worker.
     pub prefix_predicted_tokens: IntCounterVec,
     pub prefix_engine_cached_tokens: IntCounterVec,
+    pub prefix_missed_cached_tokens: IntCounterVec,
     pub prefix_cached_difference: HistogramVec,
     pub prefix_index_disagreement: IntGaugeVec,
+    pub prefix_model_index_disagreement: IntGaugeVec,
     pub tokenize_limited: IntCounterVec,
     pub tokenizer_pending: IntGauge,
     /// Answers of workers and peers past their bound, by source.
@@ -214,6 +218,12 @@ impl Metrics {
                 "Requests retried on another worker, by endpoint.",
                 &["endpoint"],
             ),
+            overload_left_out: counter(
+                "kvgate_worker_overload_left_out_total",
+                "Workers left out of a routing decision for their waiting requests or KV usage \
+                 (--worker-overload-waiting-requests, --worker-overload-token-usage), by model.",
+                &["model"],
+            ),
             upstream_failures: counter(
                 "kvgate_upstream_failures_total",
                 "Failed attempts per worker: connect (connection error), status (502/503/504/5xx), timeout.",
@@ -267,6 +277,11 @@ impl Metrics {
                 "Prompt tokens the engine reported served from its cache (usage.prompt_tokens_details.cached_tokens, SGLang's meta_info.cached_tokens) on the same requests, by model and worker.",
                 &["model", "worker"],
             ),
+            prefix_missed_cached_tokens: counter(
+                "kvgate_prefix_missed_cached_tokens_total",
+                "Of the engine-reported cached tokens, those beyond what the index predicted on the same request (the engine's hits the index did not see), by model and worker; over kvgate_prefix_engine_cached_tokens_total: the missed share.",
+                &["model", "worker"],
+            ),
             prefix_cached_difference: histogram(
                 "kvgate_prefix_cached_tokens_difference_ratio",
                 "Per answered request: (engine-reported cached tokens - predicted) / prompt tokens, by model and worker. Near 0: the index agrees with the engine; negative: it overclaims; positive: it misses what the engine holds.",
@@ -275,8 +290,13 @@ impl Metrics {
             ),
             prefix_index_disagreement: gauge(
                 "kvgate_prefix_index_disagreement",
-                "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens or a quarter of at least 10 claimed requests wrong, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
+                "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens, a quarter of at least 10 claimed requests wrong, or 10% of the engine's cached tokens missed over at least 5 requests, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
                 &["model", "worker"],
+            ),
+            prefix_model_index_disagreement: gauge(
+                "kvgate_prefix_model_index_disagreement",
+                "1 while the index and the engines disagree persistently over the model's last 500 answered requests (every worker's; the same bounds, the missed one at 5% of the engines' cached tokens over at least 15 requests; the cause is in the log and in /workers' models), else 0.",
+                &["model"],
             ),
             tokenize_limited: counter(
                 "kvgate_tokenize_limited_total",
@@ -516,7 +536,11 @@ impl Metrics {
             remove_labelled(family, url);
         }
         remove_labelled(&self.loads.snapshot_age, url);
-        for family in [&self.prefix_predicted_tokens, &self.prefix_engine_cached_tokens] {
+        for family in [
+            &self.prefix_predicted_tokens,
+            &self.prefix_engine_cached_tokens,
+            &self.prefix_missed_cached_tokens,
+        ] {
             remove_labelled(family, url);
         }
         remove_labelled(&self.prefix_index_disagreement, url);

@@ -80,7 +80,13 @@ impl Shape {
     /// The worker an `x-kvgate-target-worker` header names, if it serves this request's model
     /// (on either side of a pair).
     pub(super) fn target(&self, value: &http::HeaderValue) -> Result<u32, ApiError> {
-        let named = value.to_str().ok().and_then(|url| crate::worker_url::normalize_url(url).ok());
+        // `URL` or, for one data-parallel rank (`--dp-aware`), `URL@RANK`.
+        let named = value.to_str().ok().and_then(|name| match name.rsplit_once('@') {
+            Some((url, rank)) if rank.parse::<u32>().is_ok() => {
+                crate::worker_url::normalize_url(url).ok().map(|url| format!("{url}@{rank}"))
+            }
+            _ => crate::worker_url::normalize_url(name).ok(),
+        });
         let pools: Vec<&Arc<ModelPool>> = match self {
             Shape::Single(pool) => vec![pool],
             Shape::Pair { prefill, decode } => vec![prefill, decode],
@@ -209,7 +215,8 @@ impl Pick {
             return None;
         }
         let exact = self.decision.index == Some(IndexKind::Exact);
-        Some(Probe::predict(&self.pool.prefix.exact, tokens, namespace, self.decision.worker, exact))
+        let probe = Probe::predict(&self.pool.prefix.exact, tokens, namespace, self.decision.worker, exact);
+        Some(Probe { model_window: Some(self.pool.prefix.accuracy.clone()), ..probe })
     }
 
     /// A request routed on the exact index: its prompt's blocks count as held by the chosen
@@ -270,11 +277,18 @@ fn pick(
     }
     super::choose::choose(state, pool, request, namespace, tried, planning)
         .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
-        .ok_or_else(|| {
+        .map_err(|no_choice| {
             let side = match pool.role {
                 crate::role::WorkerRole::Regular => String::new(),
                 role => format!(" on the {} side", role.as_str()),
             };
-            ApiError::NoHealthyWorker(format!(" for model `{}`{side}", pool.model))
+            let where_ = format!(" for model `{}`{side}", pool.model);
+            match no_choice {
+                super::choose::NoChoice::NoWorker => ApiError::NoHealthyWorker(where_),
+                super::choose::NoChoice::Shed => ApiError::Overloaded {
+                    where_,
+                    retry_after_secs: state.loads.poll_interval_ms.div_ceil(1000).max(1),
+                },
+            }
         })
 }
