@@ -8,6 +8,7 @@
 mod common;
 
 mod closed_loop;
+mod dp_aware;
 mod e2e;
 mod embed;
 mod fleet;
@@ -16,6 +17,7 @@ mod kv_events;
 mod listener;
 mod load_monitor;
 mod pd;
+mod pd_conditional;
 mod policies;
 mod reliability;
 mod replica_sync;

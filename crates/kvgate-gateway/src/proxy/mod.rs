@@ -211,16 +211,19 @@ where
                 }
             }
         };
-        let outcome = match plan {
-            RoutePlan::Single(pick) => single(&exchange, pick).await,
-            RoutePlan::Pair { prefill, decode } => match state.config.pd_protocol {
-                PdProtocol::Sglang => pd::sglang(&exchange, prefill, decode).await,
-                PdProtocol::Vllm => pd::vllm(&exchange, prefill, decode).await,
+        let (outcome, pd) = match plan {
+            RoutePlan::Single(pick) => (single(&exchange, pick).await, None),
+            RoutePlan::Pair { prefill, decode, pd } => match state.config.pd_protocol {
+                PdProtocol::Sglang => (pd::sglang(&exchange, prefill, decode).await, Some(pd)),
+                PdProtocol::Vllm => (pd::vllm(&exchange, prefill, decode).await, Some(pd)),
             },
+            // The plain request: the decode engine prefills it itself.
+            RoutePlan::InPlace { decode, pd } => (single(&exchange, decode).await, Some(pd)),
         };
         match outcome {
-            Outcome::Done(served) => {
-                return Ok(respond(state, endpoint, started, *served, permit, strip_usage))
+            Outcome::Done(mut served) => {
+                served.pd = pd;
+                return Ok(respond(state, endpoint, started, *served, permit, strip_usage));
             }
             Outcome::Fatal(error) => return Err(error),
             Outcome::Retry { failure, failed } => {
@@ -261,6 +264,7 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
             decision: pick.decision,
             prefill: None,
             probe,
+            pd: None,
         })
     };
     match result {
