@@ -45,27 +45,45 @@ fn min_max<T: Copy + PartialOrd>(values: impl Iterator<Item = T>) -> Option<(T, 
     })
 }
 
+/// Whether an engine could start this request now without crossing the overload ceiling: no
+/// request waits for admission there (as of its last sample) and its KV usage (`usage`, with the
+/// in-flight correction) plus the request's prompt, as a share of its capacity, stays at or below
+/// the ceiling. Overload moves a request only toward such an engine: one merely below the
+/// ceiling, queueing like the rest, is no better a place (the saturated pools of S2, S3 and S7
+/// moved hits between engines all near 0.9 and recomputed their prefixes for nothing;
+/// docs/BENCHMARKS.md).
+pub fn has_room(thresholds: &Thresholds, usage: f64, candidate: &Candidate, prompt_tokens: u64) -> bool {
+    let Some(load) = candidate.load else { return false };
+    let need = if load.max_total_num_tokens > 0 {
+        prompt_tokens as f64 / load.max_total_num_tokens as f64
+    } else {
+        0.0
+    };
+    load.num_waiting_reqs == 0 && usage + need <= thresholds.overload
+}
+
 /// Which KV term, if any, keeps each candidate from new work (`kv` present only when
-/// [`kv_usable`]):
-/// - **overload**: the engine is above the ceiling while another is below it: no new request;
+/// [`kv_usable`]; `room[i]`: [`has_room`] for candidate `i`):
+/// - **overload**: the engine is above the ceiling while another has room for the request: no
+///   new request;
 /// - **KV spread**: the engine is more than the spread threshold above the coldest: no new
 ///   prefix (misses go elsewhere), but it keeps serving the prefixes it holds.
 ///
-/// The coldest engine is never kept out (when every engine is above the ceiling the pool is
-/// saturated, and only the spread applies). The terms act per engine, and the engines they do
+/// The coldest engine is never kept out (when no engine has room the pool is saturated, not
+/// imbalanced, and only the spread applies). The terms act per engine, and the engines they do
 /// not keep out are routed as if the pool were balanced. (They used to switch the whole pool
 /// to "route to the coldest", so one engine above the ceiling, a small one in an unequal fleet
 /// or one holding a long prompt, sent every request of the pool to the least-used engine, prefix
 /// or not: S6 and S8 lost a third to half of their hit rate and the TTFT p99 grew 1.8x and
 /// 2.7x; then, as a filter on hits too, the spread still cost S6 and S8 a third of their hits:
 /// a hit adds little KV where it lands, a recomputed prefix all of it; docs/BENCHMARKS.md.)
-pub fn kv_exclusions(thresholds: &Thresholds, kv: Option<&[f64]>) -> Vec<Option<Imbalance>> {
+pub fn kv_exclusions(thresholds: &Thresholds, kv: Option<&[f64]>, room: &[bool]) -> Vec<Option<Imbalance>> {
     let Some(kv) = kv else { return Vec::new() };
     let kv_min = kv.iter().copied().fold(f64::INFINITY, f64::min);
-    let below_exists = kv_min <= thresholds.overload;
+    let somewhere_to_go = room.iter().any(|&room| room);
     kv.iter()
         .map(|&usage| {
-            if below_exists && usage > thresholds.overload {
+            if somewhere_to_go && usage > thresholds.overload {
                 Some(Imbalance::Overload)
             } else if usage - kv_min > thresholds.kv_spread {
                 Some(Imbalance::KvSpread)
@@ -111,9 +129,14 @@ mod tests {
 
     use Imbalance::{KvSpread, Overload};
 
+    /// Room as for an empty queue and a tiny prompt: at or below the ceiling.
+    fn room(thresholds: &Thresholds, kv: &[f64]) -> Vec<bool> {
+        kv.iter().map(|&usage| usage <= thresholds.overload).collect()
+    }
+
     #[track_caller]
     fn check(thresholds: Thresholds, kv: &[f64], expected: &[Option<Imbalance>]) {
-        assert_eq!(kv_exclusions(&thresholds, Some(kv)), expected, "kv={kv:?}");
+        assert_eq!(kv_exclusions(&thresholds, Some(kv), &room(&thresholds, kv)), expected, "kv={kv:?}");
     }
 
     #[test]
@@ -140,8 +163,37 @@ mod tests {
     }
 
     #[test]
+    fn overload_needs_an_engine_with_room_not_just_one_below_the_ceiling() {
+        // 0.89 is below the ceiling, but it queues (or the prompt would take it past 0.9): no
+        // better a place than the hot engine, so nobody is moved.
+        let kv = [0.95, 0.89, 0.93];
+        assert_eq!(kv_exclusions(&KV_AWARE, Some(&kv), &[false, false, false]), [None, None, None]);
+        assert_eq!(
+            kv_exclusions(&KV_AWARE, Some(&kv), &[false, true, false]),
+            [Some(Overload), None, Some(Overload)]
+        );
+    }
+
+    #[test]
+    fn room_is_an_empty_queue_and_the_prompt_below_the_ceiling() {
+        let engine = |waiting: u64| Candidate {
+            id: 0,
+            in_flight: 0,
+            load: Some(crate::LoadSample {
+                num_waiting_reqs: waiting,
+                max_total_num_tokens: 100_000,
+                ..crate::LoadSample::default()
+            }),
+        };
+        assert!(has_room(&KV_AWARE, 0.8, &engine(0), 10_000), "0.8 + 0.1 is at the ceiling");
+        assert!(!has_room(&KV_AWARE, 0.8, &engine(0), 10_001), "the prompt would cross it");
+        assert!(!has_room(&KV_AWARE, 0.1, &engine(1), 10), "a request waits there");
+        assert!(!has_room(&KV_AWARE, 0.0, &Candidate { id: 0, in_flight: 0, load: None }, 0));
+    }
+
+    #[test]
     fn without_a_usable_snapshot_nobody_is_kept_out() {
-        assert!(kv_exclusions(&KV_AWARE, None).is_empty());
+        assert!(kv_exclusions(&KV_AWARE, None, &[]).is_empty());
     }
 
     #[test]
@@ -176,10 +228,10 @@ mod tests {
             extra in 0.0f64..0.5,
         ) {
             let hot = hot % kv.len();
-            let before = kv_exclusions(&KV_AWARE, Some(&kv));
+            let before = kv_exclusions(&KV_AWARE, Some(&kv), &room(&KV_AWARE, &kv));
             let mut hotter = kv.clone();
             hotter[hot] = (hotter[hot] + extra).min(1.0);
-            let after = kv_exclusions(&KV_AWARE, Some(&hotter));
+            let after = kv_exclusions(&KV_AWARE, Some(&hotter), &room(&KV_AWARE, &hotter));
             proptest::prop_assert!(before[hot].is_none() || after[hot].is_some());
             let coldest = (0..kv.len()).min_by(|&a, &b| kv[a].total_cmp(&kv[b])).unwrap();
             proptest::prop_assert!(before[coldest].is_none());

@@ -1,10 +1,10 @@
 //! `cache_aware`: route to the worker already holding the longest prefix of the prompt while the
 //! pool is balanced. The KV terms act per engine: an engine above the overload ceiling (while
-//! another is below it) gets no new request, one more than the KV spread above the coldest no
-//! new prefix (a miss goes elsewhere; it keeps serving the prefixes it holds), and the others are
-//! routed as usual (prefix first, a miss to the shortest queue). The count spread is pool-wide:
-//! it moves load toward the shortest queue, keeping prefix affinity inside the acceptable load
-//! band when possible.
+//! another has room for the request: [`has_room`]) gets no new request, one more than the KV
+//! spread above the coldest no new prefix (a miss goes elsewhere; it keeps serving the prefixes
+//! it holds), and the others are routed as usual (prefix first, a miss to the shortest queue).
+//! The count spread is pool-wide: it moves load toward the shortest queue, keeping prefix
+//! affinity inside the acceptable load band when possible.
 
 mod imbalance;
 
@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use kvgate_index::PrefixMatch;
 
-pub use imbalance::{count_imbalanced, in_band, kv_exclusions, kv_usable, Imbalance, Thresholds};
+pub use imbalance::{count_imbalanced, has_room, in_band, kv_exclusions, kv_usable, Imbalance, Thresholds};
 
 use crate::config::{MissStrategy, PolicyConfig};
 use crate::inflight::RoutedLog;
@@ -272,8 +272,16 @@ impl Policy for CacheAwarePolicy {
         };
         // One candidate cannot be out of balance with anyone: route it as balanced.
         let (excluded, count_imbalanced) = if candidates.len() > 1 {
+            let room: Vec<bool> = match &kv {
+                Some(kv) => candidates
+                    .iter()
+                    .zip(kv)
+                    .map(|(c, &usage)| has_room(&settings.thresholds, usage, c, request.prompt_tokens))
+                    .collect(),
+                None => Vec::new(),
+            };
             (
-                kv_exclusions(&settings.thresholds, kv.as_deref()),
+                kv_exclusions(&settings.thresholds, kv.as_deref(), &room),
                 count_imbalanced(&settings.thresholds, &in_flight),
             )
         } else {

@@ -147,6 +147,30 @@ fn above_the_ceiling_is_overload_and_never_lands_on_the_hot_engine() {
 }
 
 #[test]
+fn overload_moves_a_request_only_toward_an_engine_with_room() {
+    let mut h = Harness::new(kv_aware());
+    let now = h.now_ms;
+    h.route(PROMPT, &pool(&[0], Some(&[0.0]), now));
+    // The owner is over the ceiling, the others just below it but queueing: a saturated pool,
+    // where moving the hit would recompute its prefix on an engine no better placed.
+    let mut saturated = pool(&[4, 4, 4], Some(&[0.95, 0.86, 0.88]), now);
+    for candidate in &mut saturated {
+        candidate.load.as_mut().unwrap().num_waiting_reqs = 3;
+    }
+    let d = h.route(PROMPT, &saturated);
+    assert_eq!((d.worker, d.reason), (0, Reason::CacheHit));
+    // Worker 2 has room for a short prompt, not for one of 5,000 tokens (0.88 + 0.05 > 0.9).
+    saturated[2].load.as_mut().unwrap().num_waiting_reqs = 0;
+    let long = RouteRequest { key: RoutingKey::Text(PROMPT), prompt_tokens: 5_000, session: None };
+    let d = h.route_request(&long, &saturated);
+    assert_eq!((d.worker, d.reason), (0, Reason::CacheHit));
+    // A short prompt: worker 2's room lets the overload keep the hot owner out; the moved
+    // request goes, as any miss, to the shortest queue of the others (ties: the lower KV usage).
+    let d = h.route(PROMPT, &saturated);
+    assert_eq!((d.worker, d.reason), (1, Reason::ImbalanceOverload));
+}
+
+#[test]
 fn the_kv_tie_window_never_admits_an_engine_above_the_ceiling() {
     // Regression: 0.905 is within 1% of the coldest 0.899 and has fewer requests, but it is above
     // the 0.9 ceiling.
@@ -455,21 +479,23 @@ fn without_an_index_every_prompt_is_a_miss() {
 
 proptest::proptest! {
     /// The KV triggers per engine: with them on, never a request (hit or miss) on an engine above
-    /// the overload ceiling while another is below it, whoever holds the prefix and whatever the
-    /// queues.
+    /// the overload ceiling while another has room for it (no request waiting, below the ceiling
+    /// with the prompt), whoever holds the prefix and whatever the queues; and when none has
+    /// room, the overload term moves nothing.
     #[test]
-    fn triggers_never_land_above_the_ceiling_while_one_below_exists(
-        engines in proptest::collection::vec((0u64..50, 0u32..=20), 2..8),
+    fn triggers_never_land_above_the_ceiling_while_one_has_room(
+        engines in proptest::collection::vec((0u64..50, 0u32..=20, 0u64..2), 2..8),
         holder in 0usize..8,
         new_prompt in proptest::bool::ANY,
     ) {
         let mut h = Harness::new(kv_aware());
         let now = h.now_ms;
         let holder = holder % engines.len();
-        let in_flight: Vec<u64> = engines.iter().map(|&(n, _)| n).collect();
+        let in_flight: Vec<u64> = engines.iter().map(|&(n, _, _)| n).collect();
         // KV usage on a grid whose points are at least 0.019 from the 0.9 ceiling (the in-flight
-        // correction adds the few tokens routed since the sample: never enough to cross it).
-        let kv: Vec<f64> = engines.iter().map(|&(_, k)| (f64::from(k) + 0.5) / 21.0).collect();
+        // correction adds the few tokens routed since the sample, and the prompt's share of the
+        // capacity is 0.0002: never enough to cross it).
+        let kv: Vec<f64> = engines.iter().map(|&(_, k, _)| (f64::from(k) + 0.5) / 21.0).collect();
         h.route(PROMPT, &pool(&[0], Some(&[0.0]), now - 5_000));
         if holder != 0 {
             // Move the prefix to `holder`: route it where holder is the only candidate.
@@ -477,13 +503,18 @@ proptest::proptest! {
             h.route(PROMPT, &only);
         }
         let text = if new_prompt { "a prompt nobody has seen" } else { PROMPT };
-        let d = h.route(text, &pool(&in_flight, Some(&kv), now));
-        let below_exists = kv.iter().any(|&k| k <= 0.9);
+        let mut candidates = pool(&in_flight, Some(&kv), now);
+        for (candidate, &(_, _, waiting)) in candidates.iter_mut().zip(&engines) {
+            candidate.load.as_mut().unwrap().num_waiting_reqs = waiting;
+        }
+        let d = h.route(text, &candidates);
+        let room_exists = kv.iter().zip(&engines).any(|(&k, &(_, _, waiting))| k <= 0.9 && waiting == 0);
         proptest::prop_assert!(
-            kv[d.worker as usize] <= 0.9 || !below_exists,
-            "chose {} ({:?}) with KV {kv:?}, in flight {in_flight:?}, holder {holder}",
+            kv[d.worker as usize] <= 0.9 || !room_exists,
+            "chose {} ({:?}) with KV {kv:?}, in flight {in_flight:?}, engines {engines:?}, holder {holder}",
             d.worker, d.reason
         );
+        proptest::prop_assert!(room_exists || d.reason != Reason::ImbalanceOverload, "{:?}", d.reason);
     }
 }
 
