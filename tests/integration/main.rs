@@ -8,6 +8,7 @@
 mod common;
 
 mod closed_loop;
+mod dashboard;
 mod e2e;
 mod embed;
 mod fleet;

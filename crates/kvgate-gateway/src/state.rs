@@ -13,6 +13,7 @@ use kvgate_tokenizer::Tokenizer;
 use crate::admission::Admission;
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
+use crate::decisions::DecisionLog;
 use crate::kv_events::{KvEventLimits, KvEvents};
 use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::Metrics;
@@ -60,6 +61,8 @@ pub struct AppState {
     pub upstream_tls: tokio_rustls::TlsConnector,
     /// Sharing approximate routing with the other replicas (`--replica-sync-redis-url`).
     pub replica_sync: Option<Arc<ReplicaSync>>,
+    /// The last live routing decisions (`GET /v1/fleet`).
+    pub decisions: Arc<DecisionLog>,
 }
 
 impl AppState {
@@ -190,6 +193,7 @@ impl AppState {
             listen_addr,
             admin_addr,
             replica_sync,
+            decisions: Arc::new(DecisionLog::default()),
             config,
         })
     }
