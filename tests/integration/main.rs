@@ -13,6 +13,7 @@ mod e2e;
 mod embed;
 mod fleet;
 mod gateway;
+mod grafana;
 mod kv_events;
 mod listener;
 mod load_monitor;
