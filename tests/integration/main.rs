@@ -22,4 +22,5 @@ mod policies;
 mod reliability;
 mod replica_sync;
 mod replicas;
+mod traces;
 mod upstream_conns;

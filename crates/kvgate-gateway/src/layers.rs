@@ -14,7 +14,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["auth", "backoff", "clock", "endpoint", "error", "loads", "request", "role", "usage", "worker_url"],
     ),
     ("configuration", &["config"]),
-    ("plumbing", &["conn", "decisions", "metrics", "own_address", "tls", "upstream"]),
+    ("plumbing", &["conn", "decisions", "metrics", "otel", "own_address", "tls", "upstream"]),
     ("registry", &["load_snapshot", "registry", "worker"]),
     ("request parts", &["accuracy", "body", "tokenize"]),
     ("subsystems", &["admission", "fleet_view", "health", "kv_events", "monitor", "replica_sync"]),

@@ -22,6 +22,7 @@ mod config;
 mod conn;
 mod decisions;
 mod metrics;
+mod otel;
 mod own_address;
 mod tls;
 mod upstream;

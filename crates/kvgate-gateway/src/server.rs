@@ -91,6 +91,10 @@ impl GatewayHandle {
         for worker in &self.state.registry.snapshot().workers {
             worker.stop_kv_events();
         }
+        if let Some(traces) = self.state.traces.clone() {
+            // Sends the spans still buffered (blocking: off the runtime's threads).
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use crate::decisions::DecisionLog;
 use crate::kv_events::{KvEventLimits, KvEvents};
 use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::Metrics;
+use crate::otel::Traces;
 use crate::registration::{OwnAddress, Registration};
 use crate::registry::Registry;
 use crate::replica_sync::{ReplicaSync, SyncLimits};
@@ -63,6 +64,8 @@ pub struct AppState {
     pub replica_sync: Option<Arc<ReplicaSync>>,
     /// The last live routing decisions (`GET /v1/fleet`).
     pub decisions: Arc<DecisionLog>,
+    /// OpenTelemetry traces (`--otlp-traces-endpoint`); None: off.
+    pub traces: Option<Arc<Traces>>,
 }
 
 impl AppState {
@@ -101,6 +104,15 @@ impl AppState {
                 config.max_tokenize_chars,
                 metrics.clone(),
             )?),
+            None => None,
+        };
+        // The exporter's blocking HTTP client is made outside any async runtime.
+        let traces = match config.otlp_traces_endpoint.clone() {
+            Some(endpoint) => Some(Arc::new(
+                std::thread::spawn(move || Traces::new(&endpoint))
+                    .join()
+                    .map_err(|_| "building the OTLP traces exporter panicked".to_string())??,
+            )),
             None => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
@@ -194,6 +206,7 @@ impl AppState {
             admin_addr,
             replica_sync,
             decisions: Arc::new(DecisionLog::default()),
+            traces,
             config,
         })
     }
