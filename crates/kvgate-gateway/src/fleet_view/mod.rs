@@ -72,7 +72,7 @@ pub struct FleetQuery {
 
 /// `GET /dashboard`.
 pub async fn dashboard(State(view): State<Arc<FleetView>>, headers: HeaderMap) -> Response {
-    if let Err(refused) = authorize(&view, &headers) {
+    if let Some(refused) = refusal(&view, &headers) {
         return refused;
     }
     let mut response = DASHBOARD_HTML.into_response();
@@ -95,7 +95,7 @@ pub async fn fleet(
     Query(query): Query<FleetQuery>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(refused) = authorize(&view, &headers) {
+    if let Some(refused) = refusal(&view, &headers) {
         return refused;
     }
     let shown = query.workers.unwrap_or(DEFAULT_WORKERS).min(MAX_WORKERS);
@@ -104,16 +104,15 @@ pub async fn fleet(
     response
 }
 
-/// The admin key, as `/workers` requires it; a browser is asked for it (Basic, the key as the
-/// password) so the page can be opened where a key is set.
-fn authorize(view: &FleetView, headers: &HeaderMap) -> Result<(), Response> {
-    check_admin_browser(view.admin_api_key.as_deref(), headers).map_err(|error| {
-        let mut response = error.into_response();
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"kvgate admin\""));
-        response
-    })
+/// The answer to a request without the admin key (as `/workers` requires it), if it has none; a
+/// browser is asked for it (Basic, the key as the password) so the page opens where a key is set.
+fn refusal(view: &FleetView, headers: &HeaderMap) -> Option<Response> {
+    let error = check_admin_browser(view.admin_api_key.as_deref(), headers).err()?;
+    let mut response = error.into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"kvgate admin\""));
+    Some(response)
 }
 
 #[derive(Serialize)]
