@@ -72,6 +72,12 @@ GATEWAY_EXTRA = [
         "Per-model routing: model name -> routing options laid over the others.",
     ),
     (
+        "tenants",
+        "Mapping[str, Any] | None",
+        "None",
+        "Per-tenant quotas, weights and classes: {defaults: {...}, named: {name: {...}}, classes: {...}}.",
+    ),
+    (
         "mock_workers",
         "int",
         "0",

@@ -70,8 +70,8 @@ const SELECTION_INSTEAD: &str = "--policy (kv_aware predicts each engine's time 
 const MULTIMODAL: &str = "multimodal processing in the gateway";
 const MULTIMODAL_INSTEAD: &str =
     "send multimodal requests to the engines through kvgate's HTTP proxy; the engine processes media";
-const TENANT: &str = "tenants (per-tenant identity, rate limits and priorities)";
-const TENANT_INSTEAD: &str = "--client-api-keys for client authentication and --rate-limit-tokens-per-second for a gateway-wide rate limit";
+const TENANT: &str = "SMG's tenant options (a trusted tenant header, the tenant rate-limit config file)";
+const TENANT_INSTEAD: &str = "kvgate's tenants: --client-api-keys KEY=TENANT (or --client-api-keys-file) name the tenant, and the YAML `tenants:` section sets per-tenant requests_per_minute, tokens_per_minute, max_concurrent, weight and class";
 const JWT: &str = "JWT authentication";
 const JWT_INSTEAD: &str = "--client-api-keys (bearer keys), or a JWT-validating proxy in front of kvgate";
 const PARSERS: &str = "reasoning and tool-call parsing in the gateway";
@@ -200,17 +200,17 @@ pub const TABLE: &[Entry] = &[
     same("--header-read-timeout-secs", "30", "kvgate's default is 10 (SMG: 30)"),
     mapped("--idle-connection-timeout-secs", Map::Rename("--keep-alive-timeout-secs"), "90", "kvgate's --keep-alive-timeout-secs (default 60)"),
     refused("--trust-tenant-header", TENANT, TENANT_INSTEAD),
-    refused("--tenant-header-name", TENANT, TENANT_INSTEAD),
+    mapped("--tenant-header-name", Map::Rename("--tenant-header"), "x-smg-tenant-id", "kvgate's --tenant-header (default x-kvgate-tenant), read whenever no client keys are configured"),
     same("--cors-allowed-origins", "https://app.example", "the proxied endpoints' responses and their preflight OPTIONS; `*` for any origin"),
     mapped("--max-concurrent-requests", Map::With(max_concurrent_requests), "-1", "-1 (SMG: no limit) leaves it unset"),
     same("--queue-size", "100", "kvgate's default is 0 (SMG: 100)"),
     same("--queue-timeout-secs", "60", ""),
     same("--rate-limit-tokens-per-second", "100", ""),
     refused("--max-background-responses", HISTORY, HISTORY_INSTEAD),
-    refused("--priority-scheduler-enabled", "priority scheduling", "separate gateways (or --max-concurrent-requests per gateway) per priority class"),
-    refused("--priority-scheduler-default-max-class", "priority scheduling", "separate gateways per priority class"),
-    refused("--priority-scheduler-config", "priority scheduling", "separate gateways per priority class"),
-    refused("--priority-scheduler-tenant-metric-top-n", "priority scheduling", "separate gateways per priority class"),
+    refused("--priority-scheduler-enabled", "SMG's priority scheduler configuration", "kvgate's priority classes: --priority-header (high, normal, low) or the tenant's `class` in `tenants:`, served by --max-concurrent-requests with --queue-size"),
+    refused("--priority-scheduler-default-max-class", "SMG's priority scheduler configuration", "kvgate's priority classes: --priority-header (high, normal, low) or the tenant's `class` in `tenants:`, served by --max-concurrent-requests with --queue-size"),
+    refused("--priority-scheduler-config", "SMG's priority scheduler configuration", "kvgate's priority classes: --priority-header (high, normal, low) or the tenant's `class` in `tenants:`, served by --max-concurrent-requests with --queue-size"),
+    refused("--priority-scheduler-tenant-metric-top-n", "SMG's priority scheduler configuration", "kvgate's priority classes: --priority-header (high, normal, low) or the tenant's `class` in `tenants:`, served by --max-concurrent-requests with --queue-size"),
     refused("--tenant-rate-limit-enabled", TENANT, TENANT_INSTEAD),
     refused("--tenant-rate-limit-config", TENANT, TENANT_INSTEAD),
     same("--retry-max-retries", "5", "kvgate's default is 3 (SMG: 5)"),
@@ -277,7 +277,7 @@ pub const TABLE: &[Entry] = &[
     mapped("--enable-trace", Map::Nothing, "", "accepted, no effect of its own: kvgate traces whenever --otlp-traces-endpoint is given"),
     same("--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces", "OTLP over HTTP/protobuf: the collector's traces URL (SMG's default, gRPC on localhost:4317, is refused with that message); giving it turns tracing on"),
     same("--api-key", "secret-key", "the bearer token sent to workers"),
-    refused("--tenant-api-key", TENANT, TENANT_INSTEAD),
+    mapped("--tenant-api-key", Map::With(tenant_api_key), "team-a:sk-1", "each TENANT:KEY to --client-api-keys KEY=TENANT"),
     mapped("--control-plane-api-keys", Map::With(control_plane_api_keys), "admin-key", "one key, to --admin-api-key"),
     refused("--control-plane-audit-enabled", "an audit log of the control plane", "kvgate logs every worker added or removed at INFO"),
     refused("--jwt-issuer", JWT, JWT_INSTEAD),
@@ -360,6 +360,18 @@ fn control_plane_api_keys(values: &[String], _command_line: &[String]) -> Result
         [] => Ok(Vec::new()),
         _ => Err("kvgate's admin API takes one key (--admin-api-key); give one".into()),
     }
+}
+
+fn tenant_api_key(values: &[String], _command_line: &[String]) -> Result<Vec<String>, String> {
+    let mut keys = Vec::new();
+    for value in values {
+        let Some((tenant, key)) = value.split_once(':').filter(|(t, k)| !t.is_empty() && !k.is_empty())
+        else {
+            return Err(format!("--tenant-api-key takes TENANT_ID:KEY, got {value:?}"));
+        };
+        keys.push(format!("{key}={tenant}"));
+    }
+    Ok(if keys.is_empty() { keys } else { vec!["--client-api-keys".into(), keys.join(",")] })
 }
 
 fn prefill_max_inflight(values: &[String], _command_line: &[String]) -> Result<Vec<String>, String> {

@@ -221,3 +221,38 @@ fn print_config_shows_the_merged_configuration_and_reads_back() {
     assert_eq!(String::from_utf8(again.stdout).unwrap(), printed);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_client_keys_file() {
+    let dir = std::env::temp_dir().join(format!("kvgate-cli-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys.txt");
+    std::fs::write(&file, "sk-old team-a\n").unwrap();
+    let (child, url, _admin) = launch_demo(&[
+        "launch",
+        "--mock-workers",
+        "1",
+        "--port",
+        "0",
+        "--client-api-keys-file",
+        file.to_str().unwrap(),
+    ]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = serde_json::json!({"model": "mock-model", "prompt": "hello", "max_tokens": 2});
+    let status = async |key: &str| {
+        let request = client.post(format!("{url}/v1/completions")).bearer_auth(key).json(&body);
+        request.send().await.unwrap().status().as_u16()
+    };
+    assert_eq!(status("sk-old").await, 200);
+    assert_eq!(status("sk-new").await, 401);
+    std::fs::write(&file, "sk-old team-a\nsk-new team-b\n").unwrap();
+    let hup = Command::new("kill").args(["-HUP", &child.0.id().to_string()]).status().unwrap();
+    assert!(hup.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status("sk-new").await != 200 {
+        assert!(Instant::now() < deadline, "the new key is not in force 10 s after SIGHUP");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status("sk-old").await, 200, "the gateway kept serving through the reload");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -22,5 +22,6 @@ mod policies;
 mod reliability;
 mod replica_sync;
 mod replicas;
+mod tenants;
 mod traces;
 mod upstream_conns;

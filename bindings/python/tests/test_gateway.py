@@ -109,6 +109,21 @@ def test_invalid_values_raise_every_problem_with_the_command_lines_messages() ->
         kvgate.Gateway(cb_timeout_duration_secs=math.inf)
 
 
+def test_tenants_take_the_yaml_schema_and_its_checks() -> None:
+    with pytest.raises(ValueError, match=r"invalid tenants\.named\.batch\.weight: must be a finite number in \(0, inf\), got 0"):
+        kvgate.Gateway(tenants={"named": {"batch": {"weight": 0}}})
+    with pytest.raises(ValueError, match="tenants"):
+        kvgate.Gateway(tenants={"named": {"batch": {"wieght": 1}}})
+    tenants = {"defaults": {"requests_per_minute": 1}}
+    with kvgate.Gateway(port=0, mock_workers=1, tenants=tenants, log_level="warn") as gateway:
+        chat(gateway.url)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            chat(gateway.url)
+        assert refused.value.code == 429
+        assert int(refused.value.headers["retry-after"]) >= 1
+        assert gateway.config()["tenants"] == {"defaults": {"requests_per_minute": 1.0}}
+
+
 def test_defaults_and_options_are_the_command_lines() -> None:
     cli = run_cli("launch", "--print-config")
     assert cli.returncode == 0, cli.stderr

@@ -113,8 +113,9 @@ impl UsageTap {
         }
     }
 
-    /// The answer ended: records the sample; returns what a stream still held (to pass on).
-    pub(crate) fn finish(&mut self, metrics: &Metrics) -> Bytes {
+    /// The answer ended: records the sample; returns what a stream still held (to pass on) and
+    /// the answer's usage.
+    pub(crate) fn finish(&mut self, metrics: &Metrics) -> (Bytes, Option<EngineUsage>) {
         let (rest, usage) = match &mut self.reader {
             Reader::Stream(stream) => {
                 let rest = stream.finish();
@@ -127,13 +128,13 @@ impl UsageTap {
         if let Some((probe, worker)) = self.probe.take() {
             record(metrics, &worker, probe, usage);
         }
-        rest
+        (rest, usage)
     }
 
     /// The body was dropped before its end was polled (a whole body of known length is done
     /// once its bytes are written; a client that went away): records the sample when the
-    /// answer's usage was read, never a guess from half an answer.
-    pub(crate) fn dropped(&mut self, metrics: &Metrics) {
+    /// answer's usage was read, never a guess from half an answer. Returns that usage.
+    pub(crate) fn dropped(&mut self, metrics: &Metrics) -> Option<EngineUsage> {
         let usage = match &mut self.reader {
             Reader::Stream(stream) => stream.usage(),
             Reader::Whole(collected) => collected.take().and_then(|body| usage_of_body(&body)),
@@ -141,6 +142,7 @@ impl UsageTap {
         if let (Some(usage), Some((probe, worker))) = (usage, self.probe.take()) {
             record(metrics, &worker, probe, Some(usage));
         }
+        usage
     }
 }
 

@@ -12,7 +12,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use kvgate_index::InFlightPrompt;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::accuracy::UsageTap;
 use crate::conn::UpstreamBody;
@@ -49,6 +48,15 @@ impl Drop for InFlight {
     }
 }
 
+/// What admission holds for a request until its answer ends (a concurrency slot, its tenant's
+/// share), dropped with the body; told the tokens the answer really used, when the engine said.
+pub trait AdmissionHold: Send + Sync {
+    /// Whether the answer's usage is wanted (the hold corrects a charge with it).
+    fn wants_usage(&self) -> bool;
+    /// The answer's prompt plus output tokens, as the engine reported them.
+    fn used(&mut self, tokens: u64);
+}
+
 /// Everything that must live exactly as long as the response body.
 pub struct RequestTail {
     pub endpoint: Endpoint,
@@ -56,8 +64,9 @@ pub struct RequestTail {
     pub metrics: Arc<Metrics>,
     #[allow(dead_code, reason = "held until the body ends: its Drop ends the request")]
     pub in_flight: InFlight,
+    /// The admission's hold (a concurrency slot, the tenant's request), freed when dropped.
     #[allow(dead_code, reason = "held until the body ends: its Drop frees a concurrency slot")]
-    pub permit: Option<OwnedSemaphorePermit>,
+    pub permit: Option<Box<dyn AdmissionHold>>,
     /// Set for event streams: the worker named in the error event if the stream breaks.
     pub worker_url: Option<String>,
     /// Reads the engine's usage as the answer passes (the closed loop, `accuracy.rs`).
@@ -81,6 +90,14 @@ pub struct MeteredBody {
 impl MeteredBody {
     pub fn new(inner: UpstreamBody, tail: RequestTail) -> Self {
         Self { inner, tail, first_byte_seen: false, broken: None, flushed: false, ended: false }
+    }
+}
+
+/// Tells the admission hold what the answer used, when the engine said both counts.
+fn settle(permit: &mut Option<Box<dyn AdmissionHold>>, usage: Option<crate::usage::EngineUsage>) {
+    let (Some(permit), Some(usage)) = (permit, usage) else { return };
+    if let (Some(prompt), Some(completion)) = (usage.prompt_tokens, usage.completion_tokens) {
+        permit.used(u64::from(prompt) + u64::from(completion));
     }
 }
 
@@ -129,8 +146,9 @@ impl Body for MeteredBody {
                 Some(tap) => {
                     // The whole answer arrived: the closed loop's sample is recorded.
                     this.ended = true;
-                    let rest = tap.finish(&this.tail.metrics);
+                    let (rest, usage) = tap.finish(&this.tail.metrics);
                     this.tail.usage = None;
+                    settle(&mut this.tail.permit, usage);
                     if rest.is_empty() {
                         Poll::Ready(None)
                     } else {
@@ -166,7 +184,8 @@ impl Body for MeteredBody {
 impl Drop for MeteredBody {
     fn drop(&mut self) {
         if let Some(tap) = &mut self.tail.usage {
-            tap.dropped(&self.tail.metrics);
+            let usage = tap.dropped(&self.tail.metrics);
+            settle(&mut self.tail.permit, usage);
         }
         let elapsed = self.tail.started.elapsed().as_secs_f64();
         self.tail.metrics.duration(self.tail.endpoint).observe(elapsed);

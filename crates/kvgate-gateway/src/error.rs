@@ -36,6 +36,9 @@ pub enum ApiError {
     LoopDetected(String),
     #[error("over the rate limit (--rate-limit-tokens-per-second)")]
     RateLimited,
+    /// Over one of the tenant's quotas (`tenants:`).
+    #[error("{}", over_quota_message(tenant, over))]
+    OverQuota { tenant: String, over: crate::tenant::OverQuota },
     #[error("waited {0:.1} s in the admission queue without a free slot")]
     QueueTimeout(f64),
     #[error("{0}")]
@@ -56,7 +59,7 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
-            ApiError::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited | ApiError::OverQuota { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::QueueTimeout(_) | ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
@@ -76,10 +79,41 @@ impl ApiError {
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
             ApiError::LoopDetected(_) => ("invalid_request_error", "loop_detected"),
             ApiError::RateLimited => ("rate_limit_error", "rate_limited"),
+            ApiError::OverQuota { over, .. } => ("rate_limit_error", over_quota_code(over.quota)),
             ApiError::QueueTimeout(_) => ("rate_limit_error", "queue_timeout"),
             ApiError::RequestTimeout(_) => ("invalid_request_error", "request_timeout"),
         }
     }
+}
+
+fn over_quota_code(quota: crate::tenant::Quota) -> &'static str {
+    use crate::tenant::Quota;
+    match quota {
+        Quota::RequestsPerMinute => "requests_per_minute_exceeded",
+        Quota::TokensPerMinute => "tokens_per_minute_exceeded",
+        Quota::MaxConcurrent => "max_concurrent_exceeded",
+    }
+}
+
+fn over_quota_message(tenant: &str, over: &crate::tenant::OverQuota) -> String {
+    use crate::tenant::Quota;
+    let limit = over.limit;
+    let what = match over.quota {
+        Quota::RequestsPerMinute => format!("its requests_per_minute quota ({limit} requests per minute)"),
+        Quota::TokensPerMinute => format!("its tokens_per_minute quota ({limit} tokens per minute)"),
+        Quota::MaxConcurrent => format!("its max_concurrent quota ({limit} requests at once)"),
+    };
+    match over.retry_after {
+        Some(wait) => format!("tenant `{tenant}` is over {what}; retry after {} s", retry_after_secs(wait)),
+        None => format!(
+            "tenant `{tenant}`: this request alone (prompt plus max_tokens) exceeds {what}; lower max_tokens or shorten the prompt"
+        ),
+    }
+}
+
+/// `Retry-After` in whole seconds, at least 1.
+fn retry_after_secs(wait: std::time::Duration) -> u64 {
+    wait.as_secs_f64().ceil().max(1.0) as u64
 }
 
 /// Render an OpenAI-style error body.
@@ -92,6 +126,11 @@ impl IntoResponse for ApiError {
         let (kind, code) = self.kind_and_code();
         let mut response = (self.status(), error_body(&self.to_string(), kind, code)).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let ApiError::OverQuota { over, .. } = &self {
+            // A request that can never pass is told to come back in a minute, the quota's window.
+            let wait = over.retry_after.unwrap_or(std::time::Duration::from_secs(60));
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+        }
         response
     }
 }

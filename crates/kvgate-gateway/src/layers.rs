@@ -11,7 +11,19 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "leaf types",
-        &["auth", "backoff", "clock", "endpoint", "error", "loads", "request", "role", "usage", "worker_url"],
+        &[
+            "auth",
+            "backoff",
+            "clock",
+            "endpoint",
+            "error",
+            "loads",
+            "request",
+            "role",
+            "tenant",
+            "usage",
+            "worker_url",
+        ],
     ),
     ("configuration", &["config"]),
     ("plumbing", &["conn", "decisions", "metrics", "otel", "own_address", "tls", "upstream"]),

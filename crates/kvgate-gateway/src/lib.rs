@@ -14,6 +14,7 @@ mod error;
 mod loads;
 mod request;
 mod role;
+mod tenant;
 mod usage;
 mod worker_url;
 // Configuration.
@@ -57,6 +58,7 @@ mod server;
 #[cfg(test)]
 mod layers;
 
+pub use config::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
 pub use config::{GatewayConfig, GatewayConfigBuilder};
 pub use config::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
 pub use endpoint::Endpoint;

@@ -104,6 +104,12 @@ pub struct KvEventsMetrics {
 pub struct AdmissionMetrics {
     pub queue_depth: IntGauge,
     pub rejected: IntCounterVec,
+    /// Per tenant (named ones; the rest as `other`) and class.
+    pub tenant_requests: IntCounterVec,
+    pub tenant_tokens: IntCounterVec,
+    pub tenant_rejected: IntCounterVec,
+    pub tenant_queue_wait: HistogramVec,
+    pub client_keys_reloads: IntCounterVec,
 }
 
 /// One worker's series: those its requests touch, resolved when it is registered, and every
@@ -358,6 +364,32 @@ impl Metrics {
                 "kvgate_admission_rejected_total",
                 "Requests refused at admission, by reason: concurrency (limit reached, no queue), queue_full, queue_timeout, rate_limited.",
                 &["reason"],
+            ),
+            tenant_requests: counter(
+                "kvgate_tenant_requests_total",
+                "Requests admitted, by tenant (tenants named in `tenants:` or by a client key, and default; every other one as other) and priority class.",
+                &["tenant", "class"],
+            ),
+            tenant_tokens: counter(
+                "kvgate_tenant_tokens_total",
+                "Tokens charged at admission (prompt plus maximum output), by tenant and priority class.",
+                &["tenant", "class"],
+            ),
+            tenant_rejected: counter(
+                "kvgate_tenant_rejected_total",
+                "Requests refused at admission, by tenant, priority class and reason: requests_per_minute, tokens_per_minute, max_concurrent (the tenant's quotas) or the gateway-wide reasons of kvgate_admission_rejected_total.",
+                &["tenant", "class", "reason"],
+            ),
+            tenant_queue_wait: histogram(
+                "kvgate_tenant_queue_wait_seconds",
+                "Time from a request's admission check to its concurrency slot (the admission queue), by tenant and priority class.",
+                &["tenant", "class"],
+                vec![0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+            ),
+            client_keys_reloads: counter(
+                "kvgate_client_keys_reloads_total",
+                "Reloads of --client-api-keys-file (SIGHUP), by result: ok, error (the keys in use stay).",
+                &["result"],
             ),
             },
             replica_sync: ReplicaSyncMetrics::register(&registry),

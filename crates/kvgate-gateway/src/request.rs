@@ -41,6 +41,28 @@ pub struct RequestFields<'a> {
     /// The end user (OpenAI's `user`): the session key when no routing-key header is given.
     #[serde(borrow, default)]
     pub user: Option<Cow<'a, str>>,
+    /// The most output tokens asked for (OpenAI's `max_tokens`, `max_completion_tokens`), what a
+    /// tenant's tokens-per-minute quota charges beside the prompt. Read leniently: a value that
+    /// is no token count is the engine's to refuse.
+    #[serde(default)]
+    pub max_tokens: Option<serde_json::Value>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<serde_json::Value>,
+    /// SGLang's `/generate`: `sampling_params.max_new_tokens`.
+    #[serde(default)]
+    pub sampling_params: Option<serde_json::Value>,
+}
+
+impl RequestFields<'_> {
+    /// The most output tokens the request asks for (0 when it does not say).
+    pub fn max_output_tokens(&self) -> u64 {
+        let given = self.sampling_params.as_ref().and_then(|params| params.get("max_new_tokens"));
+        [self.max_completion_tokens.as_ref(), self.max_tokens.as_ref(), given]
+            .into_iter()
+            .flatten()
+            .find_map(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -52,6 +52,13 @@ pub struct GatewayHandle {
 }
 
 impl GatewayHandle {
+    /// Reads `--client-api-keys-file` again, as SIGHUP does: its keys are in force for the
+    /// next request (requests under way are not disturbed); on an error the keys in use stay.
+    /// Returns how many keys are in force.
+    pub fn reload_client_keys(&self) -> Result<usize, String> {
+        key_reload(&self.state).reload()
+    }
+
     pub fn url(&self) -> String {
         format!("{}://{}", self.scheme(), self.addr)
     }
@@ -382,6 +389,19 @@ fn spawn_background(
         tokio::spawn(maintain_policies(state.registry.clone(), state.clock, shutdown.clone())),
         tokio::spawn(monitor.run(shutdown.clone())),
     ];
+    #[cfg(unix)]
+    if config.client_api_keys_file.is_some() {
+        // Listening before start returns, so a SIGHUP right after start never finds the default
+        // action (ending the process) in place.
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hangup) => {
+                background.push(tokio::spawn(key_reload(state).on_sighup(hangup, shutdown.clone())))
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGHUP: the client keys file is read at start only")
+            }
+        }
+    }
     if let (Some(sync), Some(redis_url)) = (&state.replica_sync, &config.replica_sync_redis_url) {
         let settings = SyncSettings {
             redis_url: redis_url.clone(),
@@ -404,6 +424,54 @@ fn spawn_background(
         background.push(tokio::spawn(crate::discovery::run(discovery, client, settings, shutdown.clone())));
     }
     background
+}
+
+/// Reloading `--client-api-keys-file`: the keys, the tenants' series, the reload counter.
+struct KeyReload {
+    clients: Arc<crate::auth::Clients>,
+    admission: Arc<crate::admission::Admission>,
+    reloads: prometheus::IntCounterVec,
+}
+
+fn key_reload(state: &AppState) -> KeyReload {
+    KeyReload {
+        clients: state.clients.clone(),
+        admission: state.admission.clone(),
+        reloads: state.metrics.admission.client_keys_reloads.clone(),
+    }
+}
+
+impl KeyReload {
+    /// Reads the key file again; on an error the keys in use stay (logged, counted).
+    fn reload(&self) -> Result<usize, String> {
+        match self.clients.reload() {
+            Ok(count) => {
+                let tenants = self.clients.tenants();
+                self.admission.name_tenants(tenants.iter().map(String::as_str));
+                self.reloads.with_label_values(&["ok"]).inc();
+                tracing::info!(keys = count, "client keys reloaded");
+                Ok(count)
+            }
+            Err(message) => {
+                self.reloads.with_label_values(&["error"]).inc();
+                tracing::error!(%message, "client keys not reloaded: the keys in use stay");
+                Err(message)
+            }
+        }
+    }
+
+    /// Reloads on every SIGHUP until shutdown.
+    #[cfg(unix)]
+    async fn on_sighup(self, mut hangup: tokio::signal::unix::Signal, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = hangup.recv() => {
+                    let _ = self.reload();
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
 }
 
 /// Once a second: the policies' maintenance (prefix-tree eviction) on the gateway's clock, and

@@ -10,7 +10,8 @@ use std::time::Duration;
 use http::HeaderValue;
 use kvgate_tokenizer::Tokenizer;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Limits};
+use crate::auth::Clients;
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::decisions::DecisionLog;
@@ -40,7 +41,9 @@ pub struct AppState {
     pub loads: Arc<LoadSnapshot>,
     /// The clock handed to policies and stamped on load samples.
     pub clock: Clock,
-    pub admission: Admission,
+    pub admission: Arc<Admission>,
+    /// The client keys (reloaded on SIGHUP) and the tenant and priority headers.
+    pub clients: Arc<Clients>,
     pub api_key_header: Option<HeaderValue>,
     pub request_timeout: Duration,
     /// How long a worker may take to send its response head before another is tried.
@@ -177,17 +180,26 @@ impl AppState {
             own_address: OwnAddress { listen: listen_addr.clone(), admin: admin_addr.clone() },
             allow: AllowList::new(&config.worker_url_allow)?,
         });
+        let clients = Arc::new(Clients::new(
+            &config.client_api_keys,
+            config.client_api_keys_file.as_deref(),
+            &config.tenant_header,
+            &config.priority_header,
+        )?);
+        let limits = Limits {
+            max_concurrent: config.max_concurrent_requests,
+            rate_per_sec: config.rate_limit_tokens_per_second,
+            queue_size: config.queue_size,
+            queue_timeout: Duration::from_secs_f64(config.queue_timeout_secs),
+        };
+        let admission = Arc::new(Admission::new(limits, config.tenants.clone(), metrics.admission.clone()));
+        admission.name_tenants(clients.tenants().iter().map(String::as_str));
         Ok(Self {
             tokenization,
             registry,
             registration,
-            admission: Admission::new(
-                config.max_concurrent_requests,
-                config.rate_limit_tokens_per_second,
-                config.queue_size,
-                Duration::from_secs_f64(config.queue_timeout_secs),
-                metrics.admission.clone(),
-            ),
+            admission,
+            clients,
             metrics,
             client,
             health_check,

@@ -23,6 +23,9 @@ pub(crate) struct EngineUsage {
     pub(crate) prompt_tokens: Option<u32>,
     /// `None` when the answer did not say (vLLM without `--enable-prompt-tokens-details`).
     pub(crate) cached_tokens: Option<u32>,
+    /// The output tokens (`usage.completion_tokens`, SGLang's `meta_info.completion_tokens`):
+    /// what a tenant's tokens-per-minute charge is corrected to, with the prompt's.
+    pub(crate) completion_tokens: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -40,6 +43,8 @@ struct Usage {
     #[serde(default)]
     prompt_tokens: Option<u32>,
     #[serde(default)]
+    completion_tokens: Option<u32>,
+    #[serde(default)]
     prompt_tokens_details: Option<PromptDetails>,
 }
 
@@ -54,6 +59,8 @@ struct MetaInfo {
     #[serde(default)]
     prompt_tokens: Option<u32>,
     #[serde(default)]
+    completion_tokens: Option<u32>,
+    #[serde(default)]
     cached_tokens: Option<u32>,
 }
 
@@ -62,11 +69,18 @@ impl Answer {
         if let Some(usage) = &self.usage {
             let cached_tokens =
                 usage.prompt_tokens_details.as_ref().and_then(|details| details.cached_tokens);
-            return Some(EngineUsage { prompt_tokens: usage.prompt_tokens, cached_tokens });
+            let completion_tokens = usage.completion_tokens;
+            return Some(EngineUsage {
+                prompt_tokens: usage.prompt_tokens,
+                cached_tokens,
+                completion_tokens,
+            });
         }
-        self.meta_info
-            .as_ref()
-            .map(|meta| EngineUsage { prompt_tokens: meta.prompt_tokens, cached_tokens: meta.cached_tokens })
+        self.meta_info.as_ref().map(|meta| EngineUsage {
+            prompt_tokens: meta.prompt_tokens,
+            cached_tokens: meta.cached_tokens,
+            completion_tokens: meta.completion_tokens,
+        })
     }
 
     /// vLLM's usage-only chunk: `"choices": []` and a usage object.
@@ -236,24 +250,28 @@ mod tests {
         let vllm = br#"{"choices":[{"text":"x"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}"#;
         assert_eq!(
             usage_of_body(vllm),
-            Some(EngineUsage { prompt_tokens: Some(10), cached_tokens: Some(4) })
+            Some(EngineUsage { prompt_tokens: Some(10), cached_tokens: Some(4), completion_tokens: None })
         );
         let no_details = br#"{"choices":[],"usage":{"prompt_tokens":10,"prompt_tokens_details":null}}"#;
         assert_eq!(
             usage_of_body(no_details),
-            Some(EngineUsage { prompt_tokens: Some(10), cached_tokens: None })
+            Some(EngineUsage { prompt_tokens: Some(10), cached_tokens: None, completion_tokens: None })
         );
         let sglang = br#"{"text":"x","meta_info":{"id":"1","prompt_tokens":7,"cached_tokens":3}}"#;
         assert_eq!(
             usage_of_body(sglang),
-            Some(EngineUsage { prompt_tokens: Some(7), cached_tokens: Some(3) })
+            Some(EngineUsage { prompt_tokens: Some(7), cached_tokens: Some(3), completion_tokens: None })
         );
         assert_eq!(usage_of_body(b"not json"), None);
     }
 
     #[test]
     fn a_stream_passes_untouched_unless_the_gateway_asked_for_the_usage() {
-        let usage = Some(EngineUsage { prompt_tokens: Some(40), cached_tokens: Some(32) });
+        let usage = Some(EngineUsage {
+            prompt_tokens: Some(40),
+            cached_tokens: Some(32),
+            completion_tokens: Some(2),
+        });
         let all = [TOKEN, TOKEN, USAGE, DONE];
         assert_eq!(run(false, &all), (all.concat(), usage));
         assert_eq!(run(true, &all), ([TOKEN, TOKEN, DONE].concat(), usage), "the usage chunk is left out");
@@ -275,6 +293,9 @@ mod tests {
         let frames: Vec<&str> = frames.iter().map(String::as_str).collect();
         let (out, usage) = run(true, &frames);
         assert_eq!(out, frames.concat(), "no usage-only chunk to leave out");
-        assert_eq!(usage, Some(EngineUsage { prompt_tokens: Some(9), cached_tokens: Some(4) }));
+        assert_eq!(
+            usage,
+            Some(EngineUsage { prompt_tokens: Some(9), cached_tokens: Some(4), completion_tokens: None })
+        );
     }
 }

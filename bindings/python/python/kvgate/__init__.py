@@ -26,7 +26,7 @@ _GATEWAY_OPTIONS = {option["name"]: option for option in _kvgate._options("gatew
 _ROUTING_OPTIONS = {name for name, option in _GATEWAY_OPTIONS.items() if option["group"] == "routing"}
 _SIM_OPTIONS = {option["name"]: option for option in _kvgate._options("sim")}
 # Keywords of Gateway beyond the flat options: nested maps of the YAML file, and the demo fleet.
-_GATEWAY_EXTRA = ("routing", "models", "mock_workers")
+_GATEWAY_EXTRA = ("routing", "models", "tenants", "mock_workers")
 # SMG 1.13's keyword names (its RouterArgs fields, named as its flags): taken where kvgate has
 # the option (same or mapped, docs/SMG.md), refused with the command line's messages otherwise.
 _SMG_KEYWORDS = {option["keyword"]: option for option in _kvgate._smg_keywords()}
@@ -102,7 +102,7 @@ class Gateway:
         config: dict[str, Any] = {}
         smg_argv: list[str] = []
         for name, value in options.items():
-            if name == "models":
+            if name in ("models", "tenants"):
                 config[name] = value
             elif name not in _GATEWAY_OPTIONS and name in _SMG_KEYWORDS:
                 smg_argv += _smg_flags(name, value)

@@ -112,6 +112,9 @@ class Gateway:
         worker_url_allow: Sequence[str] = [],
         api_key: str | None = None,
         client_api_keys: Sequence[str] = [],
+        client_api_keys_file: str | os.PathLike[str] | None = None,
+        tenant_header: str = 'x-kvgate-tenant',
+        priority_header: str = 'x-kvgate-priority',
         forward_client_auth: bool = False,
         header_read_timeout_secs: float = 10.0,
         keep_alive_timeout_secs: float = 60.0,
@@ -150,6 +153,7 @@ class Gateway:
         service_discovery_kubeconfig: str | os.PathLike[str] | None = None,
         routing: Mapping[str, Any] | None = None,
         models: Mapping[str, Mapping[str, Any]] | None = None,
+        tenants: Mapping[str, Any] | None = None,
         mock_workers: int = 0,
     ) -> None:
         """Configure a gateway (``start_background()`` starts it).
@@ -381,7 +385,19 @@ class Gateway:
             Empty: any address
         api_key: Bearer token sent to workers
         client_api_keys: When set, the inference endpoints require `Authorization: Bearer KEY`
-            with one of these keys (401 otherwise); the client's key is not forwarded to workers
+            with one of these keys (401 otherwise); the client's key is not forwarded to
+            workers. `KEY=TENANT` names the key's tenant (split at the last `=`; a plain KEY is
+            the tenant `default`)
+        client_api_keys_file: More client keys, one `KEY TENANT [CLASS]` per line (`#` starts a
+            comment), read at start and again on SIGHUP (a file that does not parse keeps the
+            keys in use); with it, the inference endpoints require a key even when the file
+            lists none
+        tenant_header: Header naming a request's tenant when no client keys are configured (with
+            keys, the key names the tenant and the header is ignored); without it, the body's
+            `user` field, else the tenant `default`
+        priority_header: Header naming a request's priority class (`high`, `normal`, `low`);
+            without it, the tenant's class. With client keys, it can only lower the class the
+            tenant has
         forward_client_auth: Forward the client's credentials (`Authorization`, `Cookie`,
             `X-Api-Key`, `Api-Key`) to the worker. Off by default: a worker gets only --api-key.
             Never with --client-api-keys (those are the gateway's)
@@ -467,6 +483,8 @@ class Gateway:
             cluster service account, else $KUBECONFIG or ~/.kube/config)
         routing: Routing options as a map (or give them flat).
         models: Per-model routing: model name -> routing options laid over the others.
+        tenants: Per-tenant quotas, weights and classes: {defaults: {...}, named: {name: {...}},
+            classes: {...}}.
         mock_workers: Also start this many simulated engines in-process and route to them (the
             demo).
         """

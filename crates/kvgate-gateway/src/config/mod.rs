@@ -257,9 +257,30 @@ pub struct GatewayConfig {
     #[arg(long, env = "KVGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// When set, the inference endpoints require `Authorization: Bearer KEY` with one of these
-    /// keys (401 otherwise); the client's key is not forwarded to workers.
+    /// keys (401 otherwise); the client's key is not forwarded to workers. `KEY=TENANT` names
+    /// the key's tenant (split at the last `=`; a plain KEY is the tenant `default`).
     #[arg(long, env = "KVGATE_CLIENT_API_KEYS", value_delimiter = ',', hide_env_values = true)]
     pub client_api_keys: Vec<String>,
+    /// More client keys, one `KEY TENANT [CLASS]` per line (`#` starts a comment), read at start
+    /// and again on SIGHUP (a file that does not parse keeps the keys in use); with it, the
+    /// inference endpoints require a key even when the file lists none.
+    #[arg(long, value_name = "FILE")]
+    pub client_api_keys_file: Option<std::path::PathBuf>,
+    /// Header naming a request's tenant when no client keys are configured (with keys, the key
+    /// names the tenant and the header is ignored); without it, the body's `user` field, else
+    /// the tenant `default`.
+    #[arg(long, default_value = "x-kvgate-tenant")]
+    pub tenant_header: String,
+    /// Header naming a request's priority class (`high`, `normal`, `low`); without it, the
+    /// tenant's class. With client keys, it can only lower the class the tenant has.
+    #[arg(long, default_value = "x-kvgate-priority")]
+    pub priority_header: String,
+    /// Per-tenant quotas, weights and priority classes (YAML only): `tenants: {defaults:
+    /// {requests_per_minute, tokens_per_minute, max_concurrent, weight, class}, named: {NAME:
+    /// {...}}, classes: {high: {queue_timeout_secs}}}`.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "TenantsConfig::is_empty")]
+    pub tenants: TenantsConfig,
 
     /// Forward the client's credentials (`Authorization`, `Cookie`, `X-Api-Key`, `Api-Key`) to
     /// the worker. Off by default: a worker gets only --api-key. Never with --client-api-keys
@@ -698,10 +719,12 @@ impl GatewayConfigBuilder {
 
 mod discovery;
 mod kv_events_source;
+mod tenants;
 mod validate;
 
 pub use discovery::label_selector;
 pub use kv_events_source::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
+pub use tenants::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
 
 #[cfg(test)]
 mod tests;

@@ -139,12 +139,21 @@ impl GatewayConfig {
                 }
             }
         }
-        if http::HeaderName::from_bytes(self.routing_key_header.as_bytes()).is_err() {
-            checks.push(
-                FieldError::new("routing_key_header", "must be a valid header name")
-                    .got(format!("{:?}", self.routing_key_header)),
-            );
+        for (field, name) in [
+            ("routing_key_header", &self.routing_key_header),
+            ("tenant_header", &self.tenant_header),
+            ("priority_header", &self.priority_header),
+        ] {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                checks.push(FieldError::new(field, "must be a valid header name").got(format!("{name:?}")));
+            }
         }
+        for entry in &self.client_api_keys {
+            if let Err(message) = crate::auth::ClientKey::parse_flag(entry) {
+                checks.push(FieldError::new("client_api_keys", message));
+            }
+        }
+        self.tenants.validate(&mut checks);
         for name in &self.request_id_headers {
             if http::HeaderName::from_bytes(name.trim().as_bytes()).is_err() {
                 checks.push(

@@ -48,7 +48,9 @@ pub(super) async fn attempt(
         Err(e) => return Attempt::Fatal(ApiError::BadRequest(format!("invalid request path: {e}"))),
     };
     let headers = upstream.headers_mut();
-    let forward_credentials = state.config.forward_client_auth && state.config.client_api_keys.is_empty();
+    let forward_credentials = state.config.forward_client_auth
+        && state.config.client_api_keys.is_empty()
+        && state.config.client_api_keys_file.is_none();
     for (name, value) in client_headers {
         if forwarded(name, forward_credentials) {
             headers.append(name.clone(), value.clone());

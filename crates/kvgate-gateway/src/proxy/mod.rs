@@ -23,7 +23,7 @@ use bytes::Bytes;
 use http::header;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::auth::check_client_key;
+use crate::admission::Ticket;
 use crate::backoff::Backoff;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -144,8 +144,7 @@ where
 {
     let (parts, body) = request.into_parts();
     check_loop(state, &parts.headers)?;
-    check_client_key(&state.config.client_api_keys, &parts.headers)?;
-    let permit = state.admission.admit().await?;
+    let caller = state.clients.authenticate(&parts.headers)?;
     let limit = state.config.max_payload_size;
     let declared = parts
         .headers
@@ -164,6 +163,22 @@ where
     })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
     let prepared = prepare(state, endpoint, &fields, &parts.headers, &bytes).await?;
+    // Admission once the request is known: its tenant, class and size.
+    let identity = state
+        .clients
+        .identify(&caller, &parts.headers, fields.user.as_deref(), |t| state.admission.class_of(t))?;
+    let tokens = match state.admission.counts_tokens() {
+        true => {
+            let prompt = match prepared.prompt_tokens {
+                0 => crate::request::estimate_tokens(&fields.routing_key()),
+                known => known,
+            };
+            prompt.saturating_add(fields.max_output_tokens())
+        }
+        false => 0,
+    };
+    let ticket = Ticket { tenant: &identity.tenant, class: identity.class, tokens };
+    let permit = state.admission.admit(ticket).await?;
     let shape = &prepared.shape;
     let target = match parts.headers.get(&TARGET_HEADER) {
         Some(value) if state.config.routing_key_override => Some(shape.target(value)?),

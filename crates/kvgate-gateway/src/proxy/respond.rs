@@ -8,7 +8,6 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::Decision;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::accuracy::{Probe, UsageTap};
 use crate::body::{InFlight, MeteredBody, RequestTail};
@@ -78,7 +77,7 @@ pub(super) fn failure_response(
     endpoint: Endpoint,
     started: Instant,
     failure: Failure,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: crate::admission::Permit,
     span: &mut Option<RequestSpan>,
 ) -> Response {
     let error = match failure {
@@ -133,7 +132,7 @@ pub(super) fn respond(
     endpoint: Endpoint,
     started: Instant,
     served: Served,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: crate::admission::Permit,
     strip_usage: bool,
     span: &mut Option<RequestSpan>,
 ) -> Response {
@@ -156,7 +155,10 @@ pub(super) fn respond(
     // The closed loop reads successful answers only; a stream asked for its usage chunk is
     // always read, so that the chunk is left out.
     let probe = probe.filter(|_| parts.status.is_success()).map(|probe| (probe, worker.clone()));
-    let usage = (probe.is_some() || (strip_usage && event_stream))
+    let permit = permit.into_hold();
+    // A tenant's token charge is corrected from the answer's usage (successful answers only).
+    let settles = parts.status.is_success() && permit.as_ref().is_some_and(|hold| hold.wants_usage());
+    let usage = (probe.is_some() || (strip_usage && event_stream) || settles)
         .then(|| UsageTap::new(probe, event_stream, strip_usage && event_stream));
     let tail = RequestTail {
         endpoint,

@@ -1,0 +1,154 @@
+//! Admission end to end: the queue's order by class and by weight, the class timeouts, and
+//! quota refusals.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::metrics::Metrics;
+
+fn admission(max_concurrent: usize, queue_size: usize, tenants: &str) -> Arc<Admission> {
+    let limits = Limits {
+        max_concurrent: Some(max_concurrent),
+        rate_per_sec: None,
+        queue_size,
+        queue_timeout: Duration::from_secs(600),
+    };
+    let tenants = serde_norway::from_str(tenants).unwrap();
+    Arc::new(Admission::new(limits, tenants, Metrics::new().admission.clone()))
+}
+
+fn ticket(tenant: &str, class: PriorityClass, tokens: u64) -> Ticket<'_> {
+    Ticket { tenant, class, tokens }
+}
+
+/// Yields until `n` requests wait in the queue.
+async fn until_queued(admission: &Admission, n: usize) {
+    for _ in 0..100_000 {
+        if admission.queued.load(Ordering::Relaxed) == n {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{n} requests never queued");
+}
+
+/// Queues a request of `tenant`; once admitted it sends its tenant and permit on `admitted`.
+fn spawn_waiter(
+    admission: &Arc<Admission>,
+    tenant: &'static str,
+    class: PriorityClass,
+    tokens: u64,
+    admitted: &mpsc::UnboundedSender<(&'static str, Permit)>,
+) {
+    let admission = admission.clone();
+    let admitted = admitted.clone();
+    tokio::spawn(async move {
+        let permit = admission.admit(ticket(tenant, class, tokens)).await.expect("admitted");
+        let _ = admitted.send((tenant, permit));
+    });
+}
+
+#[tokio::test]
+async fn a_higher_class_overtakes_a_queued_lower_one() {
+    let admission = admission(1, 10, "{}");
+    let held = admission.admit(ticket("a", PriorityClass::Normal, 1)).await.unwrap();
+    let (sender, mut admitted) = mpsc::unbounded_channel();
+    spawn_waiter(&admission, "batch", PriorityClass::Low, 1, &sender);
+    until_queued(&admission, 1).await;
+    spawn_waiter(&admission, "chat", PriorityClass::High, 1, &sender);
+    until_queued(&admission, 2).await;
+    drop(held);
+    let (first, permit) = admitted.recv().await.unwrap();
+    assert_eq!(first, "chat");
+    assert!(admitted.try_recv().is_err(), "the low request waits while the high one holds the slot");
+    drop(permit);
+    assert_eq!(admitted.recv().await.unwrap().0, "batch");
+}
+
+#[tokio::test]
+async fn contended_tenants_get_tokens_in_proportion_to_their_weights() {
+    let admission = admission(1, 1000, "named: {light: {weight: 1}, heavy: {weight: 3}}");
+    let held = admission.admit(ticket("x", PriorityClass::Normal, 1)).await.unwrap();
+    let (sender, mut admitted) = mpsc::unbounded_channel();
+    // The light tenant floods first with ten times the requests.
+    for _ in 0..400 {
+        spawn_waiter(&admission, "light", PriorityClass::Normal, 100, &sender);
+    }
+    until_queued(&admission, 400).await;
+    for _ in 0..40 {
+        spawn_waiter(&admission, "heavy", PriorityClass::Normal, 100, &sender);
+    }
+    until_queued(&admission, 440).await;
+    drop(held);
+    let mut served = [0usize; 2];
+    for _ in 0..40 {
+        let (tenant, permit) = admitted.recv().await.unwrap();
+        served[usize::from(tenant == "heavy")] += 1;
+        drop(permit);
+    }
+    let heavy_share = served[1] as f64 / 40.0;
+    assert!(
+        (heavy_share - 0.75).abs() <= 0.075,
+        "heavy got {heavy_share} of the slots, weight 3 of 4: {served:?}"
+    );
+}
+
+#[tokio::test]
+async fn each_class_waits_at_most_its_own_queue_timeout() {
+    let admission =
+        admission(1, 10, "classes: {high: {queue_timeout_secs: 0.2}, low: {queue_timeout_secs: 600}}");
+    let _held = admission.admit(ticket("a", PriorityClass::Normal, 1)).await.unwrap();
+    let low = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.admit(ticket("b", PriorityClass::Low, 1)).await.map(|_| ()) })
+    };
+    until_queued(&admission, 1).await;
+    let high = admission.admit(ticket("c", PriorityClass::High, 1)).await;
+    assert!(matches!(high, Err(ApiError::QueueTimeout(secs)) if secs == 0.2), "{:?}", high.map(|_| ()));
+    assert!(!low.is_finished(), "the low class waits up to its own 600 s");
+    low.abort();
+    let _ = low.await;
+    // Every waiter left the queue.
+    assert!(admission.slots.as_ref().unwrap().lock().waiting.is_empty());
+}
+
+#[tokio::test]
+async fn a_waiter_that_gives_up_leaves_no_slot_behind() {
+    let admission = admission(1, 10, "{}");
+    let held = admission.admit(ticket("a", PriorityClass::Normal, 1)).await.unwrap();
+    let waiting = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.admit(ticket("b", PriorityClass::Normal, 1)).await.map(|_| ()) })
+    };
+    until_queued(&admission, 1).await;
+    waiting.abort();
+    let _ = waiting.await;
+    drop(held);
+    // The slot is free again: two in a row get it at once.
+    drop(admission.admit(ticket("c", PriorityClass::Normal, 1)).await.unwrap());
+    let _again = admission.admit(ticket("d", PriorityClass::Normal, 1)).await.unwrap();
+    assert_eq!(admission.slots.as_ref().unwrap().lock().in_use, 1);
+}
+
+#[tokio::test]
+async fn over_quota_is_refused_before_queueing_and_refused_requests_are_refunded() {
+    let admission = admission(1, 0, "defaults: {requests_per_minute: 2}");
+    let held = admission.admit(ticket("t", PriorityClass::Normal, 1)).await.unwrap();
+    // No room and no queue: 429 for concurrency, and the tenant's request is given back.
+    assert!(matches!(
+        admission.admit(ticket("t", PriorityClass::Normal, 1)).await,
+        Err(ApiError::TooManyRequests(1))
+    ));
+    drop(held);
+    let _second = admission.admit(ticket("t", PriorityClass::Normal, 1)).await.unwrap();
+    match admission.admit(ticket("t", PriorityClass::Normal, 1)).await {
+        Err(ApiError::OverQuota { tenant, over }) => {
+            assert_eq!((tenant.as_str(), over.quota), ("t", crate::tenant::Quota::RequestsPerMinute));
+            assert!(over.retry_after.is_some());
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}

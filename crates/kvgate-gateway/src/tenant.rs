@@ -1,0 +1,204 @@
+//! Who a request is for: its tenant and its priority class, and the one rule that decides them.
+//! The tenant is the client key's (when client keys are configured, the tenant header is never
+//! trusted), else the tenant header's, else the body's `user` field, else `default`; the class
+//! is the priority header's (with keys, never above the tenant's own class), else the tenant's.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The tenant of a plain key, and of a request naming none.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Longest tenant name.
+pub const MAX_TENANT_NAME: usize = 128;
+
+/// A priority class: the admission queue serves every waiting request of a higher class before
+/// any of a lower one. Named `high`, `normal` (the default) and `low`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PriorityClass {
+    Low,
+    #[default]
+    Normal,
+    High,
+}
+
+impl PriorityClass {
+    pub const ALL: [PriorityClass; 3] = [PriorityClass::Low, PriorityClass::Normal, PriorityClass::High];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PriorityClass::Low => "low",
+            PriorityClass::Normal => "normal",
+            PriorityClass::High => "high",
+        }
+    }
+
+    /// The class named `text` (case-insensitive; `0`, `1`, `2` name them by rank too).
+    pub fn parse(text: &str) -> Option<PriorityClass> {
+        let text = text.trim();
+        PriorityClass::ALL
+            .into_iter()
+            .find(|class| class.as_str().eq_ignore_ascii_case(text) || class.rank().to_string() == text)
+    }
+
+    /// 0 for `low` up to 2 for `high`.
+    pub fn rank(self) -> usize {
+        self as usize
+    }
+}
+
+/// Which quota refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quota {
+    RequestsPerMinute,
+    TokensPerMinute,
+    MaxConcurrent,
+}
+
+impl Quota {
+    /// The `tenants:` key, the metric's reason and the error's code stem.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Quota::RequestsPerMinute => "requests_per_minute",
+            Quota::TokensPerMinute => "tokens_per_minute",
+            Quota::MaxConcurrent => "max_concurrent",
+        }
+    }
+}
+
+/// A request over one of its tenant's quotas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OverQuota {
+    pub quota: Quota,
+    /// The quota's value.
+    pub limit: f64,
+    /// When the request would pass (`None`: never, it alone exceeds the quota).
+    pub retry_after: Option<Duration>,
+}
+
+/// A tenant name: 1 to 128 printable ASCII characters without spaces.
+pub fn check_tenant_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_TENANT_NAME {
+        return Err(format!("a tenant name has 1 to {MAX_TENANT_NAME} characters"));
+    }
+    if !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("a tenant name is printable ASCII without spaces".into());
+    }
+    Ok(())
+}
+
+/// What the request says about itself, for [`identify`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Claims<'a> {
+    /// The client key presented, when keys are configured: its tenant and class.
+    pub key: Option<(&'a str, Option<PriorityClass>)>,
+    /// The tenant header's value.
+    pub tenant_header: Option<&'a str>,
+    /// The body's `user` field.
+    pub user: Option<&'a str>,
+    /// The priority header's value.
+    pub priority_header: Option<&'a str>,
+}
+
+/// A request's tenant and class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub tenant: String,
+    pub class: PriorityClass,
+}
+
+/// The tenant and class of a request: `keys_required` means client keys are configured (the
+/// headers and `user` cannot name a tenant then, and the priority header can only lower the
+/// class); `class_of` gives a tenant's configured class. A bad header is refused (a 400).
+pub fn identify(
+    claims: Claims<'_>,
+    keys_required: bool,
+    class_of: impl Fn(&str) -> Option<PriorityClass>,
+) -> Result<Identity, String> {
+    let (tenant, key_class) = match claims.key {
+        Some((tenant, class)) => (tenant.to_string(), class),
+        None if keys_required => (DEFAULT_TENANT.to_string(), None),
+        None => {
+            let named = claims.tenant_header.map(str::trim).filter(|t| !t.is_empty()).or(claims.user);
+            match named {
+                Some(name) => {
+                    check_tenant_name(name)
+                        .map_err(|message| format!("invalid tenant {name:?}: {message}"))?;
+                    (name.to_string(), None)
+                }
+                None => (DEFAULT_TENANT.to_string(), None),
+            }
+        }
+    };
+    let own = key_class.or_else(|| class_of(&tenant)).unwrap_or_default();
+    let class = match claims.priority_header {
+        Some(text) => {
+            let asked = PriorityClass::parse(text)
+                .ok_or_else(|| format!("unknown priority class {text:?} (high, normal, low)"))?;
+            if keys_required {
+                asked.min(own)
+            } else {
+                asked
+            }
+        }
+        None => own,
+    };
+    Ok(Identity { tenant, class })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(claims: Claims<'_>, keys_required: bool, expected: (&str, PriorityClass)) {
+        let class_of = |tenant: &str| (tenant == "batch").then_some(PriorityClass::Low);
+        let identity = identify(claims, keys_required, class_of).unwrap();
+        assert_eq!((identity.tenant.as_str(), identity.class), expected, "{claims:?}");
+    }
+
+    #[test]
+    fn identity_precedence() {
+        use PriorityClass::*;
+        let all = Claims {
+            key: Some(("from-key", None)),
+            tenant_header: Some("from-header"),
+            user: Some("from-user"),
+            priority_header: None,
+        };
+        check(all, true, ("from-key", Normal));
+        // With keys configured the header and the user field never name the tenant.
+        check(Claims { key: None, ..all }, true, (DEFAULT_TENANT, Normal));
+        check(Claims { key: None, ..all }, false, ("from-header", Normal));
+        check(Claims { key: None, tenant_header: None, ..all }, false, ("from-user", Normal));
+        check(Claims::default(), false, (DEFAULT_TENANT, Normal));
+        // The class: the header's, else the key's, else the tenant's configured one.
+        check(Claims { tenant_header: Some("batch"), ..Claims::default() }, false, ("batch", Low));
+        check(Claims { key: Some(("batch", Some(High))), ..Claims::default() }, true, ("batch", High));
+        let asks_high = Claims { priority_header: Some("high"), ..Claims::default() };
+        check(Claims { tenant_header: Some("batch"), ..asks_high }, false, ("batch", High));
+        // Under keys the header only lowers the class.
+        check(Claims { key: Some(("batch", None)), ..asks_high }, true, ("batch", Low));
+        let asks_low = Claims { priority_header: Some("low"), ..Claims::default() };
+        check(Claims { key: Some(("chat", Some(High))), ..asks_low }, true, ("chat", Low));
+    }
+
+    #[test]
+    fn bad_headers_are_refused() {
+        let none = |_: &str| None;
+        let bad_class = Claims { priority_header: Some("urgent"), ..Claims::default() };
+        assert!(identify(bad_class, false, none).is_err());
+        let long = "t".repeat(MAX_TENANT_NAME + 1);
+        let bad_tenant = Claims { tenant_header: Some(&long), ..Claims::default() };
+        assert!(identify(bad_tenant, false, none).is_err());
+    }
+
+    #[test]
+    fn classes_parse_by_name_and_rank() {
+        assert_eq!(PriorityClass::parse("HIGH"), Some(PriorityClass::High));
+        assert_eq!(PriorityClass::parse("0"), Some(PriorityClass::Low));
+        assert_eq!(PriorityClass::parse("urgent"), None);
+        assert!(PriorityClass::High > PriorityClass::Normal);
+    }
+}
