@@ -66,6 +66,7 @@ for w in workers:
     a = w.get("index_accuracy") or {}
     d = a.get("disagreement") or {}
     print(f"{w['url']}: window {a.get('requests', 0)}, error {a.get('error_share', 0):.4f}, "
+          f"missed {a.get('missed_share', 0):.4f}, "
           f"disagreement {d.get('cause', 'none')}")
 EOF
 )
@@ -76,4 +77,12 @@ awk -v p="$predicted" -v c="$cached" -v t="$prompt" 'BEGIN { if (c > 0) printf "
 awk 'index($0, "kvgate_prefix_cached_tokens_difference_ratio_bucket{") == 1 { split($1, a, "le=\""); split(a[2], b, "\""); n[b[1]] += $NF }
      END { printf "requests with a difference in (-1%%, 1%%] of the prompt: %d of %d\n", n["0.01"] - n["-0.01"], n["+Inf"] }' "$out/metrics.txt"
 echo "$error"
+python3 - "$out/workers.json" <<'EOF2'
+import json, sys
+for model, entry in json.load(open(sys.argv[1])).get("models", {}).items():
+    a = entry.get("index_accuracy") or {}
+    d = a.get("disagreement") or {}
+    print(f"model {model}: window {a.get('requests', 0)}, error {a.get('error_share', 0):.4f}, "
+          f"missed {a.get('missed_share', 0):.4f}, disagreement {d.get('cause', 'none')}")
+EOF2
 echo "warnings logged: $(grep -c "disagrees with the engine" "$out/gateway.log" || true)"

@@ -59,12 +59,8 @@ const HISTORY_INSTEAD: &str =
     "keep history in the client or the application; kvgate proxies stateless requests";
 const MESH: &str = "SMG's mesh of gateway replicas";
 const MESH_INSTEAD: &str = "--replica-sync-redis-url (replicas share routing through Redis)";
-const WARMUP: &str =
-    "a warm-up ramp for new workers (a new worker takes full traffic once its health check passes)";
-const WARMUP_INSTEAD: &str =
-    "cache_aware's imbalance test (--balance-abs-threshold, --balance-rel-threshold) moves load to a cold worker";
-const OVERLOAD: &str = "per-worker overload protection (admission and shedding per worker)";
-const OVERLOAD_INSTEAD: &str = "--overload-token-usage-threshold (route away from a hot engine) and --max-concurrent-requests with --queue-size (gateway-wide admission)";
+const WARMUP_NOTE: &str = "accepted, no effect: kvgate needs no warm-up slice, as cache_aware sends every cache miss to the least busy worker (--cache-miss-strategy least_load, the default), so a new or emptied worker takes misses at once";
+const WARMUP_DIVERT_NOTE: &str = "accepted, no effect: kvgate never diverts a cache hit; a thin worker fills from the misses it takes first (as --worker-warmup-secs)";
 const SELECTION: &str = "SMG's selection-policy framework";
 const SELECTION_INSTEAD: &str = "--policy (kv_aware predicts each engine's time to first token)";
 const MULTIMODAL: &str = "multimodal processing in the gateway";
@@ -104,20 +100,20 @@ pub const TABLE: &[Entry] = &[
     same("--balance-rel-threshold", "1.5", ""),
     same("--balance-token-usage-threshold", "0.9", ""),
     same("--overload-token-usage-threshold", "0.9", ""),
-    refused("--worker-overload-waiting-requests", OVERLOAD, OVERLOAD_INSTEAD),
-    refused("--worker-overload-token-usage", OVERLOAD, OVERLOAD_INSTEAD),
-    refused("--worker-overload-protection", OVERLOAD, OVERLOAD_INSTEAD),
-    mapped("--disable-worker-overload-protection", Map::Nothing, "", "kvgate has no per-worker overload protection to disable"),
-    refused("--worker-overload-shed", OVERLOAD, OVERLOAD_INSTEAD),
+    same("--worker-overload-waiting-requests", "8", "off unless given (SMG: 8); every policy, fresh load samples only"),
+    same("--worker-overload-token-usage", "0.8", "off unless given (SMG: 0.8)"),
+    mapped("--worker-overload-protection", Map::With(overload_protection), "", "SMG's default bounds (8 waiting requests, 0.8 KV usage) where the command line gives none"),
+    mapped("--disable-worker-overload-protection", Map::Nothing, "", "kvgate's default: off unless --worker-overload-waiting-requests or --worker-overload-token-usage is given"),
+    same("--worker-overload-shed", "", "503 with code worker_overload_protection_shed and Retry-After, as SMG"),
     refused("--kv-index", "SMG's KV index modes", "--prefix-index (auto, exact from the engines' KV events, approximate)"),
     refused("--worker-stall-secs", "stall and wedge detection of workers", "--ttfb-timeout-secs (retry elsewhere when a worker's answer is late) and the circuit breaker"),
     refused("--worker-wedge-secs", "stall and wedge detection of workers", "--ttfb-timeout-secs and the circuit breaker (--cb-failure-threshold)"),
     refused("--worker-stale-secs", "a tunable load-sample staleness bound", "not needed: a load sample older than three --load-monitor-interval periods never drives the KV terms"),
-    refused("--worker-warmup-secs", WARMUP, WARMUP_INSTEAD),
-    refused("--worker-warmup-share", WARMUP, WARMUP_INSTEAD),
-    refused("--worker-warmup-blocks", WARMUP, WARMUP_INSTEAD),
-    refused("--worker-warmup-thin-ratio", WARMUP, WARMUP_INSTEAD),
-    refused("--worker-warmup-divert-every", WARMUP, WARMUP_INSTEAD),
+    mapped("--worker-warmup-secs", Map::Nothing, "60", WARMUP_NOTE),
+    mapped("--worker-warmup-share", Map::Nothing, "0.25", WARMUP_NOTE),
+    mapped("--worker-warmup-blocks", Map::Nothing, "1024", WARMUP_NOTE),
+    mapped("--worker-warmup-thin-ratio", Map::Nothing, "0.5", WARMUP_NOTE),
+    mapped("--worker-warmup-divert-every", Map::Nothing, "8", WARMUP_DIVERT_NOTE),
     refused("--selection-policy", SELECTION, SELECTION_INSTEAD),
     refused("--selection-accounting-ttl-ms", SELECTION, SELECTION_INSTEAD),
     refused("--overlap-decay", SELECTION, SELECTION_INSTEAD),
@@ -136,7 +132,7 @@ pub const TABLE: &[Entry] = &[
     refused("--pd-admission-wait-secs", "PD admission waiting", "--queue-size with --queue-timeout-secs"),
     refused("--stream-body-stall-timeout-secs", "a stall timeout of streamed bodies", "--request-timeout-secs and --ttfb-timeout-secs"),
     refused("--sse-keepalive-secs", "SSE keep-alive comments", "not needed: kvgate streams the engine's events as they come"),
-    refused("--dp-aware", "data-parallel ranks as routing targets (kvgate routes to a worker URL, not to a rank inside it)", "the engine's own data-parallel balancer (SGLang --dp-size); kvgate reads every rank's KV events from comma-separated --kv-events-endpoints"),
+    same("--dp-aware", "", "SGLang engines: dp_size from GET /server_info, one worker per rank (`URL@RANK`), the rank sent as data_parallel_rank"),
     same("--routing-key-override", "", "kvgate's target header is x-kvgate-target-worker"),
     mapped("--routing-key-headers", Map::With(routing_key_headers), "x-session-id", "one header, to kvgate's --routing-key-header"),
     refused("--dp-minimum-tokens-scheduler", "data-parallel rank scheduling", "the engine's own data-parallel balancer"),
@@ -379,4 +375,18 @@ fn prefill_max_inflight(values: &[String], _command_line: &[String]) -> Result<V
         [value] if value.trim() == "-1" => Ok(Vec::new()),
         _ => Err("kvgate has no per-worker cap on prefill requests (only -1, no cap, is accepted); instead: --max-concurrent-requests with --queue-size and --queue-timeout-secs bound the whole gateway".into()),
     }
+}
+
+/// `--worker-overload-protection`: SMG's default bounds, where the command line gives none.
+fn overload_protection(_values: &[String], command_line: &[String]) -> Result<Vec<String>, String> {
+    let given =
+        |flag: &str| command_line.iter().any(|arg| arg == flag || arg.starts_with(&format!("{flag}=")));
+    let mut out = Vec::new();
+    if !given("--worker-overload-waiting-requests") {
+        out.extend(["--worker-overload-waiting-requests".to_string(), "8".to_string()]);
+    }
+    if !given("--worker-overload-token-usage") {
+        out.extend(["--worker-overload-token-usage".to_string(), "0.8".to_string()]);
+    }
+    Ok(out)
 }

@@ -88,12 +88,12 @@ fn every_refused_option_of_a_command_line_is_reported_at_once() {
         "--enable-mesh",
         "--port",
         "0",
-        "--dp-aware",
+        "--dp-minimum-tokens-scheduler",
         "--history-backend",
         "postgres",
     ])
     .unwrap_err();
-    for name in ["--enable-mesh", "--dp-aware", "--history-backend"] {
+    for name in ["--enable-mesh", "--dp-minimum-tokens-scheduler", "--history-backend"] {
         assert!(error.contains(name), "{error}");
     }
     assert!(error.contains("docs/SMG.md"), "{error}");
@@ -390,8 +390,8 @@ fn smg_settings_are_the_kvgate_options_a_command_line_sets() {
     assert_eq!(keys, ["eviction_interval", "prometheus_port", "tokenizer_path"]);
     assert_eq!(settings["eviction_interval"], 45.0);
     assert_eq!(settings["prometheus_port"], 29000);
-    let error = kvgate::smg_settings(&["--dp-aware".to_string()]).unwrap_err();
-    assert!(error.contains("--dp-aware (SMG) is not supported"), "{error}");
+    let error = kvgate::smg_settings(&["--enable-mesh".to_string()]).unwrap_err();
+    assert!(error.contains("--enable-mesh (SMG) is not supported"), "{error}");
 }
 
 #[tokio::test]
@@ -517,4 +517,34 @@ async fn the_typical_smg_command_line_runs_in_the_kvgate_binary_in_front_of_kvga
     assert!(scraped.contains("kvgate_requests_total{"), "{scraped}");
     drop(launch);
     drop(mock);
+}
+
+#[test]
+fn worker_overload_and_warm_up_options_are_taken() {
+    let config = kvgate::launch_config(&["--worker-overload-protection"]).unwrap();
+    assert_eq!(config.worker_overload_waiting_requests, Some(8), "SMG's default bounds");
+    assert_eq!(config.worker_overload_token_usage, Some(0.8));
+    let config = kvgate::launch_config(&[
+        "--worker-overload-protection",
+        "--worker-overload-token-usage",
+        "0.9",
+        "--worker-overload-shed",
+        "--worker-warmup-secs",
+        "30",
+        "--worker-warmup-divert-every",
+        "4",
+    ])
+    .unwrap();
+    assert_eq!(
+        (config.worker_overload_waiting_requests, config.worker_overload_token_usage),
+        (Some(8), Some(0.9))
+    );
+    assert!(config.worker_overload_shed);
+    let config = kvgate::launch_config(&["--disable-worker-overload-protection"]).unwrap();
+    assert_eq!((config.worker_overload_waiting_requests, config.worker_overload_token_usage), (None, None));
+    let zero = kvgate::launch_config(&["--worker-overload-waiting-requests", "0"]).unwrap();
+    let error = zero.validate().unwrap_err().to_string();
+    assert!(error.contains("worker_overload_waiting_requests"), "{error}");
+    let config = kvgate::launch_config(&["--dp-aware"]).unwrap();
+    assert!(config.dp_aware);
 }

@@ -156,6 +156,12 @@ async fn with_the_engines_template_the_index_agrees_with_the_engine() {
         assert!(accuracy["error_share"].as_f64().unwrap() <= 0.01, "{worker}");
         assert!(accuracy["disagreement"].is_null(), "{worker}");
     }
+    // The model's window holds every worker's answers.
+    let listing: Value =
+        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
+    let model = &listing["models"][MODEL]["index_accuracy"];
+    assert_eq!(model["requests"], 80, "{listing}");
+    assert!(model["disagreement"].is_null() && model["missed_share"].as_f64().unwrap() <= 0.01, "{listing}");
     gw.shutdown().await;
     fleet.shutdown().await;
 }
@@ -188,4 +194,91 @@ async fn a_wrong_chat_template_is_detected_and_named() {
     let _ = std::fs::remove_dir_all(&dir);
     gw.shutdown().await;
     fleet.shutdown().await;
+}
+
+/// The trace's pattern under a wrong template (docs/BENCHMARKS.md): every conversation starts
+/// with the same system prompt, which the template renders as the engines do, and differs after
+/// it. The shared start is predicted and served alike; the earlier turn a second turn carries is
+/// served by the engine and missed by the index. Few requests are second turns, so the error
+/// against the prompt tokens (9%) and the share of wrong claims (10%) stay under their bounds,
+/// as on the trace; the share of the engine's cached tokens the index missed does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_that_differs_after_a_shared_start_is_detected() {
+    let system = words(999, 99, 64);
+    let turn_messages = |conversation: usize, turns: usize| {
+        let mut messages = vec![json!({"role": "system", "content": system})];
+        for turn in 0..turns {
+            messages.push(json!({"role": "user", "content": words(conversation, turn, 200)}));
+            if turn + 1 < turns {
+                messages.push(json!({"role": "assistant", "content": words(conversation, turn + 50, 7)}));
+            }
+        }
+        messages
+    };
+    let run = async |template: Option<&str>| {
+        let fleet = fleet(1).await;
+        let dir = std::env::temp_dir().join(format!(
+            "kvgate-shared-start-{}-{}",
+            std::process::id(),
+            template.is_some()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cfg = kv_events_config(&fleet);
+        if let Some(template) = template {
+            let path = dir.join("template.jinja");
+            std::fs::write(&path, template).unwrap();
+            cfg.chat_template = Some(path);
+        }
+        let gw = gateway(cfg).await;
+        wait_flowing(&gw).await;
+        // 90 first turns, and the second turn of every ninth conversation: 100 answers.
+        for conversation in 0..90 {
+            let mut turns = vec![1];
+            if conversation % 9 == 8 {
+                turns.push(2);
+            }
+            for turns in turns {
+                let messages = turn_messages(conversation, turns);
+                let body = json!({"model": MODEL, "messages": messages, "max_tokens": 1});
+                let res = client()
+                    .post(format!("{}/v1/chat/completions", gw.url()))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(res.status(), 200);
+                let pairs: Vec<(String, String)> = messages
+                    .iter()
+                    .map(|m| (m["role"].as_str().unwrap().into(), m["content"].as_str().unwrap().into()))
+                    .collect();
+                wait_indexed(&gw, &fleet, &kvgate_engine::tokenize(&kvgate_engine::render_chat(&pairs)))
+                    .await;
+            }
+        }
+        let worker = workers(&gw).await.remove(0);
+        let text = metrics(&gw).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        gw.shutdown().await;
+        fleet.shutdown().await;
+        (worker, text)
+    };
+    // The engines' rendering: nothing raised, nothing missed.
+    let (right, text) = run(None).await;
+    assert!(right["index_accuracy"]["disagreement"].is_null(), "{right}");
+    assert_eq!(right["index_accuracy"]["missed_share"], 0.0, "{right}");
+    assert_eq!(total(&text, "kvgate_prefix_missed_cached_tokens_total"), 0.0);
+    // The system prompt as the engines render it, the rest otherwise.
+    let template = "{% for m in messages %}{% if m.role == 'system' %}<|system|> {{ m.content }} \
+                    {% else %}### {{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}<|assistant|>";
+    let (wrong, text) = run(Some(template)).await;
+    let accuracy = &wrong["index_accuracy"];
+    let disagreement = &accuracy["disagreement"];
+    assert_eq!(disagreement["cause"], "index_underclaims", "{wrong}");
+    assert!(disagreement["error_share"].as_f64().unwrap() <= 0.10, "under the old bound: {wrong}");
+    assert!(disagreement["wrong_share"].as_f64().unwrap() <= 0.25, "under the old bound: {wrong}");
+    assert!(disagreement["missed_share"].as_f64().unwrap() > 0.10, "{wrong}");
+    assert!(disagreement["advice"].as_str().unwrap().contains("chat template"), "{wrong}");
+    assert!(total(&text, "kvgate_prefix_predicted_tokens_total") > 0.0, "the shared start is matched");
+    assert!(total(&text, "kvgate_prefix_missed_cached_tokens_total") > 1000.0, "{text}");
+    assert_eq!(total(&text, "kvgate_prefix_index_disagreement"), 1.0);
 }

@@ -244,3 +244,63 @@ async fn kv_aware_routes_to_the_engine_with_less_prefill_queued_and_says_why() {
         .contains(r#"kvgate_routing_decisions_total{index="approximate",model="m",reason="kv_aware"} 3"#));
     gw.shutdown().await;
 }
+
+/// An SGLang `/v1/loads` body with `waiting` queued requests.
+fn waiting_loads(token_usage: f64, waiting: u64) -> String {
+    let mut body: Value = serde_json::from_str(&sglang_loads(token_usage, 1, 0)).unwrap();
+    body["loads"][0]["num_waiting_reqs"] = waiting.into();
+    body.to_string()
+}
+
+#[tokio::test]
+async fn worker_overload_protection_leaves_a_queued_or_full_engine_out_and_sheds_when_all_are() {
+    let queued = upstream("queued", "m").await;
+    let full = upstream("full", "m").await;
+    let free = upstream("free", "m").await;
+    *queued.loads_body.lock().unwrap() = waiting_loads(0.1, 8);
+    *full.loads_body.lock().unwrap() = waiting_loads(0.85, 0);
+    *free.loads_body.lock().unwrap() = waiting_loads(0.5, 7);
+    // round_robin reads no loads: the protection alone makes the monitor poll, and it holds for
+    // every policy (SMG's --worker-overload-* bounds, inclusive).
+    let mut cfg = with_policy(
+        vec![queued.url.clone(), full.url.clone(), free.url.clone()],
+        PolicyConfig { policy: PolicyKind::RoundRobin, ..PolicyConfig::default() },
+    );
+    cfg.worker_overload_waiting_requests = Some(8);
+    cfg.worker_overload_token_usage = Some(0.8);
+    let gw = gateway(cfg.clone()).await;
+    assert!(eventually(5.0, async || loads(&gw).await["loads"].as_array().unwrap().len() == 3).await);
+    let gw_url = gw.url();
+    let complete = async |url: &str| {
+        client()
+            .post(format!("{url}/v1/completions"))
+            .json(&serde_json::json!({"model": "m", "prompt": "hi"}))
+            .send()
+            .await
+            .unwrap()
+    };
+    for _ in 0..9 {
+        assert_eq!(complete(&gw_url).await.status(), 200);
+    }
+    assert_eq!(free.requests.load(Ordering::SeqCst), 9);
+    assert_eq!((queued.requests.load(Ordering::SeqCst), full.requests.load(Ordering::SeqCst)), (0, 0));
+    assert!(metric_line_appears(&gw, "kvgate_worker_overload_left_out_total{model=\"m\"} 18").await);
+    // Every engine over a bound: the least loaded (fewest waiting) takes it...
+    *free.loads_body.lock().unwrap() = waiting_loads(0.9, 9);
+    let sees_it =
+        async || loads(&gw).await["loads"].as_array().unwrap().iter().any(|l| l["token_usage"] == 0.9);
+    assert!(eventually(5.0, sees_it).await);
+    assert_eq!(complete(&gw_url).await.status(), 200);
+    assert_eq!(full.requests.load(Ordering::SeqCst), 1, "the full engine has no queue");
+    gw.shutdown().await;
+    // ... or, with --worker-overload-shed, nobody: 503 with SMG's code and Retry-After.
+    cfg.worker_overload_shed = true;
+    let gw = gateway(cfg).await;
+    assert!(eventually(5.0, async || loads(&gw).await["loads"].as_array().unwrap().len() == 3).await);
+    let shed = complete(&gw.url()).await;
+    assert_eq!(shed.status(), 503);
+    assert!(shed.headers().get("retry-after").is_some());
+    let body: Value = shed.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "worker_overload_protection_shed", "{body}");
+    gw.shutdown().await;
+}

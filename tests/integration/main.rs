@@ -9,6 +9,7 @@ mod common;
 
 mod closed_loop;
 mod dashboard;
+mod dp_aware;
 mod e2e;
 mod embed;
 mod fleet;
@@ -18,6 +19,7 @@ mod kv_events;
 mod listener;
 mod load_monitor;
 mod pd;
+mod pd_conditional;
 mod policies;
 mod reliability;
 mod replica_sync;

@@ -14,7 +14,7 @@ use kvgate_policy::{PolicyConfig, PolicyKind};
 use serde_json::{json, Value};
 
 /// A PD gateway config: `prefill` (URL, bootstrap port) and `decode` URLs.
-fn pd_config(
+pub(crate) fn pd_config(
     prefill: &[(&Arc<Upstream>, Option<u16>)],
     decode: &[&Arc<Upstream>],
     protocol: PdProtocol,
@@ -33,15 +33,15 @@ fn pd_config(
     cfg
 }
 
-async fn post(gw: &kvgate_gateway::GatewayHandle, body: &Value) -> reqwest::Response {
+pub(crate) async fn post(gw: &kvgate_gateway::GatewayHandle, body: &Value) -> reqwest::Response {
     client().post(format!("{}/v1/chat/completions", gw.url())).json(body).send().await.unwrap()
 }
 
-fn last_body(up: &Upstream) -> Value {
+pub(crate) fn last_body(up: &Upstream) -> Value {
     up.bodies.lock().unwrap().last().cloned().expect("the upstream saw a request")
 }
 
-async fn metrics(gw: &kvgate_gateway::GatewayHandle) -> String {
+pub(crate) async fn metrics(gw: &kvgate_gateway::GatewayHandle) -> String {
     client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
 }
 
@@ -81,7 +81,7 @@ async fn sglang_both_sides_see_the_same_room_and_the_decode_answer_streams_back(
     assert!(text.contains(r#"kvgate_pd_requests_total{role="prefill",status="200"} 2"#), "{text}");
     assert!(text.contains(r#"kvgate_pd_requests_total{role="decode",status="200"} 2"#), "{text}");
     assert!(text.contains(
-        r#"kvgate_pd_decisions_total{index="none",model="m",reason="round_robin",role="prefill"} 2"#
+        r#"kvgate_pd_decisions_total{index="none",model="m",path="pair",reason="round_robin",role="prefill"} 2"#
     ));
     let workers: Value =
         client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
@@ -261,10 +261,10 @@ async fn each_side_has_its_own_policy_and_the_prefill_overload_trigger_reads_the
     assert_eq!(decode_workers.len(), 2, "the decode side's round_robin spreads");
     assert_eq!(hot.requests.load(Ordering::SeqCst), 0);
     let text = metrics(&gw).await;
-    assert!(text.contains(r#"kvgate_pd_decisions_total{index="approximate",model="m",reason="imbalance_overload",role="prefill"} 4"#), "{text}");
+    assert!(text.contains(r#"kvgate_pd_decisions_total{index="approximate",model="m",path="pair",reason="imbalance_overload",role="prefill"} 4"#), "{text}");
     assert!(
         text.contains(
-            r#"kvgate_pd_decisions_total{index="none",model="m",reason="round_robin",role="decode"} 4"#
+            r#"kvgate_pd_decisions_total{index="none",model="m",path="pair",reason="round_robin",role="decode"} 4"#
         ),
         "{text}"
     );
@@ -316,7 +316,7 @@ async fn workers_register_with_a_role_at_run_time() {
 
 // ---- With simulated PD engines (`kvgate mock --role prefill|decode`) ----
 
-async fn mock_fleet(
+pub(crate) async fn mock_fleet(
     role: kvgate_mock::WorkerRole,
     count: usize,
     tweak: impl FnOnce(&mut kvgate_mock::MockArgs),
@@ -333,7 +333,7 @@ async fn mock_fleet(
     kvgate_mock::spawn_fleet(args).await.expect("mock engines start")
 }
 
-fn mock_pd_config(
+pub(crate) fn mock_pd_config(
     prefill: &[&kvgate_mock::MockFleet],
     decode: &kvgate_mock::MockFleet,
     protocol: PdProtocol,

@@ -6,8 +6,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-/// Every SMG 1.13 option as a Python keyword: `{"keyword", "flag", "arity"}` (arity `0`, `1`, `*`
-/// or `+`).
+/// Every SMG 1.13 option as a Python keyword: `{"keyword", "flag", "arity", "class"}` (arity `0`,
+/// `1`, `*` or `+`; class `same`, `mapped` or `refused`, as docs/SMG.md).
 #[pyfunction]
 pub fn _smg_keywords(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let list = PyList::empty(py);
@@ -23,6 +23,12 @@ pub fn _smg_keywords(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
             kvgate::smg::Arity::OneOrMore => "+",
         };
         entry.set_item("arity", arity)?;
+        let class = match kvgate::smg::entry(flag).map(|entry| &entry.class) {
+            Some(kvgate::smg::Class::Same { .. }) => "same",
+            Some(kvgate::smg::Class::Mapped { .. }) => "mapped",
+            Some(kvgate::smg::Class::Refused { .. }) | None => "refused",
+        };
+        entry.set_item("class", class)?;
         list.append(entry)?;
     }
     Ok(list)

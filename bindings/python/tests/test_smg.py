@@ -28,11 +28,21 @@ def test_smg_keywords_become_kvgate_options() -> None:
     assert config["prometheus_port"] == 29000
     assert config["tokenizer_path"] == "/models/llama"
     assert config["keep_alive_timeout_secs"] == 75
+    assert config["dp_aware"] is False
+
+
+def test_max_concurrent_requests_takes_smg_values_as_the_command_line_does() -> None:
+    assert kvgate.Gateway(port=0, max_concurrent_requests=-1).config()["max_concurrent_requests"] is None
+    assert kvgate.Gateway(port=0, max_concurrent_requests=32).config()["max_concurrent_requests"] == 32
+    assert kvgate.Gateway(port=0, max_concurrent_requests=None).config()["max_concurrent_requests"] is None
+    assert kvgate.Gateway(port=0, dp_aware=True).config()["dp_aware"] is True
 
 
 def test_smg_keywords_kvgate_lacks_are_refused_with_the_reason() -> None:
-    with pytest.raises(ValueError, match=r"--dp-aware \(SMG\) is not supported: kvgate lacks data-parallel ranks"):
-        kvgate.Gateway(port=0, dp_aware=True)
+    with pytest.raises(
+        ValueError, match=r"--dp-minimum-tokens-scheduler \(SMG\) is not supported: kvgate lacks data-parallel rank"
+    ):
+        kvgate.Gateway(port=0, dp_minimum_tokens_scheduler=True)
     with pytest.raises(ValueError, match=r"--enable-mesh \(SMG\).*\n.*--history-backend \(SMG\) postgres"):
         kvgate.Gateway(port=0, enable_mesh=True, history_backend="postgres")
     with pytest.raises(TypeError, match="multiple values for 'eviction_interval'"):

@@ -16,19 +16,21 @@ use kvgate_index::{AccuracyChange, AccuracySample, BlockIndex, Namespace, Prefix
 
 use crate::metrics::Metrics;
 use crate::usage::{usage_of_body, EngineUsage, StreamUsage};
-use crate::worker::Worker;
+use crate::worker::{ModelAccuracy, Worker};
 
 /// Whole answers larger than this are not read for their usage (they pass through untouched).
 const MAX_READ_BODY: usize = 1 << 20;
 
 /// What the index predicted for one request on the worker it was sent to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) struct Probe {
     pub(crate) prompt_tokens: u32,
     /// Leading prompt tokens the exact index says the worker's engine holds (any tier).
     pub(crate) predicted: u32,
     /// The decision was made on the exact index (the engines' events flowed).
     pub(crate) exact: bool,
+    /// The model's window (every worker's answers), once the pool is known.
+    pub(crate) model_window: Option<Arc<ModelAccuracy>>,
 }
 
 impl Probe {
@@ -43,7 +45,12 @@ impl Probe {
         let mut matched = PrefixMatch::default();
         index.overlap(tokens, namespace, &mut matched);
         let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        Probe { prompt_tokens: clamp(tokens.len()), predicted: clamp(matched.matched(worker)), exact }
+        Probe {
+            prompt_tokens: clamp(tokens.len()),
+            predicted: clamp(matched.matched(worker)),
+            exact,
+            model_window: None,
+        }
     }
 }
 
@@ -160,6 +167,8 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
         metrics.prefix_predicted_tokens.with_label_values(&labels).inc_by(u64::from(probe.predicted));
         if let Some(cached) = cached {
             metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
+            let missed = cached.saturating_sub(probe.predicted);
+            metrics.prefix_missed_cached_tokens.with_label_values(&labels).inc_by(u64::from(missed));
             if prompt_tokens > 0 {
                 let difference = (f64::from(cached) - f64::from(probe.predicted)) / f64::from(prompt_tokens);
                 metrics.prefix_cached_difference.with_label_values(&labels).observe(difference);
@@ -183,6 +192,7 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
                 cause = disagreement.cause.as_str(),
                 error_share = disagreement.error_share,
                 wrong_share = disagreement.wrong_share,
+                missed_share = disagreement.missed_share,
                 requests = disagreement.requests,
                 "the prefix index disagrees with the engine's cached tokens: {}",
                 disagreement.cause.advice()
@@ -193,6 +203,29 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
                 .series
                 .write(|url| metrics.prefix_index_disagreement.with_label_values(&[model, url]).set(0));
             tracing::info!(model, worker = %worker.url, "the prefix index agrees with the engine again");
+        }
+        None => {}
+    }
+    let Some(window) = probe.model_window else { return };
+    let change = window.record(sample);
+    match change {
+        Some(AccuracyChange::Raised(disagreement)) => {
+            metrics.prefix_model_index_disagreement.with_label_values(&[model]).set(1);
+            tracing::warn!(
+                model,
+                cause = disagreement.cause.as_str(),
+                error_share = disagreement.error_share,
+                wrong_share = disagreement.wrong_share,
+                missed_share = disagreement.missed_share,
+                requests = disagreement.requests,
+                "the prefix index disagrees with the engines' cached tokens over the model's last {} answers: {}",
+                disagreement.requests,
+                disagreement.cause.advice()
+            );
+        }
+        Some(AccuracyChange::Cleared) => {
+            metrics.prefix_model_index_disagreement.with_label_values(&[model]).set(0);
+            tracing::info!(model, "the prefix index agrees with the engines again (the model's window)");
         }
         None => {}
     }

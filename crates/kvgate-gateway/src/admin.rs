@@ -76,6 +76,11 @@ pub struct WorkerInfo {
     pub worker_type: WorkerRole,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bootstrap_port: Option<u16>,
+    /// `--dp-aware`: its data-parallel rank inside the engine at `address`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// The worker's KV event publishers, and how many of its ranks' events flow into the index.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<KvEventsInfo>,
@@ -91,6 +96,9 @@ pub struct IndexAccuracyInfo {
     pub requests: usize,
     /// Sum of |predicted - engine-reported cached tokens| over the window's prompt tokens.
     pub error_share: f64,
+    /// The share of the window's engine-reported cached tokens the index did not predict (the
+    /// engine's hits beyond each prediction; the index misses what follows a shared start).
+    pub missed_share: f64,
     /// A persistent disagreement (more than 10% over a full window), with its likely cause.
     pub disagreement: Option<DisagreementInfo>,
 }
@@ -101,6 +109,8 @@ pub struct DisagreementInfo {
     pub error_share: f64,
     /// The share of the window's requests claiming cached tokens (either side) that were wrong.
     pub wrong_share: f64,
+    /// The share of the engine-reported cached tokens the index did not predict.
+    pub missed_share: f64,
     pub advice: &'static str,
 }
 
@@ -124,6 +134,8 @@ impl WorkerInfo {
             circuit_state: worker.circuit.state(now),
             worker_type: worker.role,
             bootstrap_port: worker.bootstrap_port,
+            dp_rank: worker.dp_rank,
+            address: worker.dp_rank.map(|_| worker.address.clone()),
             kv_events: worker.kv_events.clone().map(|source| KvEventsInfo {
                 source,
                 live_ranks: worker.kv_live_ranks(),
@@ -135,14 +147,26 @@ impl WorkerInfo {
 }
 
 fn index_accuracy(worker: &Worker) -> Option<IndexAccuracyInfo> {
-    let (requests, error_share, disagreement) = worker.index_accuracy();
+    accuracy_info(worker.index_accuracy())
+}
+
+fn accuracy_info(
+    (requests, error_share, missed_share, disagreement): (
+        usize,
+        f64,
+        f64,
+        Option<kvgate_index::Disagreement>,
+    ),
+) -> Option<IndexAccuracyInfo> {
     (requests > 0).then(|| IndexAccuracyInfo {
         requests,
         error_share,
+        missed_share,
         disagreement: disagreement.map(|d| DisagreementInfo {
             cause: d.cause.as_str(),
             error_share: d.error_share,
             wrong_share: d.wrong_share,
+            missed_share: d.missed_share,
             advice: d.cause.advice(),
         }),
     })
@@ -154,8 +178,17 @@ pub async fn list_workers(
 ) -> Result<Response, ApiError> {
     check_admin_key(state.config.admin_api_key.as_deref(), &headers)?;
     let now = Instant::now();
-    let workers: Vec<_> = state.registry.snapshot().workers.iter().map(|w| WorkerInfo::of(w, now)).collect();
-    Ok(Json(json!({"workers": workers})).into_response())
+    let snapshot = state.registry.snapshot();
+    let workers: Vec<_> = snapshot.workers.iter().map(|w| WorkerInfo::of(w, now)).collect();
+    // The closed loop over each model's answers (every worker's), where there were some.
+    let models: serde_json::Map<String, serde_json::Value> = snapshot
+        .pools()
+        .filter_map(|pool| {
+            let info = accuracy_info(pool.prefix.accuracy.state())?;
+            Some((pool.model.clone(), json!({"index_accuracy": info})))
+        })
+        .collect();
+    Ok(Json(json!({"workers": workers, "models": models})).into_response())
 }
 
 #[derive(Deserialize)]
@@ -217,10 +250,14 @@ pub async fn add_worker(
         bootstrap_port: request.bootstrap_port,
         kv_events,
         policy: request.policy,
+        dp_rank: None,
     };
-    let worker = state.registration.register(new).await?;
-    let info = WorkerInfo::of(&worker, Instant::now());
-    Ok((StatusCode::CREATED, Json(json!({"worker": info}))).into_response())
+    let workers = state.registration.register(new).await?;
+    let now = Instant::now();
+    let infos: Vec<WorkerInfo> = workers.iter().map(|worker| WorkerInfo::of(worker, now)).collect();
+    // `worker`: the one added (with --dp-aware, rank 0); `workers`: every one (each rank).
+    let first = infos.first().map(|info| serde_json::to_value(info).unwrap_or_default());
+    Ok((StatusCode::CREATED, Json(json!({"worker": first, "workers": infos}))).into_response())
 }
 
 pub async fn remove_worker(
@@ -229,8 +266,13 @@ pub async fn remove_worker(
     Path(url): Path<String>,
 ) -> Result<Response, ApiError> {
     check_admin_key(state.config.admin_api_key.as_deref(), &headers)?;
-    match state.registration.deregister(&url) {
-        Some(worker) => Ok(Json(json!({"removed": worker.url})).into_response()),
+    let removed = state.registration.deregister(&url);
+    match removed.first() {
+        Some(worker) if removed.len() == 1 => Ok(Json(json!({"removed": worker.url})).into_response()),
+        Some(_) => {
+            let names: Vec<&str> = removed.iter().map(|worker| worker.url.as_str()).collect();
+            Ok(Json(json!({"removed": url, "ranks": names})).into_response())
+        }
         None => Err(ApiError::NotFound(format!("no worker {url} is registered"))),
     }
 }

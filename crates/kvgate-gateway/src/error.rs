@@ -43,6 +43,10 @@ pub enum ApiError {
     QueueTimeout(f64),
     #[error("{0}")]
     RequestTimeout(String),
+    /// Every worker the request could use is over the overload bounds (`--worker-overload-shed`);
+    /// the client may retry after `retry_after_secs`.
+    #[error("every worker{where_} is overloaded (--worker-overload-waiting-requests, --worker-overload-token-usage); retry later")]
+    Overloaded { where_: String, retry_after_secs: u64 },
 }
 
 impl ApiError {
@@ -61,6 +65,7 @@ impl ApiError {
             ApiError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
             ApiError::RateLimited | ApiError::OverQuota { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::QueueTimeout(_) | ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -82,6 +87,8 @@ impl ApiError {
             ApiError::OverQuota { over, .. } => ("rate_limit_error", over_quota_code(over.quota)),
             ApiError::QueueTimeout(_) => ("rate_limit_error", "queue_timeout"),
             ApiError::RequestTimeout(_) => ("invalid_request_error", "request_timeout"),
+            // SMG's code for the same refusal.
+            ApiError::Overloaded { .. } => ("service_unavailable", "worker_overload_protection_shed"),
         }
     }
 }
@@ -126,6 +133,9 @@ impl IntoResponse for ApiError {
         let (kind, code) = self.kind_and_code();
         let mut response = (self.status(), error_body(&self.to_string(), kind, code)).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let ApiError::Overloaded { retry_after_secs, .. } = &self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+        }
         if let ApiError::OverQuota { over, .. } = &self {
             // A request that can never pass is told to come back in a minute, the quota's window.
             let wait = over.retry_after.unwrap_or(std::time::Duration::from_secs(60));

@@ -66,7 +66,7 @@ impl HealthLoop {
     async fn check_worker(&self, worker: &Arc<Worker>) -> bool {
         let mut learned = false;
         if worker.model().is_none() {
-            if let Ok(model) = self.check.discover_model(&worker.url).await {
+            if let Ok(model) = self.check.discover_model(&worker.address).await {
                 tracing::info!(worker = %worker.url, %model, "learned the worker's model");
                 learned = worker.set_model(model);
             }
@@ -74,7 +74,7 @@ impl HealthLoop {
         if self.probes_disabled {
             return learned;
         }
-        let passed = self.check.probe(&worker.url).await;
+        let passed = self.check.probe(&worker.address).await;
         // Active half-open probing: a worker whose circuit waits half-open may get no request for a
         // long time (e.g. its prefixes are cached elsewhere); a passed probe closes it.
         // An open one turns half-open at the first passing probe (a restarted engine need not wait

@@ -12,6 +12,7 @@ struct SglangLoads {
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct SglangRank {
+    dp_rank: Option<u32>,
     num_running_reqs: f64,
     num_waiting_reqs: f64,
     num_waiting_uncached_tokens: f64,
@@ -28,10 +29,18 @@ fn count(value: f64) -> u64 {
     }
 }
 
-/// Parse SGLang's `/v1/loads`; `fetched_at_ms` is left 0 for the caller to set.
-pub fn parse_sglang(body: &[u8]) -> Result<LoadSample, String> {
-    let parsed: SglangLoads =
+/// Parse SGLang's `/v1/loads`: the engine's load (every rank's), or with `rank` (a worker that
+/// is one data-parallel rank, `--dp-aware`) that rank's entry alone; `fetched_at_ms` is left 0
+/// for the caller to set.
+pub fn parse_sglang(body: &[u8], rank: Option<u32>) -> Result<LoadSample, String> {
+    let mut parsed: SglangLoads =
         serde_json::from_slice(body).map_err(|e| format!("invalid /v1/loads JSON: {e}"))?;
+    if let Some(rank) = rank {
+        parsed.loads.retain(|entry| entry.dp_rank == Some(rank));
+        if parsed.loads.is_empty() {
+            return Err(format!("/v1/loads has no entry for dp_rank {rank}"));
+        }
+    }
     if parsed.loads.is_empty() {
         return Err("/v1/loads has no ranks".into());
     }
@@ -146,11 +155,16 @@ mod tests {
              "cache_hit_rate":0.5,"utilization":0.1,"max_running_requests":256,"num_total_reqs":4},
             {"dp_rank":1,"num_running_reqs":5,"num_waiting_reqs":0,"num_waiting_uncached_tokens":20,
              "max_total_num_tokens":1000,"token_usage":0.6,"gen_throughput":70.0}]}"#;
-        let load = parse_sglang(body).unwrap();
+        let load = parse_sglang(body, None).unwrap();
         assert!((load.token_usage - 0.4).abs() < 1e-9);
         assert_eq!((load.num_running_reqs, load.num_waiting_reqs), (8, 1));
         assert_eq!((load.num_waiting_uncached_tokens, load.max_total_num_tokens), (120, 2000));
         assert_eq!(load.gen_throughput, 120.0);
+        // One rank as a worker of its own (--dp-aware): its entry alone.
+        let rank = parse_sglang(body, Some(1)).unwrap();
+        assert!((rank.token_usage - 0.6).abs() < 1e-9);
+        assert_eq!((rank.num_running_reqs, rank.max_total_num_tokens), (5, 1000));
+        assert!(parse_sglang(body, Some(2)).unwrap_err().contains("dp_rank 2"));
     }
 
     #[test]
@@ -162,7 +176,7 @@ mod tests {
             br#"{"loads":[{"token_usage":"x"}]}"#,
             br#"{"loads":[{"token_usage":7}]}"#,
         ] {
-            assert!(parse_sglang(body).is_err(), "{}", String::from_utf8_lossy(body));
+            assert!(parse_sglang(body, None).is_err(), "{}", String::from_utf8_lossy(body));
         }
     }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
-use kvgate_policy::{IndexKind, Reason};
+use kvgate_policy::{IndexKind, PdPath, Reason};
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -49,6 +49,8 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     pub client_connections: IntGauge,
     pub retries: IntCounterVec,
+    /// Workers left out of a decision by per-worker overload protection, by model.
+    pub overload_left_out: IntCounterVec,
     pub upstream_failures: IntCounterVec,
     pub worker_healthy: IntGaugeVec,
     pub circuit_state: IntGaugeVec,
@@ -61,8 +63,10 @@ pub struct Metrics {
     /// The closed loop (`accuracy.rs`): per model and worker.
     pub prefix_predicted_tokens: IntCounterVec,
     pub prefix_engine_cached_tokens: IntCounterVec,
+    pub prefix_missed_cached_tokens: IntCounterVec,
     pub prefix_cached_difference: HistogramVec,
     pub prefix_index_disagreement: IntGaugeVec,
+    pub prefix_model_index_disagreement: IntGaugeVec,
     pub tokenize_limited: IntCounterVec,
     pub tokenizer_pending: IntGauge,
     /// Answers of workers and peers past their bound, by source.
@@ -151,7 +155,8 @@ fn index_slot(index: Option<IndexKind>) -> usize {
 /// The series of one model's routing decisions, resolved on first use.
 #[derive(Default)]
 pub struct PoolSeries {
-    decisions: [[OnceLock<IntCounter>; INDEX_LABELS.len()]; Reason::ALL.len()],
+    /// By reason, index and path (a regular pool's use the first path slot only).
+    decisions: [[[OnceLock<IntCounter>; PdPath::ALL.len()]; INDEX_LABELS.len()]; Reason::ALL.len()],
     match_best: OnceLock<Histogram>,
     match_chosen: OnceLock<Histogram>,
     predicted: [OnceLock<Histogram>; PREDICTED_TERMS.len()],
@@ -213,6 +218,12 @@ impl Metrics {
                 "Requests retried on another worker, by endpoint.",
                 &["endpoint"],
             ),
+            overload_left_out: counter(
+                "kvgate_worker_overload_left_out_total",
+                "Workers left out of a routing decision for their waiting requests or KV usage \
+                 (--worker-overload-waiting-requests, --worker-overload-token-usage), by model.",
+                &["model"],
+            ),
             upstream_failures: counter(
                 "kvgate_upstream_failures_total",
                 "Failed attempts per worker: connect (connection error), status (502/503/504/5xx), timeout.",
@@ -231,8 +242,8 @@ impl Metrics {
             ),
             pd_decisions: counter(
                 "kvgate_pd_decisions_total",
-                "Routing decisions of the prefill and decode sides of a disaggregated fleet, by model, role, reason and prefix index.",
-                &["model", "role", "reason", "index"],
+                "Routing decisions of the prefill and decode sides of a disaggregated fleet, by model, role, reason, prefix index and path (`pair`: prefilled on a prefill engine; `in_place`: on the decode engine, --pd-conditional).",
+                &["model", "role", "reason", "index", "path"],
             ),
             pd_requests: counter(
                 "kvgate_pd_requests_total",
@@ -266,6 +277,11 @@ impl Metrics {
                 "Prompt tokens the engine reported served from its cache (usage.prompt_tokens_details.cached_tokens, SGLang's meta_info.cached_tokens) on the same requests, by model and worker.",
                 &["model", "worker"],
             ),
+            prefix_missed_cached_tokens: counter(
+                "kvgate_prefix_missed_cached_tokens_total",
+                "Of the engine-reported cached tokens, those beyond what the index predicted on the same request (the engine's hits the index did not see), by model and worker; over kvgate_prefix_engine_cached_tokens_total: the missed share.",
+                &["model", "worker"],
+            ),
             prefix_cached_difference: histogram(
                 "kvgate_prefix_cached_tokens_difference_ratio",
                 "Per answered request: (engine-reported cached tokens - predicted) / prompt tokens, by model and worker. Near 0: the index agrees with the engine; negative: it overclaims; positive: it misses what the engine holds.",
@@ -274,8 +290,13 @@ impl Metrics {
             ),
             prefix_index_disagreement: gauge(
                 "kvgate_prefix_index_disagreement",
-                "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens or a quarter of at least 10 claimed requests wrong, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
+                "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens, a quarter of at least 10 claimed requests wrong, or 10% of the engine's cached tokens missed over at least 5 requests, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
                 &["model", "worker"],
+            ),
+            prefix_model_index_disagreement: gauge(
+                "kvgate_prefix_model_index_disagreement",
+                "1 while the index and the engines disagree persistently over the model's last 500 answered requests (every worker's; the same bounds, the missed one at 5% of the engines' cached tokens over at least 15 requests; the cause is in the log and in /workers' models), else 0.",
+                &["model"],
             ),
             tokenize_limited: counter(
                 "kvgate_tokenize_limited_total",
@@ -441,18 +462,21 @@ impl Metrics {
     }
 
     /// Count one routing decision of a pool's policy (`model`'s regular pool, or one side of its
-    /// disaggregated pair), with its prefix-match rates and prediction if any (not for the
-    /// decode side: the prompt's prefix and first token are the prefill side's).
+    /// disaggregated pair, on `path`), with its prefix-match rates and prediction if any (not
+    /// for the decode side of a pair: the prompt's prefix and first token are the prefill
+    /// side's; a decode engine prefilling in place counts them).
     pub fn count_decision(
         &self,
         model: &str,
         role: WorkerRole,
         series: &PoolSeries,
         decision: &kvgate_policy::Decision,
+        path: PdPath,
     ) {
         let reason = decision.reason;
         let slot = index_slot(decision.index);
-        series.decisions[reason as usize][slot]
+        let path_slot = PdPath::ALL.iter().position(|&p| p == path).unwrap_or(0);
+        series.decisions[reason as usize][slot][path_slot]
             .get_or_init(|| match role {
                 WorkerRole::Regular => {
                     self.decisions.with_label_values(&[model, reason.as_str(), INDEX_LABELS[slot]])
@@ -462,10 +486,11 @@ impl Metrics {
                     role.as_str(),
                     reason.as_str(),
                     INDEX_LABELS[slot],
+                    path.as_str(),
                 ]),
             })
             .inc();
-        if role == WorkerRole::Decode {
+        if role == WorkerRole::Decode && path == PdPath::Pair {
             return;
         }
         if let Some(matches) = decision.matches {
@@ -511,7 +536,11 @@ impl Metrics {
             remove_labelled(family, url);
         }
         remove_labelled(&self.loads.snapshot_age, url);
-        for family in [&self.prefix_predicted_tokens, &self.prefix_engine_cached_tokens] {
+        for family in [
+            &self.prefix_predicted_tokens,
+            &self.prefix_engine_cached_tokens,
+            &self.prefix_missed_cached_tokens,
+        ] {
             remove_labelled(family, url);
         }
         remove_labelled(&self.prefix_index_disagreement, url);

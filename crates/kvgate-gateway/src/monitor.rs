@@ -44,6 +44,8 @@ pub struct LoadMonitor {
     pub max_answer_bytes: usize,
     /// `kvgate_oversized_answers_total{source}`.
     pub oversized: IntCounterVec,
+    /// Poll whatever the policies need (per-worker overload protection reads every pool's loads).
+    pub always_poll: bool,
 }
 
 impl LoadMonitor {
@@ -68,7 +70,7 @@ async fn poll_once(
     sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
     interval: Duration,
 ) {
-    let polling = monitor.registry.policies_need_loads();
+    let polling = monitor.always_poll || monitor.registry.policies_need_loads();
     monitor.loads.set_active(polling);
     let now = Instant::now();
     let snapshot = monitor.registry.snapshot();
@@ -168,7 +170,7 @@ async fn fetch(
         Source::Vllm => "/metrics",
     };
     let bearer = monitor.bearer.as_deref();
-    let url = format!("{}{path}", worker.url);
+    let url = format!("{}{path}", worker.address);
     let limit = monitor.max_answer_bytes;
     let (status, body) = match get(&monitor.client, &url, bearer, timeout, limit, Keep::Body).await {
         Ok(answer) => answer,
@@ -182,7 +184,7 @@ async fn fetch(
         return Err(format!("GET {path} answered {status}"));
     }
     match source {
-        Source::Sglang => parse_sglang(&body),
+        Source::Sglang => parse_sglang(&body, worker.dp_rank),
         Source::Vllm => parse_vllm(&String::from_utf8_lossy(&body)),
     }
 }

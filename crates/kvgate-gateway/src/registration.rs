@@ -36,12 +36,47 @@ pub struct Registration {
     pub own_address: OwnAddress,
     /// `--worker-url-allow`: where workers (and their KV event publishers) may be.
     pub allow: AllowList,
+    /// `--dp-aware`: an engine's data-parallel ranks are registered as workers of their own.
+    pub dp_aware: bool,
 }
 
 impl Registration {
-    /// Add a worker: learn its model (unless given) and its first health state, then publish it.
-    /// A worker whose model cannot be learned yet is registered and retried by the health loop.
-    pub async fn register(&self, mut new: NewWorker) -> Result<Arc<Worker>, ApiError> {
+    /// Add a worker (with `--dp-aware`, one per data-parallel rank of the engine, in rank
+    /// order): learn its model (unless given) and its first health state, then publish it. A
+    /// worker whose model cannot be learned yet is registered and retried by the health loop.
+    pub async fn register(&self, new: NewWorker) -> Result<Vec<Arc<Worker>>, ApiError> {
+        if !self.dp_aware || new.dp_rank.is_some() {
+            return Ok(vec![self.register_one(new).await?]);
+        }
+        let url = normalize_url(&new.url).map_err(ApiError::BadRequest)?;
+        if self.registry.snapshot().ranks_of(&url).next().is_some() {
+            return Err(ApiError::Conflict(format!("worker {url} is already registered")));
+        }
+        let size = self.check.dp_size(&url).await.map_err(|error| {
+            ApiError::UpstreamUnreachable(format!(
+                "{url}: --dp-aware needs the engine's data-parallel size: {error}"
+            ))
+        })?;
+        let sources = split_ranks(new.kv_events.as_ref(), size)
+            .map_err(|why| ApiError::BadRequest(format!("{url}: {why}")))?;
+        let mut added = Vec::with_capacity(size as usize);
+        for (rank, kv_events) in (0..size).zip(sources) {
+            let one = NewWorker { url: url.clone(), dp_rank: Some(rank), kv_events, ..new.clone() };
+            match self.register_one(one).await {
+                Ok(worker) => added.push(worker),
+                Err(error) => {
+                    for worker in added {
+                        self.deregister(&worker.url);
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(added)
+    }
+
+    /// Adds one worker (one rank of an engine with `dp_rank`).
+    async fn register_one(&self, mut new: NewWorker) -> Result<Arc<Worker>, ApiError> {
         let url = normalize_url(&new.url).map_err(ApiError::BadRequest)?;
         if self.own_address.is_own(&url).await {
             return Err(ApiError::BadRequest(format!(
@@ -49,8 +84,12 @@ impl Registration {
             )));
         }
         self.check_allowed(&url, new.kv_events.as_ref()).await?;
-        if self.registry.snapshot().find(&url).is_some() {
-            return Err(ApiError::Conflict(format!("worker {url} is already registered")));
+        let name = match new.dp_rank {
+            Some(rank) => format!("{url}@{rank}"),
+            None => url.clone(),
+        };
+        if self.registry.snapshot().find(&name).is_some() {
+            return Err(ApiError::Conflict(format!("worker {name} is already registered")));
         }
         let model = match new.model.take() {
             Some(model) => Some(model),
@@ -82,14 +121,40 @@ impl Registration {
         Ok(worker)
     }
 
-    /// Remove a worker: no new request goes to it; requests already sent to it finish normally
-    /// (they hold their own handle on it).
-    pub fn deregister(&self, url: &str) -> Option<Arc<Worker>> {
-        let worker = self.registry.remove(url)?;
-        self.loads.forget(worker.id);
-        tracing::info!(worker = %worker.url, "worker removed");
-        Some(worker)
+    /// Remove a worker (`URL@RANK`: one data-parallel rank; an engine's URL: the worker, or
+    /// every rank registered for it): no new request goes to it; requests already sent to it
+    /// finish normally (they hold their own handle on it). Empty when none is registered.
+    pub fn deregister(&self, url: &str) -> Vec<Arc<Worker>> {
+        let mut removed: Vec<Arc<Worker>> = self.registry.remove(url).into_iter().collect();
+        if removed.is_empty() {
+            if let Ok(address) = normalize_url(url) {
+                let ranks: Vec<String> =
+                    self.registry.snapshot().ranks_of(&address).map(|w| w.url.clone()).collect();
+                removed.extend(ranks.iter().filter_map(|name| self.registry.remove(name)));
+            }
+        }
+        for worker in &removed {
+            self.loads.forget(worker.id);
+            tracing::info!(worker = %worker.url, "worker removed");
+        }
+        removed
     }
+}
+
+/// One engine's KV event source split per data-parallel rank (`--dp-aware`): rank `r` gets
+/// the `r`-th endpoint (and replay endpoint); an engine without events gives none to each.
+fn split_ranks(source: Option<&KvEventsSource>, size: u32) -> Result<Vec<Option<KvEventsSource>>, String> {
+    let Some(source) = source else {
+        return Ok(vec![None; size as usize]);
+    };
+    if source.ranks.len() != size as usize {
+        return Err(format!(
+            "the engine runs {size} data-parallel ranks but {} KV events endpoints are given (one per \
+             rank, comma-separated, in rank order)",
+            source.ranks.len()
+        ));
+    }
+    Ok(source.ranks.iter().map(|rank| Some(KvEventsSource { ranks: vec![rank.clone()] })).collect())
 }
 
 impl Registration {
@@ -142,5 +207,38 @@ impl OwnAddress {
         let listeners: Vec<SocketAddr> =
             [self.listen.get(), self.admin.get()].into_iter().flatten().copied().collect();
         crate::own_address::leads_to_gateway(url, &listeners).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engines_kv_events_split_one_endpoint_per_rank() {
+        let source = KvEventsSource::parse(
+            "tcp://127.0.0.1:5557,tcp://127.0.0.1:5558",
+            Some("tcp://127.0.0.1:6557,tcp://127.0.0.1:6558"),
+        )
+        .unwrap();
+        let split = split_ranks(source.as_ref(), 2).unwrap();
+        let ranks: Vec<(&str, Option<&str>)> = split
+            .iter()
+            .map(|one| {
+                let rank = &one.as_ref().unwrap().ranks[..];
+                assert_eq!(rank.len(), 1);
+                (rank[0].events.as_str(), rank[0].replay.as_deref())
+            })
+            .collect();
+        assert_eq!(
+            ranks,
+            [
+                ("tcp://127.0.0.1:5557", Some("tcp://127.0.0.1:6557")),
+                ("tcp://127.0.0.1:5558", Some("tcp://127.0.0.1:6558"))
+            ]
+        );
+        assert_eq!(split_ranks(None, 3).unwrap(), vec![None, None, None]);
+        let error = split_ranks(source.as_ref(), 4).unwrap_err();
+        assert!(error.contains("4 data-parallel ranks but 2 KV events endpoints"), "{error}");
     }
 }

@@ -75,6 +75,8 @@ pub struct ModelPrefix {
     pub in_flight: InFlightBlocks,
     /// What the other gateway replicas routed (`--replica-sync-redis-url`; empty otherwise).
     pub peers: PeerBlocks,
+    /// The closed loop over the model's answers (every worker's).
+    pub accuracy: Arc<crate::worker::ModelAccuracy>,
 }
 
 /// What a pool keeps across registry changes.
@@ -110,6 +112,11 @@ impl PoolSnapshot {
         self.workers.iter().find(|w| w.url == url)
     }
 
+    /// The data-parallel ranks registered for the engine at `address` (`--dp-aware`).
+    pub fn ranks_of<'a>(&'a self, address: &'a str) -> impl Iterator<Item = &'a Arc<Worker>> + 'a {
+        self.workers.iter().filter(move |w| w.dp_rank.is_some() && w.address == address)
+    }
+
     /// The pool `worker` belongs to (once its model is known).
     pub fn pool_of(&self, worker: &Worker) -> Option<&Arc<ModelPool>> {
         self.models.get(worker.model()?)?.get(worker.role)
@@ -133,6 +140,8 @@ pub struct NewWorker {
     pub kv_events: Option<KvEventsSource>,
     /// The policy its model should route with, if it is the model's first worker.
     pub policy: Option<PolicyKind>,
+    /// One data-parallel rank of the engine at `url` (`--dp-aware`): registered as `url@rank`.
+    pub dp_rank: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -205,12 +214,16 @@ impl Registry {
 
     /// Register a worker. `healthy` is its initial health (true when health checks are off).
     pub fn add(&self, new: NewWorker, healthy: bool) -> Result<Arc<Worker>, RegistryError> {
-        let NewWorker { url, model, role, bootstrap_port, kv_events, policy } = new;
+        let NewWorker { url, model, role, bootstrap_port, kv_events, policy, dp_rank } = new;
         let url = normalize_url(&url).map_err(RegistryError::InvalidUrl)?;
+        let name = match dp_rank {
+            Some(rank) => format!("{url}@{rank}"),
+            None => url.clone(),
+        };
         let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.snapshot.load();
-        if current.find(&url).is_some() {
-            return Err(RegistryError::Duplicate(url));
+        if current.find(&name).is_some() {
+            return Err(RegistryError::Duplicate(name));
         }
         if current.workers.len() >= self.max_workers {
             return Err(RegistryError::Full(self.max_workers));
@@ -218,11 +231,12 @@ impl Registry {
         if let (Some(kind), Some(model)) = (policy, &model) {
             self.hint(&models, model, role, kind)?;
         }
-        let series = self.metrics.worker_series(&url);
+        let series = self.metrics.worker_series(&name);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let worker = Arc::new(
             Worker::new(id, url, model, healthy, self.circuit, series, kv_events)
-                .with_role(role, bootstrap_port),
+                .with_role(role, bootstrap_port)
+                .with_dp_rank(dp_rank),
         );
         let mut workers = current.workers.clone();
         workers.push(worker.clone());
@@ -234,9 +248,15 @@ impl Registry {
         Ok(worker)
     }
 
-    /// Remove a worker. Requests already sent to it finish normally (they hold their own handle).
+    /// Remove a worker by its name (`URL`, or `URL@RANK` for one data-parallel rank).
+    /// Requests already sent to it finish normally (they hold their own handle).
     pub fn remove(&self, url: &str) -> Option<Arc<Worker>> {
-        let url = normalize_url(url).ok()?;
+        let url = match url.rsplit_once('@') {
+            Some((base, rank)) if rank.parse::<u32>().is_ok() => {
+                format!("{}@{rank}", normalize_url(base).ok()?)
+            }
+            _ => normalize_url(url).ok()?,
+        };
         let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.snapshot.load();
         let removed = current.find(&url)?.clone();
@@ -354,6 +374,7 @@ impl Registry {
                     in_flight: InFlightBlocks::new(exact.clone()),
                     exact,
                     peers: PeerBlocks::new(self.peer_blocks),
+                    accuracy: Arc::default(),
                 })
             },
             config,

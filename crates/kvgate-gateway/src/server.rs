@@ -260,6 +260,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
                 bootstrap_port: worker.bootstrap_port,
                 kv_events: source,
                 policy: None,
+                dp_rank: None,
             };
             let registration = state.registration.clone();
             async move { registration.register(new).await }
@@ -383,6 +384,7 @@ fn spawn_background(
         metrics: state.metrics.loads.clone(),
         max_answer_bytes: config.max_probe_answer_bytes,
         oversized: state.metrics.oversized_answers.clone(),
+        always_poll: state.overload.enabled(),
     };
     let mut background = vec![
         tokio::spawn(health.run(shutdown.clone())),

@@ -41,6 +41,8 @@ pub struct AppState {
     pub loads: Arc<LoadSnapshot>,
     /// The clock handed to policies and stamped on load samples.
     pub clock: Clock,
+    /// Per-worker overload protection (`--worker-overload-*`), applied to every decision.
+    pub overload: kvgate_policy::OverloadSettings,
     pub admission: Arc<Admission>,
     /// The client keys (reloaded on SIGHUP) and the tenant and priority headers.
     pub clients: Arc<Clients>,
@@ -165,6 +167,7 @@ impl AppState {
             loads: loads.clone(),
             check: health_check.clone(),
             probes_disabled: config.disable_health_check,
+            dp_aware: config.dp_aware,
             kv_events: KvEvents {
                 registry: registry.clone(),
                 loads: loads.clone(),
@@ -207,6 +210,7 @@ impl AppState {
             upstream_tls,
             loads,
             clock: Clock::start(),
+            overload: config.overload_settings(),
             api_key_header,
             request_timeout: Duration::from_secs_f64(config.request_timeout_secs),
             ttfb_timeout: config.ttfb_timeout_secs.map(Duration::from_secs_f64),

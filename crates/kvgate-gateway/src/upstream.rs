@@ -272,7 +272,45 @@ impl HealthCheck {
         }
         learned
     }
+
+    /// How many data-parallel ranks the engine at `url` runs: `dp_size` of SGLang's `GET
+    /// /server_info` (`/get_server_info` when that path is unknown, as older SGLang names it;
+    /// SMG 1.13 asks the same, `workflow/steps/local/discover_dp.rs`).
+    pub async fn dp_size(&self, url: &str) -> Result<u32, String> {
+        let bearer = self.bearer.as_deref();
+        let limit = self.max_answer_bytes.max(1 << 20);
+        let mut answer = None;
+        for path in ["/server_info", "/get_server_info"] {
+            let target = format!("{url}{path}");
+            let (status, body) = get(&self.client, &target, bearer, self.timeout, limit, Keep::Body)
+                .await
+                .map_err(|error| format!("GET {path}: {error}"))?;
+            if status == http::StatusCode::NOT_FOUND {
+                continue;
+            }
+            if !status.is_success() {
+                return Err(format!("GET {path} answered {status}"));
+            }
+            answer = Some((path, body));
+            break;
+        }
+        let Some((path, body)) = answer else {
+            return Err(
+                "neither GET /server_info nor GET /get_server_info is served (not an SGLang engine?)".into(),
+            );
+        };
+        let value: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| format!("GET {path}: invalid JSON: {e}"))?;
+        match value.get("dp_size").and_then(serde_json::Value::as_u64) {
+            Some(size) if (1..=MAX_DP_SIZE).contains(&size) => Ok(size as u32),
+            Some(size) => Err(format!("GET {path}: dp_size {size} is not in 1..={MAX_DP_SIZE}")),
+            None => Err(format!("GET {path}: no dp_size (a positive integer) in the answer")),
+        }
+    }
 }
+
+/// The most data-parallel ranks one engine may announce.
+pub const MAX_DP_SIZE: u64 = 1024;
 
 #[cfg(test)]
 mod tests {

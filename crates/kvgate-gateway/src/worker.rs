@@ -160,8 +160,15 @@ impl CircuitBreaker {
 #[derive(Debug)]
 pub struct Worker {
     pub id: WorkerId,
-    /// Canonical URL, e.g. `http://127.0.0.1:8000`.
+    /// Its name in the registry, the metrics and `/workers`: the canonical URL, e.g.
+    /// `http://127.0.0.1:8000`, or `URL@RANK` for one data-parallel rank of an engine
+    /// (`--dp-aware`, SMG's spelling).
     pub url: String,
+    /// Where it is reached (the canonical URL, without a rank).
+    pub address: String,
+    /// Its data-parallel rank inside the engine at `address` (`--dp-aware`): sent in every
+    /// request's body as `data_parallel_rank`.
+    pub dp_rank: Option<u32>,
     /// The model it serves; unset until given or discovered from `/v1/models`.
     model: OnceLock<String>,
     /// Regular, or one side of a prefill/decode pair.
@@ -214,6 +221,8 @@ impl Worker {
             circuit: CircuitBreaker::new(circuit),
             series,
             conns: Arc::new(ConnPool::new(&url)),
+            address: url.clone(),
+            dp_rank: None,
             url,
             kv_live: (0..kv_events.as_ref().map_or(0, |source| source.ranks.len()))
                 .map(|_| AtomicBool::new(false))
@@ -232,9 +241,19 @@ impl Worker {
         self
     }
 
+    /// The same worker as data-parallel rank `rank` of the engine at its URL: named
+    /// `URL@RANK`, reached at URL.
+    pub fn with_dp_rank(mut self, rank: Option<u32>) -> Self {
+        if let Some(rank) = rank {
+            self.url = format!("{}@{rank}", self.address);
+            self.dp_rank = Some(rank);
+        }
+        self
+    }
+
     /// The host part of its URL (what a decode worker dials for SGLang's bootstrap).
     pub fn host(&self) -> &str {
-        let authority = self.url.split("://").nth(1).unwrap_or("").split('/').next().unwrap_or("");
+        let authority = self.address.split("://").nth(1).unwrap_or("").split('/').next().unwrap_or("");
         match authority.strip_prefix('[') {
             Some(v6) => v6.split(']').next().unwrap_or(v6),
             None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
@@ -252,10 +271,11 @@ impl Worker {
         self.accuracy.lock().unwrap_or_else(|p| p.into_inner()).record(sample)
     }
 
-    /// The closed loop's window: requests in it, its error share, the disagreement in force.
-    pub fn index_accuracy(&self) -> (usize, f64, Option<Disagreement>) {
+    /// The closed loop's window: requests in it, its error share, the share of the engine's
+    /// cached tokens it missed, the disagreement in force.
+    pub fn index_accuracy(&self) -> (usize, f64, f64, Option<Disagreement>) {
         let accuracy = self.accuracy.lock().unwrap_or_else(|p| p.into_inner());
-        (accuracy.requests(), accuracy.error_share(), accuracy.disagreement())
+        (accuracy.requests(), accuracy.error_share(), accuracy.missed_share().0, accuracy.disagreement())
     }
 
     /// Ranks whose KV event subscription is connected and in sync.
@@ -344,6 +364,54 @@ impl Worker {
     }
 }
 
+/// The closed loop over all of one model's answers: a wrong template or tokenizer is the
+/// model's, not one worker's, and a larger window tells a few late store events (which the
+/// right template sees too) from misses on a steady share of the requests.
+#[derive(Debug)]
+pub struct ModelAccuracy {
+    window: std::sync::Mutex<IndexAccuracy>,
+}
+
+impl ModelAccuracy {
+    /// 500 answers; more than 5% of the engine's cached tokens missed over at least 15
+    /// under-predicted requests (3% of them: on the trace replay the right template
+    /// under-predicts 0.5% of its requests, through late store events, a template that
+    /// differs after the shared start 4%); the other bounds as a worker's.
+    pub fn settings() -> AccuracySettings {
+        AccuracySettings {
+            window: 500,
+            max_missed_share: 0.05,
+            min_underclaimed: 15,
+            ..AccuracySettings::default()
+        }
+    }
+
+    pub fn new() -> Self {
+        ModelAccuracy { window: std::sync::Mutex::new(IndexAccuracy::new(Self::settings())) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, IndexAccuracy> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds one answer; says when a disagreement was raised or cleared by it.
+    pub fn record(&self, sample: AccuracySample) -> Option<AccuracyChange> {
+        self.lock().record(sample)
+    }
+
+    /// Requests in the window, its error share, its missed share, the disagreement in force.
+    pub fn state(&self) -> (usize, f64, f64, Option<Disagreement>) {
+        let window = self.lock();
+        (window.requests(), window.error_share(), window.missed_share().0, window.disagreement())
+    }
+}
+
+impl Default for ModelAccuracy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,5 +472,32 @@ mod tests {
         assert_eq!(worker.record_health(true, 2, 2), None);
         assert_eq!(worker.record_health(true, 2, 2), Some(true));
         assert_eq!(worker.host(), "127.0.0.1");
+    }
+
+    /// The model's window on the trace replay's shapes (docs/BENCHMARKS.md): the right template
+    /// under-predicts 5 of 1,000 requests, by whole conversations (late store events), which a
+    /// worker's window of 100 cannot tell from a template that misses every earlier turn (39 of
+    /// 1,000 requests under-predicted): the model's 500 can.
+    #[test]
+    fn the_models_window_tells_late_events_from_a_template_that_misses_the_turns() {
+        let answer = |i: usize, missed_every: usize, missed: u32| {
+            let earlier = if i % missed_every == missed_every - 1 { missed } else { 0 };
+            AccuracySample {
+                prompt_tokens: 13_000,
+                predicted: 1_000,
+                engine_cached: Some(1_000 + earlier),
+                exact: true,
+            }
+        };
+        let right = ModelAccuracy::new();
+        assert!((0..1_000).all(|i| right.record(answer(i, 200, 20_000)).is_none()), "late events: nothing");
+        let (requests, _, missed_share, disagreement) = right.state();
+        assert_eq!((requests, disagreement), (500, None));
+        assert!(missed_share > 0.05, "the share alone would not tell them apart: {missed_share}");
+        let wrong = ModelAccuracy::new();
+        let raised: Vec<_> = (0..1_000).filter_map(|i| wrong.record(answer(i, 25, 3_000))).collect();
+        let [AccuracyChange::Raised(disagreement)] = raised[..] else { panic!("{raised:?}") };
+        assert_eq!(disagreement.cause, kvgate_index::LikelyCause::IndexUnderclaims);
+        assert!(disagreement.error_share < 0.01 && disagreement.wrong_share < 0.25, "{disagreement:?}");
     }
 }

@@ -38,15 +38,32 @@ pub struct AccuracySettings {
     /// its claims are wrong.
     pub max_wrong_share: f64,
     pub min_claimed: usize,
+    /// Raised when the cached tokens the engine served beyond what the index predicted exceed
+    /// this share of all the engine served cached, over at least `min_underclaimed` requests
+    /// that it under-predicted; cleared under half of it. This catches an index that matches a
+    /// shared start (a common system prompt both sides hold) but misses what follows (the
+    /// earlier turns of each conversation, under a chat template that differs after the first
+    /// message): its error is small against the prompt tokens and its claims look right, but a
+    /// large part of the engine's hits is invisible to it.
+    pub max_missed_share: f64,
+    pub min_underclaimed: usize,
 }
 
 impl Default for AccuracySettings {
-    /// 10% of prompt tokens, or a quarter of at least 10 claims, over 100 requests: far above
+    /// 10% of prompt tokens, or a quarter of at least 10 claims, or 10% of the engine's cached
+    /// tokens missed over at least 5 under-predicted requests, over 100 requests: far above
     /// the noise of an index that agrees (a request in flight, a block evicted between routing
     /// and admission: one claim in a hundred on the trace replays), far below what a wrong
     /// template gives (most of the prompt, or most of the claims).
     fn default() -> Self {
-        AccuracySettings { window: 100, max_error_share: 0.10, max_wrong_share: 0.25, min_claimed: 10 }
+        AccuracySettings {
+            window: 100,
+            max_error_share: 0.10,
+            max_wrong_share: 0.25,
+            min_claimed: 10,
+            max_missed_share: 0.10,
+            min_underclaimed: 5,
+        }
     }
 }
 
@@ -117,6 +134,8 @@ pub struct Disagreement {
     pub error_share: f64,
     /// The share of the window's claimed requests that were wrong.
     pub wrong_share: f64,
+    /// The share of the engine's cached tokens the index did not predict.
+    pub missed_share: f64,
     pub cause: LikelyCause,
     pub requests: usize,
 }
@@ -176,6 +195,21 @@ impl IndexAccuracy {
         (if claimed == 0 { 0.0 } else { wrong as f64 / claimed as f64 }, claimed)
     }
 
+    /// The share of the engine-reported cached tokens the index did not predict (the tokens the
+    /// engine served beyond each prediction, over all it served cached), and how many requests
+    /// it under-predicted.
+    pub fn missed_share(&self) -> (f64, usize) {
+        let (mut missed, mut cached_total, mut underclaimed) = (0u64, 0u64, 0usize);
+        for (sample, cached) in self.reported() {
+            cached_total += u64::from(cached);
+            if cached > sample.predicted {
+                missed += u64::from(cached - sample.predicted);
+                underclaimed += 1;
+            }
+        }
+        (if cached_total == 0 { 0.0 } else { missed as f64 / cached_total as f64 }, underclaimed)
+    }
+
     /// Adds a request's outcome; says when a disagreement was raised or cleared by it.
     pub fn record(&mut self, sample: AccuracySample) -> Option<AccuracyChange> {
         if self.window.len() == self.settings.window.max(1) {
@@ -197,7 +231,8 @@ impl IndexAccuracy {
             }
             (Some(_), None)
                 if self.error_share() < self.settings.max_error_share / 2.0
-                    && self.wrong_share().0 < self.settings.max_wrong_share / 2.0 =>
+                    && self.wrong_share().0 < self.settings.max_wrong_share / 2.0
+                    && self.missed_share().0 < self.settings.max_missed_share / 2.0 =>
             {
                 self.raised = None;
                 Some(AccuracyChange::Cleared)
@@ -223,6 +258,7 @@ impl IndexAccuracy {
             return (share > self.settings.max_error_share).then_some(Disagreement {
                 error_share: share,
                 wrong_share: 0.0,
+                missed_share: 0.0,
                 cause: LikelyCause::EngineReportsNothing,
                 requests,
             });
@@ -231,7 +267,10 @@ impl IndexAccuracy {
         let (wrong_share, claimed) = self.wrong_share();
         let claims_wrong =
             claimed >= self.settings.min_claimed && wrong_share > self.settings.max_wrong_share;
-        if error_share <= self.settings.max_error_share && !claims_wrong {
+        let (missed_share, underclaimed) = self.missed_share();
+        let hits_missed =
+            underclaimed >= self.settings.min_underclaimed && missed_share > self.settings.max_missed_share;
+        if error_share <= self.settings.max_error_share && !claims_wrong && !hits_missed {
             return None;
         }
         let (mut over, mut under, mut blind, mut cached_total) = (0u64, 0u64, 0u64, 0u64);
@@ -259,7 +298,7 @@ impl IndexAccuracy {
         } else {
             LikelyCause::IndexUnderclaims
         };
-        Some(Disagreement { error_share, wrong_share, cause, requests })
+        Some(Disagreement { error_share, wrong_share, missed_share, cause, requests })
     }
 }
 
@@ -343,5 +382,48 @@ mod tests {
             assert_eq!(accuracy.record(hit), None);
         }
         assert_eq!(accuracy.wrong_share(), (0.05, 20));
+    }
+
+    /// The trace's pattern under a wrong template (docs/BENCHMARKS.md, "Is the index right?"):
+    /// every request's shared first block is predicted and served alike, the earlier turns some
+    /// requests carry are served by the engine and missed by the index. The prompt-token error
+    /// (1%) and the wrong claims (each miss is under half of its claim) stay under their bounds;
+    /// the missed share of the engine's hits (16%) does not.
+    #[test]
+    fn a_matched_shared_start_does_not_hide_the_missed_turns() {
+        let trace_like = |i: usize, missed_turns: u32| {
+            let earlier = if i.is_multiple_of(4) { missed_turns } else { 0 };
+            sample(10_000, 512, Some(512 + earlier))
+        };
+        let mut accuracy = IndexAccuracy::new(AccuracySettings::default());
+        let mut changes = Vec::new();
+        for i in 0..100 {
+            changes.extend(accuracy.record(trace_like(i, 400)));
+        }
+        let [AccuracyChange::Raised(raised)] = changes[..] else { panic!("{changes:?}") };
+        assert_eq!(raised.cause, LikelyCause::IndexUnderclaims);
+        assert!(raised.error_share <= 0.01 && raised.wrong_share == 0.0, "the old bounds hold: {raised:?}");
+        assert!((raised.missed_share - 10_000.0 / 61_200.0).abs() < 1e-9, "{raised:?}");
+        // The right template on the same traffic: every hit predicted, one late store event
+        // among them (a turn sent before its previous turn's events arrived): nothing.
+        let mut accuracy = IndexAccuracy::new(AccuracySettings::default());
+        for i in 0..100 {
+            let served = trace_like(i, 400);
+            let predicted = if i == 8 { 512 } else { served.engine_cached.unwrap() };
+            assert_eq!(accuracy.record(AccuracySample { predicted, ..served }), None, "request {i}");
+        }
+        let (missed, underclaimed) = accuracy.missed_share();
+        assert_eq!(underclaimed, 1);
+        assert!(missed > 0.0 && missed < 0.01, "{missed}");
+        // Recovered (the template fixed): cleared.
+        let mut accuracy = IndexAccuracy::new(AccuracySettings::default());
+        for i in 0..100 {
+            accuracy.record(trace_like(i, 400));
+        }
+        let fixed = (0..100).filter_map(|i| {
+            let served = trace_like(i, 400);
+            accuracy.record(AccuracySample { predicted: served.engine_cached.unwrap(), ..served })
+        });
+        assert_eq!(fixed.collect::<Vec<_>>(), [AccuracyChange::Cleared]);
     }
 }

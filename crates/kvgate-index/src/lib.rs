@@ -53,8 +53,8 @@ pub use accuracy::{
 };
 pub use block::{
     block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheId, ChainRoot, HeldBlock,
-    InFlightBlocks, InFlightPrompt, Layout, Namespace, Residency, StoredBlocks, TierWeights, IN_FLIGHT_RANK,
-    MAX_LAYOUTS, ROOT_HASH,
+    InFlightBlocks, InFlightPrompt, Layout, Namespace, PromptHashes, Residency, StoredBlocks, TierWeights,
+    IN_FLIGHT_RANK, MAX_LAYOUTS, ROOT_HASH,
 };
 pub use choice::{choose_index, IndexInputs, PrefixIndexMode};
 pub use matching::PrefixMatch;

@@ -53,6 +53,12 @@ pub struct MockArgs {
     /// Model name served on /v1/models and in responses.
     #[arg(long, default_value = "mock-model")]
     pub model: String,
+    /// Data-parallel ranks per engine, as SGLang's `--dp-size`: each rank is an engine model of
+    /// its own (its own KV cache and queue) behind the one HTTP port; `GET /server_info` reports
+    /// `dp_size`, `GET /v1/loads` one entry per rank, and a request's `data_parallel_rank` picks
+    /// its rank (absent: round robin, SGLang's default; out of range: 400).
+    #[arg(long, default_value_t = 1)]
+    pub dp_size: u32,
     /// LoRA adapters every engine serves besides the base model (listed on /v1/models with the
     /// base model as `parent`, as vLLM's --lora-modules): a request whose `model` is one runs
     /// with it, and its KV blocks (and their events) are the adapter's.
@@ -183,6 +189,20 @@ impl MockArgs {
         self.check_port_range(&mut checks, "base_port", Some(self.base_port));
         self.kv_event_problems(&mut checks);
         self.pd_problems(&mut checks);
+        checks.at_least("dp_size", self.dp_size.into(), 1);
+        if self.dp_size > 64 {
+            checks.push(FieldError::new("dp_size", "must be at most 64").got(self.dp_size));
+        }
+        if self.dp_size > 1 && (self.kv_events_base_port.is_some() || self.role != WorkerRole::Regular) {
+            checks.push(
+                FieldError::new(
+                    "dp_size",
+                    "more than one rank is simulated for regular engines without KV events only \
+                     (no --kv-events-base-port, no --role)",
+                )
+                .got(self.dp_size),
+            );
+        }
         checks.in_range("time_scale", self.time_scale, Range::POSITIVE);
         checks.in_range("fail_rate", self.fail_rate, Range::PROBABILITY);
         checks.in_range("cut_stream_rate", self.cut_stream_rate, Range::PROBABILITY);

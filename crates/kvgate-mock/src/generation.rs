@@ -33,6 +33,8 @@ pub(crate) struct GenerationParams {
     pub(crate) pd: PdPlan,
     /// The LoRA adapter the request names.
     pub(crate) lora: Option<kvgate_engine::LoraAdapter>,
+    /// The data-parallel rank the request names (`data_parallel_rank`).
+    pub(crate) dp_rank: Option<u32>,
 }
 
 /// Token counts and finish reason of a completed generation.
@@ -135,10 +137,11 @@ pub(crate) async fn respond<F: ResponseFormat>(
     mut format: F,
     cut: bool,
 ) -> Response {
-    let Some(engine) = state.engine.as_ref() else {
-        return ApiError::internal("this worker has no engine model").into_response();
+    let GenerationParams { prompt, max_tokens, ignore_eos, stream: streamed, pd, lora, dp_rank } = params;
+    let engine = match state.rank_engine(dp_rank) {
+        Ok(engine) => engine,
+        Err(error) => return error.into_response(),
     };
-    let GenerationParams { prompt, max_tokens, ignore_eos, stream: streamed, pd, lora } = params;
     let start = match state.pd.start(pd, engine, prompt.len()).await {
         Ok(start) => start,
         Err(error) => return error.into_response(),

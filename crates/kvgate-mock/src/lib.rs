@@ -251,6 +251,16 @@ pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
                 Some(engine)
             }
         };
+        // Ranks past the first (`--dp-size`): engine models of their own behind the same port.
+        let mut ranks: Vec<EngineHandle> = engine.iter().cloned().collect();
+        if engine.is_some() {
+            for _ in 1..args.dp_size {
+                let clock = EngineClock::new(args.time_scale);
+                let (rank, driver) = EngineHandle::spawn(args.engine_config_for(worker_idx), clock, None);
+                fleet.background.push(driver);
+                ranks.push(rank);
+            }
+        }
         let prefill = match (&engine, args.role) {
             (Some(engine), WorkerRole::Prefill) => {
                 let prefill = spawn_bootstrap(&args, worker_idx, engine, &shutdown_rx, &mut fleet).await?;
@@ -260,7 +270,7 @@ pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
         };
         let pd = PdContext::new(args.role, PdTiming::from_args(&args), prefill, shutdown_rx.clone());
         let options = ServeOptions::from_args(&args, worker_idx);
-        let state = Arc::new(AppState::new(args.model.clone(), worker_idx, engine, options, pd));
+        let state = Arc::new(AppState::new(args.model.clone(), worker_idx, ranks, options, pd));
         fleet.soak_ids.push(state.soak_ids.clone());
         let app = server::router(state, args.engine);
         let mut stop = shutdown_rx.clone();

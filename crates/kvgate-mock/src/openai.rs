@@ -17,6 +17,9 @@ use crate::server::{parse_json, ApiError, AppState};
 pub(crate) struct ChatRequest {
     #[serde(default)]
     pub(crate) model: Option<String>,
+    /// The data-parallel rank to run on (SGLang's OpenAI requests take `data_parallel_rank`).
+    #[serde(default)]
+    pub(crate) data_parallel_rank: Option<u32>,
     pub(crate) messages: Vec<ChatMessage>,
     #[serde(default)]
     pub(crate) stream: bool,
@@ -73,6 +76,9 @@ pub(crate) fn chat_prompt(messages: &[ChatMessage]) -> String {
 pub(crate) struct CompletionRequest {
     #[serde(default)]
     pub(crate) model: Option<String>,
+    /// The data-parallel rank to run on (SGLang's OpenAI requests take `data_parallel_rank`).
+    #[serde(default)]
+    pub(crate) data_parallel_rank: Option<u32>,
     pub(crate) prompt: Prompt,
     #[serde(default)]
     pub(crate) stream: bool,
@@ -145,6 +151,7 @@ pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         stream: request.stream,
         pd,
         lora: state.lora(request.model.as_deref()),
+        dp_rank: request.data_parallel_rank,
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Chat, include_usage(&request.stream_options));
     respond(&state, params, format, cut).await
@@ -173,6 +180,7 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         stream: request.stream,
         pd,
         lora,
+        dp_rank: request.data_parallel_rank,
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Completion, usage_chunk);
     respond(&state, params, format, cut).await

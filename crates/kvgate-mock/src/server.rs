@@ -62,8 +62,14 @@ pub(crate) struct AppState {
     pub(crate) model: String,
     pub(crate) worker_idx: usize,
     pub(crate) started: Instant,
-    /// The engine model; `None` for the canned engine.
+    /// The engine model (data-parallel rank 0); `None` for the canned engine.
     pub(crate) engine: Option<EngineHandle>,
+    /// Every data-parallel rank's engine model, rank 0 first (`--dp-size`; empty when canned).
+    pub(crate) ranks: Vec<EngineHandle>,
+    /// Generation requests each rank took.
+    pub(crate) rank_requests: Vec<AtomicU64>,
+    /// The next rank of a request that names none (round robin).
+    next_rank: AtomicU64,
     pub(crate) options: ServeOptions,
     pub(crate) pd: PdContext,
     pub(crate) canned: CannedBodies,
@@ -83,7 +89,7 @@ impl AppState {
     pub(crate) fn new(
         model: String,
         worker_idx: usize,
-        engine: Option<EngineHandle>,
+        ranks: Vec<EngineHandle>,
         options: ServeOptions,
         pd: PdContext,
     ) -> Self {
@@ -92,13 +98,36 @@ impl AppState {
             model,
             worker_idx,
             started: Instant::now(),
-            engine,
+            engine: ranks.first().cloned(),
+            rank_requests: ranks.iter().map(|_| AtomicU64::new(0)).collect(),
+            ranks,
+            next_rank: AtomicU64::new(0),
             options,
             pd,
             soak_ids: WorkerSoakIds::default(),
             fault_draws: AtomicU64::new(0),
             response_ids: AtomicU64::new(0),
         }
+    }
+
+    /// The engine of the data-parallel rank a request names (`data_parallel_rank`, as SGLang's
+    /// `GenerateReqInput` carries it), or the next one in turn when it names none.
+    pub(crate) fn rank_engine(&self, rank: Option<u32>) -> Result<&EngineHandle, ApiError> {
+        if self.ranks.is_empty() {
+            return Err(ApiError::internal("this worker has no engine model"));
+        }
+        let index = match rank {
+            Some(rank) if rank as usize >= self.ranks.len() => {
+                return Err(ApiError::bad_request(format!(
+                    "data_parallel_rank {rank} is out of range: this engine runs {} data-parallel ranks",
+                    self.ranks.len()
+                )))
+            }
+            Some(rank) => rank as usize,
+            None => (self.next_rank.fetch_add(1, Ordering::Relaxed) % self.ranks.len() as u64) as usize,
+        };
+        self.rank_requests[index].fetch_add(1, Ordering::Relaxed);
+        Ok(&self.ranks[index])
     }
 
     /// A fresh response id such as `chatcmpl-0-17`.
@@ -202,6 +231,8 @@ pub(crate) fn router(state: Arc<AppState>, kind: EngineKind) -> Router {
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/loads", get(sglang::loads))
+        .route("/server_info", get(sglang::server_info))
+        .route("/get_server_info", get(sglang::server_info))
         .route("/flush_cache", post(flush_cache))
         .route("/metrics", get(metrics::metrics));
     let router = match kind {

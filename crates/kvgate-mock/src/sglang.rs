@@ -27,6 +27,9 @@ struct GenerateRequest {
     /// SGLang names a request's adapter by `lora_path`.
     #[serde(default)]
     lora_path: Option<String>,
+    /// The data-parallel rank to run on (SGLang's `GenerateReqInput.data_parallel_rank`).
+    #[serde(default)]
+    data_parallel_rank: Option<u32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -61,6 +64,7 @@ pub(crate) async fn generate(State(state): State<Arc<AppState>>, body: Bytes) ->
         stream: request.stream,
         pd,
         lora: state.lora(request.lora_path.as_deref()),
+        dp_rank: request.data_parallel_rank,
     };
     let format = GenerateFormat {
         id: state.response_id("gen"),
@@ -134,13 +138,29 @@ impl ResponseFormat for GenerateFormat {
     }
 }
 
-/// `GET /v1/loads`: SGLang's load report for this worker's one data-parallel rank.
+/// `GET /v1/loads`: SGLang's load report, one entry per data-parallel rank.
 pub(crate) async fn loads(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let load = state.engine.as_ref().map(|engine| engine.load());
-    Json(loads_body(load.as_ref(), unix_now_secs()))
+    let loads: Vec<EngineLoad> = state.ranks.iter().map(|engine| engine.load()).collect();
+    Json(loads_body(&loads, unix_now_secs()))
 }
 
-pub(crate) fn loads_body(load: Option<&EngineLoad>, unix_secs: f64) -> Value {
+/// `GET /server_info` (and the older `/get_server_info`): the part of SGLang's server arguments
+/// a gateway reads (`dp_size` for SMG's and kvgate's `--dp-aware`), plus each rank's requests
+/// so far (`kvgate_mock_rank_requests`, the mock's own).
+pub(crate) async fn server_info(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let taken: Vec<u64> =
+        state.rank_requests.iter().map(|count| count.load(std::sync::atomic::Ordering::Relaxed)).collect();
+    Json(json!({
+        "model_path": state.model,
+        "served_model_name": state.model,
+        "tp_size": 1,
+        "dp_size": state.ranks.len().max(1),
+        "load_balance_method": "round_robin",
+        "kvgate_mock_rank_requests": taken,
+    }))
+}
+
+pub(crate) fn loads_body(loads: &[EngineLoad], unix_secs: f64) -> Value {
     let idle = EngineLoad {
         num_running_reqs: 0,
         num_waiting_reqs: 0,
@@ -156,29 +176,35 @@ pub(crate) fn loads_body(load: Option<&EngineLoad>, unix_secs: f64) -> Value {
         total_generated_tokens: 0,
         num_evictable_blocks: 0,
     };
-    let load = load.unwrap_or(&idle);
+    let loads = if loads.is_empty() { std::slice::from_ref(&idle) } else { loads };
+    let entries: Vec<Value> = loads.iter().enumerate().map(|(rank, load)| rank_load(rank, load)).collect();
+    json!({
+        "timestamp": rfc3339(unix_secs),
+        "dp_rank_count": loads.len(),
+        "loads": entries,
+    })
+}
+
+/// One rank's entry of `/v1/loads`.
+fn rank_load(rank: usize, load: &EngineLoad) -> Value {
     let utilization = if load.max_running_requests == 0 {
         0.0
     } else {
         load.num_running_reqs as f64 / load.max_running_requests as f64
     };
     json!({
-        "timestamp": rfc3339(unix_secs),
-        "dp_rank_count": 1,
-        "loads": [{
-            "dp_rank": 0,
-            "num_running_reqs": load.num_running_reqs,
-            "num_waiting_reqs": load.num_waiting_reqs,
-            "num_waiting_uncached_tokens": load.num_waiting_uncached_tokens,
-            "num_total_reqs": load.num_running_reqs + load.num_waiting_reqs,
-            "num_used_tokens": load.num_used_tokens,
-            "max_total_num_tokens": load.max_total_num_tokens,
-            "token_usage": load.token_usage,
-            "gen_throughput": load.gen_throughput,
-            "cache_hit_rate": load.cache_hit_rate,
-            "utilization": utilization,
-            "max_running_requests": load.max_running_requests,
-        }],
+        "dp_rank": rank,
+        "num_running_reqs": load.num_running_reqs,
+        "num_waiting_reqs": load.num_waiting_reqs,
+        "num_waiting_uncached_tokens": load.num_waiting_uncached_tokens,
+        "num_total_reqs": load.num_running_reqs + load.num_waiting_reqs,
+        "num_used_tokens": load.num_used_tokens,
+        "max_total_num_tokens": load.max_total_num_tokens,
+        "token_usage": load.token_usage,
+        "gen_throughput": load.gen_throughput,
+        "cache_hit_rate": load.cache_hit_rate,
+        "utilization": utilization,
+        "max_running_requests": load.max_running_requests,
     })
 }
 

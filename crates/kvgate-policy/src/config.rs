@@ -250,6 +250,26 @@ pub struct PolicyConfig {
     /// bucket: seconds between adjustments of the prompt-length boundaries, > 0.
     #[arg(long, default_value_t = 5.0)]
     pub bucket_adjust_interval_secs: f64,
+
+    /// Prefill/decode fleets: decide per request between a (prefill, decode) pair and
+    /// prefilling in place on the decode engine, which the decode side's policy picks first:
+    /// in place when the prompt's part that engine does not hold is short
+    /// (--pd-max-local-prefill-tokens) or a small share of the prompt
+    /// (--pd-max-local-prefill-fraction), or when the prefill side is busy
+    /// (--pd-max-prefill-queue). Read from the prefill side's options.
+    #[arg(long)]
+    pub pd_conditional: bool,
+    /// pd_conditional: an uncached part shorter than this many tokens is prefilled in place.
+    #[arg(long, default_value_t = 2048, value_name = "TOKENS")]
+    pub pd_max_local_prefill_tokens: u64,
+    /// pd_conditional: an uncached part under this share of the prompt is prefilled in place,
+    /// in [0, 1].
+    #[arg(long, default_value_t = 0.7)]
+    pub pd_max_local_prefill_fraction: f64,
+    /// pd_conditional: when the least busy prefill engine has more requests in flight than
+    /// this, the request is prefilled in place.
+    #[arg(long, default_value_t = 8, value_name = "REQUESTS")]
+    pub pd_max_prefill_queue: u64,
 }
 
 impl Default for PolicyConfig {
@@ -297,6 +317,7 @@ impl PolicyConfig {
             ("kv_aware_queue_cost_weight", self.kv_aware_queue_cost_weight, Range::NON_NEGATIVE),
             ("kv_aware_wait_margin", self.kv_aware_wait_margin, Range::AT_LEAST_ONE),
             ("kv_aware_wait_slack_ms", self.kv_aware_wait_slack_ms, Range::NON_NEGATIVE),
+            ("pd_max_local_prefill_fraction", self.pd_max_local_prefill_fraction, Range::PROBABILITY),
         ] {
             checks.in_range(field, value, range);
         }
@@ -336,6 +357,15 @@ impl PolicyConfig {
 
     /// Whether requests are matched against the exact event-fed index when one exists: the host
     /// then tokenizes prompts and feeds the index.
+    /// The conditional-disaggregation rule of these options (`None` when `pd_conditional` is off).
+    pub fn pd_rule(&self) -> Option<crate::PdRule> {
+        self.pd_conditional.then_some(crate::PdRule {
+            max_local_prefill_tokens: self.pd_max_local_prefill_tokens,
+            max_local_prefill_fraction: self.pd_max_local_prefill_fraction,
+            max_prefill_queue: self.pd_max_prefill_queue,
+        })
+    }
+
     pub fn uses_exact_index(&self) -> bool {
         matches!(self.policy, PolicyKind::CacheAware | PolicyKind::KvAware)
             && self.prefix_index != PrefixIndexMode::Approximate

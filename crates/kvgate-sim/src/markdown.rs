@@ -41,7 +41,8 @@ const ROW_PER_RUN_METRICS: usize = 14;
 type PdCell = fn(&PdMetrics) -> String;
 
 /// The rows a disaggregated fleet adds, after `METRIC_ROWS`.
-const PD_ROWS: [(&str, PdCell); 6] = [
+const PD_ROWS: [(&str, PdCell); 7] = [
+    ("share prefilled in place", |m| format!("{:.1}%", m.in_place_share * 100.0)),
     ("KV transfer mean (ms)", |m| fmt_ms(m.kv_transfer_mean_ms)),
     ("decode queueing (ms)", |m| fmt_ms(m.decode_queue_mean_ms)),
     ("decode KV usage mean", |m| format!("{:.3}", m.decode_kv_usage_mean)),

@@ -140,6 +140,9 @@ pub struct PdMetrics {
     /// The most uncached prompt tokens a decode engine ever reported waiting (0: decode engines
     /// never prefilled).
     pub decode_uncached_tokens_max: u64,
+    /// Share of the finished requests prefilled in place on their decode engine
+    /// (`pd_conditional`; 0 when every request went through a pair).
+    pub in_place_share: f64,
 }
 
 /// Mean (max - min) usage across the engines `engines` of each tick, mean usage, max usage.
@@ -234,6 +237,7 @@ impl Metrics {
                 decode_kv_usage_max,
                 decode_kv_spread_mean,
                 decode_uncached_tokens_max: pd.decode_uncached_tokens_max,
+                in_place_share: ratio(pd.in_place as f64, (pd.in_place + pd.pairs) as f64),
             }
         });
         let cache_hit_rate = ratio(cached as f64, prompt as f64);

@@ -17,7 +17,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, RequestStats};
-use kvgate_policy::{IndexKind, PolicyConfig, Reason};
+use kvgate_policy::{Decision, IndexKind, PolicyConfig, Reason};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -143,7 +143,11 @@ pub fn simulate(
             Pool::new(&pd.decode_policy, pd.prefill_workers, pd.decode_workers),
         ],
     };
-    Simulation::new(trace, setup, pools).run(progress)
+    let mut simulation = Simulation::new(trace, setup, pools);
+    if let Some(pd) = &mut simulation.pd {
+        pd.rule = policy.pd_rule();
+    }
+    simulation.run(progress)
 }
 
 struct Simulation<'a> {
@@ -294,19 +298,26 @@ impl<'a> Simulation<'a> {
             self.arrive_disaggregated(now, id, prompt, input_length, output_tokens);
             return;
         }
-        let Some(worker) = self.route(0, now, &prompt, input_length, id) else {
+        let Some(decision) = self.route(0, now, &prompt, input_length, id) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
             return;
         };
-        let engine = self.pools[0].first_engine + worker;
+        let engine = self.pools[0].first_engine + decision.worker as usize;
         self.engines[engine].submit(now, EngineRequest::new(id, prompt, output_tokens), &mut self.outputs);
         self.after_engine_call(engine, now);
     }
 
     /// Asks pool `pool`'s policy for a worker (pool-local index); the run's policy (pool 0) has
     /// its decisions counted in the outcome, the decode side's in `pd`.
-    fn route(&mut self, pool: usize, now: u64, prompt: &[u32], prompt_tokens: u32, id: u64) -> Option<usize> {
+    fn route(
+        &mut self,
+        pool: usize,
+        now: u64,
+        prompt: &[u32],
+        prompt_tokens: u32,
+        id: u64,
+    ) -> Option<Decision> {
         let interval = self.setup.load_monitor_interval_ms;
         let decision = self.pools[pool]
             .route(now, prompt, prompt_tokens, interval, &mut self.rng, id, &self.session)
@@ -316,7 +327,7 @@ impl<'a> Simulation<'a> {
             if let Some(pd) = &mut self.outcome.pd {
                 pd.decode_decisions[reason_index] += 1;
             }
-            return Some(decision.worker as usize);
+            return Some(decision);
         }
         self.outcome.decisions[reason_index] += 1;
         if let Some(kind) = decision.index {
@@ -327,7 +338,7 @@ impl<'a> Simulation<'a> {
             self.outcome.best_match_sum += matches.best_match_rate;
             self.outcome.match_decisions += 1;
         }
-        Some(decision.worker as usize)
+        Some(decision)
     }
 
     /// The pool holding `engine` and the engine's pool-local index.

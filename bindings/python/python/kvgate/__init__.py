@@ -104,7 +104,11 @@ class Gateway:
         for name, value in options.items():
             if name in ("models", "tenants"):
                 config[name] = value
-            elif name not in _GATEWAY_OPTIONS and name in _SMG_KEYWORDS:
+            elif name in _SMG_KEYWORDS and (
+                name not in _GATEWAY_OPTIONS or _SMG_KEYWORDS[name]["class"] == "mapped"
+            ):
+                # SMG's keyword, or kvgate's of the same name whose SMG values kvgate translates
+                # (max_concurrent_requests=-1: SMG's "no limit"), as the command line does.
                 smg_argv += _smg_flags(name, value)
             elif name not in _GATEWAY_OPTIONS:
                 raise _unexpected("Gateway", name, [*_GATEWAY_OPTIONS, *_GATEWAY_EXTRA])

@@ -55,6 +55,10 @@ class Gateway:
         max_idle_secs: float = 14400.0,
         max_sessions: int = 1000000,
         bucket_adjust_interval_secs: float = 5.0,
+        pd_conditional: bool = False,
+        pd_max_local_prefill_tokens: int = 2048,
+        pd_max_local_prefill_fraction: float = 0.7,
+        pd_max_prefill_queue: int = 8,
         pd_disaggregation: bool = False,
         prefill: Sequence[str] = [],
         decode: Sequence[str] = [],
@@ -84,6 +88,9 @@ class Gateway:
         max_concurrent_requests: int | None = None,
         queue_size: int = 0,
         queue_timeout_secs: float = 60.0,
+        worker_overload_waiting_requests: int | None = None,
+        worker_overload_token_usage: float | None = None,
+        worker_overload_shed: bool = False,
         rate_limit_tokens_per_second: float | None = None,
         body_read_timeout_secs: float = 60.0,
         ttfb_timeout_secs: float | None = None,
@@ -110,6 +117,7 @@ class Gateway:
         admin_insecure: bool = False,
         max_workers: int = 4096,
         worker_url_allow: Sequence[str] = [],
+        dp_aware: bool = False,
         api_key: str | None = None,
         client_api_keys: Sequence[str] = [],
         client_api_keys_file: str | os.PathLike[str] | None = None,
@@ -260,6 +268,18 @@ class Gateway:
             first), > 0
         bucket_adjust_interval_secs: bucket: seconds between adjustments of the prompt-length
             boundaries, > 0
+        pd_conditional: Prefill/decode fleets: decide per request between a (prefill, decode)
+            pair and prefilling in place on the decode engine, which the decode side's policy
+            picks first: in place when the prompt's part that engine does not hold is short
+            (--pd-max-local-prefill-tokens) or a small share of the prompt (--pd-max-local-
+            prefill-fraction), or when the prefill side is busy (--pd-max-prefill-queue). Read
+            from the prefill side's options
+        pd_max_local_prefill_tokens: pd_conditional: an uncached part shorter than this many
+            tokens is prefilled in place
+        pd_max_local_prefill_fraction: pd_conditional: an uncached part under this share of the
+            prompt is prefilled in place, in [0, 1]
+        pd_max_prefill_queue: pd_conditional: when the least busy prefill engine has more
+            requests in flight than this, the request is prefilled in place
         pd_disaggregation: Route a prefill/decode disaggregated fleet: each request goes to a
             prefill worker and a decode worker (--prefill, --decode, or POST /workers with a
             worker_type)
@@ -328,6 +348,16 @@ class Gateway:
         queue_size: Requests that may wait for a concurrency slot or a rate-limit token (0:
             refuse at once with 429); a full queue refuses with 429
         queue_timeout_secs: Longest wait in the admission queue, in seconds; then 408
+        worker_overload_waiting_requests: Per-worker overload protection (SMG's name): a worker
+            whose engine reports at least this many waiting requests is left out of routing
+            while another worker is under the bounds (every policy; unset: off). Needs the
+            engines' loads (the load monitor polls them)
+        worker_overload_token_usage: Per-worker overload protection: a worker whose engine
+            reports at least this KV usage (0-1] is left out of routing while another worker is
+            under the bounds (unset: off). Stronger than --overload-token-usage-threshold, which
+            only cache_aware and kv_aware read
+        worker_overload_shed: When every worker a request could use is over the overload bounds,
+            answer 503 (with Retry-After) instead of sending it to the least loaded one
         rate_limit_tokens_per_second: Requests admitted per second (token bucket, bursts of up
             to one second's worth); over it, requests queue (--queue-size) or get 429 (unset: no
             limit)
@@ -383,6 +413,11 @@ class Gateway:
             event endpoints) whose host matches none is refused. A name is allowed when it
             matches a pattern, or when every address it resolves to is in an allowed CIDR.
             Empty: any address
+        dp_aware: Route to each data-parallel rank of an engine as a worker of its own (SMG's
+            `--dp-aware`): at registration the gateway reads the engine's `dp_size` from
+            SGLang's `GET /server_info`, registers one worker per rank (named `URL@RANK`, with
+            its own load, in-flight count, prefix state and, given one endpoint per rank, KV
+            events) and sends the chosen rank in the request body as `data_parallel_rank`
         api_key: Bearer token sent to workers
         client_api_keys: When set, the inference endpoints require `Authorization: Bearer KEY`
             with one of these keys (401 otherwise); the client's key is not forwarded to
@@ -567,6 +602,10 @@ def simulate(
     max_idle_secs: float = 14400.0,
     max_sessions: int = 1000000,
     bucket_adjust_interval_secs: float = 5.0,
+    pd_conditional: bool = False,
+    pd_max_local_prefill_tokens: int = 2048,
+    pd_max_local_prefill_fraction: float = 0.7,
+    pd_max_prefill_queue: int = 8,
     prefill_tokens_per_sec: float | None = None,
     prefill_chunk_tokens: int | None = None,
     decode_base_ms: float | None = None,
@@ -701,6 +740,18 @@ def simulate(
         first), > 0
     bucket_adjust_interval_secs: bucket: seconds between adjustments of the prompt-length
         boundaries, > 0
+    pd_conditional: Prefill/decode fleets: decide per request between a (prefill, decode) pair
+        and prefilling in place on the decode engine, which the decode side's policy picks
+        first: in place when the prompt's part that engine does not hold is short (--pd-max-
+        local-prefill-tokens) or a small share of the prompt (--pd-max-local-prefill-fraction),
+        or when the prefill side is busy (--pd-max-prefill-queue). Read from the prefill side's
+        options
+    pd_max_local_prefill_tokens: pd_conditional: an uncached part shorter than this many tokens
+        is prefilled in place
+    pd_max_local_prefill_fraction: pd_conditional: an uncached part under this share of the
+        prompt is prefilled in place, in [0, 1]
+    pd_max_prefill_queue: pd_conditional: when the least busy prefill engine has more requests
+        in flight than this, the request is prefilled in place
     prefill_tokens_per_sec: Uncached prompt tokens prefilled per second [default: 8000]
     prefill_chunk_tokens: Most prompt tokens per prefill step [default: 2048]
     decode_base_ms: Fixed decode step time in ms [default: 6.0]

@@ -152,6 +152,20 @@ pub struct GatewayConfig {
     /// Longest wait in the admission queue, in seconds; then 408.
     #[arg(long, default_value_t = 60.0)]
     pub queue_timeout_secs: f64,
+    /// Per-worker overload protection (SMG's name): a worker whose engine reports at least this
+    /// many waiting requests is left out of routing while another worker is under the bounds
+    /// (every policy; unset: off). Needs the engines' loads (the load monitor polls them).
+    #[arg(long)]
+    pub worker_overload_waiting_requests: Option<u64>,
+    /// Per-worker overload protection: a worker whose engine reports at least this KV usage
+    /// (0-1] is left out of routing while another worker is under the bounds (unset: off).
+    /// Stronger than --overload-token-usage-threshold, which only cache_aware and kv_aware read.
+    #[arg(long)]
+    pub worker_overload_token_usage: Option<f64>,
+    /// When every worker a request could use is over the overload bounds, answer 503 (with
+    /// Retry-After) instead of sending it to the least loaded one.
+    #[arg(long)]
+    pub worker_overload_shed: bool,
     /// Requests admitted per second (token bucket, bursts of up to one second's worth); over it,
     /// requests queue (--queue-size) or get 429 (unset: no limit).
     #[arg(long)]
@@ -253,6 +267,13 @@ pub struct GatewayConfig {
     /// address it resolves to is in an allowed CIDR. Empty: any address.
     #[arg(long = "worker-url-allow", value_delimiter = ',', num_args = 0.., value_name = "CIDR_OR_HOST")]
     pub worker_url_allow: Vec<String>,
+    /// Route to each data-parallel rank of an engine as a worker of its own (SMG's `--dp-aware`):
+    /// at registration the gateway reads the engine's `dp_size` from SGLang's `GET /server_info`,
+    /// registers one worker per rank (named `URL@RANK`, with its own load, in-flight count,
+    /// prefix state and, given one endpoint per rank, KV events) and sends the chosen rank in
+    /// the request body as `data_parallel_rank`.
+    #[arg(long)]
+    pub dp_aware: bool,
     /// Bearer token sent to workers.
     #[arg(long, env = "KVGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -592,6 +613,15 @@ fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
 }
 
 impl GatewayConfig {
+    /// Per-worker overload protection's bounds (`--worker-overload-*`).
+    pub fn overload_settings(&self) -> kvgate_policy::OverloadSettings {
+        kvgate_policy::OverloadSettings {
+            waiting_requests: self.worker_overload_waiting_requests,
+            token_usage: self.worker_overload_token_usage,
+            shed: self.worker_overload_shed,
+        }
+    }
+
     /// Every worker given at start, in the order --worker-urls, --prefill, --decode (the order of
     /// --kv-events-endpoints). Entries that fail validation are skipped.
     pub fn initial_workers(&self) -> Vec<InitialWorker> {

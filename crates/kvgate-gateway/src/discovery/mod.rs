@@ -122,7 +122,7 @@ fn apply(discovery: &Discovery, book: &Arc<Mutex<Book>>, action: Action) {
                 book.owned.remove(&target.url)
             };
             // Not owned yet: a join still in progress sees it is no longer desired and undoes it.
-            if owned && discovery.registration.deregister(&target.url).is_some() {
+            if owned && !discovery.registration.deregister(&target.url).is_empty() {
                 count(discovery, "left");
                 tracing::info!(worker = %target.url, "pod left: worker removed");
             }
@@ -138,25 +138,27 @@ async fn join(discovery: Discovery, book: Arc<Mutex<Book>>, target: PodTarget) {
         bootstrap_port: target.bootstrap_port,
         kv_events: None,
         policy: None,
+        dp_rank: None,
     };
     if target.role != WorkerRole::Regular && !discovery.pd_disaggregation {
         return;
     }
     match discovery.registration.register(new).await {
-        Ok(worker) => {
+        Ok(workers) => {
             let still_wanted = {
                 let mut book = lock(&book);
-                let wanted = book.desired.contains(&worker.url);
+                let wanted = book.desired.contains(&target.url);
                 if wanted {
-                    book.owned.insert(worker.url.clone());
+                    book.owned.insert(target.url.clone());
                 }
                 wanted
             };
             if still_wanted {
                 count(&discovery, "joined");
-                tracing::info!(worker = %worker.url, role = worker.role.as_str(), "pod ready: worker added");
+                let ranks = workers.len();
+                tracing::info!(worker = %target.url, role = target.role.as_str(), ranks, "pod ready: worker added");
             } else {
-                discovery.registration.deregister(&worker.url);
+                discovery.registration.deregister(&target.url);
             }
         }
         Err(ApiError::Conflict(message)) => {

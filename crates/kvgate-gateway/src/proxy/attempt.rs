@@ -41,6 +41,13 @@ pub(super) async fn attempt(
     body: Bytes,
     prompt: Option<(Arc<ModelPrefix>, InFlightPrompt)>,
 ) -> Attempt {
+    let body = match worker.dp_rank {
+        Some(rank) => match with_dp_rank(&body, rank) {
+            Ok(body) => body,
+            Err(error) => return Attempt::Fatal(error),
+        },
+        None => body,
+    };
     let mut upstream = http::Request::new(Full::new(body));
     *upstream.method_mut() = http::Method::POST;
     *upstream.uri_mut() = match worker.conns.target(path_and_query) {
@@ -136,5 +143,55 @@ fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
     if worker.circuit.record_failure(now) {
         tracing::warn!(worker = %worker.url, "circuit opened after consecutive failures");
         worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(1));
+    }
+}
+
+/// The body for one data-parallel rank of an engine (`--dp-aware`): `"data_parallel_rank": R`
+/// put first in the JSON object, the rest byte for byte (SGLang's `GenerateReqInput` and its
+/// OpenAI requests take the field: `python/sglang/srt/managers/io_struct.py`, "For data
+/// parallel rank routing"; SMG 1.13 sends the same, `worker.rs` `prepare_request`). A rank the
+/// client gave is replaced: the gateway's choice is the rank its state accounts for.
+pub(super) fn with_dp_rank(body: &[u8], rank: u32) -> Result<Bytes, ApiError> {
+    let not_an_object = || {
+        ApiError::BadRequest("a request to a data-parallel rank (--dp-aware) needs a JSON object body".into())
+    };
+    const FIELD: &[u8] = b"\"data_parallel_rank\"";
+    if body.windows(FIELD.len()).any(|window| window == FIELD) {
+        let mut object: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(body).map_err(|_| not_an_object())?;
+        object.insert("data_parallel_rank".into(), rank.into());
+        return serde_json::to_vec(&object).map(Bytes::from).map_err(|_| not_an_object());
+    }
+    let start = body.iter().position(|b| !b.is_ascii_whitespace()).ok_or_else(not_an_object)?;
+    if body[start] != b'{' {
+        return Err(not_an_object());
+    }
+    let rest = &body[start + 1..];
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let mut out = Vec::with_capacity(body.len() + 32);
+    out.extend_from_slice(format!("{{\"data_parallel_rank\":{rank}").as_bytes());
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Ok(Bytes::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_dp_rank;
+
+    #[test]
+    fn the_rank_goes_first_and_the_rest_is_kept_byte_for_byte() {
+        let body = br#"  {"model": "m", "messages": [], "z": 1, "a": 2}"#;
+        let ranked = with_dp_rank(body, 3).unwrap();
+        assert_eq!(&ranked[..], br#"{"data_parallel_rank":3,"model": "m", "messages": [], "z": 1, "a": 2}"#);
+        assert_eq!(&with_dp_rank(b"{ }", 0).unwrap()[..], br#"{"data_parallel_rank":0 }"#);
+        // The client's rank is replaced by the gateway's.
+        let replaced = with_dp_rank(br#"{"data_parallel_rank": 7, "model": "m"}"#, 1).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&replaced).unwrap();
+        assert_eq!((value["data_parallel_rank"].as_u64(), value["model"].as_str()), (Some(1), Some("m")));
+        assert!(with_dp_rank(b"[1]", 0).is_err());
+        assert!(with_dp_rank(b"", 0).is_err());
     }
 }

@@ -11,7 +11,8 @@ use kvgate_index::{
     PeerMerged, PromptBlocks, ReadOnlyTree,
 };
 use kvgate_policy::{
-    Candidate, Candidates, Decision, IndexKind, PrefixIndex, RouteRequest, RoutingKey, SelectContext,
+    admit_under_overload, Admitted, Candidate, Candidates, Decision, IndexKind, PdPath, PrefixIndex,
+    RouteRequest, RoutingKey, SelectContext,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -33,17 +34,46 @@ pub(super) fn choose(
     namespace: Namespace<'_>,
     tried: &[u32],
     planning: Planning,
-) -> Option<(Arc<Worker>, Decision)> {
+) -> Result<(Arc<Worker>, Decision), NoChoice> {
     let (offered, events_flowing) = candidates(state, pool, tried);
-    let candidates = Candidates::new(&offered).ok()?;
+    let offered = match admit_under_overload(
+        &offered,
+        &state.overload,
+        state.clock.now_ms(),
+        state.loads.poll_interval_ms,
+    ) {
+        Admitted::All => offered,
+        Admitted::Only(kept) => {
+            let left_out = offered.len() - kept.len();
+            state.metrics.overload_left_out.with_label_values(&[&pool.model]).inc_by(left_out as u64);
+            kept
+        }
+        Admitted::Shed => return Err(NoChoice::Shed),
+    };
+    let candidates = Candidates::new(&offered).map_err(|_| NoChoice::NoWorker)?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
-    let decision = select(state, pool, request, namespace, candidates, index, planning, peers.as_ref())?;
-    let worker = pool.workers.iter().find(|w| w.id == decision.worker)?.clone();
+    let decision = select(state, pool, request, namespace, candidates, index, planning, peers.as_ref())
+        .ok_or(NoChoice::NoWorker)?;
+    let worker = pool.workers.iter().find(|w| w.id == decision.worker).ok_or(NoChoice::NoWorker)?.clone();
     if planning == Planning::Live {
         record(state, pool, &worker, &decision, peers);
     }
-    Some((worker, decision))
+    Ok((worker, decision))
+}
+
+/// Why a pool offered no worker.
+pub(super) enum NoChoice {
+    /// No routable worker is left (or the policy found none).
+    NoWorker,
+    /// Every one is over the overload bounds and `--worker-overload-shed` refuses the request.
+    Shed,
+}
+
+/// Requests in flight (this replica's and the peers') on the pool's least busy routable worker
+/// not tried yet (`None`: there is none): the prefill side's queue of the conditional rule.
+pub(super) fn least_in_flight(state: &AppState, pool: &ModelPool, tried: &[u32]) -> Option<u64> {
+    candidates(state, pool, tried).0.iter().map(|c| c.in_flight).min()
 }
 
 /// The pool's routable workers not tried yet, as policy candidates (in-flight counts include
@@ -147,7 +177,10 @@ fn record(
     decision: &Decision,
     peers: Option<PromptBlocks>,
 ) {
-    state.metrics.count_decision(&pool.model, pool.role, &pool.series, decision);
+    // The sides of a disaggregated plan are counted once its path is known (`plan.rs`).
+    if pool.role == crate::role::WorkerRole::Regular {
+        state.metrics.count_decision(&pool.model, pool.role, &pool.series, decision, PdPath::Pair);
+    }
     worker.routed.record(decision);
     state.decisions.record(DecisionRecord {
         at_ms: state.clock.now_ms(),

@@ -227,16 +227,19 @@ where
         if let Some(span) = span.as_mut() {
             trace_plan(span, &plan);
         }
-        let outcome = match plan {
-            RoutePlan::Single(pick) => single(&exchange, pick).await,
-            RoutePlan::Pair { prefill, decode } => match state.config.pd_protocol {
-                PdProtocol::Sglang => pd::sglang(&exchange, prefill, decode).await,
-                PdProtocol::Vllm => pd::vllm(&exchange, prefill, decode).await,
+        let (outcome, pd) = match plan {
+            RoutePlan::Single(pick) => (single(&exchange, pick).await, None),
+            RoutePlan::Pair { prefill, decode, pd } => match state.config.pd_protocol {
+                PdProtocol::Sglang => (pd::sglang(&exchange, prefill, decode).await, Some(pd)),
+                PdProtocol::Vllm => (pd::vllm(&exchange, prefill, decode).await, Some(pd)),
             },
+            // The plain request: the decode engine prefills it itself.
+            RoutePlan::InPlace { decode, pd } => (single(&exchange, decode).await, Some(pd)),
         };
         match outcome {
-            Outcome::Done(served) => {
-                return Ok(respond(state, endpoint, started, *served, permit, strip_usage, span))
+            Outcome::Done(mut served) => {
+                served.pd = pd;
+                return Ok(respond(state, endpoint, started, *served, permit, strip_usage, span));
             }
             Outcome::Fatal(error) => return Err(error),
             Outcome::Retry { failure, failed } => {
@@ -271,10 +274,11 @@ where
 fn trace_plan(span: &mut RequestSpan, plan: &RoutePlan) {
     match plan {
         RoutePlan::Single(pick) => span.route("regular", &pick.worker.url, &pick.decision),
-        RoutePlan::Pair { prefill, decode } => {
+        RoutePlan::Pair { prefill, decode, .. } => {
             span.route("prefill", &prefill.worker.url, &prefill.decision);
             span.route("decode", &decode.worker.url, &decode.decision);
         }
+        RoutePlan::InPlace { decode, .. } => span.route("in_place", &decode.worker.url, &decode.decision),
     }
 }
 
@@ -294,6 +298,7 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
             decision: pick.decision,
             prefill: None,
             probe,
+            pd: None,
         })
     };
     match result {

@@ -80,6 +80,7 @@ fn classify_prefill(prefill: &Pick, result: Attempt) -> PrefillResult {
             decision: prefill.decision,
             prefill: None,
             probe: None,
+            pd: None,
         })
     };
     match result {
@@ -111,6 +112,7 @@ fn decode_outcome(prefill: Pick, decode: Pick, result: Attempt) -> Outcome {
             decision: decode.decision,
             prefill: Some((prefill.worker, prefill.decision)),
             probe: None,
+            pd: None,
         })
     };
     match result {

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_index::{InFlightPrompt, Namespace};
-use kvgate_policy::{Decision, IndexKind, RouteRequest, RoutingKey};
+use kvgate_policy::{
+    cached_tokens, Decision, IndexKind, PdChoice, PdInputs, PdPath, PdRule, RouteRequest, RoutingKey,
+};
 
 use crate::accuracy::Probe;
 use crate::endpoint::Endpoint;
@@ -53,8 +55,11 @@ impl Shape {
     pub(super) fn needs_routing_key(&self) -> bool {
         match self {
             Shape::Single(pool) => pool.policy.needs_routing_key(),
+            // The conditional rule weighs the prompt's length, so it needs the prompt.
             Shape::Pair { prefill, decode } => {
-                prefill.policy.needs_routing_key() || decode.policy.needs_routing_key()
+                prefill.config.pd_conditional
+                    || prefill.policy.needs_routing_key()
+                    || decode.policy.needs_routing_key()
             }
         }
     }
@@ -66,6 +71,8 @@ impl Shape {
             |pool: &ModelPool| pool.workers.iter().any(|w| !tried.contains(&w.id) && w.is_routable(now));
         match self {
             Shape::Single(pool) => left(pool),
+            // In place needs the decode side only.
+            Shape::Pair { prefill, decode } if prefill.config.pd_conditional => left(decode),
             Shape::Pair { prefill, decode } => left(prefill) && left(decode),
         }
     }
@@ -73,7 +80,13 @@ impl Shape {
     /// The worker an `x-kvgate-target-worker` header names, if it serves this request's model
     /// (on either side of a pair).
     pub(super) fn target(&self, value: &http::HeaderValue) -> Result<u32, ApiError> {
-        let named = value.to_str().ok().and_then(|url| crate::worker_url::normalize_url(url).ok());
+        // `URL` or, for one data-parallel rank (`--dp-aware`), `URL@RANK`.
+        let named = value.to_str().ok().and_then(|name| match name.rsplit_once('@') {
+            Some((url, rank)) if rank.parse::<u32>().is_ok() => {
+                crate::worker_url::normalize_url(url).ok().map(|url| format!("{url}@{rank}"))
+            }
+            _ => crate::worker_url::normalize_url(name).ok(),
+        });
         let pools: Vec<&Arc<ModelPool>> = match self {
             Shape::Single(pool) => vec![pool],
             Shape::Pair { prefill, decode } => vec![prefill, decode],
@@ -124,13 +137,57 @@ impl Shape {
         planning: Planning,
     ) -> Result<RoutePlan, ApiError> {
         let on = |pool| pick(state, pool, request, namespace, tried, target, planning);
-        match self {
-            Shape::Single(pool) => Ok(RoutePlan::Single(on(pool)?)),
-            Shape::Pair { prefill, decode } => {
-                Ok(RoutePlan::Pair { prefill: on(prefill)?, decode: on(decode)? })
+        let (prefill, decode) = match self {
+            Shape::Single(pool) => return Ok(RoutePlan::Single(on(pool)?)),
+            Shape::Pair { prefill, decode } => (prefill, decode),
+        };
+        let count = |pick: &Pick, path: PdPath| {
+            if planning == Planning::Live {
+                state.metrics.count_decision(
+                    &pick.pool.model,
+                    pick.pool.role,
+                    &pick.pool.series,
+                    &pick.decision,
+                    path,
+                );
+            }
+        };
+        let Some(rule) = prefill.config.pd_rule() else {
+            // Always a pair: both sides chosen, the prefill side first.
+            let (prefill, decode) = (on(prefill)?, on(decode)?);
+            count(&prefill, PdPath::Pair);
+            count(&decode, PdPath::Pair);
+            let inputs = pd_inputs(request, &decode, None);
+            return Ok(RoutePlan::Pair { prefill, decode, pd: PdRule::always(inputs) });
+        };
+        // Conditional: the decode engine first, by the decode side's policy on its own prefix
+        // index; then the rule, on what that engine holds and the prefill side's queue. A
+        // request naming its worker goes where that worker serves.
+        let decode = on(decode)?;
+        let queue = super::choose::least_in_flight(state, prefill, tried);
+        let inputs = pd_inputs(request, &decode, queue);
+        let targets_prefill = target.is_some_and(|id| prefill.workers.iter().any(|w| w.id == id));
+        let choice = if targets_prefill { PdRule::always(inputs) } else { rule.decide(inputs) };
+        match choice.path {
+            PdPath::InPlace => {
+                count(&decode, PdPath::InPlace);
+                Ok(RoutePlan::InPlace { decode, pd: choice })
+            }
+            PdPath::Pair => {
+                let prefill = on(prefill)?;
+                count(&prefill, PdPath::Pair);
+                count(&decode, PdPath::Pair);
+                Ok(RoutePlan::Pair { prefill, decode, pd: choice })
             }
         }
     }
+}
+
+/// The conditional rule's inputs: the prompt's length, what the chosen decode engine holds of
+/// it (by the decode side's decision), and the prefill side's queue.
+fn pd_inputs(request: &RouteRequest<'_>, decode: &Pick, prefill_queue: Option<u64>) -> PdInputs {
+    let prompt_tokens = request.prompt_tokens;
+    PdInputs { prompt_tokens, cached_tokens: cached_tokens(&decode.decision, prompt_tokens), prefill_queue }
 }
 
 /// Whether a plan is for real or a dry run.
@@ -158,7 +215,8 @@ impl Pick {
             return None;
         }
         let exact = self.decision.index == Some(IndexKind::Exact);
-        Some(Probe::predict(&self.pool.prefix.exact, tokens, namespace, self.decision.worker, exact))
+        let probe = Probe::predict(&self.pool.prefix.exact, tokens, namespace, self.decision.worker, exact);
+        Some(Probe { model_window: Some(self.pool.prefix.accuracy.clone()), ..probe })
     }
 
     /// A request routed on the exact index: its prompt's blocks count as held by the chosen
@@ -181,7 +239,17 @@ impl Pick {
 /// Where one attempt goes.
 pub(super) enum RoutePlan {
     Single(Pick),
-    Pair { prefill: Pick, decode: Pick },
+    /// A disaggregated pair, and the rule's verdict (`why=always` without --pd-conditional).
+    Pair {
+        prefill: Pick,
+        decode: Pick,
+        pd: PdChoice,
+    },
+    /// The decode engine prefills the request itself: the plain request, no PD fields.
+    InPlace {
+        decode: Pick,
+        pd: PdChoice,
+    },
 }
 
 #[allow(clippy::too_many_arguments, reason = "the plan's inputs, each used once")]
@@ -202,18 +270,25 @@ fn pick(
             )));
         }
         let decision = Decision::plain(worker.id, kvgate_policy::Reason::TargetWorker);
-        if planning == Planning::Live {
-            state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision);
+        if planning == Planning::Live && pool.role == crate::role::WorkerRole::Regular {
+            state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision, PdPath::Pair);
         }
         return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone() });
     }
     super::choose::choose(state, pool, request, namespace, tried, planning)
         .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
-        .ok_or_else(|| {
+        .map_err(|no_choice| {
             let side = match pool.role {
                 crate::role::WorkerRole::Regular => String::new(),
                 role => format!(" on the {} side", role.as_str()),
             };
-            ApiError::NoHealthyWorker(format!(" for model `{}`{side}", pool.model))
+            let where_ = format!(" for model `{}`{side}", pool.model);
+            match no_choice {
+                super::choose::NoChoice::NoWorker => ApiError::NoHealthyWorker(where_),
+                super::choose::NoChoice::Shed => ApiError::Overloaded {
+                    where_,
+                    retry_after_secs: state.loads.poll_interval_ms.div_ceil(1000).max(1),
+                },
+            }
         })
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderName, HeaderValue};
-use kvgate_policy::Decision;
+use kvgate_policy::{Decision, PdChoice};
 
 use crate::accuracy::{Probe, UsageTap};
 use crate::body::{InFlight, MeteredBody, RequestTail};
@@ -26,6 +26,7 @@ static PREDICTED_HEADER: HeaderName = HeaderName::from_static("x-kvgate-predicte
 static PREFILL_WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-worker");
 static PREFILL_ROUTE_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-route");
 static PREFILL_INDEX_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-prefix-index");
+static PD_PATH_HEADER: HeaderName = HeaderName::from_static("x-kvgate-pd-path");
 
 /// A worker's answer on its way to the client.
 pub(super) struct Served {
@@ -38,6 +39,8 @@ pub(super) struct Served {
     pub prefill: Option<(Arc<Worker>, Decision)>,
     /// What the exact index predicted cached on `worker` (requests routed on token ids).
     pub probe: Option<Probe>,
+    /// A disaggregated fleet's path for the request, and why (set by the retry loop).
+    pub pd: Option<PdChoice>,
 }
 
 /// What a failed attempt left, returned to the client when no retry is possible.
@@ -100,8 +103,12 @@ fn routing_headers(
     worker: &Worker,
     decision: &Decision,
     prefill: Option<&(Arc<Worker>, Decision)>,
+    pd: Option<&PdChoice>,
 ) {
     set_header(headers, &WORKER_HEADER, &worker.url);
+    if let Some(pd) = pd {
+        set_header(headers, &PD_PATH_HEADER, &pd.describe());
+    }
     set_header(headers, &ROUTE_HEADER, decision.reason.as_str());
     if let Some(index) = decision.index {
         set_header(headers, &INDEX_HEADER, index.as_str());
@@ -136,14 +143,14 @@ pub(super) fn respond(
     strip_usage: bool,
     span: &mut Option<RequestSpan>,
 ) -> Response {
-    let Served { response, in_flight, worker, decision, prefill, probe } = served;
+    let Served { response, in_flight, worker, decision, prefill, probe, pd } = served;
     let (mut parts, body) = response.into_parts();
     let hop_by_hop: Vec<HeaderName> = parts.headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
     for name in hop_by_hop {
         parts.headers.remove(name);
     }
     if state.config.expose_routing_headers {
-        routing_headers(&mut parts.headers, &worker, &decision, prefill.as_ref());
+        routing_headers(&mut parts.headers, &worker, &decision, prefill.as_ref(), pd.as_ref());
     }
     state.metrics.count_request(endpoint, parts.status, &worker.series);
     tracing::debug!(endpoint = endpoint.label(), worker = %worker.url, reason = decision.reason.as_str(), status = %parts.status, "proxied");

@@ -1,7 +1,8 @@
 //! `POST /v1/route`: the routing decision a request would get, without forwarding it. The body
 //! is the request as a client would send it (the endpoint is `?endpoint=` or inferred from the
-//! body); the answer names the worker (or the prefill and decode pair), the reason and the
-//! prefix index consulted. Nothing is recorded: no prefix index learns the choice, no metric or
+//! body); the answer names the worker (or the prefill and decode pair, or the decode worker
+//! prefilling in place, with the conditional rule's verdict as `path` and `pd`), the reason and
+//! the prefix index consulted. Nothing is recorded: no prefix index learns the choice, no metric or
 //! peer replica hears of it, and no request reaches a worker (policies with per-request state of
 //! their own, such as round_robin's counter, still advance it). Behind the admin key.
 
@@ -10,6 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use kvgate_policy::PdChoice;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -73,9 +75,32 @@ async fn decide(
     let prepared = prepare(state, endpoint, &fields, headers, body).await?;
     Ok(match prepared.shape.dry_run(state, &prepared.route_request(), prepared.namespace)? {
         RoutePlan::Single(pick) => describe(&pick, endpoint),
-        RoutePlan::Pair { prefill, decode } => {
-            json!({"endpoint": endpoint.label(), "prefill": describe(&prefill, endpoint), "decode": describe(&decode, endpoint)})
-        }
+        RoutePlan::Pair { prefill, decode, pd } => json!({
+            "endpoint": endpoint.label(),
+            "path": pd.path.as_str(),
+            "pd": describe_pd(&pd),
+            "prefill": describe(&prefill, endpoint),
+            "decode": describe(&decode, endpoint),
+        }),
+        RoutePlan::InPlace { decode, pd } => json!({
+            "endpoint": endpoint.label(),
+            "path": pd.path.as_str(),
+            "pd": describe_pd(&pd),
+            "decode": describe(&decode, endpoint),
+        }),
+    })
+}
+
+/// The conditional rule's verdict and inputs.
+fn describe_pd(pd: &PdChoice) -> Value {
+    json!({
+        "path": pd.path.as_str(),
+        "why": pd.why.as_str(),
+        "prompt_tokens": pd.inputs.prompt_tokens,
+        "cached_tokens": pd.inputs.cached_tokens,
+        "uncached_tokens": pd.inputs.uncached_tokens(),
+        "uncached_fraction": pd.inputs.uncached_fraction(),
+        "prefill_queue": pd.inputs.prefill_queue,
     })
 }
 

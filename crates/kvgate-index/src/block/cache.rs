@@ -10,7 +10,10 @@ use smallvec::SmallVec;
 
 use super::hash::{block_content, ChainRoot, Namespace};
 use super::residency::Residency;
-use super::{BlockIndex, CacheId, Layout};
+use super::{BlockIndex, CacheId, Holder, Layout, EPOCH_UNTRUSTED};
+
+/// Epochs run below this, then wrap (tests wrap often, so the renumbering is exercised).
+const EPOCH_LIMIT: u16 = if cfg!(test) { 5 } else { EPOCH_UNTRUSTED - 1 };
 
 /// A `BlockStored` event, as the index needs it.
 #[derive(Clone, Copy, Debug)]
@@ -68,11 +71,21 @@ struct EngineBlock {
 type Group = IntMap<u64, EngineBlock>;
 
 /// How many engine blocks of this cache name one content (more than one is rare: an engine
-/// hash reused, or keys kvgate does not model), and the tiers they hold it in together.
+/// hash reused, or keys kvgate does not model), the tiers they hold it in together, and what
+/// the index's run of this block rests on.
 #[derive(Clone, Copy, Debug)]
 struct ContentRef {
     refs: u32,
     tiers: u16,
+    /// The epoch `run` was computed in (as in the index's holder entry).
+    epoch: u16,
+    run: u32,
+    /// Contents this cache holds whose parent is this one (counted while both are held).
+    children: u32,
+    /// The parent's content hash, and the parent's epoch when this block counted itself among
+    /// its children (so a later holder of the parent's hash is not debited for it).
+    parent: u64,
+    parent_epoch: u16,
 }
 
 /// One block as [`CacheBlocks::holdings`] lists it.
@@ -101,11 +114,15 @@ pub struct CacheBlocks {
     bits: Vec<(Residency, u16, f64)>,
     /// Most engine blocks held: what the engine can hold, as its host knows it.
     max_blocks: usize,
+    /// This cache's epoch: runs computed in an earlier one are not trusted.
+    epoch: u16,
 }
 
 impl CacheBlocks {
     /// The writer for cache `id` of `index`. Two writers for one cache would fight: keep one.
     pub fn new(index: Arc<BlockIndex>, id: CacheId) -> Self {
+        // A writer after an earlier one for the same cache carries on its epochs.
+        let epoch = index.epoch_of(id.key()).min(EPOCH_LIMIT - 1);
         Self {
             index,
             id,
@@ -115,6 +132,7 @@ impl CacheBlocks {
             pending: HashMap::new(),
             bits: Vec::new(),
             max_blocks: usize::MAX,
+            epoch,
         }
     }
 
@@ -224,7 +242,7 @@ impl CacheBlocks {
             let after = &stored.lookahead[i * lookahead..(i + 1) * lookahead];
             let opaque = stored.opaque.get(i).copied().unwrap_or(0);
             let content = block_content(parent, tokens, after, opaque);
-            parent = content;
+            let parent_content = std::mem::replace(&mut parent, content);
             match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
                 Some(block) if block.content == content => {
                     self.set_tiers(group, engine_hash, block.tiers | bit)
@@ -232,11 +250,11 @@ impl CacheBlocks {
                 Some(_) => {
                     // The engine reused a hash for other content: the old block is gone.
                     self.forget(group, engine_hash);
-                    self.hold(group, engine_hash, content, bit);
+                    self.hold(group, engine_hash, content, parent_content, bit);
                 }
                 None => {
                     let tiers = bit | self.pending.remove(&(group, engine_hash)).unwrap_or(0);
-                    self.hold(group, engine_hash, content, tiers);
+                    self.hold(group, engine_hash, content, parent_content, tiers);
                 }
             }
         }
@@ -307,13 +325,81 @@ impl CacheBlocks {
         &mut self.groups[at].1
     }
 
-    fn hold(&mut self, group: u32, engine_hash: u64, content: u64, tiers: u16) {
+    fn hold(&mut self, group: u32, engine_hash: u64, content: u64, parent: u64, tiers: u16) {
         self.group_mut(group).insert(engine_hash, EngineBlock { content, tiers });
-        let entry = self.contents.entry(content).or_insert(ContentRef { refs: 0, tiers: 0 });
-        entry.refs += 1;
-        entry.tiers |= tiers;
-        let tiers = entry.tiers;
-        self.index.set_holder(content, self.key, tiers);
+        if let Some(entry) = self.contents.get_mut(&content) {
+            // Another engine hash for a content held already.
+            let before = entry.tiers;
+            entry.refs += 1;
+            entry.tiers |= tiers;
+            let after = entry.tiers;
+            self.tiers_changed(content, before, after);
+            return;
+        }
+        let weight = best_weight(&self.bits, tiers);
+        let (run, parent_epoch) = match self.contents.get_mut(&parent) {
+            Some(up) => {
+                up.children += 1;
+                let extends = up.epoch == self.epoch && best_weight(&self.bits, up.tiers) == weight;
+                (if extends { up.run.saturating_add(1) } else { 1 }, up.epoch)
+            }
+            None => (1, 0),
+        };
+        let entry = ContentRef { refs: 1, tiers, epoch: self.epoch, run, children: 0, parent, parent_epoch };
+        self.contents.insert(content, entry);
+        self.index.set_holder(content, self.holder(entry));
+    }
+
+    fn holder(&self, entry: ContentRef) -> Holder {
+        Holder { key: self.key, tiers: entry.tiers, epoch: entry.epoch, run: entry.run }
+    }
+
+    /// A held content's tiers went from `before` to `after`. Queries read a holder's best tier
+    /// weight only: a copy in a slower tier next to a GPU copy (every offloaded block) changes
+    /// nothing there, and costs no shard write. A changed weight ends the runs through this
+    /// block (a new epoch when it has children) and restarts its own.
+    fn tiers_changed(&mut self, content: u64, before: u16, after: u16) {
+        if best_weight(&self.bits, before) == best_weight(&self.bits, after) {
+            return;
+        }
+        let has_children = self.contents.get(&content).is_some_and(|entry| entry.children > 0);
+        if has_children {
+            self.next_epoch();
+        }
+        let epoch = self.epoch;
+        let Some(entry) = self.contents.get_mut(&content) else { return };
+        entry.run = 1;
+        entry.epoch = epoch;
+        let entry = *entry;
+        self.index.set_holder(content, self.holder(entry));
+    }
+
+    /// Starts a new epoch: every run computed so far stops counting. Published before the change
+    /// that caused it is applied, so no query trusts a run the change makes false. Once in 65,534
+    /// times the numbers wrap: every entry is renumbered (run 1) first, and children recounted.
+    fn next_epoch(&mut self) {
+        if self.epoch + 1 < EPOCH_LIMIT {
+            self.epoch += 1;
+            self.index.set_epoch(self.key, self.epoch);
+            return;
+        }
+        self.index.set_epoch(self.key, EPOCH_UNTRUSTED);
+        self.epoch = 0;
+        let mut children: IntMap<u64, u32> = IntMap::default();
+        for entry in self.contents.values() {
+            *children.entry(entry.parent).or_insert(0) += 1;
+        }
+        let contents: Vec<u64> = self.contents.keys().copied().collect();
+        for content in contents {
+            let Some(entry) = self.contents.get_mut(&content) else { continue };
+            entry.run = 1;
+            entry.epoch = 0;
+            entry.parent_epoch = 0;
+            entry.children = children.get(&content).copied().unwrap_or(0);
+            let entry = *entry;
+            self.index.set_holder(content, self.holder(entry));
+        }
+        self.index.set_epoch(self.key, 0);
     }
 
     /// Sets a held block's tiers (never empty: a block no tier holds is forgotten).
@@ -328,30 +414,28 @@ impl CacheBlocks {
         let before = entry.tiers;
         entry.tiers = if entry.refs == 1 { tiers } else { entry.tiers | tiers };
         let after = entry.tiers;
-        // Queries read a holder's best tier weight only: a copy in a slower tier next to a GPU
-        // copy (every offloaded block) changes nothing there, and costs no shard write.
-        if self.best_weight(before) != self.best_weight(after) {
-            self.index.set_holder(content, self.key, after);
-        }
-    }
-
-    /// The best weight among `tiers` (the bits this writer interned).
-    fn best_weight(&self, tiers: u16) -> f64 {
-        self.bits
-            .iter()
-            .filter(|(_, bit, _)| tiers & bit != 0)
-            .map(|(_, _, weight)| *weight)
-            .fold(0.0, f64::max)
+        self.tiers_changed(content, before, after);
     }
 
     fn forget(&mut self, group: u32, engine_hash: u64) {
         let Some(block) = self.group_mut(group).remove(&engine_hash) else { return };
         let Some(entry) = self.contents.get_mut(&block.content) else { return };
         entry.refs -= 1;
-        if entry.refs == 0 {
-            self.contents.remove(&block.content);
-            self.index.remove_holder(block.content, self.key);
+        if entry.refs > 0 {
+            return;
         }
+        let entry = *entry;
+        if entry.children > 0 {
+            // Runs through this block would claim it after it is gone.
+            self.next_epoch();
+        }
+        if let Some(up) = self.contents.get_mut(&entry.parent) {
+            if up.epoch == entry.parent_epoch {
+                up.children = up.children.saturating_sub(1);
+            }
+        }
+        self.contents.remove(&block.content);
+        self.index.remove_holder(block.content, self.key);
     }
 
     /// The index's bit for a residency, cached by this writer.
@@ -364,6 +448,11 @@ impl CacheBlocks {
         self.bits.push((residency.clone(), bit, weight));
         bit
     }
+}
+
+/// The best weight among `tiers` (the bits a writer interned).
+fn best_weight(bits: &[(Residency, u16, f64)], tiers: u16) -> f64 {
+    bits.iter().filter(|(_, bit, _)| tiers & bit != 0).map(|(_, _, weight)| *weight).fold(0.0, f64::max)
 }
 
 impl Drop for CacheBlocks {

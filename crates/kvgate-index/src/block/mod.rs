@@ -14,6 +14,17 @@
 //! same shard. Each holder entry carries the tiers the cache holds the block in, so a query can
 //! credit a CPU or disk hit at its [`TierWeights`] weight.
 //!
+//! A long hit does not cost one map access per block: each holder entry also carries its
+//! **run**, how many blocks of the chain up to and including this one the cache holds at the
+//! same tier weight, and the cache's **epoch** when the run was computed. A cache's epoch moves
+//! on whenever a run could have become false (a block leaves the cache while it holds a child of
+//! it, or a block with children changes tier weight), so a query trusts a run only when its
+//! epoch is the cache's current one. The walk then jumps: it probes a block far ahead and, when
+//! every cache still matching holds it with a trusted run reaching back to where the walk
+//! stands, skips the blocks in between (galloping: 32, 64, 128 ... blocks ahead), and walks
+//! block by block only across a window where some cache stops. It never claims a block the
+//! events did not say the cache holds.
+//!
 //! Writers are [`CacheBlocks`]: one per engine cache (worker and data-parallel rank), owned by
 //! whoever feeds that cache's events; dropping it removes the cache's blocks from the index.
 
@@ -78,7 +89,18 @@ const MAX_RESIDENCIES: usize = 16;
 pub(crate) struct Holder {
     pub(crate) key: u64,
     pub(crate) tiers: u16,
+    /// The cache's epoch when `run` was computed: the run holds only while it is current.
+    pub(crate) epoch: u16,
+    /// Blocks of the chain ending here (this one included) the cache holds at this block's
+    /// tier weight.
+    pub(crate) run: u32,
 }
+
+/// How far ahead a query first probes (then doubling while probes succeed).
+const JUMP: usize = if cfg!(test) { 2 } else { 32 };
+
+/// The epoch no holder carries: set while a cache's entries are being renumbered.
+pub(crate) const EPOCH_UNTRUSTED: u16 = u16::MAX;
 
 /// Caches holding one block, sorted by [`CacheId::key`].
 type Holders = SmallVec<[Holder; 2]>;
@@ -102,6 +124,8 @@ pub struct BlockIndex {
     tier_weights: TierWeights,
     /// Distinct blocks held per cache key, refreshed after every applied event.
     sizes: Mutex<HashMap<u64, usize>>,
+    /// Each cache's current epoch (absent: 0).
+    epochs: RwLock<IntMap<u64, u16>>,
 }
 
 impl Default for BlockIndex {
@@ -125,6 +149,7 @@ impl BlockIndex {
             tiers: RwLock::new(tiers),
             tier_weights,
             sizes: Mutex::new(HashMap::new()),
+            epochs: RwLock::new(IntMap::default()),
         }
     }
 
@@ -147,18 +172,48 @@ impl BlockIndex {
     /// and how many of them count once tiers are weighed ([`PrefixMatch::credited`]).
     /// `out.query_len()` is `tokens.len()`.
     pub fn overlap(&self, tokens: &[u32], namespace: Namespace<'_>, out: &mut PrefixMatch) {
-        out.reset(tokens.len());
         let layouts: SmallVec<[Layout; MAX_LAYOUTS]> =
             self.layouts.read().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
-        if layouts.is_empty() {
-            return;
-        }
+        let chains = layouts.iter().map(|&layout| Chain::of_tokens(tokens, namespace, layout));
+        self.overlap_chains(tokens.len(), chains, out);
+    }
+
+    /// A prompt's block hashes along every layout the index walks now, for
+    /// [`overlap_hashed`](Self::overlap_hashed): a caller that needs them more than once (the
+    /// query, then holding the prompt in flight) hashes the prompt once.
+    pub fn prompt_hashes(&self, tokens: &[u32], namespace: Namespace<'_>) -> PromptHashes {
+        let layouts = self.layouts();
+        let chains = layouts
+            .into_iter()
+            .map(|layout| {
+                let mut chain = Chain::of_tokens(tokens, namespace, layout);
+                chain.extend_to(chain.blocks);
+                (layout, chain.hashes)
+            })
+            .collect();
+        PromptHashes { query_len: tokens.len(), chains }
+    }
+
+    /// [`overlap`](Self::overlap) from hashes computed already (the layouts the index walked
+    /// when they were).
+    pub fn overlap_hashed(&self, prompt: &PromptHashes, out: &mut PrefixMatch) {
+        let chains = prompt.chains.iter().map(|(layout, hashes)| Chain::of_hashes(*layout, hashes));
+        self.overlap_chains(prompt.query_len, chains, out);
+    }
+
+    fn overlap_chains<'a>(
+        &self,
+        query_len: usize,
+        chains: impl Iterator<Item = Chain<'a>>,
+        out: &mut PrefixMatch,
+    ) {
+        out.reset(query_len);
         let tiers = self.tiers.read().unwrap_or_else(|p| p.into_inner());
         let weights = &tiers.weights;
-        // (cache key, tokens matched, credited tokens) for every cache that matched anything.
-        let mut reached: SmallVec<[(u64, usize, f64); 8]> = SmallVec::new();
-        for layout in layouts {
-            self.walk(tokens, namespace, layout, weights, &mut reached);
+        // (cache key, tokens matched, credit) for every cache that matched anything.
+        let mut reached: SmallVec<[(u64, usize, u64); 8]> = SmallVec::new();
+        for mut chain in chains {
+            self.walk(&mut chain, weights, &mut reached);
         }
         drop(tiers);
         // Per worker: the best cache (rank, layout) by matched tokens, then by credit.
@@ -167,58 +222,150 @@ impl BlockIndex {
             let best = group
                 .iter()
                 .copied()
-                .max_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)))
+                .max_by(|a, b| a.1.cmp(&b.1).then(a.2.cmp(&b.2)))
                 .expect("chunks are not empty");
             if best.1 > 0 {
-                out.push_credited(CacheId::worker_of(best.0), best.1, best.2.round() as usize);
+                out.push_credited(CacheId::worker_of(best.0), best.1, credited_tokens(best.2));
             }
         }
     }
 
     /// One layout's walk: appends (cache, matched tokens, credit) for every cache it reached.
-    fn walk(
-        &self,
-        tokens: &[u32],
-        namespace: Namespace<'_>,
-        layout: Layout,
-        weights: &[f64],
-        reached: &mut SmallVec<[(u64, usize, f64); 8]>,
-    ) {
-        let (block_size, lookahead) = (layout.block_size as usize, layout.lookahead as usize);
-        let blocks = tokens.len().saturating_sub(lookahead) / block_size.max(1);
-        let mut parent = ChainRoot { namespace, group: 0, lookahead: layout.lookahead }.hash();
-        // Caches still matching, with their credit so far.
-        let mut active: SmallVec<[(u64, f64); 4]> = SmallVec::new();
-        for i in 0..blocks {
-            let start = i * block_size;
-            let block = &tokens[start..start + block_size];
-            let after = &tokens[start + block_size..start + block_size + lookahead];
-            let hash = block_content(parent, block, after, 0);
-            {
-                let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
-                let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
-                let credit = |tiers: u16| tier_weight(weights, tiers) * block_size as f64;
-                if i == 0 {
-                    active.extend(holders.iter().map(|h| (h.key, credit(h.tiers))));
-                } else {
-                    active.retain(|(key, credited)| match holders.binary_search_by(|h| h.key.cmp(key)) {
-                        Ok(at) => {
-                            *credited += credit(holders[at].tiers);
-                            true
+    fn walk(&self, chain: &mut Chain<'_>, weights: &[f64], reached: &mut SmallVec<[(u64, usize, u64); 8]>) {
+        let (blocks, block_size) = (chain.blocks, chain.block_size);
+        if blocks == 0 {
+            return;
+        }
+        let credit =
+            |tiers: u16, n: usize| credit_units(tier_weight(weights, tiers)) * (n * block_size) as u64;
+        // Caches still matching: (key, credit so far, current epoch once read).
+        let mut active: SmallVec<[(u64, u64, u16); 4]> = SmallVec::new();
+        {
+            let hash = chain.hash(0);
+            let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
+            let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
+            active.extend(holders.iter().map(|h| (h.key, credit(h.tiers, 1), EPOCH_UNTRUSTED)));
+        }
+        // Every active cache holds blocks 0..=pos.
+        let (mut pos, mut stride) = (0, JUMP);
+        let mut epochs_read = false;
+        while pos + 1 < blocks && !active.is_empty() {
+            let next = (pos + stride).min(blocks - 1);
+            if next - pos > 1 {
+                if !epochs_read {
+                    let epochs = self.epochs.read().unwrap_or_else(|p| p.into_inner());
+                    for entry in active.iter_mut() {
+                        entry.2 = epochs.get(&entry.0).copied().unwrap_or(0);
+                    }
+                    epochs_read = true;
+                }
+                match self.probe(chain, next, pos, &mut active, &credit) {
+                    Probe::Spans => {
+                        pos = next;
+                        stride = stride.saturating_mul(2);
+                        continue;
+                    }
+                    Probe::Absent => {
+                        // Some cache stops in (pos, next]: bisect to a block where not every
+                        // cache spans, with every cache spanning the block before it.
+                        let (mut lo, mut hi) = (pos, next);
+                        while hi - lo > 1 {
+                            let mid = lo + (hi - lo) / 2;
+                            match self.probe(chain, mid, lo, &mut active, &credit) {
+                                Probe::Spans => lo = mid,
+                                Probe::Absent => hi = mid,
+                                Probe::Unknown => break,
+                            }
                         }
-                        Err(_) => {
-                            reached.push((*key, i * block_size, *credited));
-                            false
+                        // Then block by block from there (one block unless a run was not
+                        // trusted on the way).
+                        for i in lo + 1..=hi {
+                            if !self.step(chain, i, &mut active, &credit, reached) {
+                                return;
+                            }
                         }
-                    });
+                        pos = hi;
+                        stride = JUMP;
+                        continue;
+                    }
+                    Probe::Unknown if next - pos > JUMP => {
+                        stride = JUMP;
+                        continue;
+                    }
+                    Probe::Unknown => {}
                 }
             }
-            if active.is_empty() {
-                return;
+            // Block by block across a window where a run could not be trusted.
+            for i in pos + 1..=next {
+                if !self.step(chain, i, &mut active, &credit, reached) {
+                    return;
+                }
             }
-            parent = hash;
+            pos = next;
+            stride = JUMP;
         }
-        reached.extend(active.iter().map(|&(key, credited)| (key, blocks * block_size, credited)));
+        reached.extend(active.iter().map(|&(key, credited, _)| (key, blocks * block_size, credited)));
+    }
+
+    /// Whether every active cache holds blocks `from + 1..=at` by a trusted run ending at `at`;
+    /// if so, credits them.
+    fn probe(
+        &self,
+        chain: &mut Chain<'_>,
+        at: usize,
+        from: usize,
+        active: &mut SmallVec<[(u64, u64, u16); 4]>,
+        credit: &impl Fn(u16, usize) -> u64,
+    ) -> Probe {
+        let hash = chain.hash(at);
+        let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
+        let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
+        let mut verdict = Probe::Spans;
+        for &(key, _, epoch) in active.iter() {
+            match holders.binary_search_by(|h| h.key.cmp(&key)) {
+                Err(_) => verdict = Probe::Absent,
+                Ok(i) => {
+                    let h = holders[i];
+                    let trusted = h.epoch == epoch && epoch != EPOCH_UNTRUSTED && h.run as usize >= at - from;
+                    if !trusted {
+                        return Probe::Unknown;
+                    }
+                }
+            }
+        }
+        if verdict == Probe::Spans {
+            for entry in active.iter_mut() {
+                let i = holders.binary_search_by(|h| h.key.cmp(&entry.0)).expect("every cache spans");
+                entry.1 += credit(holders[i].tiers, at - from);
+            }
+        }
+        verdict
+    }
+
+    /// One block, every active cache holding blocks before it: caches without it stop there
+    /// (appended to `reached`). False when none is left.
+    fn step(
+        &self,
+        chain: &mut Chain<'_>,
+        at: usize,
+        active: &mut SmallVec<[(u64, u64, u16); 4]>,
+        credit: &impl Fn(u16, usize) -> u64,
+        reached: &mut SmallVec<[(u64, usize, u64); 8]>,
+    ) -> bool {
+        let hash = chain.hash(at);
+        let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
+        let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
+        active.retain(|(key, credited, _)| match holders.binary_search_by(|h| h.key.cmp(key)) {
+            Ok(i) => {
+                *credited += credit(holders[i].tiers, 1);
+                true
+            }
+            Err(_) => {
+                reached.push((*key, at * chain.block_size, *credited));
+                false
+            }
+        });
+        !active.is_empty()
     }
 
     /// Distinct blocks held by a worker's caches (summed over its ranks).
@@ -309,20 +456,30 @@ impl BlockIndex {
         (hash >> 58) as usize % SHARDS
     }
 
-    /// Sets `key`'s tiers for the block (adding the holder if new); true if it was new.
-    fn set_holder(&self, hash: u64, key: u64, tiers: u16) -> bool {
+    /// Sets `key`'s entry for the block (adding the holder if new); true if it was new.
+    fn set_holder(&self, hash: u64, holder: Holder) -> bool {
         let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
         let holders = shard.entry(hash).or_default();
-        match holders.binary_search_by(|h| h.key.cmp(&key)) {
+        match holders.binary_search_by(|h| h.key.cmp(&holder.key)) {
             Ok(at) => {
-                holders[at].tiers = tiers;
+                holders[at] = holder;
                 false
             }
             Err(at) => {
-                holders.insert(at, Holder { key, tiers });
+                holders.insert(at, holder);
                 true
             }
         }
+    }
+
+    /// A cache's current epoch (0 for a cache never seen).
+    pub(crate) fn epoch_of(&self, key: u64) -> u16 {
+        self.epochs.read().unwrap_or_else(|p| p.into_inner()).get(&key).copied().unwrap_or(0)
+    }
+
+    /// Makes `epoch` the cache's current one: runs computed under another stop counting.
+    pub(crate) fn set_epoch(&self, key: u64, epoch: u16) {
+        self.epochs.write().unwrap_or_else(|p| p.into_inner()).insert(key, epoch);
     }
 
     fn remove_holder(&self, hash: u64, key: u64) {
@@ -345,6 +502,116 @@ impl BlockIndex {
             sizes.insert(key, blocks);
         }
     }
+}
+
+/// A prompt's block hashes along each layout ([`BlockIndex::prompt_hashes`]).
+#[derive(Clone, Debug, Default)]
+pub struct PromptHashes {
+    query_len: usize,
+    chains: SmallVec<[(Layout, Vec<u64>); 1]>,
+}
+
+impl PromptHashes {
+    /// The content hashes of the prompt's whole blocks along `layout` (empty if not computed).
+    pub fn hashes(&self, layout: Layout) -> &[u64] {
+        self.chains.iter().find(|(l, _)| *l == layout).map_or(&[], |(_, hashes)| hashes)
+    }
+}
+
+/// What a probe far ahead found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    /// Every active cache holds every block up to the probe (trusted runs).
+    Spans,
+    /// Some cache does not hold the probed block; the others span.
+    Absent,
+    /// Some cache holds it but its run cannot vouch for the blocks before it.
+    Unknown,
+}
+
+/// A query's block hashes along one layout: given, or computed as far as the walk has looked.
+struct Chain<'a> {
+    tokens: &'a [u32],
+    block_size: usize,
+    lookahead: usize,
+    root: u64,
+    blocks: usize,
+    given: &'a [u64],
+    hashes: Vec<u64>,
+}
+
+impl<'a> Chain<'a> {
+    fn of_tokens(tokens: &'a [u32], namespace: Namespace<'_>, layout: Layout) -> Self {
+        let (block_size, lookahead) = (layout.block_size as usize, layout.lookahead as usize);
+        Chain {
+            tokens,
+            block_size,
+            lookahead,
+            root: ChainRoot { namespace, group: 0, lookahead: layout.lookahead }.hash(),
+            blocks: tokens.len().saturating_sub(lookahead) / block_size.max(1),
+            given: &[],
+            hashes: Vec::new(),
+        }
+    }
+
+    fn of_hashes(layout: Layout, hashes: &'a [u64]) -> Self {
+        Chain {
+            tokens: &[],
+            block_size: layout.block_size as usize,
+            lookahead: layout.lookahead as usize,
+            root: 0,
+            blocks: hashes.len(),
+            given: hashes,
+            hashes: Vec::new(),
+        }
+    }
+
+    /// The content hash of block `i` (every block before it is hashed on the way).
+    #[inline]
+    fn hash(&mut self, i: usize) -> u64 {
+        if let Some(&hash) = self.given.get(i) {
+            return hash;
+        }
+        if i >= self.hashes.len() {
+            self.extend_to(i + 1);
+        }
+        self.hashes[i]
+    }
+
+    /// Hashes blocks up to `n` in one tight loop (a push per block and call was 2-3x slower
+    /// than the hashing itself).
+    fn extend_to(&mut self, n: usize) {
+        let (block_size, lookahead, from) = (self.block_size, self.lookahead, self.hashes.len());
+        let mut parent = self.hashes.last().copied().unwrap_or(self.root);
+        if lookahead == 0 {
+            let blocks = self.tokens[from * block_size..n * block_size].chunks_exact(block_size);
+            self.hashes.extend(blocks.map(|block| {
+                parent = block_content(parent, block, &[], 0);
+                parent
+            }));
+            return;
+        }
+        self.hashes.extend((from..n).map(|at| {
+            let start = at * block_size;
+            let (block, after) = self.tokens[start..start + block_size + lookahead].split_at(block_size);
+            parent = block_content(parent, block, after, 0);
+            parent
+        }));
+    }
+}
+
+/// Credit is counted in fixed point (1/65,536 of a token), so a sum does not depend on how the
+/// walk grouped its blocks.
+const CREDIT_ONE: f64 = 65_536.0;
+
+/// A tier weight as credit units per token.
+fn credit_units(weight: f64) -> u64 {
+    (weight * CREDIT_ONE).round() as u64
+}
+
+/// Credited tokens of a credit sum (halves round up).
+fn credited_tokens(credit: u64) -> usize {
+    ((credit + (CREDIT_ONE as u64) / 2) >> 16) as usize
 }
 
 /// The best weight among a holder's tiers.

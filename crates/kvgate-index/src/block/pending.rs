@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::hash::{block_content, ChainRoot, Namespace};
-use super::{BlockIndex, CacheId, SHARDS};
+use super::{BlockIndex, CacheId, Holder, SHARDS};
 use crate::TenantId;
 
 /// The rank under which in-flight prompts are held (engines' own ranks are small numbers).
@@ -57,8 +57,11 @@ impl InFlightBlocks {
                 let count = refs.entry((hash, key)).or_insert(0);
                 *count += 1;
                 if *count == 1 {
-                    // In flight means being prefilled on the GPU: the GPU tier (bit 0).
-                    self.index.set_holder(hash, key, 1);
+                    // In flight means being prefilled on the GPU: the GPU tier (bit 0). Each
+                    // request holds its prompt from the first block, so the held blocks are
+                    // always whole chains: the run is the block's position, never stale.
+                    let holder = Holder { key, tiers: 1, epoch: 0, run: (i + 1) as u32 };
+                    self.index.set_holder(hash, holder);
                 }
             }
         }

@@ -349,17 +349,18 @@ fn ref_weight(tiers: u8) -> f64 {
 }
 
 fn ref_overlap(caches: &[RefCache], query: &[u32]) -> Vec<(TenantId, usize, usize)> {
-    let mut best: HashMap<TenantId, (usize, f64)> = HashMap::new();
+    let mut best: HashMap<TenantId, (usize, u64)> = HashMap::new();
     for (c, cache) in caches.iter().enumerate() {
-        let (mut blocks, mut credit) = (0, 0.0);
+        // Credit in 1/65,536 of a token, as the index counts it.
+        let (mut blocks, mut credit) = (0, 0u64);
         while (blocks + 1) * BS as usize <= query.len() {
             let prefix = &query[..(blocks + 1) * BS as usize];
             let Some((_, tiers)) = cache.values().find(|(held, _)| held.as_slice() == prefix) else { break };
-            credit += ref_weight(*tiers) * f64::from(BS);
+            credit += (ref_weight(*tiers) * 65_536.0).round() as u64 * u64::from(BS);
             blocks += 1;
         }
         if blocks > 0 {
-            let entry = best.entry(CACHES[c].worker).or_insert((0, 0.0));
+            let entry = best.entry(CACHES[c].worker).or_insert((0, 0));
             let here = (blocks * BS as usize, credit);
             if here.0 > entry.0 || (here.0 == entry.0 && here.1 > entry.1) {
                 *entry = here;
@@ -368,20 +369,20 @@ fn ref_overlap(caches: &[RefCache], query: &[u32]) -> Vec<(TenantId, usize, usiz
     }
     let mut out: Vec<(TenantId, usize, usize)> = best
         .into_iter()
-        .map(|(tenant, (matched, credit))| (tenant, matched, credit.round() as usize))
+        .map(|(tenant, (matched, credit))| (tenant, matched, ((credit + 32_768) >> 16) as usize))
         .collect();
     out.sort_unstable();
     out
 }
 
-fn prompts() -> impl Strategy<Value = Vec<Vec<u32>>> {
-    prop::collection::vec(prop::collection::vec(0u32..3, 2..10), 4)
+fn prompts(max_tokens: usize) -> impl Strategy<Value = Vec<Vec<u32>>> {
+    prop::collection::vec(prop::collection::vec(0u32..3, 2..max_tokens), 4)
 }
 
-fn ops() -> impl Strategy<Value = Vec<Op>> {
+fn ops(max_blocks: usize) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
-        6 => (0..3usize, 0..4usize, 0..5usize, 0..6usize, 0..4u8).prop_map(|(c, p, a, b, m)| Op::Store(c, p, a, b, m)),
-        3 => (0..3usize, 0..4usize, 0..5usize, 0..4u8).prop_map(|(c, p, b, m)| Op::Remove(c, p, b, m)),
+        6 => (0..3usize, 0..4usize, 0..max_blocks, 0..max_blocks + 1, 0..4u8).prop_map(|(c, p, a, b, m)| Op::Store(c, p, a, b, m)),
+        3 => (0..3usize, 0..4usize, 0..max_blocks, 0..4u8).prop_map(|(c, p, b, m)| Op::Remove(c, p, b, m)),
         1 => (0..3usize).prop_map(Op::Clear),
         4 => (0..4usize).prop_map(Op::Query),
     ];
@@ -390,11 +391,26 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 
 proptest! {
     #[test]
-    fn matches_a_naive_model_of_every_cache(prompts in prompts(), ops in ops()) {
+    fn matches_a_naive_model_of_every_cache(prompts in prompts(10), ops in ops(5)) {
+        check_against_model(prompts, ops)?;
+    }
+
+    /// Chains long enough for queries to jump (tests probe 2, 4, 8 ... blocks ahead), with
+    /// removals in the middle of them, tier changes, and epochs wrapping every few removals.
+    #[test]
+    fn long_chains_with_gaps_match_a_naive_model(prompts in prompts(60), ops in ops(30)) {
+        check_against_model(prompts, ops)?;
+    }
+}
+
+fn check_against_model(prompts: Vec<Vec<u32>>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    {
         let index = Arc::new(BlockIndex::new());
         let twin = Arc::new(BlockIndex::new());
-        let mut writers: Vec<CacheBlocks> = CACHES.iter().map(|&id| CacheBlocks::new(index.clone(), id)).collect();
-        let mut twins: Vec<CacheBlocks> = CACHES.iter().map(|&id| CacheBlocks::new(twin.clone(), id)).collect();
+        let mut writers: Vec<CacheBlocks> =
+            CACHES.iter().map(|&id| CacheBlocks::new(index.clone(), id)).collect();
+        let mut twins: Vec<CacheBlocks> =
+            CACHES.iter().map(|&id| CacheBlocks::new(twin.clone(), id)).collect();
         let mut model: Vec<RefCache> = vec![RefCache::new(); CACHES.len()];
         let residencies: Vec<Residency> = MEDIA.iter().map(|m| Residency::of(*m, None, None)).collect();
         for op in ops {
@@ -407,10 +423,14 @@ proptest! {
                         continue;
                     }
                     let bs = BS as usize;
-                    let hashes: Vec<u64> = (first..end).map(|b| engine_hash(c, &prompt[..(b + 1) * bs])).collect();
+                    let hashes: Vec<u64> =
+                        (first..end).map(|b| engine_hash(c, &prompt[..(b + 1) * bs])).collect();
                     let parent = first.checked_sub(1).map(|b| engine_hash(c, &prompt[..(b + 1) * bs]));
                     let tokens = &prompt[first * bs..end * bs];
-                    let event = StoredBlocks { residency: &residencies[medium as usize], ..stored(&hashes, parent, tokens) };
+                    let event = StoredBlocks {
+                        residency: &residencies[medium as usize],
+                        ..stored(&hashes, parent, tokens)
+                    };
                     let applied = writers[c].apply_stored(event);
                     prop_assert_eq!(&applied, &twins[c].apply_stored(event));
                     let parent_known = parent.is_none_or(|h| model[c].contains_key(&h));
@@ -452,7 +472,8 @@ proptest! {
                 }
             }
             for (c, writer) in writers.iter().enumerate() {
-                let distinct: std::collections::HashSet<&Vec<u32>> = model[c].values().map(|(p, _)| p).collect();
+                let distinct: std::collections::HashSet<&Vec<u32>> =
+                    model[c].values().map(|(p, _)| p).collect();
                 prop_assert_eq!(writer.len(), distinct.len());
             }
             prop_assert_eq!(index.dump(), twin.dump(), "two indexes fed the same events agree");
@@ -460,4 +481,5 @@ proptest! {
         drop(writers);
         prop_assert!(index.is_empty(), "dropping every writer empties the index");
     }
+    Ok(())
 }

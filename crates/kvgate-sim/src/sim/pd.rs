@@ -1,4 +1,4 @@
-//! Prefill/decode disaggregation in the simulation: each request is routed at arrival to a prefill engine (the run's policy) and a decode engine (the decode side's policy), as the gateway's SGLang protocol picks both at once; prefilled with one output token and its KV held, transferred, then decoded.
+//! Prefill/decode disaggregation in the simulation: each request is routed at arrival to a prefill engine (the run's policy) and a decode engine (the decode side's policy), as the gateway's SGLang protocol picks both at once; prefilled with one output token and its KV held, transferred, then decoded. With the run's `pd_conditional`, the decode engine is chosen first and the gateway's rule (`kvgate_policy::PdRule`) decides: in place, the decode engine runs the request as a regular one (prefill and decode), as an engine given no bootstrap fields or transfer params does.
 //!
 //! Timeline of one request: arrival → `PdStage::Prefill` on the prefill engine (queueing and
 //! prefill there) → prefill finished, its KV held → after the transfer time (prompt tokens x
@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use kvgate_engine::{EngineRequest, PdStage, RequestStats};
-use kvgate_policy::{PolicyConfig, Reason};
+use kvgate_policy::{cached_tokens, PdInputs, PdPath, PdRule, PolicyConfig, Reason};
 use serde::Serialize;
 
 use super::{Event, Simulation};
@@ -56,10 +56,16 @@ pub struct PdOutcome {
     /// The most uncached prompt tokens any decode engine reported waiting at a monitor tick
     /// (0: decode engines never had a prompt to prefill).
     pub decode_uncached_tokens_max: u64,
+    /// Requests sent through a pair, and prefilled in place on their decode engine
+    /// (`pd_conditional`).
+    pub pairs: u64,
+    pub in_place: u64,
 }
 
 /// One disaggregated request between arrival and decode finish.
 struct PdRequest {
+    /// Prefilled on its decode engine, as a regular request (no prefill worker, no transfer).
+    in_place: bool,
     prefill_worker: usize,
     decode_worker: usize,
     /// Kept for the decode engine (cleared when submitted there).
@@ -74,12 +80,14 @@ struct PdRequest {
 /// The disaggregated requests in progress.
 pub(super) struct PdState {
     setup: PdSetup,
+    /// The run's conditional rule (`None`: always a pair).
+    pub(super) rule: Option<PdRule>,
     requests: HashMap<u64, PdRequest>,
 }
 
 impl PdState {
     pub(super) fn new(setup: &PdSetup) -> PdState {
-        PdState { setup: setup.clone(), requests: HashMap::new() }
+        PdState { setup: setup.clone(), rule: None, requests: HashMap::new() }
     }
 
     /// A fresh outcome for this fleet.
@@ -101,7 +109,8 @@ impl Simulation<'_> {
         self.pd.as_mut().expect("a disaggregated fleet")
     }
 
-    /// Routes request `id` to a prefill and a decode worker and submits its prefill half.
+    /// Routes request `id` to a prefill and a decode worker and submits its prefill half; with
+    /// the conditional rule, the decode worker first, then in place or a pair.
     pub(super) fn arrive_disaggregated(
         &mut self,
         now: u64,
@@ -110,18 +119,94 @@ impl Simulation<'_> {
         prompt_tokens: u32,
         output_tokens: u32,
     ) {
+        if let Some(rule) = self.pd_state().rule {
+            return self.arrive_conditional(rule, now, id, prompt, prompt_tokens, output_tokens);
+        }
         let Some(prefill_worker) = self.route(0, now, &prompt, prompt_tokens, id) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
             return;
         };
-        let Some(decode_worker) = self.route(1, now, &prompt, prompt_tokens, id) else {
-            self.pools[0].ended(prefill_worker, id);
+        let Some(decode) = self.route(1, now, &prompt, prompt_tokens, id) else {
+            self.pools[0].ended(prefill_worker.worker as usize, id);
             self.outcome.unrouted += 1;
             self.prompt = prompt;
             return;
         };
+        self.start_pair(
+            now,
+            id,
+            prompt,
+            output_tokens,
+            prefill_worker.worker as usize,
+            decode.worker as usize,
+        );
+    }
+
+    /// The conditional path: the decode worker by the decode side's policy, then the rule on
+    /// what it holds and the prefill side's queue, as the gateway decides.
+    fn arrive_conditional(
+        &mut self,
+        rule: PdRule,
+        now: u64,
+        id: u64,
+        prompt: Vec<u32>,
+        prompt_tokens: u32,
+        output_tokens: u32,
+    ) {
+        let Some(decode) = self.route(1, now, &prompt, prompt_tokens, id) else {
+            self.outcome.unrouted += 1;
+            self.prompt = prompt;
+            return;
+        };
+        let decode_worker = decode.worker as usize;
+        let prompt_tokens_u64 = u64::from(prompt_tokens);
+        let choice = rule.decide(PdInputs {
+            prompt_tokens: prompt_tokens_u64,
+            cached_tokens: cached_tokens(&decode, prompt_tokens_u64),
+            prefill_queue: self.pools[0].least_in_flight(),
+        });
+        if choice.path == PdPath::InPlace {
+            let request = PdRequest {
+                in_place: true,
+                prefill_worker: 0,
+                decode_worker,
+                prompt: Vec::new(),
+                output_tokens,
+                prefill: None,
+                transferred_us: now,
+            };
+            self.pd_state().requests.insert(id, request);
+            let engine = self.pools[1].first_engine + decode_worker;
+            self.engines[engine].submit(
+                now,
+                EngineRequest::new(id, prompt, output_tokens),
+                &mut self.outputs,
+            );
+            self.after_engine_call(engine, now);
+            return;
+        }
+        let Some(prefill) = self.route(0, now, &prompt, prompt_tokens, id) else {
+            self.pools[1].ended(decode_worker, id);
+            self.outcome.unrouted += 1;
+            self.prompt = prompt;
+            return;
+        };
+        self.start_pair(now, id, prompt, output_tokens, prefill.worker as usize, decode_worker);
+    }
+
+    /// Submits the prefill half of a pair.
+    fn start_pair(
+        &mut self,
+        now: u64,
+        id: u64,
+        prompt: Vec<u32>,
+        output_tokens: u32,
+        prefill_worker: usize,
+        decode_worker: usize,
+    ) {
         let request = PdRequest {
+            in_place: false,
             prefill_worker,
             decode_worker,
             prompt: prompt.clone(),
@@ -148,8 +233,14 @@ impl Simulation<'_> {
             return;
         }
         let request = state.requests.remove(&id).expect("a decode in progress");
-        let prefill = request.prefill.expect("decoded after its prefill");
         let outcome = self.outcome.pd.as_mut().expect("a disaggregated outcome");
+        if request.in_place {
+            outcome.in_place += 1;
+            self.outcome.finished.push(stats);
+            return;
+        }
+        outcome.pairs += 1;
+        let prefill = request.prefill.expect("decoded after its prefill");
         outcome.decoded += 1;
         outcome.decode_queue_us_sum += stats.admitted_us.saturating_sub(request.transferred_us);
         self.outcome.finished.push(RequestStats {

@@ -137,6 +137,11 @@ impl Pool {
         Ok(decision)
     }
 
+    /// Requests in flight on the least busy worker (the conditional rule's prefill queue).
+    pub(super) fn least_in_flight(&self) -> Option<u64> {
+        self.in_flight.iter().copied().min()
+    }
+
     /// Request `id` left `worker`: it no longer counts in flight (nor does its prompt).
     pub(super) fn ended(&mut self, worker: usize, id: u64) {
         self.in_flight[worker] -= 1;

@@ -90,3 +90,49 @@ fn a_prompt_larger_than_the_kv_cache_is_rejected_once() {
     let metrics = simulate(&args, &trace).runs[0].metrics.clone();
     assert_eq!((metrics.completed, metrics.rejected), (1, 1));
 }
+
+#[test]
+fn conditional_runs_prefill_a_returning_conversation_in_place_on_its_decode_holder() {
+    // A conversation's first turn (8 blocks), its second turn (one block more) once the first
+    // is done, a new long prompt, a short one. With the decode side matching prefixes, the
+    // second turn's holder has all but 512 tokens: in place (under 2,048 uncached); the short
+    // prompt too; the long new prompt goes through a pair, as every request without the rule.
+    let first: Vec<u64> = (1..=8).collect();
+    let second: Vec<u64> = (1..=9).collect();
+    let fresh: Vec<u64> = (20..28).collect();
+    let trace = Trace {
+        requests: vec![
+            request(0.0, 4096, 4, &first),
+            request(2000.0, 4608, 4, &second),
+            request(4000.0, 4096, 4, &fresh),
+            request(6000.0, 512, 4, &[40]),
+        ],
+    };
+    let mut args = pd_args("cache_aware@pair,cache_aware:pd_conditional=true@conditional", 2, 2);
+    args.decode_policy = "cache_aware".into();
+    let report = simulate(&args, &trace);
+    let (pair, conditional) = (&report.runs[0].metrics, &report.runs[1].metrics);
+    for metrics in [pair, conditional] {
+        assert_eq!((metrics.completed, metrics.rejected, metrics.unrouted), (4, 0, 0));
+    }
+    assert_eq!(pair.pd.as_ref().unwrap().in_place_share, 0.0);
+    let pd = conditional.pd.as_ref().unwrap();
+    assert_eq!(pd.in_place_share, 0.5, "{pd:?}");
+    // In place, the decode engine computes what it lacks, and its cache hit counts: the second
+    // turn's 4,096 tokens (held on the decode side from the first turn's transfer).
+    assert_eq!(conditional.cache_hit_rate, 4096.0 / (4096.0 + 4608.0 + 4096.0 + 512.0));
+    assert_eq!(pair.cache_hit_rate, conditional.cache_hit_rate, "the pair's prefill engine held it too");
+    // No transfer for the in-place requests: lower TTFT on the short ones, the same on the
+    // pairs (the fleet is idle between arrivals).
+    assert!(
+        conditional.ttft_mean_ms < pair.ttft_mean_ms,
+        "{} vs {}",
+        conditional.ttft_mean_ms,
+        pair.ttft_mean_ms
+    );
+    assert!(
+        report.markdown().contains("| share prefilled in place | 0.0% | 50.0% |"),
+        "{}",
+        report.markdown()
+    );
+}

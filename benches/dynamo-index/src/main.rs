@@ -1,0 +1,733 @@
+//! kvgate's exact block index (`kvgate_index::BlockIndex`) side by side with Dynamo's indexers
+//! (`dynamo-kv-router` 1.6.1 from crates.io: `PositionalIndexer` and
+//! `ConcurrentRadixTreeCompressed`), on the same event streams and the same queries, in one run.
+//!
+//! Streams (16-token blocks, 8 engine caches):
+//! * `synthetic`: the 1 M-block fleet of kvgate-index's own block bench, with long documents
+//!   added: 8,000 chat prompts of 64 blocks (an 8-block system prompt shared by 1 in 32),
+//!   500 documents of 512 blocks and 64 of 4,096 blocks, each stored by one cache in events of
+//!   32 blocks chained on the previous event's last block.
+//! * `trace`: the Mooncake conversation trace (`hash_ids`, one block per id; tokens derived
+//!   from the id), each request stored by the cache its conversation sticks to (its second
+//!   block picks it), only the blocks that cache does not hold yet.
+//!
+//! Engine block hashes are Dynamo's own sequence hashes of the blocks (what its positional
+//! indexer requires of a publisher); kvgate gets the same hashes as opaque engine hashes and the
+//! tokens. Dynamo's events carry each block's token hash, computed by its publisher: the bench
+//! computes them before the clock starts, and reports that hashing's cost apart.
+//!
+//! Reports: events/s (stores, then removals of everything, tail first), on one thread and two
+//! (kvgate: two writers, each owning half the caches; Dynamo: its `ThreadPoolIndexer` with one
+//! or two event threads, and the positional indexer also applied directly); queries/s and
+//! per-query p50/p99 for full hits of 64, 512 and 4,096 blocks (plus a fresh tail) and misses,
+//! from tokens (each side hashes the prompt its own way) and from block hashes already
+//! computed; queries on two threads; heap bytes per block (a counting allocator).
+//!
+//! Env: `BENCH_QUERIES` (queries per kind, default 4000), `BENCH_TRACE`
+//! (default `../shared/traces/conversation_trace.jsonl` from the repository root).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::{HashMap, HashSet};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use dynamo_kv_router::indexer::concurrent_radix_tree_compressed::ConcurrentRadixTreeCompressed;
+use dynamo_kv_router::indexer::positional::{LevelIndex, PositionalIndexer, SearchMode};
+use dynamo_kv_router::indexer::{SyncIndexer, ThreadPoolIndexer};
+use dynamo_kv_router::protocols::{
+    compute_block_hash_for_seq, compute_seq_hash_for_block, BlockHashOptions, ExternalSequenceBlockHash,
+    KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData,
+    LocalBlockHash, RouterEvent, WorkerWithDpRank,
+};
+use kvgate_index::{
+    BlockIndex, CacheBlocks, CacheId, Namespace, PrefixMatch, PromptHashes, Residency, StoredBlocks,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rustc_hash::FxHashMap;
+
+// ---------------------------------------------------------------------------------------------
+// Heap accounting
+
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards every call to `System` unchanged; the counter is only arithmetic on sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams
+
+const BLOCK: usize = 16;
+const CACHES: u32 = 8;
+const EVENT_BLOCKS: usize = 32;
+
+/// A prompt as one cache stores it.
+struct Prompt {
+    cache: u32,
+    tokens: Vec<u32>,
+}
+
+/// One stored or removed event, as both sides see it.
+struct Event {
+    cache: u32,
+    /// Stored: tokens of the blocks; removed: empty.
+    tokens: Vec<u32>,
+    parent: Option<u64>,
+    /// Engine block hashes (Dynamo's sequence hashes).
+    hashes: Vec<u64>,
+    /// Dynamo's token hash per block (its publisher's work), stored events only.
+    local: Vec<LocalBlockHash>,
+}
+
+/// Queries of one class: tokens, and the blocks a hit must match at least.
+type QuerySet = Vec<(Vec<u32>, usize)>;
+
+struct Stream {
+    name: &'static str,
+    stores: Vec<Event>,
+    removals: Vec<Event>,
+    /// Distinct blocks over all caches, and (cache, block) pairs.
+    blocks: usize,
+    pairs: usize,
+    /// Queries by class: (name, tokens, expected matched blocks).
+    queries: Vec<(String, QuerySet)>,
+}
+
+fn dynamo_local(tokens: &[u32]) -> Vec<LocalBlockHash> {
+    compute_block_hash_for_seq(tokens, BLOCK as u32, BlockHashOptions::default())
+}
+
+/// Turns prompts into events: each cache stores only the blocks it does not hold yet, in events
+/// of `EVENT_BLOCKS`; removals take every cache's blocks back, newest event first.
+fn events(prompts: &[Prompt]) -> (Vec<Event>, Vec<Event>, usize, usize) {
+    let mut held: Vec<HashSet<u64>> = (0..CACHES).map(|_| HashSet::new()).collect();
+    let mut distinct = HashSet::new();
+    let mut stores = Vec::new();
+    for prompt in prompts {
+        let local = dynamo_local(&prompt.tokens);
+        let seq = compute_seq_hash_for_block(&local);
+        let cache = &mut held[prompt.cache as usize];
+        let have = seq.iter().take_while(|h| cache.contains(h)).count();
+        for start in (have..seq.len()).step_by(EVENT_BLOCKS) {
+            let end = (start + EVENT_BLOCKS).min(seq.len());
+            stores.push(Event {
+                cache: prompt.cache,
+                tokens: prompt.tokens[start * BLOCK..end * BLOCK].to_vec(),
+                parent: (start > 0).then(|| seq[start - 1]),
+                hashes: seq[start..end].to_vec(),
+                local: local[start..end].to_vec(),
+            });
+        }
+        for &hash in &seq[have..] {
+            cache.insert(hash);
+            distinct.insert(hash);
+        }
+    }
+    let pairs = held.iter().map(HashSet::len).sum();
+    let removals = stores
+        .iter()
+        .rev()
+        .map(|e| Event {
+            cache: e.cache,
+            tokens: Vec::new(),
+            parent: None,
+            hashes: e.hashes.clone(),
+            local: Vec::new(),
+        })
+        .collect();
+    (stores, removals, distinct.len(), pairs)
+}
+
+fn synthetic(n_queries: usize) -> Stream {
+    let mut rng = StdRng::seed_from_u64(0x626c_6f63);
+    let fresh = |rng: &mut StdRng, n: usize| (0..n).map(|_| rng.random::<u32>()).collect::<Vec<u32>>();
+    let systems: Vec<Vec<u32>> = (0..256).map(|_| fresh(&mut rng, 8 * BLOCK)).collect();
+    let mut prompts = Vec::new();
+    let mut by_len: HashMap<usize, Vec<usize>> = HashMap::new();
+    for i in 0..8_564usize {
+        let tokens = if i < 8_000 {
+            let mut tokens = systems[i % systems.len()].clone();
+            tokens.extend(fresh(&mut rng, 56 * BLOCK));
+            tokens
+        } else if i < 8_500 {
+            fresh(&mut rng, 512 * BLOCK)
+        } else {
+            fresh(&mut rng, 4096 * BLOCK)
+        };
+        by_len.entry(tokens.len() / BLOCK).or_default().push(prompts.len());
+        prompts.push(Prompt { cache: i as u32 % CACHES, tokens });
+    }
+    let (stores, removals, blocks, pairs) = events(&prompts);
+    let mut queries = Vec::new();
+    for len in [64usize, 512, 4096] {
+        let set = (0..n_queries.min(512))
+            .map(|_| {
+                let ids = &by_len[&len];
+                let mut tokens = prompts[ids[rng.random_range(0..ids.len())]].tokens.clone();
+                tokens.extend(fresh(&mut rng, 100));
+                (tokens, len)
+            })
+            .collect();
+        queries.push((format!("hit {len} blocks"), set));
+    }
+    let misses = (0..512).map(|_| (fresh(&mut rng, 64 * BLOCK), 0)).collect();
+    queries.push(("miss 64 blocks".to_string(), misses));
+    Stream { name: "synthetic", stores, removals, blocks, pairs, queries }
+}
+
+/// Tokens of a trace block: a function of its id, so a shared id is a shared block.
+fn trace_tokens(ids: &[u64]) -> Vec<u32> {
+    let mut tokens = Vec::with_capacity(ids.len() * BLOCK);
+    for &id in ids {
+        let mut x = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d;
+        for _ in 0..BLOCK {
+            x ^= x >> 29;
+            x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            tokens.push((x >> 32) as u32);
+        }
+    }
+    tokens
+}
+
+fn trace(path: &str, n_queries: usize) -> Option<Stream> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let requests: Vec<Vec<u64>> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|v| {
+            v["hash_ids"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+                .unwrap_or_default()
+        })
+        .filter(|ids: &Vec<u64>| !ids.is_empty())
+        .collect();
+    let prompts: Vec<Prompt> = requests
+        .iter()
+        .map(|ids| Prompt {
+            cache: (ids.get(1).unwrap_or(&ids[0]) % u64::from(CACHES)) as u32,
+            tokens: trace_tokens(ids),
+        })
+        .collect();
+    let (stores, removals, blocks, pairs) = events(&prompts);
+    let mut short = Vec::new();
+    let mut long = Vec::new();
+    for ids in requests.iter().rev() {
+        let set = if ids.len() <= 64 { &mut short } else { &mut long };
+        if set.len() < n_queries.min(2048) {
+            set.push((trace_tokens(ids), ids.len()));
+        }
+    }
+    Some(Stream {
+        name: "trace",
+        stores,
+        removals,
+        blocks,
+        pairs,
+        queries: vec![
+            ("trace requests 1-64 blocks".to_string(), short),
+            ("trace requests 65-247 blocks".to_string(), long),
+        ],
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The indexes under test
+
+fn kvgate_store(cache: &mut CacheBlocks, event: &Event) {
+    let stored = StoredBlocks {
+        group: 0,
+        block_hashes: &event.hashes,
+        parent_block_hash: event.parent,
+        token_ids: &event.tokens,
+        block_size: BLOCK as u32,
+        lookahead: &[],
+        opaque: &[],
+        namespace: Namespace::BASE,
+        residency: &Residency::gpu(),
+    };
+    cache.apply_stored(stored).expect("a well-formed event");
+}
+
+fn kvgate_caches(index: &Arc<BlockIndex>) -> Vec<CacheBlocks> {
+    (0..CACHES).map(|worker| CacheBlocks::new(index.clone(), CacheId { worker, rank: 0 })).collect()
+}
+
+fn dynamo_event(event: &Event, id: u64) -> RouterEvent {
+    let data = if event.local.is_empty() {
+        KvCacheEventData::Removed(KvCacheRemoveData {
+            block_hashes: event.hashes.iter().map(|&h| ExternalSequenceBlockHash(h)).collect(),
+        })
+    } else {
+        KvCacheEventData::Stored(KvCacheStoreData {
+            parent_hash: event.parent.map(ExternalSequenceBlockHash),
+            start_position: None,
+            blocks: event
+                .hashes
+                .iter()
+                .zip(&event.local)
+                .map(|(&h, &tokens_hash)| KvCacheStoredBlockData {
+                    block_hash: ExternalSequenceBlockHash(h),
+                    tokens_hash,
+                    mm_extra_info: None,
+                })
+                .collect(),
+        })
+    };
+    RouterEvent::new(u64::from(event.cache), KvCacheEvent { event_id: id, data, dp_rank: 0 })
+}
+
+fn dynamo_events(events: &[Event]) -> Vec<RouterEvent> {
+    events.iter().enumerate().map(|(i, e)| dynamo_event(e, i as u64)).collect()
+}
+
+/// One index built from a stream's stores, for queries.
+enum Built {
+    Kvgate(Arc<BlockIndex>, #[allow(dead_code)] Vec<CacheBlocks>),
+    Positional(Arc<PositionalIndexer>),
+    Crtc(ThreadPoolIndexer<ConcurrentRadixTreeCompressed>),
+}
+
+impl Built {
+    fn name(&self) -> &'static str {
+        match self {
+            Built::Kvgate(..) => "kvgate BlockIndex",
+            Built::Positional(_) => "Dynamo PositionalIndexer",
+            Built::Crtc(_) => "Dynamo ConcurrentRadixTreeCompressed",
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime")
+}
+
+/// Events per second applying `stores` then `removals`: (store events/s, store blocks/s,
+/// removal events/s, removal blocks/s).
+type Apply = (f64, f64, f64, f64);
+
+fn blocks_of(events: &[Event]) -> usize {
+    events.iter().map(|e| e.hashes.len()).sum()
+}
+
+fn rates(stream: &Stream, store_s: f64, remove_s: f64) -> Apply {
+    (
+        stream.stores.len() as f64 / store_s,
+        blocks_of(&stream.stores) as f64 / store_s,
+        stream.removals.len() as f64 / remove_s,
+        blocks_of(&stream.removals) as f64 / remove_s,
+    )
+}
+
+fn apply_kvgate(stream: &Stream, threads: usize) -> Apply {
+    let index = Arc::new(BlockIndex::new());
+    let mut caches = kvgate_caches(&index);
+    let run = |caches: &mut Vec<CacheBlocks>, events: &[Event]| {
+        let started = Instant::now();
+        if threads == 1 {
+            for event in events {
+                kvgate_store_or_remove(&mut caches[event.cache as usize], event);
+            }
+        } else {
+            let (low, high) = caches.split_at_mut(CACHES as usize / 2);
+            std::thread::scope(|scope| {
+                for (half, offset) in [(low, 0u32), (high, CACHES / 2)] {
+                    scope.spawn(move || {
+                        for event in events.iter().filter(|e| (e.cache >= CACHES / 2) == (offset > 0)) {
+                            kvgate_store_or_remove(&mut half[(event.cache - offset) as usize], event);
+                        }
+                    });
+                }
+            });
+        }
+        started.elapsed().as_secs_f64()
+    };
+    let store_s = run(&mut caches, &stream.stores);
+    assert_eq!(index.len(), stream.blocks, "kvgate holds every distinct block");
+    let remove_s = run(&mut caches, &stream.removals);
+    assert_eq!(index.len(), 0);
+    rates(stream, store_s, remove_s)
+}
+
+fn kvgate_store_or_remove(cache: &mut CacheBlocks, event: &Event) {
+    if event.local.is_empty() {
+        cache.apply_removed(0, &event.hashes, &Residency::gpu());
+    } else {
+        kvgate_store(cache, event);
+    }
+}
+
+/// Dynamo's positional indexer fed directly (no channel), one or two threads each owning half
+/// the caches (its per-worker maps are the event thread's state).
+fn apply_positional_direct(stream: &Stream, threads: usize) -> Apply {
+    let index = PositionalIndexer::new_with_mode(32, SearchMode::Strided);
+    let stores = dynamo_events(&stream.stores);
+    let removals = dynamo_events(&stream.removals);
+    let mut maps: Vec<FxHashMap<WorkerWithDpRank, LevelIndex>> =
+        (0..threads).map(|_| FxHashMap::default()).collect();
+    let run = |maps: &mut Vec<FxHashMap<WorkerWithDpRank, LevelIndex>>, events: Vec<RouterEvent>| {
+        let per_thread = CACHES as usize / threads;
+        let mut lanes: Vec<Vec<RouterEvent>> = (0..threads).map(|_| Vec::new()).collect();
+        for event in events {
+            lanes[event.worker_id as usize / per_thread].push(event);
+        }
+        let index = &index;
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            for (map, lane) in maps.iter_mut().zip(lanes) {
+                scope.spawn(move || {
+                    for event in lane {
+                        index.apply_event(map, event, None).expect("applies");
+                    }
+                });
+            }
+        });
+        started.elapsed().as_secs_f64()
+    };
+    let store_s = run(&mut maps, stores);
+    let remove_s = run(&mut maps, removals);
+    rates(stream, store_s, remove_s)
+}
+
+fn apply_thread_pool<T: SyncIndexer>(stream: &Stream, backend: T, threads: usize) -> Apply {
+    let rt = runtime();
+    let stores = dynamo_events(&stream.stores);
+    let removals = dynamo_events(&stream.removals);
+    let indexer = ThreadPoolIndexer::new(backend, threads, BLOCK as u32);
+    let run = |events: Vec<RouterEvent>| {
+        let started = Instant::now();
+        for event in events {
+            indexer.enqueue_event(event).expect("queued");
+        }
+        rt.block_on(indexer.flush_and_wait()).expect("flushed");
+        started.elapsed().as_secs_f64()
+    };
+    let store_s = run(stores);
+    let remove_s = run(removals);
+    rates(stream, store_s, remove_s)
+}
+
+fn build(stream: &Stream, which: usize) -> Built {
+    match which {
+        0 => {
+            let index = Arc::new(BlockIndex::new());
+            let mut caches = kvgate_caches(&index);
+            for event in &stream.stores {
+                kvgate_store(&mut caches[event.cache as usize], event);
+            }
+            Built::Kvgate(index, caches)
+        }
+        1 => {
+            let index = Arc::new(PositionalIndexer::new_with_mode(32, SearchMode::Strided));
+            let mut map = FxHashMap::default();
+            for event in dynamo_events(&stream.stores) {
+                index.apply_event(&mut map, event, None).expect("applies");
+            }
+            std::mem::forget(map);
+            Built::Positional(index)
+        }
+        _ => {
+            let rt = runtime();
+            let indexer = ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, BLOCK as u32);
+            for event in dynamo_events(&stream.stores) {
+                indexer.enqueue_event(event).expect("queued");
+            }
+            rt.block_on(indexer.flush_and_wait()).expect("flushed");
+            Built::Crtc(indexer)
+        }
+    }
+}
+
+/// Matched blocks of the best cache, from tokens (each side hashes its own way).
+fn query_tokens(built: &Built, tokens: &[u32], out: &mut PrefixMatch) -> usize {
+    match built {
+        Built::Kvgate(index, _) => {
+            index.overlap(tokens, Namespace::BASE, out);
+            out.best() / BLOCK
+        }
+        Built::Positional(index) => best(&index.find_matches(&dynamo_local(tokens), false)),
+        Built::Crtc(indexer) => best(&indexer.backend().find_matches(&dynamo_local(tokens), false)),
+    }
+}
+
+/// A query's block hashes, computed before the clock starts: kvgate's chained content hashes
+/// (`BlockIndex::prompt_hashes`), Dynamo's token hashes.
+enum Hashed {
+    Kvgate(PromptHashes),
+    Dynamo(Vec<LocalBlockHash>),
+}
+
+fn hashed(built: &Built, tokens: &[u32]) -> Hashed {
+    match built {
+        Built::Kvgate(index, _) => Hashed::Kvgate(index.prompt_hashes(tokens, Namespace::BASE)),
+        _ => Hashed::Dynamo(dynamo_local(tokens)),
+    }
+}
+
+/// The same from block hashes already computed.
+fn query_hashes(built: &Built, query: &Hashed, out: &mut PrefixMatch) -> usize {
+    match (built, query) {
+        (Built::Kvgate(index, _), Hashed::Kvgate(hashes)) => {
+            index.overlap_hashed(hashes, out);
+            out.best() / BLOCK
+        }
+        (Built::Positional(index), Hashed::Dynamo(local)) => best(&index.find_matches(local, false)),
+        (Built::Crtc(indexer), Hashed::Dynamo(local)) => best(&indexer.backend().find_matches(local, false)),
+        _ => unreachable!("hashed for this index"),
+    }
+}
+
+fn best(scores: &dynamo_kv_router::protocols::OverlapScores) -> usize {
+    scores.scores.values().copied().max().unwrap_or(0) as usize
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+struct Latency {
+    p50: f64,
+    p99: f64,
+    per_s: f64,
+}
+
+fn measure(n: usize, mut call: impl FnMut(usize)) -> Latency {
+    // Warm: every query of a set once (sets hold at most 2,048), so both sides are timed on the
+    // same cache state.
+    for i in 0..n.min(2048) {
+        call(i);
+    }
+    let mut times = Vec::with_capacity(n);
+    let started = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        call(i);
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let total = started.elapsed().as_secs_f64();
+    times.sort_by(f64::total_cmp);
+    Latency { p50: percentile(&times, 50.0), p99: percentile(&times, 99.0), per_s: n as f64 / total }
+}
+
+fn query_report(stream: &Stream, built: &Built, n: usize) {
+    for (class, set) in &stream.queries {
+        if set.is_empty() {
+            continue;
+        }
+        let mut out = PrefixMatch::default();
+        let lat = measure(n, |i| {
+            let (tokens, expect) = &set[i % set.len()];
+            let got = query_tokens(built, tokens, &mut out);
+            assert!(
+                got >= *expect && got <= tokens.len() / BLOCK,
+                "{} {class}: {got} blocks, expected {expect}",
+                built.name()
+            );
+        });
+        println!(
+            "QUERY | {} | {} | {class} | from tokens | 1 thread | p50 {:.2} us | p99 {:.2} us | {:.0} K queries/s |",
+            stream.name,
+            built.name(),
+            lat.p50,
+            lat.p99,
+            lat.per_s / 1e3
+        );
+        let prepared: Vec<Hashed> = set.iter().map(|(t, _)| hashed(built, t)).collect();
+        {
+            let lat = measure(n, |i| {
+                let got = query_hashes(built, &prepared[i % prepared.len()], &mut out);
+                let (tokens, expect) = &set[i % set.len()];
+                assert!(
+                    got >= *expect && got <= tokens.len() / BLOCK,
+                    "{} {class}: {got} blocks from hashes",
+                    built.name()
+                );
+            });
+            println!(
+                "QUERY | {} | {} | {class} | from block hashes | 1 thread | p50 {:.2} us | p99 {:.2} us | {:.0} K queries/s |",
+                stream.name,
+                built.name(),
+                lat.p50,
+                lat.p99,
+                lat.per_s / 1e3
+            );
+        }
+        // Two threads querying at once.
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            for t in 0..2 {
+                scope.spawn(move || {
+                    let mut out = PrefixMatch::default();
+                    for i in 0..n {
+                        black_box(query_tokens(built, &set[(i * 2 + t) % set.len()].0, &mut out));
+                    }
+                });
+            }
+        });
+        let per_s = 2.0 * n as f64 / started.elapsed().as_secs_f64();
+        println!(
+            "QUERY | {} | {} | {class} | from tokens | 2 threads | {:.0} K queries/s |",
+            stream.name,
+            built.name(),
+            per_s / 1e3
+        );
+    }
+}
+
+fn hashing_report(stream: &Stream, n: usize) {
+    // What Dynamo's side does before its index sees a query or an event: token hashes per block.
+    for (class, set) in &stream.queries {
+        let lat = measure(n, |i| {
+            black_box(dynamo_local(&set[i % set.len()].0));
+        });
+        println!(
+            "HASH | {} | {class} | Dynamo token hashes of the query | p50 {:.2} us | p99 {:.2} us |",
+            stream.name, lat.p50, lat.p99
+        );
+    }
+    // kvgate hashes a query while it walks; this is that hashing alone (one stored event first,
+    // so the index knows the layout).
+    let mut cache = CacheBlocks::new(Arc::new(BlockIndex::new()), CacheId { worker: 0, rank: 0 });
+    kvgate_store(&mut cache, &stream.stores[0]);
+    let layouts = cache.index().clone();
+    for (class, set) in &stream.queries {
+        let lat = measure(n, |i| {
+            black_box(layouts.prompt_hashes(&set[i % set.len()].0, Namespace::BASE));
+        });
+        println!(
+            "HASH | {} | {class} | kvgate content hashes of the query | p50 {:.2} us | p99 {:.2} us |",
+            stream.name, lat.p50, lat.p99
+        );
+        let lat = measure(n, |i| {
+            let tokens = &set[i % set.len()].0;
+            let mut parent = kvgate_index::ROOT_HASH;
+            let hashes: Vec<u64> = tokens
+                .chunks_exact(BLOCK)
+                .map(|block| {
+                    parent = kvgate_index::block_content(parent, block, &[], 0);
+                    parent
+                })
+                .collect();
+            black_box(hashes);
+        });
+        println!(
+            "HASH | {} | {class} | kvgate block_content loop alone | p50 {:.2} us | p99 {:.2} us |",
+            stream.name, lat.p50, lat.p99
+        );
+    }
+    let started = Instant::now();
+    for event in &stream.stores {
+        black_box(dynamo_local(&event.tokens));
+    }
+    let s = started.elapsed().as_secs_f64();
+    println!(
+        "HASH | {} | stored events | Dynamo publisher token hashes | {:.0} K events/s | {:.2} M blocks/s |",
+        stream.name,
+        stream.stores.len() as f64 / s / 1e3,
+        blocks_of(&stream.stores) as f64 / s / 1e6
+    );
+}
+
+fn apply_report(stream: &Stream) {
+    let lines: Vec<(&str, usize, Apply)> = vec![
+        ("kvgate BlockIndex", 1, apply_kvgate(stream, 1)),
+        ("kvgate BlockIndex", 2, apply_kvgate(stream, 2)),
+        ("Dynamo PositionalIndexer (direct)", 1, apply_positional_direct(stream, 1)),
+        ("Dynamo PositionalIndexer (direct)", 2, apply_positional_direct(stream, 2)),
+        (
+            "Dynamo PositionalIndexer (ThreadPoolIndexer)",
+            1,
+            apply_thread_pool(stream, PositionalIndexer::new_with_mode(32, SearchMode::Strided), 1),
+        ),
+        (
+            "Dynamo PositionalIndexer (ThreadPoolIndexer)",
+            2,
+            apply_thread_pool(stream, PositionalIndexer::new_with_mode(32, SearchMode::Strided), 2),
+        ),
+        (
+            "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
+            1,
+            apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 1),
+        ),
+        (
+            "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
+            2,
+            apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
+        ),
+    ];
+    for (name, threads, (se, sb, re, rb)) in lines {
+        println!(
+            "APPLY | {} | {name} | {threads} thread(s) | store {:.0} K events/s = {:.2} M blocks/s | remove {:.0} K events/s = {:.2} M blocks/s |",
+            stream.name,
+            se / 1e3,
+            sb / 1e6,
+            re / 1e3,
+            rb / 1e6,
+        );
+    }
+}
+
+fn main() {
+    let n: usize = std::env::var("BENCH_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
+    let trace_path =
+        std::env::var("BENCH_TRACE").unwrap_or_else(|_| "../shared/traces/conversation_trace.jsonl".into());
+    let mut streams = vec![synthetic(n)];
+    match trace(&trace_path, n) {
+        Some(stream) => streams.push(stream),
+        None => println!("NOTE | no trace at {trace_path}: trace stream skipped |"),
+    }
+    for stream in &streams {
+        println!(
+            "STREAM | {} | {} stored events ({} blocks) | {} removal events | {} distinct blocks | {} (cache, block) pairs |",
+            stream.name,
+            stream.stores.len(),
+            blocks_of(&stream.stores),
+            stream.removals.len(),
+            stream.blocks,
+            stream.pairs
+        );
+        apply_report(stream);
+        hashing_report(stream, n);
+        for which in 0..3 {
+            let before = live();
+            let built = build(stream, which);
+            let heap = live() - before;
+            println!(
+                "MEMORY | {} | {} | heap {:.1} MiB | {:.0} B per distinct block | {:.0} B per (cache, block) pair |",
+                stream.name,
+                built.name(),
+                heap as f64 / (1 << 20) as f64,
+                heap as f64 / stream.blocks as f64,
+                heap as f64 / stream.pairs as f64
+            );
+            query_report(stream, &built, n);
+        }
+    }
+}
