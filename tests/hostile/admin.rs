@@ -31,7 +31,14 @@ async fn without_a_key_the_main_listener_serves_no_admin_api() {
     let (status, body) = post_worker(&gw.url(), None, json!({"url": attacker.url, "model_id": "m"})).await;
     assert_eq!(status, 404, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("admin listener"), "{body}");
-    for (method, path) in [("GET", "/workers"), ("DELETE", "/workers/x"), ("POST", "/v1/route")] {
+    let admin_paths = [
+        ("GET", "/workers"),
+        ("DELETE", "/workers/x"),
+        ("POST", "/v1/route"),
+        ("GET", "/v1/fleet"),
+        ("GET", "/dashboard"),
+    ];
+    for (method, path) in admin_paths {
         let request = client().request(method.parse().unwrap(), format!("{}{path}", gw.url()));
         assert_eq!(request.json(&chat("m")).send().await.unwrap().status(), 404, "{method} {path}");
     }
@@ -67,8 +74,10 @@ async fn with_a_key_every_listener_requires_it() {
         let (status, _) =
             post_worker(&base, Some("wrong"), json!({"url": attacker.url, "model_id": "m"})).await;
         assert_eq!(status, 401, "{base}");
-        let res = client().get(format!("{base}/workers")).send().await.unwrap();
-        assert_eq!(res.status(), 401, "{base}");
+        for path in ["/workers", "/v1/fleet", "/dashboard"] {
+            let res = client().get(format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(res.status(), 401, "{base}{path}");
+        }
     }
     assert!(gw.state.registry.snapshot().workers.is_empty());
     let (status, _) =

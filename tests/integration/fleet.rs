@@ -73,6 +73,25 @@ async fn five_hundred_workers_from_one_mock_process_are_healthy_and_routed_to() 
         chosen.insert(worker);
     }
     assert!(chosen.len() >= 50, "requests spread over the fleet: {} workers chosen", chosen.len());
+    // The fleet page's JSON stays small: aggregates over every worker, the top 20 listed.
+    let started = std::time::Instant::now();
+    let page = client().get(format!("{}/v1/fleet", gw.admin_url())).send().await.unwrap();
+    let (elapsed, text) = (started.elapsed(), page.text().await.unwrap());
+    let page: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(page["totals"]["workers"], json!(N_WORKERS));
+    assert_eq!(page["pools"][0]["workers"], json!(N_WORKERS));
+    let sampled: u64 = page["pools"][0]["kv_usage"]["histogram"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    // Every sampled worker in the KV histogram (a worker briefly unhealthy under load loses its sample).
+    assert_eq!(json!(sampled), page["pools"][0]["kv_usage"]["sampled"]);
+    assert!(sampled >= N_WORKERS as u64 / 2, "{sampled} of {N_WORKERS} workers sampled");
+    assert_eq!(page["pools"][0]["decisions_total"]["power_of_two"], json!(200));
+    assert_eq!(page["workers"]["rows"].as_array().unwrap().len(), 20);
+    println!("GET /v1/fleet at {N_WORKERS} workers: {} bytes in {elapsed:?}", text.len());
     gw.shutdown().await;
     fleet.shutdown().await;
 }

@@ -8,11 +8,13 @@
 mod common;
 
 mod closed_loop;
+mod dashboard;
 mod dp_aware;
 mod e2e;
 mod embed;
 mod fleet;
 mod gateway;
+mod grafana;
 mod kv_events;
 mod listener;
 mod load_monitor;
@@ -23,4 +25,5 @@ mod reliability;
 mod replica_sync;
 mod replicas;
 mod tenants;
+mod traces;
 mod upstream_conns;

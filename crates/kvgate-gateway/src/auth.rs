@@ -21,6 +21,30 @@ pub fn check_admin_key(expected: Option<&str>, headers: &HeaderMap) -> Result<()
     }
 }
 
+/// As [`check_admin_key`], and also accepting the key as the password of `Authorization: Basic`
+/// (any user name): what a browser sends after asking, so the fleet page opens where a key is set.
+pub fn check_admin_browser(expected: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = expected else { return Ok(()) };
+    if check_admin_key(Some(expected), headers).is_ok() {
+        return Ok(());
+    }
+    let password = basic_password(headers).unwrap_or_default();
+    if constant_time_eq(password.as_bytes(), expected.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+/// The password of `Authorization: Basic base64(user:password)`.
+fn basic_password(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine as _;
+    let encoded = headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    text.split_once(':').map(|(_, password)| password.to_string())
+}
+
 /// One client key and whom it names.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientKey {

@@ -17,6 +17,7 @@ use crate::accuracy::UsageTap;
 use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
+use crate::otel::RequestSpan;
 use crate::registry::ModelPrefix;
 use crate::worker::Worker;
 
@@ -70,6 +71,8 @@ pub struct RequestTail {
     pub worker_url: Option<String>,
     /// Reads the engine's usage as the answer passes (the closed loop, `accuracy.rs`).
     pub usage: Option<UsageTap>,
+    /// The request's trace span (`--otlp-traces-endpoint`), ended with the body.
+    pub span: Option<RequestSpan>,
 }
 
 pub struct MeteredBody {
@@ -161,6 +164,9 @@ impl Body for MeteredBody {
                 this.first_byte_seen = true;
                 let elapsed = this.tail.started.elapsed().as_secs_f64();
                 this.tail.metrics.ttfb(this.tail.endpoint).observe(elapsed);
+                if let Some(span) = &mut this.tail.span {
+                    span.first_byte(elapsed);
+                }
             }
         }
         polled

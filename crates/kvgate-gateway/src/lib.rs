@@ -21,7 +21,9 @@ mod worker_url;
 mod config;
 // Plumbing: metrics, TLS, the proxy's connections, the background loops' client.
 mod conn;
+mod decisions;
 mod metrics;
+mod otel;
 mod own_address;
 mod tls;
 mod upstream;
@@ -35,6 +37,7 @@ mod body;
 mod tokenize;
 // Subsystems, each built from the narrow parts it needs.
 mod admission;
+mod fleet_view;
 mod health;
 mod kv_events;
 mod monitor;

@@ -18,6 +18,7 @@ use crate::config::GatewayConfig;
 use crate::discovery::{Discovery, DiscoverySettings};
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
+use crate::fleet_view::{self, FleetView};
 use crate::health::HealthLoop;
 use crate::listen::{self, Surface};
 use crate::monitor::LoadMonitor;
@@ -97,6 +98,10 @@ impl GatewayHandle {
         for worker in &self.state.registry.snapshot().workers {
             worker.stop_kv_events();
         }
+        if let Some(traces) = self.state.traces.clone() {
+            // Sends the spans still buffered (blocking: off the runtime's threads).
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+        }
     }
 }
 
@@ -110,12 +115,29 @@ fn read_only_routes(router: Router<SharedState>) -> Router<SharedState> {
         .route("/get_loads", get(admin::get_loads))
 }
 
-/// The admin API: worker management and the dry run.
-fn admin_routes(router: Router<SharedState>) -> Router<SharedState> {
+/// The admin API: worker management, the dry run, and the fleet page with its JSON.
+fn admin_routes(router: Router<SharedState>, state: &SharedState) -> Router<SharedState> {
     router
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))
         .route("/v1/route", post(proxy::route_only::route))
+        .merge(fleet_routes(state))
+}
+
+/// `GET /v1/fleet` and `GET /dashboard`, on the fleet view's narrow handle.
+fn fleet_routes(state: &SharedState) -> Router<SharedState> {
+    let view = Arc::new(FleetView::new(
+        state.registry.clone(),
+        state.loads.clone(),
+        state.metrics.clone(),
+        state.decisions.clone(),
+        state.clock,
+        state.config.admin_api_key.clone(),
+    ));
+    Router::new()
+        .route("/v1/fleet", get(fleet_view::fleet))
+        .route("/dashboard", get(fleet_view::dashboard))
+        .with_state(view)
 }
 
 fn not_found(router: Router<SharedState>) -> Router<SharedState> {
@@ -130,7 +152,7 @@ fn not_found(router: Router<SharedState>) -> Router<SharedState> {
 pub fn router(state: SharedState) -> Router {
     let mut router = read_only_routes(Router::new());
     router = match state.config.admin_api_key {
-        Some(_) => admin_routes(router),
+        Some(_) => admin_routes(router, &state),
         None => {
             let elsewhere = || {
                 async move |axum::extract::State(state): axum::extract::State<SharedState>| {
@@ -147,6 +169,8 @@ pub fn router(state: SharedState) -> Router {
                 .route("/workers", get(elsewhere()).post(elsewhere()))
                 .route("/workers/{*url}", delete(elsewhere()))
                 .route("/v1/route", post(elsewhere()))
+                .route("/v1/fleet", get(elsewhere()))
+                .route("/dashboard", get(elsewhere()))
         }
     };
     for endpoint in Endpoint::ALL {
@@ -162,7 +186,7 @@ pub fn router(state: SharedState) -> Router {
 /// The HTTP routes of the admin listener: the admin API (behind the key when one is set) and
 /// the read-only endpoints; no proxied traffic.
 pub fn admin_router(state: SharedState) -> Router {
-    not_found(admin_routes(read_only_routes(Router::new()))).with_state(state)
+    not_found(admin_routes(read_only_routes(Router::new()), &state)).with_state(state)
 }
 
 /// Binds the admin listener (`GatewayConfig::admin_listener`), refusing a non-loopback address

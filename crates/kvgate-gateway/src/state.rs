@@ -14,9 +14,11 @@ use crate::admission::{Admission, Limits};
 use crate::auth::Clients;
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
+use crate::decisions::DecisionLog;
 use crate::kv_events::{KvEventLimits, KvEvents};
 use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::Metrics;
+use crate::otel::Traces;
 use crate::registration::{OwnAddress, Registration};
 use crate::registry::Registry;
 use crate::replica_sync::{ReplicaSync, SyncLimits};
@@ -65,6 +67,10 @@ pub struct AppState {
     pub upstream_tls: tokio_rustls::TlsConnector,
     /// Sharing approximate routing with the other replicas (`--replica-sync-redis-url`).
     pub replica_sync: Option<Arc<ReplicaSync>>,
+    /// The last live routing decisions (`GET /v1/fleet`).
+    pub decisions: Arc<DecisionLog>,
+    /// OpenTelemetry traces (`--otlp-traces-endpoint`); None: off.
+    pub traces: Option<Arc<Traces>>,
 }
 
 impl AppState {
@@ -103,6 +109,15 @@ impl AppState {
                 config.max_tokenize_chars,
                 metrics.clone(),
             )?),
+            None => None,
+        };
+        // The exporter's blocking HTTP client is made outside any async runtime.
+        let traces = match config.otlp_traces_endpoint.clone() {
+            Some(endpoint) => Some(Arc::new(
+                std::thread::spawn(move || Traces::new(&endpoint))
+                    .join()
+                    .map_err(|_| "building the OTLP traces exporter panicked".to_string())??,
+            )),
             None => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
@@ -206,6 +221,8 @@ impl AppState {
             listen_addr,
             admin_addr,
             replica_sync,
+            decisions: Arc::new(DecisionLog::default()),
+            traces,
             config,
         })
     }

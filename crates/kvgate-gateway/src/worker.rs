@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::config::KvEventsSource;
 use crate::conn::ConnPool;
+use crate::decisions::RoutedTally;
 use crate::metrics::WorkerSeries;
 use crate::role::WorkerRole;
 
@@ -190,6 +191,8 @@ pub struct Worker {
     kv_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     /// The closed loop: what the index predicted cached here vs what the engine reported.
     accuracy: Mutex<IndexAccuracy>,
+    /// The decisions that chose it and the prefix match they had (the fleet page).
+    pub routed: RoutedTally,
 }
 
 impl Worker {
@@ -227,6 +230,7 @@ impl Worker {
             kv_events,
             kv_tasks: Mutex::new(Vec::new()),
             accuracy: Mutex::new(IndexAccuracy::new(AccuracySettings::default())),
+            routed: RoutedTally::default(),
         }
     }
 

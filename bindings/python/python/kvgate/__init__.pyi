@@ -135,6 +135,7 @@ class Gateway:
         log_level: str = 'info',
         log_json: bool = False,
         log_dir: str | os.PathLike[str] | None = None,
+        otlp_traces_endpoint: str | None = None,
         expose_routing_headers: bool = False,
         shutdown_grace_period_secs: float = 30.0,
         worker_threads: int | None = None,
@@ -456,6 +457,11 @@ class Gateway:
         log_json: Log as JSON lines
         log_dir: Also write the log to DIR/kvgate.log (appended; the directory is created),
             beside stderr (`kvgate launch`)
+        otlp_traces_endpoint: Export a trace span per proxied request over OTLP/HTTP (protobuf)
+            to this collector URL (e.g. `http://127.0.0.1:4318/v1/traces`): the route reason,
+            prefix index and predicted-TTFT terms of each attempt, retries, time to first byte;
+            the client's W3C `traceparent` is continued and the span's own goes to the engines.
+            Unset: off
         expose_routing_headers: Add x-kvgate-worker and x-kvgate-route headers to proxied
             responses
         shutdown_grace_period_secs: Seconds in-flight requests may take to finish after

@@ -351,6 +351,12 @@ pub struct GatewayConfig {
     /// (`kvgate launch`).
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<std::path::PathBuf>,
+    /// Export a trace span per proxied request over OTLP/HTTP (protobuf) to this collector URL
+    /// (e.g. `http://127.0.0.1:4318/v1/traces`): the route reason, prefix index and
+    /// predicted-TTFT terms of each attempt, retries, time to first byte; the client's W3C
+    /// `traceparent` is continued and the span's own goes to the engines. Unset: off.
+    #[arg(long, value_name = "URL")]
+    pub otlp_traces_endpoint: Option<String>,
     /// Add x-kvgate-worker and x-kvgate-route headers to proxied responses.
     #[arg(long)]
     pub expose_routing_headers: bool,

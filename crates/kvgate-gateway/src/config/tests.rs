@@ -256,3 +256,17 @@ fn kv_events_endpoints_are_one_per_worker() {
     assert_eq!(file.routing.prefix_index, kvgate_policy::PrefixIndexMode::Exact);
     assert_eq!(file.tokenizer_path.as_deref(), Some(std::path::Path::new("/models/m")));
 }
+
+#[test]
+fn the_traces_endpoint_is_an_otlp_http_url() {
+    let with =
+        |url: &str| GatewayConfig { otlp_traces_endpoint: Some(url.into()), ..GatewayConfig::default() };
+    assert!(with("http://127.0.0.1:4318/v1/traces").validate().is_ok());
+    assert!(with("https://collector.example:4318/v1/traces").validate().is_ok());
+    for wrong in ["localhost:4317", "grpc://127.0.0.1:4317", "not a url", ""] {
+        let errors = with(wrong).validate().unwrap_err();
+        let fields: Vec<_> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["otlp_traces_endpoint"], "{wrong:?}");
+        assert!(errors.to_string().contains("OTLP/HTTP URL"), "{errors}");
+    }
+}

@@ -174,6 +174,21 @@ impl GatewayConfig {
                 );
             }
         }
+        if let Some(url) = &self.otlp_traces_endpoint {
+            let parsed = url.parse::<http::Uri>().ok();
+            let http_url = parsed.as_ref().is_some_and(|uri| {
+                matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some()
+            });
+            if !http_url {
+                checks.push(
+                    FieldError::new(
+                        "otlp_traces_endpoint",
+                        "must be the collector's OTLP/HTTP URL, e.g. http://127.0.0.1:4318/v1/traces (OTLP over gRPC, host:port, is not supported)",
+                    )
+                    .got(format!("{url:?}")),
+                );
+            }
+        }
         self.validate_kv_events(&mut checks);
         validate_client_connections(self, &mut checks);
         self.validate_replica_sync(&mut checks);

@@ -18,6 +18,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::plan::Planning;
+use crate::decisions::DecisionRecord;
 use crate::registry::ModelPool;
 use crate::replica_sync::Routed;
 use crate::state::AppState;
@@ -180,6 +181,12 @@ fn record(
     if pool.role == crate::role::WorkerRole::Regular {
         state.metrics.count_decision(&pool.model, pool.role, &pool.series, decision, PdPath::Pair);
     }
+    worker.routed.record(decision);
+    state.decisions.record(DecisionRecord {
+        at_ms: state.clock.now_ms(),
+        role: pool.role,
+        decision: *decision,
+    });
     if let (Some(sync), Some(blocks)) = (&state.replica_sync, peers) {
         if decision.index == Some(IndexKind::Approximate) && !blocks.hashes.is_empty() {
             sync.publish(Routed {

@@ -27,6 +27,7 @@ use crate::admission::Ticket;
 use crate::backoff::Backoff;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
+use crate::otel::{RequestSpan, TRACEPARENT};
 use crate::request::RequestFields;
 use crate::role::PdProtocol;
 use crate::state::AppState;
@@ -86,16 +87,27 @@ where
             request_id::take(&names, request.headers_mut())
         }
     };
-    let mut response = match proxy(&state, endpoint, request, started).await {
+    // Tracing: the request's span, its context to the engines in `traceparent`.
+    let mut span = state.traces.as_ref().map(|traces| traces.start(endpoint, request.headers()));
+    if let Some(span) = &span {
+        request.headers_mut().insert(TRACEPARENT.clone(), span.traceparent().clone());
+    }
+    let mut response = match proxy(&state, endpoint, request, started, &mut span).await {
         Ok(response) => response,
         Err(error) => {
             let status = error.status();
+            if let Some(span) = &mut span {
+                span.status(status);
+            }
             state.metrics.requests.with_label_values(&[endpoint.label(), status.as_str(), "none"]).inc();
             let id = request_id.as_ref().and_then(|id| id.to_str().ok()).unwrap_or("");
             tracing::debug!(endpoint = endpoint.label(), %status, %error, request_id = id, "request failed in the gateway");
             error.into_response()
         }
     };
+    if let Some(span) = &mut span {
+        span.status(response.status()); // an answer the gateway made (the others carry the span)
+    }
     if let Some(id) = request_id {
         response.headers_mut().insert(request_id::REQUEST_ID_HEADER.clone(), id);
     }
@@ -124,6 +136,7 @@ async fn proxy<B>(
     endpoint: Endpoint,
     request: http::Request<B>,
     started: Instant,
+    span: &mut Option<RequestSpan>,
 ) -> Result<Response, ApiError>
 where
     B: http_body::Body<Data = Bytes>,
@@ -206,11 +219,14 @@ where
             Ok(plan) => plan,
             Err(error) => {
                 return match last_failure {
-                    Some(failure) => Ok(failure_response(state, endpoint, started, failure, permit)),
+                    Some(failure) => Ok(failure_response(state, endpoint, started, failure, permit, span)),
                     None => Err(error),
                 }
             }
         };
+        if let Some(span) = span.as_mut() {
+            trace_plan(span, &plan);
+        }
         let (outcome, pd) = match plan {
             RoutePlan::Single(pick) => (single(&exchange, pick).await, None),
             RoutePlan::Pair { prefill, decode, pd } => match state.config.pd_protocol {
@@ -223,19 +239,25 @@ where
         match outcome {
             Outcome::Done(mut served) => {
                 served.pd = pd;
-                return Ok(respond(state, endpoint, started, *served, permit, strip_usage));
+                return Ok(respond(state, endpoint, started, *served, permit, strip_usage, span));
             }
             Outcome::Fatal(error) => return Err(error),
             Outcome::Retry { failure, failed } => {
+                if let Some(span) = span.as_mut() {
+                    span.failed(failure.kind());
+                }
                 tried.push(failed);
                 last_failure = Some(failure);
             }
         }
         if retries >= retries_allowed || !shape.untried_left(&tried) {
             let failure = last_failure.expect("a retryable failure was just recorded");
-            return Ok(failure_response(state, endpoint, started, failure, permit));
+            return Ok(failure_response(state, endpoint, started, failure, permit, span));
         }
         retries += 1;
+        if let Some(span) = span.as_mut() {
+            span.retries(retries);
+        }
         state.metrics.retries.with_label_values(&[endpoint.label()]).inc();
         let backoff = backoff.get_or_insert_with(|| {
             let millis = |ms: u64| Duration::from_millis(ms);
@@ -245,6 +267,18 @@ where
             )
         });
         tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// The attempt's plan on the request's span: each side's worker and decision.
+fn trace_plan(span: &mut RequestSpan, plan: &RoutePlan) {
+    match plan {
+        RoutePlan::Single(pick) => span.route("regular", &pick.worker.url, &pick.decision),
+        RoutePlan::Pair { prefill, decode, .. } => {
+            span.route("prefill", &prefill.worker.url, &prefill.decision);
+            span.route("decode", &decode.worker.url, &decode.decision);
+        }
+        RoutePlan::InPlace { decode, .. } => span.route("in_place", &decode.worker.url, &decode.decision),
     }
 }
 

@@ -14,6 +14,7 @@ use crate::body::{InFlight, MeteredBody, RequestTail};
 use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
+use crate::otel::RequestSpan;
 use crate::state::AppState;
 use crate::upstream::is_hop_by_hop;
 use crate::worker::Worker;
@@ -52,6 +53,17 @@ pub(super) enum Failure {
     TimedOut(f64),
 }
 
+impl Failure {
+    /// What failed, as the trace names it.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Failure::Response(_) => "status",
+            Failure::Unreachable(_) => "connect",
+            Failure::TimedOut(_) => "timeout",
+        }
+    }
+}
+
 /// The outcome of executing one route plan.
 pub(super) enum Outcome {
     Done(Box<Served>),
@@ -69,9 +81,10 @@ pub(super) fn failure_response(
     started: Instant,
     failure: Failure,
     permit: crate::admission::Permit,
+    span: &mut Option<RequestSpan>,
 ) -> Response {
     let error = match failure {
-        Failure::Response(served) => return respond(state, endpoint, started, *served, permit, false),
+        Failure::Response(served) => return respond(state, endpoint, started, *served, permit, false, span),
         Failure::Unreachable(message) => ApiError::UpstreamUnreachable(message),
         Failure::TimedOut(secs) => ApiError::UpstreamTimeout(secs),
     };
@@ -128,6 +141,7 @@ pub(super) fn respond(
     served: Served,
     permit: crate::admission::Permit,
     strip_usage: bool,
+    span: &mut Option<RequestSpan>,
 ) -> Response {
     let Served { response, in_flight, worker, decision, prefill, probe, pd } = served;
     let (mut parts, body) = response.into_parts();
@@ -161,6 +175,10 @@ pub(super) fn respond(
         permit,
         worker_url: event_stream.then(|| worker.url.clone()),
         usage,
+        span: span.take().map(|mut span| {
+            span.status(parts.status);
+            span
+        }),
     };
     Response::from_parts(parts, Body::new(MeteredBody::new(body, tail)))
 }

@@ -1,0 +1,314 @@
+//! The fleet page: `GET /v1/fleet` against `kvgate mock` engines publishing KV events (workers,
+//! decisions by reason, the imbalance terms, the closed loop, the last decisions), where it is
+//! served and behind which key, and `GET /dashboard` rendered by headless Chromium (Debian's
+//! `chromium`; `.ci/run` installs it and sets `KVGATE_REQUIRE_CHROMIUM=1`, elsewhere the test
+//! is skipped with a message when it is absent) under a short load, with a screenshot saved.
+
+use crate::common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::{client, eventually, gateway, kv_events_config};
+use kvgate_gateway::GatewayHandle;
+use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
+use serde_json::{json, Value};
+
+const MODEL: &str = "mock-model";
+
+async fn fleet(count: usize) -> MockFleet {
+    let mut args = MockArgs { count, ..MockArgs::default() };
+    args.time_scale = 50.0;
+    args.kv_events_base_port = Some(0);
+    args.kv_events_replay_base_port = Some(0);
+    spawn_fleet(args).await.expect("the mock fleet starts")
+}
+
+/// A cache_aware gateway on the fleet's events, polling loads (a KV term below 1.0) quickly.
+async fn fleet_gateway(fleet: &MockFleet) -> GatewayHandle {
+    let mut cfg = kv_events_config(fleet);
+    cfg.routing.balance_token_usage_threshold = 0.9;
+    cfg.load_monitor_interval_ms = 100;
+    cfg.admin_port = Some(0);
+    let gw = gateway(cfg).await;
+    let flowing = eventually(10.0, async || {
+        let workers = gw.state.registry.snapshot().workers.clone();
+        !workers.is_empty() && workers.iter().all(|w| w.kv_events_flowing() && w.is_healthy())
+    })
+    .await;
+    assert!(flowing, "every worker healthy with its KV events flowing within 10 s");
+    gw
+}
+
+/// Conversation `c`'s chat of `turns` turns (later turns extend earlier ones: prefix hits).
+fn chat(c: usize, turns: usize) -> Value {
+    let mut messages =
+        vec![json!({"role": "system", "content": format!("conversation {c} system prompt with some words")})];
+    for turn in 0..turns {
+        let words: Vec<String> = (0..20).map(|w| format!("c{c}t{turn}w{w}")).collect();
+        messages.push(json!({"role": "user", "content": words.join(" ")}));
+    }
+    json!({"model": MODEL, "messages": messages, "max_tokens": 2})
+}
+
+async fn send(gw: &GatewayHandle, body: &Value) {
+    let res = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(body)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.bytes().await.unwrap();
+}
+
+async fn get_fleet(base: &str, query: &str) -> Value {
+    let res = client().get(format!("{base}/v1/fleet{query}")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    res.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_shows_workers_decisions_terms_and_the_closed_loop() {
+    let mock = fleet(3).await;
+    let gw = fleet_gateway(&mock).await;
+    for turns in 1..=3 {
+        for c in 0..4 {
+            send(&gw, &chat(c, turns)).await;
+        }
+    }
+    // Every worker's load sampled, every answer compared.
+    let mut fleet = Value::Null;
+    let complete = eventually(10.0, async || {
+        fleet = get_fleet(&gw.admin_url(), "").await;
+        let rows = fleet["workers"]["rows"].as_array().unwrap();
+        rows.len() == 3
+            && rows.iter().all(|row| row["kv_usage"].is_number())
+            && fleet["pools"][0]["closed_loop"]["predicted_tokens"].as_u64().is_some_and(|n| n > 0)
+    })
+    .await;
+    assert!(complete, "loads and the closed loop reach the fleet: {fleet:#}");
+    assert_eq!(fleet["totals"]["workers"], 3, "{fleet:#}");
+    assert_eq!(fleet["totals"]["healthy"], 3, "{fleet:#}");
+    let pool = &fleet["pools"][0];
+    assert_eq!(
+        (pool["model"].as_str(), pool["role"].as_str(), pool["policy"].as_str()),
+        (Some(MODEL), Some("regular"), Some("cache_aware"))
+    );
+    let decided: u64 =
+        pool["decisions_total"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(decided, 12, "{pool:#}");
+    assert!(pool["decisions_total"]["cache_hit"].as_u64().unwrap() >= 8, "later turns hit: {pool:#}");
+    assert!(fleet["totals"]["decisions_per_sec"].as_f64().unwrap() > 0.0, "{fleet:#}");
+    let hit = &pool["hit_rate"];
+    assert_eq!(hit["decisions"], 12, "{pool:#}");
+    assert!(
+        hit["chosen"].as_f64().unwrap() > 0.3 && hit["chosen"].as_f64() <= hit["best"].as_f64(),
+        "{pool:#}"
+    );
+    // The terms beside the thresholds they are compared with; none fired on this light load.
+    let imbalance = &pool["imbalance"];
+    assert_eq!(imbalance["kv_spread"]["threshold"], 0.9, "{imbalance:#}");
+    assert!(
+        imbalance["kv_spread"]["value"].as_f64().is_some_and(|v| (0.0..=1.0).contains(&v)),
+        "{imbalance:#}"
+    );
+    assert_eq!(imbalance["count"]["threshold"], 64.0, "{imbalance:#}");
+    assert_eq!(imbalance["firing"], json!({}), "{imbalance:#}");
+    assert_eq!(pool["kv_usage"]["sampled"], 3);
+    assert_eq!(
+        pool["kv_usage"]["histogram"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum::<u64>(),
+        3
+    );
+    let cl = &pool["closed_loop"];
+    assert_eq!(
+        cl["predicted_tokens"], cl["engine_cached_tokens"],
+        "the index agrees with the engines: {cl:#}"
+    );
+    let rows = fleet["workers"]["rows"].as_array().unwrap();
+    for row in rows {
+        assert_eq!(row["circuit"], "closed");
+        assert_eq!(row["events"]["flowing"], true, "{row:#}");
+    }
+    let batches: u64 = rows.iter().map(|row| row["events"]["batches"].as_u64().unwrap()).sum();
+    assert!(batches > 0, "{fleet:#}");
+    let served: u64 = rows.iter().filter_map(|row| row["hit_rate"]["decisions"].as_u64()).sum();
+    assert_eq!(served, 12, "{fleet:#}");
+    // The last decisions, newest first, with reason, index and match rates.
+    let recent = fleet["recent_decisions"].as_array().unwrap();
+    assert_eq!(recent.len(), 12);
+    assert!(recent.windows(2).all(|w| w[0]["age_ms"].as_u64() <= w[1]["age_ms"].as_u64()), "{recent:#?}");
+    assert!(recent
+        .iter()
+        .all(|d| d["index"] == "exact" && d["chosen_match"].is_number() && d["model"] == MODEL));
+    // A short list on request: the fleet's aggregates stay whole.
+    let one = get_fleet(&gw.admin_url(), "?workers=1").await;
+    assert_eq!(
+        (one["workers"]["rows"].as_array().unwrap().len(), one["workers"]["total"].as_u64()),
+        (1, Some(3))
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_aware_decisions_show_their_predicted_terms() {
+    let mock = fleet(2).await;
+    let mut cfg = kv_events_config(&mock);
+    cfg.routing.policy = kvgate_policy::PolicyKind::KvAware;
+    cfg.load_monitor_interval_ms = 100;
+    let gw = gateway(cfg).await;
+    assert!(
+        eventually(10.0, async || gw.state.registry.snapshot().workers.iter().all(|w| w.is_healthy())).await
+    );
+    for c in 0..3 {
+        send(&gw, &chat(c, 1)).await;
+    }
+    let fleet = get_fleet(&gw.admin_url(), "").await;
+    let recent = fleet["recent_decisions"].as_array().unwrap();
+    assert_eq!(recent.len(), 3, "{fleet:#}");
+    for decision in recent {
+        let terms = decision["predicted_ms"].as_object().unwrap_or_else(|| panic!("{decision:#}"));
+        assert!(terms["total"].as_f64().unwrap() >= terms["prefill"].as_f64().unwrap(), "{decision:#}");
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_key_the_page_asks_the_browser_for_it() {
+    let mut cfg = common::config(Vec::new());
+    cfg.admin_api_key = Some("operator-key".into());
+    let gw = gateway(cfg).await;
+    let basic = |password: &str| {
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("ops:{password}")))
+    };
+    for path in ["/dashboard", "/v1/fleet"] {
+        let url = format!("{}{path}", gw.url());
+        let res = client().get(&url).send().await.unwrap();
+        assert_eq!(res.status(), 401, "{path}");
+        assert_eq!(res.headers()["www-authenticate"], "Basic realm=\"kvgate admin\"", "{path}");
+        let res = client().get(&url).header("authorization", basic("wrong")).send().await.unwrap();
+        assert_eq!(res.status(), 401, "{path}");
+        for auth in [basic("operator-key"), "Bearer operator-key".to_string()] {
+            let res = client().get(&url).header("authorization", auth).send().await.unwrap();
+            assert_eq!(res.status(), 200, "{path}");
+        }
+    }
+    let res =
+        client().get(format!("{}/dashboard", gw.url())).bearer_auth("operator-key").send().await.unwrap();
+    assert!(res.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert!(res.headers()["content-security-policy"].to_str().unwrap().contains("default-src 'none'"));
+    let page = res.text().await.unwrap();
+    assert!(
+        page.contains("fetch(\"/v1/fleet\"") && !page.contains("http://") && !page.contains("https://"),
+        "no external asset"
+    );
+    gw.shutdown().await;
+}
+
+/// Debian's binary, or another Chromium on PATH.
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=PATH`), loopback
+/// only (every other host resolves nowhere; no background networking), within 30 s.
+async fn run_chromium(binary: &PathBuf, profile: &std::path::Path, url: &str, mode: &str) -> String {
+    let mut child = std::process::Command::new(binary)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions"])
+        .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        .arg("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--window-size=1400,1100", "--hide-scrollbars", "--virtual-time-budget=2500", mode, url])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("chromium starts");
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("chromium's status").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("chromium did not finish within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    reader.join().expect("the reader thread")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_renders_in_headless_chromium() {
+    let Some(binary) = chromium() else {
+        assert!(
+            std::env::var_os("KVGATE_REQUIRE_CHROMIUM").is_none(),
+            "KVGATE_REQUIRE_CHROMIUM is set but no chromium is on PATH (apt-get install chromium)"
+        );
+        eprintln!("SKIPPED the_dashboard_renders_in_headless_chromium: no chromium on PATH (Debian: apt-get install chromium)");
+        return;
+    };
+    // Small KV caches and slower engines, so that usage bars and requests in flight show.
+    let mut args = MockArgs { count: 4, time_scale: 5.0, ..MockArgs::default() };
+    args.kv_events_base_port = Some(0);
+    args.kv_events_replay_base_port = Some(0);
+    args.engine_flags.kv_capacity_tokens = Some(2_000);
+    let mock = spawn_fleet(args).await.expect("the mock fleet starts");
+    let gw = fleet_gateway(&mock).await;
+    // A bounded load (4 clients, at most 150 requests each), running while the page is read.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|client_idx| {
+            let (base, stop) = (gw.url(), stop.clone());
+            tokio::spawn(async move {
+                for round in 0..150 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let mut body = chat(client_idx * 3 + round % 3, 1 + round % 4);
+                    body["max_tokens"] = json!(48);
+                    let _ = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await;
+                }
+            })
+        })
+        .collect();
+    let profile = std::env::temp_dir().join(format!("kvgate-chromium-{}", std::process::id()));
+    let url = format!("{}/dashboard", gw.admin_url());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut dom = String::new();
+    let rendered = |dom: &str| {
+        let rate =
+            dom.split("id=\"decision-rate\" data-rate=\"").nth(1).and_then(|rest| rest.split('"').next());
+        dom.matches("class=\"worker-row\"").count() == 4
+            && rate.and_then(|r| r.parse::<f64>().ok()).is_some_and(|r| r > 0.0)
+    };
+    while Instant::now() < deadline {
+        dom = run_chromium(&binary, &profile, &url, "--dump-dom").await;
+        if rendered(&dom) {
+            break;
+        }
+    }
+    assert!(rendered(&dom), "four worker rows and a non-zero decision rate rendered within 60 s:\n{dom}");
+    assert!(dom.contains("cache_aware") && dom.contains("decisions per second by reason"), "{dom}");
+    let screenshot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    let _ = std::fs::remove_file(&screenshot);
+    run_chromium(&binary, &profile, &url, &format!("--screenshot={}", screenshot.display())).await;
+    let png = std::fs::read(&screenshot).expect("chromium wrote the screenshot");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a PNG of the page ({} bytes)", png.len());
+    println!("dashboard screenshot: {}", screenshot.display());
+    eprintln!("dashboard screenshot: {}", screenshot.display());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for load in clients {
+        load.await.unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&profile);
+    gw.shutdown().await;
+}
