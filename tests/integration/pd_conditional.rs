@@ -125,16 +125,27 @@ async fn a_conversation_coming_back_is_prefilled_in_place_on_its_decode_holder_a
         assert!(pd_path(&response).starts_with("pair; why=long_uncached;"), "{}", pd_path(&response));
         assert_eq!(p.requests.load(Ordering::SeqCst), 2);
 
-        // The dry run names the path, the rule's clause and its inputs.
-        let planned: Value = client()
-            .post(format!("{}/v1/route", gw.admin_url()))
-            .json(&next_turn(&second))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        // The dry run names the path, the rule's clause and its inputs. The pair's prefill
+        // request can still count as in flight for a moment after the client has its answer
+        // (the prefill side finishes beside the decode side), so wait for the queue to drain.
+        let dry_run = async || -> Value {
+            client()
+                .post(format!("{}/v1/route", gw.admin_url()))
+                .json(&next_turn(&second))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap()
+        };
+        let mut planned = dry_run().await;
+        let drained = eventually(5.0, async || {
+            planned = dry_run().await;
+            planned["pd"]["prefill_queue"] == 0
+        })
+        .await;
+        assert!(drained, "the prefill queue drains once the pair is done: {planned}");
         assert_eq!(planned["path"], "in_place", "{planned}");
         assert_eq!(planned["pd"]["why"], "short_uncached", "{planned}");
         assert_eq!(planned["decode"]["worker"], decode_url.as_str(), "{planned}");
