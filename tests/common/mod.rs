@@ -294,6 +294,26 @@ pub async fn metric_line_appears(gw: &GatewayHandle, line: &str) -> bool {
 
 /// A cache_aware gateway subscribed to every engine of a `kvgate mock` fleet, its KV events and
 /// their replay, tokenizing as the mock engines do.
+/// A mock fleet of `count` engines publishing KV events (with replay), 50x faster than wall time.
+pub async fn kv_events_fleet(count: usize) -> kvgate_mock::MockFleet {
+    let mut args = kvgate_mock::MockArgs { count, ..kvgate_mock::MockArgs::default() };
+    args.time_scale = 50.0;
+    args.kv_events_base_port = Some(0);
+    args.kv_events_replay_base_port = Some(0);
+    kvgate_mock::spawn_fleet(args).await.expect("the mock fleet starts")
+}
+
+/// Waits up to 10 s until the gateway has workers and every one's KV events flow
+/// (subscribed and replayed).
+pub async fn wait_kv_events_flowing(gw: &GatewayHandle) {
+    let flowing = eventually(10.0, async || {
+        let snapshot = gw.state.registry.snapshot();
+        !snapshot.workers.is_empty() && snapshot.workers.iter().all(|w| w.kv_events_flowing())
+    })
+    .await;
+    assert!(flowing, "every worker's KV events flow within 10 s");
+}
+
 pub fn kv_events_config(fleet: &kvgate_mock::MockFleet) -> GatewayConfig {
     let mut cfg = config(fleet.urls());
     cfg.routing.policy = kvgate_policy::PolicyKind::CacheAware;

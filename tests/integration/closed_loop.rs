@@ -8,29 +8,12 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, eventually, gateway, kv_events_config};
+use common::{client, eventually, gateway, kv_events_config, kv_events_fleet, wait_kv_events_flowing};
 use kvgate_gateway::GatewayHandle;
-use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
+use kvgate_mock::MockFleet;
 use serde_json::{json, Value};
 
 const MODEL: &str = "mock-model";
-
-async fn fleet(count: usize) -> MockFleet {
-    let mut args = MockArgs { count, ..MockArgs::default() };
-    args.time_scale = 50.0;
-    args.kv_events_base_port = Some(0);
-    args.kv_events_replay_base_port = Some(0);
-    spawn_fleet(args).await.expect("the mock fleet starts")
-}
-
-async fn wait_flowing(gw: &GatewayHandle) {
-    let flowing = eventually(10.0, async || {
-        let snapshot = gw.state.registry.snapshot();
-        !snapshot.workers.is_empty() && snapshot.workers.iter().all(|w| w.kv_events_flowing())
-    })
-    .await;
-    assert!(flowing, "every worker's KV events flow within 10 s");
-}
 
 /// `words` words of conversation `conversation`, turn `turn` (distinct per turn and conversation).
 fn words(conversation: usize, turn: usize, words: usize) -> String {
@@ -138,9 +121,9 @@ async fn workers(gw: &GatewayHandle) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_engines_template_the_index_agrees_with_the_engine() {
-    let fleet = fleet(2).await;
+    let fleet = kv_events_fleet(2).await;
     let gw = gateway(kv_events_config(&fleet)).await;
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     converse(&gw, &fleet, 20, 4).await;
     let text = metrics(&gw).await;
     let predicted = total(&text, "kvgate_prefix_predicted_tokens_total");
@@ -168,7 +151,7 @@ async fn with_the_engines_template_the_index_agrees_with_the_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_chat_template_is_detected_and_named() {
-    let fleet = fleet(1).await;
+    let fleet = kv_events_fleet(1).await;
     let dir = std::env::temp_dir().join(format!("kvgate-closed-loop-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let template = dir.join("wrong.jinja");
@@ -180,7 +163,7 @@ async fn a_wrong_chat_template_is_detected_and_named() {
     let mut cfg = kv_events_config(&fleet);
     cfg.chat_template = Some(template);
     let gw = gateway(cfg).await;
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     // 100 answered requests fill the window: 34 conversations of 3 turns.
     converse(&gw, &fleet, 34, 3).await;
     let workers = workers(&gw).await;
@@ -216,7 +199,7 @@ async fn a_template_that_differs_after_a_shared_start_is_detected() {
         messages
     };
     let run = async |template: Option<&str>| {
-        let fleet = fleet(1).await;
+        let fleet = kv_events_fleet(1).await;
         let dir = std::env::temp_dir().join(format!(
             "kvgate-shared-start-{}-{}",
             std::process::id(),
@@ -230,7 +213,7 @@ async fn a_template_that_differs_after_a_shared_start_is_detected() {
             cfg.chat_template = Some(path);
         }
         let gw = gateway(cfg).await;
-        wait_flowing(&gw).await;
+        wait_kv_events_flowing(&gw).await;
         // 90 first turns, and the second turn of every ninth conversation: 100 answers.
         for conversation in 0..90 {
             let mut turns = vec![1];

@@ -10,20 +10,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{client, eventually, gateway, kv_events_config};
+use common::{client, eventually, gateway, kv_events_config, kv_events_fleet};
 use kvgate_gateway::GatewayHandle;
 use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
 use serde_json::{json, Value};
 
 const MODEL: &str = "mock-model";
-
-async fn fleet(count: usize) -> MockFleet {
-    let mut args = MockArgs { count, ..MockArgs::default() };
-    args.time_scale = 50.0;
-    args.kv_events_base_port = Some(0);
-    args.kv_events_replay_base_port = Some(0);
-    spawn_fleet(args).await.expect("the mock fleet starts")
-}
 
 /// A cache_aware gateway on the fleet's events, polling loads (a KV term below 1.0) quickly.
 async fn fleet_gateway(fleet: &MockFleet) -> GatewayHandle {
@@ -72,7 +64,7 @@ async fn get_fleet(base: &str, query: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_shows_workers_decisions_terms_and_the_closed_loop() {
-    let mock = fleet(3).await;
+    let mock = kv_events_fleet(3).await;
     let gw = fleet_gateway(&mock).await;
     for turns in 1..=3 {
         for c in 0..4 {
@@ -154,7 +146,7 @@ async fn the_fleet_shows_workers_decisions_terms_and_the_closed_loop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_aware_decisions_show_their_predicted_terms() {
-    let mock = fleet(2).await;
+    let mock = kv_events_fleet(2).await;
     let mut cfg = kv_events_config(&mock);
     cfg.routing.policy = kvgate_policy::PolicyKind::KvAware;
     cfg.load_monitor_interval_ms = 100;

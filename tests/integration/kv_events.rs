@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::kv_wire::block_stored;
-use common::{client, config, eventually, gateway};
+use common::{client, config, eventually, gateway, wait_kv_events_flowing};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_index::{BlockIndex, PrefixMatch};
 use kvgate_mock::{spawn_fleet, KvEventEncoding, MockArgs, MockFleet};
@@ -67,16 +67,6 @@ fn model_index(gw: &GatewayHandle, model: &str) -> Arc<BlockIndex> {
 
 fn worker_id(gw: &GatewayHandle, url: &str) -> u32 {
     gw.state.registry.snapshot().find(url).expect("a registered worker").id
-}
-
-/// Waits until every worker's KV events flow (subscribed and replayed).
-async fn wait_flowing(gw: &GatewayHandle) {
-    let flowing = eventually(10.0, async || {
-        let snapshot = gw.state.registry.snapshot();
-        !snapshot.workers.is_empty() && snapshot.workers.iter().all(|w| w.kv_events_flowing())
-    })
-    .await;
-    assert!(flowing, "every worker's KV events flow within 10 s");
 }
 
 /// Sends a completion straight to an engine (so the gateway only sees its events).
@@ -139,7 +129,7 @@ async fn the_index_follows_stores_and_evictions_in_every_engine_format() {
     for encoding in [KvEventEncoding::Vllm033, KvEventEncoding::Vllm010, KvEventEncoding::Sglang05] {
         let fleet = fleet(2, |args| args.kv_events_encoding = encoding).await;
         let gw = gateway(gateway_config(&fleet)).await;
-        wait_flowing(&gw).await;
+        wait_kv_events_flowing(&gw).await;
         let urls = fleet.urls();
         let mut sent = Vec::new();
         // 10 prompts of 3 blocks (4 while running) on 2 engines of 10 blocks: the oldest are evicted.
@@ -164,7 +154,7 @@ async fn the_index_follows_stores_and_evictions_in_every_engine_format() {
 async fn a_lost_batch_is_recovered_through_replay() {
     let fleet = fleet(1, |_| {}).await;
     let gw = gateway(gateway_config(&fleet)).await;
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     let url = &fleet.urls()[0];
     let mut sent = Vec::new();
     for i in 0..2 {
@@ -203,7 +193,7 @@ async fn a_gateway_started_after_the_fleet_served_learns_its_holdings_through_re
     let held = |worker: usize| sent.iter().map(|p| fleet.cached_prefix_tokens(worker, p)).sum::<usize>();
     assert!(held(0) > 0 && held(1) > 0, "both engines hold blocks before the gateway starts");
     let gw = gateway(gateway_config(&fleet)).await;
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     assert_in_sync(&gw, &fleet, &sent).await;
     let text = metrics(&gw).await;
     assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 0.0, "{text}");
@@ -218,7 +208,7 @@ async fn without_replay_a_gap_clears_the_workers_entries() {
     let mut cfg = gateway_config(&fleet);
     cfg.kv_events_replay_endpoints.clear();
     let gw = gateway(cfg).await;
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     let url = fleet.urls()[0].clone();
     // A 160-token engine keeps two 48-token prompts whole.
     let kept = tokens(&prompt(0, 48));
@@ -267,7 +257,7 @@ async fn an_engine_restart_clears_its_entries() {
     };
     let first = fleet(1, pinned).await;
     let gw = gateway(gateway_config(&first)).await;
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     let url = first.urls()[0].clone();
     let before = tokens(&prompt(0, 48));
     complete_on(&url, &prompt(0, 48)).await;
@@ -279,7 +269,7 @@ async fn an_engine_restart_clears_its_entries() {
     let id = worker_id(&gw, &url);
     let forgotten = eventually(10.0, async || index.worker_blocks(id) == 0).await;
     assert!(forgotten, "the restarted engine's old blocks leave the index");
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     let after = tokens(&prompt(1, 48));
     complete_on(&url, &prompt(1, 48)).await;
     assert_in_sync(&gw, &second, &[before, after]).await;
@@ -291,7 +281,7 @@ async fn an_engine_restart_clears_its_entries() {
 async fn two_gateways_fed_the_same_streams_hold_the_same_index() {
     let fleet = fleet(2, |_| {}).await;
     let first = gateway(gateway_config(&fleet)).await;
-    wait_flowing(&first).await;
+    wait_kv_events_flowing(&first).await;
     // Traffic through the first gateway only; the second starts late and replays.
     let mut sent = Vec::new();
     for i in 0..5 {
@@ -306,7 +296,7 @@ async fn two_gateways_fed_the_same_streams_hold_the_same_index() {
         sent.push(tokens(&text));
     }
     let second = gateway(gateway_config(&fleet)).await;
-    wait_flowing(&second).await;
+    wait_kv_events_flowing(&second).await;
     assert_in_sync(&first, &fleet, &sent).await;
     assert_in_sync(&second, &fleet, &sent).await;
     // Worker ids are each gateway's own: compare the dumps by worker URL.
@@ -337,7 +327,7 @@ async fn lora_adapters_and_the_base_route_to_the_holders_of_their_own_blocks() {
     })
     .await;
     let gw = gateway(gateway_config(&fleet)).await;
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     let urls = fleet.urls();
     let text = prompt(11, 120);
     // The same prompt, cached by a different engine for each model: the base on engine 0, the
@@ -378,7 +368,7 @@ async fn lora_adapters_and_the_base_route_to_the_holders_of_their_own_blocks() {
 async fn requests_route_on_the_exact_index_and_say_so() {
     let fleet = fleet(3, |args| args.engine_flags.kv_capacity_tokens = Some(4096)).await;
     let gw = gateway(gateway_config(&fleet)).await;
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     let text = prompt(7, 200);
     // Cached on engine 2 behind the gateway's back: only its KV events tell.
     complete_on(&fleet.urls()[2], &text).await;
@@ -453,7 +443,7 @@ async fn workers_added_at_run_time_subscribe_and_removed_ones_take_their_blocks(
     });
     let res = client().post(format!("{}/workers", gw.admin_url())).json(&body).send().await.unwrap();
     assert_eq!(res.status(), 201);
-    wait_flowing(&gw).await;
+    wait_kv_events_flowing(&gw).await;
     let listed: serde_json::Value =
         client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
     let events = &listed["workers"][0]["kv_events"];
