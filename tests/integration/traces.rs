@@ -12,7 +12,6 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use common::{client, eventually, gateway, kv_events_config};
-use kvgate_mock::{spawn_fleet, MockArgs};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -75,9 +74,7 @@ async fn request_spans_reach_an_otlp_receiver_with_the_route_and_traceparent_rea
     let (otlp, received) = receiver().await;
 
     // kv_aware on simulated engines: the decision's reason, index and predicted terms.
-    let mut args = MockArgs { count: 2, time_scale: 50.0, ..MockArgs::default() };
-    args.kv_events_base_port = Some(0);
-    let mock = spawn_fleet(args).await.expect("the mock fleet starts");
+    let mock = common::kv_events_fleet(2).await;
     let mut cfg = kv_events_config(&mock);
     cfg.routing.policy = kvgate_policy::PolicyKind::KvAware;
     cfg.otlp_traces_endpoint = Some(otlp.clone());
@@ -85,6 +82,8 @@ async fn request_spans_reach_an_otlp_receiver_with_the_route_and_traceparent_rea
     assert!(
         eventually(10.0, async || gw.state.registry.snapshot().workers.iter().all(|w| w.is_healthy())).await
     );
+    // The span names the exact index only once every worker's events flow.
+    common::wait_kv_events_flowing(&gw).await;
     for n in 0..3 {
         let body = json!({"model": "mock-model", "max_tokens": 2, "stream": n == 2,
             "messages": [{"role": "user", "content": format!("hello number {n}")}]});
