@@ -703,6 +703,17 @@ fn main() {
         Some(stream) => streams.push(stream),
         None => println!("NOTE | no trace at {trace_path}: trace stream skipped |"),
     }
+    // `BENCH_ONLY=kvgate-apply`: only kvgate's events (for a profiler).
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "kvgate-apply") {
+        for stream in &streams {
+            let (se, sb, re, rb) = apply_kvgate(stream, 1);
+            println!(
+                "APPLY | {} | kvgate BlockIndex | 1 thread(s) | store {:.0} K events/s = {:.2} M blocks/s | remove {:.0} K events/s = {:.2} M blocks/s |",
+                stream.name, se / 1e3, sb / 1e6, re / 1e3, rb / 1e6
+            );
+        }
+        return;
+    }
     for stream in &streams {
         println!(
             "STREAM | {} | {} stored events ({} blocks) | {} removal events | {} distinct blocks | {} (cache, block) pairs |",
