@@ -227,6 +227,7 @@ impl CacheBlocks {
             });
         };
         let group = stored.group;
+        let root = stored.parent_block_hash.is_none();
         let mut parent = match stored.parent_block_hash {
             None => ChainRoot { namespace: stored.namespace, group, lookahead: lookahead as u32 }.hash(),
             Some(engine_hash) => match self.content_of(group, engine_hash) {
@@ -234,6 +235,7 @@ impl CacheBlocks {
                 None => return Err(ApplyError::UnknownParent(engine_hash)),
             },
         };
+        let continues = (!root).then_some(parent);
         if self.len().saturating_add(blocks) > self.max_blocks {
             let held_group = self.group(group);
             let adding = stored
@@ -258,6 +260,7 @@ impl CacheBlocks {
             let content = block_content(parent, tokens, after, opaque);
             parent = content;
             let up = parent_engine.replace(engine_hash);
+            let ahead = (blocks - 1 - i) as u32;
             match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
                 Some(block) if block.content == content => {
                     self.set_tiers(group, engine_hash, block.tiers | bit)
@@ -265,16 +268,19 @@ impl CacheBlocks {
                 Some(_) => {
                     // The engine reused a hash for other content: the old block is gone.
                     self.forget(group, engine_hash);
-                    self.hold(group, engine_hash, content, up, bit);
+                    self.hold(group, engine_hash, content, up, bit, ahead);
                 }
                 None => {
                     let pending = match self.pending.is_empty() {
                         true => 0,
                         false => self.pending.remove(&(group, engine_hash)).unwrap_or(0),
                     };
-                    self.hold(group, engine_hash, content, up, bit | pending);
+                    self.hold(group, engine_hash, content, up, bit | pending, ahead);
                 }
             }
+        }
+        if let Some(parent) = continues.filter(|_| blocks > 0) {
+            self.index.extend_ahead(parent, self.slot, blocks as u32);
         }
         self.index.set_size(self.key, self.len());
         Ok(())
@@ -344,7 +350,16 @@ impl CacheBlocks {
     }
 
     /// Holds a new engine block (its hash not held in `group`), under the engine block `parent`.
-    fn hold(&mut self, group: u32, engine_hash: u64, content: u64, parent: Option<u64>, tiers: u16) {
+    /// `ahead`: blocks of its event after it (the holder's hint).
+    fn hold(
+        &mut self,
+        group: u32,
+        engine_hash: u64,
+        content: u64,
+        parent: Option<u64>,
+        tiers: u16,
+        ahead: u32,
+    ) {
         let (bits, epoch) = (&self.bits, self.epoch);
         let weight = best_weight(bits, tiers);
         let blocks = group_of(&mut self.groups, group);
@@ -367,7 +382,8 @@ impl CacheBlocks {
             children: 0,
         };
         blocks.insert(engine_hash, block);
-        let Some(held) = self.index.insert_holder(content, Holder { slot: self.slot, tiers, epoch, run })
+        let Some(held) =
+            self.index.insert_holder(content, Holder { slot: self.slot, tiers, epoch, run, ahead })
         else {
             self.distinct += 1;
             return;
@@ -387,7 +403,7 @@ impl CacheBlocks {
     /// changed, its run restarts at the new weight.
     fn holder_weight_changed(&mut self, content: u64, before: u16, after: u16) {
         if best_weight(&self.bits, before) != best_weight(&self.bits, after) {
-            let holder = Holder { slot: self.slot, tiers: after, epoch: self.epoch, run: 1 };
+            let holder = Holder { slot: self.slot, tiers: after, epoch: self.epoch, run: 1, ahead: 0 };
             self.index.set_holder(content, holder);
         }
     }
@@ -415,7 +431,7 @@ impl CacheBlocks {
                 block.parent_epoch = 0;
                 block.children = children.get(engine_hash).copied().unwrap_or(0);
                 let tiers = shared.get(&block.content).map_or(block.tiers, |shared| shared.tiers);
-                index.set_holder(block.content, Holder { slot, tiers, epoch: 0, run: 1 });
+                index.set_holder(block.content, Holder { slot, tiers, epoch: 0, run: 1, ahead: 0 });
             }
         }
         self.index.set_epoch(self.slot, 0);
@@ -449,7 +465,7 @@ impl CacheBlocks {
                 self.holder_weight_changed(content, before, after);
             }
             None if changed => {
-                let holder = Holder { slot: self.slot, tiers, epoch: self.epoch, run: 1 };
+                let holder = Holder { slot: self.slot, tiers, epoch: self.epoch, run: 1, ahead: 0 };
                 self.index.set_holder(content, holder);
             }
             None => {}

@@ -84,8 +84,9 @@ const MAX_RESIDENCIES: usize = 16;
 
 /// One cache holding a block, with the tiers it holds it in (one bit per interned residency).
 /// Queries use only the best weight among them, so a writer updates the mask when that weight
-/// changes: it may lag behind a slower tier added or removed next to a faster one. 12 bytes: a
-/// block held by one cache keeps its holder inline in the shard's entry.
+/// changes: it may lag behind a slower tier added or removed next to a faster one. A
+/// block held by one cache keeps its holder inline in the shard's entry (16 bytes: the width of
+/// the pointer and length it shares the entry with when spilled).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Holder {
     /// The cache's slot ([`BlockIndex::slot_of`]).
@@ -96,6 +97,10 @@ pub(crate) struct Holder {
     /// Blocks of the chain ending here (this one included) the cache holds at this block's
     /// tier weight.
     pub(crate) run: u32,
+    /// A hint, never trusted alone: how many blocks after this one the cache stored along one
+    /// chain from it (to the end of the event, or of the event continuing from it). A query
+    /// probes there first when it looks for where a match ends.
+    pub(crate) ahead: u32,
 }
 
 /// How far ahead a query first probes (then doubling while probes succeed).
@@ -267,13 +272,14 @@ impl BlockIndex {
         }
         let credit =
             |tiers: u16, n: usize| credit_units(tier_weight(weights, tiers)) * (n * block_size) as u64;
-        // Caches still matching: (slot, credit so far, current epoch once read).
-        let mut active: SmallVec<[(u32, u64, u16); 4]> = SmallVec::new();
+        // Caches still matching: (slot, credit so far, current epoch once read, the hint of the
+        // last holder entry read).
+        let mut active: SmallVec<[Active; 4]> = SmallVec::new();
         {
             let hash = chain.hash(0);
             let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
             let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
-            active.extend(holders.iter().map(|h| (h.slot, credit(h.tiers, 1), EPOCH_UNTRUSTED)));
+            active.extend(holders.iter().map(|h| (h.slot, credit(h.tiers, 1), EPOCH_UNTRUSTED, h.ahead)));
         }
         // Every active cache holds blocks 0..=pos.
         let (mut pos, mut stride) = (0, JUMP);
@@ -297,8 +303,26 @@ impl BlockIndex {
                     }
                     Probe::Absent => {
                         // Some cache stops in (pos, next]: bisect to a block where not every
-                        // cache spans, with every cache spanning the block before it.
+                        // cache spans, with every cache spanning the block before it. `hi` is
+                        // always a block some cache lacks.
                         let (mut lo, mut hi) = (pos, next);
+                        // First where the caches' chains were stored to from `lo`: most
+                        // matches end at the end of a stored event.
+                        let guess = lo + active.iter().map(|a| a.3 as usize).min().unwrap_or(0);
+                        if guess > lo && guess < hi {
+                            match self.probe(chain, guess, lo, &mut active, &credit) {
+                                Probe::Spans => lo = guess,
+                                Probe::Absent => hi = guess,
+                                Probe::Unknown => {}
+                            }
+                            if lo == guess && guess + 1 < hi {
+                                match self.probe(chain, guess + 1, lo, &mut active, &credit) {
+                                    Probe::Spans => lo = guess + 1,
+                                    Probe::Absent => hi = guess + 1,
+                                    Probe::Unknown => {}
+                                }
+                            }
+                        }
                         while hi - lo > 1 {
                             let mid = lo + (hi - lo) / 2;
                             match self.probe(chain, mid, lo, &mut active, &credit) {
@@ -306,6 +330,12 @@ impl BlockIndex {
                                 Probe::Absent => hi = mid,
                                 Probe::Unknown => break,
                             }
+                        }
+                        if hi - lo == 1 && active.len() == 1 {
+                            // One cache, holding `lo` and lacking `hi`: it stops there.
+                            let (slot, credited, ..) = active[0];
+                            reached.push((slot, hi * block_size, credited));
+                            return;
                         }
                         // Then block by block from there (one block unless a run was not
                         // trusted on the way).
@@ -334,7 +364,7 @@ impl BlockIndex {
             pos = next;
             stride = JUMP;
         }
-        reached.extend(active.iter().map(|&(key, credited, _)| (key, blocks * block_size, credited)));
+        reached.extend(active.iter().map(|&(slot, credited, ..)| (slot, blocks * block_size, credited)));
     }
 
     /// Whether every active cache holds blocks `from + 1..=at` by a trusted run ending at `at`;
@@ -344,14 +374,14 @@ impl BlockIndex {
         chain: &mut Chain<'_>,
         at: usize,
         from: usize,
-        active: &mut SmallVec<[(u32, u64, u16); 4]>,
+        active: &mut SmallVec<[Active; 4]>,
         credit: &impl Fn(u16, usize) -> u64,
     ) -> Probe {
         let hash = chain.hash(at);
         let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
         let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
         let mut verdict = Probe::Spans;
-        for &(slot, _, epoch) in active.iter() {
+        for &(slot, _, epoch, _) in active.iter() {
             match holders.binary_search_by(|h| h.slot.cmp(&slot)) {
                 Err(_) => verdict = Probe::Absent,
                 Ok(i) => {
@@ -367,6 +397,7 @@ impl BlockIndex {
             for entry in active.iter_mut() {
                 let i = holders.binary_search_by(|h| h.slot.cmp(&entry.0)).expect("every cache spans");
                 entry.1 += credit(holders[i].tiers, at - from);
+                entry.3 = holders[i].ahead;
             }
         }
         verdict
@@ -378,16 +409,17 @@ impl BlockIndex {
         &self,
         chain: &mut Chain<'_>,
         at: usize,
-        active: &mut SmallVec<[(u32, u64, u16); 4]>,
+        active: &mut SmallVec<[Active; 4]>,
         credit: &impl Fn(u16, usize) -> u64,
         reached: &mut SmallVec<[(u32, usize, u64); 8]>,
     ) -> bool {
         let hash = chain.hash(at);
         let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
         let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
-        active.retain(|(slot, credited, _)| match holders.binary_search_by(|h| h.slot.cmp(slot)) {
+        active.retain(|(slot, credited, _, ahead)| match holders.binary_search_by(|h| h.slot.cmp(slot)) {
             Ok(i) => {
                 *credited += credit(holders[i].tiers, 1);
+                *ahead = holders[i].ahead;
                 true
             }
             Err(_) => {
@@ -492,13 +524,24 @@ impl BlockIndex {
         (hash >> 40) as usize % SHARDS
     }
 
-    /// Sets `key`'s entry for the block (adding the holder if new).
+    /// Sets the cache's entry for the block (adding the holder if new; an entry's hint only
+    /// grows).
     fn set_holder(&self, hash: u64, holder: Holder) {
         let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
         let holders = shard.entry(hash).or_default();
         match holders.binary_search_by(|h| h.slot.cmp(&holder.slot)) {
-            Ok(at) => holders[at] = holder,
+            Ok(at) => holders[at] = Holder { ahead: holders[at].ahead.max(holder.ahead), ..holder },
             Err(at) => holders.insert(at, holder),
+        }
+    }
+
+    /// The cache stored `ahead` blocks after the block (an event continuing from it): its hint
+    /// grows to that.
+    fn extend_ahead(&self, hash: u64, slot: u32, ahead: u32) {
+        let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
+        let Some(holders) = shard.get_mut(&hash) else { return };
+        if let Ok(at) = holders.binary_search_by(|h| h.slot.cmp(&slot)) {
+            holders[at].ahead = holders[at].ahead.max(ahead);
         }
     }
 
@@ -576,6 +619,10 @@ impl PromptHashes {
         self.chains.iter().find(|(l, _)| *l == layout).map_or(&[], |(_, hashes)| hashes)
     }
 }
+
+/// A cache still matching in a walk: its slot, its credit so far, its current epoch (once
+/// read), and the hint of the last holder entry read.
+type Active = (u32, u64, u16, u32);
 
 /// What a probe far ahead found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -59,7 +59,8 @@ impl InFlightBlocks {
                     // In flight means being prefilled on the GPU: the GPU tier (bit 0). Each
                     // request holds its prompt from the first block, so the held blocks are
                     // always whole chains: the run is the block's position, never stale.
-                    let holder = Holder { slot, tiers: 1, epoch: 0, run: (i + 1) as u32 };
+                    let ahead = (hashes.len() - 1 - i) as u32;
+                    let holder = Holder { slot, tiers: 1, epoch: 0, run: (i + 1) as u32, ahead };
                     self.index.set_holder(hash, holder);
                 }
             }
