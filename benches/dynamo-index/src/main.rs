@@ -23,7 +23,8 @@
 //! from tokens (each side hashes the prompt its own way) and from block hashes already
 //! computed; queries on two threads; heap bytes per block (a counting allocator).
 //!
-//! Env: `BENCH_QUERIES` (queries per kind, default 4000), `BENCH_TRACE`
+//! Env: `BENCH_ONLY=kvgate-apply` (only kvgate's events, for a profiler), `BENCH_QUERIES`
+//! (queries per kind, default 4000), `BENCH_TRACE`
 //! (default `../shared/traces/conversation_trace.jsonl` from the repository root).
 
 use std::alloc::{GlobalAlloc, Layout, System};
