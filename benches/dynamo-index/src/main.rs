@@ -23,7 +23,8 @@
 //! from tokens (each side hashes the prompt its own way) and from block hashes already
 //! computed; queries on two threads; heap bytes per block (a counting allocator).
 //!
-//! Env: `BENCH_QUERIES` (queries per kind, default 4000), `BENCH_TRACE`
+//! Env: `BENCH_ONLY=kvgate-apply` (only kvgate's events, for a profiler), `BENCH_QUERIES`
+//! (queries per kind, default 4000), `BENCH_TRACE`
 //! (default `../shared/traces/conversation_trace.jsonl` from the repository root).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -702,6 +703,17 @@ fn main() {
     match trace(&trace_path, n) {
         Some(stream) => streams.push(stream),
         None => println!("NOTE | no trace at {trace_path}: trace stream skipped |"),
+    }
+    // `BENCH_ONLY=kvgate-apply`: only kvgate's events (for a profiler).
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "kvgate-apply") {
+        for stream in &streams {
+            let (se, sb, re, rb) = apply_kvgate(stream, 1);
+            println!(
+                "APPLY | {} | kvgate BlockIndex | 1 thread(s) | store {:.0} K events/s = {:.2} M blocks/s | remove {:.0} K events/s = {:.2} M blocks/s |",
+                stream.name, se / 1e3, sb / 1e6, re / 1e3, rb / 1e6
+            );
+        }
+        return;
     }
     for stream in &streams {
         println!(

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use kvgate_index::{AccuracyChange, AccuracySample, BlockIndex, Namespace, PrefixMatch};
+use kvgate_index::{AccuracyChange, AccuracySample, BlockIndex, Namespace, PrefixMatch, PromptHashes};
 
 use crate::metrics::Metrics;
 use crate::usage::{usage_of_body, EngineUsage, StreamUsage};
@@ -34,16 +34,21 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    /// The prediction for `tokens` (in `namespace`) on `worker` from the model's exact index.
+    /// The prediction for `tokens` (in `namespace`; `hashes`: their block hashes, when the
+    /// decision computed them) on `worker` from the model's exact index.
     pub(crate) fn predict(
         index: &BlockIndex,
         tokens: &[u32],
         namespace: Namespace<'_>,
+        hashes: Option<&PromptHashes>,
         worker: u32,
         exact: bool,
     ) -> Probe {
         let mut matched = PrefixMatch::default();
-        index.overlap(tokens, namespace, &mut matched);
+        match hashes {
+            Some(hashes) => index.overlap_hashed(hashes, &mut matched),
+            None => index.overlap(tokens, namespace, &mut matched),
+        }
         let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Probe {
             prompt_tokens: clamp(tokens.len()),

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use crate::block::{BlockIndex, Namespace};
+use crate::block::{BlockIndex, Namespace, PromptHashes};
 use crate::{PrefixMatch, TenantId, TextTree, TokenTree};
 
 /// Which index answered a prefix query.
@@ -189,7 +189,7 @@ impl PrefixIndex for BlockIndex {
         now_ms: u64,
         choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
     ) -> Option<TenantId> {
-        NamespacedExact { exact: self, namespace: Namespace::BASE }.route(key, now_ms, choose)
+        NamespacedExact { exact: self, namespace: Namespace::BASE, hashes: None }.route(key, now_ms, choose)
     }
 
     fn tenant_size(&self, tenant: TenantId) -> usize {
@@ -203,6 +203,9 @@ impl PrefixIndex for BlockIndex {
 pub struct NamespacedExact<'a> {
     pub exact: &'a BlockIndex,
     pub namespace: Namespace<'a>,
+    /// The prompt's block hashes in `namespace`, when the host computed them already
+    /// ([`BlockIndex::prompt_hashes`], so it hashes a prompt once for several uses).
+    pub hashes: Option<&'a PromptHashes>,
 }
 
 impl PrefixIndex for NamespacedExact<'_> {
@@ -217,8 +220,10 @@ impl PrefixIndex for NamespacedExact<'_> {
         choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
     ) -> Option<TenantId> {
         let mut matched = PrefixMatch::default();
-        if let PromptKey::Tokens(ids) = key {
-            self.exact.overlap(ids, self.namespace, &mut matched);
+        match (key, self.hashes) {
+            (PromptKey::Tokens(_), Some(hashes)) => self.exact.overlap_hashed(hashes, &mut matched),
+            (PromptKey::Tokens(ids), None) => self.exact.overlap(ids, self.namespace, &mut matched),
+            _ => {}
         }
         choose(&matched)
     }
@@ -235,6 +240,8 @@ pub struct ExactRecordingTree<'a> {
     pub exact: &'a BlockIndex,
     /// The request's namespace in the exact index.
     pub namespace: Namespace<'a>,
+    /// As [`NamespacedExact::hashes`].
+    pub hashes: Option<&'a PromptHashes>,
     pub tree: &'a ApproxIndex,
 }
 
@@ -249,8 +256,8 @@ impl PrefixIndex for ExactRecordingTree<'_> {
         now_ms: u64,
         choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
     ) -> Option<TenantId> {
-        let chosen =
-            NamespacedExact { exact: self.exact, namespace: self.namespace }.route(key, now_ms, choose);
+        let chosen = NamespacedExact { exact: self.exact, namespace: self.namespace, hashes: self.hashes }
+            .route(key, now_ms, choose);
         if let Some(tenant) = chosen {
             self.tree.record(key, tenant, now_ms);
         }

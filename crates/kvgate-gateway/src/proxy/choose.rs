@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use kvgate_index::{
     choose_index, prompt_blocks, prompt_hash, ExactRecordingTree, IndexInputs, Namespace, NamespacedExact,
-    PeerMerged, PromptBlocks, ReadOnlyTree,
+    PeerMerged, PromptBlocks, PromptHashes, ReadOnlyTree,
 };
 use kvgate_policy::{
     admit_under_overload, Admitted, Candidate, Candidates, Decision, IndexKind, PdPath, PrefixIndex,
@@ -24,6 +24,10 @@ use crate::replica_sync::Routed;
 use crate::state::AppState;
 use crate::worker::Worker;
 
+/// A worker chosen, its decision, and the prompt's block hashes when the decision consulted the
+/// exact index (hashed once, for the query, the closed loop's probe and the in-flight record).
+pub(super) type Chosen = (Arc<Worker>, Decision, Option<PromptHashes>);
+
 /// Ask the pool's policy for a routable worker that has not been tried yet. Candidates count
 /// the peers' requests in flight as well as this replica's; ties are broken by an RNG seeded
 /// from the prompt, so replicas with the same state decide alike.
@@ -34,7 +38,7 @@ pub(super) fn choose(
     namespace: Namespace<'_>,
     tried: &[u32],
     planning: Planning,
-) -> Result<(Arc<Worker>, Decision), NoChoice> {
+) -> Result<Chosen, NoChoice> {
     let (offered, events_flowing) = candidates(state, pool, tried);
     let offered = match admit_under_overload(
         &offered,
@@ -53,13 +57,19 @@ pub(super) fn choose(
     let candidates = Candidates::new(&offered).map_err(|_| NoChoice::NoWorker)?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
-    let decision = select(state, pool, request, namespace, candidates, index, planning, peers.as_ref())
-        .ok_or(NoChoice::NoWorker)?;
+    let hashes = match (index, request.key) {
+        (IndexKind::Exact, RoutingKey::Tokens(tokens)) => {
+            Some(pool.prefix.exact.prompt_hashes(tokens, namespace))
+        }
+        _ => None,
+    };
+    let inputs = SelectInputs { namespace, hashes: hashes.as_ref(), index, planning, peers: peers.as_ref() };
+    let decision = select(state, pool, request, candidates, inputs).ok_or(NoChoice::NoWorker)?;
     let worker = pool.workers.iter().find(|w| w.id == decision.worker).ok_or(NoChoice::NoWorker)?.clone();
     if planning == Planning::Live {
         record(state, pool, &worker, &decision, peers);
     }
-    Ok((worker, decision))
+    Ok((worker, decision, hashes))
 }
 
 /// Why a pool offered no worker.
@@ -124,22 +134,30 @@ fn peer_blocks(
     Some(prompt_blocks(request.key.prompt()?, pool.prefix.tree.block_size()))
 }
 
+/// What a decision matches on: the request's namespace and, on the exact index, its prompt's
+/// hashes; the index chosen; live or dry run; the peers' blocks (replica sync).
+struct SelectInputs<'a> {
+    namespace: Namespace<'a>,
+    hashes: Option<&'a PromptHashes>,
+    index: IndexKind,
+    planning: Planning,
+    peers: Option<&'a PromptBlocks>,
+}
+
 /// The policy's decision on `candidates`, matching on the chosen index: live plans record the
 /// choice in it (the tree learns it; the exact index routes and the tree learns it too, so the
 /// fallback stays warm); dry runs only read.
-#[allow(clippy::too_many_arguments, reason = "the decision's inputs, each used once")]
 fn select(
     state: &AppState,
     pool: &ModelPool,
     request: &RouteRequest<'_>,
-    namespace: Namespace<'_>,
     candidates: Candidates<'_>,
-    index: IndexKind,
-    planning: Planning,
-    peers: Option<&PromptBlocks>,
+    inputs: SelectInputs<'_>,
 ) -> Option<Decision> {
-    let recording = ExactRecordingTree { exact: &pool.prefix.exact, namespace, tree: &pool.prefix.tree };
-    let exact = NamespacedExact { exact: &pool.prefix.exact, namespace };
+    let SelectInputs { namespace, hashes, index, planning, peers } = inputs;
+    let recording =
+        ExactRecordingTree { exact: &pool.prefix.exact, namespace, hashes, tree: &pool.prefix.tree };
+    let exact = NamespacedExact { exact: &pool.prefix.exact, namespace, hashes };
     let read_only = ReadOnlyTree(&pool.prefix.tree);
     let local: &dyn PrefixIndex = match (index, planning) {
         (IndexKind::Exact, Planning::Live) => &recording,

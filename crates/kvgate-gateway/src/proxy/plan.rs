@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvgate_index::{InFlightPrompt, Namespace};
+use kvgate_index::{InFlightPrompt, Namespace, PromptHashes};
 use kvgate_policy::{
     cached_tokens, Decision, IndexKind, PdChoice, PdInputs, PdPath, PdRule, RouteRequest, RoutingKey,
 };
@@ -204,6 +204,8 @@ pub(super) struct Pick {
     pub worker: Arc<Worker>,
     pub decision: Decision,
     pub pool: Arc<ModelPool>,
+    /// The prompt's block hashes, when the decision matched on the exact index.
+    pub hashes: Option<PromptHashes>,
 }
 
 impl Pick {
@@ -215,7 +217,9 @@ impl Pick {
             return None;
         }
         let exact = self.decision.index == Some(IndexKind::Exact);
-        let probe = Probe::predict(&self.pool.prefix.exact, tokens, namespace, self.decision.worker, exact);
+        let index = &self.pool.prefix.exact;
+        let probe =
+            Probe::predict(index, tokens, namespace, self.hashes.as_ref(), self.decision.worker, exact);
         Some(Probe { model_window: Some(self.pool.prefix.accuracy.clone()), ..probe })
     }
 
@@ -227,10 +231,14 @@ impl Pick {
         namespace: Namespace<'_>,
     ) -> Option<(Arc<ModelPrefix>, InFlightPrompt)> {
         match (self.decision.index, request.key) {
-            (Some(IndexKind::Exact), RoutingKey::Tokens(tokens)) => Some((
-                self.pool.prefix.clone(),
-                self.pool.prefix.in_flight.add(self.decision.worker, tokens, namespace),
-            )),
+            (Some(IndexKind::Exact), RoutingKey::Tokens(tokens)) => {
+                let in_flight = &self.pool.prefix.in_flight;
+                let prompt = match &self.hashes {
+                    Some(hashes) => in_flight.add_hashed(self.decision.worker, hashes),
+                    None => in_flight.add(self.decision.worker, tokens, namespace),
+                };
+                Some((self.pool.prefix.clone(), prompt))
+            }
             _ => None,
         }
     }
@@ -273,10 +281,10 @@ fn pick(
         if planning == Planning::Live && pool.role == crate::role::WorkerRole::Regular {
             state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision, PdPath::Pair);
         }
-        return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone() });
+        return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone(), hashes: None });
     }
     super::choose::choose(state, pool, request, namespace, tried, planning)
-        .map(|(worker, decision)| Pick { worker, decision, pool: pool.clone() })
+        .map(|(worker, decision, hashes)| Pick { worker, decision, pool: pool.clone(), hashes })
         .map_err(|no_choice| {
             let side = match pool.role {
                 crate::role::WorkerRole::Regular => String::new(),

@@ -60,32 +60,37 @@ pub enum ApplyError {
     OverCapacity { held: usize, adding: usize, max: usize },
 }
 
+/// One engine block this cache holds: its content, the tiers holding it, and what the index's
+/// run of its content rests on. Keyed by the engine's hash, so a store writes one entry here and
+/// one holder in the shared index (a separate map by content cost a third write per block).
 #[derive(Clone, Copy, Debug)]
 struct EngineBlock {
     content: u64,
+    /// The parent's engine hash (same group), when `has_parent`.
+    parent: u64,
     /// One bit per residency holding the block.
     tiers: u16,
+    /// The epoch `run` was computed in (as in the index's holder entry).
+    epoch: u16,
+    /// The parent's epoch when this block counted itself among its children (so a later
+    /// block under the parent's hash is not debited for it).
+    parent_epoch: u16,
+    has_parent: bool,
+    run: u32,
+    /// Engine blocks of this cache whose parent is this one (counted while both are held).
+    children: u32,
 }
 
 /// The engine blocks of one KV-cache group, by engine hash.
 type Group = IntMap<u64, EngineBlock>;
 
-/// How many engine blocks of this cache name one content (more than one is rare: an engine
-/// hash reused, or keys kvgate does not model), the tiers they hold it in together, and what
-/// the index's run of this block rests on.
+/// A content named by more than one engine block of this cache (rare: an engine hash reused,
+/// or keys kvgate does not model): how many beyond the first, and the tiers of them together
+/// (only added to until the content is named once again).
 #[derive(Clone, Copy, Debug)]
-struct ContentRef {
-    refs: u32,
+struct Shared {
+    extra: u32,
     tiers: u16,
-    /// The epoch `run` was computed in (as in the index's holder entry).
-    epoch: u16,
-    run: u32,
-    /// Contents this cache holds whose parent is this one (counted while both are held).
-    children: u32,
-    /// The parent's content hash, and the parent's epoch when this block counted itself among
-    /// its children (so a later holder of the parent's hash is not debited for it).
-    parent: u64,
-    parent_epoch: u16,
 }
 
 /// One block as [`CacheBlocks::holdings`] lists it.
@@ -105,8 +110,13 @@ pub struct CacheBlocks {
     index: Arc<BlockIndex>,
     id: CacheId,
     key: u64,
+    /// The cache's slot in the index (what its holder entries carry).
+    pub(crate) slot: u32,
     groups: SmallVec<[(u32, Group); 1]>,
-    contents: IntMap<u64, ContentRef>,
+    /// Distinct contents held.
+    distinct: usize,
+    /// Contents named by more than one engine block.
+    shared: IntMap<u64, Shared>,
     /// Tier copies named for blocks this cache does not hold (yet): an offload placeholder for
     /// a hash whose own store is missing. A later store of the hash picks them up.
     pending: HashMap<(u32, u64), u16>,
@@ -122,13 +132,16 @@ impl CacheBlocks {
     /// The writer for cache `id` of `index`. Two writers for one cache would fight: keep one.
     pub fn new(index: Arc<BlockIndex>, id: CacheId) -> Self {
         // A writer after an earlier one for the same cache carries on its epochs.
-        let epoch = index.epoch_of(id.key()).min(EPOCH_LIMIT - 1);
+        let slot = index.slot_of(id.key());
+        let epoch = index.epoch_of(slot).min(EPOCH_LIMIT - 1);
         Self {
             index,
             id,
             key: id.key(),
+            slot,
             groups: SmallVec::new(),
-            contents: IntMap::default(),
+            distinct: 0,
+            shared: IntMap::default(),
             pending: HashMap::new(),
             bits: Vec::new(),
             max_blocks: usize::MAX,
@@ -153,11 +166,11 @@ impl CacheBlocks {
 
     /// Distinct blocks (by content) this cache holds.
     pub fn len(&self) -> usize {
-        self.contents.len()
+        self.distinct
     }
 
     pub fn is_empty(&self) -> bool {
-        self.contents.is_empty()
+        self.distinct == 0
     }
 
     /// kvgate's content hash of an engine block this cache holds.
@@ -214,6 +227,7 @@ impl CacheBlocks {
             });
         };
         let group = stored.group;
+        let root = stored.parent_block_hash.is_none();
         let mut parent = match stored.parent_block_hash {
             None => ChainRoot { namespace: stored.namespace, group, lookahead: lookahead as u32 }.hash(),
             Some(engine_hash) => match self.content_of(group, engine_hash) {
@@ -221,6 +235,7 @@ impl CacheBlocks {
                 None => return Err(ApplyError::UnknownParent(engine_hash)),
             },
         };
+        let continues = (!root).then_some(parent);
         if self.len().saturating_add(blocks) > self.max_blocks {
             let held_group = self.group(group);
             let adding = stored
@@ -237,12 +252,15 @@ impl CacheBlocks {
             return Err(ApplyError::TooManyLayouts { got: layout });
         }
         let bit = self.bit(stored.residency);
+        let mut parent_engine = stored.parent_block_hash;
         for (i, &engine_hash) in stored.block_hashes.iter().enumerate() {
             let tokens = &stored.token_ids[i * block_size..(i + 1) * block_size];
             let after = &stored.lookahead[i * lookahead..(i + 1) * lookahead];
             let opaque = stored.opaque.get(i).copied().unwrap_or(0);
             let content = block_content(parent, tokens, after, opaque);
-            let parent_content = std::mem::replace(&mut parent, content);
+            parent = content;
+            let up = parent_engine.replace(engine_hash);
+            let ahead = (blocks - 1 - i) as u32;
             match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
                 Some(block) if block.content == content => {
                     self.set_tiers(group, engine_hash, block.tiers | bit)
@@ -250,13 +268,19 @@ impl CacheBlocks {
                 Some(_) => {
                     // The engine reused a hash for other content: the old block is gone.
                     self.forget(group, engine_hash);
-                    self.hold(group, engine_hash, content, parent_content, bit);
+                    self.hold(group, engine_hash, content, up, bit, ahead);
                 }
                 None => {
-                    let tiers = bit | self.pending.remove(&(group, engine_hash)).unwrap_or(0);
-                    self.hold(group, engine_hash, content, parent_content, tiers);
+                    let pending = match self.pending.is_empty() {
+                        true => 0,
+                        false => self.pending.remove(&(group, engine_hash)).unwrap_or(0),
+                    };
+                    self.hold(group, engine_hash, content, up, bit | pending, ahead);
                 }
             }
+        }
+        if let Some(parent) = continues.filter(|_| blocks > 0) {
+            self.index.extend_ahead(parent, self.slot, blocks as u32);
         }
         self.index.set_size(self.key, self.len());
         Ok(())
@@ -279,8 +303,13 @@ impl CacheBlocks {
     pub fn apply_removed(&mut self, group: u32, block_hashes: &[u64], residency: &Residency) -> usize {
         let bit = self.bit(residency);
         let mut unknown = 0;
+        // Blocks leaving with children still held wait for the end of the event: engines list a
+        // chain's blocks parent first or leaf first, and taken leaf first no run through them
+        // is broken, so the cache's epoch (every run it has) survives a chain's eviction.
+        let mut deferred: SmallVec<[u64; 32]> = SmallVec::new();
         for &engine_hash in block_hashes {
             match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
+                Some(block) if block.tiers & !bit == 0 && block.children > 0 => deferred.push(engine_hash),
                 Some(block) if block.tiers & !bit == 0 => self.forget(group, engine_hash),
                 Some(block) => self.set_tiers(group, engine_hash, block.tiers & !bit),
                 None => match self.pending.get_mut(&(group, engine_hash)) {
@@ -294,6 +323,9 @@ impl CacheBlocks {
                 },
             }
         }
+        for &engine_hash in deferred.iter().rev() {
+            self.forget(group, engine_hash);
+        }
         self.index.set_size(self.key, self.len());
         unknown
     }
@@ -301,12 +333,15 @@ impl CacheBlocks {
     /// Forgets every block of this cache (`AllBlocksCleared`, an engine restart, a gap replay
     /// could not fill).
     pub fn clear(&mut self) {
-        for &content in self.contents.keys() {
-            self.index.remove_holder(content, self.key);
+        for (_, blocks) in &self.groups {
+            for block in blocks.values() {
+                self.index.remove_holder(block.content, self.slot);
+            }
         }
         self.groups.clear();
-        self.contents.clear();
+        self.shared.clear();
         self.pending.clear();
+        self.distinct = 0;
         self.index.set_size(self.key, 0);
     }
 
@@ -314,64 +349,63 @@ impl CacheBlocks {
         self.groups.iter().find(|(idx, _)| *idx == group).map(|(_, blocks)| blocks)
     }
 
-    fn group_mut(&mut self, group: u32) -> &mut Group {
-        let at = match self.groups.iter().position(|(idx, _)| *idx == group) {
-            Some(at) => at,
-            None => {
-                self.groups.push((group, Group::default()));
-                self.groups.len() - 1
-            }
-        };
-        &mut self.groups[at].1
-    }
-
-    fn hold(&mut self, group: u32, engine_hash: u64, content: u64, parent: u64, tiers: u16) {
-        self.group_mut(group).insert(engine_hash, EngineBlock { content, tiers });
-        if let Some(entry) = self.contents.get_mut(&content) {
-            // Another engine hash for a content held already.
-            let before = entry.tiers;
-            entry.refs += 1;
-            entry.tiers |= tiers;
-            let after = entry.tiers;
-            self.tiers_changed(content, before, after);
-            return;
-        }
-        let weight = best_weight(&self.bits, tiers);
-        let (run, parent_epoch) = match self.contents.get_mut(&parent) {
+    /// Holds a new engine block (its hash not held in `group`), under the engine block `parent`.
+    /// `ahead`: blocks of its event after it (the holder's hint).
+    fn hold(
+        &mut self,
+        group: u32,
+        engine_hash: u64,
+        content: u64,
+        parent: Option<u64>,
+        tiers: u16,
+        ahead: u32,
+    ) {
+        let (bits, epoch) = (&self.bits, self.epoch);
+        let weight = best_weight(bits, tiers);
+        let blocks = group_of(&mut self.groups, group);
+        let (run, parent_epoch) = match parent.and_then(|up| blocks.get_mut(&up)) {
             Some(up) => {
                 up.children += 1;
-                let extends = up.epoch == self.epoch && best_weight(&self.bits, up.tiers) == weight;
+                let extends = up.epoch == epoch && best_weight(bits, up.tiers) == weight;
                 (if extends { up.run.saturating_add(1) } else { 1 }, up.epoch)
             }
             None => (1, 0),
         };
-        let entry = ContentRef { refs: 1, tiers, epoch: self.epoch, run, children: 0, parent, parent_epoch };
-        self.contents.insert(content, entry);
-        self.index.set_holder(content, self.holder(entry));
-    }
-
-    fn holder(&self, entry: ContentRef) -> Holder {
-        Holder { key: self.key, tiers: entry.tiers, epoch: entry.epoch, run: entry.run }
-    }
-
-    /// A held content's tiers went from `before` to `after`. Queries read a holder's best tier
-    /// weight only: a copy in a slower tier next to a GPU copy (every offloaded block) changes
-    /// nothing there, and costs no shard write. A changed weight ends the runs through this
-    /// block (a new epoch when it has children) and restarts its own.
-    fn tiers_changed(&mut self, content: u64, before: u16, after: u16) {
-        if best_weight(&self.bits, before) == best_weight(&self.bits, after) {
+        let block = EngineBlock {
+            content,
+            parent: parent.unwrap_or(0),
+            tiers,
+            epoch,
+            parent_epoch,
+            has_parent: parent.is_some(),
+            run,
+            children: 0,
+        };
+        blocks.insert(engine_hash, block);
+        let Some(held) =
+            self.index.insert_holder(content, Holder { slot: self.slot, tiers, epoch, run, ahead })
+        else {
+            self.distinct += 1;
             return;
+        };
+        // Another engine block of this cache names this content already: the holder keeps its
+        // run and gains the tiers. (A run through this content vouches for the engine blocks'
+        // own tiers, which the holder's include, so it never credits more than they hold.)
+        let shared = self.shared.entry(content).or_insert(Shared { extra: 0, tiers: held.tiers });
+        shared.extra += 1;
+        let before = shared.tiers;
+        shared.tiers |= tiers;
+        let after = shared.tiers;
+        self.holder_weight_changed(content, before, after);
+    }
+
+    /// The holder of a content named by several engine blocks gained tiers: when its weight
+    /// changed, its run restarts at the new weight.
+    fn holder_weight_changed(&mut self, content: u64, before: u16, after: u16) {
+        if best_weight(&self.bits, before) != best_weight(&self.bits, after) {
+            let holder = Holder { slot: self.slot, tiers: after, epoch: self.epoch, run: 1, ahead: 0 };
+            self.index.set_holder(content, holder);
         }
-        let has_children = self.contents.get(&content).is_some_and(|entry| entry.children > 0);
-        if has_children {
-            self.next_epoch();
-        }
-        let epoch = self.epoch;
-        let Some(entry) = self.contents.get_mut(&content) else { return };
-        entry.run = 1;
-        entry.epoch = epoch;
-        let entry = *entry;
-        self.index.set_holder(content, self.holder(entry));
     }
 
     /// Starts a new epoch: every run computed so far stops counting. Published before the change
@@ -380,62 +414,88 @@ impl CacheBlocks {
     fn next_epoch(&mut self) {
         if self.epoch + 1 < EPOCH_LIMIT {
             self.epoch += 1;
-            self.index.set_epoch(self.key, self.epoch);
+            self.index.set_epoch(self.slot, self.epoch);
             return;
         }
-        self.index.set_epoch(self.key, EPOCH_UNTRUSTED);
+        self.index.set_epoch(self.slot, EPOCH_UNTRUSTED);
         self.epoch = 0;
-        let mut children: IntMap<u64, u32> = IntMap::default();
-        for entry in self.contents.values() {
-            *children.entry(entry.parent).or_insert(0) += 1;
+        let (index, shared, slot) = (&self.index, &self.shared, self.slot);
+        for (_, blocks) in self.groups.iter_mut() {
+            let mut children: IntMap<u64, u32> = IntMap::default();
+            for block in blocks.values().filter(|block| block.has_parent) {
+                *children.entry(block.parent).or_insert(0) += 1;
+            }
+            for (engine_hash, block) in blocks.iter_mut() {
+                block.run = 1;
+                block.epoch = 0;
+                block.parent_epoch = 0;
+                block.children = children.get(engine_hash).copied().unwrap_or(0);
+                let tiers = shared.get(&block.content).map_or(block.tiers, |shared| shared.tiers);
+                index.set_holder(block.content, Holder { slot, tiers, epoch: 0, run: 1, ahead: 0 });
+            }
         }
-        let contents: Vec<u64> = self.contents.keys().copied().collect();
-        for content in contents {
-            let Some(entry) = self.contents.get_mut(&content) else { continue };
-            entry.run = 1;
-            entry.epoch = 0;
-            entry.parent_epoch = 0;
-            entry.children = children.get(&content).copied().unwrap_or(0);
-            let entry = *entry;
-            self.index.set_holder(content, self.holder(entry));
-        }
-        self.index.set_epoch(self.key, 0);
+        self.index.set_epoch(self.slot, 0);
     }
 
-    /// Sets a held block's tiers (never empty: a block no tier holds is forgotten).
+    /// Sets a held block's tiers (never empty: a block no tier holds is forgotten). Queries read
+    /// a holder's best tier weight only: a copy in a slower tier next to a GPU copy (every
+    /// offloaded block) changes nothing there, and costs no shard write. A changed weight ends
+    /// the runs through this block (a new epoch when it has children) and restarts its own.
     fn set_tiers(&mut self, group: u32, engine_hash: u64, tiers: u16) {
-        let blocks = self.group_mut(group);
-        let Some(block) = blocks.get_mut(&engine_hash) else { return };
-        block.tiers = tiers;
-        let content = block.content;
-        let Some(entry) = self.contents.get_mut(&content) else { return };
-        // One engine block per content (the rule): its tiers are the content's. With more
-        // (rare), tiers are only added until the others are gone.
-        let before = entry.tiers;
-        entry.tiers = if entry.refs == 1 { tiers } else { entry.tiers | tiers };
-        let after = entry.tiers;
-        self.tiers_changed(content, before, after);
+        let bits = &self.bits;
+        let Some(block) = group_of(&mut self.groups, group).get_mut(&engine_hash) else { return };
+        let before = std::mem::replace(&mut block.tiers, tiers);
+        let (content, children) = (block.content, block.children);
+        let changed = best_weight(bits, before) != best_weight(bits, tiers);
+        if changed {
+            if children > 0 {
+                self.next_epoch();
+            }
+            let epoch = self.epoch;
+            if let Some(block) = group_of(&mut self.groups, group).get_mut(&engine_hash) {
+                block.run = 1;
+                block.epoch = epoch;
+            }
+        }
+        match self.shared.get_mut(&content) {
+            Some(shared) => {
+                let before = shared.tiers;
+                shared.tiers |= tiers;
+                let after = shared.tiers;
+                self.holder_weight_changed(content, before, after);
+            }
+            None if changed => {
+                let holder = Holder { slot: self.slot, tiers, epoch: self.epoch, run: 1, ahead: 0 };
+                self.index.set_holder(content, holder);
+            }
+            None => {}
+        }
     }
 
     fn forget(&mut self, group: u32, engine_hash: u64) {
-        let Some(block) = self.group_mut(group).remove(&engine_hash) else { return };
-        let Some(entry) = self.contents.get_mut(&block.content) else { return };
-        entry.refs -= 1;
-        if entry.refs > 0 {
-            return;
+        let blocks = group_of(&mut self.groups, group);
+        let Some(block) = blocks.remove(&engine_hash) else { return };
+        if block.has_parent {
+            if let Some(up) = blocks.get_mut(&block.parent) {
+                if up.epoch == block.parent_epoch {
+                    up.children = up.children.saturating_sub(1);
+                }
+            }
         }
-        let entry = *entry;
-        if entry.children > 0 {
+        if block.children > 0 {
             // Runs through this block would claim it after it is gone.
             self.next_epoch();
         }
-        if let Some(up) = self.contents.get_mut(&entry.parent) {
-            if up.epoch == entry.parent_epoch {
-                up.children = up.children.saturating_sub(1);
+        if let Some(shared) = self.shared.get_mut(&block.content) {
+            // Another engine block still names the content.
+            shared.extra -= 1;
+            if shared.extra == 0 {
+                self.shared.remove(&block.content);
             }
+            return;
         }
-        self.contents.remove(&block.content);
-        self.index.remove_holder(block.content, self.key);
+        self.distinct -= 1;
+        self.index.remove_holder(block.content, self.slot);
     }
 
     /// The index's bit for a residency, cached by this writer.
@@ -448,6 +508,18 @@ impl CacheBlocks {
         self.bits.push((residency.clone(), bit, weight));
         bit
     }
+}
+
+/// The blocks of `group`, created empty on first use.
+fn group_of(groups: &mut SmallVec<[(u32, Group); 1]>, group: u32) -> &mut Group {
+    let at = match groups.iter().position(|(idx, _)| *idx == group) {
+        Some(at) => at,
+        None => {
+            groups.push((group, Group::default()));
+            groups.len() - 1
+        }
+    };
+    &mut groups[at].1
 }
 
 /// The best weight among `tiers` (the bits a writer interned).

@@ -34,7 +34,7 @@ mod pending;
 mod residency;
 
 use std::collections::HashMap;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use nohash_hasher::IntMap;
 use smallvec::SmallVec;
@@ -84,16 +84,23 @@ const MAX_RESIDENCIES: usize = 16;
 
 /// One cache holding a block, with the tiers it holds it in (one bit per interned residency).
 /// Queries use only the best weight among them, so a writer updates the mask when that weight
-/// changes: it may lag behind a slower tier added or removed next to a faster one.
+/// changes: it may lag behind a slower tier added or removed next to a faster one. A
+/// block held by one cache keeps its holder inline in the shard's entry (16 bytes: the width of
+/// the pointer and length it shares the entry with when spilled).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Holder {
-    pub(crate) key: u64,
+    /// The cache's slot ([`BlockIndex::slot_of`]).
+    pub(crate) slot: u32,
     pub(crate) tiers: u16,
     /// The cache's epoch when `run` was computed: the run holds only while it is current.
     pub(crate) epoch: u16,
     /// Blocks of the chain ending here (this one included) the cache holds at this block's
     /// tier weight.
     pub(crate) run: u32,
+    /// A hint, never trusted alone: how many blocks after this one the cache stored along one
+    /// chain from it (to the end of the event, or of the event continuing from it). A query
+    /// probes there first when it looks for where a match ends.
+    pub(crate) ahead: u32,
 }
 
 /// How far ahead a query first probes (then doubling while probes succeed).
@@ -102,8 +109,8 @@ const JUMP: usize = if cfg!(test) { 2 } else { 32 };
 /// The epoch no holder carries: set while a cache's entries are being renumbered.
 pub(crate) const EPOCH_UNTRUSTED: u16 = u16::MAX;
 
-/// Caches holding one block, sorted by [`CacheId::key`].
-type Holders = SmallVec<[Holder; 2]>;
+/// Caches holding one block, sorted by slot.
+type Holders = SmallVec<[Holder; 1]>;
 /// Block content hashes are well mixed already: no hashing of the key.
 type Shard = IntMap<u64, Holders>;
 
@@ -124,8 +131,19 @@ pub struct BlockIndex {
     tier_weights: TierWeights,
     /// Distinct blocks held per cache key, refreshed after every applied event.
     sizes: Mutex<HashMap<u64, usize>>,
-    /// Each cache's current epoch (absent: 0).
-    epochs: RwLock<IntMap<u64, u16>>,
+    /// The caches' slots and current epochs.
+    caches: RwLock<CacheTable>,
+}
+
+/// Every cache the index has seen, by slot (a small number its holder entries carry instead of
+/// the 8-byte [`CacheId::key`]), with its current epoch. Slots are never reused: a cache that
+/// comes back gets its old one.
+#[derive(Debug, Default)]
+struct CacheTable {
+    slots: IntMap<u64, u32>,
+    /// Per slot: the cache's key, and its current epoch.
+    keys: Vec<u64>,
+    epochs: Vec<u16>,
 }
 
 impl Default for BlockIndex {
@@ -149,7 +167,7 @@ impl BlockIndex {
             tiers: RwLock::new(tiers),
             tier_weights,
             sizes: Mutex::new(HashMap::new()),
-            epochs: RwLock::new(IntMap::default()),
+            caches: RwLock::new(CacheTable::default()),
         }
     }
 
@@ -210,12 +228,22 @@ impl BlockIndex {
         out.reset(query_len);
         let tiers = self.tiers.read().unwrap_or_else(|p| p.into_inner());
         let weights = &tiers.weights;
-        // (cache key, tokens matched, credit) for every cache that matched anything.
-        let mut reached: SmallVec<[(u64, usize, u64); 8]> = SmallVec::new();
+        // (cache slot, tokens matched, credit) for every cache that matched anything.
+        let mut reached: SmallVec<[(u32, usize, u64); 8]> = SmallVec::new();
+        // Read once a walk needs the caches' epochs, or a cache matched.
+        let mut caches = None;
         for mut chain in chains {
-            self.walk(&mut chain, weights, &mut reached);
+            self.walk(&mut chain, weights, &mut caches, &mut reached);
         }
         drop(tiers);
+        if reached.is_empty() {
+            return;
+        }
+        let caches = caches.get_or_insert_with(|| self.caches.read().unwrap_or_else(|p| p.into_inner()));
+        let mut reached: SmallVec<[(u64, usize, u64); 8]> = reached
+            .iter()
+            .map(|&(slot, matched, credit)| (caches.keys[slot as usize], matched, credit))
+            .collect();
         // Per worker: the best cache (rank, layout) by matched tokens, then by credit.
         reached.sort_unstable_by_key(|a| a.0);
         for group in reached.chunk_by(|a, b| CacheId::worker_of(a.0) == CacheId::worker_of(b.0)) {
@@ -231,20 +259,27 @@ impl BlockIndex {
     }
 
     /// One layout's walk: appends (cache, matched tokens, credit) for every cache it reached.
-    fn walk(&self, chain: &mut Chain<'_>, weights: &[f64], reached: &mut SmallVec<[(u64, usize, u64); 8]>) {
+    fn walk<'s>(
+        &'s self,
+        chain: &mut Chain<'_>,
+        weights: &[f64],
+        caches: &mut Option<RwLockReadGuard<'s, CacheTable>>,
+        reached: &mut SmallVec<[(u32, usize, u64); 8]>,
+    ) {
         let (blocks, block_size) = (chain.blocks, chain.block_size);
         if blocks == 0 {
             return;
         }
         let credit =
             |tiers: u16, n: usize| credit_units(tier_weight(weights, tiers)) * (n * block_size) as u64;
-        // Caches still matching: (key, credit so far, current epoch once read).
-        let mut active: SmallVec<[(u64, u64, u16); 4]> = SmallVec::new();
+        // Caches still matching: (slot, credit so far, current epoch once read, the hint of the
+        // last holder entry read).
+        let mut active: SmallVec<[Active; 4]> = SmallVec::new();
         {
             let hash = chain.hash(0);
             let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
             let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
-            active.extend(holders.iter().map(|h| (h.key, credit(h.tiers, 1), EPOCH_UNTRUSTED)));
+            active.extend(holders.iter().map(|h| (h.slot, credit(h.tiers, 1), EPOCH_UNTRUSTED, h.ahead)));
         }
         // Every active cache holds blocks 0..=pos.
         let (mut pos, mut stride) = (0, JUMP);
@@ -253,9 +288,10 @@ impl BlockIndex {
             let next = (pos + stride).min(blocks - 1);
             if next - pos > 1 {
                 if !epochs_read {
-                    let epochs = self.epochs.read().unwrap_or_else(|p| p.into_inner());
+                    let caches =
+                        caches.get_or_insert_with(|| self.caches.read().unwrap_or_else(|p| p.into_inner()));
                     for entry in active.iter_mut() {
-                        entry.2 = epochs.get(&entry.0).copied().unwrap_or(0);
+                        entry.2 = caches.epochs[entry.0 as usize];
                     }
                     epochs_read = true;
                 }
@@ -267,8 +303,26 @@ impl BlockIndex {
                     }
                     Probe::Absent => {
                         // Some cache stops in (pos, next]: bisect to a block where not every
-                        // cache spans, with every cache spanning the block before it.
+                        // cache spans, with every cache spanning the block before it. `hi` is
+                        // always a block some cache lacks.
                         let (mut lo, mut hi) = (pos, next);
+                        // First where the caches' chains were stored to from `lo`: most
+                        // matches end at the end of a stored event.
+                        let guess = lo + active.iter().map(|a| a.3 as usize).min().unwrap_or(0);
+                        if guess > lo && guess < hi {
+                            match self.probe(chain, guess, lo, &mut active, &credit) {
+                                Probe::Spans => lo = guess,
+                                Probe::Absent => hi = guess,
+                                Probe::Unknown => {}
+                            }
+                            if lo == guess && guess + 1 < hi {
+                                match self.probe(chain, guess + 1, lo, &mut active, &credit) {
+                                    Probe::Spans => lo = guess + 1,
+                                    Probe::Absent => hi = guess + 1,
+                                    Probe::Unknown => {}
+                                }
+                            }
+                        }
                         while hi - lo > 1 {
                             let mid = lo + (hi - lo) / 2;
                             match self.probe(chain, mid, lo, &mut active, &credit) {
@@ -276,6 +330,12 @@ impl BlockIndex {
                                 Probe::Absent => hi = mid,
                                 Probe::Unknown => break,
                             }
+                        }
+                        if hi - lo == 1 && active.len() == 1 {
+                            // One cache, holding `lo` and lacking `hi`: it stops there.
+                            let (slot, credited, ..) = active[0];
+                            reached.push((slot, hi * block_size, credited));
+                            return;
                         }
                         // Then block by block from there (one block unless a run was not
                         // trusted on the way).
@@ -304,7 +364,7 @@ impl BlockIndex {
             pos = next;
             stride = JUMP;
         }
-        reached.extend(active.iter().map(|&(key, credited, _)| (key, blocks * block_size, credited)));
+        reached.extend(active.iter().map(|&(slot, credited, ..)| (slot, blocks * block_size, credited)));
     }
 
     /// Whether every active cache holds blocks `from + 1..=at` by a trusted run ending at `at`;
@@ -314,15 +374,15 @@ impl BlockIndex {
         chain: &mut Chain<'_>,
         at: usize,
         from: usize,
-        active: &mut SmallVec<[(u64, u64, u16); 4]>,
+        active: &mut SmallVec<[Active; 4]>,
         credit: &impl Fn(u16, usize) -> u64,
     ) -> Probe {
         let hash = chain.hash(at);
         let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
         let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
         let mut verdict = Probe::Spans;
-        for &(key, _, epoch) in active.iter() {
-            match holders.binary_search_by(|h| h.key.cmp(&key)) {
+        for &(slot, _, epoch, _) in active.iter() {
+            match holders.binary_search_by(|h| h.slot.cmp(&slot)) {
                 Err(_) => verdict = Probe::Absent,
                 Ok(i) => {
                     let h = holders[i];
@@ -335,8 +395,9 @@ impl BlockIndex {
         }
         if verdict == Probe::Spans {
             for entry in active.iter_mut() {
-                let i = holders.binary_search_by(|h| h.key.cmp(&entry.0)).expect("every cache spans");
+                let i = holders.binary_search_by(|h| h.slot.cmp(&entry.0)).expect("every cache spans");
                 entry.1 += credit(holders[i].tiers, at - from);
+                entry.3 = holders[i].ahead;
             }
         }
         verdict
@@ -348,20 +409,21 @@ impl BlockIndex {
         &self,
         chain: &mut Chain<'_>,
         at: usize,
-        active: &mut SmallVec<[(u64, u64, u16); 4]>,
+        active: &mut SmallVec<[Active; 4]>,
         credit: &impl Fn(u16, usize) -> u64,
-        reached: &mut SmallVec<[(u64, usize, u64); 8]>,
+        reached: &mut SmallVec<[(u32, usize, u64); 8]>,
     ) -> bool {
         let hash = chain.hash(at);
         let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
         let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
-        active.retain(|(key, credited, _)| match holders.binary_search_by(|h| h.key.cmp(key)) {
+        active.retain(|(slot, credited, _, ahead)| match holders.binary_search_by(|h| h.slot.cmp(slot)) {
             Ok(i) => {
                 *credited += credit(holders[i].tiers, 1);
+                *ahead = holders[i].ahead;
                 true
             }
             Err(_) => {
-                reached.push((*key, at * chain.block_size, *credited));
+                reached.push((*slot, at * chain.block_size, *credited));
                 false
             }
         });
@@ -386,13 +448,16 @@ impl BlockIndex {
     /// Every (block, holders) pair, sorted: for tests comparing indexes.
     pub fn dump(&self) -> Vec<(u64, Vec<CacheId>)> {
         let mut all: Vec<(u64, Vec<CacheId>)> = Vec::new();
+        let caches = self.caches.read().unwrap_or_else(|p| p.into_inner());
         for shard in self.shards.iter() {
             let shard = shard.read().unwrap_or_else(|p| p.into_inner());
             all.extend(shard.iter().map(|(&hash, holders)| {
-                let ids = holders
+                let mut ids: Vec<CacheId> = holders
                     .iter()
-                    .map(|h| CacheId { worker: CacheId::worker_of(h.key), rank: h.key as u32 })
+                    .map(|h| caches.keys[h.slot as usize])
+                    .map(|key| CacheId { worker: CacheId::worker_of(key), rank: key as u32 })
                     .collect();
+                ids.sort_unstable();
                 (hash, ids)
             }));
         }
@@ -451,41 +516,78 @@ impl BlockIndex {
         &self.shards[self.shard_of(hash)]
     }
 
-    /// The high bits pick the shard; the map inside uses the low bits.
+    /// Middle bits pick the shard: the map inside takes the bucket from the low bits and its
+    /// control byte from the top seven (hashbrown's `h2`). Picking shards by the top bits left
+    /// every key of a shard with one of two control bytes, so each probe compared about half a
+    /// group's keys, in different cache lines: 3-5x slower lookups (`benches/dynamo-index`).
     fn shard_of(&self, hash: u64) -> usize {
-        (hash >> 58) as usize % SHARDS
+        (hash >> 40) as usize % SHARDS
     }
 
-    /// Sets `key`'s entry for the block (adding the holder if new); true if it was new.
-    fn set_holder(&self, hash: u64, holder: Holder) -> bool {
+    /// Sets the cache's entry for the block (adding the holder if new; an entry's hint only
+    /// grows).
+    fn set_holder(&self, hash: u64, holder: Holder) {
         let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
         let holders = shard.entry(hash).or_default();
-        match holders.binary_search_by(|h| h.key.cmp(&holder.key)) {
-            Ok(at) => {
-                holders[at] = holder;
-                false
-            }
+        match holders.binary_search_by(|h| h.slot.cmp(&holder.slot)) {
+            Ok(at) => holders[at] = Holder { ahead: holders[at].ahead.max(holder.ahead), ..holder },
+            Err(at) => holders.insert(at, holder),
+        }
+    }
+
+    /// The cache stored `ahead` blocks after the block (an event continuing from it): its hint
+    /// grows to that.
+    fn extend_ahead(&self, hash: u64, slot: u32, ahead: u32) {
+        let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
+        let Some(holders) = shard.get_mut(&hash) else { return };
+        if let Ok(at) = holders.binary_search_by(|h| h.slot.cmp(&slot)) {
+            holders[at].ahead = holders[at].ahead.max(ahead);
+        }
+    }
+
+    /// Adds `holder` for the block unless its cache holds the block already: then returns the
+    /// entry it has, unchanged.
+    fn insert_holder(&self, hash: u64, holder: Holder) -> Option<Holder> {
+        let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
+        let holders = shard.entry(hash).or_default();
+        match holders.binary_search_by(|h| h.slot.cmp(&holder.slot)) {
+            Ok(at) => Some(holders[at]),
             Err(at) => {
                 holders.insert(at, holder);
-                true
+                None
             }
         }
     }
 
-    /// A cache's current epoch (0 for a cache never seen).
-    pub(crate) fn epoch_of(&self, key: u64) -> u16 {
-        self.epochs.read().unwrap_or_else(|p| p.into_inner()).get(&key).copied().unwrap_or(0)
+    /// The slot of cache `key`, given on first use (its epoch starts at 0).
+    pub(crate) fn slot_of(&self, key: u64) -> u32 {
+        if let Some(&slot) = self.caches.read().unwrap_or_else(|p| p.into_inner()).slots.get(&key) {
+            return slot;
+        }
+        let mut caches = self.caches.write().unwrap_or_else(|p| p.into_inner());
+        let next = caches.keys.len() as u32;
+        let slot = *caches.slots.entry(key).or_insert(next);
+        if slot == next {
+            caches.keys.push(key);
+            caches.epochs.push(0);
+        }
+        slot
+    }
+
+    /// A cache's current epoch.
+    pub(crate) fn epoch_of(&self, slot: u32) -> u16 {
+        self.caches.read().unwrap_or_else(|p| p.into_inner()).epochs[slot as usize]
     }
 
     /// Makes `epoch` the cache's current one: runs computed under another stop counting.
-    pub(crate) fn set_epoch(&self, key: u64, epoch: u16) {
-        self.epochs.write().unwrap_or_else(|p| p.into_inner()).insert(key, epoch);
+    pub(crate) fn set_epoch(&self, slot: u32, epoch: u16) {
+        self.caches.write().unwrap_or_else(|p| p.into_inner()).epochs[slot as usize] = epoch;
     }
 
-    fn remove_holder(&self, hash: u64, key: u64) {
+    fn remove_holder(&self, hash: u64, slot: u32) {
         let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
         if let Some(holders) = shard.get_mut(&hash) {
-            if let Ok(at) = holders.binary_search_by(|h| h.key.cmp(&key)) {
+            if let Ok(at) = holders.binary_search_by(|h| h.slot.cmp(&slot)) {
                 holders.remove(at);
             }
             if holders.is_empty() {
@@ -517,6 +619,10 @@ impl PromptHashes {
         self.chains.iter().find(|(l, _)| *l == layout).map_or(&[], |(_, hashes)| hashes)
     }
 }
+
+/// A cache still matching in a walk: its slot, its credit so far, its current epoch (once
+/// read), and the hint of the last holder entry read.
+type Active = (u32, u64, u16, u32);
 
 /// What a probe far ahead found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,15 +6,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::hash::{block_content, ChainRoot, Namespace};
-use super::{BlockIndex, CacheId, Holder, SHARDS};
+use super::hash::Namespace;
+use super::{BlockIndex, CacheId, Holder, PromptHashes, SHARDS};
 use crate::TenantId;
 
 /// The rank under which in-flight prompts are held (engines' own ranks are small numbers).
 pub const IN_FLIGHT_RANK: u32 = u32::MAX;
 
-/// Requests in flight per (block content hash, holder key).
-type Refs = HashMap<(u64, u64), u32>;
+/// Requests in flight per (block content hash, holder slot).
+type Refs = HashMap<(u64, u32), u32>;
 
 /// In-flight prompt blocks of one model, written into the model's [`BlockIndex`].
 #[derive(Debug)]
@@ -40,27 +40,27 @@ impl InFlightBlocks {
     /// held in GPU memory by `worker` until the returned prompt is removed. Nothing is added
     /// before the index knows a layout (no event seen yet).
     pub fn add(&self, worker: TenantId, tokens: &[u32], namespace: Namespace<'_>) -> InFlightPrompt {
-        let mut prompt = InFlightPrompt { worker, hashes: Vec::new() };
-        let key = Self::key(worker);
-        for layout in self.index.layouts() {
-            let (block_size, lookahead) = (layout.block_size as usize, layout.lookahead as usize);
-            let blocks = tokens.len().saturating_sub(lookahead) / block_size;
-            let mut parent = ChainRoot { namespace, group: 0, lookahead: layout.lookahead }.hash();
-            prompt.hashes.reserve(blocks);
-            for i in 0..blocks {
-                let start = i * block_size;
-                let after = &tokens[start + block_size..start + block_size + lookahead];
-                let hash = block_content(parent, &tokens[start..start + block_size], after, 0);
-                parent = hash;
+        self.add_hashed(worker, &self.index.prompt_hashes(tokens, namespace))
+    }
+
+    /// [`add`](Self::add) from the prompt's hashes ([`BlockIndex::prompt_hashes`]), when the
+    /// caller has them already (the gateway hashes a prompt once for its query and this).
+    pub fn add_hashed(&self, worker: TenantId, prompt_hashes: &PromptHashes) -> InFlightPrompt {
+        let slot = self.slot(worker);
+        let blocks = prompt_hashes.chains.iter().map(|(_, hashes)| hashes.len()).sum();
+        let mut prompt = InFlightPrompt { worker, hashes: Vec::with_capacity(blocks) };
+        for (_, hashes) in &prompt_hashes.chains {
+            for (i, &hash) in hashes.iter().enumerate() {
                 prompt.hashes.push(hash);
                 let mut refs = self.refs[self.index.shard_of(hash)].lock().unwrap_or_else(|p| p.into_inner());
-                let count = refs.entry((hash, key)).or_insert(0);
+                let count = refs.entry((hash, slot)).or_insert(0);
                 *count += 1;
                 if *count == 1 {
                     // In flight means being prefilled on the GPU: the GPU tier (bit 0). Each
                     // request holds its prompt from the first block, so the held blocks are
                     // always whole chains: the run is the block's position, never stale.
-                    let holder = Holder { key, tiers: 1, epoch: 0, run: (i + 1) as u32 };
+                    let ahead = (hashes.len() - 1 - i) as u32;
+                    let holder = Holder { slot, tiers: 1, epoch: 0, run: (i + 1) as u32, ahead };
                     self.index.set_holder(hash, holder);
                 }
             }
@@ -70,7 +70,7 @@ impl InFlightBlocks {
 
     /// The request ended: its blocks are the engine's to report from now on.
     pub fn remove(&self, prompt: InFlightPrompt) {
-        let key = Self::key(prompt.worker);
+        let key = self.slot(prompt.worker);
         for hash in prompt.hashes {
             let mut refs = self.refs[self.index.shard_of(hash)].lock().unwrap_or_else(|p| p.into_inner());
             if let Some(count) = refs.get_mut(&(hash, key)) {
@@ -85,7 +85,7 @@ impl InFlightBlocks {
 
     /// The worker left: drop its in-flight blocks (requests still running remove nothing more).
     pub fn remove_worker(&self, worker: TenantId) {
-        let key = Self::key(worker);
+        let key = self.slot(worker);
         for shard in self.refs.iter() {
             shard.lock().unwrap_or_else(|p| p.into_inner()).retain(|&(hash, holder), _| {
                 if holder == key {
@@ -96,8 +96,9 @@ impl InFlightBlocks {
         }
     }
 
-    fn key(worker: TenantId) -> u64 {
-        CacheId { worker, rank: IN_FLIGHT_RANK }.key()
+    /// The index's slot for `worker`'s prompts in flight.
+    fn slot(&self, worker: TenantId) -> u32 {
+        self.index.slot_of(CacheId { worker, rank: IN_FLIGHT_RANK }.key())
     }
 }
 

@@ -150,6 +150,30 @@ fn workers_ranks_and_media() {
 }
 
 #[test]
+fn a_chain_evicted_in_one_event_keeps_the_other_chains_runs() {
+    // Evicting a whole chain breaks no run of another chain, in either order engines list it.
+    for leaf_first in [false, true] {
+        let index = Arc::new(BlockIndex::new());
+        let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 0, rank: 0 });
+        cache.apply_stored(stored(&[1, 2, 3], None, &[1, 2, 3, 4, 5, 6])).unwrap();
+        cache.apply_stored(stored(&[11, 12, 13], None, &[7, 8, 9, 10, 11, 12])).unwrap();
+        let epoch = index.epoch_of(cache.slot);
+        let mut chain = vec![11, 12, 13];
+        if leaf_first {
+            chain.reverse();
+        }
+        assert_eq!(cache.apply_removed(0, &chain, gpu()), 0);
+        assert_eq!(index.epoch_of(cache.slot), epoch, "leaf first: {leaf_first}");
+        assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(0, 6)]);
+        assert_eq!(overlap(&index, &[7, 8, 9, 10, 11, 12]), []);
+        // A block leaving with its child held still starts a new epoch.
+        cache.apply_removed(0, &[2], gpu());
+        assert_ne!(index.epoch_of(cache.slot), epoch);
+        assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(0, 2)]);
+    }
+}
+
+#[test]
 fn two_engine_hashes_for_one_content_hold_it_until_both_go() {
     let index = Arc::new(BlockIndex::new());
     let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 0, rank: 0 });
@@ -316,6 +340,8 @@ enum Op {
     Store(usize, usize, usize, usize, u8),
     /// cache, prompt, block, medium
     Remove(usize, usize, usize, u8),
+    /// cache, prompt, first block, last block (exclusive), medium, leaf first: one event
+    RemoveRun(usize, usize, usize, usize, u8, bool),
     Clear(usize),
     Query(usize),
 }
@@ -383,6 +409,8 @@ fn ops(max_blocks: usize) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         6 => (0..3usize, 0..4usize, 0..max_blocks, 0..max_blocks + 1, 0..4u8).prop_map(|(c, p, a, b, m)| Op::Store(c, p, a, b, m)),
         3 => (0..3usize, 0..4usize, 0..max_blocks, 0..4u8).prop_map(|(c, p, b, m)| Op::Remove(c, p, b, m)),
+        2 => (0..3usize, 0..4usize, 0..max_blocks, 0..max_blocks + 1, 0..4u8, any::<bool>())
+            .prop_map(|(c, p, a, b, m, leaf_first)| Op::RemoveRun(c, p, a, b, m, leaf_first)),
         1 => (0..3usize).prop_map(Op::Clear),
         4 => (0..4usize).prop_map(Op::Query),
     ];
@@ -458,6 +486,28 @@ fn check_against_model(prompts: Vec<Vec<u32>>, ops: Vec<Op>) -> Result<(), TestC
                         entry.1 &= !tier_bit(medium);
                         if entry.1 == 0 {
                             model[c].remove(&hash);
+                        }
+                    }
+                }
+                Op::RemoveRun(c, p, first, end, medium, leaf_first) => {
+                    let prompt = &prompts[p];
+                    let bs = BS as usize;
+                    let end = end.min(prompt.len() / bs);
+                    let mut hashes: Vec<u64> =
+                        (first..end).map(|b| engine_hash(c, &prompt[..(b + 1) * bs])).collect();
+                    if leaf_first {
+                        hashes.reverse();
+                    }
+                    let residency = &residencies[medium as usize];
+                    let unknown = writers[c].apply_removed(0, &hashes, residency);
+                    twins[c].apply_removed(0, &hashes, residency);
+                    prop_assert_eq!(unknown, hashes.iter().filter(|h| !model[c].contains_key(h)).count());
+                    for hash in &hashes {
+                        if let Some(entry) = model[c].get_mut(hash) {
+                            entry.1 &= !tier_bit(medium);
+                            if entry.1 == 0 {
+                                model[c].remove(hash);
+                            }
                         }
                     }
                 }
