@@ -56,8 +56,6 @@ pub enum SimError {
     Trace(#[from] TraceError),
     #[error("writing {path}: {message}")]
     Output { path: String, message: String },
-    #[error("an outside policy runs on a regular fleet (--workers), not a disaggregated one")]
-    OutsideOnDisaggregated,
 }
 
 /// Loads `--trace` and runs every policy (and sweep point) on it. Prints progress on stderr.
@@ -189,7 +187,8 @@ pub fn run_outside(
     checked.runs()?;
     let fleet = args.fleet()?;
     if matches!(fleet, Fleet::Disaggregated(_)) {
-        return Err(SimError::OutsideOnDisaggregated);
+        let problem = "--prefill-workers an outside policy runs on a regular fleet (--workers), not a disaggregated one";
+        return Err(SimError::InvalidOptions(ValidationErrors(vec![args::flag_error(problem.to_string())])));
     }
     let trace = trace.truncated(args.max_requests);
     let engines: Vec<_> = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();

@@ -59,5 +59,6 @@ fn an_outside_policy_refuses_a_disaggregated_fleet() {
     args.prefill_workers = Some(2);
     args.decode_workers = Some(2);
     let error = run_outside(&args, &mixed_trace(), "x", &mut OutsideRoundRobin::default()).unwrap_err();
-    assert!(matches!(error, SimError::OutsideOnDisaggregated), "{error}");
+    assert!(matches!(error, SimError::InvalidOptions(_)), "{error}");
+    assert!(error.to_string().contains("an outside policy runs on a regular fleet"), "{error}");
 }
