@@ -24,6 +24,7 @@
 
 mod args;
 mod markdown;
+pub mod outside;
 mod plot;
 mod report;
 mod sim;
@@ -38,10 +39,13 @@ pub use kvgate_config::{FieldError, ValidationErrors};
 pub use kvgate_trace::trace;
 pub use kvgate_trace::{percentile, CacheReference};
 pub use kvgate_trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
+pub use outside::{OutsideCandidate, OutsidePolicy, OutsideRequest};
 pub use report::{
     BestSetting, Metrics, PdMetrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
 };
-pub use sim::{simulate, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US};
+pub use sim::{
+    simulate, simulate_outside, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US,
+};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -72,14 +76,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     let pooled_kv_tokens = engines[..fleet.prompt_engines()].iter().map(|e| e.kv_capacity_tokens).sum();
     let pooled_lru = trace.pooled_lru(pooled_kv_tokens);
     let pooled_belady = trace.pooled_belady(pooled_kv_tokens);
-    let setup = SimSetup {
-        fleet,
-        engine: args.engine_config(),
-        engines,
-        rate_scale: args.rate_scale,
-        load_monitor_interval_ms: args.load_monitor_interval_ms,
-        seed: args.seed,
-    };
+    let setup = sim_setup(args, fleet, engines);
     let times: Vec<f64> = trace.requests.iter().map(|r| r.timestamp_ms).collect();
     let span_ms = times.iter().copied().fold(f64::NEG_INFINITY, f64::max)
         - times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -160,6 +157,64 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
         },
         runs: reports,
         sweep_best,
+    })
+}
+
+fn sim_setup(args: &SimArgs, fleet: Fleet, engines: Vec<kvgate_engine::EngineConfig>) -> SimSetup {
+    SimSetup {
+        fleet,
+        engine: args.engine_config(),
+        engines,
+        rate_scale: args.rate_scale,
+        load_monitor_interval_ms: args.load_monitor_interval_ms,
+        seed: args.seed,
+    }
+}
+
+/// Runs `trace` with `args`' fleet, engines, rate and load monitor, routed by `outside`
+/// instead of kvgate's policies (`args.policies` and `--sweep` are not used), and reports it
+/// under `label` as a run of `run_on_trace`'s report is (its `policy` is `args.policy`,
+/// unused; its decisions are empty: an outside policy gives no reasons). A regular fleet only.
+pub fn run_outside(
+    args: &SimArgs,
+    trace: &Trace,
+    label: &str,
+    outside: &mut dyn OutsidePolicy,
+) -> Result<RunReport, SimError> {
+    let mut checked = args.clone();
+    checked.policies = vec!["round_robin".to_string()];
+    checked.sweep.clear();
+    checked.runs()?;
+    let fleet = args.fleet()?;
+    if matches!(fleet, Fleet::Disaggregated(_)) {
+        let problem = "--prefill-workers an outside policy runs on a regular fleet (--workers), not a disaggregated one";
+        return Err(SimError::InvalidOptions(ValidationErrors(vec![args::flag_error(problem.to_string())])));
+    }
+    let trace = trace.truncated(args.max_requests);
+    let engines: Vec<_> = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
+    let pooled_kv_tokens = engines.iter().map(|e| e.kv_capacity_tokens).sum();
+    let setup = sim_setup(args, fleet, engines);
+    let outcome = simulate_outside(&trace, &setup, outside, &mut |_, _| {});
+    let (metrics, ttft_ms_sorted) = Metrics::from_outcome(
+        &outcome,
+        trace.cache_ceiling().rate(),
+        trace.pooled_lru(pooled_kv_tokens).rate(),
+    );
+    let kv_series = outcome
+        .kv_ticks
+        .iter()
+        .map(|tick| ((tick.at_us - outcome.first_arrival_us) as f64 / 1e6, tick.token_usage.clone()))
+        .collect();
+    Ok(RunReport {
+        label: label.to_string(),
+        entry: label.to_string(),
+        sweep_point: Vec::new(),
+        policy: args.policy.clone(),
+        metrics,
+        decisions: Vec::new(),
+        decode_decisions: Vec::new(),
+        ttft_ms_sorted,
+        kv_series,
     })
 }
 

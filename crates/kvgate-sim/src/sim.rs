@@ -22,6 +22,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
+use crate::outside::{OutsidePolicy, OutsideRequest};
 use crate::trace::{extend_prompt_tokens, Trace};
 pub use pd::{PdOutcome, PdSetup};
 use pool::Pool;
@@ -143,11 +144,25 @@ pub fn simulate(
             Pool::new(&pd.decode_policy, pd.prefill_workers, pd.decode_workers),
         ],
     };
-    let mut simulation = Simulation::new(trace, setup, pools);
+    let mut simulation = Simulation::new(trace, setup, pools, None);
     if let Some(pd) = &mut simulation.pd {
         pd.rule = policy.pd_rule();
     }
     simulation.run(progress)
+}
+
+/// Runs `trace` on a fresh regular fleet of `setup.fleet.n_engines()` engines routed by
+/// `outside` instead of a kvgate policy (see [`crate::outside`]): the engines publish KV events
+/// to it, and it is told of every first token and finish. A disaggregated `setup.fleet` is
+/// simulated as a regular fleet of as many engines (the caller refuses it: [`crate::run_outside`]).
+pub fn simulate_outside(
+    trace: &Trace,
+    setup: &SimSetup,
+    outside: &mut dyn OutsidePolicy,
+    progress: Progress<'_>,
+) -> SimOutcome {
+    let pools = vec![Pool::for_outside(setup.fleet.n_engines())];
+    Simulation::new(trace, setup, pools, Some(outside)).run(progress)
 }
 
 struct Simulation<'a> {
@@ -170,6 +185,8 @@ struct Simulation<'a> {
     /// The arriving request's session key (see [`session_key`]), reused between requests.
     session: String,
     outcome: SimOutcome,
+    /// The router of an outside-policy run (pool 0's policy is then never asked).
+    outside: Option<&'a mut dyn OutsidePolicy>,
 }
 
 /// A trace request's session key, what `consistent_hashing` and `manual` route by: its
@@ -184,7 +201,12 @@ fn session_key(request: &crate::trace::TraceRequest, into: &mut String) {
 }
 
 impl<'a> Simulation<'a> {
-    fn new(trace: &'a Trace, setup: &'a SimSetup, pools: Vec<Pool>) -> Self {
+    fn new(
+        trace: &'a Trace,
+        setup: &'a SimSetup,
+        pools: Vec<Pool>,
+        outside: Option<&'a mut dyn OutsidePolicy>,
+    ) -> Self {
         let order = trace.arrival_order();
         let arrival_us = order
             .iter()
@@ -195,7 +217,7 @@ impl<'a> Simulation<'a> {
             for worker in 0..pool.n_workers() {
                 let config = setup.engines.get(pool.first_engine + worker).unwrap_or(&setup.engine);
                 engines.push(Engine::new(EngineConfig {
-                    emit_kv_events: pool.wants_kv_events(),
+                    emit_kv_events: pool.wants_kv_events() || outside.is_some(),
                     ..config.clone()
                 }));
             }
@@ -226,6 +248,7 @@ impl<'a> Simulation<'a> {
             outputs: Vec::new(),
             prompt: Vec::new(),
             session: String::new(),
+            outside,
         }
     }
 
@@ -298,6 +321,10 @@ impl<'a> Simulation<'a> {
             self.arrive_disaggregated(now, id, prompt, input_length, output_tokens);
             return;
         }
+        if self.outside.is_some() {
+            self.arrive_outside(now, id, prompt, input_length, output_tokens);
+            return;
+        }
         let Some(decision) = self.route(0, now, &prompt, input_length, id) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
@@ -306,6 +333,29 @@ impl<'a> Simulation<'a> {
         let engine = self.pools[0].first_engine + decision.worker as usize;
         self.engines[engine].submit(now, EngineRequest::new(id, prompt, output_tokens), &mut self.outputs);
         self.after_engine_call(engine, now);
+    }
+
+    /// Routes an arriving request by the outside policy (every engine a candidate).
+    fn arrive_outside(
+        &mut self,
+        now: u64,
+        id: u64,
+        prompt: Vec<u32>,
+        prompt_tokens: u32,
+        output_tokens: u32,
+    ) {
+        let candidates = self.pools[0].outside_candidates();
+        let request =
+            OutsideRequest { id, prompt: &prompt, prompt_tokens, session: &self.session, now_us: now };
+        let outside = self.outside.as_mut().expect("an outside-policy run");
+        let Some(worker) = outside.select(&request, &candidates).filter(|&w| w < candidates.len()) else {
+            self.outcome.unrouted += 1;
+            self.prompt = prompt;
+            return;
+        };
+        self.pools[0].admit_outside(worker);
+        self.engines[worker].submit(now, EngineRequest::new(id, prompt, output_tokens), &mut self.outputs);
+        self.after_engine_call(worker, now);
     }
 
     /// Asks pool `pool`'s policy for a worker (pool-local index); the run's policy (pool 0) has
@@ -354,15 +404,23 @@ impl<'a> Simulation<'a> {
     /// exact index, and puts the engine's next step in the heap.
     fn after_engine_call(&mut self, engine: usize, now: u64) {
         let (pool, worker) = self.pool_of(engine);
-        if self.pools[pool].wants_kv_events() {
+        if self.pools[pool].wants_kv_events() || self.outside.is_some() {
             let batches = self.engines[engine].drain_kv_events();
-            self.outcome.refused_kv_events += self.pools[pool].apply_kv_events(worker, batches);
+            if let Some(outside) = self.outside.as_mut() {
+                if !batches.is_empty() {
+                    outside.kv_events(worker, &batches, now);
+                }
+            }
+            self.outcome.refused_kv_events += self.pools[pool].apply_kv_events(worker, &batches);
         }
         let mut outputs = std::mem::take(&mut self.outputs);
         for output in outputs.drain(..) {
             match output {
                 EngineOutput::Finished { id, stats } => {
                     self.pools[pool].ended(worker, id);
+                    if let Some(outside) = self.outside.as_mut() {
+                        outside.finished(worker, id, now);
+                    }
                     if self.pd.is_some() {
                         self.disaggregated_finished(pool, now, id, stats);
                     } else {
@@ -373,12 +431,20 @@ impl<'a> Simulation<'a> {
                 }
                 EngineOutput::Rejected { id, .. } => {
                     self.pools[pool].ended(worker, id);
+                    if let Some(outside) = self.outside.as_mut() {
+                        outside.finished(worker, id, now);
+                    }
                     if self.pd.is_some() {
                         self.disaggregated_rejected(pool, id);
                     }
                     self.outcome.rejected += 1;
                 }
-                EngineOutput::FirstToken { .. } | EngineOutput::Token { .. } => {}
+                EngineOutput::FirstToken { id, at } => {
+                    if let Some(outside) = self.outside.as_mut() {
+                        outside.first_token(worker, id, at);
+                    }
+                }
+                EngineOutput::Token { .. } => {}
             }
         }
         self.outputs = outputs;

@@ -303,4 +303,5 @@ fn the_exact_index_knows_what_engines_evicted() {
     assert!(believed(1) < 0.1 && believed(0) > 0.4, "tree {} vs exact {}", believed(0), believed(1));
 }
 
+mod outside;
 mod pd;

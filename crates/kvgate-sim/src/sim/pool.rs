@@ -11,10 +11,12 @@ use kvgate_index::{
     IndexKind, Namespace, PrefixIndex, Residency, StoredBlocks,
 };
 use kvgate_policy::{
-    build_policy, Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, PolicyConfig, RouteRequest,
-    RoutingKey, SelectContext,
+    build_policy, Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, PolicyConfig, PolicyKind,
+    RouteRequest, RoutingKey, SelectContext,
 };
 use rand::rngs::StdRng;
+
+use crate::outside::OutsideCandidate;
 
 /// The pool's prefix index, as the host keeps it.
 enum Prefix {
@@ -80,6 +82,32 @@ impl Pool {
             in_flight: vec![0; n_workers],
             loads: vec![None; n_workers],
         }
+    }
+
+    /// The pool of an outside policy's run (`crate::outside`): kvgate's policy is never asked
+    /// (a round_robin stands in, with the approximate tree it never consults); the load
+    /// monitor's samples are kept for the outside policy's candidates.
+    pub(super) fn for_outside(n_workers: usize) -> Pool {
+        let config = PolicyConfig { policy: PolicyKind::RoundRobin, ..PolicyConfig::default() };
+        let mut pool = Pool::new(&config, 0, n_workers);
+        pool.needs_loads = true;
+        pool
+    }
+
+    /// Every worker with its in-flight count and last load sample, as an outside policy sees it.
+    pub(super) fn outside_candidates(&self) -> Vec<OutsideCandidate> {
+        (0..self.n_workers())
+            .map(|worker| OutsideCandidate {
+                worker,
+                in_flight: self.in_flight[worker],
+                load: self.loads[worker],
+            })
+            .collect()
+    }
+
+    /// An outside policy routed a request to `worker`: it counts in flight there until `ended`.
+    pub(super) fn admit_outside(&mut self, worker: usize) {
+        self.in_flight[worker] += 1;
     }
 
     pub(super) fn n_workers(&self) -> usize {
@@ -153,7 +181,7 @@ impl Pool {
     }
 
     /// Applies `worker`'s KV event batches to the exact index; returns how many events it refused.
-    pub(super) fn apply_kv_events(&mut self, worker: usize, batches: Vec<KvEventBatch>) -> u64 {
+    pub(super) fn apply_kv_events(&mut self, worker: usize, batches: &[KvEventBatch]) -> u64 {
         let mut refused = 0;
         if let Prefix::Exact { caches, .. } = &mut self.prefix {
             for batch in batches {
