@@ -190,7 +190,7 @@ mod tests {
     #[test]
     fn bodies_stream_exactly_the_trace_lengths() {
         let request =
-            TraceRequest { timestamp_ms: 0.0, input_length: 600, output_length: 9, hash_ids: vec![3, 4] };
+            TraceRequest { timestamp_ms: 0.0, input_length: 600, output_length: 9, hash_ids: vec![3, 4], ..Default::default() };
         let body = request_body(&request, "m", Endpoint::Completions);
         assert_eq!(body["max_tokens"], 9);
         assert_eq!(body["ignore_eos"], true);

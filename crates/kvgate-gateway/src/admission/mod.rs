@@ -4,12 +4,11 @@
 //! to one second's worth), and the concurrency limit (`--max-concurrent-requests`) with the
 //! bounded queue in front of it (`--queue-size` waiting requests, each for at most its class's
 //! queue timeout, `--queue-timeout-secs` by default). The queue serves higher priority classes
-//! first and, within a class, tenants by weighted fair queuing on tokens (`fair.rs`). A request
+//! first and, within a class, tenants by weighted fair queuing on tokens (`kvgate_policy::FairQueue`). A request
 //! that finds the queue full, or no room and no queue, is refused with 429; one that waited its
 //! full time gets 408.
 
 mod bucket;
-mod fair;
 mod quota;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,7 +23,7 @@ use crate::error::ApiError;
 use crate::metrics::AdmissionMetrics;
 use crate::tenant::{PriorityClass, DEFAULT_TENANT};
 use bucket::Bucket;
-use fair::FairQueue;
+use kvgate_policy::FairQueue;
 use quota::{TenantCharge, TenantQuotas};
 
 /// What admission needs to know of a request.
