@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-
 /// The tenant of a plain key, and of a request naming none.
 pub const DEFAULT_TENANT: &str = "default";
 

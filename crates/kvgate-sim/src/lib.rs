@@ -27,6 +27,7 @@ mod markdown;
 mod plot;
 mod report;
 mod sim;
+mod tenants;
 
 #[cfg(test)]
 mod tests;
@@ -41,7 +42,10 @@ pub use kvgate_trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceReques
 pub use report::{
     BestSetting, Metrics, PdMetrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
 };
-pub use sim::{simulate, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US};
+pub use sim::{
+    simulate, AdmissionSetup, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US,
+};
+pub use tenants::TenantMetrics;
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +83,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
         rate_scale: args.rate_scale,
         load_monitor_interval_ms: args.load_monitor_interval_ms,
         seed: args.seed,
+        admission: args.admission(),
     };
     let times: Vec<f64> = trace.requests.iter().map(|r| r.timestamp_ms).collect();
     let span_ms = times.iter().copied().fold(f64::NEG_INFINITY, f64::max)
@@ -124,7 +129,9 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
                 started.elapsed().as_secs_f64()
             );
         }
-        let (metrics, ttft_ms_sorted) = Metrics::from_outcome(&outcome, ceiling.rate(), pooled_lru.rate());
+        let (mut metrics, ttft_ms_sorted) =
+            Metrics::from_outcome(&outcome, ceiling.rate(), pooled_lru.rate());
+        metrics.tenants = tenants::per_tenant(&outcome, &trace, metrics.makespan_s);
         let kv_series = outcome
             .kv_ticks
             .iter()
@@ -157,6 +164,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
             engine: setup.engine,
             worker_speeds: args.engine.worker_speeds.clone(),
             worker_kv_capacity_tokens: args.engine.worker_kv_capacity_tokens.clone(),
+            admission: args.max_concurrent_requests.is_some().then(|| args.admission()),
         },
         runs: reports,
         sweep_best,

@@ -4,7 +4,13 @@ use crate::trace::{Trace, TraceRequest};
 use crate::{run, run_on_trace, write_outputs, SimArgs, SimError, SimReport};
 
 fn request(timestamp_ms: f64, input_length: u32, output_length: u32, hash_ids: &[u64]) -> TraceRequest {
-    TraceRequest { timestamp_ms, input_length, output_length, hash_ids: hash_ids.to_vec(), ..Default::default() }
+    TraceRequest {
+        timestamp_ms,
+        input_length,
+        output_length,
+        hash_ids: hash_ids.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// `n` requests every `gap_ms`, each one shared 512-token block then a block of its own.

@@ -303,7 +303,13 @@ mod tests {
     }
 
     fn request(input_length: u32, hash_ids: &[u64]) -> TraceRequest {
-        TraceRequest { timestamp_ms: 0.0, input_length, output_length: 1, hash_ids: hash_ids.to_vec(), ..Default::default() }
+        TraceRequest {
+            timestamp_ms: 0.0,
+            input_length,
+            output_length: 1,
+            hash_ids: hash_ids.to_vec(),
+            ..Default::default()
+        }
     }
 
     #[test]

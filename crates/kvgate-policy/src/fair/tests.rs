@@ -106,7 +106,13 @@ fn run(steps: &[Step], bound: u64) -> Vec<(u64, f64, f64)> {
             Step::Push { class, tenant, weight, tokens, score } => {
                 let class = PriorityClass::ALL[usize::from(class)];
                 let tenant = format!("t{tenant}");
-                let id = queue.push(class, &tenant, f64::from(weight), u64::from(tokens), (n as u64, u64::from(score)));
+                let id = queue.push(
+                    class,
+                    &tenant,
+                    f64::from(weight),
+                    u64::from(tokens),
+                    (n as u64, u64::from(score)),
+                );
                 ids.push(id);
             }
             Step::Pop => {
@@ -115,8 +121,11 @@ fn run(steps: &[Step], bound: u64) -> Vec<(u64, f64, f64)> {
                     continue;
                 };
                 let smallest = f64::from_bits(queue.classes[rank].waiting.first_key_value().unwrap().0 .0);
-                let tags: HashMap<u64, f64> =
-                    queue.classes[rank].waiting.iter().map(|(key, item)| (item.0, f64::from_bits(key.0))).collect();
+                let tags: HashMap<u64, f64> = queue.classes[rank]
+                    .waiting
+                    .iter()
+                    .map(|(key, item)| (item.0, f64::from_bits(key.0)))
+                    .collect();
                 let item = queue.pop_local(bound, |item| item.1).unwrap();
                 served.push((item.0, smallest, tags[&item.0]));
             }

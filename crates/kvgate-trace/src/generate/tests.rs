@@ -130,7 +130,12 @@ fn bad_options_are_reported_together() {
 fn the_flood_tenant_sends_its_factor_of_the_interactive_requests() {
     let trace = generate(&args(
         Shape::TenantsFlood,
-        &[("duration-secs", "600"), ("capacity-tokens-per-sec", "8000"), ("doc-min-tokens", "2000"), ("doc-max-tokens", "4000")],
+        &[
+            ("duration-secs", "600"),
+            ("capacity-tokens-per-sec", "8000"),
+            ("doc-min-tokens", "2000"),
+            ("doc-max-tokens", "4000"),
+        ],
     ))
     .unwrap();
     let count = |name: &str| trace.requests.iter().filter(|r| r.tenant.as_deref() == Some(name)).count();
@@ -139,7 +144,11 @@ fn the_flood_tenant_sends_its_factor_of_the_interactive_requests() {
     assert_eq!(interactive + count("flood"), trace.requests.len(), "every line names its tenant");
     let ratio = count("flood") as f64 / interactive as f64;
     assert!((8.5..11.5).contains(&ratio), "{ratio}");
-    let docs: std::collections::BTreeSet<u64> =
-        trace.requests.iter().filter(|r| r.tenant.as_deref() == Some("flood")).map(|r| r.hash_ids[0]).collect();
+    let docs: std::collections::BTreeSet<u64> = trace
+        .requests
+        .iter()
+        .filter(|r| r.tenant.as_deref() == Some("flood"))
+        .map(|r| r.hash_ids[0])
+        .collect();
     assert_eq!(docs.len(), 4, "the flood asks on its --docs documents");
 }
