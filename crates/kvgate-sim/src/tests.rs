@@ -310,3 +310,4 @@ fn the_exact_index_knows_what_engines_evicted() {
 }
 
 mod pd;
+mod tenants;
