@@ -80,9 +80,7 @@ impl Admission {
     /// A request left the fleet: its slot goes to the next waiter, whose id is returned (it
     /// counts as in flight).
     pub(super) fn left(&mut self) -> Option<u64> {
-        if self.setup.max_concurrent.is_none() {
-            return None;
-        }
+        self.setup.max_concurrent?;
         self.in_flight = self.in_flight.saturating_sub(1);
         let next = self.queue.pop_local(self.setup.fairness_locality_bound, |waiting| waiting.score)?;
         self.in_flight += 1;
