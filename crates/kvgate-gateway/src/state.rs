@@ -194,6 +194,7 @@ impl AppState {
             rate_per_sec: config.rate_limit_tokens_per_second,
             queue_size: config.queue_size,
             queue_timeout: Duration::from_secs_f64(config.queue_timeout_secs),
+            locality_bound: config.fairness_locality_bound,
         };
         let admission = Arc::new(Admission::new(limits, config.tenants.clone(), metrics.admission.clone()));
         admission.name_tenants(clients.tenants().iter().map(String::as_str));

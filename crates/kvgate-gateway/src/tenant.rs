@@ -5,49 +5,13 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 /// The tenant of a plain key, and of a request naming none.
 pub const DEFAULT_TENANT: &str = "default";
 
 /// Longest tenant name.
 pub const MAX_TENANT_NAME: usize = 128;
 
-/// A priority class: the admission queue serves every waiting request of a higher class before
-/// any of a lower one. Named `high`, `normal` (the default) and `low`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PriorityClass {
-    Low,
-    #[default]
-    Normal,
-    High,
-}
-
-impl PriorityClass {
-    pub const ALL: [PriorityClass; 3] = [PriorityClass::Low, PriorityClass::Normal, PriorityClass::High];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PriorityClass::Low => "low",
-            PriorityClass::Normal => "normal",
-            PriorityClass::High => "high",
-        }
-    }
-
-    /// The class named `text` (case-insensitive; `0`, `1`, `2` name them by rank too).
-    pub fn parse(text: &str) -> Option<PriorityClass> {
-        let text = text.trim();
-        PriorityClass::ALL
-            .into_iter()
-            .find(|class| class.as_str().eq_ignore_ascii_case(text) || class.rank().to_string() == text)
-    }
-
-    /// 0 for `low` up to 2 for `high`.
-    pub fn rank(self) -> usize {
-        self as usize
-    }
-}
+pub use kvgate_policy::PriorityClass;
 
 /// Which quota refused a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,6 +7,7 @@ mod bucket;
 mod cache_aware;
 mod config;
 mod consistent_hashing;
+mod fair;
 mod hashing;
 mod inflight;
 mod kv_aware;
@@ -26,6 +27,7 @@ pub use config::{
     build_policy, MissStrategy, PolicyConfig, PolicyConfigBuilder, PolicyKind, PrefixIndexMode,
 };
 pub use consistent_hashing::ConsistentHashingPolicy;
+pub use fair::{FairQueue, PriorityClass, LOCALITY_WINDOW};
 pub use kv_aware::{KvAwarePolicy, PredictedTtft};
 pub use kvgate_config::{FieldError, ValidationErrors};
 pub use kvgate_index::{IndexKind, PrefixIndex, PromptKey};

@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 
 pub use error::ReplayError;
 pub use report::{json_all, markdown_all, ReplayReport};
-pub use request::{request_body, send, Endpoint, Observed, RequestError, SseReader};
+pub use request::{request_body, send, send_with_headers, Endpoint, Observed, RequestError, SseReader};
 
 /// Options of `kvgate replay`.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
@@ -89,6 +89,13 @@ pub struct ReplayArgs {
     /// them round-robin in arrival order (as an L4 load balancer would), instead of one run per URL.
     #[arg(long)]
     pub spread_urls: bool,
+    /// Header carrying a trace line's `tenant` (the gateway's `--tenant-header`); the report
+    /// then gives each tenant's latencies.
+    #[arg(long, default_value = "x-kvgate-tenant")]
+    pub tenant_header: String,
+    /// Header carrying a trace line's `priority` (the gateway's `--priority-header`).
+    #[arg(long, default_value = "x-kvgate-priority")]
+    pub priority_header: String,
 }
 
 impl ReplayArgs {
@@ -295,7 +302,7 @@ async fn replay_one(
 
     let started = Instant::now();
     let hard_stop = tokio::time::Instant::from_std(started) + deadline;
-    let mut tasks: JoinSet<(Duration, Result<Observed, RequestError>)> = JoinSet::new();
+    let mut tasks: JoinSet<(Option<String>, Result<Observed, RequestError>)> = JoinSet::new();
     let mut send_delay_total = Duration::ZERO;
     let mut sent = 0usize;
     let mut results = Vec::new();
@@ -313,9 +320,7 @@ async fn replay_one(
         };
         // Collect what has finished so far (keeps memory flat on long runs).
         while let Some(joined) = tasks.try_join_next() {
-            results.push(
-                joined.map(|(_, result)| result).unwrap_or_else(|e| Err(RequestError::Send(e.to_string()))),
-            );
+            results.push(joined.unwrap_or_else(|e| (None, Err(RequestError::Send(e.to_string())))));
         }
         let send_delay = started.elapsed().saturating_sub(*offset);
         send_delay_total += send_delay;
@@ -323,11 +328,19 @@ async fn replay_one(
         let url = urls[(sent - 1) % urls.len()].clone();
         let (client, model, request) = (client.clone(), model.clone(), request.clone());
         let endpoint = args.endpoint;
+        let mut headers = Vec::new();
+        for (name, value) in
+            [(&args.tenant_header, &request.tenant), (&args.priority_header, &request.priority)]
+        {
+            if let Some(value) = value {
+                headers.push((name.clone(), value.clone()));
+            }
+        }
         tasks.spawn(async move {
             let body = request::request_body(&request, &model, endpoint);
-            let result = send(&client, &url, &body).await;
+            let result = send_with_headers(&client, &url, &body, &headers).await;
             drop(permit);
-            (send_delay, result)
+            (request.tenant, result)
         });
         if last_progress.elapsed() >= Duration::from_secs(5) {
             last_progress = Instant::now();
@@ -342,9 +355,9 @@ async fn replay_one(
     loop {
         tokio::select! {
             joined = tasks.join_next() => match joined {
-                Some(joined) => results.push(
-                    joined.map(|(_, result)| result).unwrap_or_else(|e| Err(RequestError::Send(e.to_string()))),
-                ),
+                Some(joined) => {
+                    results.push(joined.unwrap_or_else(|e| (None, Err(RequestError::Send(e.to_string())))))
+                }
                 None => break,
             },
             _ = tokio::time::sleep_until(hard_stop) => {

@@ -54,6 +54,62 @@ pub struct ReplayReport {
     /// Successful requests over the wall time of the run.
     pub completed_per_s: f64,
     pub wall_s: f64,
+    /// Per tenant, when the trace's lines name tenants (sent in `--tenant-header`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantReport>,
+}
+
+/// One tenant's figures in a replay. Latencies in milliseconds of wall time.
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantReport {
+    pub tenant: String,
+    pub succeeded: u64,
+    pub errors: u64,
+    /// Its share of the successful requests.
+    pub request_share: f64,
+    /// Its successful requests per second of the run's wall time.
+    pub completed_per_s: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p90_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub cache_hit_rate: f64,
+}
+
+/// Each tenant's figures (empty when no request named one).
+fn per_tenant(
+    results: &[(Option<String>, Result<Observed, RequestError>)],
+    wall: Duration,
+) -> Vec<TenantReport> {
+    if results.iter().all(|(tenant, _)| tenant.is_none()) {
+        return Vec::new();
+    }
+    let mut tenants: std::collections::BTreeMap<&str, Vec<&Result<Observed, RequestError>>> =
+        Default::default();
+    for (tenant, result) in results {
+        tenants.entry(tenant.as_deref().unwrap_or("default")).or_default().push(result);
+    }
+    let succeeded_total = results.iter().filter(|(_, r)| r.is_ok()).count();
+    tenants
+        .into_iter()
+        .map(|(tenant, results)| {
+            let ok: Vec<&Observed> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+            let mut ttft: Vec<f64> = ok.iter().map(|o| ms(o.ttft)).collect();
+            ttft.sort_by(f64::total_cmp);
+            let prompt: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
+            let cached: u64 = ok.iter().map(|o| o.cached_tokens).sum();
+            TenantReport {
+                tenant: tenant.to_string(),
+                succeeded: ok.len() as u64,
+                errors: (results.len() - ok.len()) as u64,
+                request_share: ratio(ok.len() as f64, succeeded_total as f64),
+                completed_per_s: ratio(ok.len() as f64, wall.as_secs_f64()),
+                ttft_p50_ms: percentile(&ttft, 50.0),
+                ttft_p90_ms: percentile(&ttft, 90.0),
+                ttft_p99_ms: percentile(&ttft, 99.0),
+                cache_hit_rate: ratio(cached as f64, prompt as f64),
+            }
+        })
+        .collect()
 }
 
 pub(crate) struct Inputs {
@@ -65,7 +121,8 @@ pub(crate) struct Inputs {
     pub speedup: f64,
     pub requests_in_trace: usize,
     pub sent: usize,
-    pub results: Vec<Result<Observed, RequestError>>,
+    /// Each request's tenant (the trace line's) and outcome.
+    pub results: Vec<(Option<String>, Result<Observed, RequestError>)>,
     pub deadline_hits: u64,
     pub mean_send_delay: Duration,
     pub wall: Duration,
@@ -97,9 +154,9 @@ fn ratio(numerator: f64, denominator: f64) -> f64 {
 
 impl ReplayReport {
     pub(crate) fn new(inputs: Inputs) -> ReplayReport {
-        let ok: Vec<&Observed> = inputs.results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let ok: Vec<&Observed> = inputs.results.iter().filter_map(|(_, r)| r.as_ref().ok()).collect();
         let mut error_samples: Vec<String> = Vec::new();
-        for error in inputs.results.iter().filter_map(|r| r.as_ref().err()) {
+        for error in inputs.results.iter().filter_map(|(_, r)| r.as_ref().err()) {
             let message = error.to_string();
             if error_samples.len() < ERROR_SAMPLES && !error_samples.contains(&message) {
                 error_samples.push(message);
@@ -151,6 +208,7 @@ impl ReplayReport {
             hit_of_pooled_lru: inputs.pooled.as_ref().map(|pooled| ratio(cache_hit_rate, pooled.lru.rate())),
             completed_per_s: ratio(ok.len() as f64, inputs.wall.as_secs_f64()),
             wall_s: inputs.wall.as_secs_f64(),
+            tenants: per_tenant(&inputs.results, inputs.wall),
         }
     }
 
@@ -159,8 +217,37 @@ impl ReplayReport {
         let mut out = self.header();
         out.push('\n');
         out.push_str(&table(std::slice::from_ref(self)));
+        self.push_tenants(&mut out);
         self.push_error_samples(&mut out, "Errors (samples):");
         out
+    }
+
+    /// The per-tenant table, when requests named tenants.
+    fn push_tenants(&self, out: &mut String) {
+        if self.tenants.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\nPer tenant, {}:\n\n| tenant | succeeded | errors | share of requests | req/s | TTFT p50 / p90 / p99 \
+             (ms) | hit rate |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            self.label
+        );
+        for t in &self.tenants {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.1}% | {:.2} | {:.1} / {:.1} / {:.1} | {} |",
+                t.tenant,
+                t.succeeded,
+                t.errors,
+                100.0 * t.request_share,
+                t.completed_per_s,
+                t.ttft_p50_ms,
+                t.ttft_p90_ms,
+                t.ttft_p99_ms,
+                pct(t.cache_hit_rate)
+            );
+        }
     }
 
     /// One line naming the trace, the target, the run and the trace's references.
@@ -269,6 +356,7 @@ pub fn markdown_all(reports: &[ReplayReport]) -> String {
             out.push_str(&table(reports));
             for report in reports {
                 let _ = write!(out, "\n**{}**: {}", report.label, report.header());
+                report.push_tenants(&mut out);
                 report.push_error_samples(&mut out, &format!("Errors of {} (samples):", report.label));
             }
             out

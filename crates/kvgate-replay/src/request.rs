@@ -76,16 +76,24 @@ pub enum RequestError {
 
 /// Sends `body` to `url` and reads the SSE stream to its end.
 pub async fn send(client: &reqwest::Client, url: &str, body: &Value) -> Result<Observed, RequestError> {
+    send_with_headers(client, url, body, &[]).await
+}
+
+/// [`send`] with extra request headers (the tenant and priority headers of a trace line).
+pub async fn send_with_headers(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    headers: &[(String, String)],
+) -> Result<Observed, RequestError> {
     let payload = serde_json::to_vec(body).expect("a JSON value always serializes");
     let started = Instant::now();
-    let response = client
-        .post(url)
-        .header("content-type", "application/json")
-        .header("accept", "text/event-stream")
-        .body(payload)
-        .send()
-        .await
-        .map_err(|e| RequestError::Send(e.to_string()))?;
+    let mut builder =
+        client.post(url).header("content-type", "application/json").header("accept", "text/event-stream");
+    for (name, value) in headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    let response = builder.body(payload).send().await.map_err(|e| RequestError::Send(e.to_string()))?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
@@ -189,8 +197,13 @@ mod tests {
 
     #[test]
     fn bodies_stream_exactly_the_trace_lengths() {
-        let request =
-            TraceRequest { timestamp_ms: 0.0, input_length: 600, output_length: 9, hash_ids: vec![3, 4] };
+        let request = TraceRequest {
+            timestamp_ms: 0.0,
+            input_length: 600,
+            output_length: 9,
+            hash_ids: vec![3, 4],
+            ..Default::default()
+        };
         let body = request_body(&request, "m", Endpoint::Completions);
         assert_eq!(body["max_tokens"], 9);
         assert_eq!(body["ignore_eos"], true);

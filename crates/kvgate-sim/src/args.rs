@@ -76,6 +76,22 @@ pub struct SimArgs {
     /// Seed of the policies' random draws.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// The gateway's concurrency cap (`kvgate launch --max-concurrent-requests`): requests beyond
+    /// it wait in the gateway's admission queue (priority classes, then weighted fair queuing
+    /// on tokens per tenant, the tenant and class from the trace line's `tenant` and
+    /// `priority`; no queue timeout here). Unset: every request goes straight to its engine.
+    /// Regular fleets only.
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_requests: Option<usize>,
+    /// Locality-aware fairness, as `kvgate launch --fairness-locality-bound`: within this many
+    /// tokens of virtual-time deficit the admission queue serves first the request with the
+    /// most prompt tokens the routing policy predicts cached (0: strict fair order).
+    #[arg(long, value_name = "TOKENS", default_value_t = 0)]
+    pub fairness_locality_bound: u64,
+    /// Queue every request as tenant `default` (what a gateway sees when clients name no
+    /// tenant: one queue in arrival order); the report still groups by the trace's tenants.
+    #[arg(long)]
+    pub ignore_tenants: bool,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -114,6 +130,15 @@ impl SimArgs {
         EngineConfig { emit_token_events: false, emit_kv_events: false, ..self.engine.config_for(engine) }
     }
 
+    /// The gateway's admission in front of the fleet.
+    pub fn admission(&self) -> crate::AdmissionSetup {
+        crate::AdmissionSetup {
+            max_concurrent: self.max_concurrent_requests,
+            fairness_locality_bound: self.fairness_locality_bound,
+            ignore_tenants: self.ignore_tenants,
+        }
+    }
+
     /// Checks the options and expands them into the runs to simulate, in report order: for each
     /// grid point (first sweep axis slowest), each listed policy. Reports every problem at once.
     pub fn runs(&self) -> Result<Vec<RunSpec>, SimError> {
@@ -129,6 +154,14 @@ impl SimArgs {
         }
         if self.max_requests == Some(0) {
             problems.push("--max-requests must be at least 1".to_string());
+        }
+        if self.max_concurrent_requests == Some(0) {
+            problems.push("--max-concurrent-requests must be at least 1".to_string());
+        }
+        if self.max_concurrent_requests.is_some() && self.prefill_workers.is_some() {
+            problems.push(
+                "--max-concurrent-requests is for a regular fleet (not with --prefill-workers)".to_string(),
+            );
         }
         let n_engines = self.parse_fleet().map_or(self.workers, |fleet| fleet.n_engines());
         let engine_errors = self.engine.validate(n_engines).err().map(|e| e.0).unwrap_or_default();

@@ -28,6 +28,7 @@ pub mod outside;
 mod plot;
 mod report;
 mod sim;
+mod tenants;
 
 #[cfg(test)]
 mod tests;
@@ -44,8 +45,10 @@ pub use report::{
     BestSetting, Metrics, PdMetrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
 };
 pub use sim::{
-    simulate, simulate_outside, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup, MAINTAIN_INTERVAL_US,
+    simulate, simulate_outside, AdmissionSetup, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup,
+    MAINTAIN_INTERVAL_US,
 };
+pub use tenants::TenantMetrics;
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +124,9 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
                 started.elapsed().as_secs_f64()
             );
         }
-        let (metrics, ttft_ms_sorted) = Metrics::from_outcome(&outcome, ceiling.rate(), pooled_lru.rate());
+        let (mut metrics, ttft_ms_sorted) =
+            Metrics::from_outcome(&outcome, ceiling.rate(), pooled_lru.rate());
+        metrics.tenants = tenants::per_tenant(&outcome, &trace, metrics.makespan_s);
         let kv_series = outcome
             .kv_ticks
             .iter()
@@ -154,6 +159,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
             engine: setup.engine,
             worker_speeds: args.engine.worker_speeds.clone(),
             worker_kv_capacity_tokens: args.engine.worker_kv_capacity_tokens.clone(),
+            admission: args.max_concurrent_requests.is_some().then(|| args.admission()),
         },
         runs: reports,
         sweep_best,
@@ -168,6 +174,7 @@ fn sim_setup(args: &SimArgs, fleet: Fleet, engines: Vec<kvgate_engine::EngineCon
         rate_scale: args.rate_scale,
         load_monitor_interval_ms: args.load_monitor_interval_ms,
         seed: args.seed,
+        admission: args.admission(),
     }
 }
 

@@ -132,6 +132,21 @@ impl SimReport {
                 kv.join(", ")
             );
         }
+        if let Some(admission) = &s.admission {
+            let _ = writeln!(
+                out,
+                "Admission: at most {} requests in flight, the rest queued {}.\n",
+                admission.max_concurrent.unwrap_or(0),
+                match (admission.ignore_tenants, admission.fairness_locality_bound) {
+                    (true, _) => "in arrival order (tenants ignored)".to_string(),
+                    (false, 0) => "by class, then fair queuing on tokens per tenant (strict)".to_string(),
+                    (false, bound) => format!(
+                        "by class, then fair queuing on tokens per tenant, locality preferred within \
+                         {bound} tokens"
+                    ),
+                }
+            );
+        }
         if self.sweep_best.is_empty() {
             self.side_by_side(&mut out);
         } else {
@@ -153,6 +168,7 @@ impl SimReport {
                     writeln!(out, "| {} | {} | {value} | {} |", best.entry, best.metric, setting.join(" "));
             }
         }
+        self.tenants_markdown(&mut out);
         out
     }
 

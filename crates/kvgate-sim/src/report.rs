@@ -62,6 +62,9 @@ pub struct SetupInfo {
     /// An unequal fleet's per-engine KV capacities (`--worker-kv-capacity-tokens`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub worker_kv_capacity_tokens: Vec<u64>,
+    /// The gateway's admission in front of the fleet (`--max-concurrent-requests`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission: Option<crate::AdmissionSetup>,
 }
 
 /// One simulated run (a policy at one setting).
@@ -124,6 +127,9 @@ pub struct Metrics {
     /// The decode side of a disaggregated fleet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pd: Option<PdMetrics>,
+    /// Per tenant, when the trace's lines name tenants.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<crate::tenants::TenantMetrics>,
 }
 
 /// A disaggregated fleet's transfers and decode side. Latencies in milliseconds.
@@ -268,6 +274,7 @@ impl Metrics {
                 outcome.prefill_tokens_by_engine.iter().map(|&t| ratio(t as f64, total as f64)).collect()
             },
             pd,
+            tenants: Vec::new(),
         };
         (metrics, ttft)
     }

@@ -10,6 +10,7 @@
 //! ([`Fleet::Disaggregated`], `pd.rs`), each pool routed by its own policy on its own in-flight
 //! counts, load samples and prefix index (`pool.rs`), as the gateway keeps them per role.
 
+mod admission;
 mod pd;
 mod pool;
 
@@ -24,6 +25,7 @@ use serde::Serialize;
 
 use crate::outside::{OutsidePolicy, OutsideRequest};
 use crate::trace::{extend_prompt_tokens, Trace};
+pub use admission::AdmissionSetup;
 pub use pd::{PdOutcome, PdSetup};
 use pool::Pool;
 
@@ -43,6 +45,8 @@ pub struct SimSetup {
     pub rate_scale: f64,
     pub load_monitor_interval_ms: u64,
     pub seed: u64,
+    /// The gateway's concurrency cap and fair queue in front of the fleet (none by default).
+    pub admission: AdmissionSetup,
 }
 
 /// The engines and how requests reach them.
@@ -85,8 +89,11 @@ pub struct KvTick {
 #[derive(Clone, Debug, Default)]
 pub struct SimOutcome {
     /// Stats of the finished requests, in finishing order (a disaggregated request's: its
-    /// prefill's prompt, cache hit and admission, its decode's first token and finish).
+    /// prefill's prompt, cache hit and admission, its decode's first token and finish). Their
+    /// arrival is the request's at the gateway (before any admission queue).
     pub finished: Vec<RequestStats>,
+    /// The trace index of each of `finished` (for the per-tenant figures).
+    pub finished_requests: Vec<usize>,
     /// Requests the policy found no worker for.
     pub unrouted: u64,
     /// Requests an engine refused (e.g. larger than its KV cache).
@@ -172,6 +179,7 @@ struct Simulation<'a> {
     pools: Vec<Pool>,
     /// Disaggregated requests between arrival and decode finish.
     pd: Option<pd::PdState>,
+    admission: admission::Admission,
     engines: Vec<Engine>,
     /// The engine-step time each engine has in the heap (stale heap entries are skipped).
     scheduled: Vec<Option<u64>>,
@@ -238,6 +246,7 @@ impl<'a> Simulation<'a> {
                 ..SimOutcome::default()
             },
             pd,
+            admission: admission::Admission::new(&setup.admission),
             engines,
             scheduled: vec![None; n],
             heap: BinaryHeap::new(),
@@ -307,6 +316,7 @@ impl<'a> Simulation<'a> {
         self.next_arrival < self.order.len()
             || self.engines.iter().any(|engine| engine.num_requests() > 0)
             || self.pd.as_ref().is_some_and(|pd| pd.in_progress())
+            || self.admission.waiting()
     }
 
     fn arrive(&mut self, now: u64) {
@@ -325,9 +335,27 @@ impl<'a> Simulation<'a> {
             self.arrive_outside(now, id, prompt, input_length, output_tokens);
             return;
         }
+        if !self.admission.try_enter() {
+            let score = match self.admission.scores_locality() {
+                true => {
+                    let interval = self.setup.load_monitor_interval_ms;
+                    self.pools[0].predicted_cached(now, &prompt, input_length, interval, id, &self.session)
+                }
+                false => 0,
+            };
+            self.admission.wait(id, request, score);
+            self.prompt = prompt;
+            return;
+        }
+        self.submit(now, id, prompt, input_length, output_tokens);
+    }
+
+    /// Routes admitted request `id` and submits it to its engine.
+    fn submit(&mut self, now: u64, id: u64, prompt: Vec<u32>, input_length: u32, output_tokens: u32) {
         let Some(decision) = self.route(0, now, &prompt, input_length, id) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
+            self.admit_next(now);
             return;
         };
         let engine = self.pools[0].first_engine + decision.worker as usize;
@@ -356,6 +384,19 @@ impl<'a> Simulation<'a> {
         self.pools[0].admit_outside(worker);
         self.engines[worker].submit(now, EngineRequest::new(id, prompt, output_tokens), &mut self.outputs);
         self.after_engine_call(worker, now);
+    }
+
+    /// A request left the fleet (finished, refused or unrouted): its slot goes to the next
+    /// waiter of the admission queue, routed now.
+    fn admit_next(&mut self, now: u64) {
+        let Some(id) = self.admission.left() else { return };
+        let request = &self.trace.requests[self.order[id as usize]];
+        let (input_length, output_tokens) = (request.input_length, request.output_length);
+        let mut prompt = std::mem::take(&mut self.prompt);
+        prompt.clear();
+        extend_prompt_tokens(request, &mut prompt);
+        session_key(request, &mut self.session);
+        self.submit(now, id, prompt, input_length, output_tokens);
     }
 
     /// Asks pool `pool`'s policy for a worker (pool-local index); the run's policy (pool 0) has
@@ -416,7 +457,7 @@ impl<'a> Simulation<'a> {
         let mut outputs = std::mem::take(&mut self.outputs);
         for output in outputs.drain(..) {
             match output {
-                EngineOutput::Finished { id, stats } => {
+                EngineOutput::Finished { id, mut stats } => {
                     self.pools[pool].ended(worker, id);
                     if let Some(outside) = self.outside.as_mut() {
                         outside.finished(worker, id, now);
@@ -426,7 +467,11 @@ impl<'a> Simulation<'a> {
                     } else {
                         self.outcome.prefill_tokens_by_engine[engine] +=
                             u64::from(stats.prompt_tokens.saturating_sub(stats.cached_tokens));
+                        // Its arrival at the gateway, before any admission queue.
+                        stats.arrival_us = stats.arrival_us.min(self.arrival_us[id as usize]);
                         self.outcome.finished.push(stats);
+                        self.outcome.finished_requests.push(self.order[id as usize]);
+                        self.admit_next(now);
                     }
                 }
                 EngineOutput::Rejected { id, .. } => {
@@ -436,6 +481,8 @@ impl<'a> Simulation<'a> {
                     }
                     if self.pd.is_some() {
                         self.disaggregated_rejected(pool, id);
+                    } else {
+                        self.admit_next(now);
                     }
                     self.outcome.rejected += 1;
                 }

@@ -4,7 +4,13 @@ use crate::trace::{Trace, TraceRequest};
 use crate::{run, run_on_trace, write_outputs, SimArgs, SimError, SimReport};
 
 fn request(timestamp_ms: f64, input_length: u32, output_length: u32, hash_ids: &[u64]) -> TraceRequest {
-    TraceRequest { timestamp_ms, input_length, output_length, hash_ids: hash_ids.to_vec() }
+    TraceRequest {
+        timestamp_ms,
+        input_length,
+        output_length,
+        hash_ids: hash_ids.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// `n` requests every `gap_ms`, each one shared 512-token block then a block of its own.
@@ -305,3 +311,4 @@ fn the_exact_index_knows_what_engines_evicted() {
 
 mod outside;
 mod pd;
+mod tenants;

@@ -27,7 +27,7 @@ pub enum TraceFormat {
 }
 
 /// One request of a trace.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceRequest {
     /// Arrival time in milliseconds from the trace's epoch.
     pub timestamp_ms: f64,
@@ -37,6 +37,13 @@ pub struct TraceRequest {
     pub output_length: u32,
     /// Prefix blocks of [`MOONCAKE_BLOCK_TOKENS`] tokens.
     pub hash_ids: Vec<u64>,
+    /// The tenant the request is for (the line's optional `tenant`; `kvgate replay` sends it as
+    /// the tenant header, `kvgate sim` queues by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Its priority class (the line's optional `priority`: `high`, `normal` or `low`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
 }
 
 /// A parsed trace, in file order (arrival order is by timestamp, ties in file order).
@@ -63,6 +70,10 @@ struct MooncakeLine {
     input_length: u64,
     output_length: u64,
     hash_ids: Vec<u64>,
+    #[serde(default)]
+    tenant: Option<String>,
+    #[serde(default, alias = "class")]
+    priority: Option<String>,
 }
 
 impl Trace {
@@ -112,6 +123,8 @@ impl Trace {
                 input_length,
                 output_length,
                 hash_ids: raw.hash_ids,
+                tenant: raw.tenant,
+                priority: raw.priority,
             });
         }
         if requests.is_empty() {
@@ -290,7 +303,13 @@ mod tests {
     }
 
     fn request(input_length: u32, hash_ids: &[u64]) -> TraceRequest {
-        TraceRequest { timestamp_ms: 0.0, input_length, output_length: 1, hash_ids: hash_ids.to_vec() }
+        TraceRequest {
+            timestamp_ms: 0.0,
+            input_length,
+            output_length: 1,
+            hash_ids: hash_ids.to_vec(),
+            ..Default::default()
+        }
     }
 
     #[test]

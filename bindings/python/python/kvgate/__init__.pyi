@@ -88,6 +88,7 @@ class Gateway:
         max_concurrent_requests: int | None = None,
         queue_size: int = 0,
         queue_timeout_secs: float = 60.0,
+        fairness_locality_bound: int = 0,
         worker_overload_waiting_requests: int | None = None,
         worker_overload_token_usage: float | None = None,
         worker_overload_shed: bool = False,
@@ -348,6 +349,11 @@ class Gateway:
         queue_size: Requests that may wait for a concurrency slot or a rate-limit token (0:
             refuse at once with 429); a full queue refuses with 429
         queue_timeout_secs: Longest wait in the admission queue, in seconds; then 408
+        fairness_locality_bound: Locality-aware fairness: when a slot frees, the admission queue
+            may serve, instead of the request fair queuing puts first, one of its class whose
+            fair start is at most this many tokens of virtual time later, the one with the most
+            prompt tokens the routing policy predicted cached on the worker it would take
+            (scored as it entered the queue). 0: strict fair order
         worker_overload_waiting_requests: Per-worker overload protection (SMG's name): a worker
             whose engine reports at least this many waiting requests is left out of routing
             while another worker is under the bounds (every policy; unset: off). Needs the
@@ -622,6 +628,9 @@ def simulate(
     max_requests: int | None = None,
     load_monitor_interval_ms: int = 1000,
     seed: int = 0,
+    max_concurrent_requests: int | None = None,
+    fairness_locality_bound: int = 0,
+    ignore_tenants: bool = False,
     json: str | os.PathLike[str] | None = None,
     plot: str | os.PathLike[str] | None = None,
     sweep: Sequence[str] = [],
@@ -776,6 +785,18 @@ def simulate(
     load_monitor_interval_ms: Simulated load monitor: every engine's load is sampled this often
         (virtual ms)
     seed: Seed of the policies' random draws
+    max_concurrent_requests: The gateway's concurrency cap (`kvgate launch --max-concurrent-
+        requests`): requests beyond it wait in the gateway's admission queue (priority classes,
+        then weighted fair queuing on tokens per tenant, the tenant and class from the trace
+        line's `tenant` and `priority`; no queue timeout here). Unset: every request goes
+        straight to its engine. Regular fleets only
+    fairness_locality_bound: Locality-aware fairness, as `kvgate launch --fairness-locality-
+        bound`: within this many tokens of virtual-time deficit the admission queue serves first
+        the request with the most prompt tokens the routing policy predicts cached (0: strict
+        fair order)
+    ignore_tenants: Queue every request as tenant `default` (what a gateway sees when clients
+        name no tenant: one queue in arrival order); the report still groups by the trace's
+        tenants
     json: Also write the report as JSON to this file
     plot: Draw TTFT CDFs and per-engine KV usage over time into this PNG file
     sweep: Sweep a policy flag over values, `NAME=V1,V2,...` (snake_case name); repeat for a

@@ -4,12 +4,13 @@
 //! to one second's worth), and the concurrency limit (`--max-concurrent-requests`) with the
 //! bounded queue in front of it (`--queue-size` waiting requests, each for at most its class's
 //! queue timeout, `--queue-timeout-secs` by default). The queue serves higher priority classes
-//! first and, within a class, tenants by weighted fair queuing on tokens (`fair.rs`). A request
-//! that finds the queue full, or no room and no queue, is refused with 429; one that waited its
-//! full time gets 408.
+//! first and, within a class, tenants by weighted fair queuing on tokens
+//! (`kvgate_policy::FairQueue`), bent toward cache locality within `--fairness-locality-bound`
+//! (each waiter scored as it enters, by the caller: the prompt tokens the routing policy
+//! predicts cached where it would route the request). A request that finds the queue full, or
+//! no room and no queue, is refused with 429; one that waited its full time gets 408.
 
 mod bucket;
-mod fair;
 mod quota;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,7 +25,7 @@ use crate::error::ApiError;
 use crate::metrics::AdmissionMetrics;
 use crate::tenant::{PriorityClass, DEFAULT_TENANT};
 use bucket::Bucket;
-use fair::FairQueue;
+use kvgate_policy::FairQueue;
 use quota::{TenantCharge, TenantQuotas};
 
 /// What admission needs to know of a request.
@@ -39,12 +40,17 @@ pub struct Ticket<'a> {
 /// The concurrency limit and the requests waiting for a slot.
 struct Slots {
     limit: usize,
+    /// `--fairness-locality-bound` (0: strict fair order).
+    locality_bound: u64,
     state: Mutex<SlotState>,
 }
 
+/// A waiter's wake-up and its locality score.
+type Waiting = (oneshot::Sender<()>, u64);
+
 struct SlotState {
     in_use: usize,
-    waiting: FairQueue<oneshot::Sender<()>>,
+    waiting: FairQueue<Waiting>,
 }
 
 impl Slots {
@@ -55,7 +61,7 @@ impl Slots {
     /// Frees a slot: it goes straight to the next waiter, if any.
     fn release(&self) {
         let mut state = self.lock();
-        while let Some(waiter) = state.waiting.pop() {
+        while let Some((waiter, _)) = state.waiting.pop_local(self.locality_bound, |(_, score)| *score) {
             if waiter.send(()).is_ok() {
                 return;
             }
@@ -153,6 +159,8 @@ pub struct Limits {
     pub rate_per_sec: Option<f64>,
     pub queue_size: usize,
     pub queue_timeout: Duration,
+    /// `--fairness-locality-bound`.
+    pub locality_bound: u64,
 }
 
 /// The `tenant` label of the per-tenant series: the tenants named in `tenants:` or by a client
@@ -202,6 +210,7 @@ impl Admission {
             slots: limits.max_concurrent.map(|limit| {
                 Arc::new(Slots {
                     limit,
+                    locality_bound: limits.locality_bound,
                     state: Mutex::new(SlotState { in_use: 0, waiting: FairQueue::default() }),
                 })
             }),
@@ -277,9 +286,26 @@ impl Admission {
         self.queued.load(Ordering::Relaxed) >= self.queue_size
     }
 
+    /// Whether waiters are scored for locality (a queue and `--fairness-locality-bound` > 0).
+    pub fn scores_locality(&self) -> bool {
+        self.slots.as_ref().is_some_and(|slots| slots.locality_bound > 0) && self.queue_size > 0
+    }
+
     /// Admits one request: its tenant's quotas, a rate-limit token and a concurrency slot,
     /// waiting in the queue when allowed.
+    #[cfg(test)]
     pub async fn admit(&self, ticket: Ticket<'_>) -> Result<Permit, ApiError> {
+        self.admit_scored(ticket, || 0).await
+    }
+
+    /// Admits one request as [`Admission::admit`] does; `locality` is called (once, before any
+    /// lock is taken) when the request must wait for a slot and waiters are scored: its
+    /// locality score.
+    pub async fn admit_scored(
+        &self,
+        ticket: Ticket<'_>,
+        locality: impl FnOnce() -> u64,
+    ) -> Result<Permit, ApiError> {
         let tenant = self.labels.label(ticket.tenant);
         let class = ticket.class.as_str();
         let charge = match self.tenants.take(ticket.tenant, ticket.tokens, Instant::now()) {
@@ -290,7 +316,7 @@ impl Admission {
             }
         };
         let started = tokio::time::Instant::now();
-        match self.admit_slot(&ticket, &tenant).await {
+        match self.admit_slot(&ticket, &tenant, locality).await {
             Ok(slot) => {
                 self.metrics
                     .tenant_queue_wait
@@ -309,7 +335,12 @@ impl Admission {
         }
     }
 
-    async fn admit_slot(&self, ticket: &Ticket<'_>, tenant: &str) -> Result<Option<Slot>, ApiError> {
+    async fn admit_slot(
+        &self,
+        ticket: &Ticket<'_>,
+        tenant: &str,
+        locality: impl FnOnce() -> u64,
+    ) -> Result<Option<Slot>, ApiError> {
         let timeout = self.class_timeouts[ticket.class.rank()];
         let deadline = tokio::time::Instant::now() + timeout;
         let mut queued = None;
@@ -318,6 +349,9 @@ impl Admission {
             tokio::time::sleep(wait).await;
         }
         let Some(slots) = &self.slots else { return Ok(None) };
+        // Scored before the lock is held, and only when the request is likely to wait.
+        let busy = self.scores_locality() && slots.lock().in_use >= slots.limit;
+        let score = if busy { locality() } else { 0 };
         let receiver = {
             let mut state = slots.lock();
             if state.in_use < slots.limit && state.waiting.is_empty() {
@@ -339,7 +373,7 @@ impl Admission {
             }
             let (sender, receiver) = oneshot::channel();
             let weight = self.tenants.weight(ticket.tenant);
-            let id = state.waiting.push(ticket.class, ticket.tenant, weight, ticket.tokens, sender);
+            let id = state.waiting.push(ticket.class, ticket.tenant, weight, ticket.tokens, (sender, score));
             (Waiter { slots: slots.clone(), id, settled: false }, receiver)
         };
         let (mut waiter, receiver) = receiver;

@@ -10,11 +10,21 @@ use super::*;
 use crate::metrics::Metrics;
 
 fn admission(max_concurrent: usize, queue_size: usize, tenants: &str) -> Arc<Admission> {
+    admission_with_bound(max_concurrent, queue_size, tenants, 0)
+}
+
+fn admission_with_bound(
+    max_concurrent: usize,
+    queue_size: usize,
+    tenants: &str,
+    bound: u64,
+) -> Arc<Admission> {
     let limits = Limits {
         max_concurrent: Some(max_concurrent),
         rate_per_sec: None,
         queue_size,
         queue_timeout: Duration::from_secs(600),
+        locality_bound: bound,
     };
     let tenants = serde_norway::from_str(tenants).unwrap();
     Arc::new(Admission::new(limits, tenants, Metrics::new().admission.clone()))
@@ -150,5 +160,42 @@ async fn over_quota_is_refused_before_queueing_and_refused_requests_are_refunded
             assert!(over.retry_after.is_some());
         }
         other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+/// With a locality bound the freed slot goes to the waiter with the most predicted cached tokens
+/// among those within the bound; without one, to the fair order's first. The score is asked
+/// only of a request that has to wait.
+#[tokio::test]
+async fn within_the_locality_bound_the_cached_waiter_goes_first() {
+    for (bound, expected) in [(0, ["cold", "warm"]), (1000, ["warm", "cold"])] {
+        let admission = admission_with_bound(1, 10, "{}", bound);
+        let scored = Arc::new(AtomicUsize::new(0));
+        let counted = scored.clone();
+        let held = admission
+            .admit_scored(ticket("first", PriorityClass::Normal, 100), move || {
+                counted.fetch_add(1, Ordering::Relaxed);
+                0
+            })
+            .await
+            .unwrap();
+        assert_eq!(scored.load(Ordering::Relaxed), 0, "a request admitted at once is not scored");
+        let (sender, mut admitted) = mpsc::unbounded_channel();
+        for (n, (tenant, score)) in [("cold", 0), ("warm", 500)].into_iter().enumerate() {
+            let (waiting, sender) = (admission.clone(), sender.clone());
+            tokio::spawn(async move {
+                let permit = waiting
+                    .admit_scored(ticket(tenant, PriorityClass::Normal, 100), || score)
+                    .await
+                    .expect("admitted");
+                let _ = sender.send((tenant, permit));
+            });
+            until_queued(&admission, n + 1).await;
+        }
+        drop(held);
+        let (first, permit) = admitted.recv().await.unwrap();
+        drop(permit);
+        let (second, _permit) = admitted.recv().await.unwrap();
+        assert_eq!([first, second], expected, "bound {bound}");
     }
 }

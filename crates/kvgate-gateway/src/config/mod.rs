@@ -152,6 +152,13 @@ pub struct GatewayConfig {
     /// Longest wait in the admission queue, in seconds; then 408.
     #[arg(long, default_value_t = 60.0)]
     pub queue_timeout_secs: f64,
+    /// Locality-aware fairness: when a slot frees, the admission queue may serve, instead of the
+    /// request fair queuing puts first, one of its class whose fair start is at most this many
+    /// tokens of virtual time later, the one with the most prompt tokens the routing policy
+    /// predicted cached on the worker it would take (scored as it entered the queue). 0: strict
+    /// fair order.
+    #[arg(long, value_name = "TOKENS", default_value_t = 0)]
+    pub fairness_locality_bound: u64,
     /// Per-worker overload protection (SMG's name): a worker whose engine reports at least this
     /// many waiting requests is left out of routing while another worker is under the bounds
     /// (every policy; unset: off). Needs the engines' loads (the load monitor polls them).

@@ -178,13 +178,20 @@ where
         false => 0,
     };
     let ticket = Ticket { tenant: &identity.tenant, class: identity.class, tokens };
-    let permit = state.admission.admit(ticket).await?;
     let shape = &prepared.shape;
+    let route_request = prepared.route_request();
+    // A waiter's locality score: the prompt tokens the policy predicts cached where it would
+    // route the request now (a dry run: nothing recorded).
+    let locality = || {
+        shape
+            .dry_run(state, &route_request, prepared.namespace)
+            .map_or(0, |plan| plan.predicted_cached_tokens(route_request.prompt_tokens))
+    };
+    let permit = state.admission.admit_scored(ticket, locality).await?;
     let target = match parts.headers.get(&TARGET_HEADER) {
         Some(value) if state.config.routing_key_override => Some(shape.target(value)?),
         _ => None,
     };
-    let route_request = prepared.route_request();
     let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path());
     // The closed loop: a stream routed on token ids is asked for its usage chunk when the client
     // did not ask (and the chunk is left out of the answer again).

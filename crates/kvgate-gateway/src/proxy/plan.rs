@@ -183,6 +183,18 @@ impl Shape {
     }
 }
 
+impl RoutePlan {
+    /// The prompt tokens its policy predicts cached where the prompt is computed: the chosen
+    /// worker's, a pair's prefill side's, or the decode worker prefilling in place.
+    pub(super) fn predicted_cached_tokens(&self, prompt_tokens: u64) -> u64 {
+        let pick = match self {
+            RoutePlan::Single(pick) | RoutePlan::Pair { prefill: pick, .. } => pick,
+            RoutePlan::InPlace { decode, .. } => decode,
+        };
+        cached_tokens(&pick.decision, prompt_tokens)
+    }
+}
+
 /// The conditional rule's inputs: the prompt's length, what the chosen decode engine holds of
 /// it (by the decode side's decision), and the prefill side's queue.
 fn pd_inputs(request: &RouteRequest<'_>, decode: &Pick, prefill_queue: Option<u64>) -> PdInputs {

@@ -237,6 +237,7 @@ impl Simulation<'_> {
         if request.in_place {
             outcome.in_place += 1;
             self.outcome.finished.push(stats);
+            self.outcome.finished_requests.push(self.order[id as usize]);
             return;
         }
         outcome.pairs += 1;
@@ -253,6 +254,7 @@ impl Simulation<'_> {
             first_token_us: stats.first_token_us,
             finished_us: stats.finished_us,
         });
+        self.outcome.finished_requests.push(self.order[id as usize]);
     }
 
     /// Request `id` was refused by an engine of pool `pool` (its in-flight count there already

@@ -8,13 +8,14 @@ use std::sync::{Arc, LazyLock};
 use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch, Tier};
 use kvgate_index::{
     choose_index, ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, IndexInputs,
-    IndexKind, Namespace, PrefixIndex, Residency, StoredBlocks,
+    IndexKind, Namespace, PrefixIndex, ReadOnlyTree, Residency, StoredBlocks,
 };
 use kvgate_policy::{
     build_policy, Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, PolicyConfig, PolicyKind,
     RouteRequest, RoutingKey, SelectContext,
 };
 use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use crate::outside::OutsideCandidate;
 
@@ -163,6 +164,53 @@ impl Pool {
             prompts.insert(id, in_flight.add(worker as u32, prompt, Namespace::BASE));
         }
         Ok(decision)
+    }
+
+    /// The prompt tokens the policy predicts cached where it would route the request now (the
+    /// admission queue's locality score): a dry run, as the gateway's, that records nothing in
+    /// the index or the in-flight counts (the policy's own state aside), its random draws from
+    /// an RNG of its own so the run's draws stay as without it.
+    pub(super) fn predicted_cached(
+        &self,
+        now_us: u64,
+        prompt: &[u32],
+        prompt_tokens: u32,
+        load_poll_interval_ms: u64,
+        id: u64,
+        session: &str,
+    ) -> u64 {
+        let candidates: Vec<Candidate> = (0..self.n_workers())
+            .map(|worker| Candidate {
+                id: worker as u32,
+                in_flight: self.in_flight[worker],
+                load: self.loads[worker],
+            })
+            .collect();
+        let Ok(candidates) = Candidates::new(&candidates) else { return 0 };
+        let route = RouteRequest {
+            key: RoutingKey::Tokens(prompt),
+            prompt_tokens: u64::from(prompt_tokens),
+            session: Some(session),
+        };
+        let read_only;
+        let prefix_index: &dyn PrefixIndex = match &self.prefix {
+            Prefix::Approximate(tree) => {
+                read_only = ReadOnlyTree(tree);
+                &read_only
+            }
+            Prefix::Exact { index, .. } => &**index,
+        };
+        let mut rng = StdRng::seed_from_u64(id);
+        let mut ctx = SelectContext {
+            now_ms: now_us / 1000,
+            load_poll_interval_ms,
+            rng: &mut rng,
+            prefix_index: Some(prefix_index),
+        };
+        match self.policy.select(&route, candidates, &mut ctx) {
+            Ok(decision) => kvgate_policy::cached_tokens(&decision, u64::from(prompt_tokens)),
+            Err(_) => 0,
+        }
     }
 
     /// Requests in flight on the least busy worker (the conditional rule's prefill queue).

@@ -70,6 +70,7 @@ impl Context {
             input_length: self.tokens,
             output_length: output_length.max(1),
             hash_ids: self.hash_ids.clone(),
+            ..TraceRequest::default()
         }
     }
 }

@@ -2,7 +2,8 @@
 //! scenarios the conversation trace does not cover (docs/SCENARIOS.md): `hot-docs` (a few very
 //! long shared documents, each asked in bursts, beside a steady background of short chats),
 //! `bursts` (chat sessions whose arrival rate switches between a low and a high phase) and
-//! `long-prompts` (a stream of distinct long documents, a few asked again later).
+//! `long-prompts` (a stream of distinct long documents, a few asked again later) and
+//! `tenants-flood` (interactive tenants' chat sessions beside one tenant flooding long prompts).
 //!
 //! Loads are given as a fraction of the fleet's prefill capacity (`--capacity-tokens-per-sec`,
 //! default 8 reference engines), counted in prompt tokens: the prefill offered if nothing were
@@ -32,6 +33,11 @@ pub enum Shape {
     Bursts,
     /// Distinct long documents arriving steadily, some asked again later (S8).
     LongPrompts,
+    /// `--interactive-tenants` tenants' chat sessions (their total load `--load`, each its own
+    /// system prompts) beside the tenant `flood` sending `--flood-factor` times their request
+    /// rate of long prompts (one of `--docs` documents and a question), every line naming its
+    /// tenant (issue 26's scenario).
+    TenantsFlood,
 }
 
 /// Options of `kvgate trace gen`. Each shape reads the options its help names; the others are
@@ -107,6 +113,12 @@ pub struct GenArgs {
     /// over the capacity).
     #[arg(long, default_value_t = 0.3)]
     pub load: f64,
+    /// tenants-flood: the interactive tenants (`interactive-1` ...).
+    #[arg(long, default_value_t = 3)]
+    pub interactive_tenants: usize,
+    /// tenants-flood: the flood's request rate over the interactive tenants' total.
+    #[arg(long, default_value_t = 10.0)]
+    pub flood_factor: f64,
     /// bursts: load of the low phase.
     #[arg(long, default_value_t = 0.3)]
     pub low_load: f64,
@@ -155,6 +167,7 @@ impl GenArgs {
             ("low_secs", self.low_secs, Range::POSITIVE),
             ("high_secs", self.high_secs, Range::POSITIVE),
             ("reasks", self.reasks, Range::NON_NEGATIVE),
+            ("flood_factor", self.flood_factor, Range::NON_NEGATIVE),
             ("reask_secs", self.reask_secs, Range::POSITIVE),
         ] {
             checks.in_range(field, value, range);
@@ -166,6 +179,7 @@ impl GenArgs {
             ("user_min_tokens", self.user_min_tokens.into()),
             ("output_min_tokens", self.output_min_tokens.into()),
             ("docs", self.docs as u64),
+            ("interactive_tenants", self.interactive_tenants as u64),
             ("doc_min_tokens", self.doc_min_tokens.into()),
             ("burst_questions", self.burst_questions.into()),
             ("question_max_tokens", self.question_max_tokens.into()),
@@ -200,6 +214,7 @@ pub fn generate(args: &GenArgs) -> Result<Trace, GenError> {
         Shape::HotDocs => shapes::hot_docs(args, &mut rng),
         Shape::Bursts => shapes::bursts(args, &mut rng),
         Shape::LongPrompts => shapes::long_prompts(args, &mut rng),
+        Shape::TenantsFlood => shapes::tenants_flood(args, &mut rng),
     };
     requests.sort_by(|a, b| a.timestamp_ms.total_cmp(&b.timestamp_ms));
     Ok(Trace { requests })
@@ -207,13 +222,18 @@ pub fn generate(args: &GenArgs) -> Result<Trace, GenError> {
 
 /// One trace line in the Mooncake form `Trace::parse_mooncake` reads.
 pub fn mooncake_line(request: &TraceRequest) -> String {
-    serde_json::json!({
+    let mut line = serde_json::json!({
         "timestamp": (request.timestamp_ms * 1000.0).round() / 1000.0,
         "input_length": request.input_length,
         "output_length": request.output_length,
         "hash_ids": request.hash_ids,
-    })
-    .to_string()
+    });
+    for (key, value) in [("tenant", &request.tenant), ("priority", &request.priority)] {
+        if let Some(value) = value {
+            line[key] = value.as_str().into();
+        }
+    }
+    line.to_string()
 }
 
 /// `kvgate trace gen`: writes the generated trace (jsonl) to `--out` or standard output, and a

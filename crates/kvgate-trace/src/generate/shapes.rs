@@ -1,5 +1,6 @@
-//! The three shapes: chat sessions (the background of `hot-docs`, all of `bursts`), hot shared
-//! documents asked in bursts, and a stream of distinct long documents asked again later.
+//! The shapes: chat sessions (the background of `hot-docs`, all of `bursts`, the interactive
+//! tenants of `tenants-flood`), hot shared documents asked in bursts, a stream of distinct long
+//! documents asked again later, and a tenant flooding questions on long documents.
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -174,6 +175,46 @@ pub(super) fn long_prompts(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest
                 break;
             }
         }
+        t += exponential(rng, 1.0 / rate);
+    }
+    out
+}
+
+/// `tenants-flood`: `interactive_tenants` tenants, each running chat sessions (its own system
+/// prompts) at `load / interactive_tenants`, and the tenant `flood` asking questions on one of
+/// `docs` long documents (drawn uniformly) as a Poisson stream at `flood_factor` times the
+/// interactive tenants' total request rate.
+pub(super) fn tenants_flood(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
+    let mut blocks = Blocks::default();
+    let mut out = Vec::new();
+    let tenants = args.interactive_tenants.max(1);
+    let per_tenant = args.load / tenants as f64;
+    for tenant in 1..=tenants {
+        let from = out.len();
+        let sessions = Sessions::new(args, &mut blocks);
+        sessions.poisson(args, rng, &mut blocks, |_| per_tenant, &mut out);
+        for request in &mut out[from..] {
+            request.tenant = Some(format!("interactive-{tenant}"));
+        }
+    }
+    let interactive_rate = out.len() as f64 / args.duration_secs;
+    let rate = args.flood_factor * interactive_rate;
+    if rate <= 0.0 {
+        return out;
+    }
+    let docs: Vec<Context> = (0..args.docs)
+        .map(|_| {
+            Context::fresh(whole_blocks(uniform(rng, args.doc_min_tokens, args.doc_max_tokens)), &mut blocks)
+        })
+        .collect();
+    let mut t = exponential(rng, 1.0 / rate);
+    while t <= args.duration_secs {
+        let doc = &docs[rng.random_range(0..docs.len())];
+        let question = doc.then_fresh(uniform(rng, 50, args.question_max_tokens), &mut blocks);
+        let output = uniform(rng, args.output_min_tokens, args.output_max_tokens);
+        let mut request = question.request(t * 1000.0, output);
+        request.tenant = Some("flood".to_string());
+        out.push(request);
         t += exponential(rng, 1.0 / rate);
     }
     out

@@ -28,7 +28,7 @@ fn prompt_tokens(trace: &Trace, from_s: f64, to_s: f64) -> f64 {
 
 #[test]
 fn the_same_seed_gives_the_same_trace_and_it_parses_back() {
-    for shape in [Shape::HotDocs, Shape::Bursts, Shape::LongPrompts] {
+    for shape in [Shape::HotDocs, Shape::Bursts, Shape::LongPrompts, Shape::TenantsFlood] {
         let small = [("duration-secs", "120"), ("capacity-tokens-per-sec", "8000")];
         let a = generate(&args(shape, &small)).unwrap();
         let b = generate(&args(shape, &small)).unwrap();
@@ -41,6 +41,7 @@ fn the_same_seed_gives_the_same_trace_and_it_parses_back() {
         assert_eq!(parsed.requests.len(), a.requests.len());
         for (read, written) in parsed.requests.iter().zip(&a.requests) {
             assert_eq!((read.input_length, &read.hash_ids), (written.input_length, &written.hash_ids));
+            assert_eq!((&read.tenant, &read.priority), (&written.tenant, &written.priority));
             assert!((read.timestamp_ms - written.timestamp_ms).abs() < 1e-3);
         }
         assert!(a.requests.windows(2).all(|w| w[0].timestamp_ms <= w[1].timestamp_ms), "arrival order");
@@ -121,4 +122,33 @@ fn bad_options_are_reported_together() {
     let Err(GenError::InvalidOptions(errors)) = generate(&bad) else { panic!("expected invalid options") };
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
     assert_eq!(fields, ["duration_secs", "high_load", "user_max_tokens"]);
+}
+
+/// The flood tenant sends `flood-factor` times the interactive tenants' requests, every line
+/// names its tenant, and the flood's prompts share its documents.
+#[test]
+fn the_flood_tenant_sends_its_factor_of_the_interactive_requests() {
+    let trace = generate(&args(
+        Shape::TenantsFlood,
+        &[
+            ("duration-secs", "600"),
+            ("capacity-tokens-per-sec", "8000"),
+            ("doc-min-tokens", "2000"),
+            ("doc-max-tokens", "4000"),
+        ],
+    ))
+    .unwrap();
+    let count = |name: &str| trace.requests.iter().filter(|r| r.tenant.as_deref() == Some(name)).count();
+    let interactive: usize = (1..=3).map(|i| count(&format!("interactive-{i}"))).sum();
+    assert!((1..=3).all(|i| count(&format!("interactive-{i}")) > 0));
+    assert_eq!(interactive + count("flood"), trace.requests.len(), "every line names its tenant");
+    let ratio = count("flood") as f64 / interactive as f64;
+    assert!((8.5..11.5).contains(&ratio), "{ratio}");
+    let docs: std::collections::BTreeSet<u64> = trace
+        .requests
+        .iter()
+        .filter(|r| r.tenant.as_deref() == Some("flood"))
+        .map(|r| r.hash_ids[0])
+        .collect();
+    assert_eq!(docs.len(), 4, "the flood asks on its --docs documents");
 }

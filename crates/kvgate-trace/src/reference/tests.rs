@@ -12,6 +12,7 @@ fn trace(requests: &[(u32, &[u64])]) -> Trace {
             input_length,
             output_length: 1,
             hash_ids: hash_ids.to_vec(),
+            ..TraceRequest::default()
         })
         .collect();
     Trace { requests }
@@ -149,6 +150,7 @@ fn conversations() -> Trace {
             input_length: input,
             output_length: 1,
             hash_ids: ids,
+            ..TraceRequest::default()
         });
     }
     Trace { requests }

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 26 over HTTP: one `kvgate replay` run of a tenants trace through a gateway with the
+# concurrency cap and the fair queue, on four fresh `kvgate mock` engines (the engine model in
+# real time). Loopback only.
+#
+#   scripts/tenants_replay.sh NAME TRACE TENANT_HEADER LOCALITY_BOUND
+#
+# TENANT_HEADER x-kvgate-tenant sends each line's tenant as the gateway reads it; any other
+# name (e.g. x-no-tenant) leaves the gateway without tenants (one queue in arrival order).
+# Writes NAME.md and NAME.json (the replay's report, per tenant) in the current directory.
+set -euo pipefail
+KVGATE=${KVGATE:-target/debug/kvgate}
+name=$1 trace=$2 header=$3 bound=$4
+"$KVGATE" mock --workers 4 --base-port 39100 --host 127.0.0.1 > "mock-$name.log" 2>&1 &
+mock=$!
+trap 'kill $mock ${gateway:-} 2>/dev/null || true' EXIT
+"$KVGATE" launch --host 127.0.0.1 --port 39090 --policy cache_aware \
+  --worker-urls http://127.0.0.1:39100 http://127.0.0.1:39101 http://127.0.0.1:39102 http://127.0.0.1:39103 \
+  --max-concurrent-requests 16 --queue-size 100000 --queue-timeout-secs 900 \
+  --fairness-locality-bound "$bound" > "gateway-$name.log" 2>&1 &
+gateway=$!
+for _ in $(seq 1 100); do
+  curl -sf http://127.0.0.1:39090/readiness > /dev/null && break
+  sleep 0.2
+done
+"$KVGATE" replay --trace "$trace" --url http://127.0.0.1:39090 --label "$name" \
+  --tenant-header "$header" --json "$name.json" > "$name.md"
