@@ -53,13 +53,46 @@ pub(super) fn choose(
     let candidates = Candidates::new(&offered).map_err(|_| NoChoice::NoWorker)?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
-    let decision = select(state, pool, request, namespace, candidates, index, planning, peers.as_ref())
-        .ok_or(NoChoice::NoWorker)?;
+    let decision =
+        select(state, pool, request, namespace, candidates, index, planning, peers.as_ref(), Ask::Select)
+            .ok_or(NoChoice::NoWorker)?;
     let worker = pool.workers.iter().find(|w| w.id == decision.worker).ok_or(NoChoice::NoWorker)?.clone();
     if planning == Planning::Live {
         record(state, pool, &worker, &decision, peers);
     }
     Ok((worker, decision))
+}
+
+/// The decision the pool's policy would make now, with its prediction, recording nothing (read
+/// only index, no metric, no peer, nothing in the policy's state): `None` when its policy does
+/// not predict (`Policy::preview`), or no worker is left. Conditional disaggregation weighs the
+/// paths with it before choosing one.
+pub(super) fn preview(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    namespace: Namespace<'_>,
+    tried: &[u32],
+) -> Option<Decision> {
+    let (offered, events_flowing) = candidates(state, pool, tried);
+    let now_ms = state.clock.now_ms();
+    let offered = match admit_under_overload(&offered, &state.overload, now_ms, state.loads.poll_interval_ms)
+    {
+        Admitted::All => offered,
+        Admitted::Only(kept) => kept,
+        Admitted::Shed => return None,
+    };
+    let candidates = Candidates::new(&offered).ok()?;
+    let index = index_kind(pool, request, events_flowing);
+    let peers = peer_blocks(state, pool, request, index);
+    select(state, pool, request, namespace, candidates, index, Planning::DryRun, peers.as_ref(), Ask::Preview)
+}
+
+/// Whether the policy decides (`Policy::select`) or previews (`Policy::preview`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    Select,
+    Preview,
 }
 
 /// Why a pool offered no worker.
@@ -137,6 +170,7 @@ fn select(
     index: IndexKind,
     planning: Planning,
     peers: Option<&PromptBlocks>,
+    ask: Ask,
 ) -> Option<Decision> {
     let recording = ExactRecordingTree { exact: &pool.prefix.exact, namespace, tree: &pool.prefix.tree };
     let exact = NamespacedExact { exact: &pool.prefix.exact, namespace };
@@ -166,7 +200,10 @@ fn select(
         rng: &mut rng,
         prefix_index: Some(prefix_index),
     };
-    pool.policy.select(request, candidates, &mut ctx).ok()
+    match ask {
+        Ask::Select => pool.policy.select(request, candidates, &mut ctx).ok(),
+        Ask::Preview => pool.policy.preview(request, candidates, &mut ctx),
+    }
 }
 
 /// A live decision is counted, and, made on the tree, queued for the peers (never waits).
