@@ -390,6 +390,47 @@ mod tests {
         assert_eq!((paths.prefill_s, paths.decode_wait_s), (0.0, 0.0));
     }
 
+    #[test]
+    fn a_preview_is_the_decision_select_makes_and_records_nothing() {
+        use crate::test_support::{candidates, ctx_rng};
+        use crate::{
+            build_policy, Candidates, PolicyConfig, PolicyKind, RouteRequest, RoutingKey, SelectContext,
+        };
+        let kv_aware = build_policy(&PolicyConfig { policy: PolicyKind::KvAware, ..PolicyConfig::default() });
+        let request = RouteRequest { key: RoutingKey::None, prompt_tokens: 4000, session: None };
+        let pool = candidates(&[0, 0]);
+        let ask = |preview: bool| {
+            let mut rng = ctx_rng(7);
+            let mut ctx = SelectContext {
+                now_ms: 1000,
+                load_poll_interval_ms: 1000,
+                rng: &mut rng,
+                prefix_index: None,
+            };
+            let candidates = Candidates::new(&pool).unwrap();
+            if preview {
+                kv_aware.preview(&request, candidates, &mut ctx).expect("kv_aware previews")
+            } else {
+                kv_aware.select(&request, candidates, &mut ctx).unwrap()
+            }
+        };
+        let first = ask(true);
+        assert_eq!(ask(true), first, "a preview changes nothing");
+        assert_eq!(ask(false), first, "select decides as previewed");
+        // Select recorded its 4,000 tokens on the chosen engine: the next prediction sees them.
+        let after = ask(true);
+        assert_ne!(after.worker, first.worker, "the other engine is now the idle one");
+        let queued = |d: &crate::Decision| d.predicted.unwrap().queue_s;
+        assert_eq!((queued(&first), queued(&after)), (0.0, 0.0));
+        // Policies that do not predict have no preview.
+        let round_robin =
+            build_policy(&PolicyConfig { policy: PolicyKind::RoundRobin, ..PolicyConfig::default() });
+        let mut rng = ctx_rng(7);
+        let mut ctx =
+            SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
+        assert!(round_robin.preview(&request, Candidates::new(&pool).unwrap(), &mut ctx).is_none());
+    }
+
     mod prop {
         use proptest::prelude::*;
 
