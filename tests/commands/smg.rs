@@ -548,3 +548,37 @@ fn worker_overload_and_warm_up_options_are_taken() {
     let config = kvgate::launch_config(&["--dp-aware"]).unwrap();
     assert!(config.dp_aware);
 }
+
+#[test]
+fn conditional_pd_options_join_an_smg_pd_command_line() {
+    // SMG's PD command line, with kvgate's conditional disaggregation and the KV link it predicts
+    // the pair's transfer with.
+    let config = kvgate::launch_config(&[
+        "--pd-disaggregation",
+        "--prefill",
+        "http://prefill:8000",
+        "9001",
+        "--decode",
+        "http://decode:8001",
+        "--prefill-policy",
+        "kv_aware",
+        "--decode-policy",
+        "kv_aware",
+        "--pd-conditional",
+        "--pd-max-local-prefill-tokens",
+        "1024",
+        "--kv-transfer-gbps",
+        "50",
+        "--kv-bytes-per-token",
+        "65536",
+    ])
+    .unwrap();
+    config.validate().unwrap();
+    let rule = config.routing.pd_rule().expect("the conditional rule is on");
+    assert_eq!(rule.max_local_prefill_tokens, 1024);
+    // 10,000 tokens x 64 KiB at 50 GB/s: 13.1 ms.
+    assert!((rule.transfer_s(10_000) - 0.013_107_2).abs() < 1e-9, "{}", rule.transfer_s(10_000));
+    let zero = kvgate::launch_config(&["--kv-transfer-gbps", "0", "--kv-bytes-per-token", "0"]).unwrap();
+    let error = zero.validate().unwrap_err().to_string();
+    assert!(error.contains("kv_transfer_gbps") && error.contains("kv_bytes_per_token"), "{error}");
+}

@@ -255,3 +255,75 @@ async fn simulated_decode_engines_prefill_in_place_from_what_they_hold_in_both_p
         decode.shutdown().await;
     }
 }
+
+/// The `key=value` terms of an `x-kvgate-pd-path` value.
+fn pd_terms(path: &str) -> std::collections::HashMap<String, String> {
+    path.split("; ")
+        .filter_map(|term| term.split_once('='))
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn with_kv_aware_on_both_sides_the_predicted_sooner_path_wins_and_the_decode_engines_queue_sends_pairs()
+{
+    for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
+        let p = upstream("p", "m").await;
+        let d = upstream("d", "m").await;
+        let mut cfg = conditional(&p, &[&d], protocol);
+        cfg.routing.policy = PolicyKind::KvAware;
+        let gw = gateway(cfg).await;
+
+        // An idle fleet: prefilling in place spares the transfer, so the first long prompt
+        // goes there. Each one routed in place adds its prefill to the decode engine's queue
+        // (kv_aware's fluid queue, ~0.6 s per prompt here): the requests arriving behind it
+        // there make in place costlier, and the prompts move to the idle prefill engine.
+        let mut paths = Vec::new();
+        for i in 0..12 {
+            let response = post(&gw, &long_turn(&format!("topic{i}x"))).await;
+            assert_eq!(response.status(), 200, "{protocol:?}");
+            let path = pd_path(&response);
+            let terms = pd_terms(&path);
+            let number = |key: &str| terms[key].parse::<f64>().unwrap_or_else(|_| panic!("{key}: {path}"));
+            // The verdict follows the predictions it shows.
+            let pair = path.starts_with("pair; why=pair_sooner;");
+            assert!(pair || path.starts_with("in_place; why=in_place_sooner;"), "{protocol:?}: {path}");
+            assert_eq!(pair, number("pair_cost_s") < number("in_place_cost_s"), "{path}");
+            let sum = number("prefill_s") + number("transfer_s") + number("decode_wait_s");
+            assert!((number("pair_s") - sum).abs() < 1e-3, "the pair's terms add up: {path}");
+            // ~5,000 tokens x 128 KiB at 25 GB/s.
+            assert!((0.02..0.04).contains(&number("transfer_s")), "{path}");
+            assert_eq!(pair, response.headers().get("x-kvgate-prefill-worker").is_some(), "{path}");
+            assert_eq!(pair, has_pd_fields(&last_body(&d)), "{protocol:?}: {path}");
+            paths.push(pair);
+        }
+        assert!(!paths[0], "{protocol:?}: the idle decode engine prefills the first one: {paths:?}");
+        assert!(paths.iter().any(|&pair| pair), "{protocol:?}: the queue built up sends pairs: {paths:?}");
+
+        // The dry run shows both predictions.
+        let planned: Value = client()
+            .post(format!("{}/v1/route", gw.admin_url()))
+            .json(&long_turn("zulu"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let predicted = &planned["pd"]["predicted"];
+        for key in [
+            "in_place_s",
+            "pair_s",
+            "prefill_s",
+            "transfer_s",
+            "decode_wait_s",
+            "in_place_cost_s",
+            "pair_cost_s",
+        ] {
+            assert!(predicted[key].as_f64().is_some_and(|s| s >= 0.0), "{key}: {planned}");
+        }
+        let pair = predicted["pair_cost_s"].as_f64() < predicted["in_place_cost_s"].as_f64();
+        assert_eq!(planned["path"], if pair { "pair" } else { "in_place" }, "{planned}");
+        gw.shutdown().await;
+    }
+}

@@ -270,6 +270,15 @@ pub struct PolicyConfig {
     /// this, the request is prefilled in place.
     #[arg(long, default_value_t = 8, value_name = "REQUESTS")]
     pub pd_max_prefill_queue: u64,
+    /// pd_conditional with kv_aware on both sides: bandwidth of the KV link from a prefill to a
+    /// decode engine, in GB/s, for the predicted transfer time of a pair (prompt tokens x
+    /// --kv-bytes-per-token / this), > 0. The default is the simulated engines' link.
+    #[arg(long, default_value_t = 25.0, value_name = "GBPS")]
+    pub kv_transfer_gbps: f64,
+    /// pd_conditional with kv_aware on both sides: KV bytes per prompt token a transfer moves
+    /// (default: Llama-3-8B fp16, 32 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes), >= 1.
+    #[arg(long, default_value_t = 131_072, value_name = "BYTES")]
+    pub kv_bytes_per_token: u64,
 }
 
 impl Default for PolicyConfig {
@@ -318,6 +327,7 @@ impl PolicyConfig {
             ("kv_aware_wait_margin", self.kv_aware_wait_margin, Range::AT_LEAST_ONE),
             ("kv_aware_wait_slack_ms", self.kv_aware_wait_slack_ms, Range::NON_NEGATIVE),
             ("pd_max_local_prefill_fraction", self.pd_max_local_prefill_fraction, Range::PROBABILITY),
+            ("kv_transfer_gbps", self.kv_transfer_gbps, Range::POSITIVE),
         ] {
             checks.in_range(field, value, range);
         }
@@ -328,6 +338,7 @@ impl PolicyConfig {
             ("hash_virtual_nodes", self.hash_virtual_nodes),
             ("max_sessions", self.max_sessions),
             ("kv_aware_rate_min_observations", self.kv_aware_rate_min_observations as usize),
+            ("kv_bytes_per_token", self.kv_bytes_per_token as usize),
         ] {
             checks.at_least(field, value as u64, 1);
         }
@@ -363,6 +374,7 @@ impl PolicyConfig {
             max_local_prefill_tokens: self.pd_max_local_prefill_tokens,
             max_local_prefill_fraction: self.pd_max_local_prefill_fraction,
             max_prefill_queue: self.pd_max_prefill_queue,
+            transfer_secs_per_token: self.kv_bytes_per_token as f64 / (self.kv_transfer_gbps * 1e9),
         })
     }
 

@@ -34,7 +34,7 @@ pub use kvgate_index::{IndexKind, PrefixIndex, PromptKey};
 pub use least_load::{LeastLoadPolicy, LeastLoadSettings};
 pub use manual::{AssignmentMode, ManualPolicy};
 pub use overload::{admit as admit_under_overload, Admitted, OverloadSettings};
-pub use pd::{cached_tokens, PdChoice, PdInputs, PdPath, PdRule, PdWhy};
+pub use pd::{cached_tokens, PathTtfts, PdChoice, PdInputs, PdPath, PdRule, PdWhy};
 pub use power_of_two::PowerOfTwoPolicy;
 pub use prefix_hash::PrefixHashPolicy;
 pub use random::RandomPolicy;
@@ -280,6 +280,19 @@ pub trait Policy: Send + Sync {
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute>;
+
+    /// The decision `select` would make now, with its prediction, recording nothing in the
+    /// policy's state; `None` for a policy that does not predict a time to first token (only
+    /// kv_aware does). The host asks it to weigh paths it may not take (conditional
+    /// disaggregation's pair).
+    fn preview(
+        &self,
+        _request: &RouteRequest<'_>,
+        _candidates: Candidates<'_>,
+        _ctx: &mut SelectContext<'_>,
+    ) -> Option<Decision> {
+        None
+    }
 
     /// Whether the policy reads [`Candidate::load`]; the host polls engines only when some policy does.
     fn needs_loads(&self) -> bool {

@@ -42,13 +42,6 @@ pub struct SimArgs {
     /// optionally with `:flag=value` overrides as in --policies (sweeps do not apply to it).
     #[arg(long, value_name = "POLICY", default_value = "least_load")]
     pub decode_policy: String,
-    /// Bandwidth of the KV link from prefill to decode engines, in GB/s (disaggregated fleet).
-    #[arg(long, default_value_t = 25.0)]
-    pub kv_transfer_gbps: f64,
-    /// KV bytes per prompt token moved by a transfer (default: Llama-3-8B fp16, 32 layers x 8 KV
-    /// heads x 128 dims x 2 (K and V) x 2 bytes), as `kvgate mock`'s.
-    #[arg(long, default_value_t = 131_072)]
-    pub kv_bytes_per_token: u64,
     /// Policies to compare, comma-separated. Each is a policy name, optionally followed by
     /// `:flag=value` overrides of the policy flags below (snake_case names), e.g.
     /// `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9`, and

@@ -59,6 +59,8 @@ class Gateway:
         pd_max_local_prefill_tokens: int = 2048,
         pd_max_local_prefill_fraction: float = 0.7,
         pd_max_prefill_queue: int = 8,
+        kv_transfer_gbps: float = 25.0,
+        kv_bytes_per_token: int = 131072,
         pd_disaggregation: bool = False,
         prefill: Sequence[str] = [],
         decode: Sequence[str] = [],
@@ -281,6 +283,13 @@ class Gateway:
             prompt is prefilled in place, in [0, 1]
         pd_max_prefill_queue: pd_conditional: when the least busy prefill engine has more
             requests in flight than this, the request is prefilled in place
+        kv_transfer_gbps: pd_conditional with kv_aware on both sides: bandwidth of the KV link
+            from a prefill to a decode engine, in GB/s, for the predicted transfer time of a
+            pair (prompt tokens x --kv-bytes-per-token / this), > 0. The default is the
+            simulated engines' link
+        kv_bytes_per_token: pd_conditional with kv_aware on both sides: KV bytes per prompt
+            token a transfer moves (default: Llama-3-8B fp16, 32 layers x 8 KV heads x 128 dims
+            x 2 (K and V) x 2 bytes), >= 1
         pd_disaggregation: Route a prefill/decode disaggregated fleet: each request goes to a
             prefill worker and a decode worker (--prefill, --decode, or POST /workers with a
             worker_type)
@@ -568,8 +577,6 @@ def simulate(
     prefill_workers: int | None = None,
     decode_workers: int | None = None,
     decode_policy: str = 'least_load',
-    kv_transfer_gbps: float = 25.0,
-    kv_bytes_per_token: int = 131072,
     policy: Literal['round_robin', 'random', 'cache_aware', 'power_of_two', 'least_load', 'kv_aware', 'prefix_hash', 'consistent_hashing', 'manual', 'bucket'] = 'cache_aware',
     cache_threshold: float = 0.3,
     balance_abs_threshold: float = 64.0,
@@ -612,6 +619,8 @@ def simulate(
     pd_max_local_prefill_tokens: int = 2048,
     pd_max_local_prefill_fraction: float = 0.7,
     pd_max_prefill_queue: int = 8,
+    kv_transfer_gbps: float = 25.0,
+    kv_bytes_per_token: int = 131072,
     prefill_tokens_per_sec: float | None = None,
     prefill_chunk_tokens: int | None = None,
     decode_base_ms: float | None = None,
@@ -656,10 +665,6 @@ def simulate(
     decode_policy: The decode side's policy in every run of a disaggregated fleet: a policy
         name, optionally with `:flag=value` overrides as in --policies (sweeps do not apply to
         it)
-    kv_transfer_gbps: Bandwidth of the KV link from prefill to decode engines, in GB/s
-        (disaggregated fleet)
-    kv_bytes_per_token: KV bytes per prompt token moved by a transfer (default: Llama-3-8B fp16,
-        32 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes), as `kvgate mock`'s
     policy: Routing policy
     cache_threshold: cache_aware: minimum matched fraction of the prompt for a cache hit, in (0,
         1]
@@ -761,6 +766,12 @@ def simulate(
         prompt is prefilled in place, in [0, 1]
     pd_max_prefill_queue: pd_conditional: when the least busy prefill engine has more requests
         in flight than this, the request is prefilled in place
+    kv_transfer_gbps: pd_conditional with kv_aware on both sides: bandwidth of the KV link from
+        a prefill to a decode engine, in GB/s, for the predicted transfer time of a pair (prompt
+        tokens x --kv-bytes-per-token / this), > 0. The default is the simulated engines' link
+    kv_bytes_per_token: pd_conditional with kv_aware on both sides: KV bytes per prompt token a
+        transfer moves (default: Llama-3-8B fp16, 32 layers x 8 KV heads x 128 dims x 2 (K and
+        V) x 2 bytes), >= 1
     prefill_tokens_per_sec: Uncached prompt tokens prefilled per second [default: 8000]
     prefill_chunk_tokens: Most prompt tokens per prefill step [default: 2048]
     decode_base_ms: Fixed decode step time in ms [default: 6.0]

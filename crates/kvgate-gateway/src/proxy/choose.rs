@@ -57,19 +57,70 @@ pub(super) fn choose(
     let candidates = Candidates::new(&offered).map_err(|_| NoChoice::NoWorker)?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
-    let hashes = match (index, request.key) {
-        (IndexKind::Exact, RoutingKey::Tokens(tokens)) => {
-            Some(pool.prefix.exact.prompt_hashes(tokens, namespace))
-        }
-        _ => None,
-    };
-    let inputs = SelectInputs { namespace, hashes: hashes.as_ref(), index, planning, peers: peers.as_ref() };
+    let hashes = prompt_hashes(pool, request, namespace, index);
+    let inputs =
+        SelectInputs { namespace, hashes: hashes.as_ref(), index, planning, peers: peers.as_ref(), ask: Ask::Select };
     let decision = select(state, pool, request, candidates, inputs).ok_or(NoChoice::NoWorker)?;
     let worker = pool.workers.iter().find(|w| w.id == decision.worker).ok_or(NoChoice::NoWorker)?.clone();
     if planning == Planning::Live {
         record(state, pool, &worker, &decision, peers);
     }
     Ok((worker, decision, hashes))
+}
+
+/// The decision the pool's policy would make now, with its prediction, recording nothing (read
+/// only index, no metric, no peer, nothing in the policy's state): `None` when its policy does
+/// not predict (`Policy::preview`), or no worker is left. Conditional disaggregation weighs the
+/// paths with it before choosing one.
+pub(super) fn preview(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    namespace: Namespace<'_>,
+    tried: &[u32],
+) -> Option<Decision> {
+    let (offered, events_flowing) = candidates(state, pool, tried);
+    let now_ms = state.clock.now_ms();
+    let offered = match admit_under_overload(&offered, &state.overload, now_ms, state.loads.poll_interval_ms)
+    {
+        Admitted::All => offered,
+        Admitted::Only(kept) => kept,
+        Admitted::Shed => return None,
+    };
+    let candidates = Candidates::new(&offered).ok()?;
+    let index = index_kind(pool, request, events_flowing);
+    let peers = peer_blocks(state, pool, request, index);
+    let hashes = prompt_hashes(pool, request, namespace, index);
+    let inputs = SelectInputs {
+        namespace,
+        hashes: hashes.as_ref(),
+        index,
+        planning: Planning::DryRun,
+        peers: peers.as_ref(),
+        ask: Ask::Preview,
+    };
+    select(state, pool, request, candidates, inputs)
+}
+
+/// On the exact index, the prompt's block hashes, computed once for the query, the closed
+/// loop's probe and the in-flight record.
+fn prompt_hashes(
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    namespace: Namespace<'_>,
+    index: IndexKind,
+) -> Option<PromptHashes> {
+    match (index, request.key) {
+        (IndexKind::Exact, RoutingKey::Tokens(tokens)) => Some(pool.prefix.exact.prompt_hashes(tokens, namespace)),
+        _ => None,
+    }
+}
+
+/// Whether the policy decides (`Policy::select`) or previews (`Policy::preview`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    Select,
+    Preview,
 }
 
 /// Why a pool offered no worker.
@@ -142,6 +193,8 @@ struct SelectInputs<'a> {
     index: IndexKind,
     planning: Planning,
     peers: Option<&'a PromptBlocks>,
+    /// Decide, or preview without recording.
+    ask: Ask,
 }
 
 /// The policy's decision on `candidates`, matching on the chosen index: live plans record the
@@ -154,7 +207,7 @@ fn select(
     candidates: Candidates<'_>,
     inputs: SelectInputs<'_>,
 ) -> Option<Decision> {
-    let SelectInputs { namespace, hashes, index, planning, peers } = inputs;
+    let SelectInputs { namespace, hashes, index, planning, peers, ask } = inputs;
     let recording =
         ExactRecordingTree { exact: &pool.prefix.exact, namespace, hashes, tree: &pool.prefix.tree };
     let exact = NamespacedExact { exact: &pool.prefix.exact, namespace, hashes };
@@ -184,7 +237,10 @@ fn select(
         rng: &mut rng,
         prefix_index: Some(prefix_index),
     };
-    pool.policy.select(request, candidates, &mut ctx).ok()
+    match ask {
+        Ask::Select => pool.policy.select(request, candidates, &mut ctx).ok(),
+        Ask::Preview => pool.policy.preview(request, candidates, &mut ctx),
+    }
 }
 
 /// A live decision is counted, and, made on the tree, queued for the peers (never waits).

@@ -160,6 +160,26 @@ impl Shape {
             let inputs = pd_inputs(request, &decode, None);
             return Ok(RoutePlan::Pair { prefill, decode, pd: PdRule::always(inputs) });
         };
+        // KV-aware: both sides predict (kv_aware), so the rule compares the paths' predicted
+        // times to first token; the pair's decode engine is the one its side chooses for a
+        // request bringing its KV (no prompt to prefill there).
+        if let Some(inputs) =
+            target.is_none().then(|| predict_paths(state, &rule, self, request, namespace, tried)).flatten()
+        {
+            let choice = rule.decide(inputs);
+            if choice.path == PdPath::InPlace {
+                let decode = on(decode)?;
+                count(&decode, PdPath::InPlace);
+                return Ok(RoutePlan::InPlace { decode, pd: choice });
+            }
+            let prefill = on(prefill)?;
+            let bringing_kv =
+                RouteRequest { key: RoutingKey::None, prompt_tokens: 0, session: request.session };
+            let decode = pick(state, decode, &bringing_kv, namespace, tried, None, planning)?;
+            count(&prefill, PdPath::Pair);
+            count(&decode, PdPath::Pair);
+            return Ok(RoutePlan::Pair { prefill, decode, pd: choice });
+        }
         // Conditional: the decode engine first, by the decode side's policy on its own prefix
         // index; then the rule, on what that engine holds and the prefill side's queue. A
         // request naming its worker goes where that worker serves.
@@ -195,11 +215,46 @@ impl RoutePlan {
     }
 }
 
+/// The conditional rule's inputs with both paths predicted, when both sides' policies predict
+/// (kv_aware): the decode side's preview for the request in place and for a request bringing its
+/// KV, and the prefill side's (nothing recorded; the simulator takes the same three).
+fn predict_paths(
+    state: &AppState,
+    rule: &PdRule,
+    shape: &Shape,
+    request: &RouteRequest<'_>,
+    namespace: Namespace<'_>,
+    tried: &[u32],
+) -> Option<PdInputs> {
+    let Shape::Pair { prefill, decode } = shape else { return None };
+    let preview = |pool: &ModelPool, request: &RouteRequest<'_>| {
+        super::choose::preview(state, pool, request, namespace, tried)
+    };
+    let in_place = preview(decode, request)?;
+    let on_prefill = preview(prefill, request)?;
+    let bringing_kv = RouteRequest { key: RoutingKey::None, prompt_tokens: 0, session: request.session };
+    let pair_decode = preview(decode, &bringing_kv)?;
+    let prompt_tokens = request.prompt_tokens;
+    let paths = rule.predict_paths(
+        prompt_tokens,
+        &in_place.predicted?,
+        &on_prefill.predicted?,
+        &pair_decode.predicted?,
+    );
+    Some(PdInputs {
+        prompt_tokens,
+        cached_tokens: cached_tokens(&in_place, prompt_tokens),
+        prefill_queue: super::choose::least_in_flight(state, prefill, tried),
+        predicted: Some(paths),
+    })
+}
+
 /// The conditional rule's inputs: the prompt's length, what the chosen decode engine holds of
 /// it (by the decode side's decision), and the prefill side's queue.
 fn pd_inputs(request: &RouteRequest<'_>, decode: &Pick, prefill_queue: Option<u64>) -> PdInputs {
     let prompt_tokens = request.prompt_tokens;
-    PdInputs { prompt_tokens, cached_tokens: cached_tokens(&decode.decision, prompt_tokens), prefill_queue }
+    let cached_tokens = cached_tokens(&decode.decision, prompt_tokens);
+    PdInputs { prompt_tokens, cached_tokens, prefill_queue, predicted: None }
 }
 
 /// Whether a plan is for real or a dry run.

@@ -101,6 +101,16 @@ fn describe_pd(pd: &PdChoice) -> Value {
         "uncached_tokens": pd.inputs.uncached_tokens(),
         "uncached_fraction": pd.inputs.uncached_fraction(),
         "prefill_queue": pd.inputs.prefill_queue,
+        // Both paths' predictions (kv_aware on both sides), in seconds.
+        "predicted": pd.inputs.predicted.map(|p| json!({
+            "in_place_s": p.in_place_s,
+            "pair_s": p.pair_s(),
+            "prefill_s": p.prefill_s,
+            "transfer_s": p.transfer_s,
+            "decode_wait_s": p.decode_wait_s,
+            "in_place_cost_s": p.in_place_cost_s(),
+            "pair_cost_s": p.pair_cost_s(),
+        })),
     })
 }
 

@@ -246,9 +246,44 @@ impl Policy for KvAwarePolicy {
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
+        Ok(self.decide(request, candidates, ctx, Recording::On))
+    }
+
+    fn preview(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: Candidates<'_>,
+        ctx: &mut SelectContext<'_>,
+    ) -> Option<Decision> {
+        Some(self.decide(request, candidates, ctx, Recording::Off))
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.routed.forget(worker);
+        state.rates.forget(worker);
+    }
+}
+
+/// Whether a decision is kept in the policy's state (the routed log, the arrivals, the rates'
+/// observations) or only previewed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Recording {
+    On,
+    Off,
+}
+
+impl KvAwarePolicy {
+    fn decide(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: Candidates<'_>,
+        ctx: &mut SelectContext<'_>,
+        recording: Recording,
+    ) -> Decision {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (now_ms, poll_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
-        {
+        if recording == Recording::On {
             let State { routed, rates, .. } = &mut *state;
             for c in candidates.iter() {
                 if let Some(load) = fresh_load(c, now_ms, poll_ms) {
@@ -292,21 +327,17 @@ impl Policy for KvAwarePolicy {
         let (chosen, predicted, uncached, matches, reason) =
             outcome.expect("the index calls the chooser exactly once");
         let worker = candidates[chosen].id;
-        state.routed.record(worker, now_ms, uncached, poll_ms.saturating_mul(4));
-        state.arrivals.record(now_ms, poll_ms);
-        Ok(Decision {
+        if recording == Recording::On {
+            state.routed.record(worker, now_ms, uncached, poll_ms.saturating_mul(4));
+            state.arrivals.record(now_ms, poll_ms);
+        }
+        Decision {
             worker,
             reason,
             matches,
             index: index.map(|index| index.kind()),
             predicted: Some(predicted),
-        })
-    }
-
-    fn remove_worker(&self, worker: WorkerId) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.routed.forget(worker);
-        state.rates.forget(worker);
+        }
     }
 }
 

@@ -30,13 +30,14 @@ impl SimArgs {
         if decode_workers == 0 {
             problems.push("--decode-workers must be at least 1".to_string());
         }
-        if !(self.kv_transfer_gbps.is_finite() && self.kv_transfer_gbps > 0.0) {
-            problems.push(format!(
-                "--kv-transfer-gbps must be a finite number > 0, got {}",
-                self.kv_transfer_gbps
-            ));
+        // The link's options are the policy's (`PolicyConfig`, validated with it): the fleet
+        // moves KV at the rate the conditional rule predicts with.
+        let (kv_transfer_gbps, kv_bytes_per_token) =
+            (self.policy.kv_transfer_gbps, self.policy.kv_bytes_per_token);
+        if !(kv_transfer_gbps.is_finite() && kv_transfer_gbps > 0.0) {
+            problems.push(format!("--kv-transfer-gbps must be a finite number > 0, got {kv_transfer_gbps}"));
         }
-        if self.kv_bytes_per_token == 0 {
+        if kv_bytes_per_token == 0 {
             problems.push("--kv-bytes-per-token must be at least 1".to_string());
         }
         let entry = self.decode_policy.trim();
@@ -59,8 +60,8 @@ impl SimArgs {
                 decode_workers,
                 decode_policy_entry: entry.to_string(),
                 decode_policy,
-                kv_transfer_gbps: self.kv_transfer_gbps,
-                kv_bytes_per_token: self.kv_bytes_per_token,
+                kv_transfer_gbps,
+                kv_bytes_per_token,
             }))),
             _ => Err(problems),
         }

@@ -1,4 +1,4 @@
-//! Prefill/decode disaggregation in the simulation: each request is routed at arrival to a prefill engine (the run's policy) and a decode engine (the decode side's policy), as the gateway's SGLang protocol picks both at once; prefilled with one output token and its KV held, transferred, then decoded. With the run's `pd_conditional`, the decode engine is chosen first and the gateway's rule (`kvgate_policy::PdRule`) decides: in place, the decode engine runs the request as a regular one (prefill and decode), as an engine given no bootstrap fields or transfer params does.
+//! Prefill/decode disaggregation in the simulation: each request is routed at arrival to a prefill engine (the run's policy) and a decode engine (the decode side's policy), as the gateway's SGLang protocol picks both at once; prefilled with one output token and its KV held, transferred, then decoded. With the run's `pd_conditional`, the decode engine is chosen first and the gateway's rule (`kvgate_policy::PdRule`) decides: in place, the decode engine runs the request as a regular one (prefill and decode), as an engine given no bootstrap fields or transfer params does. With kv_aware on both sides the rule compares both paths' predictions (previewed on both pools, as the gateway's plan does); a pair's decode engine is then the one the decode side chooses for a request bringing its KV.
 //!
 //! Timeline of one request: arrival → `PdStage::Prefill` on the prefill engine (queueing and
 //! prefill there) → prefill finished, its KV held → after the transfer time (prompt tokens x
@@ -154,6 +154,29 @@ impl Simulation<'_> {
         prompt_tokens: u32,
         output_tokens: u32,
     ) {
+        let predicted = self.predict_paths(rule, now, &prompt, prompt_tokens);
+        if predicted.is_some_and(|inputs| rule.decide(inputs).path == PdPath::Pair) {
+            // The pair predicted sooner: the decode engine for a request bringing its KV.
+            let Some(prefill) = self.route(0, now, &prompt, prompt_tokens, id) else {
+                self.outcome.unrouted += 1;
+                self.prompt = prompt;
+                return;
+            };
+            let Some(decode) = self.route(1, now, &[], 0, id) else {
+                self.pools[0].ended(prefill.worker as usize, id);
+                self.outcome.unrouted += 1;
+                self.prompt = prompt;
+                return;
+            };
+            return self.start_pair(
+                now,
+                id,
+                prompt,
+                output_tokens,
+                prefill.worker as usize,
+                decode.worker as usize,
+            );
+        }
         let Some(decode) = self.route(1, now, &prompt, prompt_tokens, id) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
@@ -161,11 +184,15 @@ impl Simulation<'_> {
         };
         let decode_worker = decode.worker as usize;
         let prompt_tokens_u64 = u64::from(prompt_tokens);
-        let choice = rule.decide(PdInputs {
-            prompt_tokens: prompt_tokens_u64,
-            cached_tokens: cached_tokens(&decode, prompt_tokens_u64),
-            prefill_queue: self.pools[0].least_in_flight(),
-        });
+        let choice = match predicted {
+            Some(inputs) => rule.decide(inputs),
+            None => rule.decide(PdInputs {
+                prompt_tokens: prompt_tokens_u64,
+                cached_tokens: cached_tokens(&decode, prompt_tokens_u64),
+                prefill_queue: self.pools[0].least_in_flight(),
+                predicted: None,
+            }),
+        };
         if choice.path == PdPath::InPlace {
             let request = PdRequest {
                 in_place: true,
@@ -193,6 +220,36 @@ impl Simulation<'_> {
             return;
         };
         self.start_pair(now, id, prompt, output_tokens, prefill.worker as usize, decode_worker);
+    }
+
+    /// Both paths' predictions, when both sides' policies predict (kv_aware): the decode side's
+    /// preview for the request in place and for a request bringing its KV, and the prefill
+    /// side's, as the gateway's plan takes them. Nothing is recorded.
+    fn predict_paths(
+        &mut self,
+        rule: PdRule,
+        now: u64,
+        prompt: &[u32],
+        prompt_tokens: u32,
+    ) -> Option<PdInputs> {
+        let interval = self.setup.load_monitor_interval_ms;
+        let (pools, rng, session) = (&self.pools, &mut self.rng, self.session.as_str());
+        let in_place = pools[1].preview(now, prompt, prompt_tokens, interval, rng, session)?;
+        let prefill = pools[0].preview(now, prompt, prompt_tokens, interval, rng, session)?;
+        let pair_decode = pools[1].preview(now, &[], 0, interval, rng, session)?;
+        let prompt_tokens = u64::from(prompt_tokens);
+        let paths = rule.predict_paths(
+            prompt_tokens,
+            &in_place.predicted?,
+            &prefill.predicted?,
+            &pair_decode.predicted?,
+        );
+        Some(PdInputs {
+            prompt_tokens,
+            cached_tokens: cached_tokens(&in_place, prompt_tokens),
+            prefill_queue: pools[0].least_in_flight(),
+            predicted: Some(paths),
+        })
     }
 
     /// Submits the prefill half of a pair.

@@ -213,6 +213,42 @@ impl Pool {
         }
     }
 
+    /// The decision `route` would make now, recording nothing (no in-flight count, nothing
+    /// learned by the tree), or `None` when the policy does not predict (see `Policy::preview`).
+    pub(super) fn preview(
+        &self,
+        now_us: u64,
+        prompt: &[u32],
+        prompt_tokens: u32,
+        load_poll_interval_ms: u64,
+        rng: &mut StdRng,
+        session: &str,
+    ) -> Option<Decision> {
+        let candidates: Vec<Candidate> = (0..self.n_workers())
+            .map(|worker| Candidate {
+                id: worker as u32,
+                in_flight: self.in_flight[worker],
+                load: self.loads[worker],
+            })
+            .collect();
+        let route = RouteRequest {
+            key: RoutingKey::Tokens(prompt),
+            prompt_tokens: u64::from(prompt_tokens),
+            session: Some(session),
+        };
+        let read_only;
+        let index: &dyn PrefixIndex = match &self.prefix {
+            Prefix::Approximate(tree) => {
+                read_only = ReadOnlyTree(tree);
+                &read_only
+            }
+            Prefix::Exact { index, .. } => &**index,
+        };
+        let mut ctx =
+            SelectContext { now_ms: now_us / 1000, load_poll_interval_ms, rng, prefix_index: Some(index) };
+        self.policy.preview(&route, Candidates::new(&candidates).ok()?, &mut ctx)
+    }
+
     /// Requests in flight on the least busy worker (the conditional rule's prefill queue).
     pub(super) fn least_in_flight(&self) -> Option<u64> {
         self.in_flight.iter().copied().min()

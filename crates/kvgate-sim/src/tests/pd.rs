@@ -53,7 +53,7 @@ fn ttft_is_prefill_then_kv_transfer_then_one_decode_step() {
     assert_eq!((pd.kv_transfer_mean_ms, pd.decode_queue_mean_ms), (5.369, 0.0));
     // Half the bandwidth: the transfer, and only it, takes twice as long.
     let mut slow = pd_args("round_robin", 1, 1);
-    slow.kv_transfer_gbps = 12.5;
+    slow.policy.kv_transfer_gbps = 12.5;
     let slow = simulate(&slow, &trace).runs[0].metrics.clone();
     assert_eq!(slow.ttft_p50_ms, 128.0 + 10.737 + 6.35);
     assert_eq!(slow.e2e_p50_ms - slow.ttft_p50_ms, metrics.e2e_p50_ms - metrics.ttft_p50_ms);
