@@ -17,12 +17,19 @@
 //! (skipped, with a note, when `/usr/sbin/nginx` or `$O1_NGINX` is not there). Every row of a
 //! round also gives its requests/s and CPU per request relative to nginx's (2 workers).
 //!
+//! Tracing's cost: `POLICY/traced` runs kvgate with `--otlp-traces-endpoint` pointing at an
+//! OTLP/HTTP sink in this process (`o1/otlp_sink.rs`: decodes, counts and discards the spans); its
+//! row is followed by the spans the sink received and the gateway's `kvgate_otlp_*` losses.
+//!
 //! `cargo bench --bench o1` (env: O1_SECS=20, O1_CLIENTS=64, O1_PROMPT_BYTES=8192, O1_ROUNDS=1,
 //! O1_GATEWAY_THREADS=0, O1_TARGETS=bare,nginx,round_robin,cache_aware; also nginx1,
-//! tokenize_mock, tokenize_hf; `POLICY/shared` runs kvgate with `--io-threads 0`).
+//! tokenize_mock, tokenize_hf; `POLICY/shared` runs kvgate with `--io-threads 0`,
+//! `POLICY/traced` with traces exported).
 
 #[path = "o1/nginx.rs"]
 mod nginx;
+#[path = "o1/otlp_sink.rs"]
+mod otlp_sink;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -218,6 +225,7 @@ async fn main() {
     let silent_events: Vec<String> = urls.iter().map(|_| "tcp://127.0.0.1:1".to_string()).collect();
     let rounds = env_or("O1_ROUNDS", 1).max(1);
     let nginx_binary = nginx::binary();
+    let sink = targets.iter().any(|t| t.ends_with("/traced")).then(otlp_sink::Sink::start);
     println!(
         "O1: {clients} clients, {secs} s per run, body {} bytes, 4 canned engines, gateway threads {threads} (0 = one per core), {rounds} round(s)",
         body.len()
@@ -230,17 +238,32 @@ async fn main() {
         let direct = load(&urls[0], body.clone(), clients, secs).await;
         let mut measured: Vec<Measured> = Vec::new();
         for target in targets.iter().map(String::as_str) {
-            let server =
-                match start_target(target, &urls, &threads, &silent_events, tokenizer_dir, &nginx_binary) {
-                    Ok(server) => server,
-                    Err(skipped) => {
-                        println!("| {round} | {} | {skipped}: skipped | | | | | | | |", label(target));
-                        continue;
-                    }
-                };
+            let otlp = sink.as_ref().map(|sink| sink.url.as_str());
+            let server = match start_target(
+                target,
+                &urls,
+                &threads,
+                &silent_events,
+                tokenizer_dir,
+                &nginx_binary,
+                otlp,
+            ) {
+                Ok(server) => server,
+                Err(skipped) => {
+                    println!("| {round} | {} | {skipped}: skipped | | | | | | | |", label(target));
+                    continue;
+                }
+            };
+            let spans_before = sink.as_ref().map_or(0, otlp_sink::Sink::spans);
             let cpu_before = server.cpu_seconds();
             let run = load(server.url(), body.clone(), clients, secs).await;
             let cpu = server.cpu_seconds() - cpu_before;
+            let note = match &sink {
+                Some(sink) if target.ends_with("/traced") => {
+                    Some(exported_spans(sink, spans_before, run.requests + clients, server.url()).await)
+                }
+                _ => None,
+            };
             drop(server);
             measured.push(Measured {
                 target: target.to_string(),
@@ -250,6 +273,7 @@ async fn main() {
                 vs_nginx: None,
                 cpu_vs_nginx: None,
                 run,
+                note,
             });
         }
         // nginx (2 workers) is the reference of the round.
@@ -279,6 +303,9 @@ async fn main() {
                 m.cpu_us,
                 ratio(m.cpu_vs_nginx)
             );
+            if let Some(note) = &m.note {
+                println!("| {round} | ↳ {note} | | | | | | | | |");
+            }
             results.push(m);
         }
     }
@@ -321,6 +348,44 @@ struct Measured {
     cpu_us: f64,
     vs_nginx: Option<f64>,
     cpu_vs_nginx: Option<f64>,
+    /// The traced targets: what reached the collector.
+    note: Option<String>,
+}
+
+/// After a traced run of `requests` requests: the spans the sink received (waiting up to 5 s for
+/// the last batches) and what the gateway counted as lost.
+async fn exported_spans(sink: &otlp_sink::Sink, before: u64, requests: usize, gateway: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.spans() - before < requests as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let received = sink.spans() - before;
+    let metrics = get_text(&format!("{gateway}/metrics")).await;
+    let value = |series: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap_or("?")
+            .to_string()
+    };
+    format!(
+        "spans received {received} of {requests} requests; dropped: queue_full {}, export_failed {}",
+        value(r#"kvgate_otlp_spans_dropped_total{reason="queue_full"}"#),
+        value(r#"kvgate_otlp_spans_dropped_total{reason="export_failed"}"#)
+    )
+}
+
+async fn get_text(url: &str) -> String {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let Ok(uri) = url.parse::<hyper::Uri>() else { return String::new() };
+    match client.get(uri).await {
+        Ok(res) => match res.into_body().collect().await {
+            Ok(body) => String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+            Err(_) => String::new(),
+        },
+        Err(_) => String::new(),
+    }
 }
 
 fn label(target: &str) -> String {
@@ -332,6 +397,9 @@ fn label(target: &str) -> String {
         "tokenize_hf" => "kvgate cache_aware + HF tokenizer, chat template (exact index)".to_string(),
         _ => match target.split_once('/') {
             Some((policy, "shared")) => format!("kvgate {policy}, shared runtime (--io-threads 0)"),
+            Some((policy, "traced")) => {
+                format!("kvgate {policy}, traced (--otlp-traces-endpoint, local sink)")
+            }
             _ => format!("kvgate {target}"),
         },
     }
@@ -369,6 +437,7 @@ fn start_target(
     silent_events: &[String],
     tokenizer_dir: &str,
     nginx_binary: &Option<std::path::PathBuf>,
+    otlp: Option<&str>,
 ) -> Result<Server, String> {
     if let Some(workers) = match target {
         "nginx" => Some(2),
@@ -387,15 +456,19 @@ fn start_target(
         return Ok(Server::Child(proxy, url.to_string()));
     }
     // `POLICY/shared`: client connections on the shared multi-threaded runtime (`--io-threads 0`)
-    // instead of one I/O thread per core.
-    let (target, shared_runtime) = match target.split_once('/') {
-        Some((target, "shared")) => (target, true),
-        _ => (target, false),
+    // instead of one I/O thread per core; `POLICY/traced`: spans exported to the sink.
+    let (target, variant) = match target.split_once('/') {
+        Some((target, variant)) => (target, Some(variant)),
+        None => (target, None),
     };
+    let shared_runtime = variant == Some("shared");
     let routing = if target.starts_with("tokenize") { "cache_aware" } else { target };
     let mut args = vec!["launch", "--port", "0", "--policy", routing, "--log-level", "warn"];
     if shared_runtime {
         args.extend(["--io-threads", "0"]);
+    }
+    if variant == Some("traced") {
+        args.extend(["--otlp-traces-endpoint", otlp.expect("the sink runs for traced targets")]);
     }
     args.extend(["--worker-threads", threads, "--worker-urls"]);
     args.extend(urls.iter().map(String::as_str));
@@ -409,6 +482,8 @@ fn start_target(
         _ => {}
     }
     let (gateway, lines) = spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
+    // `kvgate listening on URL (admin API: ...)`.
     let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap();
+    let url = url.split_whitespace().next().unwrap_or(url);
     Ok(Server::Child(gateway, url.to_string()))
 }

@@ -282,6 +282,20 @@ pub async fn eventually(secs: f64, mut check: impl AsyncFnMut() -> bool) -> bool
     false
 }
 
+/// The gateway's `/metrics` text.
+pub async fn metrics_text(gw: &GatewayHandle) -> String {
+    client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
+}
+
+/// The value of the first metric line starting with `series`, 0 when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Waits up to 5 s until the gateway's `/metrics` has the line `line` (e.g. `kvgate_queue_depth 1`).
 pub async fn metric_line_appears(gw: &GatewayHandle, line: &str) -> bool {
     let url = format!("{}/metrics", gw.url());

@@ -103,6 +103,12 @@ async fn ready_pods_join_and_leave_without_dropping_requests_in_flight() {
     assert!(eventually(10.0, async || has_workers(&gw, &[&a, &b]).await).await);
     api.delete("a");
     assert!(eventually(5.0, async || has_workers(&gw, &[&b]).await).await, "a leaves when deleted");
+    // A join or leave is counted just after the registry changed: wait for the count too.
+    let counted = eventually(5.0, async || {
+        metric(&gw, "kvgate_discovery_events_total{event=\"joined\"}").await >= 3.0
+            && metric(&gw, "kvgate_discovery_events_total{event=\"left\"}").await >= 2.0
+    });
+    assert!(counted.await, "three joins and two leaves counted");
     assert_eq!(metric(&gw, "kvgate_discovery_events_total{event=\"joined\"}").await, 3.0);
     assert_eq!(metric(&gw, "kvgate_discovery_events_total{event=\"left\"}").await, 2.0);
     gw.shutdown().await;
@@ -132,6 +138,9 @@ async fn a_broken_watch_relists_without_losing_workers() {
         eventually(5.0, async || has_workers(&gw, &[&ups[0], &ups[1]]).await).await,
         "the re-list settles: c leaves"
     );
+    let left =
+        eventually(5.0, async || metric(&gw, "kvgate_discovery_events_total{event=\"left\"}").await >= 1.0);
+    assert!(left.await, "c's leave counted");
     assert_eq!(metric(&gw, "kvgate_discovery_events_total{event=\"left\"}").await, 1.0, "only c left");
     assert_eq!(metric(&gw, "kvgate_discovery_events_total{event=\"joined\"}").await, 3.0, "none re-joined");
     assert!(metric(&gw, "kvgate_discovery_events_total{event=\"relist\"}").await >= 2.0);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::kv_wire::block_stored;
-use common::{client, config, eventually, gateway, wait_kv_events_flowing};
+use common::{client, config, eventually, gateway, metric, wait_kv_events_flowing};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_index::{BlockIndex, PrefixMatch};
 use kvgate_mock::{spawn_fleet, KvEventEncoding, MockArgs, MockFleet};
@@ -115,15 +115,6 @@ async fn metrics(gw: &GatewayHandle) -> String {
     client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
 }
 
-/// The value of the first metric line starting with `series`, 0 when absent.
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_follows_stores_and_evictions_in_every_engine_format() {
     for encoding in [KvEventEncoding::Vllm033, KvEventEncoding::Vllm010, KvEventEncoding::Sglang05] {
@@ -170,8 +161,14 @@ async fn a_lost_batch_is_recovered_through_replay() {
         sent.push(tokens(&text));
     }
     assert_in_sync(&gw, &fleet, &sent).await;
-    let text = metrics(&gw).await;
-    assert!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"replay\"") >= 1.0, "{text}");
+    // The subscriber counts a gap after its replay reached the index.
+    let mut text = String::new();
+    let counted = eventually(5.0, async || {
+        text = metrics(&gw).await;
+        metric(&text, "kvgate_kv_events_gaps_total{recovery=\"replay\"") >= 1.0
+    })
+    .await;
+    assert!(counted, "{text}");
     assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 0.0);
     gw.shutdown().await;
     fleet.shutdown().await;
@@ -230,7 +227,14 @@ async fn without_replay_a_gap_clears_the_workers_entries() {
     index.overlap(&kept, kvgate_index::Namespace::BASE, &mut matched);
     assert_eq!(matched.best(), 0, "entries from before the gap are gone although the engine still has them");
     assert!(fleet.cached_prefix_tokens(0, &kept) > 0);
-    let text = metrics(&gw).await;
+    // The gap is counted once the batch after it is applied, not before.
+    let mut text = String::new();
+    let counted = eventually(5.0, async || {
+        text = metrics(&gw).await;
+        metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\"") >= 1.0
+    })
+    .await;
+    assert!(counted, "{text}");
     assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 1.0, "{text}");
     gw.shutdown().await;
     fleet.shutdown().await;

@@ -237,7 +237,9 @@ async fn each_side_has_its_own_policy_and_the_prefill_overload_trigger_reads_the
     cfg.routing = PolicyConfig { overload_token_usage_threshold: 0.9, ..PolicyConfig::default() };
     cfg.prefill_policy = Some(PolicyKind::CacheAware);
     cfg.decode_policy = Some(PolicyKind::RoundRobin);
-    cfg.load_monitor_interval_ms = 50;
+    // Samples go stale after three intervals and a stale one never drives the KV terms: at 50 ms
+    // a loaded machine (CI's 2 cores) let them age past 150 ms before the requests were routed.
+    cfg.load_monitor_interval_ms = 1000;
     let gw = gateway(cfg).await;
     let gw_url = gw.url();
     assert!(

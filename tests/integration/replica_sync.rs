@@ -10,7 +10,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::redis::Redis;
-use common::{client, config, eventually, gateway};
+use common::{client, config, eventually, gateway, metric};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
 use kvgate_policy::PolicyKind;
@@ -42,15 +42,6 @@ const SECRET: &str = "replica-sync-test-secret";
 
 async fn metrics_text(url: &str) -> String {
     client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap()
-}
-
-/// The value of the first metric line starting with `series`, 0 when absent.
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// The engines' prefix-cache hit rate: cached prompt tokens over prompt tokens, fleet-wide.

@@ -1,17 +1,19 @@
 //! OpenTelemetry traces (`--otlp-traces-endpoint`): an OTLP/HTTP receiver on 127.0.0.1 decodes
 //! the protobuf export requests the gateway sends (opentelemetry-proto's messages) and checks the
 //! request spans' documented attributes and events; the client's W3C `traceparent` is continued,
-//! and the span's own context is what reaches the engine.
+//! and the span's own context is what reaches the engine. A collector that fails (answers 500,
+//! or is not there) is counted, not silent.
 
 use crate::common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
-use common::{client, eventually, gateway, kv_events_config};
+use common::{client, eventually, gateway, kv_events_config, metric, metrics_text};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -175,4 +177,62 @@ async fn request_spans_reach_an_otlp_receiver_with_the_route_and_traceparent_rea
         spans.iter().map(|span| format!("00-{CLIENT_TRACE}-{}-01", hex(&span.span_id))).collect();
     assert!(ids.contains(&sent), "the engine's traceparent {sent} is a gateway span's context: {ids:?}");
     gw.shutdown().await;
+}
+
+/// A collector that takes every export request and answers 500; returns its URL and the
+/// requests it got.
+async fn failing_receiver() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        post(move |_: Bytes| async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/traces", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_a_collector_refuses_or_never_gets_are_counted_with_their_spans() {
+    let (refusing, hits) = failing_receiver().await;
+    let closed = format!("{}/v1/traces", common::dead_url().await);
+    for (endpoint, what) in [(refusing, "a collector answering 500"), (closed, "a closed port")] {
+        let worker = common::upstream("worker", "m").await;
+        let mut cfg = common::config(vec![worker.url.clone()]);
+        cfg.otlp_traces_endpoint = Some(endpoint);
+        let gw = gateway(cfg).await;
+        let routable = eventually(10.0, async || {
+            let workers = gw.state.registry.snapshot().workers.clone();
+            workers.iter().all(|w| w.is_routable(std::time::Instant::now()))
+        })
+        .await;
+        assert!(routable, "{what}: the worker is routable");
+        for _ in 0..3 {
+            let res = client()
+                .post(format!("{}/v1/chat/completions", gw.url()))
+                .json(&common::chat("m"))
+                .send()
+                .await;
+            let res = res.unwrap();
+            assert_eq!(res.status(), 200, "{what}: tracing never fails a request");
+            res.bytes().await.unwrap();
+        }
+        let failed = r#"kvgate_otlp_spans_dropped_total{reason="export_failed"}"#;
+        let mut text = String::new();
+        let counted = eventually(20.0, async || {
+            text = metrics_text(&gw).await;
+            metric(&text, "kvgate_otlp_export_failures_total") >= 1.0 && metric(&text, failed) >= 3.0
+        })
+        .await;
+        assert!(counted, "{what}: the failed exports and their 3 spans are counted:\n{text}");
+        assert_eq!(metric(&text, "kvgate_otlp_spans_exported_total "), 0.0, "{what}");
+        assert_eq!(metric(&text, r#"kvgate_otlp_spans_dropped_total{reason="queue_full"}"#), 0.0, "{what}");
+        gw.shutdown().await;
+    }
+    assert!(hits.load(Ordering::SeqCst) >= 1, "the refusing collector was asked");
 }

@@ -1,6 +1,6 @@
 //! Prometheus metrics of the gateway: requests, latencies, in-flight, retries, worker health,
 //! circuit state and routing decisions, and each subsystem's own families (load monitor, KV
-//! events, admission, replica sync), rendered as text at GET /metrics.
+//! events, admission, replica sync, the OTLP exporter), rendered as text at GET /metrics.
 
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
@@ -11,8 +11,10 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod otlp;
 mod replica_sync;
 
+pub use otlp::OtlpMetrics;
 pub use replica_sync::ReplicaSyncMetrics;
 
 use crate::endpoint::Endpoint;
@@ -76,6 +78,7 @@ pub struct Metrics {
     pub kv_events: KvEventsMetrics,
     pub admission: AdmissionMetrics,
     pub replica_sync: ReplicaSyncMetrics,
+    pub otlp: OtlpMetrics,
     /// Kubernetes service discovery events: joined, left, relist, error.
     pub discovery_events: IntCounterVec,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
@@ -414,6 +417,7 @@ impl Metrics {
             ),
             },
             replica_sync: ReplicaSyncMetrics::register(&registry),
+            otlp: OtlpMetrics::register(&registry),
             discovery_events: counter(
                 "kvgate_discovery_events_total",
                 "Kubernetes service discovery events: joined, left, relist, error.",

@@ -113,11 +113,12 @@ impl AppState {
         };
         // The exporter's blocking HTTP client is made outside any async runtime.
         let traces = match config.otlp_traces_endpoint.clone() {
-            Some(endpoint) => Some(Arc::new(
-                std::thread::spawn(move || Traces::new(&endpoint))
+            Some(endpoint) => Some(Arc::new({
+                let metrics = metrics.otlp.clone();
+                std::thread::spawn(move || Traces::new(&endpoint, metrics))
                     .join()
-                    .map_err(|_| "building the OTLP traces exporter panicked".to_string())??,
-            )),
+                    .map_err(|_| "building the OTLP traces exporter panicked".to_string())??
+            })),
             None => None,
         };
         let upstream_tls = crate::tls::upstream_connector(&config)?;
