@@ -58,8 +58,14 @@ pub(super) fn choose(
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
     let hashes = prompt_hashes(pool, request, namespace, index);
-    let inputs =
-        SelectInputs { namespace, hashes: hashes.as_ref(), index, planning, peers: peers.as_ref(), ask: Ask::Select };
+    let inputs = SelectInputs {
+        namespace,
+        hashes: hashes.as_ref(),
+        index,
+        planning,
+        peers: peers.as_ref(),
+        ask: Ask::Select,
+    };
     let decision = select(state, pool, request, candidates, inputs).ok_or(NoChoice::NoWorker)?;
     let worker = pool.workers.iter().find(|w| w.id == decision.worker).ok_or(NoChoice::NoWorker)?.clone();
     if planning == Planning::Live {
@@ -111,7 +117,9 @@ fn prompt_hashes(
     index: IndexKind,
 ) -> Option<PromptHashes> {
     match (index, request.key) {
-        (IndexKind::Exact, RoutingKey::Tokens(tokens)) => Some(pool.prefix.exact.prompt_hashes(tokens, namespace)),
+        (IndexKind::Exact, RoutingKey::Tokens(tokens)) => {
+            Some(pool.prefix.exact.prompt_hashes(tokens, namespace))
+        }
         _ => None,
     }
 }
