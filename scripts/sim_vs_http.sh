@@ -4,12 +4,13 @@
 # running TIME_SCALE times faster than wall time, then runs `kvgate sim` on the same requests,
 # and prints both reports and their per-percentile ratios. Loopback only.
 #
-#   scripts/sim_vs_http.sh S1|S2|S3|S4|S5|S6|S7|S8 [MAX_REQUESTS|-] [ENTRY ...]
+#   scripts/sim_vs_http.sh S1|S2|S3|S4|S4T|S5|S6|S7|S8 [MAX_REQUESTS|-] [ENTRY ...]
 #
 # An ENTRY is a policy as `kvgate sim --policies` takes it: NAME[:flag=value...][@LABEL], e.g.
 # `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9@triggers`
 # (default: round_robin cache_aware kv_aware). S5, S7 and S8 are generated (kvgate trace gen,
-# seed 0) into OUT; S6 is the unequal fleet (docs/SCENARIOS.md).
+# seed 0) into OUT; S6 is the unequal fleet (docs/SCENARIOS.md); S4T is S4 with its KV split into
+# GPU and a host-memory offload tier.
 #
 # The gateway runs in wall time and the engines TIME_SCALE times faster, so every time-valued
 # policy setting is given to the gateway scaled (load polls every 1000 / TIME_SCALE ms, prefill
@@ -28,12 +29,14 @@ trace=${TRACE:-../shared/traces/conversation_trace.jsonl}
 scale=${TIME_SCALE:-10}
 out=${OUT:-/tmp/sim_vs_http}/$scenario
 mkdir -p "$out"
-kv=262144; rate=1; fleet=(); fleet_kv=
+kv=262144; rate=1; fleet=(); fleet_kv=; tier=()
 case $scenario in
   S1) ;;
   S2) rate=2 ;;
   S3) rate=2; kv=131072 ;;
   S4) rate=1.5; kv=1048576 ;;
+  # S4's KV per engine split: 262,144 tokens of GPU and a 786,432-token host-memory tier.
+  S4T) rate=1.5; tier=(--cpu-offload-tokens 786432); fleet_kv=$((8 * 1048576)) ;;
   S5) kv=1048576; trace=$out/s5.jsonl; "$kvgate" trace gen --shape hot-docs -o "$trace" ;;
   S6) rate=2; fleet_kv=$((7 * 262144 + 131072))
       fleet=(--worker-speeds 2,2,2,2,1,1,1,1
@@ -66,7 +69,7 @@ cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; w
 trap cleanup EXIT
 
 "$kvgate" mock --workers 8 --time-scale "$scale" --base-port 31000 --kv-events-base-port 31100 \
-  --kv-events-replay-base-port 31200 --kv-capacity-tokens "$kv" "${fleet[@]}" --force-max-tokens \
+  --kv-events-replay-base-port 31200 --kv-capacity-tokens "$kv" "${tier[@]}" "${fleet[@]}" --force-max-tokens \
   > "$out/mock.log" 2>&1 &
 pids+=($!)
 sleep 2
@@ -76,7 +79,10 @@ for i in 0 1 2 3 4 5 6 7; do
   events+=("tcp://127.0.0.1:$((31100 + i))")
   replays+=("tcp://127.0.0.1:$((31200 + i))")
 done
-urls=(); labels=()
+# One gateway at a time: an idle gateway subscribed to the same engines would spend the
+# machine's CPU on their KV events while another is measured.
+echo "uptime before: $(uptime)" | tee "$out/uptime.txt"
+: > "$out/http.md"; jsons=()
 port=30100
 for entry in "${entries[@]}"; do
   spec=${entry%%@*}
@@ -92,17 +98,23 @@ for entry in "${entries[@]}"; do
   "$kvgate" launch --port $port --worker-urls "${workers[@]}" \
     --kv-events-endpoints "${events[@]}" --kv-events-replay-endpoints "${replays[@]}" \
     --mock-tokenizer --log-level warn $scaled "${flags[@]}" > "$out/gateway-${label// /_}.log" 2>&1 &
-  pids+=($!)
-  urls+=("http://127.0.0.1:$port"); labels+=("$label")
-  port=$((port + 1))
+  gateway=$!; pids+=($gateway)
+  sleep 3
+  json="$out/http-${#jsons[@]}.json"; jsons+=("$json")
+  "$kvgate" replay --trace "$trace" --url "http://127.0.0.1:$port" --label "$label" --speedup "$speedup" \
+    "${limit[@]}" --flush-cache-urls "${workers[@]}" --pause-secs "${PAUSE_SECS:-5}" \
+    --fleet-kv-tokens "$fleet_kv" --json "$json" | tee -a "$out/http.md"
+  kill "$gateway" 2>/dev/null || true; wait "$gateway" 2>/dev/null || true
+  port=$((port + 2)) # the port after each --port is its admin listener
 done
-sleep 3
-echo "uptime before: $(uptime)" | tee "$out/uptime.txt"
-"$kvgate" replay --trace "$trace" --url "${urls[@]}" --label "${labels[@]}" --speedup "$speedup" \
-  "${limit[@]}" --flush-cache-urls "${workers[@]}" --pause-secs "${PAUSE_SECS:-5}" \
-  --fleet-kv-tokens "$fleet_kv" --json "$out/http.json" | tee "$out/http.md"
+python3 -c "
+import json, sys
+runs = []
+for f in sys.argv[2:]:
+    r = json.load(open(f)); runs += r if isinstance(r, list) else [r]
+json.dump(runs, open(sys.argv[1], 'w'))" "$out/http.json" "${jsons[@]}"
 echo "uptime after: $(uptime)" | tee -a "$out/uptime.txt"
-"$kvgate" sim --trace "$trace" --rate-scale "$rate" --kv-capacity-tokens "$kv" "${fleet[@]}" "${limit[@]}" \
+"$kvgate" sim --trace "$trace" --rate-scale "$rate" --kv-capacity-tokens "$kv" "${tier[@]}" "${fleet[@]}" "${limit[@]}" \
   --policies "$(IFS=,; echo "${entries[*]}")" --json "$out/sim.json" | tee "$out/sim.md"
 # Per-percentile ratios, HTTP (wall time x TIME_SCALE = model time) over the simulator.
 python3 - "$out/http.json" "$out/sim.json" "$scale" <<'PY' | tee "$out/ratios.md"
