@@ -75,8 +75,8 @@ pub fn has_room(thresholds: &Thresholds, usage: f64, candidate: &Candidate, prom
 /// the spread from one queueing engine to another only spread the prefixes of a saturated pool:
 /// S2 and S3 had TTFT p99 1.09x and 1.05x of the triggers off; docs/BENCHMARKS.md). The
 /// spread's destination must itself have room (an engine with room elsewhere, itself past the
-/// spread, is no reason to send the miss to a cold engine that queues). The terms act per
-/// engine, and the engines they do not keep out are routed as if the pool were balanced. (They used to switch the whole pool
+/// spread, is no reason to send the miss to a cold engine that queues). The terms act per engine, and the engines they do
+/// not keep out are routed as if the pool were balanced. (They used to switch the whole pool
 /// to "route to the coldest", so one engine above the ceiling, a small one in an unequal fleet
 /// or one holding a long prompt, sent every request of the pool to the least-used engine, prefix
 /// or not: S6 and S8 lost a third to half of their hit rate and the TTFT p99 grew 1.8x and
