@@ -66,16 +66,11 @@ pub fn has_room(thresholds: &Thresholds, usage: f64, candidate: &Candidate, prom
 /// [`kv_usable`]; `room[i]`: [`has_room`] for candidate `i`):
 /// - **overload**: the engine is above the ceiling while another has room for the request: no
 ///   new request;
-/// - **KV spread**: the engine is more than the spread threshold above the coldest while an
-///   engine the spread leaves in has room for the request: no new prefix (misses go elsewhere),
-///   but it keeps serving the prefixes it holds.
+/// - **KV spread**: the engine is more than the spread threshold above the coldest: no new
+///   prefix (misses go elsewhere), but it keeps serving the prefixes it holds.
 ///
-/// The coldest engine is never kept out. Both terms need somewhere to go: when no engine has
-/// room the pool is saturated, not imbalanced, and neither term moves anything (a miss moved by
-/// the spread from one queueing engine to another only spread the prefixes of a saturated pool:
-/// S2 and S3 had TTFT p99 1.09x and 1.05x of the triggers off; docs/BENCHMARKS.md). The
-/// spread's destination must itself have room (an engine with room elsewhere, itself past the
-/// spread, is no reason to send the miss to a cold engine that queues). The terms act per engine, and the engines they do
+/// The coldest engine is never kept out (when no engine has room the pool is saturated, not
+/// imbalanced, and only the spread applies). The terms act per engine, and the engines they do
 /// not keep out are routed as if the pool were balanced. (They used to switch the whole pool
 /// to "route to the coldest", so one engine above the ceiling, a small one in an unequal fleet
 /// or one holding a long prompt, sent every request of the pool to the least-used engine, prefix
@@ -86,14 +81,11 @@ pub fn kv_exclusions(thresholds: &Thresholds, kv: Option<&[f64]>, room: &[bool])
     let Some(kv) = kv else { return Vec::new() };
     let kv_min = kv.iter().copied().fold(f64::INFINITY, f64::min);
     let somewhere_to_go = room.iter().any(|&room| room);
-    let past_spread = |usage: f64| usage - kv_min > thresholds.kv_spread;
-    // An engine with room is below the ceiling, so never kept out by the overload.
-    let spread_has_a_destination = kv.iter().zip(room).any(|(&usage, &room)| room && !past_spread(usage));
     kv.iter()
         .map(|&usage| {
             if somewhere_to_go && usage > thresholds.overload {
                 Some(Imbalance::Overload)
-            } else if spread_has_a_destination && past_spread(usage) {
+            } else if usage - kv_min > thresholds.kv_spread {
                 Some(Imbalance::KvSpread)
             } else {
                 None
@@ -163,23 +155,11 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_saturated_everywhere_is_not_imbalanced() {
-        // Nowhere to move the load: neither term keeps anyone out, the spread neither.
+    fn a_pool_saturated_everywhere_is_not_overloaded() {
+        // Nowhere to move the load: only the spread keeps anyone out.
         check(KV_AWARE, &[0.95, 0.97, 0.91], &[None, None, None]);
         let tight = Thresholds { kv_spread: 0.05, ..KV_AWARE };
-        check(tight, &[0.95, 0.99, 0.91], &[None, None, None]);
-    }
-
-    #[test]
-    fn the_spread_needs_a_destination_with_room() {
-        let kv = [0.7, 0.3, 0.05];
-        // Every engine queues: a miss moved off the hot engine would queue as well.
-        assert_eq!(kv_exclusions(&KV_AWARE, Some(&kv), &[false, false, false]), [None, None, None]);
-        // The only engine with room is the hot one: still nowhere better to send its misses.
-        assert_eq!(kv_exclusions(&KV_AWARE, Some(&kv), &[true, false, false]), [None, None, None]);
-        // An engine the spread leaves in has room: the hot one takes no new prefix.
-        assert_eq!(kv_exclusions(&KV_AWARE, Some(&kv), &[false, true, false]), [Some(KvSpread), None, None]);
-        assert_eq!(kv_exclusions(&KV_AWARE, Some(&kv), &[false, false, true]), [Some(KvSpread), None, None]);
+        check(tight, &[0.95, 0.99, 0.91], &[None, Some(KvSpread), None]);
     }
 
     #[test]

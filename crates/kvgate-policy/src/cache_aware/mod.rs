@@ -1,10 +1,8 @@
 //! `cache_aware`: route to the worker already holding the longest prefix of the prompt while the
 //! pool is balanced. The KV terms act per engine: an engine above the overload ceiling (while
 //! another has room for the request: [`has_room`]) gets no new request, one more than the KV
-//! spread above the coldest no new prefix (while an engine the spread leaves in has room; a miss
-//! goes elsewhere; it keeps serving the prefixes it holds), and the others are routed as usual
-//! (prefix first, a miss to the shortest queue). A pool where no engine has room is saturated,
-//! not imbalanced: the KV terms move nothing there.
+//! spread above the coldest no new prefix (a miss goes elsewhere; it keeps serving the prefixes
+//! it holds), and the others are routed as usual (prefix first, a miss to the shortest queue).
 //! The count spread is pool-wide: it moves load toward the shortest queue, keeping prefix
 //! affinity inside the acceptable load band when possible.
 

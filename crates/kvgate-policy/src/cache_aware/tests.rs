@@ -518,57 +518,6 @@ proptest::proptest! {
     }
 }
 
-proptest::proptest! {
-    /// Both KV terms need somewhere to go: when no engine has room for the request (each queues,
-    /// or would cross the ceiling with the prompt), the triggers on route exactly as off (same
-    /// worker, same reason, same random draws); a decision the spread names always had an
-    /// engine with room that the spread leaves in.
-    #[test]
-    fn kv_terms_move_nothing_in_a_saturated_pool(
-        engines in proptest::collection::vec((0u64..50, 0u32..=20, 0u64..2), 2..8),
-        holder in 0usize..8,
-        new_prompt in proptest::bool::ANY,
-    ) {
-        let off = PolicyConfig { policy: PolicyKind::CacheAware, ..PolicyConfig::default() };
-        let mut on = Harness::new(kv_aware());
-        let mut off = Harness::new(off);
-        let now = on.now_ms;
-        let holder = holder % engines.len();
-        let in_flight: Vec<u64> = engines.iter().map(|&(n, _, _)| n).collect();
-        // On a grid at least 0.014 from the 0.9 ceiling and from the 0.3 spread (see above).
-        let kv: Vec<f64> = engines.iter().map(|&(_, k, _)| (f64::from(k) + 0.5) / 21.0).collect();
-        let text = if new_prompt { "a prompt nobody has seen" } else { PROMPT };
-        let mut candidates = pool(&in_flight, Some(&kv), now);
-        for (candidate, &(_, _, waiting)) in candidates.iter_mut().zip(&engines) {
-            candidate.load.as_mut().unwrap().num_waiting_reqs = waiting;
-        }
-        let mut decisions = Vec::new();
-        for h in [&mut on, &mut off] {
-            h.route(PROMPT, &pool(&[0], Some(&[0.0]), now - 5_000));
-            if holder != 0 {
-                let only = vec![Candidate { id: holder as u32, in_flight: 0, load: None }];
-                h.route(PROMPT, &only);
-            }
-            decisions.push(h.route(text, &candidates));
-        }
-        let kv_min = kv.iter().copied().fold(f64::INFINITY, f64::min);
-        let room = |i: usize| kv[i] <= 0.9 && engines[i].2 == 0;
-        if !(0..kv.len()).any(room) {
-            proptest::prop_assert_eq!(
-                (decisions[0].worker, decisions[0].reason),
-                (decisions[1].worker, decisions[1].reason),
-                "KV {:?}, engines {:?}, holder {}", kv, engines, holder
-            );
-        }
-        if decisions[0].reason == Reason::ImbalanceKvSpread {
-            proptest::prop_assert!(
-                (0..kv.len()).any(|i| room(i) && kv[i] - kv_min <= 0.3),
-                "KV {:?}, engines {:?}", kv, engines
-            );
-        }
-    }
-}
-
 #[test]
 fn a_miss_tied_with_an_engine_kept_out_names_the_kv_term() {
     // Equal queues: the miss could have gone to either; the overloaded one is kept out, and the
