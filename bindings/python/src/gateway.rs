@@ -14,6 +14,8 @@ use pyo3::prelude::*;
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest wait for the runtime's remaining tasks after a graceful stop.
 const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a stop waits beyond the configured grace period for the drain to end.
+const DRAIN_MARGIN: Duration = Duration::from_secs(10);
 
 /// A started gateway: its runtime, handle, the simulated engines in front of which it runs.
 struct Running {
@@ -23,6 +25,8 @@ struct Running {
     url: String,
     admin_url: String,
     metrics_url: Option<String>,
+    /// The configured drain (`shutdown_grace_period_secs`).
+    grace: Duration,
 }
 
 /// The gateway behind `kvgate.Gateway` (the keyword handling is in `kvgate/__init__.py`).
@@ -90,6 +94,7 @@ fn launch(mut config: GatewayConfig, mock_workers: usize) -> Result<Running, PyE
         .thread_name("kvgate")
         .build()
         .map_err(|error| PyOSError::new_err(format!("cannot start the async runtime: {error}")))?;
+    let grace = Duration::try_from_secs_f64(config.shutdown_grace_period_secs).unwrap_or(Duration::ZERO);
     let (handle, fleets) = runtime.block_on(async {
         let mut fleets = Vec::new();
         if mock_workers > 0 {
@@ -115,18 +120,27 @@ fn launch(mut config: GatewayConfig, mock_workers: usize) -> Result<Running, PyE
     })?;
     let (url, admin_url) = (handle.url(), handle.admin_url());
     let metrics_url = handle.metrics_addr.map(|addr| format!("http://{addr}"));
-    Ok(Running { runtime, handle, fleets, url, admin_url, metrics_url })
+    Ok(Running { runtime, handle, fleets, url, admin_url, metrics_url, grace })
 }
 
 /// Graceful stop: no new connections, in-flight requests finish (up to the grace period).
 fn shut_down(running: Running) {
-    let Running { runtime, handle, fleets, .. } = running;
-    runtime.block_on(async {
-        handle.shutdown().await;
-        for fleet in fleets {
-            fleet.shutdown().await;
-        }
+    let Running { runtime, handle, fleets, grace, .. } = running;
+    // The drain is bounded: past the grace period and a margin the rest is abandoned, so
+    // `stop()` and Ctrl-C always return (a task that never ends cannot hold the caller).
+    let bound = grace + DRAIN_MARGIN;
+    let drained = runtime.block_on(async {
+        tokio::time::timeout(bound, async {
+            handle.shutdown().await;
+            for fleet in fleets {
+                fleet.shutdown().await;
+            }
+        })
+        .await
     });
+    if drained.is_err() {
+        tracing::warn!(?bound, "the gateway did not finish draining in time; stopped anyway");
+    }
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
 }
 
