@@ -183,6 +183,9 @@ def test_ctrl_c_stops_a_blocking_start_and_raises_keyboard_interrupt() -> None:
     script = """
 import os, signal, threading, time
 import kvgate
+# A shell that starts jobs in the background hands them SIGINT ignored; Python then installs
+# no KeyboardInterrupt handler. Ctrl-C's behaviour is what is tested, so restore it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 gateway = kvgate.Gateway(port=0, mock_workers=1, log_level="warn")
 def interrupt():
     for _ in range(200):
