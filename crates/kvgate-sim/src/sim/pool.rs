@@ -179,38 +179,10 @@ impl Pool {
         id: u64,
         session: &str,
     ) -> u64 {
-        let candidates: Vec<Candidate> = (0..self.n_workers())
-            .map(|worker| Candidate {
-                id: worker as u32,
-                in_flight: self.in_flight[worker],
-                load: self.loads[worker],
-            })
-            .collect();
-        let Ok(candidates) = Candidates::new(&candidates) else { return 0 };
-        let route = RouteRequest {
-            key: RoutingKey::Tokens(prompt),
-            prompt_tokens: u64::from(prompt_tokens),
-            session: Some(session),
-        };
-        let read_only;
-        let prefix_index: &dyn PrefixIndex = match &self.prefix {
-            Prefix::Approximate(tree) => {
-                read_only = ReadOnlyTree(tree);
-                &read_only
-            }
-            Prefix::Exact { index, .. } => &**index,
-        };
         let mut rng = StdRng::seed_from_u64(id);
-        let mut ctx = SelectContext {
-            now_ms: now_us / 1000,
-            load_poll_interval_ms,
-            rng: &mut rng,
-            prefix_index: Some(prefix_index),
-        };
-        match self.policy.select(&route, candidates, &mut ctx) {
-            Ok(decision) => kvgate_policy::cached_tokens(&decision, u64::from(prompt_tokens)),
-            Err(_) => 0,
-        }
+        let decision =
+            self.dry_run(now_us, prompt, prompt_tokens, load_poll_interval_ms, &mut rng, session, false);
+        decision.map_or(0, |decision| kvgate_policy::cached_tokens(&decision, u64::from(prompt_tokens)))
     }
 
     /// The decision `route` would make now, recording nothing (no in-flight count, nothing
@@ -224,6 +196,22 @@ impl Pool {
         rng: &mut StdRng,
         session: &str,
     ) -> Option<Decision> {
+        self.dry_run(now_us, prompt, prompt_tokens, load_poll_interval_ms, rng, session, true)
+    }
+
+    /// The policy asked on the pool's current loads and a read-only index: `Policy::preview`
+    /// when `preview`, else `Policy::select` (`None` on no decision).
+    #[allow(clippy::too_many_arguments, reason = "the two dry runs' inputs, passed through")]
+    fn dry_run(
+        &self,
+        now_us: u64,
+        prompt: &[u32],
+        prompt_tokens: u32,
+        load_poll_interval_ms: u64,
+        rng: &mut StdRng,
+        session: &str,
+        preview: bool,
+    ) -> Option<Decision> {
         let candidates: Vec<Candidate> = (0..self.n_workers())
             .map(|worker| Candidate {
                 id: worker as u32,
@@ -231,6 +219,7 @@ impl Pool {
                 load: self.loads[worker],
             })
             .collect();
+        let candidates = Candidates::new(&candidates).ok()?;
         let route = RouteRequest {
             key: RoutingKey::Tokens(prompt),
             prompt_tokens: u64::from(prompt_tokens),
@@ -246,7 +235,10 @@ impl Pool {
         };
         let mut ctx =
             SelectContext { now_ms: now_us / 1000, load_poll_interval_ms, rng, prefix_index: Some(index) };
-        self.policy.preview(&route, Candidates::new(&candidates).ok()?, &mut ctx)
+        match preview {
+            true => self.policy.preview(&route, candidates, &mut ctx),
+            false => self.policy.select(&route, candidates, &mut ctx).ok(),
+        }
     }
 
     /// Requests in flight on the least busy worker (the conditional rule's prefill queue).
