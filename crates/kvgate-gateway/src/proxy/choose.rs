@@ -26,7 +26,7 @@ use crate::worker::Worker;
 
 /// A worker chosen, its decision, and the prompt's block hashes when the decision consulted the
 /// exact index (hashed once, for the query, the closed loop's probe and the in-flight record).
-pub(super) type Chosen = (Arc<Worker>, Decision, Option<Arc<PromptHashes>>);
+pub(super) type Chosen = (Arc<Worker>, Decision, Option<PromptHashes>);
 
 /// Ask the pool's policy for a routable worker that has not been tried yet. Candidates count
 /// the peers' requests in flight as well as this replica's; ties are broken by an RNG seeded
@@ -43,10 +43,10 @@ pub(super) fn choose(
     let candidates = Candidates::new(&offered).map_err(|_| NoChoice::NoWorker)?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
-    let hashes = prompt_hashes(pool, request, namespace, index).map(Arc::new);
+    let hashes = prompt_hashes(pool, request, namespace, index);
     let inputs = SelectInputs {
         namespace,
-        hashes: hashes.as_deref(),
+        hashes: hashes.as_ref(),
         index,
         planning,
         peers: peers.as_ref(),
