@@ -715,6 +715,31 @@ fn main() {
         }
         return;
     }
+    // `BENCH_ONLY=quick`: the synthetic stream, kvgate and CRTC only (while iterating).
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "quick") {
+        let stream = &streams[0];
+        for threads in [1, 2] {
+            let (_, sb, _, rb) = apply_kvgate(stream, threads);
+            let (_, csb, _, crb) = apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), threads);
+            println!(
+                "APPLY | {} | {threads} thread(s) | kvgate store {sb_m:.2} / remove {rb_m:.2} M blocks/s | CRTC {csb_m:.2} / {crb_m:.2} | ratio {:.2}x / {:.2}x |",
+                stream.name,
+                sb / csb,
+                rb / crb,
+                sb_m = sb / 1e6,
+                rb_m = rb / 1e6,
+                csb_m = csb / 1e6,
+                crb_m = crb / 1e6,
+            );
+        }
+        for which in [0, 2] {
+            let before = live();
+            let built = build(stream, which);
+            println!("MEMORY | {} | {:.0} B per block |", built.name(), (live() - before) as f64 / stream.blocks as f64);
+            query_report(stream, &built, n);
+        }
+        return;
+    }
     for stream in &streams {
         println!(
             "STREAM | {} | {} stored events ({} blocks) | {} removal events | {} distinct blocks | {} (cache, block) pairs |",
