@@ -270,8 +270,12 @@ impl CacheBlocks {
     ) {
         let mut open: Option<Open> = None;
         let mut previous = parent;
+        // The previous block's segment when it was placed at that segment's end in this event
+        // (the next block then extends it without a lookup), with its tiers' weight.
+        let mut placed: Option<(u32, f64)> = None;
         for (&engine_hash, &content) in engine_hashes.iter().zip(contents) {
             let up = previous.replace(engine_hash);
+            let mut after = placed.take();
             match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
                 Some(block) if block.content == content => {
                     self.flush(&mut open);
@@ -279,9 +283,11 @@ impl CacheBlocks {
                     continue;
                 }
                 Some(block) => {
-                    // The engine reused a hash for other content: the old block is gone.
+                    // The engine reused a hash for other content: the old block is gone (and
+                    // its segment cut, maybe where the previous block lies).
                     self.flush(&mut open);
                     self.drop_blocks(group, &[(engine_hash, block)]);
+                    after = None;
                 }
                 None => {}
             }
@@ -293,14 +299,17 @@ impl CacheBlocks {
             let weight = best_weight(&self.bits, tiers);
             // The segment this block extends: its parent's, when the parent ends it at this
             // block's weight.
-            let extends = up
-                .and_then(|up| self.group(group).and_then(|blocks| blocks.get(&up)).copied())
-                .filter(|up_block| {
-                    let meta = &self.segments[up_block.segment as usize];
-                    up_block.offset as usize + 1 == meta.engines.len()
-                        && best_weight(&self.bits, meta.tiers) == weight
-                })
-                .map(|up_block| up_block.segment);
+            let extends = match after {
+                Some((segment, placed_weight)) => (placed_weight == weight).then_some(segment),
+                None => up
+                    .and_then(|up| self.group(group).and_then(|blocks| blocks.get(&up)).copied())
+                    .filter(|up_block| {
+                        let meta = &self.segments[up_block.segment as usize];
+                        up_block.offset as usize + 1 == meta.engines.len()
+                            && best_weight(&self.bits, meta.tiers) == weight
+                    })
+                    .map(|up_block| up_block.segment),
+            };
             let segment = match extends {
                 Some(segment) if open.as_ref().is_some_and(|o| o.segment == segment) => segment,
                 Some(segment) => {
@@ -322,6 +331,7 @@ impl CacheBlocks {
             group_of(&mut self.groups, group)
                 .insert(engine_hash, EngineBlock { content, tiers, segment, offset });
             self.held += 1;
+            placed = Some((segment, best_weight(&self.bits, self.segments[segment as usize].tiers)));
         }
         self.flush(&mut open);
         self.index.set_size(self.key, self.len());
