@@ -100,8 +100,6 @@ pub struct CacheBlocks {
     index: Arc<BlockIndex>,
     id: CacheId,
     key: u64,
-    /// The cache's slot in the index (what its segments carry).
-    pub(crate) slot: u32,
     groups: SmallVec<[(u32, Group); 1]>,
     /// Engine blocks held.
     held: usize,
@@ -128,12 +126,10 @@ struct Open {
 impl CacheBlocks {
     /// The writer for cache `id` of `index`. Two writers for one cache would fight: keep one.
     pub fn new(index: Arc<BlockIndex>, id: CacheId) -> Self {
-        let slot = index.slot_of(id.key());
         Self {
             index,
             id,
             key: id.key(),
-            slot,
             groups: SmallVec::new(),
             held: 0,
             segments: Vec::new(),
@@ -343,12 +339,12 @@ impl CacheBlocks {
         let meta = &self.segments[open.segment as usize];
         match open.new {
             true => self.index.insert_segment(Segment {
-                slot: self.slot,
+                cache: self.key,
                 id: open.segment,
-                tiers: meta.tiers,
+                credit: credit_of(&self.bits, meta.tiers),
                 hashes: open.hashes.into_vec(),
             }),
-            false => self.index.append_segment(meta.key, self.slot, open.segment, &open.hashes),
+            false => self.index.append_segment(meta.key, self.key, open.segment, &open.hashes),
         }
     }
 
@@ -484,14 +480,19 @@ impl CacheBlocks {
         let meta = &mut self.segments[new as usize];
         meta.key = hashes[0];
         meta.engines = engines;
-        self.index.insert_segment(Segment { slot: self.slot, id: new, tiers, hashes });
+        self.index.insert_segment(Segment {
+            cache: self.key,
+            id: new,
+            credit: credit_of(&self.bits, tiers),
+            hashes,
+        });
         new
     }
 
     /// Keeps the first `len` blocks of `segment` (none: frees it).
     fn truncate(&mut self, segment: u32, len: u32) {
         let meta = &mut self.segments[segment as usize];
-        self.index.truncate_segment(meta.key, self.slot, segment, len as usize);
+        self.index.truncate_segment(meta.key, self.key, segment, len as usize);
         if len == 0 {
             *meta = SegmentMeta::default();
             self.free.push(segment);
@@ -505,7 +506,7 @@ impl CacheBlocks {
     pub fn clear(&mut self) {
         for (id, meta) in self.segments.iter().enumerate() {
             if !meta.engines.is_empty() {
-                self.index.truncate_segment(meta.key, self.slot, id as u32, 0);
+                self.index.truncate_segment(meta.key, self.key, id as u32, 0);
             }
         }
         self.segments.clear();
@@ -549,7 +550,7 @@ impl CacheBlocks {
         }
         let meta = &mut self.segments[alone as usize];
         meta.tiers = tiers;
-        self.index.set_segment_tiers(meta.key, self.slot, alone, tiers);
+        self.index.set_segment_credit(meta.key, self.key, alone, credit_of(&self.bits, tiers));
     }
 
     /// The index's bit for a residency, cached by this writer.
@@ -579,6 +580,11 @@ fn group_of(groups: &mut SmallVec<[(u32, Group); 1]>, group: u32) -> &mut Group 
         }
     };
     &mut groups[at].1
+}
+
+/// A segment's credit units per token at `tiers`.
+fn credit_of(bits: &[(Residency, u16, f64)], tiers: u16) -> u32 {
+    super::credit_units(best_weight(bits, tiers)) as u32
 }
 
 /// The best weight among `tiers` (the bits a writer interned).

@@ -35,6 +35,7 @@ mod pending;
 mod residency;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use nohash_hasher::IntMap;
@@ -84,15 +85,16 @@ pub const MAX_LAYOUTS: usize = 4;
 const MAX_RESIDENCIES: usize = 16;
 
 /// A run of blocks one cache holds along one chain, every block at the same best tier weight.
+/// Everything a query needs of it is here (the cache, the credit), so a query reads no table
+/// but the shards.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Segment {
-    /// The cache's slot ([`BlockIndex::slot_of`]).
-    pub(crate) slot: u32,
+    /// The cache's [`CacheId::key`].
+    pub(crate) cache: u64,
     /// The writer's id for it (unique within the cache).
     pub(crate) id: u32,
-    /// The tiers of its first block (one bit per interned residency): every block's best weight
-    /// is this mask's.
-    pub(crate) tiers: u16,
+    /// Credit units per token its blocks earn (their best tier's weight, [`credit_units`]).
+    pub(crate) credit: u32,
     /// Content hashes in chain order; the first is the segment's key.
     pub(crate) hashes: Vec<u64>,
 }
@@ -114,23 +116,16 @@ struct Tiers {
 #[derive(Debug)]
 pub struct BlockIndex {
     shards: Box<[RwLock<Shard>]>,
-    /// Group 0's layouts, in the order first seen.
-    layouts: RwLock<Vec<Layout>>,
+    /// Group 0's layouts, in the order first seen: read by every query, so atomics (a read
+    /// lock's counter bounced between two querying cores: 2.6x fewer queries/s on two threads
+    /// than on one, `benches/dynamo-index`); added under `layouts_added`.
+    layouts: [AtomicU64; MAX_LAYOUTS],
+    n_layouts: AtomicUsize,
+    layouts_added: Mutex<()>,
     tiers: RwLock<Tiers>,
     tier_weights: TierWeights,
     /// Distinct blocks held per cache key, refreshed after every applied event.
     sizes: Mutex<HashMap<u64, usize>>,
-    /// The caches' slots.
-    caches: RwLock<CacheTable>,
-}
-
-/// Every cache the index has seen, by slot (a small number its segments carry instead of the
-/// 8-byte [`CacheId::key`]). Slots are never reused: a cache that comes back gets its old one.
-#[derive(Debug, Default)]
-struct CacheTable {
-    slots: IntMap<u64, u32>,
-    /// Per slot: the cache's key.
-    keys: Vec<u64>,
 }
 
 impl Default for BlockIndex {
@@ -150,11 +145,12 @@ impl BlockIndex {
         let tiers = Tiers { weights: vec![tier_weights.weight(&gpu.medium)], residencies: vec![gpu] };
         Self {
             shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
-            layouts: RwLock::new(Vec::new()),
+            layouts: Default::default(),
+            n_layouts: AtomicUsize::new(0),
+            layouts_added: Mutex::new(()),
             tiers: RwLock::new(tiers),
             tier_weights,
             sizes: Mutex::new(HashMap::new()),
-            caches: RwLock::new(CacheTable::default()),
         }
     }
 
@@ -169,7 +165,18 @@ impl BlockIndex {
 
     /// The layouts a query walks (group 0's), in the order first seen.
     pub fn layouts(&self) -> Vec<Layout> {
-        self.layouts.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.layouts_now().into_vec()
+    }
+
+    fn layouts_now(&self) -> SmallVec<[Layout; MAX_LAYOUTS]> {
+        let n = self.n_layouts.load(Ordering::Acquire);
+        self.layouts[..n]
+            .iter()
+            .map(|packed| {
+                let packed = packed.load(Ordering::Relaxed);
+                Layout { block_size: (packed >> 32) as u32, lookahead: packed as u32 }
+            })
+            .collect()
     }
 
     /// Per worker, how many leading tokens of `tokens` its engine caches hold in `namespace`
@@ -177,8 +184,7 @@ impl BlockIndex {
     /// and how many of them count once tiers are weighed ([`PrefixMatch::credited`]).
     /// `out.query_len()` is `tokens.len()`.
     pub fn overlap(&self, tokens: &[u32], namespace: Namespace<'_>, out: &mut PrefixMatch) {
-        let layouts: SmallVec<[Layout; MAX_LAYOUTS]> =
-            self.layouts.read().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+        let layouts = self.layouts_now();
         let chains = layouts.iter().map(|&layout| Chain::of_tokens(tokens, namespace, layout));
         self.overlap_chains(tokens.len(), chains, out);
     }
@@ -213,23 +219,14 @@ impl BlockIndex {
         out: &mut PrefixMatch,
     ) {
         out.reset(query_len);
-        let tiers = self.tiers.read().unwrap_or_else(|p| p.into_inner());
-        let weights = &tiers.weights;
-        // (cache slot, tokens matched, credit) for every cache that matched anything.
-        let mut reached: SmallVec<[(u32, usize, u64); 8]> = SmallVec::new();
+        // (cache key, tokens matched, credit) for every cache that matched anything.
+        let mut reached: SmallVec<[(u64, usize, u64); 8]> = SmallVec::new();
         for mut chain in chains {
-            self.walk(&mut chain, weights, &mut reached);
+            self.walk(&mut chain, &mut reached);
         }
-        drop(tiers);
         if reached.is_empty() {
             return;
         }
-        let caches = self.caches.read().unwrap_or_else(|p| p.into_inner());
-        let mut reached: SmallVec<[(u64, usize, u64); 8]> = reached
-            .iter()
-            .map(|&(slot, matched, credit)| (caches.keys[slot as usize], matched, credit))
-            .collect();
-        drop(caches);
         // Per worker: the best cache (rank, layout) by matched tokens, then by credit.
         reached.sort_unstable_by_key(|a| a.0);
         for group in reached.chunk_by(|a, b| CacheId::worker_of(a.0) == CacheId::worker_of(b.0)) {
@@ -245,13 +242,13 @@ impl BlockIndex {
     }
 
     /// One layout's walk: appends (cache, matched tokens, credit) for every cache it reached.
-    fn walk(&self, chain: &mut Chain<'_>, weights: &[f64], reached: &mut SmallVec<[(u32, usize, u64); 8]>) {
+    fn walk(&self, chain: &mut Chain<'_>, reached: &mut SmallVec<[(u64, usize, u64); 8]>) {
         let (blocks, block_size) = (chain.blocks, chain.block_size);
         if blocks == 0 {
             return;
         }
         // Caches holding every block before their position, waiting for their segment starting
-        // there: (slot, block position, credit so far). At block 0 every segment starts one.
+        // there: (cache key, block position, credit so far). At block 0 every segment starts one.
         let mut waiting: SmallVec<[Active; 8]> = SmallVec::new();
         let mut advanced: SmallVec<[Active; 8]> = SmallVec::new();
         let mut pos = 0;
@@ -261,18 +258,17 @@ impl BlockIndex {
                 let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
                 let segments = shard.get(&hash).map_or(&[][..], |s| s.as_slice());
                 for segment in segments {
-                    let at = waiting.iter().position(|w| w.0 == segment.slot && w.1 == pos);
+                    let at = waiting.iter().position(|w| w.0 == segment.cache && w.1 == pos);
                     if pos > 0 && at.is_none() {
                         continue;
                     }
                     let credit_so_far = at.map_or(0, |at| waiting[at].2);
                     let matched = chain.agree(pos, &segment.hashes);
-                    let credit = credit_so_far
-                        + credit_units(tier_weight(weights, segment.tiers)) * (matched * block_size) as u64;
-                    let here = (segment.slot, pos + matched, credit);
+                    let credit = credit_so_far + u64::from(segment.credit) * (matched * block_size) as u64;
+                    let here = (segment.cache, pos + matched, credit);
                     // A cache with two segments here (a content two of its engine blocks name):
                     // the one reaching further.
-                    match advanced.iter_mut().find(|a| a.0 == segment.slot) {
+                    match advanced.iter_mut().find(|a| a.0 == segment.cache) {
                         Some(best) if (best.1, best.2) >= (here.1, here.2) => {}
                         Some(best) => *best = here,
                         None => advanced.push(here),
@@ -289,11 +285,11 @@ impl BlockIndex {
                 }
                 false
             });
-            for (slot, at, credit) in advanced.drain(..) {
+            for (cache, at, credit) in advanced.drain(..) {
                 if at == blocks {
-                    reached.push((slot, at * block_size, credit));
+                    reached.push((cache, at * block_size, credit));
                 } else {
-                    waiting.push((slot, at, credit));
+                    waiting.push((cache, at, credit));
                 }
             }
             match waiting.iter().map(|w| w.1).min() {
@@ -329,12 +325,11 @@ impl BlockIndex {
 
     /// Every (block, holders) pair, sorted: for tests comparing indexes.
     pub fn dump(&self) -> Vec<(u64, Vec<CacheId>)> {
-        let caches = self.caches.read().unwrap_or_else(|p| p.into_inner());
         let mut holders: HashMap<u64, Vec<CacheId>> = HashMap::new();
         for shard in self.shards.iter() {
             let shard = shard.read().unwrap_or_else(|p| p.into_inner());
             for segment in shard.values().flatten() {
-                let key = caches.keys[segment.slot as usize];
+                let key = segment.cache;
                 let id = CacheId { worker: CacheId::worker_of(key), rank: key as u32 };
                 for &hash in &segment.hashes {
                     holders.entry(hash).or_default().push(id);
@@ -401,17 +396,20 @@ impl BlockIndex {
 
     /// Makes `layout` one a query walks (group 0's); false when [`MAX_LAYOUTS`] are known already.
     pub(crate) fn accept_layout(&self, layout: Layout) -> bool {
-        if self.layouts.read().unwrap_or_else(|p| p.into_inner()).contains(&layout) {
+        if self.layouts_now().contains(&layout) {
             return true;
         }
-        let mut layouts = self.layouts.write().unwrap_or_else(|p| p.into_inner());
-        if layouts.contains(&layout) {
+        let _adding = self.layouts_added.lock().unwrap_or_else(|p| p.into_inner());
+        let known = self.layouts_now();
+        if known.contains(&layout) {
             return true;
         }
-        if layouts.len() == MAX_LAYOUTS {
+        if known.len() == MAX_LAYOUTS {
             return false;
         }
-        layouts.push(layout);
+        let packed = (u64::from(layout.block_size) << 32) | u64::from(layout.lookahead);
+        self.layouts[known.len()].store(packed, Ordering::Relaxed);
+        self.n_layouts.store(known.len() + 1, Ordering::Release);
         true
     }
 
@@ -435,20 +433,20 @@ impl BlockIndex {
     }
 
     /// Appends blocks to a cache's segment.
-    fn append_segment(&self, key: u64, slot: u32, id: u32, hashes: &[u64]) {
+    fn append_segment(&self, key: u64, cache: u64, id: u32, hashes: &[u64]) {
         let mut shard = self.shard(key).write().unwrap_or_else(|p| p.into_inner());
         if let Some(segment) =
-            shard.get_mut(&key).and_then(|s| s.iter_mut().find(|s| s.slot == slot && s.id == id))
+            shard.get_mut(&key).and_then(|s| s.iter_mut().find(|s| s.cache == cache && s.id == id))
         {
             segment.hashes.extend_from_slice(hashes);
         }
     }
 
     /// Keeps the first `len` blocks of a cache's segment (none: removes it).
-    fn truncate_segment(&self, key: u64, slot: u32, id: u32, len: usize) {
+    fn truncate_segment(&self, key: u64, cache: u64, id: u32, len: usize) {
         let mut shard = self.shard(key).write().unwrap_or_else(|p| p.into_inner());
         let Some(segments) = shard.get_mut(&key) else { return };
-        let Some(at) = segments.iter().position(|s| s.slot == slot && s.id == id) else { return };
+        let Some(at) = segments.iter().position(|s| s.cache == cache && s.id == id) else { return };
         if len == 0 {
             segments.remove(at);
             if segments.is_empty() {
@@ -463,28 +461,14 @@ impl BlockIndex {
         }
     }
 
-    /// Sets the tiers of a cache's segment.
-    fn set_segment_tiers(&self, key: u64, slot: u32, id: u32, tiers: u16) {
+    /// Sets the credit of a cache's segment.
+    fn set_segment_credit(&self, key: u64, cache: u64, id: u32, credit: u32) {
         let mut shard = self.shard(key).write().unwrap_or_else(|p| p.into_inner());
         if let Some(segment) =
-            shard.get_mut(&key).and_then(|s| s.iter_mut().find(|s| s.slot == slot && s.id == id))
+            shard.get_mut(&key).and_then(|s| s.iter_mut().find(|s| s.cache == cache && s.id == id))
         {
-            segment.tiers = tiers;
+            segment.credit = credit;
         }
-    }
-
-    /// The slot of cache `key`, given on first use.
-    pub(crate) fn slot_of(&self, key: u64) -> u32 {
-        if let Some(&slot) = self.caches.read().unwrap_or_else(|p| p.into_inner()).slots.get(&key) {
-            return slot;
-        }
-        let mut caches = self.caches.write().unwrap_or_else(|p| p.into_inner());
-        let next = caches.keys.len() as u32;
-        let slot = *caches.slots.entry(key).or_insert(next);
-        if slot == next {
-            caches.keys.push(key);
-        }
-        slot
     }
 
     fn set_size(&self, key: u64, blocks: usize) {
@@ -511,8 +495,8 @@ impl PromptHashes {
     }
 }
 
-/// A cache in a walk: its slot, the block it has reached, its credit so far.
-type Active = (u32, usize, u64);
+/// A cache in a walk: its key, the block it has reached, its credit so far.
+type Active = (u64, usize, u64);
 
 /// A query's block hashes along one layout: given, or computed as far as the walk has looked.
 struct Chain<'a> {
@@ -621,21 +605,13 @@ impl<'a> Chain<'a> {
 const CREDIT_ONE: f64 = 65_536.0;
 
 /// A tier weight as credit units per token.
-fn credit_units(weight: f64) -> u64 {
+pub(crate) fn credit_units(weight: f64) -> u64 {
     (weight * CREDIT_ONE).round() as u64
 }
 
 /// Credited tokens of a credit sum (halves round up).
 fn credited_tokens(credit: u64) -> usize {
     ((credit + (CREDIT_ONE as u64) / 2) >> 16) as usize
-}
-
-/// The best weight among a holder's tiers.
-fn tier_weight(weights: &[f64], tiers: u16) -> f64 {
-    if tiers == 1 {
-        return weights[0];
-    }
-    (0..weights.len()).filter(|bit| tiers & (1 << bit) != 0).map(|bit| weights[bit]).fold(0.0, f64::max)
 }
 
 #[cfg(test)]
