@@ -88,12 +88,10 @@ pub struct SimArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Write the simulated engines' KV events to this file: one JSON line per engine batch, in
-    /// the order the engines emitted them (`{"run", "engine", "seq", "timestamp_us", "events"}`,
-    /// the events as the engines publish them but with each stored block's token ids replaced
-    /// by one 64-bit digest, `block_digests`, so the file stays small; equal blocks keep equal
-    /// digests). Every run of the report writes its own lines, named by its label. The index
-    /// bench (`benches/dynamo-index`, `BENCH_EVENTS=FILE`) replays such a stream.
+    /// Write the simulated engines' KV events to this file, one JSON line per engine batch in
+    /// the order emitted: run label, engine, seq, timestamp_us and the events, each stored
+    /// block's token ids as one 64-bit digest (block_digests). The index bench replays it
+    /// (benches/dynamo-index, BENCH_EVENTS=FILE).
     #[arg(long, value_name = "FILE")]
     pub kv_events_out: Option<PathBuf>,
     /// Draw TTFT CDFs and per-engine KV usage over time into this PNG file.
