@@ -23,7 +23,11 @@
 //! from tokens (each side hashes the prompt its own way) and from block hashes already
 //! computed; queries on two threads; heap bytes per block (a counting allocator).
 //!
-//! Env: `BENCH_ONLY=kvgate-apply` (only kvgate's events, for a profiler), `BENCH_QUERIES`
+//! `BENCH_EVENTS=S1.jsonl,S4.jsonl` adds recorded streams (`kvgate sim --kv-events-out`): each
+//! engine's stores and removals in their order, kvgate and CRTC only.
+//!
+//! Env: `BENCH_ONLY=kvgate-apply` (only kvgate's events, for a profiler), `BENCH_ONLY=quick`
+//! (synthetic stream, kvgate and CRTC), `BENCH_ONLY=events` (only `BENCH_EVENTS`), `BENCH_QUERIES`
 //! (queries per kind, default 4000), `BENCH_TRACE`
 //! (default `../shared/traces/conversation_trace.jsonl` from the repository root).
 
@@ -566,7 +570,7 @@ fn build(stream: &Stream, which: usize) -> Built {
             let index = Arc::new(BlockIndex::new());
             let mut caches = kvgate_caches(&index);
             for event in &stream.stores {
-                kvgate_store(&mut caches[event.cache as usize], event);
+                kvgate_store_or_remove(&mut caches[event.cache as usize], event);
             }
             Built::Kvgate(index, caches)
         }
@@ -861,8 +865,10 @@ fn main() {
     let n: usize = std::env::var("BENCH_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     let trace_path =
         std::env::var("BENCH_TRACE").unwrap_or_else(|_| "../shared/traces/conversation_trace.jsonl".into());
-    let mut streams = vec![synthetic(n)];
-    match trace(&trace_path, n) {
+    // `BENCH_ONLY=events`: only the recorded streams of `BENCH_EVENTS`.
+    let only_events = std::env::var("BENCH_ONLY").is_ok_and(|only| only == "events");
+    let mut streams = if only_events { Vec::new() } else { vec![synthetic(n)] };
+    match trace(&trace_path, n).filter(|_| !only_events) {
         Some(stream) => streams.push(stream),
         None => println!("NOTE | no trace at {trace_path}: trace stream skipped |"),
     }

@@ -498,6 +498,9 @@ impl CacheBlocks {
             self.free.push(segment);
         } else {
             meta.engines.truncate(len as usize);
+            if meta.engines.capacity() > 4 * meta.engines.len() + 16 {
+                meta.engines.shrink_to_fit();
+            }
         }
     }
 
