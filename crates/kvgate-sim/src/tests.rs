@@ -324,7 +324,8 @@ fn kv_events_out_writes_every_engines_stream_in_order() {
     run_on_trace(&args, &trace, false).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
-    let lines: Vec<serde_json::Value> = text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let lines: Vec<serde_json::Value> =
+        text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
     for run in ["round_robin", "cache_aware"] {
         let of_run: Vec<&serde_json::Value> = lines.iter().filter(|l| l["run"] == run).collect();
         for engine in 0..2u64 {
