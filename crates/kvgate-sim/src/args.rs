@@ -88,6 +88,12 @@ pub struct SimArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write the simulated engines' KV events to this file, one JSON line per engine batch in
+    /// the order emitted: run label, engine, seq, timestamp_us and the events, each stored
+    /// block's token ids as one 64-bit digest (block_digests). The index bench replays it
+    /// (benches/dynamo-index, BENCH_EVENTS=FILE).
+    #[arg(long, value_name = "FILE")]
+    pub kv_events_out: Option<PathBuf>,
     /// Draw TTFT CDFs and per-engine KV usage over time into this PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,

@@ -23,6 +23,7 @@
 //! Same trace, options and seed: byte-identical markdown and JSON.
 
 mod args;
+mod kv_out;
 mod markdown;
 pub mod outside;
 mod plot;
@@ -98,6 +99,10 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     };
     let mut reports = Vec::with_capacity(runs.len());
     let n_runs = runs.len();
+    let mut kv_out = match &args.kv_events_out {
+        Some(path) => Some(kv_out::KvEventsOut::create(path)?),
+        None => None,
+    };
     for (run_index, spec) in runs.into_iter().enumerate() {
         let started = Instant::now();
         let mut last_print = started;
@@ -115,7 +120,18 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
                 );
             }
         };
-        let outcome = simulate(&trace, &setup, &spec.policy, &mut progress);
+        let outcome = match kv_out.as_mut() {
+            Some(out) => {
+                let mut sink = |engine: usize, batch: &kvgate_engine::KvEventBatch| {
+                    out.write(&spec.label, engine, batch)
+                };
+                let outcome =
+                    sim::simulate_with_kv_sink(&trace, &setup, &spec.policy, &mut progress, Some(&mut sink));
+                out.finish_run()?;
+                outcome
+            }
+            None => simulate(&trace, &setup, &spec.policy, &mut progress),
+        };
         if show_progress && started.elapsed() >= Duration::from_secs(3) {
             eprintln!(
                 "sim [{}/{n_runs}] {}: done in {:.1} s wall",

@@ -17,7 +17,7 @@ mod pool;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, RequestStats};
+use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, KvEventBatch, RequestStats};
 use kvgate_policy::{Decision, IndexKind, PolicyConfig, Reason};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -144,6 +144,18 @@ pub fn simulate(
     policy: &PolicyConfig,
     progress: Progress<'_>,
 ) -> SimOutcome {
+    simulate_with_kv_sink(trace, setup, policy, progress, None)
+}
+
+/// [`simulate`], handing every engine's KV event batches to `kv_sink` as they are emitted (the
+/// engines then publish KV events whatever the policy).
+pub fn simulate_with_kv_sink<'a>(
+    trace: &'a Trace,
+    setup: &'a SimSetup,
+    policy: &PolicyConfig,
+    progress: Progress<'_>,
+    kv_sink: Option<KvSink<'a>>,
+) -> SimOutcome {
     let pools = match &setup.fleet {
         Fleet::Regular { n_workers } => vec![Pool::new(policy, 0, *n_workers)],
         Fleet::Disaggregated(pd) => vec![
@@ -151,7 +163,7 @@ pub fn simulate(
             Pool::new(&pd.decode_policy, pd.prefill_workers, pd.decode_workers),
         ],
     };
-    let mut simulation = Simulation::new(trace, setup, pools, None);
+    let mut simulation = Simulation::new(trace, setup, pools, None, kv_sink);
     if let Some(pd) = &mut simulation.pd {
         pd.rule = policy.pd_rule();
     }
@@ -169,7 +181,7 @@ pub fn simulate_outside(
     progress: Progress<'_>,
 ) -> SimOutcome {
     let pools = vec![Pool::for_outside(setup.fleet.n_engines())];
-    Simulation::new(trace, setup, pools, Some(outside)).run(progress)
+    Simulation::new(trace, setup, pools, Some(outside), None).run(progress)
 }
 
 struct Simulation<'a> {
@@ -195,7 +207,12 @@ struct Simulation<'a> {
     outcome: SimOutcome,
     /// The router of an outside-policy run (pool 0's policy is then never asked).
     outside: Option<&'a mut dyn OutsidePolicy>,
+    /// Where every engine's KV event batches go as they are emitted (`--kv-events-out`).
+    kv_sink: Option<KvSink<'a>>,
 }
+
+/// Receives each engine's KV event batches (engine index in fleet order), in emission order.
+pub type KvSink<'a> = &'a mut dyn FnMut(usize, &KvEventBatch);
 
 /// A trace request's session key, what `consistent_hashing` and `manual` route by: its
 /// conversation, i.e. the first prefix block after the trace's shared first block (the
@@ -214,6 +231,7 @@ impl<'a> Simulation<'a> {
         setup: &'a SimSetup,
         pools: Vec<Pool>,
         outside: Option<&'a mut dyn OutsidePolicy>,
+        kv_sink: Option<KvSink<'a>>,
     ) -> Self {
         let order = trace.arrival_order();
         let arrival_us = order
@@ -225,7 +243,7 @@ impl<'a> Simulation<'a> {
             for worker in 0..pool.n_workers() {
                 let config = setup.engines.get(pool.first_engine + worker).unwrap_or(&setup.engine);
                 engines.push(Engine::new(EngineConfig {
-                    emit_kv_events: pool.wants_kv_events() || outside.is_some(),
+                    emit_kv_events: pool.wants_kv_events() || outside.is_some() || kv_sink.is_some(),
                     ..config.clone()
                 }));
             }
@@ -258,6 +276,7 @@ impl<'a> Simulation<'a> {
             prompt: Vec::new(),
             session: String::new(),
             outside,
+            kv_sink,
         }
     }
 
@@ -445,8 +464,13 @@ impl<'a> Simulation<'a> {
     /// exact index, and puts the engine's next step in the heap.
     fn after_engine_call(&mut self, engine: usize, now: u64) {
         let (pool, worker) = self.pool_of(engine);
-        if self.pools[pool].wants_kv_events() || self.outside.is_some() {
+        if self.pools[pool].wants_kv_events() || self.outside.is_some() || self.kv_sink.is_some() {
             let batches = self.engines[engine].drain_kv_events();
+            if let Some(sink) = self.kv_sink.as_mut() {
+                for batch in &batches {
+                    sink(engine, batch);
+                }
+            }
             if let Some(outside) = self.outside.as_mut() {
                 if !batches.is_empty() {
                     outside.kv_events(worker, &batches, now);

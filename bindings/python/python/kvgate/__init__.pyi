@@ -641,6 +641,7 @@ def simulate(
     fairness_locality_bound: int = 0,
     ignore_tenants: bool = False,
     json: str | os.PathLike[str] | None = None,
+    kv_events_out: str | os.PathLike[str] | None = None,
     plot: str | os.PathLike[str] | None = None,
     sweep: Sequence[str] = [],
 ) -> dict[str, Any]:
@@ -809,6 +810,10 @@ def simulate(
         name no tenant: one queue in arrival order); the report still groups by the trace's
         tenants
     json: Also write the report as JSON to this file
+    kv_events_out: Write the simulated engines' KV events to this file, one JSON line per engine
+        batch in the order emitted: run label, engine, seq, timestamp_us and the events, each
+        stored block's token ids as one 64-bit digest (block_digests). The index bench replays
+        it (benches/dynamo-index, BENCH_EVENTS=FILE)
     plot: Draw TTFT CDFs and per-engine KV usage over time into this PNG file
     sweep: Sweep a policy flag over values, `NAME=V1,V2,...` (snake_case name); repeat for a
         grid. Every listed policy runs at every grid point; the report names the best setting
