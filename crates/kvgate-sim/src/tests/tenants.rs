@@ -95,11 +95,9 @@ fn reserved_concurrency_and_engine_priority_bring_the_interactive_tenant_near_al
     assert!(reserved_p99 < fair_p99, "reserved {reserved_p99} ms vs fair {fair_p99} ms");
     assert!(prioritized_p99 < reserved_p99, "with engine priority {prioritized_p99} ms vs {reserved_p99} ms");
     // What remains is the engine's step: a chat prompt arriving mid-step waits for it to end
-    // (2,048 flood tokens, 256 ms), then shares the next one with the flood's chunk.
-    assert!(
-        prioritized_p99 <= alone_p99 + 2.0 * 256.0 + 20.0,
-        "{prioritized_p99} ms vs alone {alone_p99} ms"
-    );
+    // (2,048 flood tokens, 256 ms), then shares the next one with the flood's chunk; and, when
+    // two chat answers overlap, the wait for one of the two reserved slots.
+    assert!(prioritized_p99 <= alone_p99 + 3.0 * 256.0, "{prioritized_p99} ms vs alone {alone_p99} ms");
 }
 
 /// The sim takes tenant weights from `--tenants` as the gateway does: two tenants backlogged
