@@ -80,7 +80,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     let pooled_kv_tokens = engines[..fleet.prompt_engines()].iter().map(|e| e.kv_capacity_tokens).sum();
     let pooled_lru = trace.pooled_lru(pooled_kv_tokens);
     let pooled_belady = trace.pooled_belady(pooled_kv_tokens);
-    let setup = sim_setup(args, fleet, engines);
+    let setup = sim_setup(args, fleet, engines)?;
     let times: Vec<f64> = trace.requests.iter().map(|r| r.timestamp_ms).collect();
     let span_ms = times.iter().copied().fold(f64::NEG_INFINITY, f64::max)
         - times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -175,23 +175,27 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
             engine: setup.engine,
             worker_speeds: args.engine.worker_speeds.clone(),
             worker_kv_capacity_tokens: args.engine.worker_kv_capacity_tokens.clone(),
-            admission: args.max_concurrent_requests.is_some().then(|| args.admission()),
+            admission: args.max_concurrent_requests.is_some().then(|| args.admission()).transpose()?,
         },
         runs: reports,
         sweep_best,
     })
 }
 
-fn sim_setup(args: &SimArgs, fleet: Fleet, engines: Vec<kvgate_engine::EngineConfig>) -> SimSetup {
-    SimSetup {
+fn sim_setup(
+    args: &SimArgs,
+    fleet: Fleet,
+    engines: Vec<kvgate_engine::EngineConfig>,
+) -> Result<SimSetup, SimError> {
+    Ok(SimSetup {
         fleet,
         engine: args.engine_config(),
         engines,
         rate_scale: args.rate_scale,
         load_monitor_interval_ms: args.load_monitor_interval_ms,
         seed: args.seed,
-        admission: args.admission(),
-    }
+        admission: args.admission()?,
+    })
 }
 
 /// Runs `trace` with `args`' fleet, engines, rate and load monitor, routed by `outside`
@@ -216,7 +220,7 @@ pub fn run_outside(
     let trace = trace.truncated(args.max_requests);
     let engines: Vec<_> = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
     let pooled_kv_tokens = engines.iter().map(|e| e.kv_capacity_tokens).sum();
-    let setup = sim_setup(args, fleet, engines);
+    let setup = sim_setup(args, fleet, engines)?;
     let outcome = simulate_outside(&trace, &setup, outside, &mut |_, _| {});
     let (metrics, ttft_ms_sorted) = Metrics::from_outcome(
         &outcome,

@@ -354,7 +354,7 @@ impl<'a> Simulation<'a> {
             self.arrive_outside(now, id, prompt, input_length, output_tokens);
             return;
         }
-        if !self.admission.try_enter() {
+        if !self.admission.try_enter(id, request) {
             let score = match self.admission.scores_locality() {
                 true => {
                     let interval = self.setup.load_monitor_interval_ms;
@@ -374,11 +374,14 @@ impl<'a> Simulation<'a> {
         let Some(decision) = self.route(0, now, &prompt, input_length, id) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
-            self.admit_next(now);
+            self.admit_next(now, id);
             return;
         };
         let engine = self.pools[0].first_engine + decision.worker as usize;
-        self.engines[engine].submit(now, EngineRequest::new(id, prompt, output_tokens), &mut self.outputs);
+        let class = self.admission.class_of(&self.trace.requests[self.order[id as usize]]);
+        let request =
+            EngineRequest::new(id, prompt, output_tokens).with_priority(class.lower_first_priority());
+        self.engines[engine].submit(now, request, &mut self.outputs);
         self.after_engine_call(engine, now);
     }
 
@@ -405,10 +408,17 @@ impl<'a> Simulation<'a> {
         self.after_engine_call(worker, now);
     }
 
-    /// A request left the fleet (finished, refused or unrouted): its slot goes to the next
-    /// waiter of the admission queue, routed now.
-    fn admit_next(&mut self, now: u64) {
-        let Some(id) = self.admission.left() else { return };
+    /// Request `left` left the fleet (finished, refused or unrouted): its slot goes to the
+    /// waiters of the admission queue it makes room for, routed now.
+    fn admit_next(&mut self, now: u64, left: u64) {
+        self.admission.left(left);
+        while let Some(id) = self.admission.next() {
+            self.submit_waiter(now, id);
+        }
+    }
+
+    /// Routes and submits the admitted waiter `id`.
+    fn submit_waiter(&mut self, now: u64, id: u64) {
         let request = &self.trace.requests[self.order[id as usize]];
         let (input_length, output_tokens) = (request.input_length, request.output_length);
         let mut prompt = std::mem::take(&mut self.prompt);
@@ -495,7 +505,7 @@ impl<'a> Simulation<'a> {
                         stats.arrival_us = stats.arrival_us.min(self.arrival_us[id as usize]);
                         self.outcome.finished.push(stats);
                         self.outcome.finished_requests.push(self.order[id as usize]);
-                        self.admit_next(now);
+                        self.admit_next(now, id);
                     }
                 }
                 EngineOutput::Rejected { id, .. } => {
@@ -506,7 +516,7 @@ impl<'a> Simulation<'a> {
                     if self.pd.is_some() {
                         self.disaggregated_rejected(pool, id);
                     } else {
-                        self.admit_next(now);
+                        self.admit_next(now, id);
                     }
                     self.outcome.rejected += 1;
                 }
