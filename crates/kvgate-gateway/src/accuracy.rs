@@ -31,6 +31,36 @@ pub(crate) struct Probe {
     pub(crate) exact: bool,
     /// The model's window (every worker's answers), once the pool is known.
     pub(crate) model_window: Option<Arc<ModelAccuracy>>,
+    /// To ask the index again once the engine has answered (when the decision hashed the prompt).
+    pub(crate) recheck: Option<Recheck>,
+}
+
+/// The index and the prompt's block hashes on the chosen worker, to ask again when the engine
+/// reports more cached than was predicted: tokens the index holds by then were stored before
+/// the engine answered but reported after the decision (event lag: a conversation's next turn
+/// sent before the store events of its previous answer arrived). Those are not the index's
+/// misses, and judging them so raised `index_underclaims` on fast replays with the right
+/// template. What the index still lacks then (other token ids, lost store events) counts.
+#[derive(Clone)]
+pub(crate) struct Recheck {
+    pub(crate) index: Arc<BlockIndex>,
+    pub(crate) hashes: Arc<PromptHashes>,
+    pub(crate) worker: u32,
+}
+
+impl std::fmt::Debug for Recheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recheck").field("worker", &self.worker).finish_non_exhaustive()
+    }
+}
+
+impl Recheck {
+    /// Leading prompt tokens the index says the worker holds now.
+    fn matched_now(&self) -> u32 {
+        let mut matched = PrefixMatch::default();
+        self.index.overlap_hashed(&self.hashes, &mut matched);
+        u32::try_from(matched.matched(self.worker)).unwrap_or(u32::MAX)
+    }
 }
 
 impl Probe {
@@ -55,6 +85,7 @@ impl Probe {
             predicted: clamp(matched.matched(worker)),
             exact,
             model_window: None,
+            recheck: None,
         }
     }
 }
@@ -166,6 +197,14 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
     // The engine's own prompt length where it says (a wrong template changes the gateway's).
     let prompt_tokens =
         usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(probe.prompt_tokens);
+    // The prediction the closed loop judges: what the index held by the time the engine answered
+    // (capped at what the engine served), when that is more than at the decision ([`Recheck`]).
+    let judged = match (cached, &probe.recheck) {
+        (Some(cached), Some(recheck)) if cached > probe.predicted => {
+            probe.predicted.max(recheck.matched_now().min(cached))
+        }
+        _ => probe.predicted,
+    };
     // Written through the worker's series: none is made again once it is removed.
     worker.series.write(|url| {
         let labels = [model, url];
@@ -174,18 +213,16 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
             metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
             let missed = cached.saturating_sub(probe.predicted);
             metrics.prefix_missed_cached_tokens.with_label_values(&labels).inc_by(u64::from(missed));
+            let late = u64::from(judged - probe.predicted);
+            metrics.prefix_late_cached_tokens.with_label_values(&labels).inc_by(late);
             if prompt_tokens > 0 {
                 let difference = (f64::from(cached) - f64::from(probe.predicted)) / f64::from(prompt_tokens);
                 metrics.prefix_cached_difference.with_label_values(&labels).observe(difference);
             }
         }
     });
-    let sample = AccuracySample {
-        prompt_tokens,
-        predicted: probe.predicted,
-        engine_cached: cached,
-        exact: probe.exact,
-    };
+    let sample =
+        AccuracySample { prompt_tokens, predicted: judged, engine_cached: cached, exact: probe.exact };
     match worker.record_accuracy(sample) {
         Some(AccuracyChange::Raised(disagreement)) => {
             worker
@@ -251,5 +288,84 @@ mod tests {
         assert_eq!(parsed["stream_options"]["include_usage"], true);
         assert_eq!(&ask_for_usage(b"{ }").unwrap()[..], br#"{"stream_options":{"include_usage":true} }"#);
         assert_eq!(ask_for_usage(b"[1]"), None);
+    }
+
+    /// A worker, the writer of its engine's cache in the index (dropping it clears the cache),
+    /// and a probe of an 8-token prompt (4 blocks of 2) routed there when only its first block
+    /// was reported stored.
+    fn routed_before_the_events() -> (Metrics, Arc<Worker>, kvgate_index::CacheBlocks, Vec<u32>, Probe) {
+        let metrics = Metrics::new();
+        let settings = crate::worker::CircuitSettings {
+            enabled: false,
+            failure_threshold: 1,
+            open_duration: std::time::Duration::ZERO,
+        };
+        let url = "http://127.0.0.1:1";
+        let worker = Arc::new(Worker::new(
+            0,
+            url.into(),
+            Some("m".into()),
+            true,
+            settings,
+            metrics.worker_series(url),
+            None,
+        ));
+        let index = Arc::new(BlockIndex::new());
+        let mut cache =
+            kvgate_index::CacheBlocks::new(index.clone(), kvgate_index::CacheId { worker: 0, rank: 0 });
+        let tokens: Vec<u32> = (1..=8).collect();
+        store(&mut cache, &tokens[..2], &[11], None);
+        let hashes = Arc::new(index.prompt_hashes(&tokens, Namespace::BASE));
+        let probe = Probe::predict(&index, &tokens, Namespace::BASE, Some(&hashes), 0, true);
+        assert_eq!(probe.predicted, 2);
+        let recheck = Some(Recheck { index: index.clone(), hashes, worker: 0 });
+        (metrics, worker, cache, tokens, Probe { recheck, ..probe })
+    }
+
+    fn store(cache: &mut kvgate_index::CacheBlocks, tokens: &[u32], hashes: &[u64], parent: Option<u64>) {
+        let residency = kvgate_index::Residency::gpu();
+        let stored = kvgate_index::StoredBlocks {
+            group: 0,
+            block_hashes: hashes,
+            parent_block_hash: parent,
+            token_ids: tokens,
+            block_size: 2,
+            lookahead: &[],
+            opaque: &[],
+            namespace: Namespace::BASE,
+            residency: &residency,
+        };
+        cache.apply_stored(stored).unwrap();
+    }
+
+    fn usage(cached: u32) -> Option<EngineUsage> {
+        Some(EngineUsage { prompt_tokens: Some(8), cached_tokens: Some(cached), completion_tokens: Some(1) })
+    }
+
+    fn counter(family: &prometheus::IntCounterVec) -> u64 {
+        family.with_label_values(&["m", "http://127.0.0.1:1"]).get()
+    }
+
+    #[test]
+    fn cached_tokens_whose_store_events_came_after_the_decision_are_not_the_indexs_misses() {
+        let (metrics, worker, mut cache, tokens, probe) = routed_before_the_events();
+        // The previous answer's blocks reach the index after the decision, before the answer.
+        store(&mut cache, &tokens[2..6], &[12, 13], Some(11));
+        record(&metrics, &worker, probe, usage(6));
+        assert_eq!(counter(&metrics.prefix_missed_cached_tokens), 4, "missed at the decision");
+        assert_eq!(counter(&metrics.prefix_late_cached_tokens), 4, "all of it late");
+        let (requests, error_share, _, _) = worker.index_accuracy();
+        assert_eq!((requests, error_share), (1, 0.0), "judged on what the index held by the answer");
+    }
+
+    #[test]
+    fn cached_tokens_the_index_still_lacks_at_the_answer_count_as_missed() {
+        let (metrics, worker, _cache, _tokens, probe) = routed_before_the_events();
+        record(&metrics, &worker, probe, usage(6));
+        assert_eq!(counter(&metrics.prefix_missed_cached_tokens), 4);
+        assert_eq!(counter(&metrics.prefix_late_cached_tokens), 0);
+        let (requests, error_share, _, _) = worker.index_accuracy();
+        assert_eq!(requests, 1);
+        assert!((error_share - 0.5).abs() < 1e-9, "4 of 8 prompt tokens missed: {error_share}");
     }
 }

@@ -66,6 +66,7 @@ pub struct Metrics {
     pub prefix_predicted_tokens: IntCounterVec,
     pub prefix_engine_cached_tokens: IntCounterVec,
     pub prefix_missed_cached_tokens: IntCounterVec,
+    pub prefix_late_cached_tokens: IntCounterVec,
     pub prefix_cached_difference: HistogramVec,
     pub prefix_index_disagreement: IntGaugeVec,
     pub prefix_model_index_disagreement: IntGaugeVec,
@@ -283,6 +284,11 @@ impl Metrics {
             prefix_missed_cached_tokens: counter(
                 "kvgate_prefix_missed_cached_tokens_total",
                 "Of the engine-reported cached tokens, those beyond what the index predicted on the same request (the engine's hits the index did not see), by model and worker; over kvgate_prefix_engine_cached_tokens_total: the missed share.",
+                &["model", "worker"],
+            ),
+            prefix_late_cached_tokens: counter(
+                "kvgate_prefix_late_cached_tokens_total",
+                "Of the missed cached tokens, those the index held by the time the engine answered (their store events arrived after the decision: event lag, e.g. a conversation's next turn sent before its previous answer's blocks were reported); the closed loop does not count them as the index's misses, by model and worker.",
                 &["model", "worker"],
             ),
             prefix_cached_difference: histogram(
@@ -544,6 +550,7 @@ impl Metrics {
             &self.prefix_predicted_tokens,
             &self.prefix_engine_cached_tokens,
             &self.prefix_missed_cached_tokens,
+            &self.prefix_late_cached_tokens,
         ] {
             remove_labelled(family, url);
         }

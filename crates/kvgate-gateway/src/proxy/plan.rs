@@ -10,7 +10,7 @@ use kvgate_policy::{
     cached_tokens, Decision, IndexKind, PdChoice, PdInputs, PdPath, PdRule, RouteRequest, RoutingKey,
 };
 
-use crate::accuracy::Probe;
+use crate::accuracy::{Probe, Recheck};
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::registry::{ModelPool, ModelPools, ModelPrefix};
@@ -272,7 +272,7 @@ pub(super) struct Pick {
     pub decision: Decision,
     pub pool: Arc<ModelPool>,
     /// The prompt's block hashes, when the decision matched on the exact index.
-    pub hashes: Option<PromptHashes>,
+    pub hashes: Option<Arc<PromptHashes>>,
 }
 
 impl Pick {
@@ -286,8 +286,13 @@ impl Pick {
         let exact = self.decision.index == Some(IndexKind::Exact);
         let index = &self.pool.prefix.exact;
         let probe =
-            Probe::predict(index, tokens, namespace, self.hashes.as_ref(), self.decision.worker, exact);
-        Some(Probe { model_window: Some(self.pool.prefix.accuracy.clone()), ..probe })
+            Probe::predict(index, tokens, namespace, self.hashes.as_deref(), self.decision.worker, exact);
+        let recheck = self.hashes.clone().map(|hashes| Recheck {
+            index: index.clone(),
+            hashes,
+            worker: self.decision.worker,
+        });
+        Some(Probe { model_window: Some(self.pool.prefix.accuracy.clone()), recheck, ..probe })
     }
 
     /// A request routed on the exact index: its prompt's blocks count as held by the chosen
