@@ -64,7 +64,12 @@ async fn each_rank_is_a_worker_and_gets_its_rank_in_the_body() {
     // Removing `URL@1` leaves rank 0 alone on that engine: every request sent there now lands
     // on rank 0, which only the rank named in the body does (the engine's own choice, without
     // one, would alternate between its ranks).
-    let removed = json_answer(client().delete(format!("{}/workers/{}", gw.admin_url(), urlencode(&format!("{}@1", urls[0]))))).await;
+    let removed = json_answer(client().delete(format!(
+        "{}/workers/{}",
+        gw.admin_url(),
+        urlencode(&format!("{}@1", urls[0]))
+    )))
+    .await;
     assert_eq!(removed["removed"], format!("{}@1", urls[0]));
     for index in 0..6 {
         assert_eq!(complete(&gw.url(), &format!("after removal {index}")).await.status(), 200);
@@ -74,7 +79,8 @@ async fn each_rank_is_a_worker_and_gets_its_rank_in_the_body() {
     assert_eq!(rank_requests(&urls[1]).await, vec![4, 4]);
 
     // Removing an engine by its URL removes every rank registered for it.
-    let removed = json_answer(client().delete(format!("{}/workers/{}", gw.admin_url(), urlencode(&urls[1])))).await;
+    let removed =
+        json_answer(client().delete(format!("{}/workers/{}", gw.admin_url(), urlencode(&urls[1])))).await;
     assert_eq!(removed["ranks"].as_array().map(Vec::len), Some(2), "{removed}");
     let workers = json_answer(client().get(format!("{}/workers", gw.admin_url()))).await;
     assert_eq!(workers["workers"].as_array().unwrap().len(), 1, "{workers}");

@@ -188,8 +188,7 @@ pub(crate) async fn respond<F: ResponseFormat>(
             };
             match output {
                 Some(EngineOutput::Finished { stats, .. }) => {
-                    let outcome =
-                        outcome(stats, cap, kv_transfer_params.as_ref(), transferred_cached_tokens);
+                    let outcome = outcome(stats, cap, kv_transfer_params.as_ref(), transferred_cached_tokens);
                     let body = format.full_body(&full_text(seed, stats.completion_tokens), &outcome);
                     return whole_response(Bytes::from(body), cut);
                 }

@@ -69,7 +69,8 @@ async fn pull(State(rooms): State<Arc<KvRooms>>, Path(room): Path<String>) -> Re
         prompt_tokens: held.prompt_tokens,
         cached_tokens: held.cached_tokens,
         blocks: held.blocks,
-    }).into_response()
+    })
+    .into_response()
 }
 
 fn refusal(status: StatusCode, message: String) -> Response {
