@@ -21,6 +21,8 @@ pub mod kv_wire;
 pub mod mock;
 pub mod redis;
 
+// Not every test binary uses every helper (as `dead_code` above).
+#[allow(unused_imports)]
 pub use mock::{mock_fleet, pd_fleet, pd_mock_config};
 
 /// How a test upstream behaves; flip fields at run time.
