@@ -2,8 +2,12 @@
 # kvgate's PD mode against SMG 1.13's on the same simulated PD fleet, SGLang protocol: PREFILL
 # `kvgate mock --role prefill` engines and DECODE `--role decode` engines running TIME_SCALE
 # times faster than wall time, behind `smg launch --pd-disaggregation`, `kvgate launch
-# --pd-disaggregation` (always a pair) and `kvgate launch --pd-disaggregation --pd-conditional`,
-# each replayed in turn by one `kvgate replay` (the engines' caches flushed in between).
+# --pd-disaggregation` (always a pair), `kvgate launch --pd-disaggregation --pd-conditional`
+# (the thresholds, with POLICY on both sides) and the same with kv_aware on both sides (the
+# predicted rule; its time-valued settings and --kv-transfer-gbps scaled to wall time), each
+# replayed in turn by one `kvgate replay` (the engines' caches flushed in between). The decode
+# engines report as cached what their prefill engine found cached (not the KV they received),
+# so every gateway's hit rate is its prefill side's plus what in-place requests found.
 # Loopback only.
 #
 #   scripts/pd_vs_smg.sh S1|S4 [MAX_REQUESTS]
@@ -57,15 +61,25 @@ done
   --host 127.0.0.1 --port 32300 --prometheus-host 127.0.0.1 --prometheus-port 32310 \
   --shutdown-grace-period-secs 1 --log-level warn > "$out/smg.log" 2>&1 &
 pids+=($!)
-common=(--pd-disaggregation "${prefill[@]}" "${decode[@]}" --policy "$policy" --pd-protocol sglang
+common=(--pd-disaggregation "${prefill[@]}" "${decode[@]}" --pd-protocol sglang
   --mock-tokenizer --log-level warn --load-monitor-interval-ms "$(python3 -c "print(max(1, round(1000 / $scale)))")"
   --eviction-interval "$(python3 -c "print(120 / $scale)")")
-"$kvgate" launch --port 32301 --admin-port 32401 "${common[@]}" > "$out/kvgate-pair.log" 2>&1 &
+"$kvgate" launch --port 32301 --admin-port 32401 "${common[@]}" --policy "$policy" > "$out/kvgate-pair.log" 2>&1 &
 pids+=($!)
-"$kvgate" launch --port 32302 --admin-port 32402 "${common[@]}" --pd-conditional > "$out/kvgate-conditional.log" 2>&1 &
+"$kvgate" launch --port 32302 --admin-port 32402 "${common[@]}" --policy "$policy" --pd-conditional > "$out/kvgate-conditional.log" 2>&1 &
+pids+=($!)
+# kv_aware on both sides: model-time defaults in wall time (as scripts/sim_vs_http.sh does).
+predicted=$(python3 -c "
+s = $scale
+print(' '.join(['--policy', 'kv_aware', '--pd-conditional',
+  '--kv-aware-prefill-tokens-per-sec', str(8000 * s), '--kv-aware-decode-ms-per-request', str(0.35 / s),
+  '--kv-aware-kv-pressure-weight', str(0.15 / s), '--kv-aware-wait-slack-ms', str(1000 / s),
+  '--kv-transfer-gbps', str(25 * s)]))")
+# shellcheck disable=SC2086 # $predicted is a list of flags.
+"$kvgate" launch --port 32303 --admin-port 32403 "${common[@]}" $predicted > "$out/kvgate-predicted.log" 2>&1 &
 pids+=($!)
 # Every gateway sees every worker before the replay starts.
-for port in 32300 32301 32302; do
+for port in 32300 32301 32302 32303; do
   for _ in $(seq 100); do
     code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$port/v1/chat/completions" \
       -H 'content-type: application/json' \
@@ -77,8 +91,10 @@ done
 echo "uptime before: $(uptime)" | tee "$out/uptime.txt"
 # SMG last: after its run a mock prefill engine still counts requests running for some seconds
 # (the engines refuse to flush their caches then).
-"$kvgate" replay --trace "$trace" --url http://127.0.0.1:32301 http://127.0.0.1:32302 http://127.0.0.1:32300 \
-  --label "kvgate PD (pair)" "kvgate PD (conditional)" "SMG 1.13 PD" --speedup "$speedup" "${limit[@]}" \
+"$kvgate" replay --trace "$trace" \
+  --url http://127.0.0.1:32301 http://127.0.0.1:32302 http://127.0.0.1:32303 http://127.0.0.1:32300 \
+  --label "kvgate PD (pair)" "kvgate PD (conditional)" "kvgate PD (conditional, kv_aware)" "SMG 1.13 PD" \
+  --speedup "$speedup" "${limit[@]}" \
   --flush-cache-urls "${workers[@]}" --pause-secs "${PAUSE_SECS:-5}" \
   --fleet-kv-tokens $((n_prefill * kv)) --json "$out/http.json" | tee "$out/http.md"
 echo "uptime after: $(uptime)" | tee -a "$out/uptime.txt"

@@ -18,7 +18,12 @@ use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use tokio::sync::Notify;
 
 pub mod kv_wire;
+pub mod mock;
 pub mod redis;
+
+// Not every test binary uses every helper (as `dead_code` above).
+#[allow(unused_imports)]
+pub use mock::{mock_fleet, pd_fleet, pd_mock_config};
 
 /// How a test upstream behaves; flip fields at run time.
 pub struct Upstream {
@@ -270,6 +275,16 @@ pub fn chat(model: &str) -> serde_json::Value {
     serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hello"}]})
 }
 
+/// The JSON answer to `request` (an admin or dry-run call the test expects to succeed).
+pub async fn json_answer(request: reqwest::RequestBuilder) -> serde_json::Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+/// The gateway's dry run of `body`: `POST /v1/route` on its admin listener.
+pub async fn dry_run(gw: &GatewayHandle, body: &serde_json::Value) -> serde_json::Value {
+    json_answer(client().post(format!("{}/v1/route", gw.admin_url())).json(body)).await
+}
+
 /// Poll `check` every 20 ms for up to `secs` seconds.
 pub async fn eventually(secs: f64, mut check: impl AsyncFnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
@@ -310,11 +325,13 @@ pub async fn metric_line_appears(gw: &GatewayHandle, line: &str) -> bool {
 /// their replay, tokenizing as the mock engines do.
 /// A mock fleet of `count` engines publishing KV events (with replay), 50x faster than wall time.
 pub async fn kv_events_fleet(count: usize) -> kvgate_mock::MockFleet {
-    let mut args = kvgate_mock::MockArgs { count, ..kvgate_mock::MockArgs::default() };
-    args.time_scale = 50.0;
-    args.kv_events_base_port = Some(0);
-    args.kv_events_replay_base_port = Some(0);
-    kvgate_mock::spawn_fleet(args).await.expect("the mock fleet starts")
+    mock_fleet(|args| {
+        args.count = count;
+        args.time_scale = 50.0;
+        args.kv_events_base_port = Some(0);
+        args.kv_events_replay_base_port = Some(0);
+    })
+    .await
 }
 
 /// Waits up to 10 s until the gateway has workers and every one's KV events flow

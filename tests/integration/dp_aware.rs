@@ -8,16 +8,18 @@
 
 use serde_json::{json, Value};
 
-use crate::common::{client, config, eventually, gateway};
+use crate::common::{client, config, eventually, gateway, json_answer, mock_fleet};
 
 async fn fleet(count: usize, dp_size: u32) -> kvgate_mock::MockFleet {
-    kvgate_mock::spawn_fleet(kvgate_mock::MockArgs { count, dp_size, ..kvgate_mock::MockArgs::default() })
-        .await
-        .unwrap()
+    mock_fleet(|args| {
+        args.count = count;
+        args.dp_size = dp_size;
+    })
+    .await
 }
 
 async fn rank_requests(url: &str) -> Vec<u64> {
-    let info: Value = client().get(format!("{url}/server_info")).send().await.unwrap().json().await.unwrap();
+    let info = json_answer(client().get(format!("{url}/server_info"))).await;
     info["kvgate_mock_rank_requests"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect()
 }
 
@@ -37,8 +39,7 @@ async fn each_rank_is_a_worker_and_gets_its_rank_in_the_body() {
     let mut cfg = config(urls.clone());
     cfg.dp_aware = true;
     let gw = gateway(cfg).await;
-    let workers: Value =
-        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
+    let workers = json_answer(client().get(format!("{}/workers", gw.admin_url()))).await;
     let mut names: Vec<&str> =
         workers["workers"].as_array().unwrap().iter().map(|w| w["url"].as_str().unwrap()).collect();
     names.sort();
@@ -63,14 +64,12 @@ async fn each_rank_is_a_worker_and_gets_its_rank_in_the_body() {
     // Removing `URL@1` leaves rank 0 alone on that engine: every request sent there now lands
     // on rank 0, which only the rank named in the body does (the engine's own choice, without
     // one, would alternate between its ranks).
-    let removed: Value = client()
-        .delete(format!("{}/workers/{}", gw.admin_url(), urlencode(&format!("{}@1", urls[0]))))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let removed = json_answer(client().delete(format!(
+        "{}/workers/{}",
+        gw.admin_url(),
+        urlencode(&format!("{}@1", urls[0]))
+    )))
+    .await;
     assert_eq!(removed["removed"], format!("{}@1", urls[0]));
     for index in 0..6 {
         assert_eq!(complete(&gw.url(), &format!("after removal {index}")).await.status(), 200);
@@ -80,17 +79,10 @@ async fn each_rank_is_a_worker_and_gets_its_rank_in_the_body() {
     assert_eq!(rank_requests(&urls[1]).await, vec![4, 4]);
 
     // Removing an engine by its URL removes every rank registered for it.
-    let removed: Value = client()
-        .delete(format!("{}/workers/{}", gw.admin_url(), urlencode(&urls[1])))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let removed =
+        json_answer(client().delete(format!("{}/workers/{}", gw.admin_url(), urlencode(&urls[1])))).await;
     assert_eq!(removed["ranks"].as_array().map(Vec::len), Some(2), "{removed}");
-    let workers: Value =
-        client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap().json().await.unwrap();
+    let workers = json_answer(client().get(format!("{}/workers", gw.admin_url()))).await;
     assert_eq!(workers["workers"].as_array().unwrap().len(), 1, "{workers}");
     gw.shutdown().await;
     fleet.shutdown().await;
@@ -115,7 +107,7 @@ async fn cache_aware_keeps_a_prefix_on_its_rank_and_loads_are_per_rank() {
     // The load monitor reads each rank's own entry of /v1/loads.
     let loads_url = format!("{}/get_loads", gw.url());
     let per_rank = eventually(5.0, async || {
-        let loads: Value = client().get(&loads_url).send().await.unwrap().json().await.unwrap();
+        let loads = json_answer(client().get(&loads_url)).await;
         loads["loads"].as_array().is_some_and(|entries| entries.len() == 4)
     })
     .await;

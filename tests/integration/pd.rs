@@ -318,49 +318,13 @@ async fn workers_register_with_a_role_at_run_time() {
 
 // ---- With simulated PD engines (`kvgate mock --role prefill|decode`) ----
 
-pub(crate) async fn mock_fleet(
-    role: kvgate_mock::WorkerRole,
-    count: usize,
-    tweak: impl FnOnce(&mut kvgate_mock::MockArgs),
-) -> kvgate_mock::MockFleet {
-    let mut args = kvgate_mock::MockArgs {
-        count,
-        role,
-        time_scale: 20.0,
-        kv_hold_timeout_secs: 20.0,
-        bootstrap_base_port: (role == kvgate_mock::WorkerRole::Prefill).then_some(0),
-        ..kvgate_mock::MockArgs::default()
-    };
-    tweak(&mut args);
-    kvgate_mock::spawn_fleet(args).await.expect("mock engines start")
-}
-
-pub(crate) fn mock_pd_config(
-    prefill: &[&kvgate_mock::MockFleet],
-    decode: &kvgate_mock::MockFleet,
-    protocol: PdProtocol,
-) -> GatewayConfig {
-    let mut cfg = config(Vec::new());
-    cfg.pd_disaggregation = true;
-    cfg.pd_protocol = protocol;
-    cfg.expose_routing_headers = true;
-    cfg.retry_max_retries = 3;
-    for fleet in prefill {
-        for (url, port) in fleet.urls().into_iter().zip(fleet.bootstrap_ports()) {
-            cfg.prefill.extend([url, port.to_string()]);
-        }
-    }
-    cfg.decode = decode.urls();
-    cfg
-}
-
 #[tokio::test]
 async fn simulated_pd_engines_answer_through_the_gateway_in_both_protocols() {
     use kvgate_mock::WorkerRole;
     for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
-        let prefill = mock_fleet(WorkerRole::Prefill, 2, |_| {}).await;
-        let decode = mock_fleet(WorkerRole::Decode, 2, |_| {}).await;
-        let gw = gateway(mock_pd_config(&[&prefill], &decode, protocol)).await;
+        let prefill = pd_fleet(WorkerRole::Prefill, 2, |_| {}).await;
+        let decode = pd_fleet(WorkerRole::Decode, 2, |_| {}).await;
+        let gw = gateway(pd_mock_config(&[&prefill], &decode, protocol)).await;
         let body = json!({"model": "mock-model", "max_tokens": 6, "messages": [{"role": "user", "content": "one two three four"}]});
         let response = post(&gw, &body).await;
         assert_eq!(response.status(), 200, "{protocol:?}");
@@ -381,10 +345,10 @@ async fn simulated_pd_engines_answer_through_the_gateway_in_both_protocols() {
 #[tokio::test]
 async fn a_failing_simulated_prefill_engine_is_replaced_and_a_dying_decode_ends_the_stream() {
     use kvgate_mock::WorkerRole;
-    let failing = mock_fleet(WorkerRole::Prefill, 1, |args| args.fail_rate = 1.0).await;
-    let working = mock_fleet(WorkerRole::Prefill, 1, |_| {}).await;
-    let decode = mock_fleet(WorkerRole::Decode, 1, |_| {}).await;
-    let mut cfg = mock_pd_config(&[&failing, &working], &decode, PdProtocol::Sglang);
+    let failing = pd_fleet(WorkerRole::Prefill, 1, |args| args.fail_rate = 1.0).await;
+    let working = pd_fleet(WorkerRole::Prefill, 1, |_| {}).await;
+    let decode = pd_fleet(WorkerRole::Decode, 1, |_| {}).await;
+    let mut cfg = pd_mock_config(&[&failing, &working], &decode, PdProtocol::Sglang);
     cfg.disable_circuit_breaker = true;
     let gw = gateway(cfg).await;
     let body = json!({"model": "mock-model", "max_tokens": 4, "messages": [{"role": "user", "content": "retry me"}]});
@@ -400,8 +364,8 @@ async fn a_failing_simulated_prefill_engine_is_replaced_and_a_dying_decode_ends_
     }
     gw.shutdown().await;
 
-    let cutting = mock_fleet(WorkerRole::Decode, 1, |args| args.cut_stream_rate = 1.0).await;
-    let gw = gateway(mock_pd_config(&[&working], &cutting, PdProtocol::Sglang)).await;
+    let cutting = pd_fleet(WorkerRole::Decode, 1, |args| args.cut_stream_rate = 1.0).await;
+    let gw = gateway(pd_mock_config(&[&working], &cutting, PdProtocol::Sglang)).await;
     let mut streamed = json!({"model": "mock-model", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": "cut"}]});
     streamed["ignore_eos"] = json!(true);
     let mut response = post(&gw, &streamed).await;

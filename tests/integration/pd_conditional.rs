@@ -25,7 +25,7 @@ use kvgate_gateway::{GatewayConfig, PdProtocol};
 use kvgate_policy::PolicyKind;
 use serde_json::{json, Value};
 
-use super::pd::{last_body, metrics, mock_fleet, mock_pd_config, pd_config, post};
+use super::pd::{last_body, metrics, pd_config, post};
 
 /// A conditional PD gateway config, cache_aware on both sides (the decode side's tree knows
 /// which decode engine holds which conversation).
@@ -128,20 +128,10 @@ async fn a_conversation_coming_back_is_prefilled_in_place_on_its_decode_holder_a
         // The dry run names the path, the rule's clause and its inputs. The pair's prefill
         // request can still count as in flight for a moment after the client has its answer
         // (the prefill side finishes beside the decode side), so wait for the queue to drain.
-        let dry_run = async || -> Value {
-            client()
-                .post(format!("{}/v1/route", gw.admin_url()))
-                .json(&next_turn(&second))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap()
-        };
-        let mut planned = dry_run().await;
+        let third = next_turn(&second);
+        let mut planned = dry_run(&gw, &third).await;
         let drained = eventually(5.0, async || {
-            planned = dry_run().await;
+            planned = dry_run(&gw, &third).await;
             planned["pd"]["prefill_queue"] == 0
         })
         .await;
@@ -154,15 +144,7 @@ async fn a_conversation_coming_back_is_prefilled_in_place_on_its_decode_holder_a
         assert!(pd["uncached_tokens"].as_u64().unwrap() < 2048, "{planned}");
         assert!(pd["cached_tokens"].as_u64().unwrap() > 4000, "{planned}");
         assert_eq!(pd["prefill_queue"], 0, "{planned}");
-        let planned: Value = client()
-            .post(format!("{}/v1/route", gw.admin_url()))
-            .json(&long_turn("charlie"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let planned = dry_run(&gw, &long_turn("charlie")).await;
         assert_eq!(
             (planned["path"].as_str(), planned["pd"]["why"].as_str()),
             (Some("pair"), Some("long_uncached"))
@@ -225,9 +207,9 @@ async fn conditional_disaggregation_needs_a_disaggregated_fleet() {
 async fn simulated_decode_engines_prefill_in_place_from_what_they_hold_in_both_protocols() {
     use kvgate_mock::WorkerRole;
     for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
-        let prefill = mock_fleet(WorkerRole::Prefill, 1, |_| {}).await;
-        let decode = mock_fleet(WorkerRole::Decode, 2, |_| {}).await;
-        let mut cfg = mock_pd_config(&[&prefill], &decode, protocol);
+        let prefill = pd_fleet(WorkerRole::Prefill, 1, |_| {}).await;
+        let decode = pd_fleet(WorkerRole::Decode, 2, |_| {}).await;
+        let mut cfg = pd_mock_config(&[&prefill], &decode, protocol);
         cfg.routing.policy = PolicyKind::CacheAware;
         cfg.routing.pd_conditional = true;
         let gw = gateway(cfg).await;
@@ -301,15 +283,7 @@ async fn with_kv_aware_on_both_sides_the_predicted_sooner_path_wins_and_the_deco
         assert!(paths.iter().any(|&pair| pair), "{protocol:?}: the queue built up sends pairs: {paths:?}");
 
         // The dry run shows both predictions.
-        let planned: Value = client()
-            .post(format!("{}/v1/route", gw.admin_url()))
-            .json(&long_turn("zulu"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let planned = dry_run(&gw, &long_turn("zulu")).await;
         let predicted = &planned["pd"]["predicted"];
         for key in [
             "in_place_s",

@@ -102,7 +102,19 @@ fn full_text(seed: u64, n_tokens: u32) -> String {
     (0..n_tokens).map(|index| token_piece(seed, index)).collect()
 }
 
-fn outcome(stats: RequestStats, cap: u32, kv_transfer_params: Option<&serde_json::Value>) -> Outcome {
+/// The answer's counts; `transferred_cached_tokens` (a decode of a transferred prompt: what the
+/// prefill engine found cached) replaces the engine's own match as the cached count.
+fn outcome(
+    stats: RequestStats,
+    cap: u32,
+    kv_transfer_params: Option<&serde_json::Value>,
+    transferred_cached_tokens: Option<u32>,
+) -> Outcome {
+    let stats = RequestStats {
+        cached_tokens: transferred_cached_tokens.unwrap_or(stats.cached_tokens),
+        offloaded_tokens: if transferred_cached_tokens.is_some() { 0 } else { stats.offloaded_tokens },
+        ..stats
+    };
     Outcome {
         prompt_tokens: stats.prompt_tokens,
         completion_tokens: stats.completion_tokens,
@@ -166,9 +178,10 @@ pub(crate) async fn respond<F: ResponseFormat>(
     if let Some(EngineOutput::Rejected { reason, .. }) = &first {
         return ApiError::bad_request(format!("request rejected by the engine: {reason}")).into_response();
     }
-    let kv_transfer_params = start.kv_transfer_params;
+    let (kv_transfer_params, transferred_cached_tokens) =
+        (start.kv_transfer_params, start.transferred_cached_tokens);
     if streamed {
-        let ending = Ending { seed, cap, cut, kv_transfer_params };
+        let ending = Ending { seed, cap, cut, kv_transfer_params, transferred_cached_tokens };
         stream_response(stream, first, format, ending)
     } else {
         let mut pending = first;
@@ -179,7 +192,7 @@ pub(crate) async fn respond<F: ResponseFormat>(
             };
             match output {
                 Some(EngineOutput::Finished { stats, .. }) => {
-                    let outcome = outcome(stats, cap, kv_transfer_params.as_ref());
+                    let outcome = outcome(stats, cap, kv_transfer_params.as_ref(), transferred_cached_tokens);
                     let body = format.full_body(&full_text(seed, stats.completion_tokens), &outcome);
                     return whole_response(Bytes::from(body), cut);
                 }
@@ -209,6 +222,7 @@ struct Ending {
     cap: u32,
     cut: bool,
     kv_transfer_params: Option<serde_json::Value>,
+    transferred_cached_tokens: Option<u32>,
 }
 
 struct StreamState<F> {
@@ -221,6 +235,7 @@ struct StreamState<F> {
     cut_at: Option<u32>,
     finished: bool,
     kv_transfer_params: Option<serde_json::Value>,
+    transferred_cached_tokens: Option<u32>,
 }
 
 fn stream_response<F: ResponseFormat>(
@@ -229,7 +244,7 @@ fn stream_response<F: ResponseFormat>(
     format: F,
     ending: Ending,
 ) -> Response {
-    let Ending { seed, cap, cut, kv_transfer_params } = ending;
+    let Ending { seed, cap, cut, kv_transfer_params, transferred_cached_tokens } = ending;
     let state = StreamState {
         stream,
         pending: first,
@@ -240,6 +255,7 @@ fn stream_response<F: ResponseFormat>(
         cut_at: cut.then_some((cap / 2).max(1)),
         finished: false,
         kv_transfer_params,
+        transferred_cached_tokens,
     };
     let body = futures_util::stream::unfold(state, |mut state| async move {
         if state.finished {
@@ -266,7 +282,12 @@ fn stream_response<F: ResponseFormat>(
                 if state.cut_at.is_some() {
                     return Some((Err(cut_error().await), state));
                 }
-                let outcome = outcome(stats, state.cap, state.kv_transfer_params.as_ref());
+                let outcome = outcome(
+                    stats,
+                    state.cap,
+                    state.kv_transfer_params.as_ref(),
+                    state.transferred_cached_tokens,
+                );
                 state.format.final_chunks(&outcome, &mut chunk);
             }
             Some(EngineOutput::Rejected { reason, .. }) => {

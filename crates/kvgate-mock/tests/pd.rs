@@ -185,6 +185,52 @@ async fn vllm_two_steps_pass_the_prefills_kv_transfer_params() {
     decode.fleet.shutdown().await;
 }
 
+/// `usage.prompt_tokens_details.cached_tokens` of a whole OpenAI answer.
+async fn cached_tokens(response: reqwest::Response) -> u64 {
+    assert_eq!(response.status(), 200);
+    let answer: Value = bounded(response.json()).await.unwrap();
+    answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("a cached count")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_reports_what_its_prefill_found_cached_not_the_kv_it_received() {
+    // The decode engine holds the prompt (served in place first); its KV then arrives by
+    // transfer from a prefill engine that computed it all, then from one that had it cached.
+    // The answer's cached count is the prefill engine's both times (0, then the prompt's full
+    // blocks), never the decode engine's own match: it computed no prompt, so its cache saved
+    // nothing, and a PD fleet's hit rate measured at the client must be the prefill side's.
+    let (prefill, decode) = pd_pair(|_| {}).await;
+    let port = prefill.fleet.bootstrap_ports()[0];
+    let path = "/v1/completions";
+    let plain = body(path, &words(0, 1_000), 4, false);
+    assert_eq!(cached_tokens(bounded(decode.post(path, &plain)).await).await, 0);
+    assert!(cached_tokens(bounded(decode.post(path, &plain)).await).await > 900, "in place: its own hit");
+    for room in [1u64, 2] {
+        let pd_body = with_sglang_room(plain.clone(), port, room);
+        let (prefilled, decoded) =
+            bounded(async { tokio::join!(prefill.post(path, &pd_body), decode.post(path, &pd_body)) }).await;
+        let prefill_cached = cached_tokens(prefilled).await;
+        let decode_cached = cached_tokens(decoded).await;
+        assert_eq!(decode_cached, prefill_cached, "room {room}");
+        if room == 1 {
+            assert_eq!(prefill_cached, 0, "the prefill engine's first sight of the prompt");
+        } else {
+            assert!(prefill_cached > 900, "the prefill engine's own hit: {prefill_cached}");
+        }
+    }
+    // vLLM's two steps carry it the same way.
+    let mut step_one = plain.clone();
+    step_one["max_tokens"] = json!(1);
+    step_one["kv_transfer_params"] = json!({"do_remote_decode": true, "do_remote_prefill": false});
+    let answer: Value = bounded(prefill.post_json(path, &step_one)).await;
+    let prefill_cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let mut step_two = plain;
+    step_two["kv_transfer_params"] = answer["kv_transfer_params"].clone();
+    assert_eq!(cached_tokens(bounded(decode.post(path, &step_two)).await).await, prefill_cached);
+    prefill.fleet.shutdown().await;
+    decode.fleet.shutdown().await;
+}
+
 /// Asserts a 502 with an OpenAI-style JSON error, and returns its message.
 async fn kv_transfer_error(response: reqwest::Response) -> String {
     assert_eq!(response.status(), 502);

@@ -41,14 +41,21 @@ const ROW_PER_RUN_METRICS: usize = 14;
 type PdCell = fn(&PdMetrics) -> String;
 
 /// The rows a disaggregated fleet adds, after `METRIC_ROWS`.
-const PD_ROWS: [(&str, PdCell); 7] = [
+const PD_ROWS: [(&str, PdCell); 10] = [
     ("share prefilled in place", |m| format!("{:.1}%", m.in_place_share * 100.0)),
+    ("prefill tokens computed on decode engines", |m| format!("{:.1}%", m.decode_prefill_share * 100.0)),
     ("KV transfer mean (ms)", |m| fmt_ms(m.kv_transfer_mean_ms)),
     ("decode queueing (ms)", |m| fmt_ms(m.decode_queue_mean_ms)),
     ("decode KV usage mean", |m| format!("{:.3}", m.decode_kv_usage_mean)),
     ("decode KV usage max", |m| format!("{:.3}", m.decode_kv_usage_max)),
     ("decode KV spread mean", |m| format!("{:.3}", m.decode_kv_spread_mean)),
     ("decode uncached tokens max", |m| m.decode_uncached_tokens_max.to_string()),
+    ("predicted in place / pair, mean (ms)", |m| {
+        format!("{} / {}", fmt_ms(m.predicted_in_place_ms), fmt_ms(m.predicted_pair_ms))
+    }),
+    ("predicted cost to others in place / pair, mean (ms)", |m| {
+        format!("{} / {}", fmt_ms(m.predicted_in_place_others_ms), fmt_ms(m.predicted_pair_others_ms))
+    }),
 ];
 
 fn fmt_ms(ms: f64) -> String {

@@ -149,6 +149,16 @@ pub struct PdMetrics {
     /// Share of the finished requests prefilled in place on their decode engine
     /// (`pd_conditional`; 0 when every request went through a pair).
     pub in_place_share: f64,
+    /// Share of the prompt tokens computed that the decode engines computed (in place).
+    pub decode_prefill_share: f64,
+    /// The predicted rule's means over its decisions (kv_aware on both sides; 0 otherwise),
+    /// ms: the time to first token in place and through the pair, each path's cost to the
+    /// other requests, and the pair's transfer.
+    pub predicted_in_place_ms: f64,
+    pub predicted_in_place_others_ms: f64,
+    pub predicted_pair_ms: f64,
+    pub predicted_pair_others_ms: f64,
+    pub predicted_transfer_ms: f64,
 }
 
 /// Mean (max - min) usage across the engines `engines` of each tick, mean usage, max usage.
@@ -234,6 +244,7 @@ impl Metrics {
         let prompt_engines = outcome.pd.as_ref().map_or(n_engines, |pd| pd.prefill_engines.min(n_engines));
         let (kv_spread_mean, kv_usage_mean, kv_usage_max) = kv_summary(ticks, 0..prompt_engines);
         let pd = outcome.pd.as_ref().map(|pd| {
+            let mean_ms = |sum_s: f64| ratio(sum_s * 1000.0, pd.predicted.decisions as f64);
             let (decode_kv_spread_mean, decode_kv_usage_mean, decode_kv_usage_max) =
                 kv_summary(ticks, prompt_engines..n_engines);
             PdMetrics {
@@ -244,6 +255,16 @@ impl Metrics {
                 decode_kv_spread_mean,
                 decode_uncached_tokens_max: pd.decode_uncached_tokens_max,
                 in_place_share: ratio(pd.in_place as f64, (pd.in_place + pd.pairs) as f64),
+                predicted_in_place_ms: mean_ms(pd.predicted.in_place_s),
+                predicted_in_place_others_ms: mean_ms(pd.predicted.in_place_others_s),
+                predicted_pair_ms: mean_ms(pd.predicted.pair_s),
+                predicted_pair_others_ms: mean_ms(pd.predicted.pair_others_s),
+                predicted_transfer_ms: mean_ms(pd.predicted.transfer_s),
+                decode_prefill_share: {
+                    let computed = &outcome.prefill_tokens_by_engine;
+                    let on_decode: u64 = computed.iter().skip(pd.prefill_engines).sum();
+                    ratio(on_decode as f64, computed.iter().sum::<u64>() as f64)
+                },
             }
         });
         let cache_hit_rate = ratio(cached as f64, prompt as f64);

@@ -497,7 +497,7 @@ impl<'a> Simulation<'a> {
                         outside.finished(worker, id, now);
                     }
                     if self.pd.is_some() {
-                        self.disaggregated_finished(pool, now, id, stats);
+                        self.disaggregated_finished(pool, engine, now, id, stats);
                     } else {
                         self.outcome.prefill_tokens_by_engine[engine] +=
                             u64::from(stats.prompt_tokens.saturating_sub(stats.cached_tokens));

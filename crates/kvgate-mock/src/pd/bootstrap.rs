@@ -18,6 +18,9 @@ use crate::kv_events::stopped;
 pub(crate) struct PulledKv {
     pub(crate) room: String,
     pub(crate) prompt_tokens: u32,
+    /// The prompt tokens the prefill engine found in its prefix cache.
+    #[serde(default)]
+    pub(crate) cached_tokens: u32,
     pub(crate) blocks: u64,
 }
 
@@ -31,7 +34,7 @@ pub(crate) fn router(rooms: Arc<KvRooms>) -> Router {
 
 /// `GET /kv/{room}`: waits (at most a hold timeout) until the room's prefill is done, then
 /// transfers its KV (sleeps the transfer time), frees it in the engine and answers
-/// `{"room", "prompt_tokens", "blocks"}`. A room that failed (the prefill answered an error,
+/// `{"room", "prompt_tokens", "cached_tokens", "blocks"}`. A room that failed (the prefill answered an error,
 /// its KV expired, it was pulled already) answers 410 at once; one that never became ready
 /// answers 404 (unknown) or 504 (still prefilling) after the hold timeout.
 async fn pull(State(rooms): State<Arc<KvRooms>>, Path(room): Path<String>) -> Response {
@@ -61,7 +64,13 @@ async fn pull(State(rooms): State<Arc<KvRooms>>, Path(room): Path<String>) -> Re
     if transfer.await.is_err() {
         return refusal(StatusCode::INTERNAL_SERVER_ERROR, "the KV transfer task failed".into());
     }
-    Json(PulledKv { room, prompt_tokens: held.prompt_tokens, blocks: held.blocks }).into_response()
+    Json(PulledKv {
+        room,
+        prompt_tokens: held.prompt_tokens,
+        cached_tokens: held.cached_tokens,
+        blocks: held.blocks,
+    })
+    .into_response()
 }
 
 fn refusal(status: StatusCode, message: String) -> Response {

@@ -90,6 +90,10 @@ pub(crate) struct PdStart {
     pub(crate) on_end: Option<oneshot::Sender<EngineOutput>>,
     /// vLLM prefill: the `kv_transfer_params` of the answer.
     pub(crate) kv_transfer_params: Option<Value>,
+    /// Decode of a transferred prompt: the tokens the prefill engine found cached, which the
+    /// answer reports instead of this engine's own match (it computes no prompt, so its cache
+    /// saved nothing; counting its match would credit KV that arrived by transfer).
+    pub(crate) transferred_cached_tokens: Option<u32>,
 }
 
 impl PdContext {
@@ -156,14 +160,19 @@ impl PdContext {
         engine: &EngineHandle,
         prompt_tokens: usize,
     ) -> Result<PdStart, ApiError> {
-        let regular =
-            PdStart { stage: PdStage::Regular, max_tokens: None, on_end: None, kv_transfer_params: None };
+        let regular = PdStart {
+            stage: PdStage::Regular,
+            max_tokens: None,
+            on_end: None,
+            kv_transfer_params: None,
+            transferred_cached_tokens: None,
+        };
         match plan {
             PdPlan::Regular => Ok(regular),
             PdPlan::Decode(source) => {
                 let client = self.client.as_ref().ok_or_else(|| ApiError::internal("no KV pull client"))?;
-                pull::pull(client, &self.timing, &self.stop, &source, prompt_tokens).await?;
-                Ok(PdStart { stage: PdStage::Decode, ..regular })
+                let cached = pull::pull(client, &self.timing, &self.stop, &source, prompt_tokens).await?;
+                Ok(PdStart { stage: PdStage::Decode, transferred_cached_tokens: Some(cached), ..regular })
             }
             PdPlan::Prefill { ticket, vllm } => {
                 let prefill = self.prefill_side()?;
@@ -189,6 +198,7 @@ impl PdContext {
                     max_tokens: Some(1),
                     on_end: Some(on_end),
                     kv_transfer_params,
+                    transferred_cached_tokens: None,
                 })
             }
         }
@@ -204,14 +214,14 @@ async fn hold_room(
     timing: PdTiming,
     mut stop: watch::Receiver<bool>,
 ) {
-    let (engine_request_id, prompt_tokens) = match ended.await {
-        Ok(EngineOutput::Finished { id, stats }) => (id, stats.prompt_tokens),
+    let (engine_request_id, prompt_tokens, cached_tokens) = match ended.await {
+        Ok(EngineOutput::Finished { id, stats }) => (id, stats.prompt_tokens, stats.cached_tokens),
         Ok(EngineOutput::Rejected { reason, .. }) => {
             return ticket.fail(format!("the prefill engine rejected the request: {reason}"));
         }
         _ => return ticket.fail("the prefill request was cancelled before its KV was ready".into()),
     };
-    let (rooms, key) = ticket.ready(HeldKv { engine_request_id, prompt_tokens, blocks });
+    let (rooms, key) = ticket.ready(HeldKv { engine_request_id, prompt_tokens, cached_tokens, blocks });
     tokio::select! {
         () = tokio::time::sleep(timing.hold_timeout) => rooms.expire(&key, engine_request_id),
         () = stopped(&mut stop) => {}

@@ -51,14 +51,15 @@ fn percent_encode(text: &str) -> String {
 /// engine has it ready and transferred, at most a hold timeout plus the transfer time (and a
 /// grace of 100 ms). Every
 /// failure (refused connection, unknown or failed room, timeout, a KV of another prompt
-/// length) is a 502 `kv_transfer_error`.
+/// length) is a 502 `kv_transfer_error`. Returns the prompt tokens the prefill engine found
+/// cached.
 pub(crate) async fn pull(
     client: &reqwest::Client,
     timing: &PdTiming,
     stop: &watch::Receiver<bool>,
     source: &KvSource,
     prompt_tokens: usize,
-) -> Result<(), ApiError> {
+) -> Result<u32, ApiError> {
     let url = source.url();
     let fetch = async {
         let response = client.get(&url).send().await.map_err(|error| error_chain(&error))?;
@@ -89,7 +90,7 @@ pub(crate) async fn pull(
                 pulled.prompt_tokens
             )))
         }
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(pulled)) => Ok(pulled.cached_tokens),
     }
 }
 

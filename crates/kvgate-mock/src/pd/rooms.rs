@@ -17,6 +17,9 @@ pub(crate) struct HeldKv {
     /// The request's id in the prefill engine (what `release_held` takes).
     pub(crate) engine_request_id: u64,
     pub(crate) prompt_tokens: u32,
+    /// Of the prompt, the tokens the prefill engine found in its own prefix cache (what the
+    /// decode engine reports as cached: the KV it receives was computed, not cached, there).
+    pub(crate) cached_tokens: u32,
     pub(crate) blocks: u64,
 }
 

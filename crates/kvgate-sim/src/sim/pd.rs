@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use kvgate_engine::{EngineRequest, PdStage, RequestStats};
-use kvgate_policy::{cached_tokens, PdInputs, PdPath, PdRule, PolicyConfig, Reason};
+use kvgate_policy::{cached_tokens, PathTtfts, PdInputs, PdPath, PdRule, PolicyConfig, Reason};
 use serde::Serialize;
 
 use super::{Event, Simulation};
@@ -60,6 +60,30 @@ pub struct PdOutcome {
     /// (`pd_conditional`).
     pub pairs: u64,
     pub in_place: u64,
+    /// The predicted rule's inputs summed over its decisions (kv_aware on both sides).
+    pub predicted: PredictedSums,
+}
+
+/// Sums of the predicted rule's terms over its decisions, seconds (means in the report).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PredictedSums {
+    pub decisions: u64,
+    pub in_place_s: f64,
+    pub in_place_others_s: f64,
+    pub pair_s: f64,
+    pub pair_others_s: f64,
+    pub transfer_s: f64,
+}
+
+impl PredictedSums {
+    fn add(&mut self, paths: &PathTtfts) {
+        self.decisions += 1;
+        self.in_place_s += paths.in_place_s;
+        self.in_place_others_s += paths.in_place_others_s;
+        self.pair_s += paths.pair_s();
+        self.pair_others_s += paths.prefill_others_s;
+        self.transfer_s += paths.transfer_s;
+    }
 }
 
 /// One disaggregated request between arrival and decode finish.
@@ -155,6 +179,11 @@ impl Simulation<'_> {
         output_tokens: u32,
     ) {
         let predicted = self.predict_paths(rule, now, &prompt, prompt_tokens);
+        if let (Some(paths), Some(outcome)) =
+            (predicted.and_then(|inputs| inputs.predicted), self.outcome.pd.as_mut())
+        {
+            outcome.predicted.add(&paths);
+        }
         if predicted.is_some_and(|inputs| rule.decide(inputs).path == PdPath::Pair) {
             // The pair predicted sooner: the decode engine for a request bringing its KV.
             let Some(prefill) = self.route(0, now, &prompt, prompt_tokens, id) else {
@@ -278,9 +307,24 @@ impl Simulation<'_> {
         self.after_engine_call(engine, now);
     }
 
-    /// Request `id` finished on pool `pool` at `now` (its in-flight count already dropped): a
-    /// prefill starts its KV transfer, a decode completes the request.
-    pub(super) fn disaggregated_finished(&mut self, pool: usize, now: u64, id: u64, stats: RequestStats) {
+    /// Request `id` finished on engine `engine` of pool `pool` at `now` (its in-flight count
+    /// already dropped): a prefill starts its KV transfer, a decode completes the request. The
+    /// prompt tokens an engine computed count for it (a prefill, or a request in place; a
+    /// pair's decode computes none).
+    pub(super) fn disaggregated_finished(
+        &mut self,
+        pool: usize,
+        engine: usize,
+        now: u64,
+        id: u64,
+        stats: RequestStats,
+    ) {
+        let computed = u64::from(stats.prompt_tokens.saturating_sub(stats.cached_tokens));
+        let state = self.pd.as_mut().expect("a disaggregated fleet");
+        let in_place = pool == 1 && state.requests.get(&id).is_some_and(|request| request.in_place);
+        if pool == 0 || in_place {
+            self.outcome.prefill_tokens_by_engine[engine] += computed;
+        }
         let state = self.pd_state();
         if pool == 0 {
             let transfer_us = state.setup.transfer_us(stats.prompt_tokens);

@@ -116,8 +116,12 @@ fn conditional_runs_prefill_a_returning_conversation_in_place_on_its_decode_hold
         assert_eq!((metrics.completed, metrics.rejected, metrics.unrouted), (4, 0, 0));
     }
     assert_eq!(pair.pd.as_ref().unwrap().in_place_share, 0.0);
+    assert_eq!(pair.pd.as_ref().unwrap().decode_prefill_share, 0.0);
     let pd = conditional.pd.as_ref().unwrap();
     assert_eq!(pd.in_place_share, 0.5, "{pd:?}");
+    // The decode engines computed the in-place requests' uncached parts (512 + 512 tokens), the
+    // prefill engines the pairs' prompts (4,096 + 4,096).
+    assert_eq!(pd.decode_prefill_share, 1024.0 / (1024.0 + 8192.0), "{pd:?}");
     // In place, the decode engine computes what it lacks, and its cache hit counts: the second
     // turn's 4,096 tokens (held on the decode side from the first turn's transfer).
     assert_eq!(conditional.cache_hit_rate, 4096.0 / (4096.0 + 4608.0 + 4096.0 + 512.0));
