@@ -8,16 +8,26 @@
 # TENANT_HEADER x-kvgate-tenant sends each line's tenant as the gateway reads it; any other
 # name (e.g. x-no-tenant) leaves the gateway without tenants (one queue in arrival order).
 # Writes NAME.md and NAME.json (the replay's report, per tenant) in the current directory.
+# Optional environment: TENANTS=FILE, a gateway config file (its `tenants:` section: classes,
+# weights, reserved concurrency); ENGINE_PRIORITY=1, engines serving by priority (`kvgate mock
+# --priority-scheduling`) and the gateway telling them each request's class
+# (`--forward-priority vllm`).
 set -euo pipefail
 KVGATE=${KVGATE:-target/debug/kvgate}
 name=$1 trace=$2 header=$3 bound=$4
-"$KVGATE" mock --workers 4 --base-port 39100 --host 127.0.0.1 > "mock-$name.log" 2>&1 &
+mock_extra=() gateway_extra=()
+if [[ -n "${TENANTS:-}" ]]; then gateway_extra+=(--config "$TENANTS"); fi
+if [[ "${ENGINE_PRIORITY:-0}" == 1 ]]; then
+  mock_extra+=(--priority-scheduling)
+  gateway_extra+=(--forward-priority vllm)
+fi
+"$KVGATE" mock --workers 4 --base-port 39100 --host 127.0.0.1 "${mock_extra[@]}" > "mock-$name.log" 2>&1 &
 mock=$!
 trap 'kill $mock ${gateway:-} 2>/dev/null || true' EXIT
 "$KVGATE" launch --host 127.0.0.1 --port 39090 --policy cache_aware \
   --worker-urls http://127.0.0.1:39100 http://127.0.0.1:39101 http://127.0.0.1:39102 http://127.0.0.1:39103 \
   --max-concurrent-requests 16 --queue-size 100000 --queue-timeout-secs 900 \
-  --fairness-locality-bound "$bound" > "gateway-$name.log" 2>&1 &
+  --fairness-locality-bound "$bound" "${gateway_extra[@]}" > "gateway-$name.log" 2>&1 &
 gateway=$!
 for _ in $(seq 1 100); do
   curl -sf http://127.0.0.1:39090/readiness > /dev/null && break

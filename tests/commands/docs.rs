@@ -95,13 +95,16 @@ fn all_flags() -> std::collections::BTreeMap<String, clap::Arg> {
 }
 
 /// Flags of other programs that the documents mention (cargo's, vLLM's, SGLang's).
-const FOREIGN_FLAGS: [&str; 6] = [
+const FOREIGN_FLAGS: [&str; 9] = [
     "bin",
     "release",
     "workspace",
     "kv-events-config",
     "enable-prompt-tokens-details",
     "enable-cache-report",
+    "scheduling-policy",
+    "enable-priority-scheduling",
+    "schedule-low-priority-values-first",
 ];
 
 #[test]

@@ -1,6 +1,7 @@
 //! Tenants over HTTP: who a request is for (client key, tenant header, `user`, `default`), each
-//! quota's 429 with `Retry-After`, a higher priority class overtaking a queued lower one, and the
-//! key file reloaded while requests keep flowing.
+//! quota's 429 with `Retry-After`, a higher priority class overtaking a queued lower one, a
+//! reserved slot, the class forwarded as the engine's `priority`, and the key file reloaded
+//! while requests keep flowing.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -169,6 +170,72 @@ async fn a_higher_class_overtakes_a_queued_lower_one() {
     let second = tokio::time::timeout(Duration::from_secs(10), order.recv()).await.unwrap().unwrap();
     assert_eq!([first, second], [("interactive", 200), ("batch", 200)]);
     Arc::try_unwrap(gw).ok().expect("the senders are done").shutdown().await;
+}
+
+/// With a slot reserved for `high`, a high request is answered while the low class holds
+/// every other slot (its streams held open) and more low requests wait.
+#[tokio::test]
+async fn a_reserved_slot_serves_a_higher_class_while_lower_ones_hold_the_rest() {
+    let up = upstream("a", "m").await;
+    up.hold_stream.store(true, Ordering::SeqCst);
+    let mut cfg = config(vec![up.url.clone()]);
+    cfg.max_concurrent_requests = Some(2);
+    cfg.queue_size = 10;
+    cfg.tenants = tenants(json!({
+        "named": {"batch": {"class": "low"}},
+        "classes": {"high": {"reserved_concurrency": 1}},
+    }));
+    let gw = gateway(cfg).await;
+    let mut streaming = chat("m");
+    streaming["stream"] = json!(true);
+    let held = post(&gw, &streaming, &[("x-kvgate-tenant", "batch")]).await;
+    assert_eq!(held.status(), 200);
+    // The low class's second request waits: the other slot is high's.
+    let waiting = {
+        let url = gw.url();
+        let body = streaming.clone();
+        tokio::spawn(async move {
+            let request = client().post(format!("{url}/v1/chat/completions")).json(&body);
+            request.header("x-kvgate-tenant", "batch").send().await.unwrap().status().as_u16()
+        })
+    };
+    assert!(metric_line_appears(&gw, "kvgate_queue_depth 1").await);
+    up.hold_stream.store(false, Ordering::SeqCst);
+    let high = tokio::time::timeout(
+        Duration::from_secs(10),
+        post(&gw, &chat("m"), &[("x-kvgate-priority", "high")]),
+    )
+    .await
+    .expect("the high request is admitted at once");
+    assert_eq!(high.status(), 200);
+    assert!(!waiting.is_finished(), "the low request still waits for a low slot");
+    up.release.notify_one();
+    held.text().await.unwrap();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap(), 200);
+    gw.shutdown().await;
+}
+
+/// `--forward-priority` writes the class into the body as the engine's `priority`, in the
+/// engine's convention; off, the body is the client's.
+#[tokio::test]
+async fn the_class_is_forwarded_as_the_engines_priority() {
+    for (forward, expected) in [
+        (kvgate_gateway::ForwardPriority::Vllm, [Some(-1), Some(0), Some(1)]),
+        (kvgate_gateway::ForwardPriority::Sglang, [Some(1), Some(0), Some(-1)]),
+        (kvgate_gateway::ForwardPriority::Off, [None, None, None]),
+    ] {
+        let up = upstream("a", "m").await;
+        let mut cfg = config(vec![up.url.clone()]);
+        cfg.forward_priority = forward;
+        let gw = gateway(cfg).await;
+        for class in ["high", "normal", "low"] {
+            assert_eq!(post(&gw, &chat("m"), &[("x-kvgate-priority", class)]).await.status(), 200);
+        }
+        let seen: Vec<Option<i64>> =
+            up.bodies.lock().unwrap().iter().map(|body| body["priority"].as_i64()).collect();
+        assert_eq!(seen, expected, "{forward:?}");
+        gw.shutdown().await;
+    }
 }
 
 #[tokio::test]

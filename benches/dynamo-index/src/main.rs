@@ -23,7 +23,11 @@
 //! from tokens (each side hashes the prompt its own way) and from block hashes already
 //! computed; queries on two threads; heap bytes per block (a counting allocator).
 //!
-//! Env: `BENCH_ONLY=kvgate-apply` (only kvgate's events, for a profiler), `BENCH_QUERIES`
+//! `BENCH_EVENTS=S1.jsonl,S4.jsonl` adds recorded streams (`kvgate sim --kv-events-out`): each
+//! engine's stores and removals in their order, kvgate and CRTC only.
+//!
+//! Env: `BENCH_ONLY=kvgate-apply` (only kvgate's events, for a profiler), `BENCH_ONLY=quick`
+//! (synthetic stream, kvgate and CRTC), `BENCH_ONLY=events` (only `BENCH_EVENTS`), `BENCH_QUERIES`
 //! (queries per kind, default 4000), `BENCH_TRACE`
 //! (default `../shared/traces/conversation_trace.jsonl` from the repository root).
 
@@ -115,6 +119,9 @@ struct Stream {
     pairs: usize,
     /// Queries by class: (name, tokens, expected matched blocks).
     queries: Vec<(String, QuerySet)>,
+    /// `stores` is a recorded stream of stores and removals in their order (`removals` empty):
+    /// a `kvgate sim --kv-events-out` file.
+    interleaved: bool,
 }
 
 fn dynamo_local(tokens: &[u32]) -> Vec<LocalBlockHash> {
@@ -196,7 +203,7 @@ fn synthetic(n_queries: usize) -> Stream {
     }
     let misses = (0..512).map(|_| (fresh(&mut rng, 64 * BLOCK), 0)).collect();
     queries.push(("miss 64 blocks".to_string(), misses));
-    Stream { name: "synthetic", stores, removals, blocks, pairs, queries }
+    Stream { name: "synthetic", stores, removals, blocks, pairs, queries, interleaved: false }
 }
 
 /// Tokens of a trace block: a function of its id, so a shared id is a shared block.
@@ -252,6 +259,126 @@ fn trace(path: &str, n_queries: usize) -> Option<Stream> {
             ("trace requests 1-64 blocks".to_string(), short),
             ("trace requests 65-247 blocks".to_string(), long),
         ],
+        interleaved: false,
+    })
+}
+
+/// A `kvgate sim --kv-events-out` file's first run: the GPU tier's stores and removals of each
+/// engine, in order (host-tier placeholders and clears left out; a block's tokens derived from
+/// its digest, as the trace stream's from ids). Queries: chains every block of which an engine
+/// still holds at the end, from its root, plus a fresh tail.
+fn sim_stream(path: &str, n_queries: usize) -> Option<Stream> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let name: &'static str = Box::leak(
+        format!("sim {}", std::path::Path::new(path).file_stem()?.to_string_lossy()).into_boxed_str(),
+    );
+    let mut run: Option<String> = None;
+    let mut stores = Vec::new();
+    // Per engine: held block -> (parent, digest).
+    let mut held: Vec<HashMap<u64, (Option<u64>, u64)>> = (0..CACHES).map(|_| HashMap::new()).collect();
+    let mut skipped = 0usize;
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let this_run = v["run"].as_str().unwrap_or_default().to_string();
+        match &run {
+            None => run = Some(this_run),
+            Some(first) if *first != this_run => break,
+            Some(_) => {}
+        }
+        let engine = v["engine"].as_u64().unwrap_or(u64::MAX);
+        if engine >= u64::from(CACHES) {
+            skipped += 1;
+            continue;
+        }
+        let cache = engine as u32;
+        let ids = |value: &serde_json::Value| -> Vec<u64> {
+            value.as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default()
+        };
+        for event in v["events"].as_array().into_iter().flatten() {
+            if let Some(stored) = event.get("BlockStored") {
+                if stored["tier"] != "Gpu" || stored["block_size"].as_u64() != Some(BLOCK as u64) {
+                    skipped += 1;
+                    continue;
+                }
+                let hashes = ids(&stored["block_hashes"]);
+                let digests = ids(&stored["block_digests"]);
+                let parent = stored["parent_block_hash"].as_u64();
+                if hashes.is_empty() || hashes.len() != digests.len() {
+                    skipped += 1;
+                    continue;
+                }
+                let tokens = trace_tokens(&digests);
+                let local = dynamo_local(&tokens);
+                let mut up = parent;
+                for (&hash, &digest) in hashes.iter().zip(&digests) {
+                    held[engine as usize].insert(hash, (up, digest));
+                    up = Some(hash);
+                }
+                stores.push(Event { cache, tokens, parent, hashes, local });
+            } else if let Some(removed) = event.get("BlockRemoved") {
+                if removed["tier"] != "Gpu" {
+                    skipped += 1;
+                    continue;
+                }
+                let hashes = ids(&removed["block_hashes"]);
+                for hash in &hashes {
+                    held[engine as usize].remove(hash);
+                }
+                stores.push(Event { cache, tokens: Vec::new(), parent: None, hashes, local: Vec::new() });
+            }
+        }
+    }
+    if stores.is_empty() {
+        return None;
+    }
+    println!("NOTE | {name} | run {:?}: {} events replayed, {skipped} left out (host tier, other engines) |", run.unwrap_or_default(), stores.len());
+    let mut rng = StdRng::seed_from_u64(0x73696d);
+    let (mut short, mut long) = (Vec::new(), Vec::new());
+    let mut distinct = HashSet::new();
+    for blocks in &held {
+        distinct.extend(blocks.keys().copied());
+        let mut leaves: Vec<u64> = blocks.keys().copied().collect();
+        leaves.sort_unstable();
+        for &leaf in &leaves {
+            // The chain to the root, if the engine holds every block of it.
+            let mut digests = Vec::new();
+            let mut at = Some(leaf);
+            let whole = loop {
+                match at {
+                    None => break true,
+                    Some(hash) => match blocks.get(&hash) {
+                        Some(&(parent, digest)) => {
+                            digests.push(digest);
+                            at = parent;
+                        }
+                        None => break false,
+                    },
+                }
+            };
+            if !whole {
+                continue;
+            }
+            digests.reverse();
+            let set = if digests.len() <= 64 { &mut short } else { &mut long };
+            if set.len() < n_queries.min(1024) {
+                let mut tokens = trace_tokens(&digests);
+                tokens.extend((0..100).map(|_| rng.random::<u32>()));
+                set.push((tokens, digests.len()));
+            }
+        }
+    }
+    let pairs = held.iter().map(HashMap::len).sum();
+    Some(Stream {
+        name,
+        stores,
+        removals: Vec::new(),
+        blocks: distinct.len(),
+        pairs,
+        queries: vec![
+            ("held chains 1-64 blocks".to_string(), short),
+            ("held chains 65+ blocks".to_string(), long),
+        ],
+        interleaved: true,
     })
 }
 
@@ -270,7 +397,9 @@ fn kvgate_store(cache: &mut CacheBlocks, event: &Event) {
         namespace: Namespace::BASE,
         residency: &Residency::gpu(),
     };
-    cache.apply_stored(stored).expect("a well-formed event");
+    // A recorded stream's store may name a parent its engine evicted meanwhile (then refused,
+    // as the gateway refuses it); the bench's own streams never do.
+    let _ = cache.apply_stored(stored);
 }
 
 fn kvgate_caches(index: &Arc<BlockIndex>) -> Vec<CacheBlocks> {
@@ -367,9 +496,13 @@ fn apply_kvgate(stream: &Stream, threads: usize) -> Apply {
         started.elapsed().as_secs_f64()
     };
     let store_s = run(&mut caches, &stream.stores);
-    assert_eq!(index.len(), stream.blocks, "kvgate holds every distinct block");
+    if !stream.interleaved {
+        assert_eq!(index.len(), stream.blocks, "kvgate holds every distinct block");
+    }
     let remove_s = run(&mut caches, &stream.removals);
-    assert_eq!(index.len(), 0);
+    if !stream.interleaved {
+        assert_eq!(index.len(), 0);
+    }
     rates(stream, store_s, remove_s)
 }
 
@@ -437,7 +570,7 @@ fn build(stream: &Stream, which: usize) -> Built {
             let index = Arc::new(BlockIndex::new());
             let mut caches = kvgate_caches(&index);
             for event in &stream.stores {
-                kvgate_store(&mut caches[event.cache as usize], event);
+                kvgate_store_or_remove(&mut caches[event.cache as usize], event);
             }
             Built::Kvgate(index, caches)
         }
@@ -657,6 +790,26 @@ fn hashing_report(stream: &Stream, n: usize) {
 }
 
 fn apply_report(stream: &Stream) {
+    if stream.interleaved {
+        // Dynamo's positional indexer needs its own sequence hashes as engine hashes (the
+        // recording has the simulated engines'): kvgate and CRTC only.
+        let lines: Vec<(&str, usize, Apply)> = vec![
+            ("kvgate BlockIndex", 1, apply_kvgate(stream, 1)),
+            ("kvgate BlockIndex", 2, apply_kvgate(stream, 2)),
+            (
+                "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
+                1,
+                apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 1),
+            ),
+            (
+                "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
+                2,
+                apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
+            ),
+        ];
+        print_apply(stream, lines);
+        return;
+    }
     let lines: Vec<(&str, usize, Apply)> = vec![
         ("kvgate BlockIndex", 1, apply_kvgate(stream, 1)),
         ("kvgate BlockIndex", 2, apply_kvgate(stream, 2)),
@@ -683,7 +836,20 @@ fn apply_report(stream: &Stream) {
             apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
         ),
     ];
+    print_apply(stream, lines);
+}
+
+fn print_apply(stream: &Stream, lines: Vec<(&str, usize, Apply)>) {
     for (name, threads, (se, sb, re, rb)) in lines {
+        if stream.interleaved {
+            println!(
+                "APPLY | {} | {name} | {threads} thread(s) | stores and removals in order {:.0} K events/s = {:.2} M blocks/s |",
+                stream.name,
+                se / 1e3,
+                sb / 1e6,
+            );
+            continue;
+        }
         println!(
             "APPLY | {} | {name} | {threads} thread(s) | store {:.0} K events/s = {:.2} M blocks/s | remove {:.0} K events/s = {:.2} M blocks/s |",
             stream.name,
@@ -699,10 +865,19 @@ fn main() {
     let n: usize = std::env::var("BENCH_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     let trace_path =
         std::env::var("BENCH_TRACE").unwrap_or_else(|_| "../shared/traces/conversation_trace.jsonl".into());
-    let mut streams = vec![synthetic(n)];
-    match trace(&trace_path, n) {
+    // `BENCH_ONLY=events`: only the recorded streams of `BENCH_EVENTS`.
+    let only_events = std::env::var("BENCH_ONLY").is_ok_and(|only| only == "events");
+    let mut streams = if only_events { Vec::new() } else { vec![synthetic(n)] };
+    match trace(&trace_path, n).filter(|_| !only_events) {
         Some(stream) => streams.push(stream),
         None => println!("NOTE | no trace at {trace_path}: trace stream skipped |"),
+    }
+    // `BENCH_EVENTS=S1.jsonl,S4.jsonl`: recorded `kvgate sim --kv-events-out` streams.
+    for path in std::env::var("BENCH_EVENTS").unwrap_or_default().split(',').filter(|p| !p.is_empty()) {
+        match sim_stream(path, n) {
+            Some(stream) => streams.push(stream),
+            None => println!("NOTE | no events in {path}: skipped |"),
+        }
     }
     // `BENCH_ONLY=kvgate-apply`: only kvgate's events (for a profiler).
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "kvgate-apply") {
@@ -712,6 +887,31 @@ fn main() {
                 "APPLY | {} | kvgate BlockIndex | 1 thread(s) | store {:.0} K events/s = {:.2} M blocks/s | remove {:.0} K events/s = {:.2} M blocks/s |",
                 stream.name, se / 1e3, sb / 1e6, re / 1e3, rb / 1e6
             );
+        }
+        return;
+    }
+    // `BENCH_ONLY=quick`: the synthetic stream, kvgate and CRTC only (while iterating).
+    if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "quick") {
+        let stream = &streams[0];
+        for threads in [1, 2] {
+            let (_, sb, _, rb) = apply_kvgate(stream, threads);
+            let (_, csb, _, crb) = apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), threads);
+            println!(
+                "APPLY | {} | {threads} thread(s) | kvgate store {sb_m:.2} / remove {rb_m:.2} M blocks/s | CRTC {csb_m:.2} / {crb_m:.2} | ratio {:.2}x / {:.2}x |",
+                stream.name,
+                sb / csb,
+                rb / crb,
+                sb_m = sb / 1e6,
+                rb_m = rb / 1e6,
+                csb_m = csb / 1e6,
+                crb_m = crb / 1e6,
+            );
+        }
+        for which in [0, 2] {
+            let before = live();
+            let built = build(stream, which);
+            println!("MEMORY | {} | {:.0} B per block |", built.name(), (live() - before) as f64 / stream.blocks as f64);
+            query_report(stream, &built, n);
         }
         return;
     }
@@ -728,6 +928,9 @@ fn main() {
         apply_report(stream);
         hashing_report(stream, n);
         for which in 0..3 {
+            if stream.interleaved && which == 1 {
+                continue;
+            }
             let before = live();
             let built = build(stream, which);
             let heap = live() - before;

@@ -37,6 +37,10 @@ pub struct EngineConfig {
     /// Tokens per second loaded back from the host tier (default: 25 GB/s of PCIe at 128 KiB of
     /// KV per token, Llama-3-8B in fp16).
     pub cpu_load_tokens_per_sec: f64,
+    /// Serve waiting requests by priority (`EngineRequest::priority`, lower first), as vLLM's
+    /// `--scheduling-policy priority` and SGLang's `--enable-priority-scheduling` do; off:
+    /// first come, first served.
+    pub priority_scheduling: bool,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +58,7 @@ impl Default for EngineConfig {
             emit_kv_events: true,
             cpu_offload_tokens: 0,
             cpu_load_tokens_per_sec: 190_000.0,
+            priority_scheduling: false,
         }
     }
 }

@@ -13,12 +13,20 @@ pub struct EngineRequest {
     pub output_tokens: u32,
     /// The LoRA adapter the request runs with (`None`: the base model).
     pub lora: Option<LoraAdapter>,
+    /// Its priority under `EngineConfig::priority_scheduling`, in vLLM's convention: lower
+    /// values are served first, 0 is the default (ignored otherwise).
+    pub priority: i32,
 }
 
 impl EngineRequest {
-    /// A base-model request.
+    /// A base-model request of the default priority.
     pub fn new(id: u64, prompt: Vec<u32>, output_tokens: u32) -> Self {
-        EngineRequest { id, prompt, output_tokens, lora: None }
+        EngineRequest { id, prompt, output_tokens, lora: None, priority: 0 }
+    }
+
+    /// The request with `priority` (lower first).
+    pub fn with_priority(self, priority: i32) -> Self {
+        EngineRequest { priority, ..self }
     }
 }
 

@@ -49,6 +49,11 @@ pub struct EngineFlags {
     /// token].
     #[arg(long)]
     pub cpu_load_tokens_per_sec: Option<f64>,
+    /// Serve waiting requests by their priority (a request's `priority` field, lower first, as
+    /// vLLM's `--scheduling-policy priority`), a more urgent prefill taking each step's budget
+    /// ahead of less urgent ones already prefilling; off: first come, first served.
+    #[arg(long)]
+    pub priority_scheduling: bool,
 }
 
 impl EngineFlags {
@@ -66,6 +71,7 @@ impl EngineFlags {
             prefix_cache: !self.disable_prefix_cache,
             cpu_offload_tokens: self.cpu_offload_tokens.unwrap_or(default.cpu_offload_tokens),
             cpu_load_tokens_per_sec: self.cpu_load_tokens_per_sec.unwrap_or(default.cpu_load_tokens_per_sec),
+            priority_scheduling: self.priority_scheduling,
             ..default
         }
     }

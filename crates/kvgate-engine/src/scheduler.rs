@@ -1,4 +1,6 @@
-//! The engine: FIFO admission against the KV pool, chunked prefill with priority over batched decode, and the request lifecycle, advanced by an injected clock.
+//! The engine: FIFO admission against the KV pool (or by request priority, with
+//! `priority_scheduling`), chunked prefill with priority over batched decode, and the request
+//! lifecycle, advanced by an injected clock.
 
 mod pd;
 mod report;
@@ -70,6 +72,8 @@ struct Request {
     block_hashes: Vec<u64>,
     /// The adapter the request runs with.
     lora: Option<crate::events::LoraAdapter>,
+    /// Lower first, with `priority_scheduling`.
+    priority: i32,
     total_blocks: u64,
     /// Blocks held outside the cache.
     private_blocks: u64,
@@ -206,7 +210,7 @@ impl Engine {
         out: &mut Vec<EngineOutput>,
     ) {
         self.advance(now, out);
-        let EngineRequest { id, prompt, output_tokens, lora } = request;
+        let EngineRequest { id, prompt, output_tokens, lora, priority } = request;
         let output_tokens = output_tokens.max(1);
         let block_size = u64::from(self.config.block_size);
         let required_tokens = prompt.len() as u64 + u64::from(output_tokens);
@@ -253,6 +257,7 @@ impl Engine {
             output_tokens,
             block_hashes,
             lora,
+            priority,
             total_blocks,
             private_blocks: 0,
             referenced_blocks: 0,
@@ -277,7 +282,8 @@ impl Engine {
             }
         };
         self.slot_by_id.insert(id, slot);
-        self.waiting.push_back(slot);
+        let position = self.queue_position(&self.waiting, priority);
+        self.waiting.insert(position, slot);
         self.admission_pending = true;
         // An idle engine starts at once; a step that started at this very instant is planned
         // again so that simultaneous arrivals share it (nothing of it has run yet).
@@ -363,6 +369,36 @@ impl Engine {
         self.prefilling.len() + self.decoding.len()
     }
 
+    /// Where a request of `priority` joins `queue` (of slots): at the end first come, first
+    /// served; with `priority_scheduling`, after every request as urgent or more (vLLM's
+    /// priority queue orders by `(priority, arrival_time)`: `vllm/v1/core/sched/request_queue.py`).
+    fn queue_position(&self, queue: &VecDeque<usize>, priority: i32) -> usize {
+        if !self.config.priority_scheduling {
+            return queue.len();
+        }
+        let priority_of =
+            |slot: usize| self.slots[slot].as_ref().map_or(i32::MIN, |request| request.priority);
+        queue.len() - queue.iter().rev().take_while(|&&slot| priority_of(slot) > priority).count()
+    }
+
+    /// Prefill tokens admitted and not yet computed that go before a request of `priority`:
+    /// all of them first come, first served; with `priority_scheduling`, those of requests as
+    /// urgent or more (a less urgent prefill yields the step's budget to it).
+    fn prefill_tokens_ahead(&self, priority: i32) -> u64 {
+        if !self.config.priority_scheduling {
+            return self.admitted_prefill_tokens;
+        }
+        self.prefilling
+            .iter()
+            .filter_map(|&slot| self.slots[slot].as_ref())
+            .filter(|request| request.priority <= priority)
+            .map(|request| match request.phase {
+                Phase::Prefilling { remaining } => u64::from(remaining),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Admits what fits, then starts the next step at `at_us` (prefill first, else decode).
     fn schedule(&mut self, at_us: u64) {
         if self.admission_pending {
@@ -415,7 +451,7 @@ impl Engine {
                 break;
             }
             let request = self.slots[slot].as_ref().expect("waiting slots are live");
-            if request.stage != PdStage::Decode && self.admitted_prefill_tokens >= budget {
+            if request.stage != PdStage::Decode && self.prefill_tokens_ahead(request.priority) >= budget {
                 break;
             }
             let matched = self.pool.match_prefix(&request.block_hashes);
@@ -453,8 +489,10 @@ impl Engine {
             } else {
                 let remaining = request.prompt_len - cached_tokens + load_work;
                 request.phase = Phase::Prefilling { remaining };
+                let priority = request.priority;
                 self.admitted_prefill_tokens += u64::from(remaining);
-                self.prefilling.push_back(slot);
+                let position = self.queue_position(&self.prefilling, priority);
+                self.prefilling.insert(position, slot);
             }
         }
     }

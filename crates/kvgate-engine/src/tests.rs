@@ -378,6 +378,36 @@ fn prefill_is_chunked_fifo_and_has_priority_over_decode() {
     assert_eq!(b.first_token_us, b.admitted_us + 100_000);
 }
 
+/// With priority scheduling a more urgent request (lower value, vLLM's convention) jumps the
+/// waiting queue and takes the next prefill step's budget ahead of a less urgent prompt already
+/// prefilling; first come, first served it waits for both.
+#[test]
+fn priority_scheduling_serves_the_urgent_prefill_first() {
+    let workload = |priority_scheduling| {
+        let config = EngineConfig { priority_scheduling, ..EngineConfig::default() };
+        simulate(
+            config,
+            submits(vec![
+                (0, request(1, tokens(0, 8192), 2).with_priority(1)),
+                (0, request(2, tokens(20_000, 4096), 2).with_priority(1)),
+                (100_000, request(3, tokens(40_000, 1000), 2).with_priority(-1)),
+            ]),
+        )
+        .1
+    };
+    let fifo = workload(false);
+    let urgent = workload(true);
+    // First come, first served: 8,192 + 4,096 tokens go first (1.536 s), then the 1,000.
+    assert!(fifo.stats(3).first_token_us > 1_536_000, "{:?}", fifo.stats(3));
+    // By priority: admitted when the first step (2,048 tokens, 256 ms) ends, prefilled in the
+    // next one (1,000 of its tokens and 1,048 of request 1's).
+    assert_eq!(urgent.stats(3).admitted_us, 256_000);
+    assert_eq!(urgent.stats(3).first_token_us, 512_000);
+    // The less urgent ones still finish, the first later than first come, first served.
+    assert!(urgent.stats(1).first_token_us > fifo.stats(1).first_token_us);
+    assert_eq!(urgent.outputs.iter().filter(|o| matches!(o, EngineOutput::Finished { .. })).count(), 3);
+}
+
 #[test]
 fn a_burst_sharing_a_long_prefix_computes_it_once() {
     // A 20,480-token document, then four questions on it arriving while it is prefilled. A
@@ -581,6 +611,40 @@ proptest! {
         prop_assert_eq!(engine.load(u64::MAX / 2).token_usage, 0.0);
         let seqs: Vec<u64> = trace.kv_batches.iter().map(|b| b.seq).collect();
         prop_assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+    }
+
+    /// Under priority scheduling (random priorities) every request ends exactly once: distinct
+    /// ids, no cancels, each finished or rejected once.
+    #[test]
+    fn priority_scheduling_loses_and_duplicates_nothing(
+        actions in workload_strategy(),
+        priorities in prop::collection::vec(-2i32..3, 40),
+    ) {
+        let mut submitted = Vec::new();
+        let actions: Vec<Action> = actions
+            .into_iter()
+            .filter_map(|action| match action {
+                Action::Submit(at, request) if !submitted.contains(&request.id) => {
+                    submitted.push(request.id);
+                    let priority = priorities[request.id as usize];
+                    Some(Action::Submit(at, request.with_priority(priority)))
+                }
+                _ => None,
+            })
+            .collect();
+        let (engine, trace) = simulate(EngineConfig { priority_scheduling: true, ..tight_config() }, actions);
+        prop_assert_eq!(engine.num_requests(), 0);
+        let mut ended: Vec<u64> = trace
+            .outputs
+            .iter()
+            .filter_map(|output| match output {
+                EngineOutput::Finished { id, .. } | EngineOutput::Rejected { id, .. } => Some(*id),
+                _ => None,
+            })
+            .collect();
+        ended.sort_unstable();
+        submitted.sort_unstable();
+        prop_assert_eq!(ended, submitted);
     }
 
     #[test]

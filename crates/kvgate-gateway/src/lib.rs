@@ -68,5 +68,6 @@ pub use request::render_chat;
 pub use role::{PdProtocol, WorkerRole};
 pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};
 pub use state::{AppState, SharedState};
+pub use tenant::ForwardPriority;
 pub use worker::CircuitState;
 pub use worker_url::normalize_url;

@@ -8,10 +8,39 @@ use std::time::Duration;
 /// The tenant of a plain key, and of a request naming none.
 pub const DEFAULT_TENANT: &str = "default";
 
-/// Longest tenant name.
-pub const MAX_TENANT_NAME: usize = 128;
-
+pub use kvgate_policy::tenants::check_tenant_name;
 pub use kvgate_policy::PriorityClass;
+
+/// Whether and how the gateway tells the engine a request's priority class
+/// (`--forward-priority`): as the body's `priority` field, in the engine's convention.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[clap(rename_all = "snake_case")]
+pub enum ForwardPriority {
+    /// The body is sent as the client wrote it.
+    #[default]
+    Off,
+    /// vLLM's convention, lower values first (`--scheduling-policy priority`): `high` -1,
+    /// `normal` 0, `low` 1. vLLM refuses a priority other than 0 without that policy.
+    Vllm,
+    /// SGLang's default convention, higher values first (`--enable-priority-scheduling`):
+    /// `high` 1, `normal` 0, `low` -1 (with `--schedule-low-priority-values-first`, use `vllm`).
+    Sglang,
+}
+
+impl ForwardPriority {
+    /// The `priority` value for `class`, or `None` when nothing is forwarded.
+    pub fn value(self, class: PriorityClass) -> Option<i64> {
+        let lower_first = i64::from(class.lower_first_priority());
+        match self {
+            ForwardPriority::Off => None,
+            ForwardPriority::Vllm => Some(lower_first),
+            ForwardPriority::Sglang => Some(-lower_first),
+        }
+    }
+}
 
 /// Which quota refused a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,17 +69,6 @@ pub struct OverQuota {
     pub limit: f64,
     /// When the request would pass (`None`: never, it alone exceeds the quota).
     pub retry_after: Option<Duration>,
-}
-
-/// A tenant name: 1 to 128 printable ASCII characters without spaces.
-pub fn check_tenant_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_TENANT_NAME {
-        return Err(format!("a tenant name has 1 to {MAX_TENANT_NAME} characters"));
-    }
-    if !name.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("a tenant name is printable ASCII without spaces".into());
-    }
-    Ok(())
 }
 
 /// What the request says about itself, for [`identify`].
@@ -153,7 +171,7 @@ mod tests {
         let none = |_: &str| None;
         let bad_class = Claims { priority_header: Some("urgent"), ..Claims::default() };
         assert!(identify(bad_class, false, none).is_err());
-        let long = "t".repeat(MAX_TENANT_NAME + 1);
+        let long = "t".repeat(kvgate_policy::tenants::MAX_TENANT_NAME + 1);
         let bad_tenant = Claims { tenant_header: Some(&long), ..Claims::default() };
         assert!(identify(bad_tenant, false, none).is_err());
     }

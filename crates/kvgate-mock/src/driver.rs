@@ -61,6 +61,8 @@ pub(crate) struct Submission {
     pub(crate) stage: PdStage,
     /// The LoRA adapter the request names as its model.
     pub(crate) lora: Option<kvgate_engine::LoraAdapter>,
+    /// Lower first, with `--priority-scheduling`.
+    pub(crate) priority: i32,
     /// Receives the request's last output (`Finished` or `Rejected`) even if nobody reads the
     /// stream; dropped unsent when the request is cancelled or the engine shuts down.
     pub(crate) on_end: Option<oneshot::Sender<EngineOutput>>,
@@ -174,7 +176,7 @@ impl EngineHandle {
 
     /// Submits a request now; its outputs arrive on the returned stream.
     pub(crate) fn submit(&self, submission: Submission) -> RequestStream {
-        let Submission { prompt, output_tokens, wants_tokens, stage, lora, on_end } = submission;
+        let Submission { prompt, output_tokens, wants_tokens, stage, lora, priority, on_end } = submission;
         let (sender, receiver) = mpsc::unbounded_channel();
         let id = {
             let mut state = self.lock();
@@ -187,7 +189,12 @@ impl EngineHandle {
                 state.streams.insert(id, Listener { sender, wants_tokens, on_end });
                 let now = self.shared.clock.now_us();
                 let DriverState { engine, outputs, .. } = &mut *state;
-                engine.submit_as(now, EngineRequest { id, prompt, output_tokens, lora }, stage, outputs);
+                engine.submit_as(
+                    now,
+                    EngineRequest { id, prompt, output_tokens, lora, priority },
+                    stage,
+                    outputs,
+                );
                 state.dispatch(self.shared.kv_events.as_ref());
             }
             id

@@ -35,6 +35,8 @@ pub(crate) struct GenerationParams {
     pub(crate) lora: Option<kvgate_engine::LoraAdapter>,
     /// The data-parallel rank the request names (`data_parallel_rank`).
     pub(crate) dp_rank: Option<u32>,
+    /// Its priority in the engine model's convention (lower first).
+    pub(crate) priority: i32,
 }
 
 /// Token counts and finish reason of a completed generation.
@@ -137,7 +139,8 @@ pub(crate) async fn respond<F: ResponseFormat>(
     mut format: F,
     cut: bool,
 ) -> Response {
-    let GenerationParams { prompt, max_tokens, ignore_eos, stream: streamed, pd, lora, dp_rank } = params;
+    let GenerationParams { prompt, max_tokens, ignore_eos, stream: streamed, pd, lora, dp_rank, priority } =
+        params;
     let engine = match state.rank_engine(dp_rank) {
         Ok(engine) => engine,
         Err(error) => return error.into_response(),
@@ -156,6 +159,7 @@ pub(crate) async fn respond<F: ResponseFormat>(
         wants_tokens: streamed,
         stage: start.stage,
         lora,
+        priority,
         on_end: start.on_end,
     });
     let first = stream.try_next();

@@ -31,6 +31,9 @@ pub(crate) struct ChatRequest {
     pub(crate) max_completion_tokens: Option<u32>,
     #[serde(default)]
     pub(crate) ignore_eos: bool,
+    /// vLLM's `priority` (lower first, default 0), honoured with `--priority-scheduling`.
+    #[serde(default)]
+    pub(crate) priority: Option<i32>,
 }
 
 #[derive(Deserialize)]
@@ -88,6 +91,9 @@ pub(crate) struct CompletionRequest {
     pub(crate) max_tokens: Option<u32>,
     #[serde(default)]
     pub(crate) ignore_eos: bool,
+    /// vLLM's `priority` (lower first, default 0), honoured with `--priority-scheduling`.
+    #[serde(default)]
+    pub(crate) priority: Option<i32>,
 }
 
 /// `stream_options`: a stream ends with a usage chunk only when the client asks for it, as
@@ -152,6 +158,7 @@ pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         pd,
         lora: state.lora(request.model.as_deref()),
         dp_rank: request.data_parallel_rank,
+        priority: request.priority.unwrap_or(0),
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Chat, include_usage(&request.stream_options));
     respond(&state, params, format, cut).await
@@ -181,6 +188,7 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         pd,
         lora,
         dp_rank: request.data_parallel_rank,
+        priority: request.priority.unwrap_or(0),
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Completion, usage_chunk);
     respond(&state, params, format, cut).await

@@ -30,6 +30,10 @@ struct GenerateRequest {
     /// The data-parallel rank to run on (SGLang's `GenerateReqInput.data_parallel_rank`).
     #[serde(default)]
     data_parallel_rank: Option<u32>,
+    /// SGLang's `priority` (`GenerateReqInput.priority`): higher first, SGLang's default
+    /// (`schedule_low_priority_values_first` off), honoured with `--priority-scheduling`.
+    #[serde(default)]
+    priority: Option<i32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -65,6 +69,8 @@ pub(crate) async fn generate(State(state): State<Arc<AppState>>, body: Bytes) ->
         pd,
         lora: state.lora(request.lora_path.as_deref()),
         dp_rank: request.data_parallel_rank,
+        // The engine model serves lower values first (vLLM's convention).
+        priority: request.priority.unwrap_or(0).saturating_neg(),
     };
     let format = GenerateFormat {
         id: state.response_id("gen"),

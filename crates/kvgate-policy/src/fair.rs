@@ -54,6 +54,13 @@ impl PriorityClass {
     pub fn rank(self) -> usize {
         self as usize
     }
+
+    /// The class as an engine's request `priority` where lower values go first (vLLM's
+    /// convention, default 0): `high` -1, `normal` 0, `low` 1. Negated, SGLang's default
+    /// convention (higher first).
+    pub fn lower_first_priority(self) -> i32 {
+        1 - self.rank() as i32
+    }
 }
 
 /// How many of the waiting entries within the bound [`FairQueue::pop_local`] scores at most
@@ -157,6 +164,16 @@ impl<T> FairQueue<T> {
     pub fn remove(&mut self, id: u64) -> Option<T> {
         let (rank, key) = self.index.remove(&id)?;
         self.classes[rank].waiting.remove(&key)
+    }
+
+    /// The class of the entry [`FairQueue::pop`] would serve next (the highest class waiting).
+    pub fn highest_class(&self) -> Option<PriorityClass> {
+        PriorityClass::ALL.into_iter().rev().find(|class| !self.classes[class.rank()].waiting.is_empty())
+    }
+
+    /// Whether an entry of `class` or a higher class waits.
+    pub fn waits_at_or_above(&self, class: PriorityClass) -> bool {
+        self.highest_class().is_some_and(|highest| highest >= class)
     }
 
     /// How many entries wait.

@@ -20,6 +20,8 @@ mod power_of_two;
 mod prefix_hash;
 mod random;
 mod round_robin;
+mod slots;
+pub mod tenants;
 
 pub use bucket::BucketPolicy;
 pub use cache_aware::{CacheAwarePolicy, Imbalance, Thresholds};
@@ -39,6 +41,8 @@ pub use power_of_two::PowerOfTwoPolicy;
 pub use prefix_hash::PrefixHashPolicy;
 pub use random::RandomPolicy;
 pub use round_robin::RoundRobinPolicy;
+pub use slots::ClassSlots;
+pub use tenants::{ClassSettings, TenantLimits, TenantsConfig};
 
 use rand::RngCore;
 

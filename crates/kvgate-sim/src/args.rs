@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 use kvgate_engine::{EngineConfig, EngineFlags};
-use kvgate_policy::{PolicyConfig, PolicyKind};
+use kvgate_policy::{PolicyConfig, PolicyKind, TenantsConfig};
 
 use crate::trace::TraceFormat;
 use crate::SimError;
-use kvgate_config::{FieldError, ValidationErrors};
+use kvgate_config::{Checks, FieldError, ValidationErrors};
 
 mod fleet;
 
@@ -85,9 +85,22 @@ pub struct SimArgs {
     /// tenant: one queue in arrival order); the report still groups by the trace's tenants.
     #[arg(long)]
     pub ignore_tenants: bool,
+    /// The gateway's `tenants:` section, as `kvgate launch` reads it from its config file (a YAML
+    /// file holding the section itself, or a gateway config file with a `tenants:` key): each
+    /// tenant's `weight` and `class` (a trace line's `priority` overrides the class, as the
+    /// priority header does), each class's `reserved_concurrency` (with
+    /// --max-concurrent-requests). Quotas are not simulated.
+    #[arg(long, value_name = "FILE")]
+    pub tenants: Option<PathBuf>,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write the simulated engines' KV events to this file, one JSON line per engine batch in
+    /// the order emitted: run label, engine, seq, timestamp_us and the events, each stored
+    /// block's token ids as one 64-bit digest (block_digests). The index bench replays it
+    /// (benches/dynamo-index, BENCH_EVENTS=FILE).
+    #[arg(long, value_name = "FILE")]
+    pub kv_events_out: Option<PathBuf>,
     /// Draw TTFT CDFs and per-engine KV usage over time into this PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -124,12 +137,37 @@ impl SimArgs {
     }
 
     /// The gateway's admission in front of the fleet.
-    pub fn admission(&self) -> crate::AdmissionSetup {
-        crate::AdmissionSetup {
+    pub fn admission(&self) -> Result<crate::AdmissionSetup, SimError> {
+        Ok(crate::AdmissionSetup {
             max_concurrent: self.max_concurrent_requests,
             fairness_locality_bound: self.fairness_locality_bound,
             ignore_tenants: self.ignore_tenants,
-        }
+            tenants: self
+                .tenants_config()
+                .map_err(|errors| SimError::InvalidOptions(ValidationErrors(errors)))?,
+        })
+    }
+
+    /// `--tenants`' section, checked as the gateway checks it (empty without the option).
+    pub fn tenants_config(&self) -> Result<TenantsConfig, Vec<FieldError>> {
+        let Some(path) = &self.tenants else { return Ok(TenantsConfig::default()) };
+        let problem = |message: String| vec![flag_error(format!("--tenants {}: {message}", path.display()))];
+        let text = std::fs::read_to_string(path).map_err(|error| problem(error.to_string()))?;
+        let value: serde_norway::Value =
+            serde_norway::from_str(&text).map_err(|error| problem(error.to_string()))?;
+        // A gateway config file: its `tenants:` key.
+        let value = match value {
+            serde_norway::Value::Mapping(mut map) if map.contains_key("tenants") => {
+                map.remove("tenants").unwrap_or_default()
+            }
+            other => other,
+        };
+        let config: TenantsConfig =
+            serde_norway::from_value(value).map_err(|error| problem(error.to_string()))?;
+        let mut checks = Checks::new();
+        config.validate(self.max_concurrent_requests, &mut checks);
+        checks.finish().map_err(|errors| errors.0)?;
+        Ok(config)
     }
 
     /// Checks the options and expands them into the runs to simulate, in report order: for each
@@ -196,6 +234,7 @@ impl SimArgs {
         problems.dedup();
         let mut errors: Vec<FieldError> = problems.into_iter().map(flag_error).collect();
         errors.extend(engine_errors);
+        errors.extend(self.tenants_config().err().unwrap_or_default());
         if errors.is_empty() {
             Ok(runs)
         } else {

@@ -23,6 +23,7 @@
 //! Same trace, options and seed: byte-identical markdown and JSON.
 
 mod args;
+mod kv_out;
 mod markdown;
 pub mod outside;
 mod plot;
@@ -79,7 +80,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     let pooled_kv_tokens = engines[..fleet.prompt_engines()].iter().map(|e| e.kv_capacity_tokens).sum();
     let pooled_lru = trace.pooled_lru(pooled_kv_tokens);
     let pooled_belady = trace.pooled_belady(pooled_kv_tokens);
-    let setup = sim_setup(args, fleet, engines);
+    let setup = sim_setup(args, fleet, engines)?;
     let times: Vec<f64> = trace.requests.iter().map(|r| r.timestamp_ms).collect();
     let span_ms = times.iter().copied().fold(f64::NEG_INFINITY, f64::max)
         - times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -98,6 +99,10 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     };
     let mut reports = Vec::with_capacity(runs.len());
     let n_runs = runs.len();
+    let mut kv_out = match &args.kv_events_out {
+        Some(path) => Some(kv_out::KvEventsOut::create(path)?),
+        None => None,
+    };
     for (run_index, spec) in runs.into_iter().enumerate() {
         let started = Instant::now();
         let mut last_print = started;
@@ -115,7 +120,18 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
                 );
             }
         };
-        let outcome = simulate(&trace, &setup, &spec.policy, &mut progress);
+        let outcome = match kv_out.as_mut() {
+            Some(out) => {
+                let mut sink = |engine: usize, batch: &kvgate_engine::KvEventBatch| {
+                    out.write(&spec.label, engine, batch)
+                };
+                let outcome =
+                    sim::simulate_with_kv_sink(&trace, &setup, &spec.policy, &mut progress, Some(&mut sink));
+                out.finish_run()?;
+                outcome
+            }
+            None => simulate(&trace, &setup, &spec.policy, &mut progress),
+        };
         if show_progress && started.elapsed() >= Duration::from_secs(3) {
             eprintln!(
                 "sim [{}/{n_runs}] {}: done in {:.1} s wall",
@@ -160,23 +176,27 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
             engine: setup.engine,
             worker_speeds: args.engine.worker_speeds.clone(),
             worker_kv_capacity_tokens: args.engine.worker_kv_capacity_tokens.clone(),
-            admission: args.max_concurrent_requests.is_some().then(|| args.admission()),
+            admission: args.max_concurrent_requests.is_some().then(|| args.admission()).transpose()?,
         },
         runs: reports,
         sweep_best,
     })
 }
 
-fn sim_setup(args: &SimArgs, fleet: Fleet, engines: Vec<kvgate_engine::EngineConfig>) -> SimSetup {
-    SimSetup {
+fn sim_setup(
+    args: &SimArgs,
+    fleet: Fleet,
+    engines: Vec<kvgate_engine::EngineConfig>,
+) -> Result<SimSetup, SimError> {
+    Ok(SimSetup {
         fleet,
         engine: args.engine_config(),
         engines,
         rate_scale: args.rate_scale,
         load_monitor_interval_ms: args.load_monitor_interval_ms,
         seed: args.seed,
-        admission: args.admission(),
-    }
+        admission: args.admission()?,
+    })
 }
 
 /// Runs `trace` with `args`' fleet, engines, rate and load monitor, routed by `outside`
@@ -201,7 +221,7 @@ pub fn run_outside(
     let trace = trace.truncated(args.max_requests);
     let engines: Vec<_> = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
     let pooled_kv_tokens = engines.iter().map(|e| e.kv_capacity_tokens).sum();
-    let setup = sim_setup(args, fleet, engines);
+    let setup = sim_setup(args, fleet, engines)?;
     let outcome = simulate_outside(&trace, &setup, outside, &mut |_, _| {});
     let (metrics, ttft_ms_sorted) = Metrics::from_outcome(
         &outcome,

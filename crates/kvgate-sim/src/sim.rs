@@ -17,7 +17,7 @@ mod pool;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, RequestStats};
+use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, KvEventBatch, RequestStats};
 use kvgate_policy::{Decision, IndexKind, PolicyConfig, Reason};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -147,6 +147,18 @@ pub fn simulate(
     policy: &PolicyConfig,
     progress: Progress<'_>,
 ) -> SimOutcome {
+    simulate_with_kv_sink(trace, setup, policy, progress, None)
+}
+
+/// [`simulate`], handing every engine's KV event batches to `kv_sink` as they are emitted (the
+/// engines then publish KV events whatever the policy).
+pub fn simulate_with_kv_sink<'a>(
+    trace: &'a Trace,
+    setup: &'a SimSetup,
+    policy: &PolicyConfig,
+    progress: Progress<'_>,
+    kv_sink: Option<KvSink<'a>>,
+) -> SimOutcome {
     let pools = match &setup.fleet {
         Fleet::Regular { n_workers } => vec![Pool::new(policy, 0, *n_workers)],
         Fleet::Disaggregated(pd) => vec![
@@ -154,7 +166,7 @@ pub fn simulate(
             Pool::new(&pd.decode_policy, pd.prefill_workers, pd.decode_workers),
         ],
     };
-    let mut simulation = Simulation::new(trace, setup, pools, None);
+    let mut simulation = Simulation::new(trace, setup, pools, None, kv_sink);
     if let Some(pd) = &mut simulation.pd {
         pd.rule = policy.pd_rule();
     }
@@ -172,7 +184,7 @@ pub fn simulate_outside(
     progress: Progress<'_>,
 ) -> SimOutcome {
     let pools = vec![Pool::for_outside(setup.fleet.n_engines())];
-    Simulation::new(trace, setup, pools, Some(outside)).run(progress)
+    Simulation::new(trace, setup, pools, Some(outside), None).run(progress)
 }
 
 struct Simulation<'a> {
@@ -198,7 +210,12 @@ struct Simulation<'a> {
     outcome: SimOutcome,
     /// The router of an outside-policy run (pool 0's policy is then never asked).
     outside: Option<&'a mut dyn OutsidePolicy>,
+    /// Where every engine's KV event batches go as they are emitted (`--kv-events-out`).
+    kv_sink: Option<KvSink<'a>>,
 }
+
+/// Receives each engine's KV event batches (engine index in fleet order), in emission order.
+pub type KvSink<'a> = &'a mut dyn FnMut(usize, &KvEventBatch);
 
 /// A trace request's session key, what `consistent_hashing` and `manual` route by: its
 /// conversation, i.e. the first prefix block after the trace's shared first block (the
@@ -217,6 +234,7 @@ impl<'a> Simulation<'a> {
         setup: &'a SimSetup,
         pools: Vec<Pool>,
         outside: Option<&'a mut dyn OutsidePolicy>,
+        kv_sink: Option<KvSink<'a>>,
     ) -> Self {
         let order = trace.arrival_order();
         let arrival_us = order
@@ -228,7 +246,7 @@ impl<'a> Simulation<'a> {
             for worker in 0..pool.n_workers() {
                 let config = setup.engines.get(pool.first_engine + worker).unwrap_or(&setup.engine);
                 engines.push(Engine::new(EngineConfig {
-                    emit_kv_events: pool.wants_kv_events() || outside.is_some(),
+                    emit_kv_events: pool.wants_kv_events() || outside.is_some() || kv_sink.is_some(),
                     ..config.clone()
                 }));
             }
@@ -262,6 +280,7 @@ impl<'a> Simulation<'a> {
             prompt: Vec::new(),
             session: String::new(),
             outside,
+            kv_sink,
         }
     }
 
@@ -339,7 +358,7 @@ impl<'a> Simulation<'a> {
             self.arrive_outside(now, id, prompt, input_length, output_tokens);
             return;
         }
-        if !self.admission.try_enter() {
+        if !self.admission.try_enter(id, request) {
             let score = match self.admission.scores_locality() {
                 true => {
                     let interval = self.setup.load_monitor_interval_ms;
@@ -359,11 +378,14 @@ impl<'a> Simulation<'a> {
         let Some(decision) = self.route(0, now, &prompt, input_length, id) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
-            self.admit_next(now);
+            self.admit_next(now, id);
             return;
         };
         let engine = self.pools[0].first_engine + decision.worker as usize;
-        self.engines[engine].submit(now, EngineRequest::new(id, prompt, output_tokens), &mut self.outputs);
+        let class = self.admission.class_of(&self.trace.requests[self.order[id as usize]]);
+        let request =
+            EngineRequest::new(id, prompt, output_tokens).with_priority(class.lower_first_priority());
+        self.engines[engine].submit(now, request, &mut self.outputs);
         self.after_engine_call(engine, now);
     }
 
@@ -390,10 +412,17 @@ impl<'a> Simulation<'a> {
         self.after_engine_call(worker, now);
     }
 
-    /// A request left the fleet (finished, refused or unrouted): its slot goes to the next
-    /// waiter of the admission queue, routed now.
-    fn admit_next(&mut self, now: u64) {
-        let Some(id) = self.admission.left() else { return };
+    /// Request `left` left the fleet (finished, refused or unrouted): its slot goes to the
+    /// waiters of the admission queue it makes room for, routed now.
+    fn admit_next(&mut self, now: u64, left: u64) {
+        self.admission.left(left);
+        while let Some(id) = self.admission.next() {
+            self.submit_waiter(now, id);
+        }
+    }
+
+    /// Routes and submits the admitted waiter `id`.
+    fn submit_waiter(&mut self, now: u64, id: u64) {
         let request = &self.trace.requests[self.order[id as usize]];
         let (input_length, output_tokens) = (request.input_length, request.output_length);
         let mut prompt = std::mem::take(&mut self.prompt);
@@ -454,8 +483,13 @@ impl<'a> Simulation<'a> {
     /// exact index, and puts the engine's next step in the heap.
     fn after_engine_call(&mut self, engine: usize, now: u64) {
         let (pool, worker) = self.pool_of(engine);
-        if self.pools[pool].wants_kv_events() || self.outside.is_some() {
+        if self.pools[pool].wants_kv_events() || self.outside.is_some() || self.kv_sink.is_some() {
             let batches = self.engines[engine].drain_kv_events();
+            if let Some(sink) = self.kv_sink.as_mut() {
+                for batch in &batches {
+                    sink(engine, batch);
+                }
+            }
             if let Some(outside) = self.outside.as_mut() {
                 if !batches.is_empty() {
                     outside.kv_events(worker, &batches, now);
@@ -480,7 +514,7 @@ impl<'a> Simulation<'a> {
                         stats.arrival_us = stats.arrival_us.min(self.arrival_us[id as usize]);
                         self.outcome.finished.push(stats);
                         self.outcome.finished_requests.push(self.order[id as usize]);
-                        self.admit_next(now);
+                        self.admit_next(now, id);
                     }
                 }
                 EngineOutput::Rejected { id, .. } => {
@@ -491,7 +525,7 @@ impl<'a> Simulation<'a> {
                     if self.pd.is_some() {
                         self.disaggregated_rejected(pool, id);
                     } else {
-                        self.admit_next(now);
+                        self.admit_next(now, id);
                     }
                     self.outcome.rejected += 1;
                 }

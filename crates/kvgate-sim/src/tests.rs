@@ -321,3 +321,39 @@ fn the_exact_index_knows_what_engines_evicted() {
 mod outside;
 mod pd;
 mod tenants;
+
+#[test]
+fn kv_events_out_writes_every_engines_stream_in_order() {
+    // Round robin over two engines of tiny KV caches: both store, and both evict.
+    let path = std::env::temp_dir().join(format!("kvgate-sim-kv-events-{}.jsonl", std::process::id()));
+    let mut args = args("round_robin,cache_aware", 2);
+    args.engine.kv_capacity_tokens = Some(4096);
+    args.kv_events_out = Some(path.clone());
+    let trace = shared_prefix_trace(20, 50.0);
+    run_on_trace(&args, &trace, false).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let lines: Vec<serde_json::Value> =
+        text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    for run in ["round_robin", "cache_aware"] {
+        let of_run: Vec<&serde_json::Value> = lines.iter().filter(|l| l["run"] == run).collect();
+        for engine in 0..2u64 {
+            let seqs: Vec<u64> =
+                of_run.iter().filter(|l| l["engine"] == engine).map(|l| l["seq"].as_u64().unwrap()).collect();
+            assert!(!seqs.is_empty(), "{run}: engine {engine} emitted events");
+            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{run}: engine {engine} in order: {seqs:?}");
+        }
+        let events = of_run.iter().flat_map(|l| l["events"].as_array().unwrap());
+        let (mut stored, mut removed) = (0, 0);
+        for event in events {
+            if let Some(store) = event.get("BlockStored") {
+                let (hashes, digests) = (&store["block_hashes"], &store["block_digests"]);
+                assert_eq!(hashes.as_array().unwrap().len(), digests.as_array().unwrap().len(), "{store}");
+                assert_eq!(store["block_size"], 16);
+                stored += 1;
+            }
+            removed += usize::from(event.get("BlockRemoved").is_some());
+        }
+        assert!(stored > 0 && removed > 0, "{run}: {stored} stores, {removed} removals");
+    }
+}

@@ -126,6 +126,7 @@ class Gateway:
         client_api_keys_file: str | os.PathLike[str] | None = None,
         tenant_header: str = 'x-kvgate-tenant',
         priority_header: str = 'x-kvgate-priority',
+        forward_priority: Literal['off', 'vllm', 'sglang'] = 'off',
         forward_client_auth: bool = False,
         header_read_timeout_secs: float = 10.0,
         keep_alive_timeout_secs: float = 60.0,
@@ -448,6 +449,13 @@ class Gateway:
         priority_header: Header naming a request's priority class (`high`, `normal`, `low`);
             without it, the tenant's class. With client keys, it can only lower the class the
             tenant has
+        forward_priority: Tell the engines each request's priority class as the body's
+            `priority` field (on chat, completions and generate requests), so an engine with
+            priority scheduling serves a higher class's prefill first: `vllm` (lower values
+            first: high -1, normal 0, low 1) or `sglang` (higher first: high 1, normal 0, low
+            -1). The engines must run priority scheduling (vLLM `--scheduling-policy priority`,
+            SGLang `--enable-priority-scheduling`, `kvgate mock --priority-scheduling`); off:
+            the body as the client sent it
         forward_client_auth: Forward the client's credentials (`Authorization`, `Cookie`,
             `X-Api-Key`, `Api-Key`) to the worker. Off by default: a worker gets only --api-key.
             Never with --client-api-keys (those are the gateway's)
@@ -633,6 +641,7 @@ def simulate(
     worker_kv_capacity_tokens: Sequence[int] = [],
     cpu_offload_tokens: int | None = None,
     cpu_load_tokens_per_sec: float | None = None,
+    priority_scheduling: bool = False,
     rate_scale: float = 1.0,
     max_requests: int | None = None,
     load_monitor_interval_ms: int = 1000,
@@ -640,7 +649,9 @@ def simulate(
     max_concurrent_requests: int | None = None,
     fairness_locality_bound: int = 0,
     ignore_tenants: bool = False,
+    tenants: str | os.PathLike[str] | None = None,
     json: str | os.PathLike[str] | None = None,
+    kv_events_out: str | os.PathLike[str] | None = None,
     plot: str | os.PathLike[str] | None = None,
     sweep: Sequence[str] = [],
 ) -> dict[str, Any]:
@@ -790,6 +801,10 @@ def simulate(
         loads back over PCIe instead of being recomputed [default: 0, no tier]
     cpu_load_tokens_per_sec: Tokens per second loaded back from the host tier [default: 190000,
         25 GB/s at 128 KiB per token]
+    priority_scheduling: Serve waiting requests by their priority (a request's `priority` field,
+        lower first, as vLLM's `--scheduling-policy priority`), a more urgent prefill taking
+        each step's budget ahead of less urgent ones already prefilling; off: first come, first
+        served
     rate_scale: Trace timestamps are divided by this (2 = twice the request rate; `--speedup` is
         an alias, as in `kvgate replay`)
     max_requests: Replay only the first K requests (in arrival order)
@@ -808,7 +823,16 @@ def simulate(
     ignore_tenants: Queue every request as tenant `default` (what a gateway sees when clients
         name no tenant: one queue in arrival order); the report still groups by the trace's
         tenants
+    tenants: The gateway's `tenants:` section, as `kvgate launch` reads it from its config file
+        (a YAML file holding the section itself, or a gateway config file with a `tenants:`
+        key): each tenant's `weight` and `class` (a trace line's `priority` overrides the class,
+        as the priority header does), each class's `reserved_concurrency` (with --max-
+        concurrent-requests). Quotas are not simulated
     json: Also write the report as JSON to this file
+    kv_events_out: Write the simulated engines' KV events to this file, one JSON line per engine
+        batch in the order emitted: run label, engine, seq, timestamp_us and the events, each
+        stored block's token ids as one 64-bit digest (block_digests). The index bench replays
+        it (benches/dynamo-index, BENCH_EVENTS=FILE)
     plot: Draw TTFT CDFs and per-engine KV usage over time into this PNG file
     sweep: Sweep a policy flag over values, `NAME=V1,V2,...` (snake_case name); repeat for a
         grid. Every listed policy runs at every grid point; the report names the best setting

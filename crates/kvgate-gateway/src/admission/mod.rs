@@ -7,8 +7,10 @@
 //! first and, within a class, tenants by weighted fair queuing on tokens
 //! (`kvgate_policy::FairQueue`), bent toward cache locality within `--fairness-locality-bound`
 //! (each waiter scored as it enters, by the caller: the prompt tokens the routing policy
-//! predicts cached where it would route the request). A request that finds the queue full, or
-//! no room and no queue, is refused with 429; one that waited its full time gets 408.
+//! predicts cached where it would route the request). A class's `reserved_concurrency` keeps
+//! slots from the classes below it (`kvgate_policy::ClassSlots`), so its requests find one
+//! free while lower classes hold the rest. A request that finds the queue full, or no room
+//! and no queue, is refused with 429; one that waited its full time gets 408.
 
 mod bucket;
 mod quota;
@@ -25,7 +27,7 @@ use crate::error::ApiError;
 use crate::metrics::AdmissionMetrics;
 use crate::tenant::{PriorityClass, DEFAULT_TENANT};
 use bucket::Bucket;
-use kvgate_policy::FairQueue;
+use kvgate_policy::{ClassSlots, FairQueue};
 use quota::{TenantCharge, TenantQuotas};
 
 /// What admission needs to know of a request.
@@ -39,7 +41,6 @@ pub struct Ticket<'a> {
 
 /// The concurrency limit and the requests waiting for a slot.
 struct Slots {
-    limit: usize,
     /// `--fairness-locality-bound` (0: strict fair order).
     locality_bound: u64,
     state: Mutex<SlotState>,
@@ -49,8 +50,16 @@ struct Slots {
 type Waiting = (oneshot::Sender<()>, u64);
 
 struct SlotState {
-    in_use: usize,
+    in_use: ClassSlots,
     waiting: FairQueue<Waiting>,
+}
+
+impl SlotState {
+    /// Whether a request of `class` arriving now takes a slot at once: one is free for its class
+    /// and no request of its class or a higher one waits.
+    fn takes_at_once(&self, class: PriorityClass) -> bool {
+        self.in_use.may_enter(class) && !self.waiting.waits_at_or_above(class)
+    }
 }
 
 impl Slots {
@@ -58,24 +67,28 @@ impl Slots {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Frees a slot: it goes straight to the next waiter, if any.
-    fn release(&self) {
+    /// Frees a slot `class` held: the waiters it makes room for get one, highest class first.
+    fn release(&self, class: PriorityClass) {
         let mut state = self.lock();
-        while let Some((waiter, _)) = state.waiting.pop_local(self.locality_bound, |(_, score)| *score) {
-            if waiter.send(()).is_ok() {
-                return;
-            }
+        state.in_use.leave(class);
+        while let Some(next) = state.waiting.highest_class().filter(|&next| state.in_use.may_enter(next)) {
+            let Some((waiter, _)) = state.waiting.pop_local(self.locality_bound, |(_, score)| *score) else {
+                break;
+            };
+            // Handed over even when its receiver is gone: the entry was still queued, so its
+            // `Waiter` is alive, and dropping it frees the slot (`leave` finds it popped).
+            state.in_use.enter(next);
+            let _ = waiter.send(());
         }
-        state.in_use -= 1;
     }
 }
 
-/// A concurrency slot, held until dropped.
-struct Slot(Arc<Slots>);
+/// A concurrency slot of a class, held until dropped.
+struct Slot(Arc<Slots>, PriorityClass);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.release();
+        self.0.release(self.1);
     }
 }
 
@@ -83,6 +96,7 @@ impl Drop for Slot {
 /// leaves the queue; granted meanwhile, it frees the slot again.
 struct Waiter {
     slots: Arc<Slots>,
+    class: PriorityClass,
     id: u64,
     settled: bool,
 }
@@ -98,7 +112,7 @@ impl Waiter {
 impl Drop for Waiter {
     fn drop(&mut self) {
         if !self.settled && !self.leave() {
-            self.slots.release();
+            self.slots.release(self.class);
         }
     }
 }
@@ -206,12 +220,15 @@ impl Admission {
                 .map_or(limits.queue_timeout, Duration::from_secs_f64)
         });
         let labels = TenantLabels::new(tenants.named.keys().map(String::as_str));
+        let reserved = tenants.reserved_concurrency();
         Self {
             slots: limits.max_concurrent.map(|limit| {
                 Arc::new(Slots {
-                    limit,
                     locality_bound: limits.locality_bound,
-                    state: Mutex::new(SlotState { in_use: 0, waiting: FairQueue::default() }),
+                    state: Mutex::new(SlotState {
+                        in_use: ClassSlots::new(limit, reserved),
+                        waiting: FairQueue::default(),
+                    }),
                 })
             }),
             bucket: limits.rate_per_sec.map(|rate| Mutex::new(Bucket::per_second(rate, Instant::now()))),
@@ -245,7 +262,9 @@ impl Admission {
         match reason {
             "rate_limited" => ApiError::RateLimited,
             "queue_timeout" => ApiError::QueueTimeout(self.class_timeouts[ticket.class.rank()].as_secs_f64()),
-            _ => ApiError::TooManyRequests(self.slots.as_ref().map_or(0, |slots| slots.limit)),
+            _ => {
+                ApiError::TooManyRequests(self.slots.as_ref().map_or(0, |slots| slots.lock().in_use.limit()))
+            }
         }
     }
 
@@ -350,13 +369,14 @@ impl Admission {
         }
         let Some(slots) = &self.slots else { return Ok(None) };
         // Scored before the lock is held, and only when the request is likely to wait.
-        let busy = self.scores_locality() && slots.lock().in_use >= slots.limit;
+        let class = ticket.class;
+        let busy = self.scores_locality() && !slots.lock().takes_at_once(class);
         let score = if busy { locality() } else { 0 };
         let receiver = {
             let mut state = slots.lock();
-            if state.in_use < slots.limit && state.waiting.is_empty() {
-                state.in_use += 1;
-                return Ok(Some(Slot(slots.clone())));
+            if state.takes_at_once(class) {
+                state.in_use.enter(class);
+                return Ok(Some(Slot(slots.clone(), class)));
             }
             if self.queue_size == 0 {
                 drop(state);
@@ -366,29 +386,29 @@ impl Admission {
                 drop(state);
                 queued = Some(self.enqueue("queue_full", ticket, tenant)?);
                 state = slots.lock();
-                if state.in_use < slots.limit && state.waiting.is_empty() {
-                    state.in_use += 1;
-                    return Ok(Some(Slot(slots.clone())));
+                if state.takes_at_once(class) {
+                    state.in_use.enter(class);
+                    return Ok(Some(Slot(slots.clone(), class)));
                 }
             }
             let (sender, receiver) = oneshot::channel();
             let weight = self.tenants.weight(ticket.tenant);
             let id = state.waiting.push(ticket.class, ticket.tenant, weight, ticket.tokens, (sender, score));
-            (Waiter { slots: slots.clone(), id, settled: false }, receiver)
+            (Waiter { slots: slots.clone(), class, id, settled: false }, receiver)
         };
         let (mut waiter, receiver) = receiver;
         let _queued = queued;
         match tokio::time::timeout_at(deadline, receiver).await {
             Ok(Ok(())) => {
                 waiter.settled = true;
-                Ok(Some(Slot(slots.clone())))
+                Ok(Some(Slot(slots.clone(), class)))
             }
             _ => {
                 if waiter.leave() {
                     Err(self.refuse("queue_timeout", ticket, tenant))
                 } else {
                     // Handed a slot as the time ran out: take it.
-                    Ok(Some(Slot(slots.clone())))
+                    Ok(Some(Slot(slots.clone(), class)))
                 }
             }
         }

@@ -78,6 +78,46 @@ async fn a_higher_class_overtakes_a_queued_lower_one() {
     assert_eq!(admitted.recv().await.unwrap().0, "batch");
 }
 
+/// With a slot reserved for `high`, a high request is admitted at once while the low class
+/// fills the rest and queues; every queued low request is admitted exactly once as slots free.
+#[tokio::test]
+async fn a_reserved_slot_admits_a_higher_class_at_once_while_lower_ones_fill_the_rest() {
+    let admission = admission(3, 10, "classes: {high: {reserved_concurrency: 1}}");
+    let (sender, mut admitted) = mpsc::unbounded_channel();
+    let names = ["low-0", "low-1", "low-2", "low-3"];
+    for name in names {
+        spawn_waiter(&admission, name, PriorityClass::Low, 1, &sender);
+    }
+    // Two of the three slots go to the low class; the other two low requests wait.
+    let mut held = vec![admitted.recv().await.unwrap(), admitted.recv().await.unwrap()];
+    until_queued(&admission, 2).await;
+    let high =
+        tokio::time::timeout(Duration::from_secs(5), admission.admit(ticket("chat", PriorityClass::High, 1)))
+            .await
+            .expect("the high request takes the reserved slot without waiting")
+            .unwrap();
+    assert!(admitted.try_recv().is_err(), "the low class never takes the reserved slot");
+    // The high request's answer ends: its slot stays reserved (release is synchronous).
+    drop(high);
+    {
+        let state = admission.slots.as_ref().unwrap().lock();
+        assert_eq!((state.in_use.in_use(), state.waiting.len()), (2, 2));
+    }
+    // Low answers end: the waiting low requests take their slots, each exactly once.
+    let mut seen: Vec<&str> = held.iter().map(|(name, _)| *name).collect();
+    for _ in 0..2 {
+        drop(held.remove(0));
+        let next = admitted.recv().await.unwrap();
+        seen.push(next.0);
+        held.push(next);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, names);
+    drop(held);
+    let state = admission.slots.as_ref().unwrap().lock();
+    assert_eq!((state.in_use.in_use(), state.waiting.len()), (0, 0));
+}
+
 #[tokio::test]
 async fn contended_tenants_get_tokens_in_proportion_to_their_weights() {
     let admission = admission(1, 1000, "named: {light: {weight: 1}, heavy: {weight: 3}}");
@@ -140,7 +180,7 @@ async fn a_waiter_that_gives_up_leaves_no_slot_behind() {
     // The slot is free again: two in a row get it at once.
     drop(admission.admit(ticket("c", PriorityClass::Normal, 1)).await.unwrap());
     let _again = admission.admit(ticket("d", PriorityClass::Normal, 1)).await.unwrap();
-    assert_eq!(admission.slots.as_ref().unwrap().lock().in_use, 1);
+    assert_eq!(admission.slots.as_ref().unwrap().lock().in_use.in_use(), 1);
 }
 
 #[tokio::test]

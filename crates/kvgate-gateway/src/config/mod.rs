@@ -5,6 +5,7 @@ use clap::Args;
 use kvgate_policy::{FieldError, PolicyConfig, ValidationErrors};
 
 use crate::role::{PdProtocol, WorkerRole};
+use crate::tenant::ForwardPriority;
 use kvgate_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 
@@ -303,9 +304,17 @@ pub struct GatewayConfig {
     /// tenant's class. With client keys, it can only lower the class the tenant has.
     #[arg(long, default_value = "x-kvgate-priority")]
     pub priority_header: String,
+    /// Tell the engines each request's priority class as the body's `priority` field (on chat,
+    /// completions and generate requests), so an engine with priority scheduling serves a
+    /// higher class's prefill first: `vllm` (lower values first: high -1, normal 0, low 1) or
+    /// `sglang` (higher first: high 1, normal 0, low -1). The engines must run priority
+    /// scheduling (vLLM `--scheduling-policy priority`, SGLang `--enable-priority-scheduling`,
+    /// `kvgate mock --priority-scheduling`); off: the body as the client sent it.
+    #[arg(long, value_enum, default_value_t = ForwardPriority::Off)]
+    pub forward_priority: ForwardPriority,
     /// Per-tenant quotas, weights and priority classes (YAML only): `tenants: {defaults:
     /// {requests_per_minute, tokens_per_minute, max_concurrent, weight, class}, named: {NAME:
-    /// {...}}, classes: {high: {queue_timeout_secs}}}`.
+    /// {...}}, classes: {high: {queue_timeout_secs, reserved_concurrency}}}`.
     #[arg(skip)]
     #[serde(skip_serializing_if = "TenantsConfig::is_empty")]
     pub tenants: TenantsConfig,
@@ -756,12 +765,11 @@ impl GatewayConfigBuilder {
 
 mod discovery;
 mod kv_events_source;
-mod tenants;
 mod validate;
 
 pub use discovery::label_selector;
 pub use kv_events_source::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
-pub use tenants::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
+pub use kvgate_policy::tenants::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
 
 #[cfg(test)]
 mod tests;

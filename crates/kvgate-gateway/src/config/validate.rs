@@ -165,7 +165,7 @@ impl GatewayConfig {
                 checks.push(FieldError::new("client_api_keys", message));
             }
         }
-        self.tenants.validate(&mut checks);
+        self.tenants.validate(self.max_concurrent_requests, &mut checks);
         for name in &self.request_id_headers {
             if http::HeaderName::from_bytes(name.trim().as_bytes()).is_err() {
                 checks.push(

@@ -152,14 +152,24 @@ fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
 /// parallel rank routing"; SMG 1.13 sends the same, `worker.rs` `prepare_request`). A rank the
 /// client gave is replaced: the gateway's choice is the rank its state accounts for.
 pub(super) fn with_dp_rank(body: &[u8], rank: u32) -> Result<Bytes, ApiError> {
-    let not_an_object = || {
-        ApiError::BadRequest("a request to a data-parallel rank (--dp-aware) needs a JSON object body".into())
-    };
-    const FIELD: &[u8] = b"\"data_parallel_rank\"";
-    if body.windows(FIELD.len()).any(|window| window == FIELD) {
+    with_first_field(
+        body,
+        "data_parallel_rank",
+        i64::from(rank),
+        "a request to a data-parallel rank (--dp-aware)",
+    )
+}
+
+/// `body` (a JSON object) with `"FIELD": VALUE` put first and the rest byte for byte; a value
+/// the client gave for `field` is replaced (the object then re-serialized). `what` names the
+/// request in the error when the body is no JSON object.
+pub(super) fn with_first_field(body: &[u8], field: &str, value: i64, what: &str) -> Result<Bytes, ApiError> {
+    let not_an_object = || ApiError::BadRequest(format!("{what} needs a JSON object body"));
+    let quoted = format!("\"{field}\"");
+    if body.windows(quoted.len()).any(|window| window == quoted.as_bytes()) {
         let mut object: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(body).map_err(|_| not_an_object())?;
-        object.insert("data_parallel_rank".into(), rank.into());
+        object.insert(field.into(), value.into());
         return serde_json::to_vec(&object).map(Bytes::from).map_err(|_| not_an_object());
     }
     let start = body.iter().position(|b| !b.is_ascii_whitespace()).ok_or_else(not_an_object)?;
@@ -169,7 +179,7 @@ pub(super) fn with_dp_rank(body: &[u8], rank: u32) -> Result<Bytes, ApiError> {
     let rest = &body[start + 1..];
     let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
     let mut out = Vec::with_capacity(body.len() + 32);
-    out.extend_from_slice(format!("{{\"data_parallel_rank\":{rank}").as_bytes());
+    out.extend_from_slice(format!("{{{quoted}:{value}").as_bytes());
     if !empty {
         out.push(b',');
     }
@@ -179,7 +189,7 @@ pub(super) fn with_dp_rank(body: &[u8], rank: u32) -> Result<Bytes, ApiError> {
 
 #[cfg(test)]
 mod tests {
-    use super::with_dp_rank;
+    use super::{with_dp_rank, with_first_field};
 
     #[test]
     fn the_rank_goes_first_and_the_rest_is_kept_byte_for_byte() {
@@ -193,5 +203,14 @@ mod tests {
         assert_eq!((value["data_parallel_rank"].as_u64(), value["model"].as_str()), (Some(1), Some("m")));
         assert!(with_dp_rank(b"[1]", 0).is_err());
         assert!(with_dp_rank(b"", 0).is_err());
+    }
+
+    #[test]
+    fn a_negative_priority_goes_first_and_a_client_priority_is_replaced() {
+        let forwarded = with_first_field(br#"{"model": "m"}"#, "priority", -1, "x").unwrap();
+        assert_eq!(&forwarded[..], br#"{"priority":-1,"model": "m"}"#);
+        let replaced = with_first_field(br#"{"priority": 5, "model": "m"}"#, "priority", 1, "x").unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&replaced).unwrap();
+        assert_eq!(value["priority"].as_i64(), Some(1));
     }
 }

@@ -39,21 +39,7 @@ pub(super) fn choose(
     tried: &[u32],
     planning: Planning,
 ) -> Result<Chosen, NoChoice> {
-    let (offered, events_flowing) = candidates(state, pool, tried);
-    let offered = match admit_under_overload(
-        &offered,
-        &state.overload,
-        state.clock.now_ms(),
-        state.loads.poll_interval_ms,
-    ) {
-        Admitted::All => offered,
-        Admitted::Only(kept) => {
-            let left_out = offered.len() - kept.len();
-            state.metrics.overload_left_out.with_label_values(&[&pool.model]).inc_by(left_out as u64);
-            kept
-        }
-        Admitted::Shed => return Err(NoChoice::Shed),
-    };
+    let (offered, events_flowing) = offer(state, pool, tried, planning)?;
     let candidates = Candidates::new(&offered).map_err(|_| NoChoice::NoWorker)?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
@@ -85,14 +71,7 @@ pub(super) fn preview(
     namespace: Namespace<'_>,
     tried: &[u32],
 ) -> Option<Decision> {
-    let (offered, events_flowing) = candidates(state, pool, tried);
-    let now_ms = state.clock.now_ms();
-    let offered = match admit_under_overload(&offered, &state.overload, now_ms, state.loads.poll_interval_ms)
-    {
-        Admitted::All => offered,
-        Admitted::Only(kept) => kept,
-        Admitted::Shed => return None,
-    };
+    let (offered, events_flowing) = offer(state, pool, tried, Planning::DryRun).ok()?;
     let candidates = Candidates::new(&offered).ok()?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
@@ -106,6 +85,29 @@ pub(super) fn preview(
         ask: Ask::Preview,
     };
     select(state, pool, request, candidates, inputs)
+}
+
+/// The routable candidates not tried yet, less those the overload protection leaves out (counted
+/// in `kvgate_overload_left_out_total` when live), and whether every one's KV events flow.
+fn offer(
+    state: &AppState,
+    pool: &ModelPool,
+    tried: &[u32],
+    planning: Planning,
+) -> Result<(Vec<Candidate>, bool), NoChoice> {
+    let (offered, events_flowing) = candidates(state, pool, tried);
+    let now_ms = state.clock.now_ms();
+    match admit_under_overload(&offered, &state.overload, now_ms, state.loads.poll_interval_ms) {
+        Admitted::All => Ok((offered, events_flowing)),
+        Admitted::Only(kept) => {
+            if planning == Planning::Live {
+                let left_out = (offered.len() - kept.len()) as u64;
+                state.metrics.overload_left_out.with_label_values(&[&pool.model]).inc_by(left_out);
+            }
+            Ok((kept, events_flowing))
+        }
+        Admitted::Shed => Err(NoChoice::Shed),
+    }
 }
 
 /// On the exact index, the prompt's block hashes, computed once for the query, the closed

@@ -207,6 +207,13 @@ where
     };
     let strip_usage = asked.is_some();
     let body = asked.unwrap_or_else(|| bytes.clone());
+    // The class as the engine's `priority` (`--forward-priority`), on generation requests.
+    let body = match state.config.forward_priority.value(identity.class) {
+        Some(priority) if !matches!(endpoint, Endpoint::Embeddings) => {
+            attempt::with_first_field(&body, "priority", priority, "a request with --forward-priority")?
+        }
+        _ => body,
+    };
     let exchange = pd::Exchange {
         state,
         path_and_query,

@@ -10,10 +10,7 @@ use smallvec::SmallVec;
 
 use super::hash::{block_content, ChainRoot, Namespace};
 use super::residency::Residency;
-use super::{BlockIndex, CacheId, Holder, Layout, EPOCH_UNTRUSTED};
-
-/// Epochs run below this, then wrap (tests wrap often, so the renumbering is exercised).
-const EPOCH_LIMIT: u16 = if cfg!(test) { 5 } else { EPOCH_UNTRUSTED - 1 };
+use super::{BlockIndex, CacheId, Layout, Segment};
 
 /// A `BlockStored` event, as the index needs it.
 #[derive(Clone, Copy, Debug)]
@@ -60,36 +57,29 @@ pub enum ApplyError {
     OverCapacity { held: usize, adding: usize, max: usize },
 }
 
-/// One engine block this cache holds: its content, the tiers holding it, and what the index's
-/// run of its content rests on. Keyed by the engine's hash, so a store writes one entry here and
-/// one holder in the shared index (a separate map by content cost a third write per block).
+/// One engine block this cache holds: its content, the tiers holding it, and where it lies in the
+/// cache's segments. Keyed by the engine's hash: a store writes one entry here per block, and one
+/// segment change in the shared index per event.
 #[derive(Clone, Copy, Debug)]
 struct EngineBlock {
     content: u64,
-    /// The parent's engine hash (same group), when `has_parent`.
-    parent: u64,
     /// One bit per residency holding the block.
     tiers: u16,
-    /// The epoch `run` was computed in (as in the index's holder entry).
-    epoch: u16,
-    /// The parent's epoch when this block counted itself among its children (so a later
-    /// block under the parent's hash is not debited for it).
-    parent_epoch: u16,
-    has_parent: bool,
-    run: u32,
-    /// Engine blocks of this cache whose parent is this one (counted while both are held).
-    children: u32,
+    /// Its segment ([`CacheBlocks::segments`]) and its place there.
+    segment: u32,
+    offset: u32,
 }
 
 /// The engine blocks of one KV-cache group, by engine hash.
 type Group = IntMap<u64, EngineBlock>;
 
-/// A content named by more than one engine block of this cache (rare: an engine hash reused,
-/// or keys kvgate does not model): how many beyond the first, and the tiers of them together
-/// (only added to until the content is named once again).
-#[derive(Clone, Copy, Debug)]
-struct Shared {
-    extra: u32,
+/// The writer's side of one of its segments in the index.
+#[derive(Clone, Debug, Default)]
+struct SegmentMeta {
+    /// The content hash of its first block (its key in the index).
+    key: u64,
+    /// Its blocks' engine hashes, in chain order (empty: a free id).
+    engines: Vec<u64>,
     tiers: u16,
 }
 
@@ -110,13 +100,12 @@ pub struct CacheBlocks {
     index: Arc<BlockIndex>,
     id: CacheId,
     key: u64,
-    /// The cache's slot in the index (what its holder entries carry).
-    pub(crate) slot: u32,
     groups: SmallVec<[(u32, Group); 1]>,
-    /// Distinct contents held.
-    distinct: usize,
-    /// Contents named by more than one engine block.
-    shared: IntMap<u64, Shared>,
+    /// Engine blocks held.
+    held: usize,
+    /// This cache's segments by id, and the ids free for reuse.
+    segments: Vec<SegmentMeta>,
+    free: Vec<u32>,
     /// Tier copies named for blocks this cache does not hold (yet): an offload placeholder for
     /// a hash whose own store is missing. A later store of the hash picks them up.
     pending: HashMap<(u32, u64), u16>,
@@ -124,28 +113,30 @@ pub struct CacheBlocks {
     bits: Vec<(Residency, u16, f64)>,
     /// Most engine blocks held: what the engine can hold, as its host knows it.
     max_blocks: usize,
-    /// This cache's epoch: runs computed in an earlier one are not trusted.
-    epoch: u16,
+}
+
+/// Blocks gathered for one segment while an event is applied, written to the index in one go.
+struct Open {
+    segment: u32,
+    /// Whether the segment is new (inserted, not appended to).
+    new: bool,
+    hashes: SmallVec<[u64; 32]>,
 }
 
 impl CacheBlocks {
     /// The writer for cache `id` of `index`. Two writers for one cache would fight: keep one.
     pub fn new(index: Arc<BlockIndex>, id: CacheId) -> Self {
-        // A writer after an earlier one for the same cache carries on its epochs.
-        let slot = index.slot_of(id.key());
-        let epoch = index.epoch_of(slot).min(EPOCH_LIMIT - 1);
         Self {
             index,
             id,
             key: id.key(),
-            slot,
             groups: SmallVec::new(),
-            distinct: 0,
-            shared: IntMap::default(),
+            held: 0,
+            segments: Vec::new(),
+            free: Vec::new(),
             pending: HashMap::new(),
             bits: Vec::new(),
             max_blocks: usize::MAX,
-            epoch,
         }
     }
 
@@ -164,13 +155,13 @@ impl CacheBlocks {
         &self.index
     }
 
-    /// Distinct blocks (by content) this cache holds.
+    /// Engine blocks this cache holds (a content two engine hashes name counts twice).
     pub fn len(&self) -> usize {
-        self.distinct
+        self.held
     }
 
     pub fn is_empty(&self) -> bool {
-        self.distinct == 0
+        self.held == 0
     }
 
     /// kvgate's content hash of an engine block this cache holds.
@@ -227,7 +218,6 @@ impl CacheBlocks {
             });
         };
         let group = stored.group;
-        let root = stored.parent_block_hash.is_none();
         let mut parent = match stored.parent_block_hash {
             None => ChainRoot { namespace: stored.namespace, group, lookahead: lookahead as u32 }.hash(),
             Some(engine_hash) => match self.content_of(group, engine_hash) {
@@ -235,7 +225,6 @@ impl CacheBlocks {
                 None => return Err(ApplyError::UnknownParent(engine_hash)),
             },
         };
-        let continues = (!root).then_some(parent);
         if self.len().saturating_add(blocks) > self.max_blocks {
             let held_group = self.group(group);
             let adding = stored
@@ -252,38 +241,126 @@ impl CacheBlocks {
             return Err(ApplyError::TooManyLayouts { got: layout });
         }
         let bit = self.bit(stored.residency);
-        let mut parent_engine = stored.parent_block_hash;
-        for (i, &engine_hash) in stored.block_hashes.iter().enumerate() {
-            let tokens = &stored.token_ids[i * block_size..(i + 1) * block_size];
-            let after = &stored.lookahead[i * lookahead..(i + 1) * lookahead];
-            let opaque = stored.opaque.get(i).copied().unwrap_or(0);
-            let content = block_content(parent, tokens, after, opaque);
-            parent = content;
-            let up = parent_engine.replace(engine_hash);
-            let ahead = (blocks - 1 - i) as u32;
+        let contents: SmallVec<[u64; 32]> = (0..blocks)
+            .map(|i| {
+                let tokens = &stored.token_ids[i * block_size..(i + 1) * block_size];
+                let after = &stored.lookahead[i * lookahead..(i + 1) * lookahead];
+                let opaque = stored.opaque.get(i).copied().unwrap_or(0);
+                parent = block_content(parent, tokens, after, opaque);
+                parent
+            })
+            .collect();
+        self.store(group, stored.parent_block_hash, stored.block_hashes, &contents, bit);
+        Ok(())
+    }
+
+    /// Holds `engine_hashes` (contents `contents`) in `tiers`, chained on the held engine block
+    /// `parent` (`None`: a chain's first block). Blocks held already gain the tiers.
+    pub(crate) fn store(
+        &mut self,
+        group: u32,
+        parent: Option<u64>,
+        engine_hashes: &[u64],
+        contents: &[u64],
+        tiers: u16,
+    ) {
+        let mut open: Option<Open> = None;
+        let mut previous = parent;
+        // The previous block's segment when it was placed at that segment's end in this event
+        // (the next block then extends it without a lookup), with its tiers' weight.
+        let mut placed: Option<(u32, f64)> = None;
+        for (&engine_hash, &content) in engine_hashes.iter().zip(contents) {
+            let up = previous.replace(engine_hash);
+            let mut after = placed.take();
             match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
                 Some(block) if block.content == content => {
-                    self.set_tiers(group, engine_hash, block.tiers | bit)
+                    self.flush(&mut open);
+                    self.set_tiers(group, engine_hash, block.tiers | tiers);
+                    continue;
                 }
-                Some(_) => {
-                    // The engine reused a hash for other content: the old block is gone.
-                    self.forget(group, engine_hash);
-                    self.hold(group, engine_hash, content, up, bit, ahead);
+                Some(block) => {
+                    // The engine reused a hash for other content: the old block is gone (and
+                    // its segment cut, maybe where the previous block lies).
+                    self.flush(&mut open);
+                    self.drop_blocks(group, &[(engine_hash, block)]);
+                    after = None;
+                }
+                None => {}
+            }
+            let pending = match self.pending.is_empty() {
+                true => 0,
+                false => self.pending.remove(&(group, engine_hash)).unwrap_or(0),
+            };
+            let tiers = tiers | pending;
+            let weight = best_weight(&self.bits, tiers);
+            // The segment this block extends: its parent's, when the parent ends it at this
+            // block's weight.
+            let extends = match after {
+                Some((segment, placed_weight)) => (placed_weight == weight).then_some(segment),
+                None => up
+                    .and_then(|up| self.group(group).and_then(|blocks| blocks.get(&up)).copied())
+                    .filter(|up_block| {
+                        let meta = &self.segments[up_block.segment as usize];
+                        up_block.offset as usize + 1 == meta.engines.len()
+                            && best_weight(&self.bits, meta.tiers) == weight
+                    })
+                    .map(|up_block| up_block.segment),
+            };
+            let segment = match extends {
+                Some(segment) if open.as_ref().is_some_and(|o| o.segment == segment) => segment,
+                Some(segment) => {
+                    self.flush(&mut open);
+                    open = Some(Open { segment, new: false, hashes: SmallVec::new() });
+                    segment
                 }
                 None => {
-                    let pending = match self.pending.is_empty() {
-                        true => 0,
-                        false => self.pending.remove(&(group, engine_hash)).unwrap_or(0),
-                    };
-                    self.hold(group, engine_hash, content, up, bit | pending, ahead);
+                    self.flush(&mut open);
+                    let segment = self.new_segment(content, tiers);
+                    open = Some(Open { segment, new: true, hashes: SmallVec::new() });
+                    segment
                 }
+            };
+            open.as_mut().expect("a segment is open").hashes.push(content);
+            let meta = &mut self.segments[segment as usize];
+            meta.engines.push(engine_hash);
+            let offset = (meta.engines.len() - 1) as u32;
+            group_of(&mut self.groups, group)
+                .insert(engine_hash, EngineBlock { content, tiers, segment, offset });
+            self.held += 1;
+            placed = Some((segment, best_weight(&self.bits, self.segments[segment as usize].tiers)));
+        }
+        self.flush(&mut open);
+        self.index.set_size(self.key, self.len());
+    }
+
+    /// Writes the blocks gathered for a segment to the index.
+    fn flush(&mut self, open: &mut Option<Open>) {
+        let Some(open) = open.take() else { return };
+        let meta = &self.segments[open.segment as usize];
+        match open.new {
+            true => self.index.insert_segment(Segment {
+                cache: self.key,
+                id: open.segment,
+                credit: credit_of(&self.bits, meta.tiers),
+                hashes: open.hashes.into_vec(),
+            }),
+            false => self.index.append_segment(meta.key, self.key, open.segment, &open.hashes),
+        }
+    }
+
+    /// A new segment's id (not in the index until its blocks are flushed).
+    fn new_segment(&mut self, key: u64, tiers: u16) -> u32 {
+        let meta = SegmentMeta { key, engines: Vec::new(), tiers };
+        match self.free.pop() {
+            Some(id) => {
+                self.segments[id as usize] = meta;
+                id
+            }
+            None => {
+                self.segments.push(meta);
+                (self.segments.len() - 1) as u32
             }
         }
-        if let Some(parent) = continues.filter(|_| blocks > 0) {
-            self.index.extend_ahead(parent, self.slot, blocks as u32);
-        }
-        self.index.set_size(self.key, self.len());
-        Ok(())
     }
 
     /// A placeholder names each hash as held in its tier: a block held already gains the
@@ -302,16 +379,22 @@ impl CacheBlocks {
     /// holds them. Returns how many of the hashes named nothing this cache holds (ignored).
     pub fn apply_removed(&mut self, group: u32, block_hashes: &[u64], residency: &Residency) -> usize {
         let bit = self.bit(residency);
+        self.remove(group, block_hashes, bit)
+    }
+
+    /// [`apply_removed`](Self::apply_removed) for the tiers `bit`.
+    pub(crate) fn remove(&mut self, group: u32, block_hashes: &[u64], bit: u16) -> usize {
         let mut unknown = 0;
-        // Blocks leaving with children still held wait for the end of the event: engines list a
-        // chain's blocks parent first or leaf first, and taken leaf first no run through them
-        // is broken, so the cache's epoch (every run it has) survives a chain's eviction.
-        let mut deferred: SmallVec<[u64; 32]> = SmallVec::new();
+        // Blocks leaving the cache, taken out of their segments together at the end of the
+        // event (engines list a chain's blocks parent first or leaf first: either way each
+        // segment is cut once), and blocks only changing tiers, after them.
+        let mut gone: SmallVec<[(u64, EngineBlock); 32]> = SmallVec::new();
+        let mut retiered: SmallVec<[(u64, u16); 8]> = SmallVec::new();
         for &engine_hash in block_hashes {
-            match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
-                Some(block) if block.tiers & !bit == 0 && block.children > 0 => deferred.push(engine_hash),
-                Some(block) if block.tiers & !bit == 0 => self.forget(group, engine_hash),
-                Some(block) => self.set_tiers(group, engine_hash, block.tiers & !bit),
+            let held = self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied();
+            match held {
+                Some(block) if block.tiers & !bit == 0 => gone.push((engine_hash, block)),
+                Some(block) => retiered.push((engine_hash, block.tiers & !bit)),
                 None => match self.pending.get_mut(&(group, engine_hash)) {
                     Some(tiers) => {
                         *tiers &= !bit;
@@ -323,25 +406,117 @@ impl CacheBlocks {
                 },
             }
         }
-        for &engine_hash in deferred.iter().rev() {
-            self.forget(group, engine_hash);
+        // A hash listed twice: the second names a block gone already.
+        let listed = gone.len();
+        gone.sort_unstable_by_key(|(hash, _)| *hash);
+        gone.dedup_by_key(|(hash, _)| *hash);
+        unknown += listed - gone.len();
+        self.drop_blocks(group, &gone);
+        for (engine_hash, tiers) in retiered {
+            if let Some(block) = self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
+                // Tiers seen twice in one event: both removals apply.
+                self.set_tiers(group, engine_hash, block.tiers & tiers);
+            }
         }
         self.index.set_size(self.key, self.len());
         unknown
     }
 
+    /// Forgets held blocks (distinct engine hashes, as looked up now): each segment they lie in
+    /// keeps its blocks before the first of them, and its other runs of blocks left become
+    /// segments of their own.
+    fn drop_blocks(&mut self, group: u32, gone: &[(u64, EngineBlock)]) {
+        if gone.is_empty() {
+            return;
+        }
+        let blocks = group_of(&mut self.groups, group);
+        for (engine_hash, _) in gone {
+            blocks.remove(engine_hash);
+        }
+        self.held -= gone.len();
+        let mut cuts: SmallVec<[(u32, u32); 32]> =
+            gone.iter().map(|(_, block)| (block.segment, block.offset)).collect();
+        cuts.sort_unstable();
+        for cut in cuts.chunk_by(|a, b| a.0 == b.0) {
+            let segment = cut[0].0;
+            let len = self.segments[segment as usize].engines.len() as u32;
+            // Runs left after the first cut, as offset ranges.
+            let mut runs: SmallVec<[(u32, u32); 4]> = SmallVec::new();
+            let mut start = cut[0].1 + 1;
+            for &(_, offset) in &cut[1..] {
+                if offset > start {
+                    runs.push((start, offset));
+                }
+                start = offset + 1;
+            }
+            if start < len {
+                runs.push((start, len));
+            }
+            for &(from, to) in &runs {
+                self.split_off(group, segment, from, to);
+            }
+            self.truncate(segment, cut[0].1);
+        }
+    }
+
+    /// Makes blocks `from..to` of `segment` a segment of their own (in the index too); the
+    /// original keeps them until truncated.
+    fn split_off(&mut self, group: u32, segment: u32, from: u32, to: u32) -> u32 {
+        let meta = &self.segments[segment as usize];
+        let engines: Vec<u64> = meta.engines[from as usize..to as usize].to_vec();
+        let tiers = meta.tiers;
+        let new = self.new_segment(0, tiers);
+        let blocks = group_of(&mut self.groups, group);
+        let hashes: Vec<u64> = engines
+            .iter()
+            .enumerate()
+            .map(|(offset, engine_hash)| {
+                let block = blocks.get_mut(engine_hash).expect("a segment's blocks are held");
+                block.segment = new;
+                block.offset = offset as u32;
+                block.content
+            })
+            .collect();
+        let meta = &mut self.segments[new as usize];
+        meta.key = hashes[0];
+        meta.engines = engines;
+        self.index.insert_segment(Segment {
+            cache: self.key,
+            id: new,
+            credit: credit_of(&self.bits, tiers),
+            hashes,
+        });
+        new
+    }
+
+    /// Keeps the first `len` blocks of `segment` (none: frees it).
+    fn truncate(&mut self, segment: u32, len: u32) {
+        let meta = &mut self.segments[segment as usize];
+        self.index.truncate_segment(meta.key, self.key, segment, len as usize);
+        if len == 0 {
+            *meta = SegmentMeta::default();
+            self.free.push(segment);
+        } else {
+            meta.engines.truncate(len as usize);
+            if meta.engines.capacity() > 4 * meta.engines.len() + 16 {
+                meta.engines.shrink_to_fit();
+            }
+        }
+    }
+
     /// Forgets every block of this cache (`AllBlocksCleared`, an engine restart, a gap replay
     /// could not fill).
     pub fn clear(&mut self) {
-        for (_, blocks) in &self.groups {
-            for block in blocks.values() {
-                self.index.remove_holder(block.content, self.slot);
+        for (id, meta) in self.segments.iter().enumerate() {
+            if !meta.engines.is_empty() {
+                self.index.truncate_segment(meta.key, self.key, id as u32, 0);
             }
         }
+        self.segments.clear();
+        self.free.clear();
         self.groups.clear();
-        self.shared.clear();
         self.pending.clear();
-        self.distinct = 0;
+        self.held = 0;
         self.index.set_size(self.key, 0);
     }
 
@@ -349,153 +524,36 @@ impl CacheBlocks {
         self.groups.iter().find(|(idx, _)| *idx == group).map(|(_, blocks)| blocks)
     }
 
-    /// Holds a new engine block (its hash not held in `group`), under the engine block `parent`.
-    /// `ahead`: blocks of its event after it (the holder's hint).
-    fn hold(
-        &mut self,
-        group: u32,
-        engine_hash: u64,
-        content: u64,
-        parent: Option<u64>,
-        tiers: u16,
-        ahead: u32,
-    ) {
-        let (bits, epoch) = (&self.bits, self.epoch);
-        let weight = best_weight(bits, tiers);
-        let blocks = group_of(&mut self.groups, group);
-        let (run, parent_epoch) = match parent.and_then(|up| blocks.get_mut(&up)) {
-            Some(up) => {
-                up.children += 1;
-                let extends = up.epoch == epoch && best_weight(bits, up.tiers) == weight;
-                (if extends { up.run.saturating_add(1) } else { 1 }, up.epoch)
-            }
-            None => (1, 0),
-        };
-        let block = EngineBlock {
-            content,
-            parent: parent.unwrap_or(0),
-            tiers,
-            epoch,
-            parent_epoch,
-            has_parent: parent.is_some(),
-            run,
-            children: 0,
-        };
-        blocks.insert(engine_hash, block);
-        let Some(held) =
-            self.index.insert_holder(content, Holder { slot: self.slot, tiers, epoch, run, ahead })
-        else {
-            self.distinct += 1;
-            return;
-        };
-        // Another engine block of this cache names this content already: the holder keeps its
-        // run and gains the tiers. (A run through this content vouches for the engine blocks'
-        // own tiers, which the holder's include, so it never credits more than they hold.)
-        let shared = self.shared.entry(content).or_insert(Shared { extra: 0, tiers: held.tiers });
-        shared.extra += 1;
-        let before = shared.tiers;
-        shared.tiers |= tiers;
-        let after = shared.tiers;
-        self.holder_weight_changed(content, before, after);
-    }
-
-    /// The holder of a content named by several engine blocks gained tiers: when its weight
-    /// changed, its run restarts at the new weight.
-    fn holder_weight_changed(&mut self, content: u64, before: u16, after: u16) {
-        if best_weight(&self.bits, before) != best_weight(&self.bits, after) {
-            let holder = Holder { slot: self.slot, tiers: after, epoch: self.epoch, run: 1, ahead: 0 };
-            self.index.set_holder(content, holder);
-        }
-    }
-
-    /// Starts a new epoch: every run computed so far stops counting. Published before the change
-    /// that caused it is applied, so no query trusts a run the change makes false. Once in 65,534
-    /// times the numbers wrap: every entry is renumbered (run 1) first, and children recounted.
-    fn next_epoch(&mut self) {
-        if self.epoch + 1 < EPOCH_LIMIT {
-            self.epoch += 1;
-            self.index.set_epoch(self.slot, self.epoch);
-            return;
-        }
-        self.index.set_epoch(self.slot, EPOCH_UNTRUSTED);
-        self.epoch = 0;
-        let (index, shared, slot) = (&self.index, &self.shared, self.slot);
-        for (_, blocks) in self.groups.iter_mut() {
-            let mut children: IntMap<u64, u32> = IntMap::default();
-            for block in blocks.values().filter(|block| block.has_parent) {
-                *children.entry(block.parent).or_insert(0) += 1;
-            }
-            for (engine_hash, block) in blocks.iter_mut() {
-                block.run = 1;
-                block.epoch = 0;
-                block.parent_epoch = 0;
-                block.children = children.get(engine_hash).copied().unwrap_or(0);
-                let tiers = shared.get(&block.content).map_or(block.tiers, |shared| shared.tiers);
-                index.set_holder(block.content, Holder { slot, tiers, epoch: 0, run: 1, ahead: 0 });
-            }
-        }
-        self.index.set_epoch(self.slot, 0);
-    }
-
     /// Sets a held block's tiers (never empty: a block no tier holds is forgotten). Queries read
-    /// a holder's best tier weight only: a copy in a slower tier next to a GPU copy (every
-    /// offloaded block) changes nothing there, and costs no shard write. A changed weight ends
-    /// the runs through this block (a new epoch when it has children) and restarts its own.
+    /// a segment's best tier weight only: a copy in a slower tier next to a GPU copy (every
+    /// offloaded block) changes nothing there. A block whose weight changes becomes a segment
+    /// of its own.
     fn set_tiers(&mut self, group: u32, engine_hash: u64, tiers: u16) {
         let bits = &self.bits;
         let Some(block) = group_of(&mut self.groups, group).get_mut(&engine_hash) else { return };
         let before = std::mem::replace(&mut block.tiers, tiers);
-        let (content, children) = (block.content, block.children);
-        let changed = best_weight(bits, before) != best_weight(bits, tiers);
-        if changed {
-            if children > 0 {
-                self.next_epoch();
-            }
-            let epoch = self.epoch;
-            if let Some(block) = group_of(&mut self.groups, group).get_mut(&engine_hash) {
-                block.run = 1;
-                block.epoch = epoch;
-            }
-        }
-        match self.shared.get_mut(&content) {
-            Some(shared) => {
-                let before = shared.tiers;
-                shared.tiers |= tiers;
-                let after = shared.tiers;
-                self.holder_weight_changed(content, before, after);
-            }
-            None if changed => {
-                let holder = Holder { slot: self.slot, tiers, epoch: self.epoch, run: 1, ahead: 0 };
-                self.index.set_holder(content, holder);
-            }
-            None => {}
-        }
-    }
-
-    fn forget(&mut self, group: u32, engine_hash: u64) {
-        let blocks = group_of(&mut self.groups, group);
-        let Some(block) = blocks.remove(&engine_hash) else { return };
-        if block.has_parent {
-            if let Some(up) = blocks.get_mut(&block.parent) {
-                if up.epoch == block.parent_epoch {
-                    up.children = up.children.saturating_sub(1);
-                }
-            }
-        }
-        if block.children > 0 {
-            // Runs through this block would claim it after it is gone.
-            self.next_epoch();
-        }
-        if let Some(shared) = self.shared.get_mut(&block.content) {
-            // Another engine block still names the content.
-            shared.extra -= 1;
-            if shared.extra == 0 {
-                self.shared.remove(&block.content);
-            }
+        if best_weight(bits, before) == best_weight(bits, tiers) {
             return;
         }
-        self.distinct -= 1;
-        self.index.remove_holder(block.content, self.slot);
+        let (segment, offset) = (block.segment, block.offset);
+        let len = self.segments[segment as usize].engines.len() as u32;
+        if offset + 1 < len {
+            self.split_off(group, segment, offset + 1, len);
+        }
+        let alone = match offset {
+            0 => segment,
+            _ => {
+                let alone = self.split_off(group, segment, offset, offset + 1);
+                self.truncate(segment, offset);
+                alone
+            }
+        };
+        if offset == 0 && len > 1 {
+            self.truncate(segment, 1);
+        }
+        let meta = &mut self.segments[alone as usize];
+        meta.tiers = tiers;
+        self.index.set_segment_credit(meta.key, self.key, alone, credit_of(&self.bits, tiers));
     }
 
     /// The index's bit for a residency, cached by this writer.
@@ -507,6 +565,11 @@ impl CacheBlocks {
         let weight = self.index.tier_weights().weight(&residency.medium);
         self.bits.push((residency.clone(), bit, weight));
         bit
+    }
+
+    /// The GPU's bit, interned in this writer (for prompts held in flight).
+    pub(crate) fn gpu_bit(&mut self) -> u16 {
+        self.bit(&Residency::gpu())
     }
 }
 
@@ -520,6 +583,11 @@ fn group_of(groups: &mut SmallVec<[(u32, Group); 1]>, group: u32) -> &mut Group 
         }
     };
     &mut groups[at].1
+}
+
+/// A segment's credit units per token at `tiers`.
+fn credit_of(bits: &[(Residency, u16, f64)], tiers: u16) -> u32 {
+    super::credit_units(best_weight(bits, tiers)) as u32
 }
 
 /// The best weight among `tiers` (the bits a writer interned).

@@ -8,22 +8,23 @@
 //! ([`ChainRoot`]), so an adapter's blocks only ever match that adapter's requests and a group's
 //! removals never touch another group's blocks.
 //!
-//! The map from content hash to holders is split into shards, each behind its own `RwLock`: a
-//! query takes one shard's read lock per block, a writer one shard's write lock per block, so
-//! queries never wait behind a whole event batch, only (rarely) behind one block's update in the
-//! same shard. Each holder entry carries the tiers the cache holds the block in, so a query can
+//! The index holds **segments**, not blocks: a segment is a run of blocks one cache holds along
+//! one chain, at one tier weight, with its blocks' content hashes side by side, keyed by its first
+//! block's content hash. A stored event becomes one segment, or grows the segment its parent
+//! ends (so a chain stored in many events is one segment); a removal truncates or splits one.
+//! Segments sit in shards by key, each behind its own `RwLock`: a writer takes one shard's write
+//! lock per event (not per block), and a query one shard's read lock per segment boundary it
+//! crosses, so queries never wait behind a whole event batch, only (rarely) behind one event's
+//! change to one segment. Each segment carries the tiers its blocks are held in, so a query can
 //! credit a CPU or disk hit at its [`TierWeights`] weight.
 //!
-//! A long hit does not cost one map access per block: each holder entry also carries its
-//! **run**, how many blocks of the chain up to and including this one the cache holds at the
-//! same tier weight, and the cache's **epoch** when the run was computed. A cache's epoch moves
-//! on whenever a run could have become false (a block leaves the cache while it holds a child of
-//! it, or a block with children changes tier weight), so a query trusts a run only when its
-//! epoch is the cache's current one. The walk then jumps: it probes a block far ahead and, when
-//! every cache still matching holds it with a trusted run reaching back to where the walk
-//! stands, skips the blocks in between (galloping: 32, 64, 128 ... blocks ahead), and walks
-//! block by block only across a window where some cache stops. It never claims a block the
-//! events did not say the cache holds.
+//! A query walks the prompt's chain from its first block: each cache holding a segment there
+//! matches as far as the segment agrees with the prompt, found by comparing content hashes
+//! (chained, so two chains agree up to a block exactly when its hashes are equal: a binary search,
+//! not a scan), then looks for its segment starting at the next block. A 4,096-block hit stored in
+//! one chain costs two map lookups; per-block lookups are left only where a chain branches or was
+//! partly evicted. It never claims a block the events did not say the cache holds: every block a
+//! match counts lies in a segment of that cache.
 //!
 //! Writers are [`CacheBlocks`]: one per engine cache (worker and data-parallel rank), owned by
 //! whoever feeds that cache's events; dropping it removes the cache's blocks from the index.
@@ -34,7 +35,8 @@ mod pending;
 mod residency;
 
 use std::collections::HashMap;
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use nohash_hasher::IntMap;
 use smallvec::SmallVec;
@@ -82,37 +84,26 @@ pub const MAX_LAYOUTS: usize = 4;
 /// Most distinct residencies per index (the bits of a holder's tier mask).
 const MAX_RESIDENCIES: usize = 16;
 
-/// One cache holding a block, with the tiers it holds it in (one bit per interned residency).
-/// Queries use only the best weight among them, so a writer updates the mask when that weight
-/// changes: it may lag behind a slower tier added or removed next to a faster one. A
-/// block held by one cache keeps its holder inline in the shard's entry (16 bytes: the width of
-/// the pointer and length it shares the entry with when spilled).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Holder {
-    /// The cache's slot ([`BlockIndex::slot_of`]).
-    pub(crate) slot: u32,
-    pub(crate) tiers: u16,
-    /// The cache's epoch when `run` was computed: the run holds only while it is current.
-    pub(crate) epoch: u16,
-    /// Blocks of the chain ending here (this one included) the cache holds at this block's
-    /// tier weight.
-    pub(crate) run: u32,
-    /// A hint, never trusted alone: how many blocks after this one the cache stored along one
-    /// chain from it (to the end of the event, or of the event continuing from it). A query
-    /// probes there first when it looks for where a match ends.
-    pub(crate) ahead: u32,
+/// A run of blocks one cache holds along one chain, every block at the same best tier weight.
+/// Everything a query needs of it is here (the cache, the credit), so a query reads no table
+/// but the shards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Segment {
+    /// The cache's [`CacheId::key`].
+    pub(crate) cache: u64,
+    /// The writer's id for it (unique within the cache).
+    pub(crate) id: u32,
+    /// Credit units per token its blocks earn (their best tier's weight, [`credit_units`]).
+    pub(crate) credit: u32,
+    /// Content hashes in chain order; the first is the segment's key.
+    pub(crate) hashes: Vec<u64>,
 }
 
-/// How far ahead a query first probes (then doubling while probes succeed).
-const JUMP: usize = if cfg!(test) { 2 } else { 32 };
-
-/// The epoch no holder carries: set while a cache's entries are being renumbered.
-pub(crate) const EPOCH_UNTRUSTED: u16 = u16::MAX;
-
-/// Caches holding one block, sorted by slot.
-type Holders = SmallVec<[Holder; 1]>;
+/// The segments starting at one content hash (one per cache, but for a content two engine blocks
+/// of one cache name).
+type Segments = SmallVec<[Segment; 1]>;
 /// Block content hashes are well mixed already: no hashing of the key.
-type Shard = IntMap<u64, Holders>;
+type Shard = IntMap<u64, Segments>;
 
 /// The residencies seen, by bit, and each one's weight.
 #[derive(Debug)]
@@ -125,25 +116,16 @@ struct Tiers {
 #[derive(Debug)]
 pub struct BlockIndex {
     shards: Box<[RwLock<Shard>]>,
-    /// Group 0's layouts, in the order first seen.
-    layouts: RwLock<Vec<Layout>>,
+    /// Group 0's layouts, in the order first seen: read by every query, so atomics (a read
+    /// lock's counter bounced between two querying cores: 2.6x fewer queries/s on two threads
+    /// than on one, `benches/dynamo-index`); added under `layouts_added`.
+    layouts: [AtomicU64; MAX_LAYOUTS],
+    n_layouts: AtomicUsize,
+    layouts_added: Mutex<()>,
     tiers: RwLock<Tiers>,
     tier_weights: TierWeights,
     /// Distinct blocks held per cache key, refreshed after every applied event.
     sizes: Mutex<HashMap<u64, usize>>,
-    /// The caches' slots and current epochs.
-    caches: RwLock<CacheTable>,
-}
-
-/// Every cache the index has seen, by slot (a small number its holder entries carry instead of
-/// the 8-byte [`CacheId::key`]), with its current epoch. Slots are never reused: a cache that
-/// comes back gets its old one.
-#[derive(Debug, Default)]
-struct CacheTable {
-    slots: IntMap<u64, u32>,
-    /// Per slot: the cache's key, and its current epoch.
-    keys: Vec<u64>,
-    epochs: Vec<u16>,
 }
 
 impl Default for BlockIndex {
@@ -163,11 +145,12 @@ impl BlockIndex {
         let tiers = Tiers { weights: vec![tier_weights.weight(&gpu.medium)], residencies: vec![gpu] };
         Self {
             shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
-            layouts: RwLock::new(Vec::new()),
+            layouts: Default::default(),
+            n_layouts: AtomicUsize::new(0),
+            layouts_added: Mutex::new(()),
             tiers: RwLock::new(tiers),
             tier_weights,
             sizes: Mutex::new(HashMap::new()),
-            caches: RwLock::new(CacheTable::default()),
         }
     }
 
@@ -182,7 +165,18 @@ impl BlockIndex {
 
     /// The layouts a query walks (group 0's), in the order first seen.
     pub fn layouts(&self) -> Vec<Layout> {
-        self.layouts.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.layouts_now().into_vec()
+    }
+
+    fn layouts_now(&self) -> SmallVec<[Layout; MAX_LAYOUTS]> {
+        let n = self.n_layouts.load(Ordering::Acquire);
+        self.layouts[..n]
+            .iter()
+            .map(|packed| {
+                let packed = packed.load(Ordering::Relaxed);
+                Layout { block_size: (packed >> 32) as u32, lookahead: packed as u32 }
+            })
+            .collect()
     }
 
     /// Per worker, how many leading tokens of `tokens` its engine caches hold in `namespace`
@@ -190,8 +184,7 @@ impl BlockIndex {
     /// and how many of them count once tiers are weighed ([`PrefixMatch::credited`]).
     /// `out.query_len()` is `tokens.len()`.
     pub fn overlap(&self, tokens: &[u32], namespace: Namespace<'_>, out: &mut PrefixMatch) {
-        let layouts: SmallVec<[Layout; MAX_LAYOUTS]> =
-            self.layouts.read().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+        let layouts = self.layouts_now();
         let chains = layouts.iter().map(|&layout| Chain::of_tokens(tokens, namespace, layout));
         self.overlap_chains(tokens.len(), chains, out);
     }
@@ -226,24 +219,14 @@ impl BlockIndex {
         out: &mut PrefixMatch,
     ) {
         out.reset(query_len);
-        let tiers = self.tiers.read().unwrap_or_else(|p| p.into_inner());
-        let weights = &tiers.weights;
-        // (cache slot, tokens matched, credit) for every cache that matched anything.
-        let mut reached: SmallVec<[(u32, usize, u64); 8]> = SmallVec::new();
-        // Read once a walk needs the caches' epochs, or a cache matched.
-        let mut caches = None;
+        // (cache key, tokens matched, credit) for every cache that matched anything.
+        let mut reached: SmallVec<[(u64, usize, u64); 8]> = SmallVec::new();
         for mut chain in chains {
-            self.walk(&mut chain, weights, &mut caches, &mut reached);
+            self.walk(&mut chain, &mut reached);
         }
-        drop(tiers);
         if reached.is_empty() {
             return;
         }
-        let caches = caches.get_or_insert_with(|| self.caches.read().unwrap_or_else(|p| p.into_inner()));
-        let mut reached: SmallVec<[(u64, usize, u64); 8]> = reached
-            .iter()
-            .map(|&(slot, matched, credit)| (caches.keys[slot as usize], matched, credit))
-            .collect();
         // Per worker: the best cache (rank, layout) by matched tokens, then by credit.
         reached.sort_unstable_by_key(|a| a.0);
         for group in reached.chunk_by(|a, b| CacheId::worker_of(a.0) == CacheId::worker_of(b.0)) {
@@ -259,175 +242,61 @@ impl BlockIndex {
     }
 
     /// One layout's walk: appends (cache, matched tokens, credit) for every cache it reached.
-    fn walk<'s>(
-        &'s self,
-        chain: &mut Chain<'_>,
-        weights: &[f64],
-        caches: &mut Option<RwLockReadGuard<'s, CacheTable>>,
-        reached: &mut SmallVec<[(u32, usize, u64); 8]>,
-    ) {
+    fn walk(&self, chain: &mut Chain<'_>, reached: &mut SmallVec<[(u64, usize, u64); 8]>) {
         let (blocks, block_size) = (chain.blocks, chain.block_size);
         if blocks == 0 {
             return;
         }
-        let credit =
-            |tiers: u16, n: usize| credit_units(tier_weight(weights, tiers)) * (n * block_size) as u64;
-        // Caches still matching: (slot, credit so far, current epoch once read, the hint of the
-        // last holder entry read).
-        let mut active: SmallVec<[Active; 4]> = SmallVec::new();
-        {
-            let hash = chain.hash(0);
-            let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
-            let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
-            active.extend(holders.iter().map(|h| (h.slot, credit(h.tiers, 1), EPOCH_UNTRUSTED, h.ahead)));
-        }
-        // Every active cache holds blocks 0..=pos.
-        let (mut pos, mut stride) = (0, JUMP);
-        let mut epochs_read = false;
-        while pos + 1 < blocks && !active.is_empty() {
-            let next = (pos + stride).min(blocks - 1);
-            if next - pos > 1 {
-                if !epochs_read {
-                    let caches =
-                        caches.get_or_insert_with(|| self.caches.read().unwrap_or_else(|p| p.into_inner()));
-                    for entry in active.iter_mut() {
-                        entry.2 = caches.epochs[entry.0 as usize];
-                    }
-                    epochs_read = true;
-                }
-                match self.probe(chain, next, pos, &mut active, &credit) {
-                    Probe::Spans => {
-                        pos = next;
-                        stride = stride.saturating_mul(2);
+        // Caches holding every block before their position, waiting for their segment starting
+        // there: (cache key, block position, credit so far). At block 0 every segment starts one.
+        let mut waiting: SmallVec<[Active; 8]> = SmallVec::new();
+        let mut advanced: SmallVec<[Active; 8]> = SmallVec::new();
+        let mut pos = 0;
+        loop {
+            let hash = chain.hash(pos);
+            {
+                let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
+                let segments = shard.get(&hash).map_or(&[][..], |s| s.as_slice());
+                for segment in segments {
+                    let at = waiting.iter().position(|w| w.0 == segment.cache && w.1 == pos);
+                    if pos > 0 && at.is_none() {
                         continue;
                     }
-                    Probe::Absent => {
-                        // Some cache stops in (pos, next]: bisect to a block where not every
-                        // cache spans, with every cache spanning the block before it. `hi` is
-                        // always a block some cache lacks.
-                        let (mut lo, mut hi) = (pos, next);
-                        // First where the caches' chains were stored to from `lo`: most
-                        // matches end at the end of a stored event.
-                        let guess = lo + active.iter().map(|a| a.3 as usize).min().unwrap_or(0);
-                        if guess > lo && guess < hi {
-                            match self.probe(chain, guess, lo, &mut active, &credit) {
-                                Probe::Spans => lo = guess,
-                                Probe::Absent => hi = guess,
-                                Probe::Unknown => {}
-                            }
-                            if lo == guess && guess + 1 < hi {
-                                match self.probe(chain, guess + 1, lo, &mut active, &credit) {
-                                    Probe::Spans => lo = guess + 1,
-                                    Probe::Absent => hi = guess + 1,
-                                    Probe::Unknown => {}
-                                }
-                            }
-                        }
-                        while hi - lo > 1 {
-                            let mid = lo + (hi - lo) / 2;
-                            match self.probe(chain, mid, lo, &mut active, &credit) {
-                                Probe::Spans => lo = mid,
-                                Probe::Absent => hi = mid,
-                                Probe::Unknown => break,
-                            }
-                        }
-                        if hi - lo == 1 && active.len() == 1 {
-                            // One cache, holding `lo` and lacking `hi`: it stops there.
-                            let (slot, credited, ..) = active[0];
-                            reached.push((slot, hi * block_size, credited));
-                            return;
-                        }
-                        // Then block by block from there (one block unless a run was not
-                        // trusted on the way).
-                        for i in lo + 1..=hi {
-                            if !self.step(chain, i, &mut active, &credit, reached) {
-                                return;
-                            }
-                        }
-                        pos = hi;
-                        stride = JUMP;
-                        continue;
-                    }
-                    Probe::Unknown if next - pos > JUMP => {
-                        stride = JUMP;
-                        continue;
-                    }
-                    Probe::Unknown => {}
-                }
-            }
-            // Block by block across a window where a run could not be trusted.
-            for i in pos + 1..=next {
-                if !self.step(chain, i, &mut active, &credit, reached) {
-                    return;
-                }
-            }
-            pos = next;
-            stride = JUMP;
-        }
-        reached.extend(active.iter().map(|&(slot, credited, ..)| (slot, blocks * block_size, credited)));
-    }
-
-    /// Whether every active cache holds blocks `from + 1..=at` by a trusted run ending at `at`;
-    /// if so, credits them.
-    fn probe(
-        &self,
-        chain: &mut Chain<'_>,
-        at: usize,
-        from: usize,
-        active: &mut SmallVec<[Active; 4]>,
-        credit: &impl Fn(u16, usize) -> u64,
-    ) -> Probe {
-        let hash = chain.hash(at);
-        let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
-        let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
-        let mut verdict = Probe::Spans;
-        for &(slot, _, epoch, _) in active.iter() {
-            match holders.binary_search_by(|h| h.slot.cmp(&slot)) {
-                Err(_) => verdict = Probe::Absent,
-                Ok(i) => {
-                    let h = holders[i];
-                    let trusted = h.epoch == epoch && epoch != EPOCH_UNTRUSTED && h.run as usize >= at - from;
-                    if !trusted {
-                        return Probe::Unknown;
+                    let credit_so_far = at.map_or(0, |at| waiting[at].2);
+                    let matched = chain.agree(pos, &segment.hashes);
+                    let credit = credit_so_far + u64::from(segment.credit) * (matched * block_size) as u64;
+                    let here = (segment.cache, pos + matched, credit);
+                    // A cache with two segments here (a content two of its engine blocks name):
+                    // the one reaching further.
+                    match advanced.iter_mut().find(|a| a.0 == segment.cache) {
+                        Some(best) if (best.1, best.2) >= (here.1, here.2) => {}
+                        Some(best) => *best = here,
+                        None => advanced.push(here),
                     }
                 }
             }
-        }
-        if verdict == Probe::Spans {
-            for entry in active.iter_mut() {
-                let i = holders.binary_search_by(|h| h.slot.cmp(&entry.0)).expect("every cache spans");
-                entry.1 += credit(holders[i].tiers, at - from);
-                entry.3 = holders[i].ahead;
-            }
-        }
-        verdict
-    }
-
-    /// One block, every active cache holding blocks before it: caches without it stop there
-    /// (appended to `reached`). False when none is left.
-    fn step(
-        &self,
-        chain: &mut Chain<'_>,
-        at: usize,
-        active: &mut SmallVec<[Active; 4]>,
-        credit: &impl Fn(u16, usize) -> u64,
-        reached: &mut SmallVec<[(u32, usize, u64); 8]>,
-    ) -> bool {
-        let hash = chain.hash(at);
-        let shard = self.shard(hash).read().unwrap_or_else(|p| p.into_inner());
-        let holders = shard.get(&hash).map_or(&[][..], |h| h.as_slice());
-        active.retain(|(slot, credited, _, ahead)| match holders.binary_search_by(|h| h.slot.cmp(slot)) {
-            Ok(i) => {
-                *credited += credit(holders[i].tiers, 1);
-                *ahead = holders[i].ahead;
-                true
-            }
-            Err(_) => {
-                reached.push((*slot, at * chain.block_size, *credited));
+            // Caches waiting here with no segment stop here.
+            waiting.retain(|w| {
+                if w.1 != pos {
+                    return true;
+                }
+                if !advanced.iter().any(|a| a.0 == w.0) {
+                    reached.push((w.0, pos * block_size, w.2));
+                }
                 false
+            });
+            for (cache, at, credit) in advanced.drain(..) {
+                if at == blocks {
+                    reached.push((cache, at * block_size, credit));
+                } else {
+                    waiting.push((cache, at, credit));
+                }
             }
-        });
-        !active.is_empty()
+            match waiting.iter().map(|w| w.1).min() {
+                Some(next) => pos = next,
+                None => return,
+            }
+        }
     }
 
     /// Distinct blocks held by a worker's caches (summed over its ranks).
@@ -436,33 +305,62 @@ impl BlockIndex {
         sizes.iter().filter(|(&key, _)| CacheId::worker_of(key) == worker).map(|(_, &n)| n).sum()
     }
 
-    /// Distinct blocks in the index (held by at least one cache).
+    /// Distinct blocks in the index (held by at least one cache). Counts every segment's
+    /// blocks: for tests and diagnostics, not a request path.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().unwrap_or_else(|p| p.into_inner()).len()).sum()
+        let mut distinct: std::collections::HashSet<u64, nohash_hasher::BuildNoHashHasher<u64>> =
+            Default::default();
+        for shard in self.shards.iter() {
+            let shard = shard.read().unwrap_or_else(|p| p.into_inner());
+            for segment in shard.values().flatten() {
+                distinct.extend(segment.hashes.iter().copied());
+            }
+        }
+        distinct.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.shards.iter().all(|s| s.read().unwrap_or_else(|p| p.into_inner()).is_empty())
     }
 
     /// Every (block, holders) pair, sorted: for tests comparing indexes.
     pub fn dump(&self) -> Vec<(u64, Vec<CacheId>)> {
-        let mut all: Vec<(u64, Vec<CacheId>)> = Vec::new();
-        let caches = self.caches.read().unwrap_or_else(|p| p.into_inner());
+        let mut holders: HashMap<u64, Vec<CacheId>> = HashMap::new();
         for shard in self.shards.iter() {
             let shard = shard.read().unwrap_or_else(|p| p.into_inner());
-            all.extend(shard.iter().map(|(&hash, holders)| {
-                let mut ids: Vec<CacheId> = holders
-                    .iter()
-                    .map(|h| caches.keys[h.slot as usize])
-                    .map(|key| CacheId { worker: CacheId::worker_of(key), rank: key as u32 })
-                    .collect();
-                ids.sort_unstable();
-                (hash, ids)
-            }));
+            for segment in shard.values().flatten() {
+                let key = segment.cache;
+                let id = CacheId { worker: CacheId::worker_of(key), rank: key as u32 };
+                for &hash in &segment.hashes {
+                    holders.entry(hash).or_default().push(id);
+                }
+            }
         }
+        let mut all: Vec<(u64, Vec<CacheId>)> = holders
+            .into_iter()
+            .map(|(hash, mut ids)| {
+                ids.sort_unstable();
+                ids.dedup();
+                (hash, ids)
+            })
+            .collect();
         all.sort_unstable();
         all
+    }
+
+    /// The lengths of every segment, sorted: for tests of how events become segments.
+    #[cfg(test)]
+    pub(crate) fn segments(&self) -> Vec<usize> {
+        let mut lengths: Vec<usize> = self
+            .shards
+            .iter()
+            .flat_map(|shard| {
+                let shard = shard.read().unwrap_or_else(|p| p.into_inner());
+                shard.values().flatten().map(|segment| segment.hashes.len()).collect::<Vec<_>>()
+            })
+            .collect();
+        lengths.sort_unstable();
+        lengths
     }
 
     /// The residencies of a tier mask, in bit order.
@@ -498,17 +396,20 @@ impl BlockIndex {
 
     /// Makes `layout` one a query walks (group 0's); false when [`MAX_LAYOUTS`] are known already.
     pub(crate) fn accept_layout(&self, layout: Layout) -> bool {
-        if self.layouts.read().unwrap_or_else(|p| p.into_inner()).contains(&layout) {
+        if self.layouts_now().contains(&layout) {
             return true;
         }
-        let mut layouts = self.layouts.write().unwrap_or_else(|p| p.into_inner());
-        if layouts.contains(&layout) {
+        let _adding = self.layouts_added.lock().unwrap_or_else(|p| p.into_inner());
+        let known = self.layouts_now();
+        if known.contains(&layout) {
             return true;
         }
-        if layouts.len() == MAX_LAYOUTS {
+        if known.len() == MAX_LAYOUTS {
             return false;
         }
-        layouts.push(layout);
+        let packed = (u64::from(layout.block_size) << 32) | u64::from(layout.lookahead);
+        self.layouts[known.len()].store(packed, Ordering::Relaxed);
+        self.n_layouts.store(known.len() + 1, Ordering::Release);
         true
     }
 
@@ -524,75 +425,49 @@ impl BlockIndex {
         (hash >> 40) as usize % SHARDS
     }
 
-    /// Sets the cache's entry for the block (adding the holder if new; an entry's hint only
-    /// grows).
-    fn set_holder(&self, hash: u64, holder: Holder) {
-        let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
-        let holders = shard.entry(hash).or_default();
-        match holders.binary_search_by(|h| h.slot.cmp(&holder.slot)) {
-            Ok(at) => holders[at] = Holder { ahead: holders[at].ahead.max(holder.ahead), ..holder },
-            Err(at) => holders.insert(at, holder),
+    /// Adds a segment under its first block's hash.
+    fn insert_segment(&self, segment: Segment) {
+        let key = segment.hashes[0];
+        let mut shard = self.shard(key).write().unwrap_or_else(|p| p.into_inner());
+        shard.entry(key).or_default().push(segment);
+    }
+
+    /// Appends blocks to a cache's segment.
+    fn append_segment(&self, key: u64, cache: u64, id: u32, hashes: &[u64]) {
+        let mut shard = self.shard(key).write().unwrap_or_else(|p| p.into_inner());
+        if let Some(segment) =
+            shard.get_mut(&key).and_then(|s| s.iter_mut().find(|s| s.cache == cache && s.id == id))
+        {
+            segment.hashes.extend_from_slice(hashes);
         }
     }
 
-    /// The cache stored `ahead` blocks after the block (an event continuing from it): its hint
-    /// grows to that.
-    fn extend_ahead(&self, hash: u64, slot: u32, ahead: u32) {
-        let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
-        let Some(holders) = shard.get_mut(&hash) else { return };
-        if let Ok(at) = holders.binary_search_by(|h| h.slot.cmp(&slot)) {
-            holders[at].ahead = holders[at].ahead.max(ahead);
-        }
-    }
-
-    /// Adds `holder` for the block unless its cache holds the block already: then returns the
-    /// entry it has, unchanged.
-    fn insert_holder(&self, hash: u64, holder: Holder) -> Option<Holder> {
-        let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
-        let holders = shard.entry(hash).or_default();
-        match holders.binary_search_by(|h| h.slot.cmp(&holder.slot)) {
-            Ok(at) => Some(holders[at]),
-            Err(at) => {
-                holders.insert(at, holder);
-                None
+    /// Keeps the first `len` blocks of a cache's segment (none: removes it).
+    fn truncate_segment(&self, key: u64, cache: u64, id: u32, len: usize) {
+        let mut shard = self.shard(key).write().unwrap_or_else(|p| p.into_inner());
+        let Some(segments) = shard.get_mut(&key) else { return };
+        let Some(at) = segments.iter().position(|s| s.cache == cache && s.id == id) else { return };
+        if len == 0 {
+            segments.remove(at);
+            if segments.is_empty() {
+                shard.remove(&key);
             }
+            return;
+        }
+        let hashes = &mut segments[at].hashes;
+        hashes.truncate(len);
+        if hashes.capacity() > 4 * len + 16 {
+            hashes.shrink_to_fit();
         }
     }
 
-    /// The slot of cache `key`, given on first use (its epoch starts at 0).
-    pub(crate) fn slot_of(&self, key: u64) -> u32 {
-        if let Some(&slot) = self.caches.read().unwrap_or_else(|p| p.into_inner()).slots.get(&key) {
-            return slot;
-        }
-        let mut caches = self.caches.write().unwrap_or_else(|p| p.into_inner());
-        let next = caches.keys.len() as u32;
-        let slot = *caches.slots.entry(key).or_insert(next);
-        if slot == next {
-            caches.keys.push(key);
-            caches.epochs.push(0);
-        }
-        slot
-    }
-
-    /// A cache's current epoch.
-    pub(crate) fn epoch_of(&self, slot: u32) -> u16 {
-        self.caches.read().unwrap_or_else(|p| p.into_inner()).epochs[slot as usize]
-    }
-
-    /// Makes `epoch` the cache's current one: runs computed under another stop counting.
-    pub(crate) fn set_epoch(&self, slot: u32, epoch: u16) {
-        self.caches.write().unwrap_or_else(|p| p.into_inner()).epochs[slot as usize] = epoch;
-    }
-
-    fn remove_holder(&self, hash: u64, slot: u32) {
-        let mut shard = self.shard(hash).write().unwrap_or_else(|p| p.into_inner());
-        if let Some(holders) = shard.get_mut(&hash) {
-            if let Ok(at) = holders.binary_search_by(|h| h.slot.cmp(&slot)) {
-                holders.remove(at);
-            }
-            if holders.is_empty() {
-                shard.remove(&hash);
-            }
+    /// Sets the credit of a cache's segment.
+    fn set_segment_credit(&self, key: u64, cache: u64, id: u32, credit: u32) {
+        let mut shard = self.shard(key).write().unwrap_or_else(|p| p.into_inner());
+        if let Some(segment) =
+            shard.get_mut(&key).and_then(|s| s.iter_mut().find(|s| s.cache == cache && s.id == id))
+        {
+            segment.credit = credit;
         }
     }
 
@@ -620,20 +495,8 @@ impl PromptHashes {
     }
 }
 
-/// A cache still matching in a walk: its slot, its credit so far, its current epoch (once
-/// read), and the hint of the last holder entry read.
-type Active = (u32, u64, u16, u32);
-
-/// What a probe far ahead found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Probe {
-    /// Every active cache holds every block up to the probe (trusted runs).
-    Spans,
-    /// Some cache does not hold the probed block; the others span.
-    Absent,
-    /// Some cache holds it but its run cannot vouch for the blocks before it.
-    Unknown,
-}
+/// A cache in a walk: its key, the block it has reached, its credit so far.
+type Active = (u64, usize, u64);
 
 /// A query's block hashes along one layout: given, or computed as far as the walk has looked.
 struct Chain<'a> {
@@ -684,6 +547,37 @@ impl<'a> Chain<'a> {
         self.hashes[i]
     }
 
+    /// How many blocks from `pos` on the chain shares with `segment` (whose first block is the
+    /// chain's block `pos`). Content hashes are chained: two chains agree on a block exactly when
+    /// they agree on every block before it, so the last shared block is found by bisection.
+    fn agree(&mut self, pos: usize, segment: &[u64]) -> usize {
+        let n = segment.len().min(self.blocks - pos);
+        if n == 0 {
+            return 0;
+        }
+        if self.given.is_empty() && self.hashes.len() < pos + n {
+            self.extend_to(pos + n);
+        }
+        let ours = if self.given.is_empty() { &self.hashes[pos..pos + n] } else { &self.given[pos..pos + n] };
+        if ours[n - 1] == segment[n - 1] {
+            return n;
+        }
+        if ours[0] != segment[0] {
+            return 0;
+        }
+        // ours[lo] == segment[lo], ours[hi] != segment[hi].
+        let (mut lo, mut hi) = (0, n - 1);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if ours[mid] == segment[mid] {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo + 1
+    }
+
     /// Hashes blocks up to `n` in one tight loop (a push per block and call was 2-3x slower
     /// than the hashing itself).
     fn extend_to(&mut self, n: usize) {
@@ -711,21 +605,13 @@ impl<'a> Chain<'a> {
 const CREDIT_ONE: f64 = 65_536.0;
 
 /// A tier weight as credit units per token.
-fn credit_units(weight: f64) -> u64 {
+pub(crate) fn credit_units(weight: f64) -> u64 {
     (weight * CREDIT_ONE).round() as u64
 }
 
 /// Credited tokens of a credit sum (halves round up).
 fn credited_tokens(credit: u64) -> usize {
     ((credit + (CREDIT_ONE as u64) / 2) >> 16) as usize
-}
-
-/// The best weight among a holder's tiers.
-fn tier_weight(weights: &[f64], tiers: u16) -> f64 {
-    if tiers == 1 {
-        return weights[0];
-    }
-    (0..weights.len()).filter(|bit| tiers & (1 << bit) != 0).map(|bit| weights[bit]).fold(0.0, f64::max)
 }
 
 #[cfg(test)]

@@ -6,34 +6,49 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use nohash_hasher::IntMap;
+use smallvec::SmallVec;
+
+use super::cache::CacheBlocks;
 use super::hash::Namespace;
-use super::{BlockIndex, CacheId, Holder, PromptHashes, SHARDS};
+use super::{BlockIndex, CacheId, PromptHashes};
 use crate::TenantId;
 
 /// The rank under which in-flight prompts are held (engines' own ranks are small numbers).
 pub const IN_FLIGHT_RANK: u32 = u32::MAX;
 
-/// Requests in flight per (block content hash, holder slot).
-type Refs = HashMap<(u64, u32), u32>;
-
 /// In-flight prompt blocks of one model, written into the model's [`BlockIndex`].
 #[derive(Debug)]
 pub struct InFlightBlocks {
     index: Arc<BlockIndex>,
-    /// Per shard of the block's content hash.
-    refs: Box<[Mutex<Refs>]>,
+    workers: Mutex<HashMap<TenantId, Arc<Mutex<Worker>>>>,
+    /// Numbers each worker's state, so a prompt added before its worker left undoes nothing
+    /// after.
+    generations: Mutex<u64>,
+}
+
+/// One worker's prompts in flight: a writer for its in-flight cache (the blocks' content hashes
+/// serve as their engine hashes), and how many requests hold each block. Every request holds its
+/// prompt from the first block, so along a chain the counts never grow: a block is new exactly
+/// from the first one no request held, and leaves from the first one no request holds any more.
+#[derive(Debug)]
+struct Worker {
+    writer: CacheBlocks,
+    refs: IntMap<u64, u32>,
+    generation: u64,
 }
 
 /// The blocks one request added; give it back to [`InFlightBlocks::remove`] when the request ends.
 #[derive(Debug, Default)]
 pub struct InFlightPrompt {
     worker: TenantId,
-    hashes: Vec<u64>,
+    generation: u64,
+    chains: SmallVec<[Vec<u64>; 1]>,
 }
 
 impl InFlightBlocks {
     pub fn new(index: Arc<BlockIndex>) -> Self {
-        Self { index, refs: (0..SHARDS).map(|_| Mutex::new(Refs::default())).collect() }
+        Self { index, workers: Mutex::new(HashMap::new()), generations: Mutex::new(0) }
     }
 
     /// Counts `tokens`' whole blocks (in `namespace`, cut as every layout the index walks) as
@@ -46,59 +61,84 @@ impl InFlightBlocks {
     /// [`add`](Self::add) from the prompt's hashes ([`BlockIndex::prompt_hashes`]), when the
     /// caller has them already (the gateway hashes a prompt once for its query and this).
     pub fn add_hashed(&self, worker: TenantId, prompt_hashes: &PromptHashes) -> InFlightPrompt {
-        let slot = self.slot(worker);
-        let blocks = prompt_hashes.chains.iter().map(|(_, hashes)| hashes.len()).sum();
-        let mut prompt = InFlightPrompt { worker, hashes: Vec::with_capacity(blocks) };
+        let state = self.worker(worker);
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        let Worker { writer, refs, generation } = &mut *state;
+        let mut prompt = InFlightPrompt { worker, generation: *generation, chains: SmallVec::new() };
+        let gpu = writer.gpu_bit();
         for (_, hashes) in &prompt_hashes.chains {
+            let mut first_new = hashes.len();
             for (i, &hash) in hashes.iter().enumerate() {
-                prompt.hashes.push(hash);
-                let mut refs = self.refs[self.index.shard_of(hash)].lock().unwrap_or_else(|p| p.into_inner());
-                let count = refs.entry((hash, slot)).or_insert(0);
+                let count = refs.entry(hash).or_insert(0);
                 *count += 1;
                 if *count == 1 {
-                    // In flight means being prefilled on the GPU: the GPU tier (bit 0). Each
-                    // request holds its prompt from the first block, so the held blocks are
-                    // always whole chains: the run is the block's position, never stale.
-                    let ahead = (hashes.len() - 1 - i) as u32;
-                    let holder = Holder { slot, tiers: 1, epoch: 0, run: (i + 1) as u32, ahead };
-                    self.index.set_holder(hash, holder);
+                    first_new = first_new.min(i);
                 }
             }
+            if first_new < hashes.len() {
+                // In flight means being prefilled on the GPU.
+                let parent = first_new.checked_sub(1).map(|i| hashes[i]);
+                let new = &hashes[first_new..];
+                writer.store(0, parent, new, new, gpu);
+            }
+            prompt.chains.push(hashes.clone());
         }
         prompt
     }
 
     /// The request ended: its blocks are the engine's to report from now on.
     pub fn remove(&self, prompt: InFlightPrompt) {
-        let key = self.slot(prompt.worker);
-        for hash in prompt.hashes {
-            let mut refs = self.refs[self.index.shard_of(hash)].lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(count) = refs.get_mut(&(hash, key)) {
-                *count -= 1;
-                if *count == 0 {
-                    refs.remove(&(hash, key));
-                    self.index.remove_holder(hash, key);
+        let Some(state) = self.workers.lock().unwrap_or_else(|p| p.into_inner()).get(&prompt.worker).cloned()
+        else {
+            return;
+        };
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        let Worker { writer, refs, generation } = &mut *state;
+        if *generation != prompt.generation {
+            return;
+        }
+        let gpu = writer.gpu_bit();
+        for hashes in &prompt.chains {
+            let mut ended: SmallVec<[u64; 32]> = SmallVec::new();
+            for &hash in hashes.iter().rev() {
+                if let Some(count) = refs.get_mut(&hash) {
+                    *count -= 1;
+                    if *count == 0 {
+                        refs.remove(&hash);
+                        ended.push(hash);
+                    }
                 }
             }
+            writer.remove(0, &ended, gpu);
         }
     }
 
     /// The worker left: drop its in-flight blocks (requests still running remove nothing more).
     pub fn remove_worker(&self, worker: TenantId) {
-        let key = self.slot(worker);
-        for shard in self.refs.iter() {
-            shard.lock().unwrap_or_else(|p| p.into_inner()).retain(|&(hash, holder), _| {
-                if holder == key {
-                    self.index.remove_holder(hash, key);
-                }
-                holder != key
-            });
+        let state = self.workers.lock().unwrap_or_else(|p| p.into_inner()).remove(&worker);
+        if let Some(state) = state {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.writer.clear();
+            state.refs.clear();
         }
     }
 
-    /// The index's slot for `worker`'s prompts in flight.
-    fn slot(&self, worker: TenantId) -> u32 {
-        self.index.slot_of(CacheId { worker, rank: IN_FLIGHT_RANK }.key())
+    /// The worker's in-flight state, created on first use.
+    fn worker(&self, worker: TenantId) -> Arc<Mutex<Worker>> {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        workers
+            .entry(worker)
+            .or_insert_with(|| {
+                let mut generations = self.generations.lock().unwrap_or_else(|p| p.into_inner());
+                *generations += 1;
+                let id = CacheId { worker, rank: IN_FLIGHT_RANK };
+                Arc::new(Mutex::new(Worker {
+                    writer: CacheBlocks::new(self.index.clone(), id),
+                    refs: IntMap::default(),
+                    generation: *generations,
+                }))
+            })
+            .clone()
     }
 }
 

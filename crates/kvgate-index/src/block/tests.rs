@@ -150,27 +150,53 @@ fn workers_ranks_and_media() {
 }
 
 #[test]
-fn a_chain_evicted_in_one_event_keeps_the_other_chains_runs() {
-    // Evicting a whole chain breaks no run of another chain, in either order engines list it.
+fn a_chain_is_one_segment_and_removals_cut_it() {
+    // Events continuing a chain's last block grow its segment: one segment for the chain.
     for leaf_first in [false, true] {
         let index = Arc::new(BlockIndex::new());
         let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 0, rank: 0 });
         cache.apply_stored(stored(&[1, 2, 3], None, &[1, 2, 3, 4, 5, 6])).unwrap();
+        cache.apply_stored(stored(&[4, 5], Some(3), &[7, 8, 9, 10])).unwrap();
         cache.apply_stored(stored(&[11, 12, 13], None, &[7, 8, 9, 10, 11, 12])).unwrap();
-        let epoch = index.epoch_of(cache.slot);
+        assert_eq!(index.segments(), [3, 5]);
+        // A branch from the middle of a segment is a segment of its own.
+        cache.apply_stored(stored(&[6], Some(2), &[0, 0])).unwrap();
+        assert_eq!(index.segments(), [1, 3, 5]);
+        assert_eq!(overlap(&index, &[1, 2, 3, 4, 0, 0, 1]), [(0, 6)]);
         let mut chain = vec![11, 12, 13];
         if leaf_first {
             chain.reverse();
         }
         assert_eq!(cache.apply_removed(0, &chain, gpu()), 0);
-        assert_eq!(index.epoch_of(cache.slot), epoch, "leaf first: {leaf_first}");
-        assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(0, 6)]);
+        assert_eq!(index.segments(), [1, 5], "leaf first: {leaf_first}");
+        assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), [(0, 10)]);
         assert_eq!(overlap(&index, &[7, 8, 9, 10, 11, 12]), []);
-        // A block leaving with its child held still starts a new epoch.
+        // A block leaving from the middle cuts the segment in two; the tail stays held, and
+        // matches again once the block is stored back.
         cache.apply_removed(0, &[2], gpu());
-        assert_ne!(index.epoch_of(cache.slot), epoch);
+        assert_eq!(index.segments(), [1, 1, 3]);
         assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(0, 2)]);
+        cache.apply_stored(stored(&[2], Some(1), &[3, 4])).unwrap();
+        assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), [(0, 10)]);
+        assert_eq!(cache.len(), 6);
     }
+}
+
+#[test]
+fn a_tier_change_gives_the_block_a_segment_of_its_own() {
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 0, rank: 0 });
+    let disk = residency("DISK");
+    cache.apply_stored(stored(&[1, 2, 3, 4], None, &[1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
+    let copy = StoredBlocks { residency: &disk, ..stored(&[1, 2, 3, 4], None, &[1, 2, 3, 4, 5, 6, 7, 8]) };
+    cache.apply_stored(copy).unwrap();
+    assert_eq!(index.segments(), [4], "a disk copy beside the GPU one changes no weight");
+    cache.apply_removed(0, &[2], gpu());
+    assert_eq!(index.segments(), [1, 1, 2]);
+    // Blocks 0, 2, 3 on the GPU (6 tokens), block 1 on disk only (2 tokens at 0.25).
+    assert_eq!(credited(&index, &[1, 2, 3, 4, 5, 6, 7, 8]), [(0, 8, 7)]);
+    cache.apply_stored(stored(&[2], Some(1), &[3, 4])).unwrap();
+    assert_eq!(credited(&index, &[1, 2, 3, 4, 5, 6, 7, 8]), [(0, 8, 8)]);
 }
 
 #[test]

@@ -1,14 +1,28 @@
-//! The `tenants:` section of the configuration (YAML, or the Python package's `tenants=`): the
-//! quotas and weights every tenant gets (`defaults`), those of named tenants (`named`, laid over
-//! the defaults field by field) and the priority classes' queue timeouts (`classes`).
+//! The `tenants:` section of the gateway's configuration (YAML, or the Python package's
+//! `tenants=`), read by `kvgate sim --tenants` too: the quotas and weights every tenant gets
+//! (`defaults`), those of named tenants (`named`, laid over the defaults field by field) and the
+//! priority classes' settings (`classes`: queue timeouts, reserved concurrency).
 
 use std::collections::BTreeMap;
 
 use kvgate_config::{Checks, FieldError, Range};
 use serde::{Deserialize, Serialize};
 
-use crate::tenant::check_tenant_name;
-pub use crate::tenant::PriorityClass;
+pub use crate::fair::PriorityClass;
+
+/// Longest tenant name.
+pub const MAX_TENANT_NAME: usize = 128;
+
+/// A tenant name: 1 to 128 printable ASCII characters without spaces.
+pub fn check_tenant_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_TENANT_NAME {
+        return Err(format!("a tenant name has 1 to {MAX_TENANT_NAME} characters"));
+    }
+    if !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("a tenant name is printable ASCII without spaces".into());
+    }
+    Ok(())
+}
 
 /// One tenant's quotas and share; an unset field takes the `defaults` entry's (and, unset
 /// there too, means no limit, weight 1, class `normal`).
@@ -81,6 +95,12 @@ pub struct ClassSettings {
     /// unset: --queue-timeout-secs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_timeout_secs: Option<f64>,
+    /// Concurrency slots (of --max-concurrent-requests) that lower classes may not take: a
+    /// request of this class (or a higher one) arriving while lower classes hold the rest is
+    /// admitted at once instead of waiting for one of their answers to end. Reservations nest:
+    /// `high: 2, normal: 2` keeps 2 slots from `normal` and `low`, and 4 from `low`. Unset: 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_concurrency: Option<usize>,
 }
 
 /// `tenants:`: per-tenant quotas, weights and classes.
@@ -115,7 +135,16 @@ impl TenantsConfig {
         }
     }
 
-    pub(crate) fn validate(&self, checks: &mut Checks) {
+    /// Each class's `reserved_concurrency`, by rank (0 where unset).
+    pub fn reserved_concurrency(&self) -> [usize; 3] {
+        PriorityClass::ALL.map(|class| {
+            self.classes.get(&class).and_then(|settings| settings.reserved_concurrency).unwrap_or(0)
+        })
+    }
+
+    /// Checks every field (`max_concurrent`: --max-concurrent-requests, which reserved
+    /// concurrency needs and must leave room under).
+    pub fn validate(&self, max_concurrent: Option<usize>, checks: &mut Checks) {
         self.defaults.validate("tenants.defaults", checks);
         for (name, limits) in &self.named {
             if let Err(message) = check_tenant_name(name) {
@@ -138,6 +167,45 @@ impl TenantsConfig {
                 }
             }
         }
+        self.validate_reservations(max_concurrent, checks);
+    }
+
+    fn validate_reservations(&self, max_concurrent: Option<usize>, checks: &mut Checks) {
+        let reserved = self.reserved_concurrency();
+        let field = |class: PriorityClass| format!("tenants.classes.{}.reserved_concurrency", class.as_str());
+        if reserved[PriorityClass::Low.rank()] > 0 {
+            checks.push(
+                FieldError::new(
+                    field(PriorityClass::Low),
+                    "low is the lowest class: no class below it to keep out",
+                )
+                .with_flag(None)
+                .got(reserved[PriorityClass::Low.rank()]),
+            );
+        }
+        let total: usize = reserved.iter().sum();
+        if total == 0 {
+            return;
+        }
+        match max_concurrent {
+            None => checks.push(
+                FieldError::new("tenants.classes", "reserved_concurrency needs --max-concurrent-requests")
+                    .with_flag(None)
+                    .got(total),
+            ),
+            Some(limit) if total >= limit => checks.push(
+                FieldError::new(
+                    "tenants.classes",
+                    format!(
+                        "the reserved_concurrency of the classes must add up to less than \
+                         --max-concurrent-requests ({limit}), so the lowest class keeps a slot"
+                    ),
+                )
+                .with_flag(None)
+                .got(total),
+            ),
+            Some(_) => {}
+        }
     }
 }
 
@@ -158,7 +226,7 @@ mod tests {
         assert_eq!(config.limits("other").weight, Some(1.0));
         assert_eq!(config.classes[&PriorityClass::High].queue_timeout_secs, Some(2.0));
         let mut checks = Checks::new();
-        config.validate(&mut checks);
+        config.validate(None, &mut checks);
         assert!(checks.finish().is_ok());
     }
 
@@ -169,12 +237,35 @@ mod tests {
         )
         .unwrap();
         let mut checks = Checks::new();
-        config.validate(&mut checks);
+        config.validate(None, &mut checks);
         let text = checks.finish().unwrap_err().to_string();
         for field in
             ["tenants.defaults.weight", "tenants.named.a.max_concurrent", "tenants.named.a.tokens_per_minute"]
         {
             assert!(text.contains(field), "{text}");
         }
+    }
+
+    #[test]
+    fn reserved_concurrency_needs_the_cap_and_leaves_the_lowest_class_room() {
+        let check = |yaml: &str, max_concurrent: Option<usize>| {
+            let config: TenantsConfig = serde_norway::from_str(yaml).unwrap();
+            let mut checks = Checks::new();
+            config.validate(max_concurrent, &mut checks);
+            checks.finish().map_err(|errors| errors.to_string())
+        };
+        let nested = "classes: {high: {reserved_concurrency: 2}, normal: {reserved_concurrency: 2}}";
+        assert!(check(nested, Some(5)).is_ok());
+        assert_eq!(
+            serde_norway::from_str::<TenantsConfig>(nested).unwrap().reserved_concurrency(),
+            [0, 2, 2]
+        );
+        for (max_concurrent, expected) in [(Some(4), "add up to less than"), (None, "needs --max-concurrent")]
+        {
+            let text = check(nested, max_concurrent).unwrap_err();
+            assert!(text.contains(expected), "{text}");
+        }
+        let text = check("classes: {low: {reserved_concurrency: 1}}", Some(8)).unwrap_err();
+        assert!(text.contains("tenants.classes.low.reserved_concurrency"), "{text}");
     }
 }
