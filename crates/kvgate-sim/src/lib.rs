@@ -156,6 +156,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
             metrics,
             decisions: report::decision_counts(&outcome),
             decode_decisions: report::decode_decision_counts(&outcome),
+            ttft_by_reason: report::ttft_by_reason(&outcome),
             ttft_ms_sorted,
             kv_series,
         });
@@ -240,6 +241,7 @@ pub fn run_outside(
         metrics,
         decisions: Vec::new(),
         decode_decisions: Vec::new(),
+        ttft_by_reason: Vec::new(),
         ttft_ms_sorted,
         kv_series,
     })

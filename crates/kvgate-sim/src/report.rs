@@ -81,6 +81,10 @@ pub struct RunReport {
     /// A disaggregated fleet's decode-side decisions by reason (zeros left out).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decode_decisions: Vec<(String, u64)>,
+    /// What the requests each reason placed then cost: their TTFT and hit rate, by reason (the
+    /// run's policy; reasons no finished request had are left out).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ttft_by_reason: Vec<ReasonCost>,
     /// Sorted TTFTs in ms (for the CDF plot; not in JSON).
     #[serde(skip)]
     pub ttft_ms_sorted: Vec<f64>,
@@ -299,6 +303,47 @@ impl Metrics {
         };
         (metrics, ttft)
     }
+}
+
+/// The finished requests one decision reason placed, and what they cost. Latencies in ms.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReasonCost {
+    pub reason: String,
+    pub requests: u64,
+    pub ttft_mean_ms: f64,
+    pub ttft_p99_ms: f64,
+    /// Cached over prompt tokens of these requests.
+    pub cache_hit_rate: f64,
+}
+
+/// TTFT and hit rate of the finished requests by the reason of their decision, in `Reason::ALL`
+/// order (empty when the outcome has no reasons: an outside policy's run).
+pub fn ttft_by_reason(outcome: &SimOutcome) -> Vec<ReasonCost> {
+    let mut ttfts: Vec<Vec<f64>> = vec![Vec::new(); Reason::ALL.len()];
+    let mut tokens = vec![(0u64, 0u64); Reason::ALL.len()];
+    for (stats, &request) in outcome.finished.iter().zip(&outcome.finished_requests) {
+        let Some(&reason) = outcome.reason_by_request.get(request) else { continue };
+        let reason = usize::from(reason).min(Reason::ALL.len() - 1);
+        ttfts[reason].push(stats.ttft_us() as f64 / 1e3);
+        tokens[reason].0 += u64::from(stats.cached_tokens);
+        tokens[reason].1 += u64::from(stats.prompt_tokens);
+    }
+    Reason::ALL
+        .iter()
+        .zip(ttfts)
+        .zip(tokens)
+        .filter(|((_, ttfts), _)| !ttfts.is_empty())
+        .map(|((reason, mut ttfts), (cached, prompt))| {
+            ttfts.sort_by(f64::total_cmp);
+            ReasonCost {
+                reason: reason.as_str().to_string(),
+                requests: ttfts.len() as u64,
+                ttft_mean_ms: ttfts.iter().sum::<f64>() / ttfts.len() as f64,
+                ttft_p99_ms: percentile(&ttfts, 99.0),
+                cache_hit_rate: ratio(cached as f64, prompt as f64),
+            }
+        })
+        .collect()
 }
 
 /// Decision counts by reason name, in `Reason::ALL` order, then by the prefix index consulted

@@ -100,6 +100,9 @@ pub struct SimOutcome {
     pub rejected: u64,
     /// Decisions of the run's policy by reason, indexed like `Reason::ALL`.
     pub decisions: Vec<u64>,
+    /// The reason of each trace request's decision (index into `Reason::ALL`; by trace index, like
+    /// `finished_requests`), for the TTFT of the requests each reason placed.
+    pub reason_by_request: Vec<u8>,
     /// Decisions by the prefix index they consulted, indexed like `IndexKind::ALL`.
     pub index_decisions: [u64; 2],
     /// KV events the engines emitted that the exact index refused (should stay 0).
@@ -259,6 +262,7 @@ impl<'a> Simulation<'a> {
             pools,
             outcome: SimOutcome {
                 decisions: vec![0; Reason::ALL.len()],
+                reason_by_request: vec![0; trace.requests.len()],
                 pd: pd.as_ref().map(pd::PdState::outcome),
                 prefill_tokens_by_engine: vec![0; n],
                 ..SimOutcome::default()
@@ -450,6 +454,11 @@ impl<'a> Simulation<'a> {
             return Some(decision);
         }
         self.outcome.decisions[reason_index] += 1;
+        if let Some(slot) =
+            self.order.get(id as usize).and_then(|&i| self.outcome.reason_by_request.get_mut(i))
+        {
+            *slot = reason_index as u8;
+        }
         if let Some(kind) = decision.index {
             self.outcome.index_decisions[IndexKind::ALL.iter().position(|&k| k == kind).unwrap_or(0)] += 1;
         }

@@ -84,6 +84,15 @@ fn cache_aware_keeps_a_shared_prefix_on_one_engine() {
         "{:?}",
         report.runs[1].decisions
     );
+    // What each reason's requests cost: 39 hits with half their prompt cached, 1 miss with none.
+    let by_reason: Vec<(&str, u64, f64)> = report.runs[1]
+        .ttft_by_reason
+        .iter()
+        .map(|cost| (cost.reason.as_str(), cost.requests, cost.cache_hit_rate))
+        .collect();
+    assert_eq!(by_reason, [("cache_hit", 39, 0.5), ("cache_miss", 1, 0.0)]);
+    let hit = &report.runs[1].ttft_by_reason[0];
+    assert!(hit.ttft_mean_ms > 0.0 && hit.ttft_p99_ms >= hit.ttft_mean_ms, "{hit:?}");
     assert_eq!(report.trace.ceiling_hit_rate, 39.0 * 512.0 / (40.0 * 1024.0));
     // The fleet's 8 x 262,144 KV tokens hold the whole trace: the pooled LRU serves the ceiling.
     assert_eq!(report.trace.pooled_kv_tokens, 8 * 262_144);

@@ -63,11 +63,13 @@ pub fn has_room(thresholds: &Thresholds, usage: f64, candidate: &Candidate, prom
 }
 
 /// Which KV term, if any, keeps each candidate from new work (`kv` present only when
-/// [`kv_usable`]; `room[i]`: [`has_room`] for candidate `i`):
+/// [`kv_usable`]; `room[i]`: [`has_room`] for candidate `i`; `waiting[i]`: the requests waiting
+/// for admission there, as of its last sample):
 /// - **overload**: the engine is above the ceiling while another has room for the request: no
 ///   new request;
-/// - **KV spread**: the engine is more than the spread threshold above the coldest: no new
-///   prefix (misses go elsewhere), but it keeps serving the prefixes it holds.
+/// - **KV spread**: the engine is more than the spread threshold above the coldest while an
+///   engine the spread leaves in queues no more than it does: no new prefix (misses go elsewhere),
+///   but it keeps serving the prefixes it holds.
 ///
 /// The coldest engine is never kept out (when no engine has room the pool is saturated, not
 /// imbalanced, and only the spread applies). The terms act per engine, and the engines they do
@@ -77,15 +79,37 @@ pub fn has_room(thresholds: &Thresholds, usage: f64, candidate: &Candidate, prom
 /// or not: S6 and S8 lost a third to half of their hit rate and the TTFT p99 grew 1.8x and
 /// 2.7x; then, as a filter on hits too, the spread still cost S6 and S8 a third of their hits:
 /// a hit adds little KV where it lands, a recomputed prefix all of it; docs/BENCHMARKS.md.)
-pub fn kv_exclusions(thresholds: &Thresholds, kv: Option<&[f64]>, room: &[bool]) -> Vec<Option<Imbalance>> {
+///
+/// The spread's queue test: on a saturated pool every engine queues and KV usage says little
+/// about where a request starts sooner; a miss moved off an engine with the shortest queue to
+/// one with a longer queue waits longer for nothing (S2, S3). Where no engine queues (S1, S4,
+/// S5, S8) the test always passes; where the hot engine is also the most queued (the small,
+/// slow engine of S6) it passes too.
+pub fn kv_exclusions(
+    thresholds: &Thresholds,
+    kv: Option<&[f64]>,
+    room: &[bool],
+    waiting: &[u64],
+) -> Vec<Option<Imbalance>> {
     let Some(kv) = kv else { return Vec::new() };
     let kv_min = kv.iter().copied().fold(f64::INFINITY, f64::min);
     let somewhere_to_go = room.iter().any(|&room| room);
+    let overloaded = |usage: f64| somewhere_to_go && usage > thresholds.overload;
+    let spread_hot = |usage: f64| usage - kv_min > thresholds.kv_spread;
+    // The shortest queue among the engines no KV term keeps out (the coldest is one of them).
+    let open_waiting = kv
+        .iter()
+        .enumerate()
+        .filter(|&(_, &usage)| !overloaded(usage) && !spread_hot(usage))
+        .map(|(i, _)| waiting.get(i).copied().unwrap_or(0))
+        .min()
+        .unwrap_or(0);
     kv.iter()
-        .map(|&usage| {
-            if somewhere_to_go && usage > thresholds.overload {
+        .enumerate()
+        .map(|(i, &usage)| {
+            if overloaded(usage) {
                 Some(Imbalance::Overload)
-            } else if usage - kv_min > thresholds.kv_spread {
+            } else if spread_hot(usage) && open_waiting <= waiting.get(i).copied().unwrap_or(0) {
                 Some(Imbalance::KvSpread)
             } else {
                 None
@@ -136,7 +160,12 @@ mod tests {
 
     #[track_caller]
     fn check(thresholds: Thresholds, kv: &[f64], expected: &[Option<Imbalance>]) {
-        assert_eq!(kv_exclusions(&thresholds, Some(kv), &room(&thresholds, kv)), expected, "kv={kv:?}");
+        let waiting = vec![0; kv.len()];
+        assert_eq!(
+            kv_exclusions(&thresholds, Some(kv), &room(&thresholds, kv), &waiting),
+            expected,
+            "kv={kv:?}"
+        );
     }
 
     #[test]
@@ -167,9 +196,9 @@ mod tests {
         // 0.89 is below the ceiling, but it queues (or the prompt would take it past 0.9): no
         // better a place than the hot engine, so nobody is moved.
         let kv = [0.95, 0.89, 0.93];
-        assert_eq!(kv_exclusions(&KV_AWARE, Some(&kv), &[false, false, false]), [None, None, None]);
+        assert_eq!(kv_exclusions(&KV_AWARE, Some(&kv), &[false, false, false], &[0; 3]), [None, None, None]);
         assert_eq!(
-            kv_exclusions(&KV_AWARE, Some(&kv), &[false, true, false]),
+            kv_exclusions(&KV_AWARE, Some(&kv), &[false, true, false], &[0; 3]),
             [Some(Overload), None, Some(Overload)]
         );
     }
@@ -192,8 +221,24 @@ mod tests {
     }
 
     #[test]
+    fn the_spread_keeps_an_engine_out_only_toward_a_queue_no_longer_than_its_own() {
+        let kv = [0.7, 0.1, 0.05];
+        let room = room(&KV_AWARE, &kv);
+        let spread = |waiting: &[u64]| kv_exclusions(&KV_AWARE, Some(&kv), &room, waiting);
+        // Nothing queues anywhere (S1, S4, S5, S8): the spread as before.
+        assert_eq!(spread(&[0, 0, 0]), [Some(KvSpread), None, None]);
+        // The hot engine also queues the most (S6's small, slow engine): kept out.
+        assert_eq!(spread(&[5, 2, 3]), [Some(KvSpread), None, None]);
+        // Its queue is the shortest (a saturated pool, S2, S3): a miss moved off it would wait
+        // longer elsewhere for nothing.
+        assert_eq!(spread(&[1, 2, 3]), [None, None, None]);
+        // An equal queue somewhere colder: kept out.
+        assert_eq!(spread(&[3, 4, 3]), [Some(KvSpread), None, None]);
+    }
+
+    #[test]
     fn without_a_usable_snapshot_nobody_is_kept_out() {
-        assert!(kv_exclusions(&KV_AWARE, None, &[]).is_empty());
+        assert!(kv_exclusions(&KV_AWARE, None, &[], &[]).is_empty());
     }
 
     #[test]
@@ -228,13 +273,32 @@ mod tests {
             extra in 0.0f64..0.5,
         ) {
             let hot = hot % kv.len();
-            let before = kv_exclusions(&KV_AWARE, Some(&kv), &room(&KV_AWARE, &kv));
+            let before = kv_exclusions(&KV_AWARE, Some(&kv), &room(&KV_AWARE, &kv), &vec![0; kv.len()]);
             let mut hotter = kv.clone();
             hotter[hot] = (hotter[hot] + extra).min(1.0);
-            let after = kv_exclusions(&KV_AWARE, Some(&hotter), &room(&KV_AWARE, &hotter));
+            let after = kv_exclusions(&KV_AWARE, Some(&hotter), &room(&KV_AWARE, &hotter), &vec![0; kv.len()]);
             proptest::prop_assert!(before[hot].is_none() || after[hot].is_some());
             let coldest = (0..kv.len()).min_by(|&a, &b| kv[a].total_cmp(&kv[b])).unwrap();
             proptest::prop_assert!(before[coldest].is_none());
+        }
+
+        /// The spread's queue test: an engine the spread keeps out always has an engine no KV
+        /// term keeps out whose queue is no longer than its own, and the coldest is never kept out.
+        #[test]
+        fn the_spread_never_moves_a_miss_toward_a_longer_queue(
+            engines in proptest::collection::vec((0.0f64..1.0, 0u64..6), 2..8),
+        ) {
+            let kv: Vec<f64> = engines.iter().map(|&(k, _)| k).collect();
+            let waiting: Vec<u64> = engines.iter().map(|&(_, w)| w).collect();
+            let out = kv_exclusions(&KV_AWARE, Some(&kv), &room(&KV_AWARE, &kv), &waiting);
+            for (i, kind) in out.iter().enumerate() {
+                if *kind == Some(KvSpread) {
+                    let shorter = (0..kv.len()).any(|j| out[j].is_none() && waiting[j] <= waiting[i]);
+                    proptest::prop_assert!(shorter, "{i} kept out: kv {kv:?}, waiting {waiting:?}, {out:?}");
+                }
+            }
+            let coldest = (0..kv.len()).min_by(|&a, &b| kv[a].total_cmp(&kv[b])).unwrap();
+            proptest::prop_assert!(out[coldest].is_none());
         }
 
         #[test]

@@ -280,8 +280,10 @@ impl Policy for CacheAwarePolicy {
                     .collect(),
                 None => Vec::new(),
             };
+            let waiting: Vec<u64> =
+                candidates.iter().map(|c| c.load.map_or(0, |load| load.num_waiting_reqs)).collect();
             (
-                kv_exclusions(&settings.thresholds, kv.as_deref(), &room),
+                kv_exclusions(&settings.thresholds, kv.as_deref(), &room, &waiting),
                 count_imbalanced(&settings.thresholds, &in_flight),
             )
         } else {
