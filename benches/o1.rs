@@ -24,7 +24,8 @@
 //! `cargo bench --bench o1` (env: O1_SECS=20, O1_CLIENTS=64, O1_PROMPT_BYTES=8192, O1_ROUNDS=1,
 //! O1_GATEWAY_THREADS=0, O1_TARGETS=bare,nginx,round_robin,cache_aware; also nginx1,
 //! tokenize_mock, tokenize_hf; `POLICY/shared` runs kvgate with `--io-threads 0`,
-//! `POLICY/traced` with traces exported).
+//! `POLICY/traced` with traces exported, `POLICY/base` with the kvgate binary `$O1_KVGATE_BASE`:
+//! another build, e.g. the commit before a change, in the same rounds).
 
 #[path = "o1/nginx.rs"]
 mod nginx;
@@ -56,7 +57,16 @@ impl Drop for Proc {
 
 /// Start `kvgate ARGS` and collect stdout lines until `done` says enough.
 fn spawn(args: &[&str], done: impl FnMut(&[String]) -> bool) -> (Proc, Vec<String>) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+    spawn_binary(env!("CARGO_BIN_EXE_kvgate").as_ref(), args, done)
+}
+
+/// Start `BINARY ARGS` (a kvgate build) and collect stdout lines until `done` says enough.
+fn spawn_binary(
+    binary: &std::path::Path,
+    args: &[&str],
+    done: impl FnMut(&[String]) -> bool,
+) -> (Proc, Vec<String>) {
+    let mut command = Command::new(binary);
     command.args(args);
     spawn_command(command, done)
 }
@@ -400,6 +410,7 @@ fn label(target: &str) -> String {
             Some((policy, "traced")) => {
                 format!("kvgate {policy}, traced (--otlp-traces-endpoint, local sink)")
             }
+            Some((policy, "base")) => format!("kvgate {policy}, base build ($O1_KVGATE_BASE)"),
             _ => format!("kvgate {target}"),
         },
     }
@@ -456,7 +467,9 @@ fn start_target(
         return Ok(Server::Child(proxy, url.to_string()));
     }
     // `POLICY/shared`: client connections on the shared multi-threaded runtime (`--io-threads 0`)
-    // instead of one I/O thread per core; `POLICY/traced`: spans exported to the sink.
+    // instead of one I/O thread per core; `POLICY/traced`: spans exported to the sink;
+    // `POLICY/base`: the kvgate binary named by `$O1_KVGATE_BASE` (another build, e.g. the commit
+    // before a change, measured in the same rounds as this one).
     let (target, variant) = match target.split_once('/') {
         Some((target, variant)) => (target, Some(variant)),
         None => (target, None),
@@ -481,7 +494,15 @@ fn start_target(
         "tokenize_hf" => args.extend(["--tokenizer-path", tokenizer_dir]),
         _ => {}
     }
-    let (gateway, lines) = spawn(&args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
+    let binary = match variant {
+        Some("base") => match std::env::var_os("O1_KVGATE_BASE") {
+            Some(path) => std::path::PathBuf::from(path),
+            None => return Err("O1_KVGATE_BASE not set".into()),
+        },
+        _ => std::path::PathBuf::from(env!("CARGO_BIN_EXE_kvgate")),
+    };
+    let (gateway, lines) =
+        spawn_binary(&binary, &args, |l| l.iter().any(|l| l.starts_with("kvgate listening on")));
     // `kvgate listening on URL (admin API: ...)`.
     let url = lines.iter().find_map(|l| l.strip_prefix("kvgate listening on ")).unwrap();
     let url = url.split_whitespace().next().unwrap_or(url);

@@ -16,6 +16,10 @@
 # policy setting is given to the gateway scaled (load polls every 1000 / TIME_SCALE ms, prefill
 # rates x TIME_SCALE, ...) so that it sees what the simulator's policy sees in model time.
 #
+# Above a speedup of about 10 (rate x TIME_SCALE), or with 100K-token prompts, the rig itself
+# (8 mocks, the gateway and the replayer on 2 cores) adds a wall-time floor that the scale
+# multiplies: use TIME_SCALE=2 there (docs/BENCHMARKS.md, "S5 and S6").
+#
 #   env: KVGATE (binary, default target/release/kvgate), TRACE, TIME_SCALE (10),
 #        OUT (/tmp/sim_vs_http), PAUSE_SECS (5)
 set -euo pipefail
