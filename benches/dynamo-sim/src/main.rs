@@ -15,8 +15,9 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
 use clap::Parser;
+use kvgate_sim::entry::{grid, Entry, SweepAxis};
 use kvgate_sim::{run_on_trace, run_outside, write_outputs, RunReport, SimArgs, Trace};
-use peer::{DynamoPolicy, DynamoSettings, DynamoWorker, DYNAMO_KNOBS};
+use peer::{DynamoPolicy, DynamoSettings, DynamoWorker};
 
 #[derive(Parser)]
 #[command(
@@ -32,67 +33,6 @@ struct Cli {
     /// overlap_score_credit_decay, temperature, decode_active_request_weight.
     #[arg(long = "dynamo-sweep", value_name = "NAME=V1,V2,...")]
     dynamo_sweep: Vec<String>,
-}
-
-type Override = (String, String);
-
-/// A `dynamo[:name=value...][@label]` entry.
-struct DynamoEntry {
-    overrides: Vec<Override>,
-    label: Option<String>,
-}
-
-fn is_dynamo(entry: &str) -> bool {
-    entry.split([':', '@']).next() == Some("dynamo")
-}
-
-fn parse_override(text: &str) -> anyhow::Result<Override> {
-    let (name, value) = text.split_once('=').ok_or_else(|| anyhow!("dynamo: `{text}` is not NAME=VALUE"))?;
-    let name = name.trim().replace('-', "_");
-    if !DYNAMO_KNOBS.contains(&name.as_str()) {
-        bail!("dynamo: unknown weight {name} (known: {})", DYNAMO_KNOBS.join(", "));
-    }
-    Ok((name, value.trim().to_string()))
-}
-
-fn parse_entry(text: &str) -> anyhow::Result<DynamoEntry> {
-    let (body, label) = match text.split_once('@') {
-        Some((body, label)) => (body, Some(label.to_string())),
-        None => (text, None),
-    };
-    let overrides = body.split(':').skip(1).map(parse_override).collect::<anyhow::Result<_>>()?;
-    Ok(DynamoEntry { overrides, label })
-}
-
-/// The sweep grid: every combination of the axes' values (first axis slowest).
-fn grid(axes: &[String]) -> anyhow::Result<Vec<Vec<Override>>> {
-    let mut points = vec![Vec::new()];
-    for axis in axes {
-        let (name, values) = parse_override(axis)?;
-        let values: Vec<&str> = values.split(',').map(str::trim).filter(|v| !v.is_empty()).collect();
-        if values.is_empty() {
-            bail!("--dynamo-sweep {axis}: no values");
-        }
-        points = points
-            .iter()
-            .flat_map(|point| {
-                values.iter().map(|value| {
-                    let mut point: Vec<Override> = point.clone();
-                    point.push((name.clone(), value.to_string()));
-                    point
-                })
-            })
-            .collect();
-    }
-    Ok(points)
-}
-
-fn label(name: &str, overrides: &[Override]) -> String {
-    let mut label = name.to_string();
-    for (key, value) in overrides {
-        label.push_str(&format!(" {key}={value}"));
-    }
-    label
 }
 
 /// Dynamo's run for one setting, with what its selections saw on stderr.
@@ -169,27 +109,32 @@ fn summary(runs: &[RunReport], first_dynamo: usize) -> String {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let (dynamo, kvgate): (Vec<String>, Vec<String>) = cli
-        .sim
-        .policies
-        .iter()
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty())
-        .partition(|p| is_dynamo(p));
+    let mut dynamo = Vec::new();
+    let mut kvgate = Vec::new();
+    for text in cli.sim.policies.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
+        let entry = Entry::parse(text).map_err(|e| anyhow!(e))?;
+        if entry.name == "dynamo" {
+            dynamo.push(entry);
+        } else {
+            kvgate.push(text.to_string());
+        }
+    }
     if kvgate.is_empty() {
         bail!(
             "--policies: name at least one kvgate policy beside `dynamo` (the report sets them side by side)"
         );
     }
-    let points = grid(&cli.dynamo_sweep)?;
+    let axes: Vec<SweepAxis> = cli
+        .dynamo_sweep
+        .iter()
+        .map(|text| SweepAxis::parse(text, "--dynamo-sweep"))
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow!(e))?;
     let mut settings = Vec::new();
-    for text in &dynamo {
-        let entry = parse_entry(text)?;
-        for point in &points {
-            let overrides: Vec<Override> = entry.overrides.iter().chain(point).cloned().collect();
-            let name = entry.label.as_deref().unwrap_or("dynamo");
-            let shown = if entry.label.is_some() { point.as_slice() } else { overrides.as_slice() };
-            settings.push((label(name, shown), DynamoSettings::new(&overrides)?));
+    for point in grid(&axes) {
+        for entry in &dynamo {
+            let (label, overrides) = entry.at(&point);
+            settings.push((label, DynamoSettings::new(&overrides)?));
         }
     }
     let trace = Trace::load(&cli.sim.trace, cli.sim.trace_format).context("loading --trace")?;

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use async_trait::async_trait;
 use dynamo_kv_router::config::{apply_deprecated_overlap_score_weight_override, KvRouterConfig};
 use dynamo_kv_router::plugins::RouterPluginRegistry;
@@ -44,40 +44,40 @@ pub struct DynamoSettings {
     pub config: KvRouterConfig,
 }
 
+/// A weight's setter on Dynamo's router configuration.
+type Knob = fn(&mut KvRouterConfig, f64);
+
 /// The weights a `dynamo` entry may set, by Dynamo's `KvRouterConfig` names (and the older
 /// `overlap_score_weight`, which Dynamo maps to `prefill_load_scale`, and `temperature`).
-pub const DYNAMO_KNOBS: &[&str] = &[
-    "overlap_score_weight",
-    "prefill_load_scale",
-    "overlap_score_credit",
-    "overlap_score_credit_decay",
-    "temperature",
-    "router_temperature",
-    "decode_active_request_weight",
+pub const DYNAMO_KNOBS: &[(&str, Knob)] = &[
+    ("overlap_score_weight", |config, weight| {
+        apply_deprecated_overlap_score_weight_override(
+            weight,
+            &mut config.overlap_score_credit,
+            &mut config.prefill_load_scale,
+        )
+    }),
+    ("prefill_load_scale", |config, value| config.prefill_load_scale = value),
+    ("overlap_score_credit", |config, value| config.overlap_score_credit = value),
+    ("overlap_score_credit_decay", |config, value| config.overlap_score_credit_decay = value),
+    ("temperature", |config, value| config.router_temperature = value),
+    ("router_temperature", |config, value| config.router_temperature = value),
+    ("decode_active_request_weight", |config, value| config.decode_active_request_weight = value),
 ];
 
 impl DynamoSettings {
-    /// Dynamo's defaults with `overrides` applied, in order.
+    /// Dynamo's defaults with `overrides` applied, in order; an unknown name or a value that is
+    /// not a number is an error naming it.
     pub fn new(overrides: &[(String, String)]) -> anyhow::Result<DynamoSettings> {
         let mut config = KvRouterConfig::default();
         for (name, value) in overrides {
+            let Some((_, set)) = DYNAMO_KNOBS.iter().find(|(known, _)| known == name) else {
+                let known: Vec<&str> = DYNAMO_KNOBS.iter().map(|(known, _)| *known).collect();
+                bail!("dynamo: unknown weight {name} (known: {})", known.join(", "));
+            };
             let number: f64 =
                 value.parse().with_context(|| format!("dynamo {name}={value}: not a number"))?;
-            match name.as_str() {
-                "overlap_score_weight" => apply_deprecated_overlap_score_weight_override(
-                    number,
-                    &mut config.overlap_score_credit,
-                    &mut config.prefill_load_scale,
-                ),
-                "prefill_load_scale" => config.prefill_load_scale = number,
-                "overlap_score_credit" => config.overlap_score_credit = number,
-                "overlap_score_credit_decay" => config.overlap_score_credit_decay = number,
-                "temperature" | "router_temperature" => config.router_temperature = number,
-                "decode_active_request_weight" => config.decode_active_request_weight = number,
-                _ => {
-                    return Err(anyhow!("dynamo: unknown weight {name} (known: {})", DYNAMO_KNOBS.join(", ")))
-                }
-            }
+            set(&mut config, number);
         }
         config.validate_config().map_err(|e| anyhow!("dynamo: {e}"))?;
         Ok(DynamoSettings { config })

@@ -10,7 +10,11 @@ use crate::trace::TraceFormat;
 use crate::SimError;
 use kvgate_config::{Checks, FieldError, ValidationErrors};
 
+pub mod entry;
 mod fleet;
+
+pub use entry::Override;
+use entry::{grid, Entry, SweepAxis};
 
 /// Options of `kvgate sim`: replay a trace in virtual time through kvgate's routing policies
 /// onto a fleet of simulated engines.
@@ -209,18 +213,13 @@ impl SimArgs {
         let axes: Vec<SweepAxis> = self
             .sweep
             .iter()
-            .filter_map(|text| SweepAxis::parse(text).map_err(|e| problems.push(e)).ok())
+            .filter_map(|text| SweepAxis::parse(text, "--sweep").map_err(|e| problems.push(e)).ok())
             .collect();
         let mut runs = Vec::new();
         for point in grid(&axes) {
-            for entry in &entries {
-                let mut overrides = entry.overrides.clone();
-                overrides.extend(point.iter().cloned());
-                let label = match &entry.label {
-                    Some(name) => label(name, &point),
-                    None => label(&entry.name, &overrides),
-                };
-                match policy_config(&self.policy, entry.kind, &overrides) {
+            for PolicyEntry { entry, kind } in &entries {
+                let (label, overrides) = entry.at(&point);
+                match policy_config(&self.policy, *kind, &overrides) {
                     Ok(policy) => runs.push(RunSpec {
                         label,
                         entry: entry.text.clone(),
@@ -255,91 +254,25 @@ pub struct RunSpec {
     pub sweep_point: Vec<(String, String)>,
 }
 
-/// A flag override, `(snake_case name, value as written)`.
-pub type Override = (String, String);
-
+/// A `--policies` entry naming one of kvgate's policies.
 #[derive(Clone, Debug)]
 struct PolicyEntry {
-    text: String,
-    name: String,
-    label: Option<String>,
+    entry: Entry,
     kind: PolicyKind,
-    overrides: Vec<Override>,
 }
 
 impl PolicyEntry {
     fn parse(text: &str) -> Result<PolicyEntry, String> {
-        let (spec, label) = match text.rsplit_once('@') {
-            Some((spec, label)) if !label.trim().is_empty() => (spec, Some(label.trim().to_string())),
-            Some(_) => return Err(format!("--policies entry `{text}` has an empty @label")),
-            None => (text, None),
-        };
-        let mut parts = spec.split(':');
-        let name = parts.next().unwrap_or_default().trim().to_string();
-        let kind = PolicyKind::from_str(&name, false).map_err(|_| {
+        let entry = Entry::parse(text)?;
+        let kind = PolicyKind::from_str(&entry.name, false).map_err(|_| {
             let known: Vec<String> = PolicyKind::value_variants()
                 .iter()
                 .filter_map(|kind| kind.to_possible_value().map(|value| value.get_name().to_string()))
                 .collect();
-            format!("unknown policy `{name}` in --policies (known: {})", known.join(", "))
+            format!("unknown policy `{}` in --policies (known: {})", entry.name, known.join(", "))
         })?;
-        let overrides = parts
-            .map(|part| match part.split_once('=') {
-                Some((key, value)) => Ok((key.trim().to_string(), value.trim().to_string())),
-                None => Err(format!("`{part}` in --policies entry `{text}` is not flag=value")),
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(PolicyEntry { text: text.to_string(), name, label, kind, overrides })
+        Ok(PolicyEntry { entry, kind })
     }
-}
-
-#[derive(Clone, Debug)]
-struct SweepAxis {
-    name: String,
-    values: Vec<String>,
-}
-
-impl SweepAxis {
-    fn parse(text: &str) -> Result<SweepAxis, String> {
-        let (name, values) =
-            text.split_once('=').ok_or_else(|| format!("--sweep `{text}` is not NAME=V1,V2,..."))?;
-        let values: Vec<String> =
-            values.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
-        if values.is_empty() {
-            return Err(format!("--sweep `{text}` lists no value"));
-        }
-        Ok(SweepAxis { name: name.trim().to_string(), values })
-    }
-}
-
-/// Every combination of the axes' values, the first axis varying slowest; one empty point
-/// when there is no axis.
-fn grid(axes: &[SweepAxis]) -> Vec<Vec<Override>> {
-    let mut points: Vec<Vec<Override>> = vec![Vec::new()];
-    for axis in axes {
-        points = points
-            .iter()
-            .flat_map(|point| {
-                axis.values.iter().map(move |value| {
-                    let mut point = point.clone();
-                    point.push((axis.name.clone(), value.clone()));
-                    point
-                })
-            })
-            .collect();
-    }
-    points
-}
-
-fn label(name: &str, overrides: &[Override]) -> String {
-    let mut label = name.to_string();
-    for (key, value) in overrides {
-        label.push(' ');
-        label.push_str(key);
-        label.push('=');
-        label.push_str(value);
-    }
-    label
 }
 
 /// `base` with `policy` and the overrides applied (by serialized field name), validated. Every

@@ -36,7 +36,7 @@ mod tests;
 
 use std::time::{Duration, Instant};
 
-pub use args::{policy_config, Override, RunSpec, SimArgs};
+pub use args::{entry, policy_config, Override, RunSpec, SimArgs};
 pub use kvgate_config::{FieldError, ValidationErrors};
 pub use kvgate_trace::trace;
 pub use kvgate_trace::{percentile, CacheReference};

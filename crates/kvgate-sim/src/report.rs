@@ -1,6 +1,6 @@
 //! The simulator's report: per-run metrics computed from a simulation's outcome, the sweep's best settings, and the JSON rendering (the markdown is in `markdown.rs`).
 
-use kvgate_engine::EngineConfig;
+use kvgate_engine::{EngineConfig, RequestStats};
 use kvgate_policy::{IndexKind, PolicyConfig, Reason};
 use kvgate_trace::percentile;
 use serde::Serialize;
@@ -128,6 +128,13 @@ pub struct Metrics {
     pub makespan_s: f64,
     /// Each engine's share of the prompt tokens computed (prompt minus cache hit), fleet order.
     pub prefill_share_by_engine: Vec<f64>,
+    /// Each engine's mean TTFT over the requests it served, fleet order (a regular fleet's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ttft_mean_ms_by_engine: Vec<f64>,
+    /// Of the slowest requests (TTFT at or above the run's p99), the share each engine served,
+    /// fleet order (a regular fleet's): where the tail lands.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slowest_share_by_engine: Vec<f64>,
     /// The decode side of a disaggregated fleet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pd: Option<PdMetrics>,
@@ -272,6 +279,13 @@ impl Metrics {
             }
         });
         let cache_hit_rate = ratio(cached as f64, prompt as f64);
+        let ttft_p99_ms = percentile(&ttft, 99.0);
+        let (ttft_mean_ms_by_engine, slowest_share_by_engine) = by_engine(
+            finished,
+            &outcome.finished_engines,
+            outcome.prefill_tokens_by_engine.len(),
+            ttft_p99_ms,
+        );
         let n_match = outcome.match_decisions as f64;
         let metrics = Metrics {
             completed: finished.len() as u64,
@@ -280,7 +294,7 @@ impl Metrics {
             ttft_mean_ms: ratio(ttft.iter().sum::<f64>(), ttft.len() as f64),
             ttft_p50_ms: percentile(&ttft, 50.0),
             ttft_p90_ms: percentile(&ttft, 90.0),
-            ttft_p99_ms: percentile(&ttft, 99.0),
+            ttft_p99_ms,
             e2e_p50_ms: percentile(&e2e, 50.0),
             e2e_p99_ms: percentile(&e2e, 99.0),
             mean_queue_ms: ratio(queue_sum as f64 / 1000.0, finished.len() as f64),
@@ -298,6 +312,8 @@ impl Metrics {
                 let total: u64 = outcome.prefill_tokens_by_engine.iter().sum();
                 outcome.prefill_tokens_by_engine.iter().map(|&t| ratio(t as f64, total as f64)).collect()
             },
+            ttft_mean_ms_by_engine,
+            slowest_share_by_engine,
             pd,
             tenants: Vec::new(),
         };
@@ -344,6 +360,24 @@ pub fn ttft_by_reason(outcome: &SimOutcome) -> Vec<ReasonCost> {
             }
         })
         .collect()
+}
+
+/// Per engine: the mean TTFT of the requests it served, and its share of the requests whose
+/// TTFT is at least `p99_ms`. Both empty unless every finished request names its engine.
+fn by_engine(finished: &[RequestStats], engines: &[usize], n: usize, p99_ms: f64) -> (Vec<f64>, Vec<f64>) {
+    if engines.len() != finished.len() || finished.is_empty() || n == 0 {
+        return (Vec::new(), Vec::new());
+    }
+    let (mut sum_ms, mut count, mut slow) = (vec![0.0; n], vec![0u64; n], vec![0u64; n]);
+    for (stats, &engine) in finished.iter().zip(engines).filter(|(_, &engine)| engine < n) {
+        let ttft_ms = stats.ttft_us() as f64 / 1000.0;
+        sum_ms[engine] += ttft_ms;
+        count[engine] += 1;
+        slow[engine] += u64::from(ttft_ms >= p99_ms);
+    }
+    let n_slow: u64 = slow.iter().sum();
+    let means = sum_ms.iter().zip(&count).map(|(&sum, &count)| ratio(sum, count as f64)).collect();
+    (means, slow.iter().map(|&s| ratio(s as f64, n_slow as f64)).collect())
 }
 
 /// Decision counts by reason name, in `Reason::ALL` order, then by the prefix index consulted

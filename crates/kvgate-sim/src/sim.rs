@@ -120,6 +120,9 @@ pub struct SimOutcome {
     /// Prompt tokens each engine computed (prompt minus cache hit) for the requests finished
     /// (a regular fleet's; zeros for a disaggregated one).
     pub prefill_tokens_by_engine: Vec<u64>,
+    /// The engine that served each of `finished` (a regular fleet's; empty for a disaggregated
+    /// one).
+    pub finished_engines: Vec<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -514,6 +517,7 @@ impl<'a> Simulation<'a> {
                         stats.arrival_us = stats.arrival_us.min(self.arrival_us[id as usize]);
                         self.outcome.finished.push(stats);
                         self.outcome.finished_requests.push(self.order[id as usize]);
+                        self.outcome.finished_engines.push(engine);
                         self.admit_next(now, id);
                     }
                 }

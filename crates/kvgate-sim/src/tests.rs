@@ -160,7 +160,7 @@ fn ttft_of_one_request_on_an_idle_engine_matches_the_hand_computation() {
 }
 
 #[test]
-fn an_unequal_fleet_runs_each_engine_at_its_own_speed_and_reports_the_prefill_shares() {
+fn an_unequal_fleet_runs_each_engine_at_its_own_speed_and_reports_the_shares_by_engine() {
     // Two one-block prompts alternating over two engines, the first 4x faster.
     let trace = Trace {
         requests: (0..4u32)
@@ -175,6 +175,9 @@ fn an_unequal_fleet_runs_each_engine_at_its_own_speed_and_reports_the_prefill_sh
     // 512 ms on the reference engine, 128 ms on the fast one: two of each.
     assert_eq!((metrics.ttft_p50_ms, metrics.ttft_p99_ms), (128.0, 512.0));
     assert_eq!(metrics.prefill_share_by_engine, [0.5, 0.5]);
+    // Where the time went: each engine's mean, and the tail (the two 512 ms requests) on the slow one.
+    assert_eq!(metrics.ttft_mean_ms_by_engine, [128.0, 512.0]);
+    assert_eq!(metrics.slowest_share_by_engine, [0.0, 1.0]);
     assert_eq!(report.trace.pooled_kv_tokens, 65_536 + 8_192);
     assert!(report.markdown().contains("Unequal fleet: engine speeds 4, 1"), "{}", report.markdown());
     assert!(report.markdown().contains("| prefill share by engine (%) | 50/50 |"));

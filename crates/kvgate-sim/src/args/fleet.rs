@@ -42,11 +42,11 @@ impl SimArgs {
         }
         let entry = self.decode_policy.trim();
         let decode_policy = match PolicyEntry::parse(entry) {
-            Ok(parsed) if parsed.label.is_some() => {
+            Ok(parsed) if parsed.entry.label.is_some() => {
                 problems.push(format!("--decode-policy `{entry}` takes no @label"));
                 None
             }
-            Ok(parsed) => policy_config(&self.policy, parsed.kind, &parsed.overrides)
+            Ok(parsed) => policy_config(&self.policy, parsed.kind, &parsed.entry.overrides)
                 .map_err(|error| problems.push(format!("--decode-policy: {error}")))
                 .ok(),
             Err(error) => {
