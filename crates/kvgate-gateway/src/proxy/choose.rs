@@ -39,20 +39,7 @@ pub(super) fn choose(
     tried: &[u32],
     planning: Planning,
 ) -> Result<Chosen, NoChoice> {
-    let (offered, events_flowing) = offer(state, pool, tried, planning)?;
-    let candidates = Candidates::new(&offered).map_err(|_| NoChoice::NoWorker)?;
-    let index = index_kind(pool, request, events_flowing);
-    let peers = peer_blocks(state, pool, request, index);
-    let hashes = prompt_hashes(pool, request, namespace, index);
-    let inputs = SelectInputs {
-        namespace,
-        hashes: hashes.as_ref(),
-        index,
-        planning,
-        peers: peers.as_ref(),
-        ask: Ask::Select,
-    };
-    let decision = select(state, pool, request, candidates, inputs).ok_or(NoChoice::NoWorker)?;
+    let (decision, peers, hashes) = decide(state, pool, request, namespace, tried, planning, Ask::Select)?;
     let worker = pool.workers.iter().find(|w| w.id == decision.worker).ok_or(NoChoice::NoWorker)?.clone();
     if planning == Planning::Live {
         record(state, pool, &worker, &decision, peers);
@@ -71,20 +58,32 @@ pub(super) fn preview(
     namespace: Namespace<'_>,
     tried: &[u32],
 ) -> Option<Decision> {
-    let (offered, events_flowing) = offer(state, pool, tried, Planning::DryRun).ok()?;
-    let candidates = Candidates::new(&offered).ok()?;
+    decide(state, pool, request, namespace, tried, Planning::DryRun, Ask::Preview)
+        .ok()
+        .map(|(decision, ..)| decision)
+}
+
+/// The policy's decision among the candidates `offer` leaves, on the index the pool's state
+/// calls for, with the peers' blocks and the prompt's hashes it consulted (for `choose` to
+/// record and pass on).
+fn decide(
+    state: &AppState,
+    pool: &ModelPool,
+    request: &RouteRequest<'_>,
+    namespace: Namespace<'_>,
+    tried: &[u32],
+    planning: Planning,
+    ask: Ask,
+) -> Result<(Decision, Option<PromptBlocks>, Option<PromptHashes>), NoChoice> {
+    let (offered, events_flowing) = offer(state, pool, tried, planning)?;
+    let candidates = Candidates::new(&offered).map_err(|_| NoChoice::NoWorker)?;
     let index = index_kind(pool, request, events_flowing);
     let peers = peer_blocks(state, pool, request, index);
     let hashes = prompt_hashes(pool, request, namespace, index);
-    let inputs = SelectInputs {
-        namespace,
-        hashes: hashes.as_ref(),
-        index,
-        planning: Planning::DryRun,
-        peers: peers.as_ref(),
-        ask: Ask::Preview,
-    };
-    select(state, pool, request, candidates, inputs)
+    let inputs =
+        SelectInputs { namespace, hashes: hashes.as_ref(), index, planning, peers: peers.as_ref(), ask };
+    let decision = select(state, pool, request, candidates, inputs).ok_or(NoChoice::NoWorker)?;
+    Ok((decision, peers, hashes))
 }
 
 /// The routable candidates not tried yet, less those the overload protection leaves out (counted
