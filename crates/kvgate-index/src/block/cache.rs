@@ -72,7 +72,7 @@ struct EngineBlock {
 }
 
 /// Most blocks in one segment (its offsets are 16 bits): a longer run continues in another.
-const MAX_SEGMENT_BLOCKS: usize = 1 << 16;
+pub(crate) const MAX_SEGMENT_BLOCKS: usize = 1 << 16;
 
 /// The engine blocks of one KV-cache group, by engine hash.
 type Group = IntMap<u64, EngineBlock>;
