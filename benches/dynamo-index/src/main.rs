@@ -331,7 +331,11 @@ fn sim_stream(path: &str, n_queries: usize) -> Option<Stream> {
     if stores.is_empty() {
         return None;
     }
-    println!("NOTE | {name} | run {:?}: {} events replayed, {skipped} left out (host tier, other engines) |", run.unwrap_or_default(), stores.len());
+    println!(
+        "NOTE | {name} | run {:?}: {} events replayed, {skipped} left out (host tier, other engines) |",
+        run.unwrap_or_default(),
+        stores.len()
+    );
     let mut rng = StdRng::seed_from_u64(0x73696d);
     let (mut short, mut long) = (Vec::new(), Vec::new());
     let mut distinct = HashSet::new();
@@ -868,7 +872,8 @@ fn print_apply(stream: &Stream, lines: Vec<(&str, usize, Apply)>) {
 /// the clock). Nanoseconds per block, best of three.
 fn floor_report(stream: &Stream) {
     let blocks = blocks_of(&stream.stores) as f64;
-    let best = |mut run: Box<dyn FnMut() -> f64>| (0..3).map(|_| run()).fold(f64::INFINITY, f64::min) * 1e9 / blocks;
+    let best =
+        |mut run: Box<dyn FnMut() -> f64>| (0..3).map(|_| run()).fold(f64::INFINITY, f64::min) * 1e9 / blocks;
     let hashing = best(Box::new(|| {
         let started = Instant::now();
         let mut sum = 0u64;
@@ -951,7 +956,11 @@ fn main() {
         for which in [0, 2] {
             let before = live();
             let built = build(stream, which);
-            println!("MEMORY | {} | {:.0} B per block |", built.name(), (live() - before) as f64 / stream.blocks as f64);
+            println!(
+                "MEMORY | {} | {:.0} B per block |",
+                built.name(),
+                (live() - before) as f64 / stream.blocks as f64
+            );
             query_report(stream, &built, n);
         }
         return;

@@ -208,7 +208,14 @@ fn a_chain_longer_than_a_segment_holds_continues_in_another() {
     cache.apply_removed(0, &[hashes[max - 1]], gpu());
     assert_eq!(index.segments(), [10, 989, max - 1]);
     assert_eq!(overlap(&index, &tokens), [(3, (max - 1) * BS as usize)]);
-    assert_eq!(cache.content_of(0, hashes[max + 5]), index.prompt_hashes(&tokens, Namespace::BASE).hashes(Layout { block_size: BS, lookahead: 0 }).get(max + 5).copied());
+    assert_eq!(
+        cache.content_of(0, hashes[max + 5]),
+        index
+            .prompt_hashes(&tokens, Namespace::BASE)
+            .hashes(Layout { block_size: BS, lookahead: 0 })
+            .get(max + 5)
+            .copied()
+    );
     assert_eq!(cache.len(), blocks - 2);
 }
 
