@@ -331,7 +331,11 @@ fn sim_stream(path: &str, n_queries: usize) -> Option<Stream> {
     if stores.is_empty() {
         return None;
     }
-    println!("NOTE | {name} | run {:?}: {} events replayed, {skipped} left out (host tier, other engines) |", run.unwrap_or_default(), stores.len());
+    println!(
+        "NOTE | {name} | run {:?}: {} events replayed, {skipped} left out (host tier, other engines) |",
+        run.unwrap_or_default(),
+        stores.len()
+    );
     let mut rng = StdRng::seed_from_u64(0x73696d);
     let (mut short, mut long) = (Vec::new(), Vec::new());
     let mut distinct = HashSet::new();
@@ -861,6 +865,47 @@ fn print_apply(stream: &Stream, lines: Vec<(&str, usize, Apply)>) {
     }
 }
 
+/// What any store must do per block, on this stream's stored events: one insert into its
+/// cache's map of engine hashes with a 16-byte entry (kvgate's `EngineBlock` map and CRTC's
+/// per-worker lookup, `FxHashMap<ExternalSequenceBlockHash, Arc<Node>>`, both are), and for
+/// kvgate the content hash of the block's tokens (Dynamo's token hash is its publisher's, out of
+/// the clock). Nanoseconds per block, best of three.
+fn floor_report(stream: &Stream) {
+    let blocks = blocks_of(&stream.stores) as f64;
+    let best =
+        |mut run: Box<dyn FnMut() -> f64>| (0..3).map(|_| run()).fold(f64::INFINITY, f64::min) * 1e9 / blocks;
+    let hashing = best(Box::new(|| {
+        let started = Instant::now();
+        let mut sum = 0u64;
+        for event in stream.stores.iter().filter(|e| !e.local.is_empty()) {
+            let mut parent = kvgate_index::ROOT_HASH;
+            for block in event.tokens.chunks_exact(BLOCK) {
+                parent = kvgate_index::block_content(parent, block, &[], 0);
+            }
+            sum = sum.wrapping_add(parent);
+        }
+        black_box(sum);
+        started.elapsed().as_secs_f64()
+    }));
+    let insert = best(Box::new(|| {
+        let mut maps: Vec<FxHashMap<u64, u64>> = (0..CACHES).map(|_| FxHashMap::default()).collect();
+        let started = Instant::now();
+        for event in stream.stores.iter().filter(|e| !e.local.is_empty()) {
+            let map = &mut maps[event.cache as usize];
+            for &hash in &event.hashes {
+                map.insert(hash, hash);
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        black_box(&maps);
+        secs
+    }));
+    println!(
+        "FLOOR | {} | per stored block: content hash {hashing:.1} ns | map insert (16-byte entry) {insert:.1} ns |",
+        stream.name
+    );
+}
+
 fn main() {
     let n: usize = std::env::var("BENCH_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     let trace_path =
@@ -893,6 +938,7 @@ fn main() {
     // `BENCH_ONLY=quick`: the synthetic stream, kvgate and CRTC only (while iterating).
     if std::env::var("BENCH_ONLY").is_ok_and(|only| only == "quick") {
         let stream = &streams[0];
+        floor_report(stream);
         for threads in [1, 2] {
             let (_, sb, _, rb) = apply_kvgate(stream, threads);
             let (_, csb, _, crb) = apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), threads);
@@ -910,7 +956,11 @@ fn main() {
         for which in [0, 2] {
             let before = live();
             let built = build(stream, which);
-            println!("MEMORY | {} | {:.0} B per block |", built.name(), (live() - before) as f64 / stream.blocks as f64);
+            println!(
+                "MEMORY | {} | {:.0} B per block |",
+                built.name(),
+                (live() - before) as f64 / stream.blocks as f64
+            );
             query_report(stream, &built, n);
         }
         return;
@@ -925,6 +975,7 @@ fn main() {
             stream.blocks,
             stream.pairs
         );
+        floor_report(stream);
         apply_report(stream);
         hashing_report(stream, n);
         for which in 0..3 {

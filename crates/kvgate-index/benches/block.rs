@@ -9,7 +9,8 @@
 //! fresh tokens (a hit on one cache, the whole prompt deep) or fresh prompts (a miss: one
 //! lookup).
 //!
-//! Env: `KVGATE_BENCH_QUERIES` (per latency round, default 20000).
+//! Env: `KVGATE_BENCH_QUERIES` (per latency round, default 20000), `KVGATE_BENCH_ONLY=apply`
+//! (the store floor and the stores and removals only).
 
 // Wall-clock timing belongs to the bench harness, not to the pure core the clippy.toml guards.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -51,11 +52,19 @@ fn corpus(seed: u64) -> Vec<Prompt> {
             (512, fresh(512 * BLOCK))
         };
         tokens.truncate(blocks * BLOCK);
-        let hashes = (0..blocks as u64).map(|b| next_hash + b).collect();
+        // Mixed, as engines' hashes are (sequential keys would sit side by side in the maps).
+        let hashes = (0..blocks as u64).map(|b| mix(next_hash + b)).collect();
         next_hash += blocks as u64;
         prompts.push(Prompt { cache: i % CACHES as usize, tokens, hashes });
     }
     prompts
+}
+
+/// splitmix64's finalizer: a bijection, so distinct counters stay distinct hashes.
+fn mix(x: u64) -> u64 {
+    let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// Stores a prompt as its engine would: events of `EVENT_BLOCKS` blocks, each chained on the
@@ -252,6 +261,43 @@ fn floor_report(n: usize) {
     );
 }
 
+/// What a store must at least do per block, on the same prompts and engine hashes: hash its
+/// tokens (kvgate's content hash), and one insert into its cache's map of engine hashes, with
+/// a 24-byte value (an entry of 32 bytes) and an 8-byte one (16 bytes).
+fn store_floor_report(prompts: &[Prompt]) {
+    let blocks: usize = prompts.iter().map(|p| p.hashes.len()).sum();
+    let per_block = |secs: f64| secs * 1e9 / blocks as f64;
+    let started = Instant::now();
+    let mut sum = 0u64;
+    for prompt in prompts {
+        let mut parent = kvgate_index::ROOT_HASH;
+        for block in prompt.tokens.chunks_exact(BLOCK) {
+            parent = kvgate_index::block_content(parent, block, &[], 0);
+        }
+        sum = sum.wrapping_add(parent);
+    }
+    black_box(sum);
+    let hashing = per_block(started.elapsed().as_secs_f64());
+    fn inserts<V: Copy>(prompts: &[Prompt], value: V) -> f64 {
+        let mut maps: Vec<nohash_hasher::IntMap<u64, V>> = (0..CACHES).map(|_| Default::default()).collect();
+        let started = Instant::now();
+        for prompt in prompts {
+            let map = &mut maps[prompt.cache];
+            for &hash in &prompt.hashes {
+                map.insert(hash, value);
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        black_box(&maps);
+        secs
+    }
+    let wide = per_block(inserts(prompts, [0u64; 3]));
+    let narrow = per_block(inserts(prompts, 0u64));
+    println!(
+        "STORE FLOOR | {blocks} blocks | content hash {hashing:.1} ns/block | map insert, 32-byte entry {wide:.1} ns/block | 16-byte entry {narrow:.1} ns/block |"
+    );
+}
+
 fn main() {
     let mut c = Criterion::default()
         .sample_size(20)
@@ -260,7 +306,11 @@ fn main() {
         .configure_from_args();
     let n: usize = std::env::var("KVGATE_BENCH_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let prompts = corpus(0x626c_6f63);
+    store_floor_report(&prompts);
     apply_report(&prompts);
+    if std::env::var("KVGATE_BENCH_ONLY").is_ok_and(|only| only == "apply") {
+        return;
+    }
     let (index, _caches) = build(&prompts);
     println!("INDEX | {} blocks | {} caches |", index.len(), CACHES);
     let queries = queries(&prompts, 7);

@@ -57,18 +57,22 @@ pub enum ApplyError {
     OverCapacity { held: usize, adding: usize, max: usize },
 }
 
-/// One engine block this cache holds: its content, the tiers holding it, and where it lies in the
-/// cache's segments. Keyed by the engine's hash: a store writes one entry here per block, and one
-/// segment change in the shared index per event.
+/// One engine block this cache holds: where it lies in the cache's segments (its content is
+/// read there) and the tiers holding it. Keyed by the engine's hash: a store writes one entry
+/// here per block, and one segment change in the shared index per event. Eight bytes, so an
+/// entry is 16: the map's insert (a cache miss per block) is most of a store's time, and a
+/// smaller entry is fewer misses and a cheaper growth (`benches/block.rs`, "STORE FLOOR").
 #[derive(Clone, Copy, Debug)]
 struct EngineBlock {
-    content: u64,
-    /// One bit per residency holding the block.
-    tiers: u16,
     /// Its segment ([`CacheBlocks::segments`]) and its place there.
     segment: u32,
-    offset: u32,
+    offset: u16,
+    /// One bit per residency holding the block.
+    tiers: u16,
 }
+
+/// Most blocks in one segment (its offsets are 16 bits): a longer run continues in another.
+pub(crate) const MAX_SEGMENT_BLOCKS: usize = 1 << 16;
 
 /// The engine blocks of one KV-cache group, by engine hash.
 type Group = IntMap<u64, EngineBlock>;
@@ -80,6 +84,8 @@ struct SegmentMeta {
     key: u64,
     /// Its blocks' engine hashes, in chain order (empty: a free id).
     engines: Vec<u64>,
+    /// Their content hashes (the index's copy is behind a shard lock).
+    contents: Vec<u64>,
     tiers: u16,
 }
 
@@ -166,7 +172,11 @@ impl CacheBlocks {
 
     /// kvgate's content hash of an engine block this cache holds.
     pub fn content_of(&self, group: u32, engine_hash: u64) -> Option<u64> {
-        self.group(group).and_then(|blocks| blocks.get(&engine_hash)).map(|block| block.content)
+        self.group(group).and_then(|blocks| blocks.get(&engine_hash)).map(|&block| self.content(block))
+    }
+
+    fn content(&self, block: EngineBlock) -> u64 {
+        self.segments[block.segment as usize].contents[block.offset as usize]
     }
 
     /// Every block this cache holds, sorted by (group, engine hash).
@@ -178,7 +188,7 @@ impl CacheBlocks {
                 blocks.iter().map(|(&engine_hash, block)| HeldBlock {
                     group: *group,
                     engine_hash,
-                    content: block.content,
+                    content: self.content(*block),
                     residencies: self.index.residencies(block.tiers),
                 })
             })
@@ -269,11 +279,11 @@ impl CacheBlocks {
         // The previous block's segment when it was placed at that segment's end in this event
         // (the next block then extends it without a lookup), with its tiers' weight.
         let mut placed: Option<(u32, f64)> = None;
-        for (&engine_hash, &content) in engine_hashes.iter().zip(contents) {
+        for (i, (&engine_hash, &content)) in engine_hashes.iter().zip(contents).enumerate() {
             let up = previous.replace(engine_hash);
             let mut after = placed.take();
             match self.group(group).and_then(|blocks| blocks.get(&engine_hash)).copied() {
-                Some(block) if block.content == content => {
+                Some(block) if self.content(block) == content => {
                     self.flush(&mut open);
                     self.set_tiers(group, engine_hash, block.tiers | tiers);
                     continue;
@@ -305,7 +315,8 @@ impl CacheBlocks {
                             && best_weight(&self.bits, meta.tiers) == weight
                     })
                     .map(|up_block| up_block.segment),
-            };
+            }
+            .filter(|&segment| self.segments[segment as usize].engines.len() < MAX_SEGMENT_BLOCKS);
             let segment = match extends {
                 Some(segment) if open.as_ref().is_some_and(|o| o.segment == segment) => segment,
                 Some(segment) => {
@@ -315,7 +326,7 @@ impl CacheBlocks {
                 }
                 None => {
                     self.flush(&mut open);
-                    let segment = self.new_segment(content, tiers);
+                    let segment = self.new_segment(content, tiers, engine_hashes.len() - i);
                     open = Some(Open { segment, new: true, hashes: SmallVec::new() });
                     segment
                 }
@@ -323,9 +334,9 @@ impl CacheBlocks {
             open.as_mut().expect("a segment is open").hashes.push(content);
             let meta = &mut self.segments[segment as usize];
             meta.engines.push(engine_hash);
-            let offset = (meta.engines.len() - 1) as u32;
-            group_of(&mut self.groups, group)
-                .insert(engine_hash, EngineBlock { content, tiers, segment, offset });
+            meta.contents.push(content);
+            let offset = (meta.engines.len() - 1) as u16;
+            group_of(&mut self.groups, group).insert(engine_hash, EngineBlock { segment, offset, tiers });
             self.held += 1;
             placed = Some((segment, best_weight(&self.bits, self.segments[segment as usize].tiers)));
         }
@@ -348,9 +359,15 @@ impl CacheBlocks {
         }
     }
 
-    /// A new segment's id (not in the index until its blocks are flushed).
-    fn new_segment(&mut self, key: u64, tiers: u16) -> u32 {
-        let meta = SegmentMeta { key, engines: Vec::new(), tiers };
+    /// A new segment's id (not in the index until its blocks are flushed), with room for
+    /// `blocks`.
+    fn new_segment(&mut self, key: u64, tiers: u16, blocks: usize) -> u32 {
+        let meta = SegmentMeta {
+            key,
+            engines: Vec::with_capacity(blocks),
+            contents: Vec::with_capacity(blocks),
+            tiers,
+        };
         match self.free.pop() {
             Some(id) => {
                 self.segments[id as usize] = meta;
@@ -435,7 +452,7 @@ impl CacheBlocks {
         }
         self.held -= gone.len();
         let mut cuts: SmallVec<[(u32, u32); 32]> =
-            gone.iter().map(|(_, block)| (block.segment, block.offset)).collect();
+            gone.iter().map(|(_, block)| (block.segment, u32::from(block.offset))).collect();
         cuts.sort_unstable();
         for cut in cuts.chunk_by(|a, b| a.0 == b.0) {
             let segment = cut[0].0;
@@ -463,23 +480,20 @@ impl CacheBlocks {
     /// original keeps them until truncated.
     fn split_off(&mut self, group: u32, segment: u32, from: u32, to: u32) -> u32 {
         let meta = &self.segments[segment as usize];
-        let engines: Vec<u64> = meta.engines[from as usize..to as usize].to_vec();
+        let (from, to) = (from as usize, to as usize);
+        let engines: Vec<u64> = meta.engines[from..to].to_vec();
+        let hashes: Vec<u64> = meta.contents[from..to].to_vec();
         let tiers = meta.tiers;
-        let new = self.new_segment(0, tiers);
+        let new = self.new_segment(hashes[0], tiers, 0);
         let blocks = group_of(&mut self.groups, group);
-        let hashes: Vec<u64> = engines
-            .iter()
-            .enumerate()
-            .map(|(offset, engine_hash)| {
-                let block = blocks.get_mut(engine_hash).expect("a segment's blocks are held");
-                block.segment = new;
-                block.offset = offset as u32;
-                block.content
-            })
-            .collect();
+        for (offset, engine_hash) in engines.iter().enumerate() {
+            let block = blocks.get_mut(engine_hash).expect("a segment's blocks are held");
+            block.segment = new;
+            block.offset = offset as u16;
+        }
         let meta = &mut self.segments[new as usize];
-        meta.key = hashes[0];
         meta.engines = engines;
+        meta.contents = hashes.clone();
         self.index.insert_segment(Segment {
             cache: self.key,
             id: new,
@@ -498,8 +512,10 @@ impl CacheBlocks {
             self.free.push(segment);
         } else {
             meta.engines.truncate(len as usize);
+            meta.contents.truncate(len as usize);
             if meta.engines.capacity() > 4 * meta.engines.len() + 16 {
                 meta.engines.shrink_to_fit();
+                meta.contents.shrink_to_fit();
             }
         }
     }
@@ -535,7 +551,7 @@ impl CacheBlocks {
         if best_weight(bits, before) == best_weight(bits, tiers) {
             return;
         }
-        let (segment, offset) = (block.segment, block.offset);
+        let (segment, offset) = (block.segment, u32::from(block.offset));
         let len = self.segments[segment as usize].engines.len() as u32;
         if offset + 1 < len {
             self.split_off(group, segment, offset + 1, len);

@@ -105,6 +105,20 @@ type Segments = SmallVec<[Segment; 1]>;
 /// Block content hashes are well mixed already: no hashing of the key.
 type Shard = IntMap<u64, Segments>;
 
+/// A shard on cache lines of its own (128 bytes: two lines, the unit adjacent-line prefetch
+/// pulls): a lock and a map header are 48 bytes, so unpadded two or three shards share a line
+/// and two writers (or a writer and a querying thread) on neighbouring shards bounce it.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// The residencies seen, by bit, and each one's weight.
 #[derive(Debug)]
 struct Tiers {
@@ -115,7 +129,7 @@ struct Tiers {
 /// The event-fed block index of one model. Create it in an `Arc`: each [`CacheBlocks`] keeps one.
 #[derive(Debug)]
 pub struct BlockIndex {
-    shards: Box<[RwLock<Shard>]>,
+    shards: Box<[Padded<RwLock<Shard>>]>,
     /// Group 0's layouts, in the order first seen: read by every query, so atomics (a read
     /// lock's counter bounced between two querying cores: 2.6x fewer queries/s on two threads
     /// than on one, `benches/dynamo-index`); added under `layouts_added`.
@@ -144,7 +158,7 @@ impl BlockIndex {
         let gpu = Residency::gpu();
         let tiers = Tiers { weights: vec![tier_weights.weight(&gpu.medium)], residencies: vec![gpu] };
         Self {
-            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            shards: (0..SHARDS).map(|_| Padded(RwLock::new(Shard::default()))).collect(),
             layouts: Default::default(),
             n_layouts: AtomicUsize::new(0),
             layouts_added: Mutex::new(()),
@@ -414,7 +428,7 @@ impl BlockIndex {
     }
 
     fn shard(&self, hash: u64) -> &RwLock<Shard> {
-        &self.shards[self.shard_of(hash)]
+        &self.shards[self.shard_of(hash)].0
     }
 
     /// Middle bits pick the shard: the map inside takes the bucket from the low bits and its

@@ -183,6 +183,43 @@ fn a_chain_is_one_segment_and_removals_cut_it() {
 }
 
 #[test]
+fn a_chain_longer_than_a_segment_holds_continues_in_another() {
+    // Offsets are 16 bits: past `MAX_SEGMENT_BLOCKS` a chain starts a new segment, and matches,
+    // cuts and removals work across the boundary.
+    let max = super::cache::MAX_SEGMENT_BLOCKS;
+    let blocks = max + 1_000;
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 3, rank: 0 });
+    let tokens: Vec<u32> = (0..(blocks * BS as usize) as u32).collect();
+    let hashes: Vec<u64> = (1..=blocks as u64).collect();
+    let per_event = 700;
+    for start in (0..blocks).step_by(per_event) {
+        let end = (start + per_event).min(blocks);
+        let parent = (start > 0).then(|| hashes[start - 1]);
+        let event_tokens = &tokens[start * BS as usize..end * BS as usize];
+        cache.apply_stored(stored(&hashes[start..end], parent, event_tokens)).unwrap();
+    }
+    assert_eq!(index.segments(), [1_000, max]);
+    assert_eq!(overlap(&index, &tokens), [(3, tokens.len())]);
+    // A cut in the second segment, then one at the boundary.
+    cache.apply_removed(0, &[hashes[max + 10]], gpu());
+    assert_eq!(index.segments(), [10, 989, max]);
+    assert_eq!(overlap(&index, &tokens), [(3, (max + 10) * BS as usize)]);
+    cache.apply_removed(0, &[hashes[max - 1]], gpu());
+    assert_eq!(index.segments(), [10, 989, max - 1]);
+    assert_eq!(overlap(&index, &tokens), [(3, (max - 1) * BS as usize)]);
+    assert_eq!(
+        cache.content_of(0, hashes[max + 5]),
+        index
+            .prompt_hashes(&tokens, Namespace::BASE)
+            .hashes(Layout { block_size: BS, lookahead: 0 })
+            .get(max + 5)
+            .copied()
+    );
+    assert_eq!(cache.len(), blocks - 2);
+}
+
+#[test]
 fn a_tier_change_gives_the_block_a_segment_of_its_own() {
     let index = Arc::new(BlockIndex::new());
     let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 0, rank: 0 });
