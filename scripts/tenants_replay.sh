@@ -11,7 +11,8 @@
 # Optional environment: TENANTS=FILE, a gateway config file (its `tenants:` section: classes,
 # weights, reserved concurrency); ENGINE_PRIORITY=1, engines serving by priority (`kvgate mock
 # --priority-scheduling`) and the gateway telling them each request's class
-# (`--forward-priority vllm`).
+# (`--forward-priority vllm`); ENGINE_MIXED=1, engines carrying their running decodes in every
+# prefill step (`kvgate mock --mixed-batching`, vLLM v1's and SGLang's mixed-chunk batches).
 set -euo pipefail
 KVGATE=${KVGATE:-target/debug/kvgate}
 name=$1 trace=$2 header=$3 bound=$4
@@ -21,6 +22,7 @@ if [[ "${ENGINE_PRIORITY:-0}" == 1 ]]; then
   mock_extra+=(--priority-scheduling)
   gateway_extra+=(--forward-priority vllm)
 fi
+if [[ "${ENGINE_MIXED:-0}" == 1 ]]; then mock_extra+=(--mixed-batching); fi
 "$KVGATE" mock --workers 4 --base-port 39100 --host 127.0.0.1 "${mock_extra[@]}" > "mock-$name.log" 2>&1 &
 mock=$!
 trap 'kill $mock ${gateway:-} 2>/dev/null || true' EXIT

@@ -95,7 +95,7 @@ fn all_flags() -> std::collections::BTreeMap<String, clap::Arg> {
 }
 
 /// Flags of other programs that the documents mention (cargo's, vLLM's, SGLang's).
-const FOREIGN_FLAGS: [&str; 9] = [
+const FOREIGN_FLAGS: [&str; 10] = [
     "bin",
     "release",
     "workspace",
@@ -105,6 +105,7 @@ const FOREIGN_FLAGS: [&str; 9] = [
     "scheduling-policy",
     "enable-priority-scheduling",
     "schedule-low-priority-values-first",
+    "enable-mixed-chunk",
 ];
 
 #[test]

@@ -41,6 +41,13 @@ pub struct EngineConfig {
     /// `--scheduling-policy priority` and SGLang's `--enable-priority-scheduling` do; off:
     /// first come, first served.
     pub priority_scheduling: bool,
+    /// Carry the running decodes in every step, prefill chunks filling the rest of the step's
+    /// token budget (vLLM v1's scheduler, `vllm/v1/core/sched/scheduler.py`: the running
+    /// requests first, one token per decode, then the waiting ones while `token_budget > 0`;
+    /// SGLang's `--enable-mixed-chunk`); off: a prefill step goes before the running decodes
+    /// and carries none of them (SGLang's default). A mixed step takes as long as its prefill
+    /// and its decode would separately.
+    pub mixed_batching: bool,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +66,7 @@ impl Default for EngineConfig {
             cpu_offload_tokens: 0,
             cpu_load_tokens_per_sec: 190_000.0,
             priority_scheduling: false,
+            mixed_batching: false,
         }
     }
 }

@@ -54,6 +54,11 @@ pub struct EngineFlags {
     /// ahead of less urgent ones already prefilling; off: first come, first served.
     #[arg(long)]
     pub priority_scheduling: bool,
+    /// Carry the running decodes in every step, prefill chunks filling the rest of its token
+    /// budget (vLLM v1's scheduler, SGLang's `--enable-mixed-chunk`); off: a prefill step goes
+    /// before the running decodes and carries none of them (SGLang's default).
+    #[arg(long)]
+    pub mixed_batching: bool,
 }
 
 impl EngineFlags {
@@ -72,6 +77,7 @@ impl EngineFlags {
             cpu_offload_tokens: self.cpu_offload_tokens.unwrap_or(default.cpu_offload_tokens),
             cpu_load_tokens_per_sec: self.cpu_load_tokens_per_sec.unwrap_or(default.cpu_load_tokens_per_sec),
             priority_scheduling: self.priority_scheduling,
+            mixed_batching: self.mixed_batching,
             ..default
         }
     }

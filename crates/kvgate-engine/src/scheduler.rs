@@ -1,5 +1,6 @@
 //! The engine: FIFO admission against the KV pool (or by request priority, with
-//! `priority_scheduling`), chunked prefill with priority over batched decode, and the request
+//! `priority_scheduling`), chunked prefill with priority over batched decode (or, with
+//! `mixed_batching`, the running decodes carried in every prefill step), and the request
 //! lifecycle, advanced by an injected clock.
 
 mod pd;
@@ -116,7 +117,10 @@ struct Step {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum StepKind {
-    Prefill,
+    /// Prefill chunks, and with `decodes` every running decode one token (`mixed_batching`).
+    Prefill {
+        decodes: bool,
+    },
     Decode,
 }
 
@@ -301,7 +305,13 @@ impl Engine {
             }
             self.step = None;
             match step.kind {
-                StepKind::Prefill => self.complete_prefill(step.end_us, out),
+                StepKind::Prefill { decodes } => {
+                    // The decodes first: the prefills this step completes start decoding after it.
+                    if decodes {
+                        self.complete_decode(step.end_us, out);
+                    }
+                    self.complete_prefill(step.end_us, out);
+                }
                 StepKind::Decode => self.complete_decode(step.end_us, out),
             }
             self.schedule(step.end_us);
@@ -399,15 +409,25 @@ impl Engine {
             .sum()
     }
 
-    /// Admits what fits, then starts the next step at `at_us` (prefill first, else decode).
+    /// The prefill tokens a step may carry: the chunk budget, less one token per running decode
+    /// with `mixed_batching` (vLLM v1 counts a decode's token against `token_budget`).
+    fn prefill_budget(&self) -> u32 {
+        match self.config.mixed_batching {
+            true => self.config.prefill_chunk_tokens.saturating_sub(self.decoding.len() as u32),
+            false => self.config.prefill_chunk_tokens,
+        }
+    }
+
+    /// Admits what fits, then starts the next step at `at_us`: prefill first (carrying the
+    /// running decodes with `mixed_batching`), else decode.
     fn schedule(&mut self, at_us: u64) {
         if self.admission_pending {
             self.admit(at_us);
         }
         self.kv_events.flush(at_us);
-        if !self.prefilling.is_empty() {
+        let mut budget = self.prefill_budget();
+        if !self.prefilling.is_empty() && budget > 0 {
             self.prefill_work.clear();
-            let mut budget = self.config.prefill_chunk_tokens;
             let mut step_tokens = 0u64;
             for &slot in &self.prefilling {
                 let request = self.slots[slot].as_ref().expect("prefilling slots are live");
@@ -422,10 +442,15 @@ impl Engine {
                     break;
                 }
             }
+            let decodes = self.config.mixed_batching && !self.decoding.is_empty();
+            let decode_us = match decodes {
+                true => self.config.decode_step_us(self.decoding.len()),
+                false => 0,
+            };
             self.step = Some(Step {
                 start_us: at_us,
-                end_us: at_us + self.config.prefill_step_us(step_tokens),
-                kind: StepKind::Prefill,
+                end_us: at_us + self.config.prefill_step_us(step_tokens) + decode_us,
+                kind: StepKind::Prefill { decodes },
             });
         } else if !self.decoding.is_empty() {
             self.step = Some(Step {
@@ -445,7 +470,7 @@ impl Engine {
     fn admit(&mut self, at_us: u64) {
         self.admission_pending = false;
         let max_running = self.config.max_running_requests as usize;
-        let budget = u64::from(self.config.prefill_chunk_tokens);
+        let budget = u64::from(self.prefill_budget());
         while let Some(&slot) = self.waiting.front() {
             if self.running() >= max_running {
                 break;

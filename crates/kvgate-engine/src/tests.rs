@@ -1,5 +1,6 @@
 //! Behaviour tests of the whole engine: timing, prefix reuse, eviction, queueing, events, determinism.
 
+mod mixed;
 mod pd;
 
 use proptest::prelude::*;

@@ -47,7 +47,7 @@ pub use report::{
 };
 pub use sim::{
     simulate, simulate_outside, AdmissionSetup, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup,
-    MAINTAIN_INTERVAL_US,
+    TtftParts, MAINTAIN_INTERVAL_US,
 };
 pub use tenants::TenantMetrics;
 

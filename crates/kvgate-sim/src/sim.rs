@@ -94,6 +94,9 @@ pub struct SimOutcome {
     pub finished: Vec<RequestStats>,
     /// The trace index of each of `finished` (for the per-tenant figures).
     pub finished_requests: Vec<usize>,
+    /// Where the TTFT of each of `finished` went (a regular fleet's; empty for a disaggregated
+    /// one).
+    pub ttft_parts: Vec<TtftParts>,
     /// Requests the policy found no worker for.
     pub unrouted: u64,
     /// Requests an engine refused (e.g. larger than its KV cache).
@@ -123,6 +126,22 @@ pub struct SimOutcome {
     /// The engine that served each of `finished` (a regular fleet's; empty for a disaggregated
     /// one).
     pub finished_engines: Vec<usize>,
+}
+
+/// One request's time to first token in parts, in microseconds: they add up to its TTFT.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TtftParts {
+    /// In the gateway's admission queue: arrival to submission to an engine.
+    pub gateway_wait_us: u64,
+    /// In the engine's waiting queue: submission to admission (the step running when it came,
+    /// then the prefill budget, running slots or KV taken by the requests ahead).
+    pub engine_wait_us: u64,
+    /// Computing its own uncached prompt (and loading its host-tier prefix) at the engine's
+    /// prefill rate.
+    pub prefill_own_us: u64,
+    /// The rest of admission to first token: the other requests' work in the steps that
+    /// carried its prefill (their prefill chunks, and decodes in a mixed batch).
+    pub prefill_shared_us: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -514,7 +533,19 @@ impl<'a> Simulation<'a> {
                         self.outcome.prefill_tokens_by_engine[engine] +=
                             u64::from(stats.prompt_tokens.saturating_sub(stats.cached_tokens));
                         // Its arrival at the gateway, before any admission queue.
+                        let submitted_us = stats.arrival_us;
                         stats.arrival_us = stats.arrival_us.min(self.arrival_us[id as usize]);
+                        let config = self.engines[engine].config();
+                        let uncached = stats.prompt_tokens.saturating_sub(stats.cached_tokens)
+                            + config.load_work_tokens(stats.offloaded_tokens);
+                        let prefill_us = stats.first_token_us.saturating_sub(stats.admitted_us);
+                        let prefill_own_us = config.prefill_step_us(uncached.into()).min(prefill_us);
+                        self.outcome.ttft_parts.push(TtftParts {
+                            gateway_wait_us: submitted_us - stats.arrival_us,
+                            engine_wait_us: stats.admitted_us.saturating_sub(submitted_us),
+                            prefill_own_us,
+                            prefill_shared_us: prefill_us - prefill_own_us,
+                        });
                         self.outcome.finished.push(stats);
                         self.outcome.finished_requests.push(self.order[id as usize]);
                         self.outcome.finished_engines.push(engine);

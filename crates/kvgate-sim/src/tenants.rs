@@ -1,7 +1,9 @@
 //! The per-tenant figures of a run (a trace whose lines name their `tenant`): each tenant's
 //! completed requests, its shares of the requests and prompt tokens served, its TTFT
 //! percentiles (from its arrival at the gateway, admission queue included), queueing and hit
-//! rate. Tenants in name order; a request naming none counts as `default`.
+//! rate, and where the TTFT of its slowest tenth went (the gateway's queue, the engine's queue,
+//! its own prefill, the other requests' work in its prefill steps). Tenants in name order; a
+//! request naming none counts as `default`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,7 +12,7 @@ use kvgate_trace::percentile;
 use serde::Serialize;
 
 use crate::report::SimReport;
-use crate::sim::SimOutcome;
+use crate::sim::{SimOutcome, TtftParts};
 use crate::trace::Trace;
 
 /// One tenant's figures. Latencies in milliseconds.
@@ -31,11 +33,22 @@ pub struct TenantMetrics {
     /// Mean of admitted - arrival (the gateway's queue and the engine's).
     pub mean_queue_ms: f64,
     pub cache_hit_rate: f64,
+    /// The TTFT of its requests at or above its TTFT p90, in parts (means over them; they add
+    /// up to their mean TTFT; all 0 for a disaggregated fleet, whose parts are not recorded).
+    pub tail_gateway_wait_ms: f64,
+    pub tail_engine_wait_ms: f64,
+    pub tail_prefill_own_ms: f64,
+    pub tail_prefill_shared_ms: f64,
+    /// Mean of finished - first token (how long an answer holds its slot after its first token).
+    pub decode_mean_ms: f64,
 }
 
 #[derive(Default)]
 struct Sums {
     ttft_ms: Vec<f64>,
+    /// (TTFT, its parts) per request.
+    parts: Vec<(u64, TtftParts)>,
+    decode_us: u64,
     queue_us: u64,
     prompt: u64,
     cached: u64,
@@ -47,10 +60,14 @@ pub fn per_tenant(outcome: &SimOutcome, trace: &Trace, makespan_s: f64) -> Vec<T
         return Vec::new();
     }
     let mut tenants: BTreeMap<&str, Sums> = BTreeMap::new();
-    for (stats, &index) in outcome.finished.iter().zip(&outcome.finished_requests) {
+    for (position, (stats, &index)) in outcome.finished.iter().zip(&outcome.finished_requests).enumerate() {
         let tenant = trace.requests.get(index).and_then(|r| r.tenant.as_deref()).unwrap_or("default");
         let sums = tenants.entry(tenant).or_default();
         sums.ttft_ms.push(stats.ttft_us() as f64 / 1000.0);
+        if let Some(&parts) = outcome.ttft_parts.get(position) {
+            sums.parts.push((stats.ttft_us(), parts));
+        }
+        sums.decode_us += stats.finished_us.saturating_sub(stats.first_token_us);
         sums.queue_us += stats.admitted_us.saturating_sub(stats.arrival_us);
         sums.prompt += u64::from(stats.prompt_tokens);
         sums.cached += u64::from(stats.cached_tokens);
@@ -63,6 +80,16 @@ pub fn per_tenant(outcome: &SimOutcome, trace: &Trace, makespan_s: f64) -> Vec<T
         .map(|(tenant, mut sums)| {
             sums.ttft_ms.sort_by(f64::total_cmp);
             let n = sums.ttft_ms.len() as f64;
+            let p90_us = percentile(&sums.ttft_ms, 90.0) * 1000.0;
+            let tail: Vec<TtftParts> = sums
+                .parts
+                .iter()
+                .filter(|(ttft, _)| (*ttft as f64) >= p90_us)
+                .map(|&(_, parts)| parts)
+                .collect();
+            let tail_mean_ms = |part: fn(&TtftParts) -> u64| {
+                ratio(tail.iter().map(part).sum::<u64>() as f64 / 1000.0, tail.len() as f64)
+            };
             TenantMetrics {
                 tenant: tenant.to_string(),
                 completed: sums.ttft_ms.len() as u64,
@@ -75,6 +102,11 @@ pub fn per_tenant(outcome: &SimOutcome, trace: &Trace, makespan_s: f64) -> Vec<T
                 ttft_p99_ms: percentile(&sums.ttft_ms, 99.0),
                 mean_queue_ms: ratio(sums.queue_us as f64 / 1000.0, n),
                 cache_hit_rate: ratio(sums.cached as f64, sums.prompt as f64),
+                tail_gateway_wait_ms: tail_mean_ms(|parts| parts.gateway_wait_us),
+                tail_engine_wait_ms: tail_mean_ms(|parts| parts.engine_wait_us),
+                tail_prefill_own_ms: tail_mean_ms(|parts| parts.prefill_own_us),
+                tail_prefill_shared_ms: tail_mean_ms(|parts| parts.prefill_shared_us),
+                decode_mean_ms: ratio(sums.decode_us as f64 / 1000.0, n),
             }
         })
         .collect()
@@ -104,6 +136,26 @@ impl SimReport {
                     t.ttft_p99_ms,
                     t.mean_queue_ms,
                     100.0 * t.cache_hit_rate
+                );
+            }
+            let _ = writeln!(
+                out,
+                "\nTTFT of the slowest tenth by part (means over the requests at or above the tenant's \
+                 p90), `{}`:\n\n| tenant | gateway queue (ms) | engine queue (ms) | own prefill (ms) \
+                 | others' work in its prefill steps (ms) | decode, first to last token (mean, ms) |\n\
+                 | --- | ---: | ---: | ---: | ---: | ---: |",
+                run.label
+            );
+            for t in &run.metrics.tenants {
+                let _ = writeln!(
+                    out,
+                    "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                    t.tenant,
+                    t.tail_gateway_wait_ms,
+                    t.tail_engine_wait_ms,
+                    t.tail_prefill_own_ms,
+                    t.tail_prefill_shared_ms,
+                    t.decode_mean_ms
                 );
             }
         }

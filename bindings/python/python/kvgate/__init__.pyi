@@ -642,6 +642,7 @@ def simulate(
     cpu_offload_tokens: int | None = None,
     cpu_load_tokens_per_sec: float | None = None,
     priority_scheduling: bool = False,
+    mixed_batching: bool = False,
     rate_scale: float = 1.0,
     max_requests: int | None = None,
     load_monitor_interval_ms: int = 1000,
@@ -805,6 +806,9 @@ def simulate(
         lower first, as vLLM's `--scheduling-policy priority`), a more urgent prefill taking
         each step's budget ahead of less urgent ones already prefilling; off: first come, first
         served
+    mixed_batching: Carry the running decodes in every step, prefill chunks filling the rest of
+        its token budget (vLLM v1's scheduler, SGLang's `--enable-mixed-chunk`); off: a prefill
+        step goes before the running decodes and carries none of them (SGLang's default)
     rate_scale: Trace timestamps are divided by this (2 = twice the request rate; `--speedup` is
         an alias, as in `kvgate replay`)
     max_requests: Replay only the first K requests (in arrival order)

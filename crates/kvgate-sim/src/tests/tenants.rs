@@ -56,8 +56,24 @@ fn the_fair_queue_keeps_the_flood_from_delaying_the_interactive_tenant() {
     let (fifo_p99, fair_p99, local_p99) = (chat_p99(&fifo), chat_p99(&fair), chat_p99(&local));
     assert!(fair_p99 * 10.0 < fifo_p99, "fair {fair_p99} ms vs arrival order {fifo_p99} ms");
     assert!(local_p99 * 10.0 < fifo_p99, "locality {local_p99} ms vs arrival order {fifo_p99} ms");
+    // Where the slowest tenth's TTFT went: behind the flood in arrival order, the gateway's
+    // queue; the parts add up to their mean TTFT (at least the p90).
+    let chat = |report: &SimReport| report.runs[0].metrics.tenants[0].clone();
+    for report in [&fifo, &fair, &local] {
+        let chat = chat(report);
+        let parts = chat.tail_gateway_wait_ms
+            + chat.tail_engine_wait_ms
+            + chat.tail_prefill_own_ms
+            + chat.tail_prefill_shared_ms;
+        assert!(parts >= chat.ttft_p90_ms * 0.999, "{chat:?}");
+        assert!(chat.tail_prefill_own_ms > 0.0 && chat.decode_mean_ms > 0.0, "{chat:?}");
+    }
+    let fifo_chat = chat(&fifo);
+    assert!(fifo_chat.tail_gateway_wait_ms > 0.9 * fifo_chat.ttft_p90_ms, "{fifo_chat:?}");
+    assert!(chat(&fair).tail_gateway_wait_ms * 10.0 < fifo_chat.tail_gateway_wait_ms);
     let markdown = fair.markdown();
     assert!(markdown.contains("Per tenant, `round_robin`") && markdown.contains("| chat |"), "{markdown}");
+    assert!(markdown.contains("TTFT of the slowest tenth by part"), "{markdown}");
     assert!(fair.to_json().contains("\"tenants\""));
 }
 
