@@ -191,6 +191,22 @@ pub struct PolicyConfig {
     /// (an engine twice as fast is three steps of 1.25 away).
     #[arg(long, default_value_t = 1.25)]
     pub kv_aware_rate_grid_step: f64,
+    /// kv_aware, per-engine rates: how many observations of the fleet's rate an engine's own
+    /// estimate is weighed against (credibility weighting: its estimate is the fleet's rate times
+    /// its measured speed ratio to the power n / (n + this), n its recent busy intervals, the
+    /// decayed count of --kv-aware-rate-smoothing), >= 0; 0 uses its own estimate alone.
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_aware_rate_prior_observations: f64,
+    /// kv_aware: one busy interval's prefill rate counts at most this factor from the fleet's
+    /// rate either way (a burst of prompts the engine found cached, where the index did not,
+    /// reads as a huge rate), >= 1; 0 (the default) bounds no interval.
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_aware_rate_max_ratio: f64,
+    /// kv_aware: learn the prefill rate only from intervals whose starting queue alone keeps the
+    /// engine computing the whole interval at the fleet's rate (an engine that drained and
+    /// idled inside an interval reads as slow: work over time, idle time included).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kv_aware_rate_saturated_intervals: bool,
     /// kv_aware: weight of the request's own uncached prefill time in the cost, beyond its own
     /// wait (the prefill delays requests queued behind it and duplicates a cached prefix), >= 0;
     /// 0 minimises the predicted time to first token alone.
@@ -325,6 +341,7 @@ impl PolicyConfig {
             ("kv_aware_decode_stall_weight", self.kv_aware_decode_stall_weight, Range::NON_NEGATIVE),
             ("kv_aware_queue_cost_weight", self.kv_aware_queue_cost_weight, Range::NON_NEGATIVE),
             ("kv_aware_wait_margin", self.kv_aware_wait_margin, Range::AT_LEAST_ONE),
+            ("kv_aware_rate_prior_observations", self.kv_aware_rate_prior_observations, Range::NON_NEGATIVE),
             ("kv_aware_wait_slack_ms", self.kv_aware_wait_slack_ms, Range::NON_NEGATIVE),
             ("pd_max_local_prefill_fraction", self.pd_max_local_prefill_fraction, Range::PROBABILITY),
             ("kv_transfer_gbps", self.kv_transfer_gbps, Range::POSITIVE),
@@ -346,6 +363,13 @@ impl PolicyConfig {
             checks.push(
                 FieldError::new("kv_aware_rate_grid_step", "must be a finite number > 1")
                     .got(self.kv_aware_rate_grid_step),
+            );
+        }
+        let ratio = self.kv_aware_rate_max_ratio;
+        if !(ratio == 0.0 || (ratio.is_finite() && ratio >= 1.0)) {
+            checks.push(
+                FieldError::new("kv_aware_rate_max_ratio", "must be 0 (off) or a finite number >= 1")
+                    .got(ratio),
             );
         }
         checks.finish()

@@ -40,6 +40,9 @@ class Gateway:
         kv_aware_rate_min_observations: int = 5,
         kv_aware_rate_smoothing: float = 0.1,
         kv_aware_rate_grid_step: float = 1.25,
+        kv_aware_rate_prior_observations: float = 0.0,
+        kv_aware_rate_max_ratio: float = 0.0,
+        kv_aware_rate_saturated_intervals: bool = False,
         kv_aware_prefill_cost_weight: float = 8.0,
         kv_aware_queue_cost_weight: float = 1.0,
         kv_aware_decode_stall_weight: float = 0.0,
@@ -233,6 +236,19 @@ class Gateway:
             about the last 10 reports)
         kv_aware_rate_grid_step: kv_aware: ratio between two rates of the grid the learned rates
             are snapped to, > 1 (an engine twice as fast is three steps of 1.25 away)
+        kv_aware_rate_prior_observations: kv_aware, per-engine rates: how many observations of
+            the fleet's rate an engine's own estimate is weighed against (credibility weighting:
+            its estimate is the fleet's rate times its measured speed ratio to the power n / (n
+            + this), n its recent busy intervals, the decayed count of --kv-aware-rate-
+            smoothing), >= 0; 0 uses its own estimate alone
+        kv_aware_rate_max_ratio: kv_aware: one busy interval's prefill rate counts at most this
+            factor from the fleet's rate either way (a burst of prompts the engine found cached,
+            where the index did not, reads as a huge rate), >= 1; 0 (the default) bounds no
+            interval
+        kv_aware_rate_saturated_intervals: kv_aware: learn the prefill rate only from intervals
+            whose starting queue alone keeps the engine computing the whole interval at the
+            fleet's rate (an engine that drained and idled inside an interval reads as slow:
+            work over time, idle time included)
         kv_aware_prefill_cost_weight: kv_aware: weight of the request's own uncached prefill
             time in the cost, beyond its own wait (the prefill delays requests queued behind it
             and duplicates a cached prefix), >= 0; 0 minimises the predicted time to first token
@@ -608,6 +624,9 @@ def simulate(
     kv_aware_rate_min_observations: int = 5,
     kv_aware_rate_smoothing: float = 0.1,
     kv_aware_rate_grid_step: float = 1.25,
+    kv_aware_rate_prior_observations: float = 0.0,
+    kv_aware_rate_max_ratio: float = 0.0,
+    kv_aware_rate_saturated_intervals: bool = False,
     kv_aware_prefill_cost_weight: float = 8.0,
     kv_aware_queue_cost_weight: float = 1.0,
     kv_aware_decode_stall_weight: float = 0.0,
@@ -732,6 +751,18 @@ def simulate(
         about the last 10 reports)
     kv_aware_rate_grid_step: kv_aware: ratio between two rates of the grid the learned rates are
         snapped to, > 1 (an engine twice as fast is three steps of 1.25 away)
+    kv_aware_rate_prior_observations: kv_aware, per-engine rates: how many observations of the
+        fleet's rate an engine's own estimate is weighed against (credibility weighting: its
+        estimate is the fleet's rate times its measured speed ratio to the power n / (n + this),
+        n its recent busy intervals, the decayed count of --kv-aware-rate-smoothing), >= 0; 0
+        uses its own estimate alone
+    kv_aware_rate_max_ratio: kv_aware: one busy interval's prefill rate counts at most this
+        factor from the fleet's rate either way (a burst of prompts the engine found cached,
+        where the index did not, reads as a huge rate), >= 1; 0 (the default) bounds no interval
+    kv_aware_rate_saturated_intervals: kv_aware: learn the prefill rate only from intervals
+        whose starting queue alone keeps the engine computing the whole interval at the fleet's
+        rate (an engine that drained and idled inside an interval reads as slow: work over time,
+        idle time included)
     kv_aware_prefill_cost_weight: kv_aware: weight of the request's own uncached prefill time in
         the cost, beyond its own wait (the prefill delays requests queued behind it and
         duplicates a cached prefix), >= 0; 0 minimises the predicted time to first token alone

@@ -25,6 +25,18 @@
 //!   each engine at the configured rate, with the rate configured 4x low, the engines measured
 //!   first looked 4x faster than the others, took all the work, and the others were never
 //!   measured.)
+//! - Credibility (`--kv-aware-rate-prior-observations k`, per engine): an engine's estimate is
+//!   weighed against the fleet's rate as if the fleet's were k observations, in log space (a
+//!   speed ratio): `fleet x (own / fleet)^(n / (n + k))`, n the engine's decayed count of busy
+//!   intervals, before the grid. With no samples it is the fleet's rate; it always lies between
+//!   the fleet's rate and the engine's own (property test).
+//! - Two biases of one interval's reading, each behind an option (off by default, so the
+//!   fleet-wide default is unchanged): prompts the engine found cached where the index did not
+//!   count as computed (a burst on one hot document reads as a huge rate:
+//!   `--kv-aware-rate-max-ratio` bounds one interval's rate to a factor of the fleet's), and an
+//!   engine that drained and idled inside an interval reads as slow (idle time counted as
+//!   compute: `--kv-aware-rate-saturated-intervals` learns only from intervals whose starting
+//!   queue alone keeps the engine busy throughout at the fleet's rate).
 //! - Fleet-wide (`--kv-aware-per-engine-rates false`, the default): the fleet's rate for every
 //!   engine. Per-engine rates, though measured right, made kv_aware worse on S6 (the unequal
 //!   fleet) and on S7 (bursts, equal engines): see docs/BENCHMARKS.md.
@@ -61,6 +73,14 @@ pub struct RateSettings {
     pub smoothing: f64,
     /// Ratio between two rates of the grid, > 1.
     pub grid_step: f64,
+    /// Per engine: the fleet's observations an engine's own estimate is weighed against (0:
+    /// its own estimate alone).
+    pub prior_observations: f64,
+    /// One interval's prefill rate counts at most this factor from the fleet's either way, >= 1
+    /// (0: unbounded).
+    pub max_ratio: f64,
+    /// Learn the prefill rate only from intervals the starting queue alone kept busy.
+    pub saturated_intervals: bool,
 }
 
 /// A running rate: work over time, both decayed by `1 - smoothing` at each observation (a ratio
@@ -70,6 +90,8 @@ struct Running {
     work: f64,
     time: f64,
     observations: u32,
+    /// The observations, decayed as the sums are: how much the estimate rests on.
+    weight: f64,
 }
 
 impl Running {
@@ -77,6 +99,7 @@ impl Running {
         let keep = 1.0 - smoothing;
         self.work = self.work * keep + work;
         self.time = self.time * keep + time;
+        self.weight = self.weight * keep + 1.0;
         self.observations = self.observations.saturating_add(1);
     }
 
@@ -93,6 +116,14 @@ fn snap(used: f64, estimate: f64, configured: f64, step: f64) -> f64 {
         return used;
     }
     configured * step.powf(wanted.round())
+}
+
+/// An engine's estimate weighed against the fleet's rate by credibility: the fleet's rate times
+/// the engine's measured speed ratio to the power `weight / (weight + prior)`. Always between the
+/// fleet's rate and the engine's own estimate; the fleet's rate for an engine without samples.
+pub fn credible(own: f64, weight: f64, fleet: f64, prior: f64) -> f64 {
+    let credibility = if weight + prior > 0.0 { weight / (weight + prior) } else { 0.0 };
+    fleet * (own / fleet).powf(credibility)
 }
 
 /// An engine's deviation from the fleet's grid rate in grid steps, moved only past the
@@ -172,6 +203,7 @@ impl EngineRates {
     fn refresh(&mut self, worker: WorkerId, pick: fn(&mut Learned) -> &mut Speed, quantity: Quantity) {
         let min = self.settings.min_observations;
         let step = self.settings.grid_step;
+        let prior = self.settings.prior_observations;
         let fleet = *self.fleet(quantity);
         let measured: Vec<f64> = self
             .engines
@@ -191,7 +223,8 @@ impl EngineRates {
             if used != fleet.used || *id == worker {
                 let speed = pick(learned);
                 if let Some(rate) = speed.running.rate().filter(|_| speed.running.observations >= min) {
-                    speed.steps = deviation(speed.steps, clamp(rate), used, step);
+                    let estimate = credible(clamp(rate), speed.running.weight, used, prior);
+                    speed.steps = deviation(speed.steps, estimate, used, step);
                 }
             }
         }
@@ -237,6 +270,8 @@ impl EngineRates {
             return;
         }
         let smoothing = self.settings.smoothing;
+        let fleet_prefill = self.prefill.used;
+        let RateSettings { max_ratio, saturated_intervals, .. } = self.settings;
         let queued = report.num_waiting_uncached_tokens as f64;
         let entry = self.engines.entry(worker).or_insert_with(|| Learned {
             at_ms: report.fetched_at_ms,
@@ -249,7 +284,9 @@ impl EngineRates {
         }
         let interval_ms = report.fetched_at_ms - entry.at_ms;
         let mut prefill_learned = false;
-        if interval_ms >= poll_ms / 2 && entry.queued > 0.0 && queued > 0.0 {
+        let secs = interval_ms as f64 / 1000.0;
+        let saturated = !saturated_intervals || entry.queued >= fleet_prefill * secs;
+        if interval_ms >= poll_ms / 2 && entry.queued > 0.0 && queued > 0.0 && saturated {
             let arrived: f64 = routed
                 .entries(worker)
                 .filter(|&(at, _)| at >= entry.at_ms && at < report.fetched_at_ms)
@@ -257,7 +294,11 @@ impl EngineRates {
                 .sum();
             let computed = entry.queued + arrived - queued;
             if computed > 0.0 {
-                entry.prefill.running.observe(computed, interval_ms as f64 / 1000.0, smoothing);
+                let mut rate = computed / secs;
+                if max_ratio >= 1.0 {
+                    rate = rate.clamp(fleet_prefill / max_ratio, fleet_prefill * max_ratio);
+                }
+                entry.prefill.running.observe(rate * secs, secs, smoothing);
                 prefill_learned = true;
             }
         }

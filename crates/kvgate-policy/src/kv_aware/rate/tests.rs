@@ -16,6 +16,9 @@ fn settings(per_engine: bool) -> RateSettings {
         min_observations: 3,
         smoothing: 0.1,
         grid_step: 1.25,
+        prior_observations: 0.0,
+        max_ratio: 0.0,
+        saturated_intervals: false,
     }
 }
 
@@ -142,5 +145,71 @@ proptest::proptest! {
         let used: Vec<f64> = (0..4).map(|w| rates.rates(w).prefill_tokens_per_sec).collect();
         proptest::prop_assert!(used.iter().all(|&r| r == used[0]), "{used:?}");
         proptest::prop_assert!((used[0] / true_rate - 1.0).abs() < 1e-9, "{} vs {true_rate}", used[0]);
+    }
+}
+
+#[test]
+fn a_burst_found_cached_counts_at_most_max_ratio_and_a_drained_interval_not_at_all() {
+    // Engine 1's interval: 50,000 queued at both ends and 500,000 tokens routed in 500 ms
+    // (prompts it found cached): read as 1M tokens/s without a bound, 4x the fleet's with one.
+    let mut routed = RoutedLog::default();
+    let mut bounded =
+        EngineRates::new(RateSettings { max_ratio: 4.0, min_observations: 1, ..settings(true) });
+    let mut unbounded = EngineRates::new(RateSettings { min_observations: 1, ..settings(true) });
+    routed.record(1, 250, 500_000.0, 1_000_000);
+    for rates in [&mut bounded, &mut unbounded] {
+        rates.observe(1, &report(0, 50_000), &routed, 500);
+        rates.observe(1, &report(500, 50_000), &routed, 500);
+    }
+    assert_eq!(bounded.engines[&1].prefill.running.rate(), Some(32_000.0));
+    assert_eq!(unbounded.engines[&1].prefill.running.rate(), Some(1_000_000.0));
+    // A queue of 1,000 tokens at the start cannot keep an 8,000 tokens/s engine busy for
+    // 500 ms: with saturated intervals only, nothing is learned from it.
+    let mut routed = RoutedLog::default();
+    let mut saturated = EngineRates::new(RateSettings { saturated_intervals: true, ..settings(true) });
+    routed.record(1, 250, 1_000.0, 1_000_000);
+    saturated.observe(1, &report(0, 1_000), &routed, 500);
+    saturated.observe(1, &report(500, 1_000), &routed, 500);
+    assert_eq!(saturated.engines[&1].prefill.running.rate(), None);
+    saturated.observe(1, &report(1_000, 5_000), &routed, 500);
+    routed.record(1, 1_250, 4_000.0, 1_000_000);
+    saturated.observe(1, &report(1_500, 5_000), &routed, 500);
+    assert_eq!(saturated.engines[&1].prefill.running.rate(), Some(8_000.0));
+}
+
+#[test]
+fn credibility_weighs_a_fast_engine_toward_the_fleet_until_it_is_measured() {
+    // The fleet's mean of 16,000 and 8,000 is 12,000 (grid 12,500); with a prior of 10
+    // observations and about 10 of its own (smoothing 0.1, decayed), engine 1's estimate is
+    // about sqrt(16,000 / 12,500) = 1.13x the fleet's: within the hysteresis, so one grid step
+    // (not the three of its own estimate) is not reached.
+    let mut routed = RoutedLog::default();
+    let mut rates = EngineRates::new(RateSettings { prior_observations: 10.0, ..settings(true) });
+    busy(&mut rates, &mut routed, 1, 16_000.0, 0, 40);
+    busy(&mut rates, &mut routed, 2, 8_000.0, 0, 40);
+    assert_eq!(rates.rates(1).prefill_tokens_per_sec, 12_500.0);
+    assert_eq!(rates.rates(2).prefill_tokens_per_sec, 12_500.0 / 1.25);
+    // No prior: its own estimate, three steps above 8,000.
+    assert_eq!(credible(16_000.0, 10.0, 12_500.0, 0.0), 16_000.0);
+    assert_eq!(credible(16_000.0, 0.0, 12_500.0, 0.0), 12_500.0, "no samples: the fleet's");
+}
+
+proptest::proptest! {
+    /// The credible estimate lies between the fleet's rate and the engine's own, is the fleet's
+    /// with no samples, and moves toward the engine's own as its samples grow.
+    #[test]
+    fn a_credible_estimate_lies_between_the_fleet_rate_and_the_engines_own(
+        own in 100.0f64..1e6,
+        fleet in 100.0f64..1e6,
+        weight in 0.0f64..100.0,
+        more in 0.0f64..100.0,
+        prior in 0.0f64..100.0,
+    ) {
+        let estimate = credible(own, weight, fleet, prior);
+        let (low, high) = (own.min(fleet), own.max(fleet));
+        proptest::prop_assert!(estimate >= low * (1.0 - 1e-12) && estimate <= high * (1.0 + 1e-12), "{estimate}");
+        proptest::prop_assert!((credible(own, 0.0, fleet, prior) - fleet).abs() <= fleet * 1e-12 || prior == 0.0);
+        let closer = credible(own, weight + more, fleet, prior);
+        proptest::prop_assert!((closer.ln() - own.ln()).abs() <= (estimate.ln() - own.ln()).abs() + 1e-9);
     }
 }
