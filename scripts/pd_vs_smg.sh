@@ -74,7 +74,9 @@ s = $scale
 print(' '.join(['--policy', 'kv_aware', '--pd-conditional',
   '--kv-aware-prefill-tokens-per-sec', str(8000 * s), '--kv-aware-decode-ms-per-request', str(0.35 / s),
   '--kv-aware-kv-pressure-weight', str(0.15 / s), '--kv-aware-wait-slack-ms', str(1000 / s),
-  '--kv-transfer-gbps', str(25 * s)]))")
+  '--kv-transfer-gbps', str(25 * s),
+  # The mock decode engines wait 30 s (model time) for a pair's KV: no pair predicted past 80% of it.
+  '--pd-kv-hold-secs', str(0.8 * 30 / s)]))")
 # shellcheck disable=SC2086 # $predicted is a list of flags.
 "$kvgate" launch --port 32303 --admin-port 32403 "${common[@]}" $predicted > "$out/kvgate-predicted.log" 2>&1 &
 pids+=($!)

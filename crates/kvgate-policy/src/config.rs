@@ -295,6 +295,17 @@ pub struct PolicyConfig {
     /// (default: Llama-3-8B fp16, 32 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes), >= 1.
     #[arg(long, default_value_t = 131_072, value_name = "BYTES")]
     pub kv_bytes_per_token: u64,
+    /// pd_conditional with kv_aware on both sides: weight of each path's cost to the other
+    /// requests (kv_aware's recompute and stall terms, on the decode engine in place and on the
+    /// prefill engine for a pair) against the predicted time to first token, >= 0.
+    #[arg(long, default_value_t = 1.0, value_name = "WEIGHT")]
+    pub pd_cost_to_others_weight: f64,
+    /// pd_conditional with kv_aware on both sides: seconds a decode engine holds a pair's slot
+    /// waiting for its KV (SGLang: SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300 by default); a
+    /// pair whose KV is predicted to arrive later (prefill queue and prefill + transfer) is not
+    /// taken, the request is prefilled in place, > 0.
+    #[arg(long, default_value_t = 300.0, value_name = "SECS")]
+    pub pd_kv_hold_secs: f64,
 }
 
 impl Default for PolicyConfig {
@@ -345,6 +356,8 @@ impl PolicyConfig {
             ("kv_aware_wait_slack_ms", self.kv_aware_wait_slack_ms, Range::NON_NEGATIVE),
             ("pd_max_local_prefill_fraction", self.pd_max_local_prefill_fraction, Range::PROBABILITY),
             ("kv_transfer_gbps", self.kv_transfer_gbps, Range::POSITIVE),
+            ("pd_cost_to_others_weight", self.pd_cost_to_others_weight, Range::NON_NEGATIVE),
+            ("pd_kv_hold_secs", self.pd_kv_hold_secs, Range::POSITIVE),
         ] {
             checks.in_range(field, value, range);
         }
@@ -399,6 +412,8 @@ impl PolicyConfig {
             max_local_prefill_fraction: self.pd_max_local_prefill_fraction,
             max_prefill_queue: self.pd_max_prefill_queue,
             transfer_secs_per_token: self.kv_bytes_per_token as f64 / (self.kv_transfer_gbps * 1e9),
+            others_weight: self.pd_cost_to_others_weight,
+            kv_hold_s: self.pd_kv_hold_secs,
         })
     }
 

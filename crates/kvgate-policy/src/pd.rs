@@ -19,7 +19,13 @@
 //! run before its decode steps, its running requests and KV pressure). As kv_aware chooses an
 //! engine, the path with the lower time plus cost to others wins (the prefill's delay to the
 //! requests queued behind it and the running decodes it stalls: in place, those of a decode
-//! engine, which runs many).
+//! engine, which runs many), the costs to others scaled by `--pd-cost-to-others-weight`.
+//!
+//! A pair has a deadline: the decode engine holds its slot for the KV only so long (SGLang's
+//! decode side aborts a request whose KV has not arrived within
+//! `SGLANG_DISAGGREGATION_WAITING_TIMEOUT`, 300 s by default), so a pair whose predicted prefill
+//! (the prefill engine's queue and prefill) plus transfer exceeds `--pd-kv-hold-secs` is not
+//! taken: the request goes in place (`why=pair_past_deadline`).
 
 use crate::PredictedTtft;
 
@@ -36,6 +42,12 @@ pub struct PdRule {
     /// Seconds a pair's transfer takes per prompt token (`--kv-bytes-per-token` /
     /// `--kv-transfer-gbps`).
     pub transfer_secs_per_token: f64,
+    /// The weight of each path's cost to the other requests against the time to first token
+    /// (kv_aware on both sides), >= 0.
+    pub others_weight: f64,
+    /// Seconds a decode engine holds a pair's slot for its KV: a pair predicted to deliver its
+    /// KV later (prefill side's prediction + transfer) is not taken (kv_aware on both sides).
+    pub kv_hold_s: f64,
 }
 
 /// What the rule looks at, for one request and the decode engine chosen for it.
@@ -79,7 +91,8 @@ impl PathTtfts {
         self.prefill_s + self.transfer_s + self.decode_wait_s
     }
 
-    /// What the rule minimises in place: the time to first token plus the cost to others.
+    /// What the rule minimises in place: the time to first token plus the cost to others
+    /// (already scaled by the rule's `others_weight`).
     pub fn in_place_cost_s(&self) -> f64 {
         self.in_place_s + self.in_place_others_s
     }
@@ -87,6 +100,12 @@ impl PathTtfts {
     /// What the rule minimises through the pair.
     pub fn pair_cost_s(&self) -> f64 {
         self.pair_s() + self.prefill_others_s
+    }
+
+    /// When the pair's KV is predicted to reach the decode engine: the prefill engine's queue
+    /// and prefill, then the transfer (what the decode engine's hold deadline bounds).
+    pub fn kv_arrival_s(&self) -> f64 {
+        self.prefill_s + self.transfer_s
     }
 }
 
@@ -143,6 +162,9 @@ pub enum PdWhy {
     InPlaceSooner,
     /// A pair: predicted sooner than in place (kv_aware on both sides).
     PairSooner,
+    /// In place: the pair's KV is predicted to arrive after the decode engine's hold deadline
+    /// (`--pd-kv-hold-secs`; kv_aware on both sides).
+    PairPastDeadline,
 }
 
 impl PdWhy {
@@ -155,6 +177,7 @@ impl PdWhy {
             PdWhy::LongUncached => "long_uncached",
             PdWhy::InPlaceSooner => "in_place_sooner",
             PdWhy::PairSooner => "pair_sooner",
+            PdWhy::PairPastDeadline => "pair_past_deadline",
         }
     }
 }
@@ -218,7 +241,8 @@ impl PdRule {
     ) -> PathTtfts {
         let sane = |s: f64| if s.is_finite() { s.max(0.0) } else { 0.0 };
         let total = |p: &PredictedTtft| sane(p.queue_s) + sane(p.prefill_s) + sane(p.decode_s) + sane(p.kv_s);
-        let others = |p: &PredictedTtft| sane(p.recompute_s) + sane(p.stall_s);
+        let weight = sane(self.others_weight);
+        let others = |p: &PredictedTtft| weight * (sane(p.recompute_s) + sane(p.stall_s));
         PathTtfts {
             in_place_s: total(in_place),
             in_place_others_s: others(in_place),
@@ -231,10 +255,13 @@ impl PdRule {
 
     /// Decides where the request is prefilled: by the predicted times to first token plus the
     /// costs to others (kv_aware's cost, on each side) when the inputs carry them (ties go in
-    /// place: no transfer, no second engine), else by the thresholds.
+    /// place: no transfer, no second engine; a pair whose KV would arrive past the hold
+    /// deadline is never taken), else by the thresholds.
     pub fn decide(&self, inputs: PdInputs) -> PdChoice {
         if let Some(predicted) = inputs.predicted {
-            let (path, why) = if predicted.pair_cost_s() < predicted.in_place_cost_s() {
+            let (path, why) = if predicted.kv_arrival_s() > self.kv_hold_s {
+                (PdPath::InPlace, PdWhy::PairPastDeadline)
+            } else if predicted.pair_cost_s() < predicted.in_place_cost_s() {
                 (PdPath::Pair, PdWhy::PairSooner)
             } else {
                 (PdPath::InPlace, PdWhy::InPlaceSooner)
@@ -277,6 +304,8 @@ mod tests {
         max_local_prefill_fraction: 0.7,
         max_prefill_queue: 4,
         transfer_secs_per_token: 131_072.0 / 25e9,
+        others_weight: 1.0,
+        kv_hold_s: 300.0,
     };
 
     fn check(prompt_tokens: u64, cached_tokens: u64, prefill_queue: Option<u64>, expected: (PdPath, PdWhy)) {
@@ -388,6 +417,66 @@ mod tests {
         let paths = DYNAMO.predict_paths(100, &garbage, &ttft(f64::NAN, 0.0, 0.0, 0.0), &garbage);
         assert_eq!(paths.in_place_s, 1.0);
         assert_eq!((paths.prefill_s, paths.decode_wait_s), (0.0, 0.0));
+    }
+
+    #[test]
+    fn the_pair_rule_never_picks_a_pair_whose_kv_arrives_past_the_hold_deadline() {
+        // A 3 s hold (the mock's at time scale 10, in wall seconds). The pair is far sooner by
+        // the prediction (0.5 s of prefill against 20 s in place), until the prefill engine's
+        // queue pushes its KV's arrival past the deadline.
+        let rule = PdRule { kv_hold_s: 3.0, ..DYNAMO };
+        let decode = ttft(0.0, 20.0, 0.01, 0.0);
+        let decide = |prefill_queue_s: f64| {
+            let prefill = ttft(prefill_queue_s, 0.5, 0.0, 0.0);
+            let predicted = Some(rule.predict_paths(10_000, &decode, &prefill, &decode));
+            rule.decide(PdInputs { prompt_tokens: 10_000, cached_tokens: 0, prefill_queue: None, predicted })
+        };
+        assert_eq!(decide(0.0).why, PdWhy::PairSooner);
+        // 2.4 s queued + 0.5 s prefill + 0.052 s transfer = 2.952 s: still within 3 s.
+        assert_eq!(decide(2.4).why, PdWhy::PairSooner);
+        // 2.5 s queued: 3.052 s, past the deadline: in place, however late in place is.
+        let late = decide(2.5);
+        assert_eq!((late.path, late.why), (PdPath::InPlace, PdWhy::PairPastDeadline), "{}", late.describe());
+        assert!(late.describe().starts_with("in_place; why=pair_past_deadline;"));
+        // The thresholds (no prediction) have no deadline to apply.
+        let thresholds = rule.decide(PdInputs {
+            prompt_tokens: 20_000,
+            cached_tokens: 0,
+            prefill_queue: Some(0),
+            predicted: None,
+        });
+        assert_eq!(thresholds.why, PdWhy::LongUncached);
+    }
+
+    #[test]
+    fn the_cost_to_others_weight_scales_both_paths_and_zero_compares_ttfts_alone() {
+        // In place sooner (0.3 s vs 0.55 s) but stalling the decode engine's running decodes.
+        let decode = PredictedTtft { stall_s: 0.64, recompute_s: 0.1, ..ttft(0.0, 0.3, 0.0, 0.0) };
+        let prefill = PredictedTtft { recompute_s: 0.2, ..ttft(0.0, 0.5, 0.0, 0.0) };
+        let decide = |others_weight: f64| {
+            let rule = PdRule { others_weight, ..DYNAMO };
+            let predicted = rule.predict_paths(10_000, &decode, &prefill, &decode);
+            (
+                predicted,
+                rule.decide(PdInputs {
+                    prompt_tokens: 10_000,
+                    cached_tokens: 0,
+                    prefill_queue: None,
+                    predicted: Some(predicted),
+                }),
+            )
+        };
+        let (paths, choice) = decide(1.0);
+        assert!((paths.in_place_others_s - 0.74).abs() < 1e-9 && (paths.prefill_others_s - 0.2).abs() < 1e-9);
+        assert_eq!(choice.why, PdWhy::PairSooner);
+        let (paths, choice) = decide(0.5);
+        assert!((paths.in_place_others_s - 0.37).abs() < 1e-9 && (paths.prefill_others_s - 0.1).abs() < 1e-9);
+        assert_eq!(choice.why, PdWhy::PairSooner, "0.67 s in place vs 0.65 s through the pair");
+        let (paths, choice) = decide(0.0);
+        assert_eq!((paths.in_place_others_s, paths.prefill_others_s), (0.0, 0.0));
+        assert_eq!(choice.why, PdWhy::InPlaceSooner);
+        // The TTFTs themselves do not depend on the weight.
+        assert_eq!(decide(0.0).0.in_place_s, decide(1.0).0.in_place_s);
     }
 
     #[test]
