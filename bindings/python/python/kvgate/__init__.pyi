@@ -64,6 +64,8 @@ class Gateway:
         pd_max_prefill_queue: int = 8,
         kv_transfer_gbps: float = 25.0,
         kv_bytes_per_token: int = 131072,
+        pd_cost_to_others_weight: float = 1.0,
+        pd_kv_hold_secs: float = 300.0,
         pd_disaggregation: bool = False,
         prefill: Sequence[str] = [],
         decode: Sequence[str] = [],
@@ -307,6 +309,15 @@ class Gateway:
         kv_bytes_per_token: pd_conditional with kv_aware on both sides: KV bytes per prompt
             token a transfer moves (default: Llama-3-8B fp16, 32 layers x 8 KV heads x 128 dims
             x 2 (K and V) x 2 bytes), >= 1
+        pd_cost_to_others_weight: pd_conditional with kv_aware on both sides: weight of each
+            path's cost to the other requests (kv_aware's recompute and stall terms, on the
+            decode engine in place and on the prefill engine for a pair) against the predicted
+            time to first token, >= 0
+        pd_kv_hold_secs: pd_conditional with kv_aware on both sides: seconds a decode engine
+            holds a pair's slot waiting for its KV (SGLang:
+            SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300 by default); a pair whose KV is predicted
+            to arrive later (prefill queue and prefill + transfer) is not taken, the request is
+            prefilled in place, > 0
         pd_disaggregation: Route a prefill/decode disaggregated fleet: each request goes to a
             prefill worker and a decode worker (--prefill, --decode, or POST /workers with a
             worker_type)
@@ -648,6 +659,8 @@ def simulate(
     pd_max_prefill_queue: int = 8,
     kv_transfer_gbps: float = 25.0,
     kv_bytes_per_token: int = 131072,
+    pd_cost_to_others_weight: float = 1.0,
+    pd_kv_hold_secs: float = 300.0,
     prefill_tokens_per_sec: float | None = None,
     prefill_chunk_tokens: int | None = None,
     decode_base_ms: float | None = None,
@@ -815,6 +828,14 @@ def simulate(
     kv_bytes_per_token: pd_conditional with kv_aware on both sides: KV bytes per prompt token a
         transfer moves (default: Llama-3-8B fp16, 32 layers x 8 KV heads x 128 dims x 2 (K and
         V) x 2 bytes), >= 1
+    pd_cost_to_others_weight: pd_conditional with kv_aware on both sides: weight of each path's
+        cost to the other requests (kv_aware's recompute and stall terms, on the decode engine
+        in place and on the prefill engine for a pair) against the predicted time to first
+        token, >= 0
+    pd_kv_hold_secs: pd_conditional with kv_aware on both sides: seconds a decode engine holds a
+        pair's slot waiting for its KV (SGLang: SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300 by
+        default); a pair whose KV is predicted to arrive later (prefill queue and prefill +
+        transfer) is not taken, the request is prefilled in place, > 0
     prefill_tokens_per_sec: Uncached prompt tokens prefilled per second [default: 8000]
     prefill_chunk_tokens: Most prompt tokens per prefill step [default: 2048]
     decode_base_ms: Fixed decode step time in ms [default: 6.0]
