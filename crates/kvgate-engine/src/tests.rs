@@ -601,6 +601,41 @@ fn tight_config() -> EngineConfig {
     }
 }
 
+/// Submits each distinct request of `actions` once with its id's priority from `priorities`,
+/// runs `config`, and checks every request ends exactly once (finished or rejected), none left.
+fn ends_every_request_once(
+    config: EngineConfig,
+    actions: Vec<Action>,
+    priorities: &[i32],
+) -> Result<(), TestCaseError> {
+    let mut submitted = Vec::new();
+    let actions: Vec<Action> = actions
+        .into_iter()
+        .filter_map(|action| match action {
+            Action::Submit(at, request) if !submitted.contains(&request.id) => {
+                submitted.push(request.id);
+                let priority = priorities[request.id as usize];
+                Some(Action::Submit(at, request.with_priority(priority)))
+            }
+            _ => None,
+        })
+        .collect();
+    let (engine, trace) = simulate(config, actions);
+    prop_assert_eq!(engine.num_requests(), 0);
+    let mut ended: Vec<u64> = trace
+        .outputs
+        .iter()
+        .filter_map(|output| match output {
+            EngineOutput::Finished { id, .. } | EngineOutput::Rejected { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    ended.sort_unstable();
+    submitted.sort_unstable();
+    prop_assert_eq!(ended, submitted);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
@@ -621,31 +656,7 @@ proptest! {
         actions in workload_strategy(),
         priorities in prop::collection::vec(-2i32..3, 40),
     ) {
-        let mut submitted = Vec::new();
-        let actions: Vec<Action> = actions
-            .into_iter()
-            .filter_map(|action| match action {
-                Action::Submit(at, request) if !submitted.contains(&request.id) => {
-                    submitted.push(request.id);
-                    let priority = priorities[request.id as usize];
-                    Some(Action::Submit(at, request.with_priority(priority)))
-                }
-                _ => None,
-            })
-            .collect();
-        let (engine, trace) = simulate(EngineConfig { priority_scheduling: true, ..tight_config() }, actions);
-        prop_assert_eq!(engine.num_requests(), 0);
-        let mut ended: Vec<u64> = trace
-            .outputs
-            .iter()
-            .filter_map(|output| match output {
-                EngineOutput::Finished { id, .. } | EngineOutput::Rejected { id, .. } => Some(*id),
-                _ => None,
-            })
-            .collect();
-        ended.sort_unstable();
-        submitted.sort_unstable();
-        prop_assert_eq!(ended, submitted);
+        ends_every_request_once(EngineConfig { priority_scheduling: true, ..tight_config() }, actions, &priorities)?;
     }
 
     #[test]
