@@ -38,8 +38,10 @@
 //!   compute: `--kv-aware-rate-saturated-intervals` learns only from intervals whose starting
 //!   queue alone keeps the engine busy throughout at the fleet's rate).
 //! - Fleet-wide (`--kv-aware-per-engine-rates false`, the default): the fleet's rate for every
-//!   engine. Per-engine rates, though measured right, made kv_aware worse on S6 (the unequal
-//!   fleet) and on S7 (bursts, equal engines): see docs/BENCHMARKS.md.
+//!   engine. Per-engine rates alone, though measured right, made kv_aware worse on S6 (the
+//!   unequal fleet) and on S7 (bursts, equal engines); with the credibility prior and both
+//!   interval filters they beat the fleet's rate on S6 and stay within 1-2% elsewhere (S5's
+//!   p99 +7%), so they stay opt-in: see docs/BENCHMARKS.md.
 //!
 //! Only prompts this host routed are counted as arrivals, so with several gateway replicas in
 //! front of one fleet the estimate is low (the others' prompts are computed too): leave learning
