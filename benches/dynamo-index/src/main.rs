@@ -14,7 +14,9 @@
 //! Engine block hashes are Dynamo's own sequence hashes of the blocks (what its positional
 //! indexer requires of a publisher); kvgate gets the same hashes as opaque engine hashes and the
 //! tokens. Dynamo's events carry each block's token hash, computed by its publisher: the bench
-//! computes them before the clock starts, and reports that hashing's cost apart.
+//! computes them before the clock starts, and reports that hashing's cost apart; a second CRTC
+//! row ("token hashes in the clock") starts from the same engine event as kvgate (token ids and
+//! engine hashes) and converts it, token hashes included, inside the clock.
 //!
 //! Reports: events/s (stores, then removals of everything, tail first), on one thread and two
 //! (kvgate: two writers, each owning half the caches; Dynamo: its `ThreadPoolIndexer` with one
@@ -411,6 +413,11 @@ fn kvgate_caches(index: &Arc<BlockIndex>) -> Vec<CacheBlocks> {
 }
 
 fn dynamo_event(event: &Event, id: u64) -> RouterEvent {
+    dynamo_event_with(event, &event.local, id)
+}
+
+/// A `RouterEvent` of `event` with the token hashes `local` (a removal when `event` has none).
+fn dynamo_event_with(event: &Event, local: &[LocalBlockHash], id: u64) -> RouterEvent {
     let data = if event.local.is_empty() {
         KvCacheEventData::Removed(KvCacheRemoveData {
             block_hashes: event.hashes.iter().map(|&h| ExternalSequenceBlockHash(h)).collect(),
@@ -422,7 +429,7 @@ fn dynamo_event(event: &Event, id: u64) -> RouterEvent {
             blocks: event
                 .hashes
                 .iter()
-                .zip(&event.local)
+                .zip(local)
                 .map(|(&h, &tokens_hash)| KvCacheStoredBlockData {
                     block_hash: ExternalSequenceBlockHash(h),
                     tokens_hash,
@@ -565,6 +572,31 @@ fn apply_thread_pool<T: SyncIndexer>(stream: &Stream, backend: T, threads: usize
     };
     let store_s = run(stores);
     let remove_s = run(removals);
+    rates(stream, store_s, remove_s)
+}
+
+/// Like [`apply_thread_pool`], but from the same engine event kvgate starts from (token ids and
+/// engine block hashes): the conversion Dynamo's publisher makes, its token hashes per block
+/// (`compute_block_hash_for_seq`) and the `RouterEvent`, runs inside the clock, on the thread
+/// that enqueues (as kvgate hashes inside its timed store). The like-for-like row.
+fn apply_thread_pool_from_engine<T: SyncIndexer>(stream: &Stream, backend: T, threads: usize) -> Apply {
+    let rt = runtime();
+    let indexer = ThreadPoolIndexer::new(backend, threads, BLOCK as u32);
+    let run = |events: &[Event]| {
+        let started = Instant::now();
+        for (i, event) in events.iter().enumerate() {
+            let converted = if event.local.is_empty() {
+                dynamo_event(event, i as u64)
+            } else {
+                dynamo_event_with(event, &dynamo_local(&event.tokens), i as u64)
+            };
+            indexer.enqueue_event(converted).expect("queued");
+        }
+        rt.block_on(indexer.flush_and_wait()).expect("flushed");
+        started.elapsed().as_secs_f64()
+    };
+    let store_s = run(&stream.stores);
+    let remove_s = run(&stream.removals);
     rates(stream, store_s, remove_s)
 }
 
@@ -810,6 +842,8 @@ fn apply_report(stream: &Stream) {
                 2,
                 apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
             ),
+            (CRTC_FROM_ENGINE, 1, apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 1)),
+            (CRTC_FROM_ENGINE, 2, apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 2)),
         ];
         print_apply(stream, lines);
         return;
@@ -839,9 +873,14 @@ fn apply_report(stream: &Stream) {
             2,
             apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
         ),
+        (CRTC_FROM_ENGINE, 1, apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 1)),
+        (CRTC_FROM_ENGINE, 2, apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 2)),
     ];
     print_apply(stream, lines);
 }
+
+/// CRTC fed from the engine events kvgate starts from, token hashing in the clock.
+const CRTC_FROM_ENGINE: &str = "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer, token hashes in the clock)";
 
 fn print_apply(stream: &Stream, lines: Vec<(&str, usize, Apply)>) {
     for (name, threads, (se, sb, re, rb)) in lines {
@@ -942,11 +981,17 @@ fn main() {
         for threads in [1, 2] {
             let (_, sb, _, rb) = apply_kvgate(stream, threads);
             let (_, csb, _, crb) = apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), threads);
+            let (_, esb, _, erb) =
+                apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), threads);
             println!(
-                "APPLY | {} | {threads} thread(s) | kvgate store {sb_m:.2} / remove {rb_m:.2} M blocks/s | CRTC {csb_m:.2} / {crb_m:.2} | ratio {:.2}x / {:.2}x |",
+                "APPLY | {} | {threads} thread(s) | kvgate store {sb_m:.2} / remove {rb_m:.2} M blocks/s | CRTC {csb_m:.2} / {crb_m:.2} | ratio {:.2}x / {:.2}x | CRTC hashing in the clock {esb_m:.2} / {erb_m:.2} | ratio {:.2}x / {:.2}x |",
                 stream.name,
                 sb / csb,
                 rb / crb,
+                sb / esb,
+                rb / erb,
+                esb_m = esb / 1e6,
+                erb_m = erb / 1e6,
                 sb_m = sb / 1e6,
                 rb_m = rb / 1e6,
                 csb_m = csb / 1e6,

@@ -598,11 +598,12 @@ impl<'a> Chain<'a> {
         let (block_size, lookahead, from) = (self.block_size, self.lookahead, self.hashes.len());
         let mut parent = self.hashes.last().copied().unwrap_or(self.root);
         if lookahead == 0 {
-            let blocks = self.tokens[from * block_size..n * block_size].chunks_exact(block_size);
-            self.hashes.extend(blocks.map(|block| {
-                parent = block_content(parent, block, &[], 0);
-                parent
-            }));
+            hash::extend_chain(
+                &mut self.hashes,
+                parent,
+                &self.tokens[from * block_size..n * block_size],
+                block_size,
+            );
             return;
         }
         self.hashes.extend((from..n).map(|at| {
