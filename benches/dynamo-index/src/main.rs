@@ -825,62 +825,90 @@ fn hashing_report(stream: &Stream, n: usize) {
     );
 }
 
+/// One apply line: its name, its threads, and how to measure it once.
+type ApplyLine<'a> = (&'static str, usize, Box<dyn Fn() -> Apply + 'a>);
+
 fn apply_report(stream: &Stream) {
-    if stream.interleaved {
-        // Dynamo's positional indexer needs its own sequence hashes as engine hashes (the
-        // recording has the simulated engines'): kvgate and CRTC only.
-        let lines: Vec<(&str, usize, Apply)> = vec![
-            ("kvgate BlockIndex", 1, apply_kvgate(stream, 1)),
-            ("kvgate BlockIndex", 2, apply_kvgate(stream, 2)),
-            (
-                "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
-                1,
-                apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 1),
-            ),
-            (
-                "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
-                2,
-                apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
-            ),
-            (CRTC_FROM_ENGINE, 1, apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 1)),
-            (CRTC_FROM_ENGINE, 2, apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 2)),
-        ];
-        print_apply(stream, lines);
-        return;
-    }
-    let lines: Vec<(&str, usize, Apply)> = vec![
-        ("kvgate BlockIndex", 1, apply_kvgate(stream, 1)),
-        ("kvgate BlockIndex", 2, apply_kvgate(stream, 2)),
-        ("Dynamo PositionalIndexer (direct)", 1, apply_positional_direct(stream, 1)),
-        ("Dynamo PositionalIndexer (direct)", 2, apply_positional_direct(stream, 2)),
-        (
-            "Dynamo PositionalIndexer (ThreadPoolIndexer)",
-            1,
-            apply_thread_pool(stream, PositionalIndexer::new_with_mode(32, SearchMode::Strided), 1),
-        ),
-        (
-            "Dynamo PositionalIndexer (ThreadPoolIndexer)",
-            2,
-            apply_thread_pool(stream, PositionalIndexer::new_with_mode(32, SearchMode::Strided), 2),
-        ),
-        (
-            "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
-            1,
-            apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 1),
-        ),
-        (
-            "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
-            2,
-            apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
-        ),
-        (CRTC_FROM_ENGINE, 1, apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 1)),
-        (CRTC_FROM_ENGINE, 2, apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 2)),
+    let crtc = "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)";
+    let mut lines: Vec<ApplyLine> = vec![
+        ("kvgate BlockIndex", 1, Box::new(|| apply_kvgate(stream, 1))),
+        ("kvgate BlockIndex", 2, Box::new(|| apply_kvgate(stream, 2))),
     ];
-    print_apply(stream, lines);
+    // Dynamo's positional indexer needs its own sequence hashes as engine hashes (a recording
+    // has the simulated engines'): kvgate and CRTC only there.
+    if !stream.interleaved {
+        let positional = || PositionalIndexer::new_with_mode(32, SearchMode::Strided);
+        lines.extend([
+            (
+                "Dynamo PositionalIndexer (direct)",
+                1,
+                Box::new(|| apply_positional_direct(stream, 1)) as Box<dyn Fn() -> Apply>,
+            ),
+            ("Dynamo PositionalIndexer (direct)", 2, Box::new(|| apply_positional_direct(stream, 2))),
+            (
+                "Dynamo PositionalIndexer (ThreadPoolIndexer)",
+                1,
+                Box::new(move || apply_thread_pool(stream, positional(), 1)),
+            ),
+            (
+                "Dynamo PositionalIndexer (ThreadPoolIndexer)",
+                2,
+                Box::new(move || apply_thread_pool(stream, positional(), 2)),
+            ),
+        ]);
+    }
+    lines.extend([
+        (
+            crtc,
+            1,
+            Box::new(|| apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 1))
+                as Box<dyn Fn() -> Apply>,
+        ),
+        (crtc, 2, Box::new(|| apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2))),
+        (
+            CRTC_FROM_ENGINE,
+            1,
+            Box::new(|| apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 1)),
+        ),
+        (
+            CRTC_FROM_ENGINE,
+            2,
+            Box::new(|| apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 2)),
+        ),
+    ]);
+    // `BENCH_APPLY_REPEAT=N`: every line measured N times, the lines taking turns (so a slow
+    // stretch of a shared machine falls on all of them), each figure the median of its N.
+    let repeat: usize =
+        std::env::var("BENCH_APPLY_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let mut runs: Vec<Vec<Apply>> = lines.iter().map(|_| Vec::new()).collect();
+    for _ in 0..repeat {
+        for (line, out) in lines.iter().zip(&mut runs) {
+            out.push((line.2)());
+        }
+    }
+    let median = |runs: &[Apply], pick: fn(&Apply) -> f64| {
+        let mut values: Vec<f64> = runs.iter().map(pick).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let measured: Vec<(&str, usize, Apply)> = lines
+        .iter()
+        .zip(&runs)
+        .map(|(line, runs)| {
+            let apply =
+                (median(runs, |a| a.0), median(runs, |a| a.1), median(runs, |a| a.2), median(runs, |a| a.3));
+            (line.0, line.1, apply)
+        })
+        .collect();
+    if repeat > 1 {
+        println!("NOTE | {} | apply figures: medians of {repeat} turns |", stream.name);
+    }
+    print_apply(stream, measured);
 }
 
 /// CRTC fed from the engine events kvgate starts from, token hashing in the clock.
-const CRTC_FROM_ENGINE: &str = "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer, token hashes in the clock)";
+const CRTC_FROM_ENGINE: &str =
+    "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer, token hashes in the clock)";
 
 fn print_apply(stream: &Stream, lines: Vec<(&str, usize, Apply)>) {
     for (name, threads, (se, sb, re, rb)) in lines {
