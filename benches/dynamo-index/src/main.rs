@@ -771,6 +771,70 @@ fn query_report(stream: &Stream, built: &Built, n: usize) {
     }
 }
 
+/// kvgate and CRTC on the same queries in turns: `TURNS` rounds of `n / TURNS` calls each, the
+/// two indexes alternating, every call's time pooled per side (a slow stretch of a shared
+/// machine then falls on both, not on whichever ran then). Prints p50, p99, queries/s of each
+/// and kvgate's ratios (above 1: kvgate ahead).
+fn paired_report(stream: &Stream, kvgate: &Built, crtc: &Built, n: usize) {
+    const TURNS: usize = 8;
+    let per_turn = (n / TURNS).max(1);
+    for (class, set) in &stream.queries {
+        if set.is_empty() {
+            continue;
+        }
+        let prepared: Vec<[Hashed; 2]> =
+            set.iter().map(|(t, _)| [hashed(kvgate, t), hashed(crtc, t)]).collect();
+        for from_tokens in [true, false] {
+            let mut out = PrefixMatch::default();
+            let mut call = |side: usize, i: usize| {
+                let built = if side == 0 { kvgate } else { crtc };
+                let (tokens, expect) = &set[i % set.len()];
+                let got = match from_tokens {
+                    true => query_tokens(built, tokens, &mut out),
+                    false => query_hashes(built, &prepared[i % set.len()][side], &mut out),
+                };
+                assert!(
+                    got >= *expect && got <= tokens.len() / BLOCK,
+                    "{} {class}: {got} blocks",
+                    built.name()
+                );
+            };
+            for side in 0..2 {
+                for i in 0..set.len().min(2048) {
+                    call(side, i);
+                }
+            }
+            let mut times: [Vec<f64>; 2] = [Vec::with_capacity(n), Vec::with_capacity(n)];
+            for turn in 0..TURNS {
+                for side in [turn % 2, 1 - turn % 2] {
+                    for k in 0..per_turn {
+                        let t = Instant::now();
+                        call(side, turn * per_turn + k);
+                        times[side].push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+            }
+            let stats = |times: &mut Vec<f64>| {
+                let per_s = times.len() as f64 / (times.iter().sum::<f64>() / 1e6);
+                times.sort_by(f64::total_cmp);
+                (percentile(times, 50.0), percentile(times, 99.0), per_s)
+            };
+            let (k50, k99, kq) = stats(&mut times[0]);
+            let (c50, c99, cq) = stats(&mut times[1]);
+            println!(
+                "PAIRED | {} | {class} | {} | kvgate p50 {k50:.2} us p99 {k99:.2} us {:.0} K/s | CRTC p50 {c50:.2} us p99 {c99:.2} us {:.0} K/s | ratio p50 {:.2}x p99 {:.2}x queries/s {:.2}x |",
+                stream.name,
+                if from_tokens { "from tokens" } else { "from block hashes" },
+                kq / 1e3,
+                cq / 1e3,
+                c50 / k50,
+                c99 / k99,
+                kq / cq,
+            );
+        }
+    }
+}
+
 fn hashing_report(stream: &Stream, n: usize) {
     // What Dynamo's side does before its index sees a query or an event: token hashes per block.
     for (class, set) in &stream.queries {
@@ -1068,5 +1132,6 @@ fn main() {
             );
             query_report(stream, &built, n);
         }
+        paired_report(stream, &build(stream, 0), &build(stream, 2), n);
     }
 }

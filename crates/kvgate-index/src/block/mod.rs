@@ -526,14 +526,17 @@ struct Chain<'a> {
 impl<'a> Chain<'a> {
     fn of_tokens(tokens: &'a [u32], namespace: Namespace<'_>, layout: Layout) -> Self {
         let (block_size, lookahead) = (layout.block_size as usize, layout.lookahead as usize);
+        let blocks = tokens.len().saturating_sub(lookahead) / block_size.max(1);
         Chain {
             tokens,
             block_size,
             lookahead,
             root: ChainRoot { namespace, group: 0, lookahead: layout.lookahead }.hash(),
-            blocks: tokens.len().saturating_sub(lookahead) / block_size.max(1),
+            blocks,
             given: &[],
-            hashes: Vec::new(),
+            // Room for every block at once: a walk extends the hashes a segment at a time, and
+            // growing the vector on the way cost a query of short segments a copy per doubling.
+            hashes: Vec::with_capacity(blocks),
         }
     }
 
