@@ -23,14 +23,17 @@
 //! or two event threads, and the positional indexer also applied directly); queries/s and
 //! per-query p50/p99 for full hits of 64, 512 and 4,096 blocks (plus a fresh tail) and misses,
 //! from tokens (each side hashes the prompt its own way) and from block hashes already
-//! computed; queries on two threads; heap bytes per block (a counting allocator).
+//! computed; queries on two threads; heap bytes per block (a counting allocator); `PAIRED`
+//! lines: kvgate and CRTC queried in alternating turns (both built), so a slow stretch of a
+//! shared machine falls on both.
 //!
 //! `BENCH_EVENTS=S1.jsonl,S4.jsonl` adds recorded streams (`kvgate sim --kv-events-out`): each
 //! engine's stores and removals in their order, kvgate and CRTC only.
 //!
 //! Env: `BENCH_ONLY=kvgate-apply` (only kvgate's events, for a profiler), `BENCH_ONLY=quick`
 //! (synthetic stream, kvgate and CRTC), `BENCH_ONLY=events` (only `BENCH_EVENTS`), `BENCH_QUERIES`
-//! (queries per kind, default 4000), `BENCH_TRACE`
+//! (queries per kind, default 4000), `BENCH_APPLY_REPEAT` (every apply line N times, the lines
+//! taking turns, medians reported; default 1), `BENCH_TRACE`
 //! (default `../shared/traces/conversation_trace.jsonl` from the repository root).
 
 use std::alloc::{GlobalAlloc, Layout, System};
