@@ -14,21 +14,26 @@
 //! Engine block hashes are Dynamo's own sequence hashes of the blocks (what its positional
 //! indexer requires of a publisher); kvgate gets the same hashes as opaque engine hashes and the
 //! tokens. Dynamo's events carry each block's token hash, computed by its publisher: the bench
-//! computes them before the clock starts, and reports that hashing's cost apart.
+//! computes them before the clock starts, and reports that hashing's cost apart; a second CRTC
+//! row ("token hashes in the clock") starts from the same engine event as kvgate (token ids and
+//! engine hashes) and converts it, token hashes included, inside the clock.
 //!
 //! Reports: events/s (stores, then removals of everything, tail first), on one thread and two
 //! (kvgate: two writers, each owning half the caches; Dynamo: its `ThreadPoolIndexer` with one
 //! or two event threads, and the positional indexer also applied directly); queries/s and
 //! per-query p50/p99 for full hits of 64, 512 and 4,096 blocks (plus a fresh tail) and misses,
 //! from tokens (each side hashes the prompt its own way) and from block hashes already
-//! computed; queries on two threads; heap bytes per block (a counting allocator).
+//! computed; queries on two threads; heap bytes per block (a counting allocator); `PAIRED`
+//! lines: kvgate and CRTC queried in alternating turns (both built), so a slow stretch of a
+//! shared machine falls on both.
 //!
 //! `BENCH_EVENTS=S1.jsonl,S4.jsonl` adds recorded streams (`kvgate sim --kv-events-out`): each
 //! engine's stores and removals in their order, kvgate and CRTC only.
 //!
 //! Env: `BENCH_ONLY=kvgate-apply` (only kvgate's events, for a profiler), `BENCH_ONLY=quick`
 //! (synthetic stream, kvgate and CRTC), `BENCH_ONLY=events` (only `BENCH_EVENTS`), `BENCH_QUERIES`
-//! (queries per kind, default 4000), `BENCH_TRACE`
+//! (queries per kind, default 4000), `BENCH_APPLY_REPEAT` (every apply line N times, the lines
+//! taking turns, medians reported; default 1), `BENCH_TRACE`
 //! (default `../shared/traces/conversation_trace.jsonl` from the repository root).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -411,6 +416,11 @@ fn kvgate_caches(index: &Arc<BlockIndex>) -> Vec<CacheBlocks> {
 }
 
 fn dynamo_event(event: &Event, id: u64) -> RouterEvent {
+    dynamo_event_with(event, &event.local, id)
+}
+
+/// A `RouterEvent` of `event` with the token hashes `local` (a removal when `event` has none).
+fn dynamo_event_with(event: &Event, local: &[LocalBlockHash], id: u64) -> RouterEvent {
     let data = if event.local.is_empty() {
         KvCacheEventData::Removed(KvCacheRemoveData {
             block_hashes: event.hashes.iter().map(|&h| ExternalSequenceBlockHash(h)).collect(),
@@ -422,7 +432,7 @@ fn dynamo_event(event: &Event, id: u64) -> RouterEvent {
             blocks: event
                 .hashes
                 .iter()
-                .zip(&event.local)
+                .zip(local)
                 .map(|(&h, &tokens_hash)| KvCacheStoredBlockData {
                     block_hash: ExternalSequenceBlockHash(h),
                     tokens_hash,
@@ -565,6 +575,31 @@ fn apply_thread_pool<T: SyncIndexer>(stream: &Stream, backend: T, threads: usize
     };
     let store_s = run(stores);
     let remove_s = run(removals);
+    rates(stream, store_s, remove_s)
+}
+
+/// Like [`apply_thread_pool`], but from the same engine event kvgate starts from (token ids and
+/// engine block hashes): the conversion Dynamo's publisher makes, its token hashes per block
+/// (`compute_block_hash_for_seq`) and the `RouterEvent`, runs inside the clock, on the thread
+/// that enqueues (as kvgate hashes inside its timed store). The like-for-like row.
+fn apply_thread_pool_from_engine<T: SyncIndexer>(stream: &Stream, backend: T, threads: usize) -> Apply {
+    let rt = runtime();
+    let indexer = ThreadPoolIndexer::new(backend, threads, BLOCK as u32);
+    let run = |events: &[Event]| {
+        let started = Instant::now();
+        for (i, event) in events.iter().enumerate() {
+            let converted = if event.local.is_empty() {
+                dynamo_event(event, i as u64)
+            } else {
+                dynamo_event_with(event, &dynamo_local(&event.tokens), i as u64)
+            };
+            indexer.enqueue_event(converted).expect("queued");
+        }
+        rt.block_on(indexer.flush_and_wait()).expect("flushed");
+        started.elapsed().as_secs_f64()
+    };
+    let store_s = run(&stream.stores);
+    let remove_s = run(&stream.removals);
     rates(stream, store_s, remove_s)
 }
 
@@ -739,6 +774,70 @@ fn query_report(stream: &Stream, built: &Built, n: usize) {
     }
 }
 
+/// kvgate and CRTC on the same queries in turns: `TURNS` rounds of `n / TURNS` calls each, the
+/// two indexes alternating, every call's time pooled per side (a slow stretch of a shared
+/// machine then falls on both, not on whichever ran then). Prints p50, p99, queries/s of each
+/// and kvgate's ratios (above 1: kvgate ahead).
+fn paired_report(stream: &Stream, kvgate: &Built, crtc: &Built, n: usize) {
+    const TURNS: usize = 8;
+    let per_turn = (n / TURNS).max(1);
+    for (class, set) in &stream.queries {
+        if set.is_empty() {
+            continue;
+        }
+        let prepared: Vec<[Hashed; 2]> =
+            set.iter().map(|(t, _)| [hashed(kvgate, t), hashed(crtc, t)]).collect();
+        for from_tokens in [true, false] {
+            let mut out = PrefixMatch::default();
+            let mut call = |side: usize, i: usize| {
+                let built = if side == 0 { kvgate } else { crtc };
+                let (tokens, expect) = &set[i % set.len()];
+                let got = match from_tokens {
+                    true => query_tokens(built, tokens, &mut out),
+                    false => query_hashes(built, &prepared[i % set.len()][side], &mut out),
+                };
+                assert!(
+                    got >= *expect && got <= tokens.len() / BLOCK,
+                    "{} {class}: {got} blocks",
+                    built.name()
+                );
+            };
+            for side in 0..2 {
+                for i in 0..set.len().min(2048) {
+                    call(side, i);
+                }
+            }
+            let mut times: [Vec<f64>; 2] = [Vec::with_capacity(n), Vec::with_capacity(n)];
+            for turn in 0..TURNS {
+                for side in [turn % 2, 1 - turn % 2] {
+                    for k in 0..per_turn {
+                        let t = Instant::now();
+                        call(side, turn * per_turn + k);
+                        times[side].push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+            }
+            let stats = |times: &mut Vec<f64>| {
+                let per_s = times.len() as f64 / (times.iter().sum::<f64>() / 1e6);
+                times.sort_by(f64::total_cmp);
+                (percentile(times, 50.0), percentile(times, 99.0), per_s)
+            };
+            let (k50, k99, kq) = stats(&mut times[0]);
+            let (c50, c99, cq) = stats(&mut times[1]);
+            println!(
+                "PAIRED | {} | {class} | {} | kvgate p50 {k50:.2} us p99 {k99:.2} us {:.0} K/s | CRTC p50 {c50:.2} us p99 {c99:.2} us {:.0} K/s | ratio p50 {:.2}x p99 {:.2}x queries/s {:.2}x |",
+                stream.name,
+                if from_tokens { "from tokens" } else { "from block hashes" },
+                kq / 1e3,
+                cq / 1e3,
+                c50 / k50,
+                c99 / k99,
+                kq / cq,
+            );
+        }
+    }
+}
+
 fn hashing_report(stream: &Stream, n: usize) {
     // What Dynamo's side does before its index sees a query or an event: token hashes per block.
     for (class, set) in &stream.queries {
@@ -793,55 +892,90 @@ fn hashing_report(stream: &Stream, n: usize) {
     );
 }
 
+/// One apply line: its name, its threads, and how to measure it once.
+type ApplyLine<'a> = (&'static str, usize, Box<dyn Fn() -> Apply + 'a>);
+
 fn apply_report(stream: &Stream) {
-    if stream.interleaved {
-        // Dynamo's positional indexer needs its own sequence hashes as engine hashes (the
-        // recording has the simulated engines'): kvgate and CRTC only.
-        let lines: Vec<(&str, usize, Apply)> = vec![
-            ("kvgate BlockIndex", 1, apply_kvgate(stream, 1)),
-            ("kvgate BlockIndex", 2, apply_kvgate(stream, 2)),
-            (
-                "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
-                1,
-                apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 1),
-            ),
-            (
-                "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
-                2,
-                apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
-            ),
-        ];
-        print_apply(stream, lines);
-        return;
-    }
-    let lines: Vec<(&str, usize, Apply)> = vec![
-        ("kvgate BlockIndex", 1, apply_kvgate(stream, 1)),
-        ("kvgate BlockIndex", 2, apply_kvgate(stream, 2)),
-        ("Dynamo PositionalIndexer (direct)", 1, apply_positional_direct(stream, 1)),
-        ("Dynamo PositionalIndexer (direct)", 2, apply_positional_direct(stream, 2)),
-        (
-            "Dynamo PositionalIndexer (ThreadPoolIndexer)",
-            1,
-            apply_thread_pool(stream, PositionalIndexer::new_with_mode(32, SearchMode::Strided), 1),
-        ),
-        (
-            "Dynamo PositionalIndexer (ThreadPoolIndexer)",
-            2,
-            apply_thread_pool(stream, PositionalIndexer::new_with_mode(32, SearchMode::Strided), 2),
-        ),
-        (
-            "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
-            1,
-            apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 1),
-        ),
-        (
-            "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)",
-            2,
-            apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2),
-        ),
+    let crtc = "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer)";
+    let mut lines: Vec<ApplyLine> = vec![
+        ("kvgate BlockIndex", 1, Box::new(|| apply_kvgate(stream, 1))),
+        ("kvgate BlockIndex", 2, Box::new(|| apply_kvgate(stream, 2))),
     ];
-    print_apply(stream, lines);
+    // Dynamo's positional indexer needs its own sequence hashes as engine hashes (a recording
+    // has the simulated engines'): kvgate and CRTC only there.
+    if !stream.interleaved {
+        let positional = || PositionalIndexer::new_with_mode(32, SearchMode::Strided);
+        lines.extend([
+            (
+                "Dynamo PositionalIndexer (direct)",
+                1,
+                Box::new(|| apply_positional_direct(stream, 1)) as Box<dyn Fn() -> Apply>,
+            ),
+            ("Dynamo PositionalIndexer (direct)", 2, Box::new(|| apply_positional_direct(stream, 2))),
+            (
+                "Dynamo PositionalIndexer (ThreadPoolIndexer)",
+                1,
+                Box::new(move || apply_thread_pool(stream, positional(), 1)),
+            ),
+            (
+                "Dynamo PositionalIndexer (ThreadPoolIndexer)",
+                2,
+                Box::new(move || apply_thread_pool(stream, positional(), 2)),
+            ),
+        ]);
+    }
+    lines.extend([
+        (
+            crtc,
+            1,
+            Box::new(|| apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 1))
+                as Box<dyn Fn() -> Apply>,
+        ),
+        (crtc, 2, Box::new(|| apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), 2))),
+        (
+            CRTC_FROM_ENGINE,
+            1,
+            Box::new(|| apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 1)),
+        ),
+        (
+            CRTC_FROM_ENGINE,
+            2,
+            Box::new(|| apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), 2)),
+        ),
+    ]);
+    // `BENCH_APPLY_REPEAT=N`: every line measured N times, the lines taking turns (so a slow
+    // stretch of a shared machine falls on all of them), each figure the median of its N.
+    let repeat: usize =
+        std::env::var("BENCH_APPLY_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let mut runs: Vec<Vec<Apply>> = lines.iter().map(|_| Vec::new()).collect();
+    for _ in 0..repeat {
+        for (line, out) in lines.iter().zip(&mut runs) {
+            out.push((line.2)());
+        }
+    }
+    let median = |runs: &[Apply], pick: fn(&Apply) -> f64| {
+        let mut values: Vec<f64> = runs.iter().map(pick).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let measured: Vec<(&str, usize, Apply)> = lines
+        .iter()
+        .zip(&runs)
+        .map(|(line, runs)| {
+            let apply =
+                (median(runs, |a| a.0), median(runs, |a| a.1), median(runs, |a| a.2), median(runs, |a| a.3));
+            (line.0, line.1, apply)
+        })
+        .collect();
+    if repeat > 1 {
+        println!("NOTE | {} | apply figures: medians of {repeat} turns |", stream.name);
+    }
+    print_apply(stream, measured);
 }
+
+/// CRTC fed from the engine events kvgate starts from, token hashing in the clock.
+const CRTC_FROM_ENGINE: &str =
+    "Dynamo ConcurrentRadixTreeCompressed (ThreadPoolIndexer, token hashes in the clock)";
 
 fn print_apply(stream: &Stream, lines: Vec<(&str, usize, Apply)>) {
     for (name, threads, (se, sb, re, rb)) in lines {
@@ -942,11 +1076,17 @@ fn main() {
         for threads in [1, 2] {
             let (_, sb, _, rb) = apply_kvgate(stream, threads);
             let (_, csb, _, crb) = apply_thread_pool(stream, ConcurrentRadixTreeCompressed::new(), threads);
+            let (_, esb, _, erb) =
+                apply_thread_pool_from_engine(stream, ConcurrentRadixTreeCompressed::new(), threads);
             println!(
-                "APPLY | {} | {threads} thread(s) | kvgate store {sb_m:.2} / remove {rb_m:.2} M blocks/s | CRTC {csb_m:.2} / {crb_m:.2} | ratio {:.2}x / {:.2}x |",
+                "APPLY | {} | {threads} thread(s) | kvgate store {sb_m:.2} / remove {rb_m:.2} M blocks/s | CRTC {csb_m:.2} / {crb_m:.2} | ratio {:.2}x / {:.2}x | CRTC hashing in the clock {esb_m:.2} / {erb_m:.2} | ratio {:.2}x / {:.2}x |",
                 stream.name,
                 sb / csb,
                 rb / crb,
+                sb / esb,
+                rb / erb,
+                esb_m = esb / 1e6,
+                erb_m = erb / 1e6,
                 sb_m = sb / 1e6,
                 rb_m = rb / 1e6,
                 csb_m = csb / 1e6,
@@ -995,5 +1135,6 @@ fn main() {
             );
             query_report(stream, &built, n);
         }
+        paired_report(stream, &build(stream, 0), &build(stream, 2), n);
     }
 }

@@ -251,15 +251,23 @@ impl CacheBlocks {
             return Err(ApplyError::TooManyLayouts { got: layout });
         }
         let bit = self.bit(stored.residency);
-        let contents: SmallVec<[u64; 32]> = (0..blocks)
-            .map(|i| {
+        let mut contents: SmallVec<[u64; 32]> = SmallVec::new();
+        if lookahead == 0 && stored.opaque.is_empty() {
+            super::hash::extend_chain(
+                &mut contents,
+                parent,
+                &stored.token_ids[..blocks * block_size],
+                block_size,
+            );
+        } else {
+            contents.extend((0..blocks).map(|i| {
                 let tokens = &stored.token_ids[i * block_size..(i + 1) * block_size];
                 let after = &stored.lookahead[i * lookahead..(i + 1) * lookahead];
                 let opaque = stored.opaque.get(i).copied().unwrap_or(0);
                 parent = block_content(parent, tokens, after, opaque);
                 parent
-            })
-            .collect();
+            }));
+        }
         self.store(group, stored.parent_block_hash, stored.block_hashes, &contents, bit);
         Ok(())
     }

@@ -526,14 +526,17 @@ struct Chain<'a> {
 impl<'a> Chain<'a> {
     fn of_tokens(tokens: &'a [u32], namespace: Namespace<'_>, layout: Layout) -> Self {
         let (block_size, lookahead) = (layout.block_size as usize, layout.lookahead as usize);
+        let blocks = tokens.len().saturating_sub(lookahead) / block_size.max(1);
         Chain {
             tokens,
             block_size,
             lookahead,
             root: ChainRoot { namespace, group: 0, lookahead: layout.lookahead }.hash(),
-            blocks: tokens.len().saturating_sub(lookahead) / block_size.max(1),
+            blocks,
             given: &[],
-            hashes: Vec::new(),
+            // Room for every block at once: a walk extends the hashes a segment at a time, and
+            // growing the vector on the way cost a query of short segments a copy per doubling.
+            hashes: Vec::with_capacity(blocks),
         }
     }
 
@@ -598,11 +601,12 @@ impl<'a> Chain<'a> {
         let (block_size, lookahead, from) = (self.block_size, self.lookahead, self.hashes.len());
         let mut parent = self.hashes.last().copied().unwrap_or(self.root);
         if lookahead == 0 {
-            let blocks = self.tokens[from * block_size..n * block_size].chunks_exact(block_size);
-            self.hashes.extend(blocks.map(|block| {
-                parent = block_content(parent, block, &[], 0);
-                parent
-            }));
+            hash::extend_chain(
+                &mut self.hashes,
+                parent,
+                &self.tokens[from * block_size..n * block_size],
+                block_size,
+            );
             return;
         }
         self.hashes.extend((from..n).map(|at| {
