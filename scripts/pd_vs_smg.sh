@@ -14,7 +14,12 @@
 #
 #   env: KVGATE (default target/release/kvgate), SMG (default /work/notes/smg-venv/bin/smg),
 #        TRACE, PREFILL (2), DECODE (6), POLICY (cache_aware, both sides, both gateways),
-#        TIME_SCALE (10), OUT (/tmp/pd_vs_smg), PAUSE_SECS (5)
+#        TIME_SCALE (10), OUT (/tmp/pd_vs_smg), PAUSE_SECS (5), RETRIES (every gateway's
+#        --retry-max-retries; unset: each one's default), KVGATE_FLAGS (more flags for every
+#        kvgate gateway, e.g. "--pd-fallback-in-place false")
+#
+# After the replay, each kvgate gateway's retries and PD fallbacks (`kvgate_retries_total`,
+# `kvgate_pd_transfer_fallbacks_total`) are written to OUT/.../counters.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scenario=${1:?S1|S4}
@@ -34,6 +39,12 @@ case $scenario in
 esac
 speedup=$(python3 -c "print($rate * $scale)")
 limit=(); [ -n "$max" ] && limit=(--max-requests "$max")
+retries=(); smg_retries=()
+if [ -n "${RETRIES:-}" ]; then
+  retries=(--retry-max-retries "$RETRIES")
+  # SMG refuses --retry-max-retries 0: its way to none is --disable-retries.
+  if [ "$RETRIES" = 0 ]; then smg_retries=(--disable-retries); else smg_retries=("${retries[@]}"); fi
+fi
 
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -59,9 +70,10 @@ done
 # The same policy on both sides of both gateways; SMG's command line as its --help shows it.
 "$smg" launch --pd-disaggregation "${prefill[@]}" "${decode[@]}" --policy "$policy" \
   --host 127.0.0.1 --port 32300 --prometheus-host 127.0.0.1 --prometheus-port 32310 \
-  --shutdown-grace-period-secs 1 --log-level warn > "$out/smg.log" 2>&1 &
+  --shutdown-grace-period-secs 1 --log-level warn "${smg_retries[@]}" > "$out/smg.log" 2>&1 &
 pids+=($!)
-common=(--pd-disaggregation "${prefill[@]}" "${decode[@]}" --pd-protocol sglang
+# shellcheck disable=SC2206 # KVGATE_FLAGS is a list of flags.
+common=(--pd-disaggregation "${prefill[@]}" "${decode[@]}" --pd-protocol sglang "${retries[@]}" ${KVGATE_FLAGS:-}
   --mock-tokenizer --log-level warn --load-monitor-interval-ms "$(python3 -c "print(max(1, round(1000 / $scale)))")"
   --eviction-interval "$(python3 -c "print(120 / $scale)")")
 "$kvgate" launch --port 32301 --admin-port 32401 "${common[@]}" --policy "$policy" > "$out/kvgate-pair.log" 2>&1 &
@@ -100,3 +112,7 @@ echo "uptime before: $(uptime)" | tee "$out/uptime.txt"
   --flush-cache-urls "${workers[@]}" --pause-secs "${PAUSE_SECS:-5}" \
   --fleet-kv-tokens $((n_prefill * kv)) --json "$out/http.json" | tee "$out/http.md"
 echo "uptime after: $(uptime)" | tee -a "$out/uptime.txt"
+for port in 32301 32302 32303; do
+  echo "# kvgate on $port"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^kvgate_(retries_total|pd_transfer_fallbacks_total)' || true
+done | tee "$out/counters.txt"

@@ -20,6 +20,7 @@ mod listener;
 mod load_monitor;
 mod pd;
 mod pd_conditional;
+mod pd_fallback;
 mod policies;
 mod reliability;
 mod replica_sync;

@@ -59,6 +59,7 @@ pub struct Metrics {
     pub decisions: IntCounterVec,
     pub pd_decisions: IntCounterVec,
     pub pd_requests: IntCounterVec,
+    pub pd_transfer_fallbacks: IntCounterVec,
     pub match_rate: HistogramVec,
     pub predicted_ttft: HistogramVec,
     pub tokenize_failures: IntCounterVec,
@@ -252,6 +253,11 @@ impl Metrics {
                 "kvgate_pd_requests_total",
                 "Requests sent to each side of a disaggregated pair, by role and outcome (HTTP status, unreachable, timeout, error).",
                 &["role", "status"],
+            ),
+            pd_transfer_fallbacks: counter(
+                "kvgate_pd_transfer_fallbacks_total",
+                "Pairs whose decode engine answered a failed KV transfer (a server error other than 503) and whose request was sent again, plain, to that engine to prefill in place (--pd-fallback-in-place), by model.",
+                &["model"],
             ),
             match_rate: histogram(
                 "kvgate_prefix_match_rate",

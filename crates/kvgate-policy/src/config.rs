@@ -403,8 +403,6 @@ impl PolicyConfig {
         }
     }
 
-    /// Whether requests are matched against the exact event-fed index when one exists: the host
-    /// then tokenizes prompts and feeds the index.
     /// The conditional-disaggregation rule of these options (`None` when `pd_conditional` is off).
     pub fn pd_rule(&self) -> Option<crate::PdRule> {
         self.pd_conditional.then_some(crate::PdRule {
@@ -417,6 +415,8 @@ impl PolicyConfig {
         })
     }
 
+    /// Whether requests are matched against the exact event-fed index when one exists: the host
+    /// then tokenizes prompts and feeds the index.
     pub fn uses_exact_index(&self) -> bool {
         matches!(self.policy, PolicyKind::CacheAware | PolicyKind::KvAware)
             && self.prefix_index != PrefixIndexMode::Approximate

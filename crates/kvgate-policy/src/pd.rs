@@ -165,6 +165,11 @@ pub enum PdWhy {
     /// In place: the pair's KV is predicted to arrive after the decode engine's hold deadline
     /// (`--pd-kv-hold-secs`; kv_aware on both sides).
     PairPastDeadline,
+    /// In place after a pair failed: its decode engine answered a server error other than 503
+    /// (the KV transfer failed or never came), and the request was sent again, plain, to the
+    /// decode engine the decode side's policy picks for it (the gateway's
+    /// `--pd-fallback-in-place`).
+    TransferFailed,
 }
 
 impl PdWhy {
@@ -178,6 +183,7 @@ impl PdWhy {
             PdWhy::InPlaceSooner => "in_place_sooner",
             PdWhy::PairSooner => "pair_sooner",
             PdWhy::PairPastDeadline => "pair_past_deadline",
+            PdWhy::TransferFailed => "transfer_failed",
         }
     }
 }
@@ -191,6 +197,12 @@ pub struct PdChoice {
 }
 
 impl PdChoice {
+    /// The verdict of the attempt after a pair whose KV transfer failed: in place on a decode
+    /// engine, with the pair's inputs.
+    pub fn transfer_failed(&self) -> PdChoice {
+        PdChoice { path: PdPath::InPlace, why: PdWhy::TransferFailed, inputs: self.inputs }
+    }
+
     /// The verdict as one header value: `in_place; why=mostly_cached; uncached_tokens=812;
     /// uncached_fraction=0.12; prefill_queue=3`.
     pub fn describe(&self) -> String {

@@ -72,6 +72,7 @@ class Gateway:
         prefill_policy: Literal['round_robin', 'random', 'cache_aware', 'power_of_two', 'least_load', 'kv_aware', 'prefix_hash', 'consistent_hashing', 'manual', 'bucket'] | None = None,
         decode_policy: Literal['round_robin', 'random', 'cache_aware', 'power_of_two', 'least_load', 'kv_aware', 'prefix_hash', 'consistent_hashing', 'manual', 'bucket'] | None = None,
         pd_protocol: Literal['sglang', 'vllm'] = 'sglang',
+        pd_fallback_in_place: bool = True,
         routing_key_header: str = 'x-kvgate-routing-key',
         request_id_headers: Sequence[str] = [],
         cors_allowed_origins: Sequence[str] = [],
@@ -328,6 +329,11 @@ class Gateway:
         prefill_policy: Policy of the prefill side (default: --policy)
         decode_policy: Policy of the decode side (default: --policy)
         pd_protocol: How prefill workers hand their KV cache to decode workers
+        pd_fallback_in_place: With --pd-conditional: when a pair's decode engine answers a
+            server error other than 503 (its KV transfer failed or timed out), send the request
+            once more, plain, in place on the decode engine the decode side's policy picks for
+            it (no backoff, not counted against --retry-max-retries; an SGLang prefill still
+            running is cancelled). The route reason says `why=transfer_failed`
         routing_key_header: Header carrying a request's session key (consistent_hashing,
             manual); without it the body's `user` field is the key
         request_id_headers: Give each proxied request an id: the value of the first of these

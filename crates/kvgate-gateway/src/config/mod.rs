@@ -48,6 +48,13 @@ pub struct GatewayConfig {
     /// How prefill workers hand their KV cache to decode workers.
     #[arg(long, value_enum, default_value_t = PdProtocol::Sglang)]
     pub pd_protocol: PdProtocol,
+    /// With --pd-conditional: when a pair's decode engine answers a server error other than 503
+    /// (its KV transfer failed or timed out), send the request once more, plain, in place on the
+    /// decode engine the decode side's policy picks for it (no backoff, not counted against
+    /// --retry-max-retries; an SGLang prefill still running is cancelled). The route reason says
+    /// `why=transfer_failed`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub pd_fallback_in_place: bool,
 
     /// Header carrying a request's session key (consistent_hashing, manual); without it the
     /// body's `user` field is the key.

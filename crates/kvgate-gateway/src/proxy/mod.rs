@@ -227,9 +227,21 @@ where
     let mut tried: Vec<u32> = Vec::with_capacity(2);
     let mut last_failure: Option<Failure> = None;
     let mut retries = 0;
-    let mut backoff: Option<Backoff> = None; // made at the first retry
+    // Made at the first retry.
+    let mut backoff: Option<Backoff> = None;
+    // A pair whose decode engine answered a failed transfer: the next attempt goes in place on a
+    // decode engine (once per request; no backoff, no retry counted).
+    let mut fallback: Option<kvgate_policy::PdChoice> = None;
+    let mut fell_back = false;
     loop {
-        let plan = match shape.plan(state, &route_request, prepared.namespace, &tried, target) {
+        let in_place = fallback
+            .take()
+            .and_then(|pair| shape.plan_in_place(state, &route_request, prepared.namespace, &tried, &pair));
+        let planned = match in_place {
+            Some(plan) => Ok(plan),
+            None => shape.plan(state, &route_request, prepared.namespace, &tried, target),
+        };
+        let plan = match planned {
             Ok(plan) => plan,
             Err(error) => {
                 return match last_failure {
@@ -243,10 +255,28 @@ where
         }
         let (outcome, pd) = match plan {
             RoutePlan::Single(pick) => (single(&exchange, pick).await, None),
-            RoutePlan::Pair { prefill, decode, pd } => match state.config.pd_protocol {
-                PdProtocol::Sglang => (pd::sglang(&exchange, prefill, decode).await, Some(pd)),
-                PdProtocol::Vllm => (pd::vllm(&exchange, prefill, decode).await, Some(pd)),
-            },
+            RoutePlan::Pair { prefill, decode, pd } => {
+                let may_fall_back =
+                    !fell_back && state.config.pd_fallback_in_place && prefill.pool.config.pd_conditional;
+                let (decode_id, decode_pool) = (decode.worker.id, decode.pool.clone());
+                let outcome = match state.config.pd_protocol {
+                    PdProtocol::Sglang => pd::sglang(&exchange, prefill, decode, may_fall_back).await,
+                    PdProtocol::Vllm => pd::vllm(&exchange, prefill, decode).await,
+                };
+                if may_fall_back && pd::transfer_failed(&outcome, decode_id) {
+                    // The failed answer is dropped (its body and in-flight count): the in-place
+                    // attempt's own outcome is what the client gets.
+                    drop(outcome);
+                    if let Some(span) = span.as_mut() {
+                        span.failed("status");
+                    }
+                    state.metrics.pd_transfer_fallbacks.with_label_values(&[&decode_pool.model]).inc();
+                    fallback = Some(pd);
+                    fell_back = true;
+                    continue;
+                }
+                (outcome, Some(pd))
+            }
             // The plain request: the decode engine prefills it itself.
             RoutePlan::InPlace { decode, pd } => (single(&exchange, decode).await, Some(pd)),
         };

@@ -4,7 +4,9 @@
 //! with `max_tokens: 1` and `kv_transfer_params.do_remote_decode`, then the decode worker with
 //! the `kv_transfer_params` the prefill answer returned). The decode side's answer is the
 //! client's. Whichever side fails before a byte reached the client, the other is cancelled
-//! (its request dropped) and the outcome says which worker to avoid on the retry.
+//! (its request dropped) and the outcome says which worker to avoid on the retry; a decode
+//! engine answering a failed transfer is, with `--pd-fallback-in-place`, asked again in place
+//! ([`transfer_failed`]).
 
 use std::sync::Arc;
 
@@ -141,8 +143,42 @@ async fn drain(state: Arc<AppState>, response: http::Response<UpstreamBody>, in_
     drop(in_flight);
 }
 
-/// SGLang: the same request, with the bootstrap fields, to both workers at once.
-pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outcome {
+/// A server error other than 503 (overloaded or unhealthy, which in place would not help):
+/// what a decode engine answers when a pair's KV transfer failed or never came (the mock's 502
+/// `kv_transfer_error`; SGLang 0.5's decode side aborts the request with a 500).
+fn is_transfer_failure(status: http::StatusCode) -> bool {
+    status.is_server_error() && status != http::StatusCode::SERVICE_UNAVAILABLE
+}
+
+fn attempt_failed_transfer(attempt: &Attempt) -> bool {
+    match attempt {
+        Attempt::Done(response, _) | Attempt::RetryableStatus(response, _) => {
+            is_transfer_failure(response.status())
+        }
+        _ => false,
+    }
+}
+
+/// Whether a pair's outcome is its decode engine (`decode`) answering a failed transfer: the
+/// retry loop then sends the plain request there, in place (`--pd-fallback-in-place`).
+pub(super) fn transfer_failed(outcome: &Outcome, decode: u32) -> bool {
+    match outcome {
+        Outcome::Retry { failure: Failure::Response(served), failed } => {
+            *failed == decode && is_transfer_failure(served.response.status())
+        }
+        Outcome::Done(served) => {
+            served.prefill.is_some()
+                && served.worker.id == decode
+                && is_transfer_failure(served.response.status())
+        }
+        _ => false,
+    }
+}
+
+/// SGLang: the same request, with the bootstrap fields, to both workers at once. With
+/// `fallback`, a decode answer of a failed transfer ends the pair at once (the prefill request,
+/// if still running, is dropped: cancelled), for the retry loop to send it in place.
+pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick, fallback: bool) -> Outcome {
     let room = rand::rng().random_range(0..=i64::MAX as u64);
     let host = prefill.worker.host().to_string();
     let port = prefill.worker.bootstrap_port.map_or(Value::Null, Value::from);
@@ -191,7 +227,7 @@ pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Ou
                 // Held: a success, or an error answer (maybe the prefill side's fault); the
                 // rest (unreachable, no head in time, fatal) is the decode side's own.
                 let held = matches!(result, Attempt::Done(..) | Attempt::RetryableStatus(..));
-                if prefill_done || !held {
+                if prefill_done || !held || (fallback && attempt_failed_transfer(&result)) {
                     return decode_outcome(prefill, decode, result);
                 }
                 decoded = Some(result);

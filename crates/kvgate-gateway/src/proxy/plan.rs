@@ -203,6 +203,32 @@ impl Shape {
     }
 }
 
+impl Shape {
+    /// The attempt after a pair whose KV transfer failed (`--pd-fallback-in-place`): in place on
+    /// the decode engine the decode side's policy picks for the whole request (recorded and
+    /// counted as any choice, so a kv_aware decode side queues the prefill there), with the
+    /// pair's inputs and `why=transfer_failed`; `None` when no decode engine is left.
+    pub(super) fn plan_in_place(
+        &self,
+        state: &AppState,
+        request: &RouteRequest<'_>,
+        namespace: Namespace<'_>,
+        tried: &[u32],
+        pair: &PdChoice,
+    ) -> Option<RoutePlan> {
+        let Shape::Pair { decode, .. } = self else { return None };
+        let decode = pick(state, decode, request, namespace, tried, None, Planning::Live).ok()?;
+        state.metrics.count_decision(
+            &decode.pool.model,
+            decode.pool.role,
+            &decode.pool.series,
+            &decode.decision,
+            PdPath::InPlace,
+        );
+        Some(RoutePlan::InPlace { decode, pd: pair.transfer_failed() })
+    }
+}
+
 impl RoutePlan {
     /// The prompt tokens its policy predicts cached where the prompt is computed: the chosen
     /// worker's, a pair's prefill side's, or the decode worker prefilling in place.
