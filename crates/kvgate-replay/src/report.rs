@@ -1,4 +1,4 @@
-//! The replay report: client-side latency mean and percentiles, cache hit rate from the servers' usage beside the trace's references, errors; markdown and JSON.
+//! The replay report: client-side latency mean and percentiles (over the successes, and the p99s over every request with a failure ranking last), cache hit rate from the servers' usage beside the trace's references, errors; markdown and JSON.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -33,6 +33,11 @@ pub struct ReplayReport {
     pub ttft_p99_ms: f64,
     pub e2e_p50_ms: f64,
     pub e2e_p99_ms: f64,
+    /// The 99th percentiles over every request sent, a failed one counting as slower than every
+    /// success (a gateway that fails its slow requests does not look faster for it): null when
+    /// the percentile falls on a failure (more than 1% failed), "failed" in the table.
+    pub ttft_p99_all_ms: Option<f64>,
+    pub e2e_p99_all_ms: Option<f64>,
     /// Mean lateness of sends behind the trace schedule (client-side queueing).
     pub mean_send_delay_ms: f64,
     pub prompt_tokens: u64,
@@ -136,12 +141,27 @@ pub(crate) struct Pooled {
     pub belady: CacheReference,
 }
 
+/// A percentile over every request: its value, or "failed" when it falls on a failure.
+fn all_requests(value: Option<f64>) -> String {
+    value.map_or_else(|| "failed".to_string(), |ms| format!("{ms:.1}"))
+}
+
 fn pct(rate: f64) -> String {
     format!("{:.1}%", rate * 100.0)
 }
 
 fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
+}
+
+/// The `p`th percentile (nearest rank) over `total` requests of which `sorted_ok` are the
+/// successes' values, in order, the failures ranking above them all: `None` on a failure.
+fn percentile_counting_failures(sorted_ok: &[f64], total: usize, p: f64) -> Option<f64> {
+    if total == 0 {
+        return None;
+    }
+    let rank = ((p / 100.0) * total as f64).ceil() as usize;
+    sorted_ok.get(rank.clamp(1, total) - 1).copied()
 }
 
 fn ratio(numerator: f64, denominator: f64) -> f64 {
@@ -195,6 +215,8 @@ impl ReplayReport {
             ttft_p99_ms: percentile(&ttft, 99.0),
             e2e_p50_ms: percentile(&e2e, 50.0),
             e2e_p99_ms: percentile(&e2e, 99.0),
+            ttft_p99_all_ms: percentile_counting_failures(&ttft, ok.len() + errors as usize, 99.0),
+            e2e_p99_all_ms: percentile_counting_failures(&e2e, ok.len() + errors as usize, 99.0),
             mean_send_delay_ms: ms(inputs.mean_send_delay),
             prompt_tokens,
             cached_tokens,
@@ -293,6 +315,8 @@ impl ReplayReport {
             ("TTFT p99 (ms)", format!("{:.1}", self.ttft_p99_ms)),
             ("e2e p50 (ms)", format!("{:.1}", self.e2e_p50_ms)),
             ("e2e p99 (ms)", format!("{:.1}", self.e2e_p99_ms)),
+            ("TTFT p99, all requests (ms)", all_requests(self.ttft_p99_all_ms)),
+            ("e2e p99, all requests (ms)", all_requests(self.e2e_p99_all_ms)),
             ("cache hit rate", pct(self.cache_hit_rate)),
             ("hit rate / ceiling", pct(self.hit_of_ceiling)),
         ];
@@ -369,5 +393,24 @@ pub fn json_all(reports: &[ReplayReport]) -> String {
     match reports {
         [report] => report.to_json(),
         _ => serde_json::to_string_pretty(reports).expect("reports always serialize"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile_counting_failures;
+
+    #[test]
+    fn a_failure_ranks_above_every_success() {
+        let ok: Vec<f64> = (1..=99).map(f64::from).collect();
+        // 99 successes of 100: the 99th percentile is the slowest success; of 101 sent (two
+        // failed) it is a failure.
+        assert_eq!(percentile_counting_failures(&ok, 100, 99.0), Some(99.0));
+        assert_eq!(percentile_counting_failures(&ok, 101, 99.0), None);
+        assert_eq!(percentile_counting_failures(&ok, 99, 50.0), Some(50.0));
+        assert_eq!(percentile_counting_failures(&ok, 198, 50.0), Some(99.0));
+        assert_eq!(percentile_counting_failures(&ok, 199, 50.0), None);
+        assert_eq!(percentile_counting_failures(&[], 0, 99.0), None);
+        assert_eq!(percentile_counting_failures(&[], 5, 99.0), None);
     }
 }

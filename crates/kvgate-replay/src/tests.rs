@@ -39,6 +39,8 @@ async fn replays_a_trace_against_a_simulated_engine_and_sees_cached_prefixes() {
     assert!(report.cached_tokens >= 3 * 512, "{report:?}");
     assert!(report.cache_hit_rate > 0.0 && report.hit_of_ceiling > 0.5, "{report:?}");
     assert!(report.ttft_p50_ms > 0.0 && report.e2e_p99_ms >= report.ttft_p99_ms);
+    // Every request succeeded: the p99 over all of them is the successes' p99.
+    assert_eq!(report.e2e_p99_all_ms, Some(report.e2e_p99_ms));
     assert!(report.ttft_mean_ms > 0.0 && report.ttft_mean_ms <= report.ttft_p99_ms, "{report:?}");
     assert_eq!(report.ceiling_hit_rate, 2560.0 / 3724.0);
     assert_eq!(report.fleet_kv_tokens, Some(1536));
@@ -99,6 +101,9 @@ async fn failures_are_counted_not_fatal() {
     let report = run_on_trace(&args, &trace).await.unwrap();
     assert_eq!((report.succeeded, report.errors), (0, 5));
     assert!(report.error_samples[0].starts_with("HTTP 500"), "{:?}", report.error_samples);
+    // Over every request sent, the p99 is a failure.
+    assert_eq!((report.ttft_p99_all_ms, report.e2e_p99_all_ms), (None, None));
+    assert!(report.markdown().contains("\n| e2e p99, all requests (ms) | failed |"), "{}", report.markdown());
     fleet.shutdown().await;
 }
 
