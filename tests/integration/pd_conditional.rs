@@ -29,7 +29,11 @@ use super::pd::{last_body, metrics, pd_config, post};
 
 /// A conditional PD gateway config, cache_aware on both sides (the decode side's tree knows
 /// which decode engine holds which conversation).
-fn conditional(prefill: &Arc<Upstream>, decode: &[&Arc<Upstream>], protocol: PdProtocol) -> GatewayConfig {
+pub(crate) fn conditional(
+    prefill: &Arc<Upstream>,
+    decode: &[&Arc<Upstream>],
+    protocol: PdProtocol,
+) -> GatewayConfig {
     let mut cfg = pd_config(&[(prefill, Some(8998))], decode, protocol);
     cfg.routing.policy = PolicyKind::CacheAware;
     cfg.routing.pd_conditional = true;
@@ -41,7 +45,7 @@ fn long_turn(topic: &str) -> Value {
     long_turn_of("m", topic)
 }
 
-fn long_turn_of(model: &str, topic: &str) -> Value {
+pub(crate) fn long_turn_of(model: &str, topic: &str) -> Value {
     let content: String = (0..2000).map(|i| format!("{topic}{i:05} ")).collect();
     json!({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 8})
 }
@@ -55,7 +59,7 @@ fn next_turn(first: &Value) -> Value {
     body
 }
 
-fn pd_path(response: &reqwest::Response) -> String {
+pub(crate) fn pd_path(response: &reqwest::Response) -> String {
     response.headers()["x-kvgate-pd-path"].to_str().unwrap().to_string()
 }
 

@@ -17,19 +17,12 @@ use std::sync::atomic::Ordering;
 use common::*;
 use kvgate_gateway::PdProtocol;
 use kvgate_policy::PolicyKind;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::pd::{metrics, pd_config, post};
-
-/// A first turn of about 5,000 tokens: long and new, so the rule sends it through a pair.
-fn long_turn(model: &str, topic: &str) -> Value {
-    let content: String = (0..2000).map(|i| format!("{topic}{i:05} ")).collect();
-    json!({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 8})
-}
-
-fn pd_path(response: &reqwest::Response) -> String {
-    response.headers()["x-kvgate-pd-path"].to_str().unwrap().to_string()
-}
+use super::pd::{metrics, post};
+// A first turn of about 5,000 tokens (`long_turn_of`) is long and new: the rule sends it
+// through a pair.
+use super::pd_conditional::{conditional, long_turn_of as long_turn, pd_path};
 
 /// `kvgate_pd_transfer_fallbacks_total`, summed over models.
 fn fallbacks(text: &str) -> u64 {
@@ -87,9 +80,7 @@ async fn the_fallback_is_taken_once_and_a_503_is_a_plain_retry() {
         let p = upstream("p", "m").await;
         let d = upstream("d", "m").await;
         d.status.store(500, Ordering::SeqCst);
-        let mut cfg = pd_config(&[(&p, Some(8998))], &[&d], protocol);
-        cfg.routing.policy = PolicyKind::CacheAware;
-        cfg.routing.pd_conditional = true;
+        let mut cfg = conditional(&p, &[&d], protocol);
         cfg.disable_circuit_breaker = true;
         let gw = gateway(cfg).await;
         let response = post(&gw, &long_turn("m", "lima")).await;
@@ -107,9 +98,7 @@ async fn the_fallback_is_taken_once_and_a_503_is_a_plain_retry() {
         let p = upstream("p", "m").await;
         let d = upstream("d", "m").await;
         d.status.store(503, Ordering::SeqCst);
-        let mut cfg = pd_config(&[(&p, Some(8998))], &[&d], protocol);
-        cfg.routing.policy = PolicyKind::CacheAware;
-        cfg.routing.pd_conditional = true;
+        let mut cfg = conditional(&p, &[&d], protocol);
         cfg.disable_retries = true;
         cfg.disable_circuit_breaker = true;
         let gw = gateway(cfg).await;

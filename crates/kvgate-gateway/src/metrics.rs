@@ -256,7 +256,7 @@ impl Metrics {
             ),
             pd_transfer_fallbacks: counter(
                 "kvgate_pd_transfer_fallbacks_total",
-                "Pairs whose decode engine answered a failed KV transfer (a server error other than 503) and whose request was sent again, plain, to that engine to prefill in place (--pd-fallback-in-place), by model.",
+                "Pairs whose decode engine answered a failed KV transfer (a server error other than 503) and whose request was sent again, plain, in place on the decode engine the decode side's policy picks (--pd-fallback-in-place), by model.",
                 &["model"],
             ),
             match_rate: histogram(

@@ -157,11 +157,13 @@ fn ms(duration: Duration) -> f64 {
 /// The `p`th percentile (nearest rank) over `total` requests of which `sorted_ok` are the
 /// successes' values, in order, the failures ranking above them all: `None` on a failure.
 fn percentile_counting_failures(sorted_ok: &[f64], total: usize, p: f64) -> Option<f64> {
-    if total == 0 {
-        return None;
-    }
-    let rank = ((p / 100.0) * total as f64).ceil() as usize;
-    sorted_ok.get(rank.clamp(1, total) - 1).copied()
+    let ranked: Vec<Option<f64>> = sorted_ok
+        .iter()
+        .map(|&v| Some(v))
+        .chain(std::iter::repeat(None))
+        .take(total.max(sorted_ok.len()))
+        .collect();
+    percentile(&ranked, p)
 }
 
 fn ratio(numerator: f64, denominator: f64) -> f64 {

@@ -143,13 +143,7 @@ impl Shape {
         };
         let count = |pick: &Pick, path: PdPath| {
             if planning == Planning::Live {
-                state.metrics.count_decision(
-                    &pick.pool.model,
-                    pick.pool.role,
-                    &pick.pool.series,
-                    &pick.decision,
-                    path,
-                );
+                count_decision(state, pick, path);
             }
         };
         let Some(rule) = prefill.config.pd_rule() else {
@@ -201,9 +195,7 @@ impl Shape {
             }
         }
     }
-}
 
-impl Shape {
     /// The attempt after a pair whose KV transfer failed (`--pd-fallback-in-place`): in place on
     /// the decode engine the decode side's policy picks for the whole request (recorded and
     /// counted as any choice, so a kv_aware decode side queues the prefill there), with the
@@ -218,15 +210,14 @@ impl Shape {
     ) -> Option<RoutePlan> {
         let Shape::Pair { decode, .. } = self else { return None };
         let decode = pick(state, decode, request, namespace, tried, None, Planning::Live).ok()?;
-        state.metrics.count_decision(
-            &decode.pool.model,
-            decode.pool.role,
-            &decode.pool.series,
-            &decode.decision,
-            PdPath::InPlace,
-        );
+        count_decision(state, &decode, PdPath::InPlace);
         Some(RoutePlan::InPlace { decode, pd: pair.transfer_failed() })
     }
+}
+
+/// Counts a live choice in `kvgate_pd_decisions_total` (and the regular decision metrics).
+fn count_decision(state: &AppState, pick: &Pick, path: PdPath) {
+    state.metrics.count_decision(&pick.pool.model, pick.pool.role, &pick.pool.series, &pick.decision, path);
 }
 
 impl RoutePlan {
