@@ -46,8 +46,9 @@ impl Probe {
     ) -> Probe {
         let mut matched = PrefixMatch::default();
         match hashes {
-            Some(hashes) => index.overlap_hashed(hashes, &mut matched),
-            None => index.overlap(tokens, namespace, &mut matched),
+            // What the engine will serve: never the prompt's last token (`served_overlap`).
+            Some(hashes) => index.served_overlap_hashed(hashes, &mut matched),
+            None => index.served_overlap(tokens, namespace, &mut matched),
         }
         let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Probe {
