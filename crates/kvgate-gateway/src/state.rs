@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::HeaderValue;
-use kvgate_tokenizer::{ChatMessages, Tokenizer, TokenizerOptions};
+use kvgate_tokenizer::{Tokenizer, TokenizerOptions};
 
 use crate::admission::{Admission, Limits};
 use crate::auth::Clients;
@@ -95,7 +95,7 @@ impl AppState {
                     path,
                     config.chat_template.as_deref(),
                     &TokenizerOptions {
-                        chat_messages: ChatMessages::Vllm(config.chat_template_content_format),
+                        content_format: config.chat_template_content_format,
                         ..TokenizerOptions::default()
                     },
                 )

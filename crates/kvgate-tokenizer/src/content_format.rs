@@ -30,6 +30,10 @@ pub enum ContentFormatOption {
     /// Each message's content is a list of parts (`{"type": "text", "text": ...}`), a plain
     /// string content included.
     Openai,
+    /// Not vLLM's: the request's messages as sent, given to the template as transformers'
+    /// `apply_chat_template` is given them (no part joined or wrapped, no field dropped, tool
+    /// arguments as sent); SGLang leaves a string content as it is in either format.
+    AsSent,
 }
 
 /// The content format a template is rendered with.
@@ -54,15 +58,17 @@ impl ContentFormatOption {
             ContentFormatOption::Auto => "auto",
             ContentFormatOption::String => "string",
             ContentFormatOption::Openai => "openai",
+            ContentFormatOption::AsSent => "as_sent",
         }
     }
 
-    /// The format a template with `source` is rendered with under this option.
-    pub(crate) fn resolve(self, source: &str) -> ContentFormat {
+    /// The format a template with `source` is rendered with under this option (`None`: as sent).
+    pub(crate) fn resolve(self, source: &str) -> Option<ContentFormat> {
         match self {
-            ContentFormatOption::Auto => detect(source),
-            ContentFormatOption::String => ContentFormat::String,
-            ContentFormatOption::Openai => ContentFormat::Openai,
+            ContentFormatOption::Auto => Some(detect(source)),
+            ContentFormatOption::String => Some(ContentFormat::String),
+            ContentFormatOption::Openai => Some(ContentFormat::Openai),
+            ContentFormatOption::AsSent => None,
         }
     }
 }

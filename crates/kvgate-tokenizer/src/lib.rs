@@ -79,27 +79,9 @@ pub struct TokenizerOptions {
     /// token ids, its text (4 bytes a unit) and 16 units of bookkeeping, so the cache takes about
     /// 4 bytes × this much memory and holds about half as many ids of typical text. 0 turns it off.
     pub segment_cache_tokens: u64,
-    /// How a chat request's messages reach the template.
-    pub chat_messages: ChatMessages,
-}
-
-/// How a chat request's messages reach the chat template.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChatMessages {
-    /// As vLLM's chat API passes them (the default): each message rebuilt for the template's
-    /// content format (`auto`: detected from the template as vLLM detects it), text parts joined
-    /// with newlines for `string`, plain strings made a list of one text part for `openai`,
-    /// tool-call arguments parsed, `developer` turned into `system` for templates without it.
-    Vllm(ContentFormatOption),
-    /// As the request sent them: transformers' `apply_chat_template(messages)` on the request's
-    /// own messages.
-    AsSent,
-}
-
-impl Default for ChatMessages {
-    fn default() -> Self {
-        ChatMessages::Vllm(ContentFormatOption::Auto)
-    }
+    /// How a chat request's messages reach the template: as vLLM's chat API passes them, for the
+    /// template's content format (`Auto`, the default, detects it as vLLM does), or as sent.
+    pub content_format: ContentFormatOption,
 }
 
 impl TokenizerOptions {
@@ -111,7 +93,7 @@ impl Default for TokenizerOptions {
     fn default() -> Self {
         TokenizerOptions {
             segment_cache_tokens: TokenizerOptions::DEFAULT_SEGMENT_CACHE_TOKENS,
-            chat_messages: ChatMessages::default(),
+            content_format: ContentFormatOption::default(),
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::error::TokenizerError;
 use crate::hf::{HfTokenizer, Segments};
 use crate::split::{listed_added_tokens, Splitter};
 use crate::template::{ChatTemplates, TemplateSource};
-use crate::{ChatMessages, TokenizerOptions};
+use crate::{ContentFormatOption, TokenizerOptions};
 
 /// transformers' `SPECIAL_TOKENS_ATTRIBUTES`: each one found (and not empty) becomes a template variable.
 const SPECIAL_TOKEN_NAMES: [&str; 7] =
@@ -54,9 +54,9 @@ pub(crate) fn load(
 
     let templates = match chat_template {
         Some(file) => {
-            Some(ChatTemplates::compile(vec![template_file("default", file)?], true, options.chat_messages)?)
+            Some(ChatTemplates::compile(vec![template_file("default", file)?], true, options.content_format)?)
         }
-        None => model_templates(&directory, config.as_ref(), &config_path, options.chat_messages)?,
+        None => model_templates(&directory, config.as_ref(), &config_path, options.content_format)?,
     };
     let segments = segments(&tokenizer, &tokenizer_bytes, options.segment_cache_tokens);
     Ok(HfTokenizer::new(tokenizer, templates, special_tokens, segments))
@@ -81,7 +81,7 @@ fn model_templates(
     directory: &Path,
     config: Option<&Json>,
     config_path: &Path,
-    messages: ChatMessages,
+    messages: ContentFormatOption,
 ) -> Result<Option<ChatTemplates>, TokenizerError> {
     let mut files = Vec::new();
     let default_file = directory.join("chat_template.jinja");

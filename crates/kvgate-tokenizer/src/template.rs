@@ -10,7 +10,7 @@ use crate::content_format::ContentFormat;
 use crate::error::TokenizerError;
 use crate::pyfmt::{tojson_filter, write_py_str};
 use crate::strftime::strftime_now;
-use crate::ChatMessages;
+use crate::ContentFormatOption;
 
 /// The model's chat templates, compiled. A model has one template, or several by name (a list
 /// in tokenizer_config.json, or `additional_chat_templates/*.jinja`).
@@ -51,21 +51,18 @@ impl ChatTemplates {
     pub(crate) fn compile(
         templates: Vec<TemplateSource>,
         single: bool,
-        messages: ChatMessages,
+        content_format: ContentFormatOption,
     ) -> Result<ChatTemplates, TokenizerError> {
         let mut env = environment()?;
         let mut names = Vec::with_capacity(templates.len());
         let mut vllm = Vec::with_capacity(templates.len());
         for template in templates {
             let source = rewrite_generation_tags(&template.source);
-            vllm.push(match messages {
-                ChatMessages::Vllm(option) => Some(VllmRendering {
-                    format: option.resolve(&source),
-                    supports_developer: template.source.contains("\"developer\"")
-                        || template.source.contains("'developer'"),
-                }),
-                ChatMessages::AsSent => None,
-            });
+            vllm.push(content_format.resolve(&source).map(|format| VllmRendering {
+                format,
+                supports_developer: template.source.contains("\"developer\"")
+                    || template.source.contains("'developer'"),
+            }));
             env.add_template_owned(template.name.clone(), source.clone())
                 .map_err(|error| syntax_error(&template.origin, &source, &error))?;
             names.push(template.name);

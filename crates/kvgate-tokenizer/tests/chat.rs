@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use kvgate_tokenizer::{ChatMessages, ChatOptions, ErrorSide, Tokenizer, TokenizerError, TokenizerOptions};
+use kvgate_tokenizer::{
+    ChatOptions, ContentFormatOption, ErrorSide, Tokenizer, TokenizerError, TokenizerOptions,
+};
 use serde_json::json;
 
 fn tiny() -> Tokenizer {
@@ -13,7 +15,7 @@ fn tiny() -> Tokenizer {
 /// transformers' `apply_chat_template` on the messages as sent (this file checks its semantics;
 /// vLLM's rebuilding of messages is checked in vllm_messages.rs).
 fn as_sent() -> TokenizerOptions {
-    TokenizerOptions { chat_messages: ChatMessages::AsSent, ..TokenizerOptions::default() }
+    TokenizerOptions { content_format: ContentFormatOption::AsSent, ..TokenizerOptions::default() }
 }
 
 /// The tiny model with `template` as its chat template.

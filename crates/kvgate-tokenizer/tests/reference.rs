@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 
 use kvgate_tokenizer::{
-    ChatMessages, ChatOptions, SegmentCacheStatus, Tokenizer, TokenizerError, TokenizerOptions,
+    ChatOptions, ContentFormatOption, SegmentCacheStatus, Tokenizer, TokenizerError, TokenizerOptions,
 };
 
 /// The reference is transformers' `apply_chat_template` on the messages as sent.
 fn as_sent() -> TokenizerOptions {
-    TokenizerOptions { chat_messages: ChatMessages::AsSent, ..TokenizerOptions::default() }
+    TokenizerOptions { content_format: ContentFormatOption::AsSent, ..TokenizerOptions::default() }
 }
 use serde_json::Value;
 

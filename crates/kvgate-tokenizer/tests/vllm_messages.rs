@@ -7,9 +7,7 @@
 
 use std::path::PathBuf;
 
-use kvgate_tokenizer::{
-    ChatMessages, ChatOptions, ContentFormat, ContentFormatOption, Tokenizer, TokenizerOptions,
-};
+use kvgate_tokenizer::{ChatOptions, ContentFormat, ContentFormatOption, Tokenizer, TokenizerOptions};
 use serde_json::json;
 
 fn tokenizer(template: &str, format: ContentFormatOption) -> Tokenizer {
@@ -19,8 +17,7 @@ fn tokenizer(template: &str, format: ContentFormatOption) -> Tokenizer {
     let path = directory.join(format!("{}.jinja", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
     std::fs::write(&path, template).expect("write");
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join("tiny-chatml");
-    let options =
-        TokenizerOptions { chat_messages: ChatMessages::Vllm(format), ..TokenizerOptions::default() };
+    let options = TokenizerOptions { content_format: format, ..TokenizerOptions::default() };
     let tokenizer = Tokenizer::from_path_with_options(&model, Some(&path), &options).expect("load");
     let _ = std::fs::remove_file(&path);
     tokenizer

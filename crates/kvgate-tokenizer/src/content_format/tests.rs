@@ -130,7 +130,8 @@ fn the_test_tokenizers_chatml_template_loops_over_parts_and_the_plain_one_does_n
 fn a_stated_format_is_used_as_stated() {
     let looping =
         "{% for message in messages %}{% for p in message.content %}{{ p }}{% endfor %}{% endfor %}";
-    assert_eq!(ContentFormatOption::String.resolve(looping), ContentFormat::String);
-    assert_eq!(ContentFormatOption::Openai.resolve("{{ messages }}"), ContentFormat::Openai);
-    assert_eq!(ContentFormatOption::Auto.resolve(looping), ContentFormat::Openai);
+    assert_eq!(ContentFormatOption::String.resolve(looping), Some(ContentFormat::String));
+    assert_eq!(ContentFormatOption::Openai.resolve("{{ messages }}"), Some(ContentFormat::Openai));
+    assert_eq!(ContentFormatOption::Auto.resolve(looping), Some(ContentFormat::Openai));
+    assert_eq!(ContentFormatOption::AsSent.resolve(looping), None);
 }
