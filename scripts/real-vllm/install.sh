@@ -11,6 +11,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/env.sh"
 
 python="${PYTHON:-python3}"
+if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
+  echo "$python cannot make a venv with pip (Debian: apt-get install python3-venv); vLLM needs Python 3.11-3.14" >&2
+  exit 1
+fi
 if [ ! -e "$KVGATE_VLLM_READY" ]; then
   started=$(date +%s)
   rm -rf "$KVGATE_VLLM_VENV"
