@@ -249,6 +249,16 @@ async fn against_real_vllm_engines() {
     assert_eq!(accuracy["requests"], 100, "a full window: {accuracy}");
     assert_eq!(accuracy["disagreement"], Value::Null, "quiet under eviction pressure: {accuracy}");
     no_event_refused(&pressure).await;
+    let text = metrics_text(&pressure).await;
+    let evicted = metric(
+        &text,
+        &format!(
+            "kvgate_prefix_evicted_after_routing_requests_total{{model=\"{MODEL}\",worker=\"{}\"}}",
+            restarted.url()
+        ),
+    );
+    eprintln!("{evicted} requests lost predicted blocks to eviction after routing");
+    assert!(evicted > 0.0, "the cache was under pressure: {text}");
     pressure.shutdown().await;
     gw.shutdown().await;
     drop(restarted);

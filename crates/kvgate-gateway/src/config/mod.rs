@@ -120,6 +120,7 @@ pub struct GatewayConfig {
     /// it from the template as vLLM does (a template that loops over a message's content parts
     /// gets every content as a list of parts, any other gets one string, text parts joined with
     /// newlines); set it to what the engines were started with when they were given one.
+    /// `as_sent` (not vLLM's): the messages as the client sent them.
     #[arg(long, value_enum, default_value_t = ContentFormatOption::Auto)]
     pub chat_template_content_format: ContentFormatOption,
     /// Threads tokenizing requests for the exact index, apart from the I/O threads (default:

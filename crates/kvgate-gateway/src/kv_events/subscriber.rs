@@ -60,6 +60,8 @@ pub(crate) struct RankSubscription {
 /// The state of a running subscription.
 struct Live {
     feed: Feed,
+    /// The cache's removed blocks as last added to the worker's count.
+    removed: u64,
     warned_at: Option<Instant>,
     suppressed: u64,
 }
@@ -69,7 +71,7 @@ impl RankSubscription {
         self.zero_series();
         let Some(index) = self.wait_for_index().await else { return };
         let cache = CacheBlocks::new(index, CacheId { worker: self.worker.id, rank: self.rank });
-        let mut live = Live { feed: Feed::new(cache), warned_at: None, suppressed: 0 };
+        let mut live = Live { feed: Feed::new(cache), removed: 0, warned_at: None, suppressed: 0 };
         let mut first = true;
         loop {
             let mut socket = self.connect().await;
@@ -248,6 +250,9 @@ impl RankSubscription {
 
     /// Adds what the feed did since the last call to the metrics.
     fn count(&self, live: &mut Live) {
+        let removed = live.feed.cache().removed_blocks();
+        self.worker.add_kv_removed_blocks(removed.saturating_sub(live.removed));
+        live.removed = removed;
         let FeedCounts { batches, refused, malformed, gaps, restarts } = live.feed.take_counts();
         let metrics = &self.metrics;
         self.worker.series.write(|url| {
