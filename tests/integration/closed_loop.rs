@@ -280,7 +280,7 @@ async fn eviction_after_routing_is_counted_apart_and_raises_nothing() {
         args.time_scale = 50.0;
         args.kv_events_base_port = Some(0);
         args.kv_events_replay_base_port = Some(0);
-        args.engine.kv_capacity_tokens = Some(512);
+        args.engine_flags.kv_capacity_tokens = Some(512);
     })
     .await;
     let gw = gateway(kv_events_config(&fleet)).await;
