@@ -14,7 +14,6 @@
 //! failure. At most two engines run at once (about 4 GiB each).
 
 #[path = "../common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 mod engines;
 

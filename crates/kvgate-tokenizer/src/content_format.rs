@@ -95,9 +95,11 @@ struct Nodes<'t, 'a> {
     /// Each loop with the macros it lies in (innermost last).
     loops: Vec<(&'t ForLoop<'a>, Vec<usize>)>,
     macros: Vec<&'t Macro<'a>>,
-    /// (callee name, positional arguments, keyword arguments) of every call by name.
-    calls: Vec<(&'a str, Vec<&'t Expr<'a>>, Vec<(&'a str, &'t Expr<'a>)>)>,
+    calls: Vec<NamedCall<'t, 'a>>,
 }
+
+/// A call by name: the callee, its positional arguments and its keyword arguments.
+type NamedCall<'t, 'a> = (&'a str, Vec<&'t Expr<'a>>, Vec<(&'a str, &'t Expr<'a>)>);
 
 impl<'t, 'a> Nodes<'t, 'a> {
     fn stmt(&mut self, stmt: &'t Stmt<'a>, in_macro: Option<&[usize]>) {
