@@ -19,7 +19,9 @@ impl Harness {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let scripts = root.join("scripts/real-vllm");
         let home = std::env::var_os("KVGATE_VLLM_HOME").map(PathBuf::from).unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvgate-vllm")
+            // As scripts/real-vllm/env.sh.
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
+                .join(".cache/kvgate-vllm")
         });
         let ready = home.join("venv/.kvgate-vllm-0.32.0");
         let models = home.join("models");
