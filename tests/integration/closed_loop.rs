@@ -35,6 +35,10 @@ fn messages(conversation: usize, turns: usize) -> Value {
 /// Sends one turn: a whole chat answer, a stream the gateway asks the usage of, or a stream the
 /// client asks it of; returns the body as text.
 async fn send_turn(gw: &GatewayHandle, conversation: usize, turns: usize, shape: usize) -> String {
+    send_turn_to(&gw.url(), conversation, turns, shape).await
+}
+
+async fn send_turn_to(url: &str, conversation: usize, turns: usize, shape: usize) -> String {
     let mut body = json!({"model": MODEL, "messages": messages(conversation, turns), "max_tokens": 1});
     match shape % 3 {
         0 => {}
@@ -45,7 +49,7 @@ async fn send_turn(gw: &GatewayHandle, conversation: usize, turns: usize, shape:
         }
     }
     let res = client()
-        .post(format!("{}/v1/chat/completions", gw.url()))
+        .post(format!("{url}/v1/chat/completions"))
         .json(&body)
         .timeout(Duration::from_secs(20))
         .send()
@@ -264,4 +268,44 @@ async fn a_template_that_differs_after_a_shared_start_is_detected() {
     assert!(total(&text, "kvgate_prefix_predicted_tokens_total") > 0.0, "the shared start is matched");
     assert!(total(&text, "kvgate_prefix_missed_cached_tokens_total") > 1000.0, "{text}");
     assert_eq!(total(&text, "kvgate_prefix_index_disagreement"), 1.0);
+}
+
+/// Under KV pressure (a cache of 512 tokens, four conversations at once), blocks a decision
+/// counted on are evicted before the engine admits the request: the closed loop counts that apart
+/// (`kvgate_prefix_evicted_after_routing_*`) and raises no disagreement over a full window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_after_routing_is_counted_apart_and_raises_nothing() {
+    let fleet = common::mock_fleet(|args: &mut kvgate_mock::MockArgs| {
+        args.count = 1;
+        args.time_scale = 50.0;
+        args.kv_events_base_port = Some(0);
+        args.kv_events_replay_base_port = Some(0);
+        args.engine_flags.kv_capacity_tokens = Some(512);
+    })
+    .await;
+    let gw = gateway(kv_events_config(&fleet)).await;
+    wait_kv_events_flowing(&gw).await;
+    let lanes: Vec<_> = (0..4)
+        .map(|lane| {
+            let url = gw.url();
+            tokio::spawn(async move {
+                for conversation in (0..8).map(|i| 100 + lane + 4 * i) {
+                    for turn in 1..=4 {
+                        send_turn_to(&url, conversation, turn, 0).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    let workers = workers(&gw).await;
+    let accuracy = &workers[0]["index_accuracy"];
+    assert_eq!(accuracy["requests"], 100, "{accuracy}");
+    assert!(accuracy["disagreement"].is_null(), "{accuracy}");
+    let text = metrics(&gw).await;
+    assert!(total(&text, "kvgate_prefix_evicted_after_routing_requests_total") > 0.0, "{text}");
+    gw.shutdown().await;
+    fleet.shutdown().await;
 }

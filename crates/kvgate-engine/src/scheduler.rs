@@ -369,10 +369,14 @@ impl Engine {
         true
     }
 
-    /// Cached prompt tokens for `matched` full cached blocks: at least one token is computed.
+    /// Cached prompt tokens for `matched` full cached blocks: whole blocks within the prompt's
+    /// first `len - 1` tokens, as vLLM and SGLang serve them (the last prompt token is always
+    /// computed, and a hit is block-aligned: vLLM 0.32 `kv_cache_manager.py`,
+    /// `max_cache_hit_length = num_tokens - 1`; SGLang `max_prefix_len = input_len - 1`).
     fn cached_tokens_for(&self, matched: usize, prompt_len: u32) -> u32 {
-        let matched_tokens = matched as u64 * u64::from(self.config.block_size);
-        matched_tokens.min(u64::from(prompt_len.saturating_sub(1))) as u32
+        let block_size = u64::from(self.config.block_size.max(1));
+        let servable_blocks = u64::from(prompt_len.saturating_sub(1)) / block_size;
+        ((matched as u64).min(servable_blocks) * block_size) as u32
     }
 
     fn running(&self) -> usize {

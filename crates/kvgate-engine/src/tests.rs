@@ -155,15 +155,16 @@ fn repeated_prefix_is_cached_and_prefills_faster() {
         ]),
     );
     assert_eq!(trace.stats(1).cached_tokens, 0);
-    // Fully cached: every block matches, but the last token is always computed.
-    assert_eq!(trace.stats(2).cached_tokens, 4095);
-    assert_eq!(trace.stats(2).ttft_us(), 125);
+    // Fully cached: every block matches, but the last token is always computed, and with it the
+    // whole last block (a hit is block-aligned: N - block size).
+    assert_eq!(trace.stats(2).cached_tokens, 4080);
+    assert_eq!(trace.stats(2).ttft_us(), 2_000); // 16 tokens at 8,000 tokens/s
     assert_eq!(trace.stats(3).cached_tokens, 2048);
     assert_eq!(trace.stats(3).ttft_us(), 256_000);
     let load = engine.load(3_000_000);
     assert_eq!(load.total_prompt_tokens, 3 * 4096);
-    assert_eq!(load.total_cached_tokens, 4095 + 2048);
-    assert!((load.cache_hit_rate - 6143.0 / 12288.0).abs() < 1e-12);
+    assert_eq!(load.total_cached_tokens, 4080 + 2048);
+    assert!((load.cache_hit_rate - 6128.0 / 12288.0).abs() < 1e-12);
 }
 
 #[test]
@@ -202,7 +203,8 @@ fn lru_evicts_oldest_unreferenced_prefix_first() {
         .collect();
     // A's tail is released (and evicted) before its head.
     assert_eq!(removed[0], &vec![a_hashes[1], a_hashes[0]]);
-    assert_eq!(trace.stats(4).cached_tokens, 7);
+    // 8 tokens held: the last block is recomputed with the last token.
+    assert_eq!(trace.stats(4).cached_tokens, 4);
     assert_eq!(trace.stats(5).cached_tokens, 0);
 }
 
@@ -236,7 +238,7 @@ fn an_adapter_caches_its_own_blocks() {
         EngineOutput::Finished { id: 2, stats } => Some(*stats),
         _ => None,
     });
-    assert_eq!(stats.unwrap().cached_tokens, 31, "the adapter's own blocks hit");
+    assert_eq!(stats.unwrap().cached_tokens, 16, "the adapter's own blocks hit (all but the last block)");
 }
 
 /// The host tier: stored on write (placeholders), a prefix evicted from the GPU but held in host
@@ -285,7 +287,7 @@ fn a_prefix_in_host_memory_loads_back_instead_of_prefilling() {
     assert_eq!(placeholders[..2], [&a_hashes, &b_hashes]);
     let fresh = trace.stats(1);
     let loaded = trace.stats(4);
-    assert_eq!((loaded.cached_tokens, loaded.offloaded_tokens), (7, 7));
+    assert_eq!((loaded.cached_tokens, loaded.offloaded_tokens), (4, 4));
     let ttft = |stats: RequestStats| stats.first_token_us - stats.admitted_us;
     assert!(ttft(loaded) < ttft(fresh), "{} vs {}", ttft(loaded), ttft(fresh));
     assert!(ttft(loaded) > small_config().prefill_step_us(1), "a load takes time");

@@ -31,6 +31,9 @@ pub(crate) struct Probe {
     pub(crate) exact: bool,
     /// The model's window (every worker's answers), once the pool is known.
     pub(crate) model_window: Option<Arc<ModelAccuracy>>,
+    /// The worker's count of removed KV blocks when the prediction was made: blocks removed
+    /// before the answer may be what the engine no longer served.
+    pub(crate) removed_at: u64,
 }
 
 impl Probe {
@@ -46,8 +49,9 @@ impl Probe {
     ) -> Probe {
         let mut matched = PrefixMatch::default();
         match hashes {
-            Some(hashes) => index.overlap_hashed(hashes, &mut matched),
-            None => index.overlap(tokens, namespace, &mut matched),
+            // What the engine will serve: never the prompt's last token (`served_overlap`).
+            Some(hashes) => index.served_overlap_hashed(hashes, &mut matched),
+            None => index.served_overlap(tokens, namespace, &mut matched),
         }
         let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Probe {
@@ -55,6 +59,7 @@ impl Probe {
             predicted: clamp(matched.matched(worker)),
             exact,
             model_window: None,
+            removed_at: 0,
         }
     }
 }
@@ -163,6 +168,16 @@ impl UsageTap {
 pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<EngineUsage>) {
     let model = worker.model().unwrap_or("");
     let cached = usage.and_then(|usage| usage.cached_tokens);
+    // Evicted after routing: the engine served less than predicted and its caches lost blocks
+    // between the decision and the answer (KV pressure, the engine making room while the request
+    // queued). Counted apart, and the window compares what the engine could still serve, so only
+    // a wrong configuration or lost removal events raise a disagreement.
+    let evicted = match cached {
+        Some(cached) if cached < probe.predicted && worker.kv_removed_blocks() > probe.removed_at => {
+            probe.predicted - cached
+        }
+        _ => 0,
+    };
     // The engine's own prompt length where it says (a wrong template changes the gateway's).
     let prompt_tokens =
         usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(probe.prompt_tokens);
@@ -170,6 +185,10 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
     worker.series.write(|url| {
         let labels = [model, url];
         metrics.prefix_predicted_tokens.with_label_values(&labels).inc_by(u64::from(probe.predicted));
+        metrics.prefix_evicted_after_routing_tokens.with_label_values(&labels).inc_by(u64::from(evicted));
+        if evicted > 0 {
+            metrics.prefix_evicted_after_routing_requests.with_label_values(&labels).inc();
+        }
         if let Some(cached) = cached {
             metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
             let missed = cached.saturating_sub(probe.predicted);
@@ -182,7 +201,7 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
     });
     let sample = AccuracySample {
         prompt_tokens,
-        predicted: probe.predicted,
+        predicted: probe.predicted - evicted,
         engine_cached: cached,
         exact: probe.exact,
     };

@@ -67,6 +67,8 @@ pub struct Metrics {
     pub prefix_predicted_tokens: IntCounterVec,
     pub prefix_engine_cached_tokens: IntCounterVec,
     pub prefix_missed_cached_tokens: IntCounterVec,
+    pub prefix_evicted_after_routing_tokens: IntCounterVec,
+    pub prefix_evicted_after_routing_requests: IntCounterVec,
     pub prefix_cached_difference: HistogramVec,
     pub prefix_index_disagreement: IntGaugeVec,
     pub prefix_model_index_disagreement: IntGaugeVec,
@@ -289,6 +291,16 @@ impl Metrics {
             prefix_missed_cached_tokens: counter(
                 "kvgate_prefix_missed_cached_tokens_total",
                 "Of the engine-reported cached tokens, those beyond what the index predicted on the same request (the engine's hits the index did not see), by model and worker; over kvgate_prefix_engine_cached_tokens_total: the missed share.",
+                &["model", "worker"],
+            ),
+            prefix_evicted_after_routing_tokens: counter(
+                "kvgate_prefix_evicted_after_routing_tokens_total",
+                "Predicted cached tokens the engine did not serve because its caches lost blocks between the routing decision and the answer (KV pressure), by model and worker: counted apart from a disagreement.",
+                &["model", "worker"],
+            ),
+            prefix_evicted_after_routing_requests: counter(
+                "kvgate_prefix_evicted_after_routing_requests_total",
+                "Answered requests that lost predicted cached tokens to eviction after routing, by model and worker.",
                 &["model", "worker"],
             ),
             prefix_cached_difference: histogram(
@@ -550,6 +562,8 @@ impl Metrics {
             &self.prefix_predicted_tokens,
             &self.prefix_engine_cached_tokens,
             &self.prefix_missed_cached_tokens,
+            &self.prefix_evicted_after_routing_tokens,
+            &self.prefix_evicted_after_routing_requests,
         ] {
             remove_labelled(family, url);
         }

@@ -288,6 +288,13 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
             ),
             status => tracing::info!(?status, "tokenizer loaded"),
         }
+        if let Some(format) = tokenization.tokenizer().chat_content_format() {
+            tracing::info!(
+                format = format.as_str(),
+                "chat template content format (as vLLM's --chat-template-content-format {})",
+                state.config.chat_template_content_format.as_str()
+            );
+        }
     }
     let discovery = match DiscoverySettings::from_config(&state.config) {
         Some(settings) => {

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::HeaderValue;
-use kvgate_tokenizer::Tokenizer;
+use kvgate_tokenizer::{Tokenizer, TokenizerOptions};
 
 use crate::admission::{Admission, Limits};
 use crate::auth::Clients;
@@ -91,8 +91,15 @@ impl AppState {
         };
         let tokenizer = match (&config.tokenizer_path, config.mock_tokenizer) {
             (Some(path), _) => Some(
-                Tokenizer::from_path(path, config.chat_template.as_deref())
-                    .map_err(|e| format!("loading the tokenizer: {e}"))?,
+                Tokenizer::from_path_with_options(
+                    path,
+                    config.chat_template.as_deref(),
+                    &TokenizerOptions {
+                        content_format: config.chat_template_content_format,
+                        ..TokenizerOptions::default()
+                    },
+                )
+                .map_err(|e| format!("loading the tokenizer: {e}"))?,
             ),
             (None, true) => Some(match &config.chat_template {
                 Some(template) => Tokenizer::mock_with_chat_template(template)

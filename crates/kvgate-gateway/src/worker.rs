@@ -187,6 +187,9 @@ pub struct Worker {
     pub kv_events: Option<KvEventsSource>,
     /// Per data-parallel rank: the subscription is connected and in sync.
     kv_live: Box<[AtomicBool]>,
+    /// KV blocks its engine's caches have had removed (eviction events, clears), as the
+    /// subscriptions applied them: the closed loop tells eviction after routing by it.
+    kv_removed_blocks: AtomicU64,
     /// The subscriptions' tasks, aborted when the worker is removed.
     kv_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     /// The closed loop: what the index predicted cached here vs what the engine reported.
@@ -224,6 +227,7 @@ impl Worker {
             address: url.clone(),
             dp_rank: None,
             url,
+            kv_removed_blocks: AtomicU64::new(0),
             kv_live: (0..kv_events.as_ref().map_or(0, |source| source.ranks.len()))
                 .map(|_| AtomicBool::new(false))
                 .collect(),
@@ -279,6 +283,15 @@ impl Worker {
     }
 
     /// Ranks whose KV event subscription is connected and in sync.
+    /// KV blocks removed from its engine's caches so far.
+    pub fn kv_removed_blocks(&self) -> u64 {
+        self.kv_removed_blocks.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_kv_removed_blocks(&self, blocks: u64) {
+        self.kv_removed_blocks.fetch_add(blocks, Ordering::Relaxed);
+    }
+
     pub fn kv_live_ranks(&self) -> usize {
         self.kv_live.iter().filter(|live| live.load(Ordering::Relaxed)).count()
     }

@@ -221,8 +221,9 @@ impl PrefixIndex for NamespacedExact<'_> {
     ) -> Option<TenantId> {
         let mut matched = PrefixMatch::default();
         match (key, self.hashes) {
-            (PromptKey::Tokens(_), Some(hashes)) => self.exact.overlap_hashed(hashes, &mut matched),
-            (PromptKey::Tokens(ids), None) => self.exact.overlap(ids, self.namespace, &mut matched),
+            // What the engine would serve from cache (never the prompt's last token).
+            (PromptKey::Tokens(_), Some(hashes)) => self.exact.served_overlap_hashed(hashes, &mut matched),
+            (PromptKey::Tokens(ids), None) => self.exact.served_overlap(ids, self.namespace, &mut matched),
             _ => {}
         }
         choose(&matched)

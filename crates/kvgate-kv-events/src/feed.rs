@@ -49,6 +49,8 @@ pub enum Recovery {
 }
 
 impl Recovery {
+    pub const ALL: [Recovery; 2] = [Recovery::Replayed, Recovery::Cleared];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Recovery::Replayed => "replay",

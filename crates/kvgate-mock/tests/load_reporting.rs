@@ -102,10 +102,11 @@ async fn prefix_cache_counters_and_flush() {
         harness.post_json("/v1/completions", &body).await;
     }
     let load = harness.loads().await;
-    assert!((load["cache_hit_rate"].as_f64().unwrap() - 63.0 / 128.0).abs() < 1e-9);
+    // The second request is served all but its last block (16 tokens) from cache.
+    assert!((load["cache_hit_rate"].as_f64().unwrap() - 48.0 / 128.0).abs() < 1e-9);
     let metrics = harness.get("/metrics").await.text().await.unwrap();
     assert_eq!(metric(&metrics, "vllm:prefix_cache_queries_total"), 128.0);
-    assert_eq!(metric(&metrics, "vllm:prefix_cache_hits_total"), 63.0);
+    assert_eq!(metric(&metrics, "vllm:prefix_cache_hits_total"), 48.0);
 
     let flushed = harness.client.post(format!("{}/flush_cache", harness.url)).send().await;
     assert_eq!(flushed.unwrap().status(), 200);

@@ -27,8 +27,12 @@ fn user_text() -> String {
 fn tiny(cache: bool) -> Tokenizer {
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join("tiny-chatml");
     let segment_cache_tokens = if cache { TokenizerOptions::DEFAULT_SEGMENT_CACHE_TOKENS } else { 0 };
-    Tokenizer::from_path_with_options(&model, None, &TokenizerOptions { segment_cache_tokens })
-        .expect("load tiny-chatml")
+    Tokenizer::from_path_with_options(
+        &model,
+        None,
+        &TokenizerOptions { segment_cache_tokens, ..TokenizerOptions::default() },
+    )
+    .expect("load tiny-chatml")
 }
 
 const TURNS: usize = 20;

@@ -6,8 +6,10 @@ use minijinja::Value;
 
 use crate::cache::{encode_plain, SegmentCache};
 use crate::chat::{cut_after_final_message, tag_final_message, ChatInput};
+use crate::content_format::ContentFormat;
 use crate::error::TokenizerError;
 use crate::template::{context, ChatTemplates};
+use crate::vllm_messages;
 use crate::SegmentCacheStatus;
 
 pub(crate) struct HfTokenizer {
@@ -75,6 +77,12 @@ impl HfTokenizer {
         }
     }
 
+    /// The content format of the template a request without tools gets.
+    pub(crate) fn chat_content_format(&self) -> Option<ContentFormat> {
+        let templates = self.templates.as_ref()?;
+        templates.vllm_rendering(false).ok().flatten().map(|vllm| vllm.format)
+    }
+
     /// `apply_chat_template(messages, tokenize=False, ...)`.
     pub(crate) fn render_chat(&self, input: ChatInput) -> Result<String, TokenizerError> {
         let Some(templates) = &self.templates else {
@@ -87,13 +95,18 @@ impl HfTokenizer {
         if input.messages.len() == Some(0) {
             return Err(TokenizerError::invalid_request("`messages` is empty"));
         }
+        let has_tools = input.tools.is_some();
+        // vLLM rebuilds the messages for the template before transformers renders them.
+        let messages = match templates.vllm_rendering(has_tools)? {
+            Some(vllm) => vllm_messages::rebuild(&input.messages, vllm.format, vllm.supports_developer)?,
+            None => input.messages,
+        };
         let (messages, final_text) = if input.continue_final_message {
-            let (messages, final_text) = tag_final_message(&input.messages)?;
+            let (messages, final_text) = tag_final_message(&messages)?;
             (messages, Some(final_text))
         } else {
-            (input.messages, None)
+            (messages, None)
         };
-        let has_tools = input.tools.is_some();
         let named = [
             ("messages", messages),
             ("tools", input.tools.unwrap_or(Value::from(()))),

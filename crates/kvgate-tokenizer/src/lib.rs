@@ -13,6 +13,7 @@
 
 mod cache;
 mod chat;
+mod content_format;
 mod error;
 mod hf;
 mod load;
@@ -21,9 +22,11 @@ mod pyfmt;
 mod split;
 mod strftime;
 mod template;
+mod vllm_messages;
 
 use std::path::Path;
 
+pub use content_format::{ContentFormat, ContentFormatOption};
 pub use error::{ErrorSide, TokenizerError};
 
 use chat::ChatInput;
@@ -76,6 +79,9 @@ pub struct TokenizerOptions {
     /// token ids, its text (4 bytes a unit) and 16 units of bookkeeping, so the cache takes about
     /// 4 bytes × this much memory and holds about half as many ids of typical text. 0 turns it off.
     pub segment_cache_tokens: u64,
+    /// How a chat request's messages reach the template: as vLLM's chat API passes them, for the
+    /// template's content format (`Auto`, the default, detects it as vLLM does), or as sent.
+    pub content_format: ContentFormatOption,
 }
 
 impl TokenizerOptions {
@@ -85,7 +91,10 @@ impl TokenizerOptions {
 
 impl Default for TokenizerOptions {
     fn default() -> Self {
-        TokenizerOptions { segment_cache_tokens: TokenizerOptions::DEFAULT_SEGMENT_CACHE_TOKENS }
+        TokenizerOptions {
+            segment_cache_tokens: TokenizerOptions::DEFAULT_SEGMENT_CACHE_TOKENS,
+            content_format: ContentFormatOption::default(),
+        }
     }
 }
 
@@ -214,6 +223,15 @@ impl Tokenizer {
                 let rendered = mock::render_chat(&messages, template.as_deref())?;
                 Ok(kvgate_words::tokenize(chat::first_chars(&rendered, max_chars)))
             }
+        }
+    }
+
+    /// The content format the chat template used without tools renders with (`None`: the mock
+    /// tokenizer, no chat template, or messages passed as sent).
+    pub fn chat_content_format(&self) -> Option<ContentFormat> {
+        match &self.kind {
+            Kind::Hf(hf) => hf.chat_content_format(),
+            Kind::Mock(_) => None,
         }
     }
 

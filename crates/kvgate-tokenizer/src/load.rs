@@ -11,7 +11,7 @@ use crate::error::TokenizerError;
 use crate::hf::{HfTokenizer, Segments};
 use crate::split::{listed_added_tokens, Splitter};
 use crate::template::{ChatTemplates, TemplateSource};
-use crate::TokenizerOptions;
+use crate::{ContentFormatOption, TokenizerOptions};
 
 /// transformers' `SPECIAL_TOKENS_ATTRIBUTES`: each one found (and not empty) becomes a template variable.
 const SPECIAL_TOKEN_NAMES: [&str; 7] =
@@ -53,8 +53,10 @@ pub(crate) fn load(
     }
 
     let templates = match chat_template {
-        Some(file) => Some(ChatTemplates::compile(vec![template_file("default", file)?], true)?),
-        None => model_templates(&directory, config.as_ref(), &config_path)?,
+        Some(file) => {
+            Some(ChatTemplates::compile(vec![template_file("default", file)?], true, options.content_format)?)
+        }
+        None => model_templates(&directory, config.as_ref(), &config_path, options.content_format)?,
     };
     let segments = segments(&tokenizer, &tokenizer_bytes, options.segment_cache_tokens);
     Ok(HfTokenizer::new(tokenizer, templates, special_tokens, segments))
@@ -79,6 +81,7 @@ fn model_templates(
     directory: &Path,
     config: Option<&Json>,
     config_path: &Path,
+    messages: ContentFormatOption,
 ) -> Result<Option<ChatTemplates>, TokenizerError> {
     let mut files = Vec::new();
     let default_file = directory.join("chat_template.jinja");
@@ -104,7 +107,7 @@ fn model_templates(
     }
     if !files.is_empty() {
         let single = files.len() == 1 && files[0].name == "default";
-        return ChatTemplates::compile(files, single).map(Some);
+        return ChatTemplates::compile(files, single, messages).map(Some);
     }
 
     let invalid = |message: &str| TokenizerError::InvalidConfig {
@@ -120,7 +123,7 @@ fn model_templates(
                 origin: origin("chat_template"),
                 source: source.clone(),
             };
-            ChatTemplates::compile(vec![template], true).map(Some)
+            ChatTemplates::compile(vec![template], true, messages).map(Some)
         }
         Some(Json::Array(entries)) => {
             let mut templates = Vec::with_capacity(entries.len());
@@ -138,7 +141,7 @@ fn model_templates(
             if templates.is_empty() {
                 return Ok(None);
             }
-            ChatTemplates::compile(templates, false).map(Some)
+            ChatTemplates::compile(templates, false, messages).map(Some)
         }
         Some(_) => Err(invalid("`chat_template` must be a string or a list of {name, template}")),
     }

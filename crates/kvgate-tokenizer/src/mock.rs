@@ -96,5 +96,5 @@ pub(crate) fn compile_template(path: &std::path::Path) -> Result<ChatTemplates, 
     let source = std::fs::read_to_string(path)
         .map_err(|source| TokenizerError::Io { path: path.to_path_buf(), source })?;
     let template = TemplateSource { name: "default".into(), origin: path.display().to_string(), source };
-    ChatTemplates::compile(vec![template], true)
+    ChatTemplates::compile(vec![template], true, crate::ContentFormatOption::AsSent)
 }

@@ -6,9 +6,11 @@ use std::fmt;
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, Value};
 
+use crate::content_format::ContentFormat;
 use crate::error::TokenizerError;
 use crate::pyfmt::{tojson_filter, write_py_str};
 use crate::strftime::strftime_now;
+use crate::ContentFormatOption;
 
 /// The model's chat templates, compiled. A model has one template, or several by name (a list
 /// in tokenizer_config.json, or `additional_chat_templates/*.jinja`).
@@ -18,6 +20,17 @@ pub(crate) struct ChatTemplates {
     names: Vec<String>,
     /// One template given as such (not by name): it serves every request, tools or not.
     single: bool,
+    /// Per template (as `names`), how vLLM hands it the messages: its content format and whether
+    /// it names the `developer` role; `None` when messages are passed as sent.
+    vllm: Vec<Option<VllmRendering>>,
+}
+
+/// How vLLM prepares messages for one template.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct VllmRendering {
+    pub(crate) format: ContentFormat,
+    /// The template's source names the role (`'developer'` or `"developer"`, vLLM's test).
+    pub(crate) supports_developer: bool,
 }
 
 impl fmt::Debug for ChatTemplates {
@@ -38,16 +51,31 @@ impl ChatTemplates {
     pub(crate) fn compile(
         templates: Vec<TemplateSource>,
         single: bool,
+        content_format: ContentFormatOption,
     ) -> Result<ChatTemplates, TokenizerError> {
         let mut env = environment()?;
         let mut names = Vec::with_capacity(templates.len());
+        let mut vllm = Vec::with_capacity(templates.len());
         for template in templates {
             let source = rewrite_generation_tags(&template.source);
+            vllm.push(content_format.resolve(&source).map(|format| VllmRendering {
+                format,
+                supports_developer: template.source.contains("\"developer\"")
+                    || template.source.contains("'developer'"),
+            }));
             env.add_template_owned(template.name.clone(), source.clone())
                 .map_err(|error| syntax_error(&template.origin, &source, &error))?;
             names.push(template.name);
         }
-        Ok(ChatTemplates { env, names, single })
+        Ok(ChatTemplates { env, names, single, vllm })
+    }
+
+    /// How vLLM prepares the messages for the template a request with or without tools gets
+    /// (`None`: passed as sent).
+    pub(crate) fn vllm_rendering(&self, has_tools: bool) -> Result<Option<VllmRendering>, TokenizerError> {
+        let name = self.select(has_tools)?;
+        let position = self.names.iter().position(|known| known == name).unwrap_or(0);
+        Ok(self.vllm.get(position).copied().flatten())
     }
 
     /// The template transformers' `get_chat_template` picks: the only one, or by name

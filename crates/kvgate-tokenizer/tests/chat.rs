@@ -2,12 +2,20 @@
 
 use std::path::PathBuf;
 
-use kvgate_tokenizer::{ChatOptions, ErrorSide, Tokenizer, TokenizerError};
+use kvgate_tokenizer::{
+    ChatOptions, ContentFormatOption, ErrorSide, Tokenizer, TokenizerError, TokenizerOptions,
+};
 use serde_json::json;
 
 fn tiny() -> Tokenizer {
     let directory = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join("tiny-chatml");
-    Tokenizer::from_path(&directory, None).expect("load tiny-chatml")
+    Tokenizer::from_path_with_options(&directory, None, &as_sent()).expect("load tiny-chatml")
+}
+
+/// transformers' `apply_chat_template` on the messages as sent (this file checks its semantics;
+/// vLLM's rebuilding of messages is checked in vllm_messages.rs).
+fn as_sent() -> TokenizerOptions {
+    TokenizerOptions { content_format: ContentFormatOption::AsSent, ..TokenizerOptions::default() }
 }
 
 /// The tiny model with `template` as its chat template.
@@ -17,7 +25,7 @@ fn with_template(name: &str, template: &str) -> Tokenizer {
     let path = directory.join(format!("{name}.jinja"));
     std::fs::write(&path, template).expect("write");
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join("tiny-chatml");
-    let tokenizer = Tokenizer::from_path(&model, Some(&path)).expect("load");
+    let tokenizer = Tokenizer::from_path_with_options(&model, Some(&path), &as_sent()).expect("load");
     let _ = std::fs::remove_dir_all(&directory);
     tokenizer
 }

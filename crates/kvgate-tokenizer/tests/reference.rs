@@ -2,7 +2,14 @@
 
 use std::path::PathBuf;
 
-use kvgate_tokenizer::{ChatOptions, SegmentCacheStatus, Tokenizer, TokenizerError};
+use kvgate_tokenizer::{
+    ChatOptions, ContentFormatOption, SegmentCacheStatus, Tokenizer, TokenizerError, TokenizerOptions,
+};
+
+/// The reference is transformers' `apply_chat_template` on the messages as sent.
+fn as_sent() -> TokenizerOptions {
+    TokenizerOptions { content_format: ContentFormatOption::AsSent, ..TokenizerOptions::default() }
+}
 use serde_json::Value;
 
 fn testdata() -> PathBuf {
@@ -21,7 +28,8 @@ fn cases(kind: &str) -> Vec<Value> {
 }
 
 fn tiny() -> Tokenizer {
-    let tokenizer = Tokenizer::from_path(&testdata().join("tiny-chatml"), None).expect("load tiny-chatml");
+    let tokenizer = Tokenizer::from_path_with_options(&testdata().join("tiny-chatml"), None, &as_sent())
+        .expect("load tiny-chatml");
     assert_segment_cache_on(&tokenizer);
     tokenizer
 }
@@ -176,7 +184,11 @@ fn override_templates_render_as_transformers() {
         let name = case["name"].as_str().unwrap_or_default();
         let template_path = directory.join(format!("{name}.jinja"));
         std::fs::write(&template_path, case["template"].as_str().expect("template")).expect("write template");
-        let tokenizer = match Tokenizer::from_path(&testdata().join("tiny-chatml"), Some(&template_path)) {
+        let tokenizer = match Tokenizer::from_path_with_options(
+            &testdata().join("tiny-chatml"),
+            Some(&template_path),
+            &as_sent(),
+        ) {
             Ok(tokenizer) => tokenizer,
             Err(error) => {
                 failures.push(format!("{name}: load error {error}"));

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use kvgate_tokenizer::{SegmentCacheStatus, Tokenizer, TokenizerOptions};
+use kvgate_tokenizer::{ContentFormatOption, SegmentCacheStatus, Tokenizer, TokenizerOptions};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -102,7 +102,7 @@ fn variant_files() -> Vec<(&'static str, Value)> {
 }
 
 fn load(directory: &Path, segment_cache_tokens: u64) -> Tokenizer {
-    let options = TokenizerOptions { segment_cache_tokens };
+    let options = TokenizerOptions { segment_cache_tokens, content_format: ContentFormatOption::AsSent };
     Tokenizer::from_path_with_options(directory, Some(&directory.join("verbatim.jinja")), &options)
         .expect("load variant")
 }

@@ -85,6 +85,7 @@ class Gateway:
         kv_index_capacity_slack: float = 2.0,
         tokenizer_path: str | os.PathLike[str] | None = None,
         chat_template: str | os.PathLike[str] | None = None,
+        chat_template_content_format: Literal['auto', 'string', 'openai', 'as_sent'] = 'auto',
         tokenizer_threads: int | None = None,
         tokenizer_queue_size: int = 64,
         max_tokenize_chars: int = 262144,
@@ -369,6 +370,12 @@ class Gateway:
             template). Never downloaded
         chat_template: Chat template file (Jinja) overriding the tokenizer's (with --mock-
             tokenizer: rendering chats instead of the mock engines' own rendering)
+        chat_template_content_format: How chat messages reach the template, as vLLM's flag of
+            the same name says: `auto` detects it from the template as vLLM does (a template
+            that loops over a message's content parts gets every content as a list of parts, any
+            other gets one string, text parts joined with newlines); set it to what the engines
+            were started with when they were given one. `as_sent` (not vLLM's): the messages as
+            the client sent them
         tokenizer_threads: Threads tokenizing requests for the exact index, apart from the I/O
             threads (default: half the CPU cores, at least one). Inputs of at most 2 KiB are
             tokenized inline

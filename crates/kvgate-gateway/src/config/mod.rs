@@ -7,6 +7,7 @@ use kvgate_policy::{FieldError, PolicyConfig, ValidationErrors};
 use crate::role::{PdProtocol, WorkerRole};
 use crate::tenant::ForwardPriority;
 use kvgate_policy::PolicyKind;
+use kvgate_tokenizer::ContentFormatOption;
 use serde::{Deserialize, Serialize};
 
 /// Everything `kvgate launch` can be told. Flags and YAML keys come from these fields.
@@ -115,6 +116,13 @@ pub struct GatewayConfig {
     /// chats instead of the mock engines' own rendering).
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<std::path::PathBuf>,
+    /// How chat messages reach the template, as vLLM's flag of the same name says: `auto` detects
+    /// it from the template as vLLM does (a template that loops over a message's content parts
+    /// gets every content as a list of parts, any other gets one string, text parts joined with
+    /// newlines); set it to what the engines were started with when they were given one.
+    /// `as_sent` (not vLLM's): the messages as the client sent them.
+    #[arg(long, value_enum, default_value_t = ContentFormatOption::Auto)]
+    pub chat_template_content_format: ContentFormatOption,
     /// Threads tokenizing requests for the exact index, apart from the I/O threads (default:
     /// half the CPU cores, at least one). Inputs of at most 2 KiB are tokenized inline.
     #[arg(long, value_name = "N")]

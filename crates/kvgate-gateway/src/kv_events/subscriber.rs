@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kvgate_index::{BlockIndex, CacheBlocks, CacheId};
-use kvgate_kv_events::{replay_request, Feed, FeedCounts, Live as Received, Recovery, Replayed};
+use kvgate_kv_events::{replay_request, Feed, FeedCounts, Live as Received, Recovery, Refusal, Replayed};
 use prometheus::IntCounterVec;
 use zeromq::{
     DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
@@ -31,9 +31,17 @@ const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most batches one replay may return (vLLM keeps 10,000 by default).
 const REPLAY_MAX_BATCHES: usize = 1_000_000;
 /// Connection attempts back off from the first delay up to the ceiling (with jitter, so the
-/// subscriptions of a fleet's engines do not reconnect in lockstep).
+/// subscriptions of a fleet's engines do not reconnect in lockstep), at the first connection and
+/// after every disconnection alike: the ZMQ library's own reconnection (doubling up to 30 s) is
+/// never used. vLLM binds its publisher as it starts serving, so a ceiling of a second
+/// resubscribes within about a second of an engine restart; an attempt on a closed port costs
+/// next to nothing.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// A publisher that has not answered for this long is reported at `warn` (then every
+/// [`UNREACHABLE_EVERY`] while it stays so): engines take tens of seconds to start.
+const UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
+const UNREACHABLE_EVERY: Duration = Duration::from_secs(300);
 /// At most one warning per subscription this often; the rest are counted.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -52,44 +60,54 @@ pub(crate) struct RankSubscription {
 /// The state of a running subscription.
 struct Live {
     feed: Feed,
+    /// The cache's removed blocks as last added to the worker's count.
+    removed: u64,
     warned_at: Option<Instant>,
     suppressed: u64,
 }
 
 impl RankSubscription {
     pub(crate) async fn run(self) {
+        self.zero_series();
         let Some(index) = self.wait_for_index().await else { return };
         let cache = CacheBlocks::new(index, CacheId { worker: self.worker.id, rank: self.rank });
-        let mut live = Live { feed: Feed::new(cache), warned_at: None, suppressed: 0 };
-        let mut socket = self.connect().await;
+        let mut live = Live { feed: Feed::new(cache), removed: 0, warned_at: None, suppressed: 0 };
+        let mut first = true;
+        loop {
+            let mut socket = self.connect().await;
+            if !first {
+                // Whatever happened while we were away, the engine's cache may differ from what
+                // we held: start over from its replay buffer.
+                tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event publisher reconnected");
+                live.feed.reset();
+            }
+            first = false;
+            self.resync(&mut live).await;
+            self.set_live(true);
+            self.receive(&mut live, &mut socket).await;
+            tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event publisher disconnected");
+            self.set_live(false);
+            // Dropping the socket ends the ZMQ library's own reconnection; `connect` reconnects
+            // on kvgate's backoff instead.
+            drop(socket);
+        }
+    }
+
+    /// Hands every message to the feed until the publisher disconnects.
+    async fn receive(&self, live: &mut Live, socket: &mut SubSocket) {
         let mut monitor = socket.monitor();
-        self.resync(&mut live).await;
-        self.set_live(true);
-        let mut monitor_open = true;
         loop {
             tokio::select! {
                 message = socket.recv() => match message {
-                    Ok(message) => self.on_message(&mut live, message.into_vec()).await,
+                    Ok(message) => self.on_message(live, message.into_vec()).await,
                     Err(error) => {
                         tracing::debug!(worker = %self.worker.url, rank = self.rank, %error, "KV event receive failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
-                event = monitor.next(), if monitor_open => match event {
-                    Some(SocketEvent::Disconnected(_)) => {
-                        tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event publisher disconnected");
-                        self.set_live(false);
-                    }
-                    Some(SocketEvent::Connected(..)) => {
-                        // Whatever happened while we were away, the engine's cache may differ
-                        // from what we held: start over from its replay buffer.
-                        tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event publisher reconnected");
-                        live.feed.reset();
-                        self.resync(&mut live).await;
-                        self.set_live(true);
-                    }
+                event = monitor.next() => match event {
+                    Some(SocketEvent::Disconnected(_)) | None => return,
                     Some(_) => {}
-                    None => monitor_open = false,
                 },
             }
         }
@@ -111,6 +129,8 @@ impl RankSubscription {
     /// A SUB socket connected and subscribed, retrying with backoff until it is.
     async fn connect(&self) -> SubSocket {
         let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
+        let started = Instant::now();
+        let mut reported: Option<Instant> = None;
         loop {
             let mut options = SocketOptions::default();
             options.connect_timeout(Duration::from_secs(2));
@@ -130,6 +150,24 @@ impl RankSubscription {
                 Err(_) => {
                     tracing::debug!(endpoint = %self.endpoints.events, "KV event connect timed out; retrying")
                 }
+            }
+            let now = Instant::now();
+            let due = match reported {
+                None => now.duration_since(started) >= UNREACHABLE_AFTER,
+                Some(at) => now.duration_since(at) >= UNREACHABLE_EVERY,
+            };
+            if due {
+                reported = Some(now);
+                tracing::warn!(
+                    worker = %self.worker.url,
+                    rank = self.rank,
+                    endpoint = %self.endpoints.events,
+                    waited_secs = now.duration_since(started).as_secs(),
+                    "KV event publisher does not answer (still trying; the worker is routed on the approximate \
+                     tree meanwhile): is the engine up, and does it publish there? vLLM binds its publisher only \
+                     for an endpoint `tcp://*:PORT`, `tcp://[::]:PORT` or ipc: with `tcp://127.0.0.1:PORT` in \
+                     its --kv-events-config it connects out instead and publishes to nobody"
+                );
             }
             tokio::time::sleep(backoff.next_delay()).await;
         }
@@ -190,8 +228,31 @@ impl RankSubscription {
         }
     }
 
+    /// Every counter of the worker's subscription, at zero until it counts (absent and zero then
+    /// read differently: a query for a rate sees 0, not nothing).
+    fn zero_series(&self) {
+        let metrics = &self.metrics;
+        self.worker.series.write(|url| {
+            metrics.batches.with_label_values(&[url]);
+            metrics.malformed.with_label_values(&[url]);
+            metrics.restarts.with_label_values(&[url]);
+            for refusal in Refusal::ALL {
+                metrics.refused.with_label_values(&[url, refusal.as_str()]);
+            }
+            for recovery in Recovery::ALL {
+                metrics.gaps.with_label_values(&[url, recovery.as_str()]);
+            }
+        });
+        for source in ["kv_events", "kv_replay"] {
+            self.oversized.with_label_values(&[source]);
+        }
+    }
+
     /// Adds what the feed did since the last call to the metrics.
     fn count(&self, live: &mut Live) {
+        let removed = live.feed.cache().removed_blocks();
+        self.worker.add_kv_removed_blocks(removed.saturating_sub(live.removed));
+        live.removed = removed;
         let FeedCounts { batches, refused, malformed, gaps, restarts } = live.feed.take_counts();
         let metrics = &self.metrics;
         self.worker.series.write(|url| {

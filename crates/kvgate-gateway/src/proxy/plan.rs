@@ -304,7 +304,8 @@ impl Pick {
         let index = &self.pool.prefix.exact;
         let probe =
             Probe::predict(index, tokens, namespace, self.hashes.as_ref(), self.decision.worker, exact);
-        Some(Probe { model_window: Some(self.pool.prefix.accuracy.clone()), ..probe })
+        let model_window = Some(self.pool.prefix.accuracy.clone());
+        Some(Probe { model_window, removed_at: self.worker.kv_removed_blocks(), ..probe })
     }
 
     /// A request routed on the exact index: its prompt's blocks count as held by the chosen

@@ -73,8 +73,16 @@ async fn decide(
     let fields = RequestFields::parse(body).map_err(ApiError::BadRequest)?;
     let endpoint = endpoint(query, &fields)?;
     let prepared = prepare(state, endpoint, &fields, headers, body).await?;
-    Ok(match prepared.shape.dry_run(state, &prepared.route_request(), prepared.namespace)? {
-        RoutePlan::Single(pick) => describe(&pick, endpoint),
+    let route_request = prepared.route_request();
+    Ok(match prepared.shape.dry_run(state, &route_request, prepared.namespace)? {
+        RoutePlan::Single(pick) => {
+            let mut answer = describe(&pick, endpoint);
+            // What the engine would serve from cache there, as the closed loop compares it.
+            answer["prompt_tokens"] = json!(route_request.prompt_tokens);
+            answer["predicted_cached_tokens"] =
+                json!(kvgate_policy::cached_tokens(&pick.decision, route_request.prompt_tokens));
+            answer
+        }
         RoutePlan::Pair { prefill, decode, pd } => json!({
             "endpoint": endpoint.label(),
             "path": pd.path.as_str(),

@@ -109,6 +109,8 @@ pub struct CacheBlocks {
     groups: SmallVec<[(u32, Group); 1]>,
     /// Engine blocks held.
     held: usize,
+    /// Blocks removed so far (removal events and clears): [`removed_blocks`](Self::removed_blocks).
+    removed: u64,
     /// This cache's segments by id, and the ids free for reuse.
     segments: Vec<SegmentMeta>,
     free: Vec<u32>,
@@ -138,6 +140,7 @@ impl CacheBlocks {
             key: id.key(),
             groups: SmallVec::new(),
             held: 0,
+            removed: 0,
             segments: Vec::new(),
             free: Vec::new(),
             pending: HashMap::new(),
@@ -404,7 +407,15 @@ impl CacheBlocks {
     /// holds them. Returns how many of the hashes named nothing this cache holds (ignored).
     pub fn apply_removed(&mut self, group: u32, block_hashes: &[u64], residency: &Residency) -> usize {
         let bit = self.bit(residency);
-        self.remove(group, block_hashes, bit)
+        let unknown = self.remove(group, block_hashes, bit);
+        self.removed += block_hashes.len().saturating_sub(unknown) as u64;
+        unknown
+    }
+
+    /// How many blocks this cache has had removed (by removal events, and all it held at each
+    /// clear), ever: the closed loop tells a block evicted after a routing decision by it.
+    pub fn removed_blocks(&self) -> u64 {
+        self.removed
     }
 
     /// [`apply_removed`](Self::apply_removed) for the tiers `bit`.
@@ -531,6 +542,7 @@ impl CacheBlocks {
     /// Forgets every block of this cache (`AllBlocksCleared`, an engine restart, a gap replay
     /// could not fill).
     pub fn clear(&mut self) {
+        self.removed += self.held as u64;
         for (id, meta) in self.segments.iter().enumerate() {
             if !meta.engines.is_empty() {
                 self.index.truncate_segment(meta.key, self.key, id as u32, 0);

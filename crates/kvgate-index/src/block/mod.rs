@@ -203,6 +203,27 @@ impl BlockIndex {
         self.overlap_chains(tokens.len(), chains, out);
     }
 
+    /// [`overlap`](Self::overlap) as the engine will serve it from cache: only the whole blocks of
+    /// the prompt's first `len - 1` tokens, since neither engine serves a prompt's last token from
+    /// cache (it recomputes it for the first output's logits: vLLM 0.32
+    /// `vllm/v1/core/kv_cache_manager.py`, `max_cache_hit_length = num_tokens - 1`; SGLang
+    /// `managers/schedule_batch.py`, `max_prefix_len = input_len - 1`, page-aligned). A fully
+    /// held prompt of N tokens, N a multiple of the block size, is served N - block size.
+    pub fn served_overlap(&self, tokens: &[u32], namespace: Namespace<'_>, out: &mut PrefixMatch) {
+        let layouts = self.layouts_now();
+        let limit = served_limit(tokens.len());
+        let chains = layouts.iter().map(|&layout| Chain::of_tokens(tokens, namespace, layout).capped(limit));
+        self.overlap_chains(tokens.len(), chains, out);
+    }
+
+    /// [`served_overlap`](Self::served_overlap) from hashes computed already.
+    pub fn served_overlap_hashed(&self, prompt: &PromptHashes, out: &mut PrefixMatch) {
+        let limit = served_limit(prompt.query_len);
+        let chains =
+            prompt.chains.iter().map(|(layout, hashes)| Chain::of_hashes(*layout, hashes).capped(limit));
+        self.overlap_chains(prompt.query_len, chains, out);
+    }
+
     /// A prompt's block hashes along every layout the index walks now, for
     /// [`overlap_hashed`](Self::overlap_hashed): a caller that needs them more than once (the
     /// query, then holding the prompt in flight) hashes the prompt once.
@@ -509,6 +530,12 @@ impl PromptHashes {
     }
 }
 
+/// The most leading tokens of a prompt of `len` tokens an engine serves from cache (whole blocks
+/// within them): all but the last.
+fn served_limit(len: usize) -> usize {
+    len.saturating_sub(1)
+}
+
 /// A cache in a walk: its key, the block it has reached, its credit so far.
 type Active = (u64, usize, u64);
 
@@ -538,6 +565,13 @@ impl<'a> Chain<'a> {
             // growing the vector on the way cost a query of short segments a copy per doubling.
             hashes: Vec::with_capacity(blocks),
         }
+    }
+
+    /// The chain walked only over the whole blocks within its first `max_tokens` tokens.
+    fn capped(mut self, max_tokens: usize) -> Self {
+        let blocks = max_tokens.saturating_sub(self.lookahead) / self.block_size.max(1);
+        self.blocks = self.blocks.min(blocks);
+        self
     }
 
     fn of_hashes(layout: Layout, hashes: &'a [u64]) -> Self {

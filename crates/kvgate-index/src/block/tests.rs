@@ -70,6 +70,30 @@ fn a_chain_of_events_is_matched_block_by_block() {
 }
 
 #[test]
+fn the_served_match_never_includes_the_prompts_last_token() {
+    let index = Arc::new(BlockIndex::new());
+    let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 7, rank: 0 });
+    cache.apply_stored(stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])).unwrap();
+    let served = |tokens: &[u32]| {
+        let mut out = PrefixMatch::default();
+        index.served_overlap(tokens, Namespace::BASE, &mut out);
+        let mut hashed = PrefixMatch::default();
+        index.served_overlap_hashed(&index.prompt_hashes(tokens, Namespace::BASE), &mut hashed);
+        assert_eq!(out.matched(7), hashed.matched(7), "hashed once or not, the same");
+        (out.matched(7), out.query_len())
+    };
+    // Held whole, 6 tokens (3 blocks): the engine recomputes the last block with the last token.
+    assert_eq!(overlap(&index, &[1, 2, 3, 4, 5, 6]), [(7, 6)]);
+    assert_eq!(served(&[1, 2, 3, 4, 5, 6]), (4, 6));
+    // One token more: every held block is served.
+    assert_eq!(served(&[1, 2, 3, 4, 5, 6, 7]), (6, 7));
+    assert_eq!(served(&[1, 2, 3]), (2, 3));
+    assert_eq!(served(&[1, 2]), (0, 2));
+    assert_eq!(served(&[1]), (0, 1));
+    assert_eq!(served(&[]), (0, 0));
+}
+
+#[test]
 fn a_store_past_the_cache_bound_is_refused_alone() {
     let index = Arc::new(BlockIndex::new());
     let mut cache = CacheBlocks::new(index.clone(), CacheId { worker: 3, rank: 0 });

@@ -18,8 +18,8 @@ use crate::config::{MissStrategy, PolicyConfig};
 use crate::inflight::RoutedLog;
 use crate::pick::pick_min_by;
 use crate::{
-    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext,
-    WorkerId,
+    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, PrefixIndex, Reason, RouteRequest,
+    SelectContext, WorkerId,
 };
 
 /// KV usages closer than this are a tie (broken by in-flight count, then at random).
@@ -81,6 +81,9 @@ struct Inputs<'a> {
     /// The count spread is beyond both thresholds.
     count_imbalanced: bool,
     tree_sizes: Vec<usize>,
+    /// What each engine holds in the prefix index, for the candidates tied on in-flight count
+    /// and KV usage across the pool (0 for the others, or without an index).
+    held: Vec<usize>,
 }
 
 struct Outcome {
@@ -110,10 +113,33 @@ impl Inputs<'_> {
         self.all().filter(|&i| self.excluded(i) != Some(Imbalance::Overload))
     }
 
-    /// Fewest in-flight requests among `indices`; ties by KV usage when known, then at random.
+    /// Fewest in-flight requests among `indices`; ties by KV usage when known, then by what each
+    /// holds in the prefix index (an idle pool spreads new prompts by the engines' holdings:
+    /// vLLM's KV usage leaves out the cached blocks no request uses), then at random.
     fn least_in_flight(&self, indices: impl Iterator<Item = usize>, rng: &mut dyn rand::RngCore) -> usize {
-        let kv_bucket = |i: usize| self.kv.as_ref().map_or(0, |kv| (kv[i] / KV_TIE) as i64);
-        pick_min_by(indices, |i| (self.in_flight[i], kv_bucket(i)), rng).expect("candidates are not empty")
+        let held = |i: usize| self.held.get(i).copied().unwrap_or(0);
+        pick_min_by(indices, |i| (self.in_flight[i], self.kv_bucket(i), held(i)), rng)
+            .expect("candidates are not empty")
+    }
+
+    fn kv_bucket(&self, i: usize) -> i64 {
+        self.kv.as_ref().map_or(0, |kv| (kv[i] / KV_TIE) as i64)
+    }
+
+    /// What each candidate tied on (in-flight count, KV usage) with the pool's least loaded holds
+    /// in `index` (0 for the others; empty when none is tied).
+    fn held_where_tied(&self, index: &dyn PrefixIndex) -> Vec<usize> {
+        let key = |i: usize| (self.in_flight[i], self.kv_bucket(i));
+        let Some(least) = self.all().map(key).min() else { return Vec::new() };
+        let tied: Vec<usize> = self.all().filter(|&i| key(i) == least).collect();
+        if tied.len() < 2 {
+            return Vec::new();
+        }
+        let mut held = vec![0; self.candidates.len()];
+        for i in tied {
+            held[i] = index.tenant_size(self.candidates[i].id);
+        }
+        held
     }
 
     /// Lowest KV usage (ties within 1%: fewer in-flight, then at random). A tie never admits an
@@ -289,7 +315,7 @@ impl Policy for CacheAwarePolicy {
         } else {
             (Vec::new(), false)
         };
-        let inputs = Inputs {
+        let mut inputs = Inputs {
             settings,
             candidates: &candidates,
             excluded,
@@ -297,7 +323,13 @@ impl Policy for CacheAwarePolicy {
             in_flight,
             kv,
             tree_sizes,
+            held: Vec::new(),
         };
+        // Asked before the index's descent (a tree holds its lock through it), and only for the
+        // candidates tied on the first keys: an index's holdings cost a look each.
+        if let Some(index) = index {
+            inputs.held = inputs.held_where_tied(index);
+        }
 
         let mut outcome = None;
         let rng = &mut *ctx.rng;

@@ -447,7 +447,8 @@ fn exact_index_routes_to_the_engine_that_holds_the_blocks() {
 /// every tier as the GPU, the whole prompt in CPU memory wins.
 #[test]
 fn a_hit_in_host_memory_counts_at_its_tier_weight() {
-    let prompt: Vec<u32> = (1..=20).collect();
+    // 21 tokens: the engine serves up to 20 from cache (never the last token).
+    let prompt: Vec<u32> = (1..=21).collect();
     let cpu = kvgate_index::Residency::of(Some("CPU"), None, None);
     for (weights, winner) in [(None, 1), (Some("CPU=0.75"), 0), (Some("*=1"), 1)] {
         let mut config = PolicyConfig::default();
@@ -460,7 +461,7 @@ fn a_hit_in_host_memory_counts_at_its_tier_weight() {
         let d = h.route(&prompt, &[0, 0]);
         assert_eq!((d.worker, d.reason), (winner, Reason::CacheHit), "{weights:?}");
         let expected = if winner == 0 { 16.0 } else { 20.0 };
-        assert_eq!(d.matches.unwrap().chosen_match_rate, expected / 20.0, "reported as matched, every tier");
+        assert_eq!(d.matches.unwrap().chosen_match_rate, expected / 21.0, "reported as matched, every tier");
     }
 }
 
@@ -528,4 +529,21 @@ fn a_miss_tied_with_an_engine_kept_out_names_the_kv_term() {
     // No engine kept out: a plain miss.
     let d = h.route("another new prompt", &pool(&[0, 0], Some(&[0.5, 0.4]), h.now_ms));
     assert_eq!(d.reason, Reason::CacheMiss);
+}
+
+/// An idle pool (nothing in flight, KV usage alike: vLLM's leaves out cached blocks no request
+/// uses) sends a new prompt to the engine holding the least, so new conversations spread by what
+/// each engine holds instead of following one random draw seeded by a shared start.
+#[test]
+fn ties_among_idle_engines_go_to_the_one_holding_least() {
+    let held: Vec<u32> = (1000..1064).collect();
+    for (holder, expected) in [(0, 1), (1, 0)] {
+        let mut h = ExactHarness::with_config(2, PolicyConfig::default());
+        h.store(holder, &held, 16);
+        for seed in 0..8u32 {
+            let fresh: Vec<u32> = (0..40).map(|i| 5000 + seed * 100 + i).collect();
+            let d = h.route(&fresh, &[0, 0]);
+            assert_eq!((d.worker, d.reason), (expected, Reason::CacheMiss), "holder {holder}, prompt {seed}");
+        }
+    }
 }
