@@ -11,6 +11,7 @@ mod credentials;
 mod flood;
 mod kv_events;
 mod loops;
+mod pd_fields;
 mod replica_sync;
 mod rss;
 mod series;

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "request",
             "role",
             "tenant",
+            "transfer_fields",
             "usage",
             "worker_url",
         ],

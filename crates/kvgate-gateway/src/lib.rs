@@ -15,6 +15,7 @@ mod loads;
 mod request;
 mod role;
 mod tenant;
+mod transfer_fields;
 mod usage;
 mod worker_url;
 // Configuration.

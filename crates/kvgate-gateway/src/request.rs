@@ -51,9 +51,39 @@ pub struct RequestFields<'a> {
     /// SGLang's `/generate`: `sampling_params.max_new_tokens`.
     #[serde(default)]
     pub sampling_params: Option<serde_json::Value>,
+    /// The KV-transfer fields (`transfer_fields.rs`), only noticed: a client's are taken out.
+    #[serde(default)]
+    bootstrap_host: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    bootstrap_port: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    bootstrap_room: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    bootstrap_pair_key: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    decode_tp_size: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    disagg_prefill_dp_rank: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    kv_transfer_params: Option<serde::de::IgnoredAny>,
 }
 
 impl RequestFields<'_> {
+    /// Whether the client set one of the fields that steer an engine's KV transfer (not null).
+    pub fn carries_transfer_fields(&self) -> bool {
+        [
+            &self.bootstrap_host,
+            &self.bootstrap_port,
+            &self.bootstrap_room,
+            &self.bootstrap_pair_key,
+            &self.decode_tp_size,
+            &self.disagg_prefill_dp_rank,
+            &self.kv_transfer_params,
+        ]
+        .iter()
+        .any(|field| field.is_some())
+    }
+
     /// The most output tokens the request asks for (0 when it does not say).
     pub fn max_output_tokens(&self) -> u64 {
         let given = self.sampling_params.as_ref().and_then(|params| params.get("max_new_tokens"));

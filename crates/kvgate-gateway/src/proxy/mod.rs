@@ -162,6 +162,11 @@ where
         ))
     })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
+    // A client's KV-transfer fields never reach an engine, on any path (`transfer_fields.rs`).
+    let forwarded = match fields.carries_transfer_fields() {
+        true => crate::transfer_fields::strip(&bytes).map_err(ApiError::BadRequest)?,
+        false => bytes.clone(),
+    };
     let prepared = prepare(state, endpoint, &fields, &parts.headers, &bytes).await?;
     // Admission once the request is known: its tenant, class and size.
     let identity = state
@@ -201,12 +206,12 @@ where
                 && fields.stream == Some(true)
                 && fields.stream_options.is_none() =>
         {
-            crate::accuracy::ask_for_usage(&bytes)
+            crate::accuracy::ask_for_usage(&forwarded)
         }
         _ => None,
     };
     let strip_usage = asked.is_some();
-    let body = asked.unwrap_or_else(|| bytes.clone());
+    let body = asked.unwrap_or(forwarded);
     // The class as the engine's `priority` (`--forward-priority`), on generation requests.
     let body = match state.config.forward_priority.value(identity.class) {
         Some(priority) if !matches!(endpoint, Endpoint::Embeddings) => {
