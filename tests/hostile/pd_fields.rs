@@ -93,14 +93,22 @@ async fn a_request_served_in_place_or_on_a_regular_fleet_carries_none_of_the_cli
         let seen = bodies(&d);
         assert_eq!(seen.len(), 1, "{protocol:?}");
         for field in PD_FIELDS {
-            assert!(seen[0].get(field).is_none(), "{protocol:?}: in place carried {field}: {}", pd_part(&seen[0]));
+            assert!(
+                seen[0].get(field).is_none(),
+                "{protocol:?}: in place carried {field}: {}",
+                pd_part(&seen[0])
+            );
         }
         assert_eq!(seen[0]["messages"][0]["content"], "a short question", "the rest is the client's");
         // Through a pair, each side gets the gateway's fields, never the client's.
         let response = post_chat(&gw, &hostile_chat(long_content("alpha"))).await;
         assert_eq!(response.status(), 200, "{protocol:?}");
         for body in bodies(&d).iter().chain(&bodies(&p)) {
-            assert!(!carries_client_fields(body), "{protocol:?}: a pair carried the client's: {}", pd_part(body));
+            assert!(
+                !carries_client_fields(body),
+                "{protocol:?}: a pair carried the client's: {}",
+                pd_part(body)
+            );
         }
         gw.shutdown().await;
     }
@@ -113,7 +121,11 @@ async fn a_request_served_in_place_or_on_a_regular_fleet_carries_none_of_the_cli
         assert_eq!(response.status(), 200, "{endpoint}");
         let seen = bodies(&regular).pop().unwrap();
         for field in PD_FIELDS {
-            assert!(seen.get(field).is_none(), "{endpoint}: a regular fleet forwarded {field}: {}", pd_part(&seen));
+            assert!(
+                seen.get(field).is_none(),
+                "{endpoint}: a regular fleet forwarded {field}: {}",
+                pd_part(&seen)
+            );
         }
     }
     gw.shutdown().await;
@@ -126,11 +138,14 @@ struct FailingDecode {
     bodies: Mutex<Vec<Value>>,
 }
 
-async fn failing_decode_answer(State(engine): State<Arc<FailingDecode>>, body: axum::body::Bytes) -> Response {
+async fn failing_decode_answer(
+    State(engine): State<Arc<FailingDecode>>,
+    body: axum::body::Bytes,
+) -> Response {
     let request: Value = serde_json::from_slice(&body).unwrap_or_default();
     engine.bodies.lock().unwrap().push(request.clone());
-    let transfer = request.get("bootstrap_room").is_some()
-        || request["kv_transfer_params"]["do_remote_prefill"] == true;
+    let transfer =
+        request.get("bootstrap_room").is_some() || request["kv_transfer_params"]["do_remote_prefill"] == true;
     if transfer {
         let error = json!({"error": {"message": "KV transfer failed", "type": "server_error", "code": 500}});
         return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(error)).into_response();

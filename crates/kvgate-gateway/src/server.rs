@@ -116,12 +116,15 @@ fn read_only_routes(router: Router<SharedState>) -> Router<SharedState> {
 }
 
 /// The admin API: worker management, the dry run, and the fleet page with its JSON.
+/// Every admin route is behind the browser guard (`browser_guard.rs`).
 fn admin_routes(router: Router<SharedState>, state: &SharedState) -> Router<SharedState> {
-    router
+    let admin = Router::new()
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))
         .route("/v1/route", post(proxy::route_only::route))
         .merge(fleet_routes(state))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::browser_guard::guard));
+    router.merge(admin)
 }
 
 /// `GET /v1/fleet` and `GET /dashboard`, on the fleet view's narrow handle.

@@ -31,7 +31,9 @@ pub fn strip(body: &[u8]) -> Result<Bytes, String> {
     for field in TRANSFER_FIELDS {
         object.remove(field);
     }
-    serde_json::to_vec(&object).map(Bytes::from).map_err(|error| format!("could not re-encode the request: {error}"))
+    serde_json::to_vec(&object)
+        .map(Bytes::from)
+        .map_err(|error| format!("could not re-encode the request: {error}"))
 }
 
 #[cfg(test)]

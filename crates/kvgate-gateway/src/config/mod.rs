@@ -268,6 +268,12 @@ pub struct GatewayConfig {
     /// admin API is on the main listener, behind the key).
     #[arg(long)]
     pub admin_port: Option<u16>,
+    /// Names a browser may reach the admin API by besides the admin listener's own (its address,
+    /// and `localhost` on a loopback listener): `gateway.internal` or `gateway.internal:30001`.
+    /// Without an admin key, a request whose `Host` is none of these is refused (403), so a web
+    /// page whose name was rebound to this address (DNS rebinding) cannot reach the admin API.
+    #[arg(long = "admin-allowed-hosts", value_delimiter = ',', num_args = 0.., value_name = "HOST")]
+    pub admin_allowed_hosts: Vec<String>,
     /// Address of the metrics listener (--prometheus-port).
     #[arg(long, default_value = "127.0.0.1")]
     pub prometheus_host: String,
