@@ -12,6 +12,7 @@ mod flood;
 mod kv_events;
 mod loops;
 mod pd_fields;
+mod quotas;
 mod replica_sync;
 mod rss;
 mod series;

@@ -48,13 +48,20 @@ impl Drop for InFlight {
     }
 }
 
+/// What an answer used, as its engine reported it, bounded by what the request could use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Used {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
 /// What admission holds for a request until its answer ends (a concurrency slot, its tenant's
 /// share), dropped with the body; told the tokens the answer really used, when the engine said.
 pub trait AdmissionHold: Send + Sync {
     /// Whether the answer's usage is wanted (the hold corrects a charge with it).
     fn wants_usage(&self) -> bool;
-    /// The answer's prompt plus output tokens, as the engine reported them.
-    fn used(&mut self, tokens: u64);
+    /// The answer's prompt and output tokens.
+    fn used(&mut self, used: Used);
 }
 
 /// Everything that must live exactly as long as the response body.
@@ -97,7 +104,7 @@ impl MeteredBody {
 fn settle(permit: &mut Option<Box<dyn AdmissionHold>>, usage: Option<crate::usage::EngineUsage>) {
     let (Some(permit), Some(usage)) = (permit, usage) else { return };
     if let (Some(prompt), Some(completion)) = (usage.prompt_tokens, usage.completion_tokens) {
-        permit.used(u64::from(prompt) + u64::from(completion));
+        permit.used(Used { prompt: u64::from(prompt), completion: u64::from(completion) });
     }
 }
 

@@ -17,9 +17,11 @@ pub struct RequestFields<'a> {
     /// its usage chunk when the client did not ask (the closed loop reads it, `accuracy.rs`).
     #[serde(default)]
     pub stream: Option<bool>,
-    /// Present when the client set it (then the gateway asks for nothing).
+    /// The client's `stream_options` (read leniently: a value of another shape is the
+    /// engine's to refuse). Unless it asks for the usage chunk, the gateway asks for it when it
+    /// needs the usage and leaves the chunk out of the answer (`accuracy.rs`).
     #[serde(default)]
-    pub stream_options: Option<serde::de::IgnoredAny>,
+    pub stream_options: Option<serde_json::Value>,
     #[serde(borrow, default)]
     pub messages: Option<Vec<ChatMessage<'a>>>,
     /// `/v1/completions` prompt.
@@ -69,6 +71,11 @@ pub struct RequestFields<'a> {
 }
 
 impl RequestFields<'_> {
+    /// Whether the client asked a stream for its usage chunk (`stream_options.include_usage`).
+    pub fn asks_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|options| options["include_usage"] == true)
+    }
+
     /// Whether the client set one of the fields that steer an engine's KV transfer (not null).
     pub fn carries_transfer_fields(&self) -> bool {
         [

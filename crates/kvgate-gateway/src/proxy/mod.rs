@@ -182,7 +182,8 @@ where
         }
         false => 0,
     };
-    let ticket = Ticket { tenant: &identity.tenant, class: identity.class, tokens };
+    let open_ended = endpoint != Endpoint::Embeddings && fields.max_output_tokens() == 0;
+    let ticket = Ticket { tenant: &identity.tenant, class: identity.class, tokens, open_ended };
     let shape = &prepared.shape;
     let route_request = prepared.route_request();
     // A waiter's locality score: the prompt tokens the policy predicts cached where it would
@@ -198,17 +199,18 @@ where
         _ => None,
     };
     let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path());
-    // The closed loop: a stream routed on token ids is asked for its usage chunk when the client
-    // did not ask (and the chunk is left out of the answer again).
-    let asked = match (shape, &route_request.key) {
-        (plan::Shape::Single(_), kvgate_policy::RoutingKey::Tokens(_))
-            if matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
-                && fields.stream == Some(true)
-                && fields.stream_options.is_none() =>
-        {
-            crate::accuracy::ask_for_usage(&forwarded)
-        }
-        _ => None,
+    // The gateway learns the usage of every stream it needs it of (the closed loop: one routed on
+    // token ids; a tenant's tokens-per-minute charge): a client that did not ask for the usage
+    // chunk gets it asked for on its behalf, and left out of its answer again.
+    let closed_loop =
+        matches!((shape, &route_request.key), (plan::Shape::Single(_), kvgate_policy::RoutingKey::Tokens(_)));
+    let asked = match matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
+        && fields.stream == Some(true)
+        && !fields.asks_usage()
+        && (closed_loop || permit.wants_usage())
+    {
+        true => crate::accuracy::ask_for_usage(&forwarded, fields.stream_options.is_some()),
+        false => None,
     };
     let strip_usage = asked.is_some();
     let body = asked.unwrap_or(forwarded);
