@@ -16,6 +16,7 @@ mod quotas;
 mod replica_sync;
 mod rss;
 mod series;
+mod stalls;
 mod tokenize;
 mod worker_answers;
 

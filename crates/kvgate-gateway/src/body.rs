@@ -1,13 +1,15 @@
 //! The response body wrapper of a proxied request: passes the worker's frames through as they
 //! arrive, and on the way records time to first byte, total latency and the end of the request.
-//! When an event stream breaks (the worker died mid-answer), the client gets an OpenAI-style
-//! error event and then the connection is cut (the chunked body never ends), so neither an SSE
-//! client nor an HTTP one takes the answer as complete.
+//! When an event stream breaks (the worker died mid-answer, its body stalled past
+//! `--body-stall-timeout-secs`, the stream ran past `--stream-deadline-secs`), the client gets an
+//! OpenAI-style error event and then the connection is cut (the chunked body never ends), so
+//! neither an SSE client nor an HTTP one takes the answer as complete.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -80,14 +82,119 @@ pub struct RequestTail {
     pub usage: Option<UsageTap>,
     /// The request's trace span (`--otlp-traces-endpoint`), ended with the body.
     pub span: Option<RequestSpan>,
+    /// How long the body may stall, and by when a stream must end.
+    pub watch: BodyWatch,
+}
+
+/// The bounds on an answer's body in time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BodyWatch {
+    /// Longest wait for the next byte (`--body-stall-timeout-secs`).
+    pub stall: Option<Duration>,
+    /// When the answer must have ended, and the bound it came from (`--stream-deadline-secs`).
+    pub deadline: Option<(tokio::time::Instant, Duration)>,
+}
+
+/// Why an answer's body ended before its end.
+#[derive(Debug)]
+pub enum Cut {
+    /// The worker's connection broke.
+    Broke(hyper::Error),
+    /// No byte for this long.
+    Stalled(Duration),
+    /// The stream ran past its deadline.
+    Deadline(Duration),
+}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cut::Broke(error) => write!(f, "{error}"),
+            Cut::Stalled(stall) => {
+                write!(f, "stalled: no byte for {:.1} s (--body-stall-timeout-secs)", stall.as_secs_f64())
+            }
+            Cut::Deadline(deadline) => {
+                write!(
+                    f,
+                    "the stream ran past its {:.1} s deadline (--stream-deadline-secs)",
+                    deadline.as_secs_f64()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for Cut {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Cut::Broke(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// The timers of [`BodyWatch`]: the stall timer is set once and moved only when it fires early
+/// (a byte came since), so a frame costs a clock read, not a timer update.
+struct Timers {
+    stall: Option<Duration>,
+    last_byte: tokio::time::Instant,
+    stall_timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    deadline: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
+}
+
+impl Timers {
+    fn new(watch: BodyWatch) -> Self {
+        Self {
+            stall: watch.stall,
+            last_byte: tokio::time::Instant::now(),
+            stall_timer: None,
+            deadline: watch.deadline.map(|(at, bound)| (Box::pin(tokio::time::sleep_until(at)), bound)),
+        }
+    }
+
+    fn on_frame(&mut self) {
+        if self.stall.is_some() {
+            self.last_byte = tokio::time::Instant::now();
+        }
+    }
+
+    /// Whether the deadline passed (checked as frames come, so a body that never waits is
+    /// bounded too).
+    fn past_deadline(&self) -> Option<Cut> {
+        let (timer, bound) = self.deadline.as_ref()?;
+        (timer.deadline() <= tokio::time::Instant::now()).then_some(Cut::Deadline(*bound))
+    }
+
+    /// Polled while the body waits: the cut, when a timer fired (its waker is registered
+    /// otherwise).
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<Cut> {
+        if let Some((timer, bound)) = &mut self.deadline {
+            if timer.as_mut().poll(cx).is_ready() {
+                return Some(Cut::Deadline(*bound));
+            }
+        }
+        let stall = self.stall?;
+        let timer = self
+            .stall_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(self.last_byte + stall)));
+        while timer.as_mut().poll(cx).is_ready() {
+            let due = self.last_byte + stall;
+            if due <= tokio::time::Instant::now() {
+                return Some(Cut::Stalled(stall));
+            }
+            timer.as_mut().reset(due);
+        }
+        None
+    }
 }
 
 pub struct MeteredBody {
     inner: UpstreamBody,
     tail: RequestTail,
+    timers: Timers,
     first_byte_seen: bool,
-    /// The upstream error, held while the error event goes out first.
-    broken: Option<hyper::Error>,
+    /// Why the body was cut, held while the error event goes out first.
+    broken: Option<Cut>,
     /// The error event was handed over and one poll has let the connection flush it.
     flushed: bool,
     /// The worker's body ended (what the usage tap still held has been passed on).
@@ -96,7 +203,8 @@ pub struct MeteredBody {
 
 impl MeteredBody {
     pub fn new(inner: UpstreamBody, tail: RequestTail) -> Self {
-        Self { inner, tail, first_byte_seen: false, broken: None, flushed: false, ended: false }
+        let timers = Timers::new(tail.watch);
+        Self { inner, tail, timers, first_byte_seen: false, broken: None, flushed: false, ended: false }
     }
 }
 
@@ -109,15 +217,18 @@ fn settle(permit: &mut Option<Box<dyn AdmissionHold>>, usage: Option<crate::usag
 }
 
 /// The server-sent event telling a client its stream broke.
-fn error_event(worker: &str, error: &hyper::Error) -> Bytes {
-    let message = format!("the worker {worker} failed mid-stream: {error}");
+fn error_event(worker: &str, cut: &Cut) -> Bytes {
+    let message = match cut {
+        Cut::Deadline(_) => format!("the stream from the worker {worker} was cut: {cut}"),
+        _ => format!("the worker {worker} failed mid-stream: {cut}"),
+    };
     let body = crate::error::error_body(&message, "upstream_error", "upstream_stream_broken");
     Bytes::from(format!("data: {body}\n\n"))
 }
 
 impl Body for MeteredBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Cut;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -139,10 +250,26 @@ impl Body for MeteredBody {
             return Poll::Ready(None);
         }
         let polled = match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Err(error))) if this.tail.worker_url.is_some() => {
+            Poll::Pending => match this.timers.poll_expired(cx) {
+                Some(cut) => Poll::Ready(Some(Err(cut))),
+                None => Poll::Pending,
+            },
+            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(Cut::Broke(error)))),
+            Poll::Ready(Some(Ok(frame))) => {
+                this.timers.on_frame();
+                match this.timers.past_deadline() {
+                    Some(cut) => Poll::Ready(Some(Err(cut))),
+                    None => Poll::Ready(Some(Ok(frame))),
+                }
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+        };
+        let polled = match polled {
+            Poll::Ready(Some(Err(cut))) if this.tail.worker_url.is_some() => {
                 let worker = this.tail.worker_url.take().unwrap_or_default();
-                let event = error_event(&worker, &error);
-                this.broken = Some(error);
+                let event = error_event(&worker, &cut);
+                tracing::debug!(%worker, %cut, "stream cut");
+                this.broken = Some(cut);
                 Poll::Ready(Some(Ok(Frame::data(event))))
             }
             Poll::Ready(Some(Ok(frame))) => match &mut this.tail.usage {

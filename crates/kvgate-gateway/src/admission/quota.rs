@@ -216,6 +216,7 @@ impl TenantQuotas {
 
     /// Charges one request of `tokens` (its whole cost) to `tenant`, or says which quota it is
     /// over. `None`: the tenant has no quota.
+    #[cfg(test)]
     pub fn take(&self, tenant: &str, tokens: u64, now: Instant) -> Result<Option<TenantCharge>, OverQuota> {
         self.take_cost(tenant, Cost { tokens, open_ended: false }, now)
     }

@@ -196,6 +196,17 @@ pub struct GatewayConfig {
     /// Seconds a client has to send its whole request body; then 408.
     #[arg(long, default_value_t = 60.0)]
     pub body_read_timeout_secs: f64,
+    /// Seconds a body may go without a byte, both ways (SMG's --stream-body-stall-timeout-secs):
+    /// a client's request body that stalls this long gets 408; a worker's answer that stalls
+    /// this long mid-body is cut (a stream ends with the error event) and its slot is freed. 0:
+    /// off. Must be >= 0
+    #[arg(long, default_value_t = 300.0, value_name = "SECS")]
+    pub body_stall_timeout_secs: f64,
+    /// Longest a streamed answer may take in all, in seconds from the request's arrival; past it
+    /// the stream ends with the error event and its slot is freed (unset: no deadline). Must be
+    /// > 0
+    #[arg(long, value_name = "SECS")]
+    pub stream_deadline_secs: Option<f64>,
     /// Seconds to wait for a worker's response head before giving up on it and trying another
     /// worker (nothing has reached the client yet); unset: wait up to --request-timeout-secs.
     #[arg(long)]

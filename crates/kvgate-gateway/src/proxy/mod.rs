@@ -117,18 +117,43 @@ where
     response
 }
 
-async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ApiError>
+/// Reads a request body of at most `limit` bytes, each frame within `stall` of the one before.
+async fn read_body<B>(body: B, limit: usize, stall: Option<Duration>) -> Result<Bytes, ApiError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(ApiError::PayloadTooLarge(limit))
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    let mut chunks: Vec<Bytes> = Vec::new();
+    loop {
+        let frame = match stall {
+            Some(stall) => tokio::time::timeout(stall, body.frame()).await.map_err(|_| {
+                ApiError::RequestTimeout(format!(
+                    "the request body stalled: no byte for {:.1} s (--body-stall-timeout-secs)",
+                    stall.as_secs_f64()
+                ))
+            })?,
+            None => body.frame().await,
+        };
+        match frame {
+            None => break,
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    chunks.push(data);
+                }
+            }
+            Some(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(ApiError::PayloadTooLarge(limit))
+            }
+            Some(Err(error)) => {
+                return Err(ApiError::BadRequest(format!("could not read the request body: {error}")))
+            }
         }
-        Err(error) => Err(ApiError::BadRequest(format!("could not read the request body: {error}"))),
     }
+    Ok(match chunks.len() {
+        1 => chunks.pop().unwrap_or_default(),
+        _ => chunks.concat().into(),
+    })
 }
 
 async fn proxy<B>(
@@ -155,7 +180,9 @@ where
         return Err(ApiError::PayloadTooLarge(limit));
     }
     let read_timeout = Duration::from_secs_f64(state.config.body_read_timeout_secs);
-    let bytes = tokio::time::timeout(read_timeout, read_body(body, limit)).await.map_err(|_| {
+    let stall = state.config.body_stall_timeout_secs;
+    let stall = (stall > 0.0).then(|| Duration::from_secs_f64(stall));
+    let bytes = tokio::time::timeout(read_timeout, read_body(body, limit, stall)).await.map_err(|_| {
         ApiError::RequestTimeout(format!(
             "the request body did not arrive within {:.1} s (--body-read-timeout-secs)",
             read_timeout.as_secs_f64()

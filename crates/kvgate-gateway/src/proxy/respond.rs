@@ -2,7 +2,7 @@
 //! and the body wrapper that ends the request when the body ends.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -10,7 +10,7 @@ use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::{Decision, PdChoice};
 
 use crate::accuracy::{Probe, UsageTap};
-use crate::body::{InFlight, MeteredBody, RequestTail};
+use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail};
 use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -167,6 +167,15 @@ pub(super) fn respond(
     let settles = parts.status.is_success() && permit.as_ref().is_some_and(|hold| hold.wants_usage());
     let usage = (probe.is_some() || (strip_usage && event_stream) || settles)
         .then(|| UsageTap::new(probe, event_stream, strip_usage && event_stream));
+    let config = &state.config;
+    let watch = BodyWatch {
+        stall: (config.body_stall_timeout_secs > 0.0)
+            .then(|| Duration::from_secs_f64(config.body_stall_timeout_secs)),
+        deadline: config.stream_deadline_secs.filter(|_| event_stream).map(|secs| {
+            let bound = Duration::from_secs_f64(secs);
+            (tokio::time::Instant::from_std(started) + bound, bound)
+        }),
+    };
     let tail = RequestTail {
         endpoint,
         started,
@@ -179,6 +188,7 @@ pub(super) fn respond(
             span.status(parts.status);
             span
         }),
+        watch,
     };
     Response::from_parts(parts, Body::new(MeteredBody::new(body, tail)))
 }
