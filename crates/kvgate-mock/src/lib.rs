@@ -47,7 +47,7 @@
 //! every other delay; `--fail-rate` and `--cut-stream-rate` apply on both sides.
 //!
 //! # Soak request ids
-//! A generation request carrying an `x-kvgate-soak-id: ID` header is counted by the worker that
+//! A generation request carrying an `x-soak-id: ID` header is counted by the worker that
 //! receives it: how many times ID reached a generation handler, and how many of those were
 //! answered with a 2xx status. `MockFleet::soak_ids` sums the counts over the fleet's workers
 //! (`MockFleet::soak_id_log` gives a handle that outlives the fleet). `kvgate soak` uses them to
@@ -107,7 +107,7 @@ pub struct MockFleet {
     sockets: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
     engines: Vec<EngineHandle>,
-    /// Each worker's `x-kvgate-soak-id` counts.
+    /// Each worker's `x-soak-id` counts.
     soak_ids: SoakIdLog,
 }
 
@@ -161,7 +161,7 @@ impl MockFleet {
         Ok(())
     }
 
-    /// How many times each `x-kvgate-soak-id` value reached the fleet's generation handlers,
+    /// How many times each `x-soak-id` value reached the fleet's generation handlers,
     /// and how many of those were answered with a 2xx status, summed over the workers.
     pub fn soak_ids(&self) -> std::collections::HashMap<String, SoakIdSeen> {
         self.soak_ids.snapshot()

@@ -73,7 +73,7 @@ pub(crate) struct AppState {
     pub(crate) options: ServeOptions,
     pub(crate) pd: PdContext,
     pub(crate) canned: CannedBodies,
-    /// Counts of `x-kvgate-soak-id` values seen on generation requests (`soak_ids.rs`).
+    /// Counts of `x-soak-id` values seen on generation requests (`soak_ids.rs`).
     pub(crate) soak_ids: WorkerSoakIds,
     fault_draws: AtomicU64,
     response_ids: AtomicU64,

@@ -1,4 +1,4 @@
-//! Soak request ids: each worker counts the `x-kvgate-soak-id` header values of the generation
+//! Soak request ids: each worker counts the `x-soak-id` header values of the generation
 //! requests it receives and of those it answers with a 2xx head, so a soak run (`kvgate soak`)
 //! can tell a request that reached engines twice from one answered twice. Requests without the
 //! header are not looked at beyond the one header lookup.
@@ -17,7 +17,7 @@ use bytes::Bytes;
 use crate::server::AppState;
 
 /// The request header carrying a soak request's unique id.
-pub const SOAK_ID_HEADER: &str = "x-kvgate-soak-id";
+pub const SOAK_ID_HEADER: &str = "x-soak-id";
 
 /// What the workers saw of one soak request id.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,7 +59,7 @@ impl SoakIdLog {
     }
 }
 
-/// The `x-kvgate-soak-id` header of a request, if it has a valid one.
+/// The `x-soak-id` header of a request, if it has a valid one.
 pub(crate) struct SoakId(Option<String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for SoakId {

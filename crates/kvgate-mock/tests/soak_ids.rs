@@ -1,4 +1,4 @@
-//! Soak request ids: the `x-kvgate-soak-id` header values each worker received and answered,
+//! Soak request ids: the `x-soak-id` header values each worker received and answered,
 //! summed over the fleet, readable after shutdown.
 
 mod common;

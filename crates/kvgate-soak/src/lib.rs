@@ -2,7 +2,7 @@
 //! gateway and the client) that checks no request is lost or answered twice and that memory and
 //! file descriptors stay flat. Phases: steady load with worker churn (removal and re-adding
 //! through `/workers`, one engine killed outright and restarted), a burst well above capacity,
-//! and a recovery at the steady rate. Every request carries a unique `x-kvgate-soak-id`; the
+//! and a recovery at the steady rate. Every request carries a unique `x-soak-id`; the
 //! engines count the ids they receive and answer (`kvgate_mock::MockFleet::soak_ids`), and the
 //! report joins those counts with what the client saw (`report.rs` defines a duplicate).
 

@@ -145,8 +145,15 @@ pub(super) fn respond(
 ) -> Response {
     let Served { response, in_flight, worker, decision, prefill, probe, pd } = served;
     let (mut parts, body) = response.into_parts();
-    let hop_by_hop: Vec<HeaderName> = parts.headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
-    for name in hop_by_hop {
+    // Hop-by-hop headers, and the gateway's own namespace: a worker's `x-kvgate-*` never
+    // reaches a client (the routing headers below are the gateway's).
+    let dropped: Vec<HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n) || n.as_str().starts_with(crate::auth::GATEWAY_HEADER_PREFIX))
+        .cloned()
+        .collect();
+    for name in dropped {
         parts.headers.remove(name);
     }
     if state.config.expose_routing_headers {
