@@ -14,6 +14,10 @@
 //! chat_completion/serving.py`, `should_include_usage`), as `kvgate mock` does; `GET /v1/models`
 //! reports `max_model_len` (vLLM's and SGLang's `ModelCard`).
 
+use std::net::SocketAddr;
+
+use axum::routing::{get, post};
+use axum::Router;
 use kvgate_gateway::GatewayHandle;
 use serde_json::{json, Value};
 
@@ -125,4 +129,78 @@ async fn streams_are_refused_once_over_tokens_per_minute_whatever_their_stream_o
     );
     gw.shutdown().await;
     fleet.shutdown().await;
+}
+/// An engine that reports `completion_tokens` of 2^32-1 for every answer, whole or streamed,
+/// and a context of 2,048 tokens on `/v1/models`.
+async fn absurd_usage_engine() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let usage = json!({"prompt_tokens": 4294967295u64, "completion_tokens": 4294967295u64,
+        "total_tokens": 4294967295u64});
+    let answer = move |body: axum::body::Bytes| {
+        let usage = usage.clone();
+        async move {
+            let request: Value = serde_json::from_slice(&body).unwrap_or_default();
+            if request["stream"] == true {
+                let chunk = json!({"id": "x", "object": "chat.completion.chunk", "model": "m",
+                    "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]});
+                let last = json!({"id": "x", "object": "chat.completion.chunk", "model": "m",
+                    "choices": [], "usage": usage});
+                let text = format!("data: {chunk}\n\ndata: {last}\n\ndata: [DONE]\n\n");
+                return ([("content-type", "text/event-stream")], text).into_response();
+            }
+            axum::Json(json!({"id": "x", "object": "chat.completion", "model": "m", "usage": usage,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}))
+            .into_response()
+        }
+    };
+    use axum::response::IntoResponse;
+    let models = || async {
+        axum::Json(json!({"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 2048}]}))
+    };
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(answer));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_usage_report_is_bounded_by_what_the_request_could_use() {
+    let engine = absurd_usage_engine().await;
+    let mut cfg = config(vec![engine]);
+    cfg.tenants = tenants(json!({"defaults": {"tokens_per_minute": 1000}}));
+    let gw = gateway(cfg).await;
+    let ask = |stream: bool, max_tokens: Option<u64>| {
+        let mut body =
+            json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
+        if let Some(max) = max_tokens {
+            body["max_tokens"] = json!(max);
+        }
+        body
+    };
+    for stream in [false, true] {
+        // With max_tokens 8, the report counts at most the prompt's bytes and 8 tokens: the
+        // tenant goes on.
+        let tenant = format!("bounded-{stream}");
+        for _ in 0..3 {
+            let response = post_as(&gw, &tenant, &ask(stream, Some(8))).await;
+            assert_eq!(response.status(), 200, "stream {stream}");
+            let _ = response.text().await;
+        }
+        // Without it, at most the model's context (2,048 tokens): a wait of about two minutes,
+        // never 60 days.
+        let tenant = format!("open-{stream}");
+        let response = post_as(&gw, &tenant, &ask(stream, None)).await;
+        assert_eq!(response.status(), 200);
+        let _ = response.text().await;
+        let refused = post_as(&gw, &tenant, &ask(stream, None)).await;
+        assert_eq!(refused.status(), 429, "stream {stream}");
+        let wait: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!(wait <= 180, "stream {stream}: Retry-After {wait} s after one report");
+    }
+    gw.shutdown().await;
 }

@@ -112,6 +112,11 @@ pub(crate) struct UsageTap {
 }
 
 impl UsageTap {
+    /// Whether the answer passes changed (the usage chunk the gateway asked for left out).
+    pub(crate) fn rewrites(&self) -> bool {
+        matches!(&self.reader, Reader::Stream(stream) if stream.strips())
+    }
+
     /// A tap on an answer: `stream` for an event stream, `strip` when the gateway asked for the
     /// usage chunk on the client's behalf.
     pub(crate) fn new(probe: Option<(Probe, Arc<Worker>)>, stream: bool, strip: bool) -> Self {

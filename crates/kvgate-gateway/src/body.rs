@@ -84,6 +84,8 @@ pub struct RequestTail {
     pub span: Option<RequestSpan>,
     /// How long the body may stall, and by when a stream must end.
     pub watch: BodyWatch,
+    /// The most the answer's usage can be.
+    pub usage_bound: UsageBound,
 }
 
 /// The bounds on an answer's body in time.
@@ -208,11 +210,36 @@ impl MeteredBody {
     }
 }
 
-/// Tells the admission hold what the answer used, when the engine said both counts.
-fn settle(permit: &mut Option<Box<dyn AdmissionHold>>, usage: Option<crate::usage::EngineUsage>) {
+/// The most an answer can have used: each prompt token comes from at least one byte of the
+/// request, and each choice's output is at most the request's maximum (or the model's context).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsageBound {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
+/// Tells the admission hold what the answer used, when the engine said both counts, each at
+/// most what the request could have used (an engine's absurd report charges no more).
+fn settle(
+    permit: &mut Option<Box<dyn AdmissionHold>>,
+    usage: Option<crate::usage::EngineUsage>,
+    bound: UsageBound,
+) {
     let (Some(permit), Some(usage)) = (permit, usage) else { return };
     if let (Some(prompt), Some(completion)) = (usage.prompt_tokens, usage.completion_tokens) {
-        permit.used(Used { prompt: u64::from(prompt), completion: u64::from(completion) });
+        let used = Used {
+            prompt: u64::from(prompt).min(bound.prompt),
+            completion: u64::from(completion).min(bound.completion),
+        };
+        if used.prompt < u64::from(prompt) || used.completion < u64::from(completion) {
+            tracing::debug!(
+                prompt,
+                completion,
+                ?bound,
+                "an engine reported more usage than the request could have"
+            );
+        }
+        permit.used(used);
     }
 }
 
@@ -282,7 +309,7 @@ impl Body for MeteredBody {
                     this.ended = true;
                     let (rest, usage) = tap.finish(&this.tail.metrics);
                     this.tail.usage = None;
-                    settle(&mut this.tail.permit, usage);
+                    settle(&mut this.tail.permit, usage, this.tail.usage_bound);
                     if rest.is_empty() {
                         Poll::Ready(None)
                     } else {
@@ -311,7 +338,10 @@ impl Body for MeteredBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.tail.usage.as_ref().is_some_and(UsageTap::rewrites) {
+            true => SizeHint::default(),
+            false => self.inner.size_hint(),
+        }
     }
 }
 
@@ -319,7 +349,7 @@ impl Drop for MeteredBody {
     fn drop(&mut self) {
         if let Some(tap) = &mut self.tail.usage {
             let usage = tap.dropped(&self.tail.metrics);
-            settle(&mut self.tail.permit, usage);
+            settle(&mut self.tail.permit, usage, self.tail.usage_bound);
         }
         let elapsed = self.tail.started.elapsed().as_secs_f64();
         self.tail.metrics.duration(self.tail.endpoint).observe(elapsed);

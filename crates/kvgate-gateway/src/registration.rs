@@ -91,13 +91,13 @@ impl Registration {
         if self.registry.snapshot().find(&name).is_some() {
             return Err(ApiError::Conflict(format!("worker {name} is already registered")));
         }
-        let model = match new.model.take() {
-            Some(model) => Some(model),
+        let (model, max_model_len) = match new.model.take() {
+            Some(model) => (Some(model), None),
             None => match self.check.discover_model(&url).await {
-                Ok(model) => Some(model),
+                Ok(served) => (Some(served.id), served.max_model_len),
                 Err(error) => {
                     tracing::warn!(worker = %url, %error, "could not learn the worker's model yet; will retry");
-                    None
+                    (None, None)
                 }
             },
         };
@@ -110,6 +110,9 @@ impl Registration {
             RegistryError::PolicyConflict(message) => ApiError::Conflict(message),
             full @ RegistryError::Full(_) => ApiError::Conflict(full.to_string()),
         })?;
+        if let Some(len) = max_model_len {
+            worker.set_max_model_len(len);
+        }
         self.kv_events.subscribe(&worker);
         tracing::info!(
             worker = %worker.url,

@@ -53,6 +53,9 @@ pub struct RequestFields<'a> {
     /// SGLang's `/generate`: `sampling_params.max_new_tokens`.
     #[serde(default)]
     pub sampling_params: Option<serde_json::Value>,
+    /// The choices asked for (OpenAI's `n`; SGLang's `sampling_params.n`).
+    #[serde(default)]
+    n: Option<serde_json::Value>,
     /// The KV-transfer fields (`transfer_fields.rs`), only noticed: a client's are taken out.
     #[serde(default)]
     bootstrap_host: Option<serde::de::IgnoredAny>,
@@ -71,6 +74,13 @@ pub struct RequestFields<'a> {
 }
 
 impl RequestFields<'_> {
+    /// The choices the request asks for (`n`, at least 1): its output can be that many times its
+    /// maximum.
+    pub fn choices(&self) -> u64 {
+        let given = self.sampling_params.as_ref().and_then(|params| params.get("n"));
+        [self.n.as_ref(), given].into_iter().flatten().find_map(serde_json::Value::as_u64).unwrap_or(1).max(1)
+    }
+
     /// Whether the client asked a stream for its usage chunk (`stream_options.include_usage`).
     pub fn asks_usage(&self) -> bool {
         self.stream_options.as_ref().is_some_and(|options| options["include_usage"] == true)

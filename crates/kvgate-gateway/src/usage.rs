@@ -116,6 +116,11 @@ impl StreamUsage {
         StreamUsage { strip, ..StreamUsage::default() }
     }
 
+    /// Whether the usage-only chunk is left out of what passes.
+    pub(crate) fn strips(&self) -> bool {
+        self.strip
+    }
+
     /// The last usage seen so far.
     pub(crate) fn usage(&self) -> Option<EngineUsage> {
         self.usage

@@ -34,7 +34,7 @@ use crate::state::AppState;
 use attempt::{attempt, Attempt};
 use plan::RoutePlan;
 use prepare::prepare;
-use respond::{failure_response, respond, Failure, Outcome, Served};
+use respond::{failure_response, respond, Expect, Failure, Outcome, Served};
 
 /// The gateways a request passed through, by instance id (loop detection).
 pub(crate) static VIA_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-via");
@@ -239,7 +239,13 @@ where
         true => crate::accuracy::ask_for_usage(&forwarded, fields.stream_options.is_some()),
         false => None,
     };
-    let strip_usage = asked.is_some();
+    let max_output = fields.max_output_tokens();
+    let expect = Expect {
+        strip_usage: asked.is_some(),
+        body_bytes: bytes.len() as u64,
+        max_output: (max_output > 0).then_some(max_output),
+        choices: fields.choices(),
+    };
     let body = asked.unwrap_or(forwarded);
     // The class as the engine's `priority` (`--forward-priority`), on generation requests.
     let body = match state.config.forward_priority.value(identity.class) {
@@ -279,7 +285,9 @@ where
             Ok(plan) => plan,
             Err(error) => {
                 return match last_failure {
-                    Some(failure) => Ok(failure_response(state, endpoint, started, failure, permit, span)),
+                    Some(failure) => {
+                        Ok(failure_response(state, endpoint, started, failure, permit, expect, span))
+                    }
                     None => Err(error),
                 }
             }
@@ -317,7 +325,7 @@ where
         match outcome {
             Outcome::Done(mut served) => {
                 served.pd = pd;
-                return Ok(respond(state, endpoint, started, *served, permit, strip_usage, span));
+                return Ok(respond(state, endpoint, started, *served, permit, expect, span));
             }
             Outcome::Fatal(error) => return Err(error),
             Outcome::Retry { failure, failed } => {
@@ -330,7 +338,7 @@ where
         }
         if retries >= retries_allowed || !shape.untried_left(&tried) {
             let failure = last_failure.expect("a retryable failure was just recorded");
-            return Ok(failure_response(state, endpoint, started, failure, permit, span));
+            return Ok(failure_response(state, endpoint, started, failure, permit, expect, span));
         }
         retries += 1;
         if let Some(span) = span.as_mut() {
