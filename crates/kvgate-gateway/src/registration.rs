@@ -21,6 +21,8 @@ pub struct OwnAddress {
     pub listen: Arc<OnceLock<SocketAddr>>,
     /// The admin listener's, when it has one.
     pub admin: Arc<OnceLock<SocketAddr>>,
+    /// The metrics listener's (`--prometheus-port`), when it has one.
+    pub metrics: Arc<OnceLock<SocketAddr>>,
 }
 
 /// What registration is built from.
@@ -207,8 +209,11 @@ impl OwnAddress {
     /// Whether `url` (normalized) leads back to one of this gateway's listeners, its host
     /// resolved as the connector resolves it (`own_address.rs`).
     async fn is_own(&self, url: &str) -> bool {
-        let listeners: Vec<SocketAddr> =
-            [self.listen.get(), self.admin.get()].into_iter().flatten().copied().collect();
+        let listeners: Vec<SocketAddr> = [self.listen.get(), self.admin.get(), self.metrics.get()]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
         crate::own_address::leads_to_gateway(url, &listeners).await
     }
 }

@@ -239,6 +239,10 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         .map_err(|(addr, source)| StartError::Bind { addr, source })?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
     let _ = state.listen_addr.set(local_addr);
+    // Every listener is the gateway's own address, before any worker is registered.
+    if let Some(addr) = metrics_listener.as_ref().and_then(|listener| listener.local_addr().ok()) {
+        let _ = state.metrics_addr.set(addr);
+    }
     let admin_addr = match &admin_listener {
         Some(listener) => {
             Some(listener.local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?)
