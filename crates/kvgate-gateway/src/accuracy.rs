@@ -112,6 +112,11 @@ pub(crate) struct UsageTap {
 }
 
 impl UsageTap {
+    /// Leaves the closed loop's prediction out: the answer is not the predicted worker's.
+    pub(crate) fn forget_probe(&mut self) {
+        self.probe = None;
+    }
+
     /// Whether the answer passes changed (the usage chunk the gateway asked for left out).
     pub(crate) fn rewrites(&self) -> bool {
         matches!(&self.reader, Reader::Stream(stream) if stream.strips())

@@ -10,7 +10,7 @@ use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::{Decision, PdChoice};
 
 use crate::accuracy::{Probe, UsageTap};
-use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound};
+use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound, Watched};
 use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -221,16 +221,15 @@ pub(super) fn respond(
         endpoint,
         started,
         metrics: state.metrics.clone(),
-        in_flight,
         permit,
-        worker_url: event_stream.then(|| worker.url.clone()),
+        event_stream,
         usage,
         span: span.take().map(|mut span| {
             span.status(parts.status);
             span
         }),
-        watch,
         usage_bound: expect.usage_bound(&worker),
     };
-    Response::from_parts(parts, Body::new(MeteredBody::new(body, tail)))
+    let answer = Watched::new(body, in_flight, worker.url.as_str().into(), watch);
+    Response::from_parts(parts, Body::new(MeteredBody::new(answer, tail)))
 }

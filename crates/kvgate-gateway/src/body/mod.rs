@@ -5,18 +5,20 @@
 //! OpenAI-style error event and then the connection is cut (the chunked body never ends), so
 //! neither an SSE client nor an HTTP one takes the answer as complete.
 
-use std::future::Future;
+mod watch;
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use kvgate_index::InFlightPrompt;
 
+pub use watch::{AnswerSource, BodyWatch, Cut, Watched};
+
 use crate::accuracy::UsageTap;
-use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
 use crate::otel::RequestSpan;
@@ -71,129 +73,22 @@ pub struct RequestTail {
     pub endpoint: Endpoint,
     pub started: Instant,
     pub metrics: Arc<Metrics>,
-    #[allow(dead_code, reason = "held until the body ends: its Drop ends the request")]
-    pub in_flight: InFlight,
     /// The admission's hold (a concurrency slot, the tenant's request), freed when dropped.
     #[allow(dead_code, reason = "held until the body ends: its Drop frees a concurrency slot")]
     pub permit: Option<Box<dyn AdmissionHold>>,
-    /// Set for event streams: the worker named in the error event if the stream breaks.
-    pub worker_url: Option<String>,
+    /// An event stream: a cut is told to the client in an error event.
+    pub event_stream: bool,
     /// Reads the engine's usage as the answer passes (the closed loop, `accuracy.rs`).
     pub usage: Option<UsageTap>,
     /// The request's trace span (`--otlp-traces-endpoint`), ended with the body.
     pub span: Option<RequestSpan>,
-    /// How long the body may stall, and by when a stream must end.
-    pub watch: BodyWatch,
     /// The most the answer's usage can be.
     pub usage_bound: UsageBound,
 }
 
-/// The bounds on an answer's body in time.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BodyWatch {
-    /// Longest wait for the next byte (`--body-stall-timeout-secs`).
-    pub stall: Option<Duration>,
-    /// When the answer must have ended, and the bound it came from (`--stream-deadline-secs`).
-    pub deadline: Option<(tokio::time::Instant, Duration)>,
-}
-
-/// Why an answer's body ended before its end.
-#[derive(Debug)]
-pub enum Cut {
-    /// The worker's connection broke.
-    Broke(hyper::Error),
-    /// No byte for this long.
-    Stalled(Duration),
-    /// The stream ran past its deadline.
-    Deadline(Duration),
-}
-
-impl std::fmt::Display for Cut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Cut::Broke(error) => write!(f, "{error}"),
-            Cut::Stalled(stall) => {
-                write!(f, "stalled: no byte for {:.1} s (--body-stall-timeout-secs)", stall.as_secs_f64())
-            }
-            Cut::Deadline(deadline) => {
-                write!(
-                    f,
-                    "the stream ran past its {:.1} s deadline (--stream-deadline-secs)",
-                    deadline.as_secs_f64()
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for Cut {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Cut::Broke(error) => Some(error),
-            _ => None,
-        }
-    }
-}
-
-/// The timers of [`BodyWatch`]: the stall timer is set once and moved only when it fires early
-/// (a byte came since), so a frame costs a clock read, not a timer update.
-struct Timers {
-    stall: Option<Duration>,
-    last_byte: tokio::time::Instant,
-    stall_timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    deadline: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
-}
-
-impl Timers {
-    fn new(watch: BodyWatch) -> Self {
-        Self {
-            stall: watch.stall,
-            last_byte: tokio::time::Instant::now(),
-            stall_timer: None,
-            deadline: watch.deadline.map(|(at, bound)| (Box::pin(tokio::time::sleep_until(at)), bound)),
-        }
-    }
-
-    fn on_frame(&mut self) {
-        if self.stall.is_some() {
-            self.last_byte = tokio::time::Instant::now();
-        }
-    }
-
-    /// Whether the deadline passed (checked as frames come, so a body that never waits is
-    /// bounded too).
-    fn past_deadline(&self) -> Option<Cut> {
-        let (timer, bound) = self.deadline.as_ref()?;
-        (timer.deadline() <= tokio::time::Instant::now()).then_some(Cut::Deadline(*bound))
-    }
-
-    /// Polled while the body waits: the cut, when a timer fired (its waker is registered
-    /// otherwise).
-    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<Cut> {
-        if let Some((timer, bound)) = &mut self.deadline {
-            if timer.as_mut().poll(cx).is_ready() {
-                return Some(Cut::Deadline(*bound));
-            }
-        }
-        let stall = self.stall?;
-        let timer = self
-            .stall_timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(self.last_byte + stall)));
-        while timer.as_mut().poll(cx).is_ready() {
-            let due = self.last_byte + stall;
-            if due <= tokio::time::Instant::now() {
-                return Some(Cut::Stalled(stall));
-            }
-            timer.as_mut().reset(due);
-        }
-        None
-    }
-}
-
-pub struct MeteredBody {
-    inner: UpstreamBody,
+pub struct MeteredBody<S> {
+    inner: S,
     tail: RequestTail,
-    timers: Timers,
     first_byte_seen: bool,
     /// Why the body was cut, held while the error event goes out first.
     broken: Option<Cut>,
@@ -203,10 +98,9 @@ pub struct MeteredBody {
     ended: bool,
 }
 
-impl MeteredBody {
-    pub fn new(inner: UpstreamBody, tail: RequestTail) -> Self {
-        let timers = Timers::new(tail.watch);
-        Self { inner, tail, timers, first_byte_seen: false, broken: None, flushed: false, ended: false }
+impl<S: AnswerSource> MeteredBody<S> {
+    pub fn new(inner: S, tail: RequestTail) -> Self {
+        Self { inner, tail, first_byte_seen: false, broken: None, flushed: false, ended: false }
     }
 }
 
@@ -253,7 +147,7 @@ fn error_event(worker: &str, cut: &Cut) -> Bytes {
     Bytes::from(format!("data: {body}\n\n"))
 }
 
-impl Body for MeteredBody {
+impl<S: AnswerSource> Body for MeteredBody<S> {
     type Data = Bytes;
     type Error = Cut;
 
@@ -276,25 +170,12 @@ impl Body for MeteredBody {
         if this.ended {
             return Poll::Ready(None);
         }
-        let polled = match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => match this.timers.poll_expired(cx) {
-                Some(cut) => Poll::Ready(Some(Err(cut))),
-                None => Poll::Pending,
-            },
-            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(Cut::Broke(error)))),
-            Poll::Ready(Some(Ok(frame))) => {
-                this.timers.on_frame();
-                match this.timers.past_deadline() {
-                    Some(cut) => Poll::Ready(Some(Err(cut))),
-                    None => Poll::Ready(Some(Ok(frame))),
-                }
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-        };
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
         let polled = match polled {
-            Poll::Ready(Some(Err(cut))) if this.tail.worker_url.is_some() => {
-                let worker = this.tail.worker_url.take().unwrap_or_default();
-                let event = error_event(&worker, &cut);
+            Poll::Ready(Some(Err(cut))) if this.tail.event_stream => {
+                this.tail.event_stream = false;
+                let worker = this.inner.worker_url();
+                let event = error_event(worker, &cut);
                 tracing::debug!(%worker, %cut, "stream cut");
                 this.broken = Some(cut);
                 Poll::Ready(Some(Ok(Frame::data(event))))
@@ -305,8 +186,12 @@ impl Body for MeteredBody {
             },
             Poll::Ready(None) => match &mut this.tail.usage {
                 Some(tap) => {
-                    // The whole answer arrived: the closed loop's sample is recorded.
+                    // The whole answer arrived: the closed loop's sample is recorded (unless the
+                    // answer moved to another worker than the one predicted for).
                     this.ended = true;
+                    if this.inner.migrated() {
+                        tap.forget_probe();
+                    }
                     let (rest, usage) = tap.finish(&this.tail.metrics);
                     this.tail.usage = None;
                     settle(&mut this.tail.permit, usage, this.tail.usage_bound);
@@ -345,7 +230,7 @@ impl Body for MeteredBody {
     }
 }
 
-impl Drop for MeteredBody {
+impl<S> Drop for MeteredBody<S> {
     fn drop(&mut self) {
         if let Some(tap) = &mut self.tail.usage {
             let usage = tap.dropped(&self.tail.metrics);
