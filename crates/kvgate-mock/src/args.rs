@@ -129,6 +129,10 @@ pub struct MockArgs {
     /// Fraction of generation responses whose connection is cut mid-body.
     #[arg(long, default_value_t = 0.0)]
     pub cut_stream_rate: f64,
+    /// Cut every streamed answer's connection after this many tokens (an engine killed
+    /// mid-stream at a known point; a continuation counts its own tokens).
+    #[arg(long, value_name = "TOKENS")]
+    pub cut_after_tokens: Option<u32>,
     /// Added delay before handling each generation request, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub extra_latency_ms: u64,

@@ -15,9 +15,17 @@
 //! smaller of that and a length of 8..=64 derived from the prompt. The text is deterministic
 //! words.
 //!
+//! A chat request with `continue_final_message` (and `add_generation_prompt: false`, as vLLM
+//! requires) continues its final assistant message: the prompt is the earlier messages rendered
+//! plus that message's words, and the text goes on exactly where the same request's answer was
+//! at that many words (the seed is the earlier messages' prompt), as a greedy model continues
+//! its own output; `chat_answer_text` gives that answer's text for a check.
+//!
 //! `--engine canned` answers at once (after `--gen-ms`) with prebuilt bodies and no model, for
-//! gateway overhead benchmarks. Fault flags inject 500s, cut connections, added latency and a
-//! health endpoint that turns 503.
+//! gateway overhead benchmarks. Fault flags inject 500s, cut connections (`--cut-stream-rate`,
+//! or every stream after `--cut-after-tokens` tokens: an engine that dies mid-stream), added
+//! latency and a health endpoint that turns 503; `MockFleet::shutdown` kills a fleet outright
+//! (its open streams cut, its port closed).
 //!
 //! # Prefill/decode disaggregation
 //! `--role prefill` or `--role decode` makes every engine of the fleet one side of a PD pair
@@ -79,6 +87,7 @@ use tokio::task::JoinHandle;
 
 pub use args::{EngineKind, KvEventEncoding, MockArgs};
 pub use error::MockError;
+pub use generation::chat_answer_text;
 pub use pd::WorkerRole;
 pub use soak_ids::{SoakIdLog, SoakIdSeen, SOAK_ID_HEADER};
 
