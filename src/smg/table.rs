@@ -130,7 +130,7 @@ pub const TABLE: &[Entry] = &[
     same("--max-payload-size", "536870912", ""),
     refused("--max-buffered-request-bytes", "a separate bound on buffered request bodies", "--max-payload-size"),
     refused("--pd-admission-wait-secs", "PD admission waiting", "--queue-size with --queue-timeout-secs"),
-    mapped("--stream-body-stall-timeout-secs", Map::Rename("--body-stall-timeout-secs"), "300", "kvgate's --body-stall-timeout-secs (default 300, 0: off, as SMG's): a client's request body stalling this long gets 408, as in SMG; kvgate also cuts a worker's answer that stalls this long"),
+    mapped("--stream-body-stall-timeout-secs", Map::Rename("--body-stall-timeout-secs"), "300", "kvgate's --body-stall-timeout-secs (default 300, 0: off, as SMG's): a client's request body stalling this long gets 408, as in SMG; kvgate also cuts a worker's answer that stalls this long (moved to another engine with --migrate-streams)"),
     refused("--sse-keepalive-secs", "SSE keep-alive comments", "not needed: kvgate streams the engine's events as they come"),
     same("--dp-aware", "", "SGLang engines: dp_size from GET /server_info, one worker per rank (`URL@RANK`), the rank sent as data_parallel_rank"),
     same("--routing-key-override", "", "kvgate's target header is x-kvgate-target-worker"),

@@ -11,6 +11,7 @@ mod credentials;
 mod flood;
 mod kv_events;
 mod loops;
+mod migration;
 mod namespace;
 mod pd_fields;
 mod quotas;

@@ -210,6 +210,9 @@ impl MockArgs {
         checks.in_range("time_scale", self.time_scale, Range::POSITIVE);
         checks.in_range("fail_rate", self.fail_rate, Range::PROBABILITY);
         checks.in_range("cut_stream_rate", self.cut_stream_rate, Range::PROBABILITY);
+        if let Some(tokens) = self.cut_after_tokens {
+            checks.at_least("cut_after_tokens", tokens.into(), 1);
+        }
         if let Some(secs) = self.unhealthy_after_secs {
             checks.in_range("unhealthy_after_secs", secs, Range::NON_NEGATIVE);
         }

@@ -197,7 +197,9 @@ pub(crate) async fn respond<F: ResponseFormat>(
     };
     let cap = start.max_tokens.or(max_tokens).unwrap_or(state.options.default_max_tokens).max(1);
     let exact = ignore_eos || state.options.force_max_tokens;
-    let n_tokens = planned_output_tokens(seed, first_index.saturating_add(cap), exact).saturating_sub(first_index).max(1);
+    let n_tokens = planned_output_tokens(seed, first_index.saturating_add(cap), exact)
+        .saturating_sub(first_index)
+        .max(1);
     let mut stream = engine.submit(Submission {
         prompt,
         output_tokens: n_tokens,

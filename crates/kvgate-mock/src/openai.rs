@@ -10,7 +10,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::driver::unix_now_secs;
-use crate::generation::{respond, sse_json, Continuation, GenerationParams, Outcome, ResponseFormat, SSE_DONE};
+use crate::generation::{
+    respond, sse_json, Continuation, GenerationParams, Outcome, ResponseFormat, SSE_DONE,
+};
 use crate::server::{parse_json, ApiError, AppState};
 
 #[derive(Deserialize)]
@@ -162,7 +164,8 @@ fn chat_continuation(request: &ChatRequest) -> Result<(Vec<u32>, Option<Continua
             "Cannot set both `add_generation_prompt` and `continue_final_message` to True.",
         ));
     }
-    let Some((last, earlier)) = request.messages.split_last().filter(|(last, _)| last.role == "assistant") else {
+    let Some((last, earlier)) = request.messages.split_last().filter(|(last, _)| last.role == "assistant")
+    else {
         return Err(ApiError::bad_request("continue_final_message needs a final assistant message"));
     };
     let mut prompt = tokenize(&chat_prompt(earlier));

@@ -16,6 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::InFlight;
 use crate::conn::UpstreamBody;
+use crate::worker::Worker;
 
 /// What a response body reads from.
 pub trait AnswerSource: Body<Data = Bytes, Error = Cut> + Send + Unpin + 'static {
@@ -46,6 +47,8 @@ pub enum Cut {
     Stalled(Duration),
     /// The stream ran past its deadline.
     Deadline(Duration),
+    /// The answer's engine failed (`cut`) and no other engine could take the stream over.
+    Unmoved { cut: Box<Cut>, why: String },
 }
 
 impl std::fmt::Display for Cut {
@@ -55,6 +58,7 @@ impl std::fmt::Display for Cut {
             Cut::Stalled(stall) => {
                 write!(f, "stalled: no byte for {:.1} s (--body-stall-timeout-secs)", stall.as_secs_f64())
             }
+            Cut::Unmoved { cut, why } => write!(f, "{cut}; no other engine took the stream over: {why}"),
             Cut::Deadline(deadline) => {
                 write!(
                     f,
@@ -70,6 +74,7 @@ impl std::error::Error for Cut {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Cut::Broke(error) => Some(error),
+            Cut::Unmoved { cut, .. } => Some(cut.as_ref()),
             _ => None,
         }
     }
@@ -135,14 +140,19 @@ impl Timers {
 pub struct Watched {
     body: UpstreamBody,
     timers: Timers,
-    worker_url: Arc<str>,
+    worker: Arc<Worker>,
     #[allow(dead_code, reason = "held until the answer ends: its Drop ends the request")]
     in_flight: InFlight,
 }
 
 impl Watched {
-    pub fn new(body: UpstreamBody, in_flight: InFlight, worker_url: Arc<str>, watch: BodyWatch) -> Self {
-        Self { body, timers: Timers::new(watch), worker_url, in_flight }
+    pub fn new(body: UpstreamBody, in_flight: InFlight, worker: Arc<Worker>, watch: BodyWatch) -> Self {
+        Self { body, timers: Timers::new(watch), worker, in_flight }
+    }
+
+    /// The worker answering.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
     }
 }
 
@@ -180,6 +190,6 @@ impl Body for Watched {
 
 impl AnswerSource for Watched {
     fn worker_url(&self) -> &str {
-        &self.worker_url
+        &self.worker.url
     }
 }

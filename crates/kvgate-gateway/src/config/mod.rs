@@ -198,8 +198,8 @@ pub struct GatewayConfig {
     pub body_read_timeout_secs: f64,
     /// Seconds a body may go without a byte, both ways (SMG's --stream-body-stall-timeout-secs):
     /// a client's request body that stalls this long gets 408; a worker's answer that stalls
-    /// this long mid-body is cut (a stream ends with the error event) and its slot is freed. 0:
-    /// off. Must be >= 0
+    /// this long mid-body is cut (a stream moves to another engine with --migrate-streams, else
+    /// ends with the error event) and its slot is freed. 0: off. Must be >= 0
     #[arg(long, default_value_t = 300.0, value_name = "SECS")]
     pub body_stall_timeout_secs: f64,
     /// Longest a streamed answer may take in all, in seconds from the request's arrival; past it
@@ -207,6 +207,19 @@ pub struct GatewayConfig {
     /// > 0
     #[arg(long, value_name = "SECS")]
     pub stream_deadline_secs: Option<f64>,
+    /// A stream whose engine fails after the answer began (its connection breaks, or it stalls
+    /// past --body-stall-timeout-secs) goes on on another engine: the request is sent again with
+    /// the text already streamed as a continuation (a chat's final assistant message with
+    /// `continue_final_message`, a completion's prompt plus the text) and max_tokens less what
+    /// was generated, and the client's stream continues with the same id, no repeated text and
+    /// one `[DONE]`. Chat and completions streams only (not /generate); see the README for what
+    /// cannot be continued.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub migrate_streams: bool,
+    /// Most times one stream moves to another engine (--migrate-streams); past it, the stream
+    /// ends with the error event.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub max_stream_migrations: u32,
     /// Seconds to wait for a worker's response head before giving up on it and trying another
     /// worker (nothing has reached the client yet); unset: wait up to --request-timeout-secs.
     #[arg(long)]

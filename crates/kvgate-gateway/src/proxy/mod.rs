@@ -7,6 +7,7 @@
 
 mod attempt;
 mod choose;
+mod migrate;
 mod pd;
 mod plan;
 mod prepare;
@@ -245,6 +246,7 @@ where
         body_bytes: bytes.len() as u64,
         max_output: (max_output > 0).then_some(max_output),
         choices: fields.choices(),
+        resume: migrate::Resume::of(state, endpoint, path_and_query, &parts.headers, &fields, &forwarded),
     };
     let body = asked.unwrap_or(forwarded);
     // The class as the engine's `priority` (`--forward-priority`), on generation requests.

@@ -48,7 +48,7 @@ pub(super) struct Served {
 const UNKNOWN_CONTEXT_TOKENS: u64 = 131_072;
 
 /// What the request says of its answer.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Default)]
 pub(super) struct Expect {
     /// The gateway asked the stream for its usage chunk on the client's behalf: left out again.
     pub strip_usage: bool,
@@ -58,6 +58,8 @@ pub(super) struct Expect {
     pub max_output: Option<u64>,
     /// The choices asked for (`n`).
     pub choices: u64,
+    /// How to continue the stream on another engine (`--migrate-streams`).
+    pub resume: Option<std::sync::Arc<super::migrate::Resume>>,
 }
 
 impl Expect {
@@ -111,7 +113,7 @@ pub(super) fn failure_response(
     expect: Expect,
     span: &mut Option<RequestSpan>,
 ) -> Response {
-    let expect = Expect { strip_usage: false, ..expect };
+    let expect = Expect { strip_usage: false, resume: None, ..expect };
     let error = match failure {
         Failure::Response(served) => return respond(state, endpoint, started, *served, permit, expect, span),
         Failure::Unreachable(message) => ApiError::UpstreamUnreachable(message),
@@ -230,6 +232,14 @@ pub(super) fn respond(
         }),
         usage_bound: expect.usage_bound(&worker),
     };
-    let answer = Watched::new(body, in_flight, worker.url.as_str().into(), watch);
-    Response::from_parts(parts, Body::new(MeteredBody::new(answer, tail)))
+    let answer = Watched::new(body, in_flight, worker.clone(), watch);
+    // A stream that may move to another engine when this one fails (`migrate.rs`).
+    let body = match expect.resume.filter(|_| event_stream && parts.status.is_success()) {
+        Some(resume) => {
+            let relay = super::migrate::Relay::new(answer, worker.id, resume, watch, strip_usage);
+            Body::new(MeteredBody::new(relay, tail))
+        }
+        None => Body::new(MeteredBody::new(answer, tail)),
+    };
+    Response::from_parts(parts, body)
 }
