@@ -122,6 +122,18 @@ pub fn chat_answer_text<R: AsRef<str>, C: AsRef<str>>(messages: &[(R, C)], n_tok
     full_text(prompt_seed(&prompt), 0, n_tokens)
 }
 
+/// The whole answer a mock engine (without `--force-max-tokens`) gives to the chat `messages`
+/// asked with `max_tokens` and `ignore_eos`.
+pub fn chat_answer<R: AsRef<str>, C: AsRef<str>>(
+    messages: &[(R, C)],
+    max_tokens: u32,
+    ignore_eos: bool,
+) -> String {
+    let prompt = kvgate_engine::tokenize(&kvgate_engine::render_chat(messages));
+    let seed = prompt_seed(&prompt);
+    full_text(seed, 0, planned_output_tokens(seed, max_tokens, ignore_eos))
+}
+
 /// The answer's counts; `transferred_cached_tokens` (a decode of a transferred prompt: what the
 /// prefill engine found cached) replaces the engine's own match as the cached count.
 fn outcome(

@@ -87,7 +87,7 @@ use tokio::task::JoinHandle;
 
 pub use args::{EngineKind, KvEventEncoding, MockArgs};
 pub use error::MockError;
-pub use generation::chat_answer_text;
+pub use generation::{chat_answer, chat_answer_text};
 pub use pd::WorkerRole;
 pub use soak_ids::{SoakIdLog, SoakIdSeen, SOAK_ID_HEADER};
 

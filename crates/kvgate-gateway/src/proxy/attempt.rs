@@ -59,7 +59,7 @@ pub(super) async fn attempt(
         && state.config.client_api_keys.is_empty()
         && state.config.client_api_keys_file.is_none();
     for (name, value) in client_headers {
-        if forwarded(name, forward_credentials) && !state.clients.is_gateway_header(name) {
+        if forwarded(name, forward_credentials) {
             headers.append(name.clone(), value.clone());
         }
     }

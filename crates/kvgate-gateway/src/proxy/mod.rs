@@ -240,13 +240,24 @@ where
         true => crate::accuracy::ask_for_usage(&forwarded, fields.stream_options.is_some()),
         false => None,
     };
+    // What goes to the engines of the client's headers: not the gateway's own (`x-kvgate-*`,
+    // the tenant and priority headers); the hop header is chained by each attempt.
+    let upstream_headers = upstream_headers(state, &parts.headers);
     let max_output = fields.max_output_tokens();
     let expect = Expect {
         strip_usage: asked.is_some(),
         body_bytes: bytes.len() as u64,
         max_output: (max_output > 0).then_some(max_output),
         choices: fields.choices(),
-        resume: migrate::Resume::of(state, endpoint, path_and_query, &parts.headers, &fields, &forwarded),
+        resume: migrate::Resume::of(
+            state,
+            endpoint,
+            path_and_query,
+            &upstream_headers,
+            &parts.headers,
+            &fields,
+            &forwarded,
+        ),
     };
     let body = asked.unwrap_or(forwarded);
     // The class as the engine's `priority` (`--forward-priority`), on generation requests.
@@ -259,7 +270,7 @@ where
     let exchange = pd::Exchange {
         state,
         path_and_query,
-        headers: &parts.headers,
+        headers: &upstream_headers,
         body: &body,
         request: &route_request,
         namespace: prepared.namespace,
@@ -356,6 +367,18 @@ where
         });
         tokio::time::sleep(backoff.next_delay()).await;
     }
+}
+
+/// The client's headers an engine may see: the gateway's own (`Clients::is_gateway_header`)
+/// are left out, but for the hop header (`x-kvgate-via`), which each attempt extends.
+fn upstream_headers(state: &AppState, headers: &http::HeaderMap) -> http::HeaderMap {
+    let mut kept = http::HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if *name == VIA_HEADER || !state.clients.is_gateway_header(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
 }
 
 /// The attempt's plan on the request's span: each side's worker and decision.

@@ -35,12 +35,19 @@ use crate::state::AppState;
 use crate::worker::Worker;
 use transcript::{event_data, Transcript, Verdict};
 
+/// Sent with a continuation: the how-manieth move of its stream this is (an engine's log, and
+/// `kvgate mock`'s soak counts, tell a continuation from a request sent twice).
+pub(crate) static RESUMED_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-resumed");
+
 /// What continuing a request on another engine needs, kept from the request.
 pub(super) struct Resume {
     state: Arc<AppState>,
     endpoint: Endpoint,
     path_and_query: String,
+    /// The client's headers as forwarded to engines.
     headers: HeaderMap,
+    /// The client's session key header (`--routing-key-header`), which the engines do not get.
+    session: Option<http::HeaderValue>,
     /// The client's request as forwarded (its KV-transfer fields taken out); read again only
     /// when the stream is cut.
     body: Bytes,
@@ -55,6 +62,7 @@ impl Resume {
         endpoint: Endpoint,
         path_and_query: &str,
         headers: &HeaderMap,
+        client_headers: &HeaderMap,
         fields: &RequestFields<'_>,
         forwarded: &Bytes,
     ) -> Option<Arc<Resume>> {
@@ -70,6 +78,7 @@ impl Resume {
             endpoint,
             path_and_query: path_and_query.to_string(),
             headers: headers.clone(),
+            session: client_headers.get(&state.routing_key_header).cloned(),
             body: forwarded.clone(),
             client_usage: fields.asks_usage(),
         }))
@@ -212,7 +221,7 @@ impl Relay {
         tracing::debug!(worker = self.current.worker_url(), %cut, tokens, "a stream moves to another engine");
         self.migrations += 1;
         self.partial.clear();
-        let resuming = resume_elsewhere(resume, body, self.tried.clone());
+        let resuming = resume_elsewhere(resume, body, self.tried.clone(), self.migrations);
         let resuming: Resuming = match self.watch.deadline {
             Some((at, _)) => Box::pin(async move {
                 tokio::time::timeout_at(at, resuming)
@@ -299,17 +308,29 @@ impl AnswerSource for Relay {
 
 /// Plans and sends the continuation `body` as the request's retries go, leaving out `tried`:
 /// the first engine that starts a streamed answer takes it.
-async fn resume_elsewhere(resume: Arc<Resume>, body: Bytes, mut tried: Vec<u32>) -> Result<Resumed, String> {
+async fn resume_elsewhere(
+    resume: Arc<Resume>,
+    body: Bytes,
+    mut tried: Vec<u32>,
+    migration: u32,
+) -> Result<Resumed, String> {
     let state = &resume.state;
     let fields = RequestFields::parse(&body)?;
-    let prepared = super::prepare::prepare(state, resume.endpoint, &fields, &resume.headers, &body)
+    let mut headers = resume.headers.clone();
+    headers.insert(RESUMED_HEADER.clone(), http::HeaderValue::from(migration));
+    // Planned as the request was: its session key counts (it is not forwarded).
+    let mut planning = HeaderMap::new();
+    if let Some(session) = &resume.session {
+        planning.insert(state.routing_key_header.clone(), session.clone());
+    }
+    let prepared = super::prepare::prepare(state, resume.endpoint, &fields, &planning, &body)
         .await
         .map_err(|error| error.to_string())?;
     let request = prepared.route_request();
     let exchange = super::pd::Exchange {
         state,
         path_and_query: &resume.path_and_query,
-        headers: &resume.headers,
+        headers: &headers,
         body: &body,
         request: &request,
         namespace: prepared.namespace,
