@@ -177,18 +177,26 @@ enum End {
 struct TextEngine {
     url: String,
     bodies: Mutex<Vec<Value>>,
+    /// Each request's `x-kvgate-resumed` header.
+    resumed: Mutex<Vec<Option<String>>>,
 }
 
 async fn text_engine(name: &'static str, end: End) -> Arc<TextEngine> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
-    let engine = Arc::new(TextEngine { url: format!("http://{addr}"), bodies: Mutex::new(Vec::new()) });
+    let engine = Arc::new(TextEngine {
+        url: format!("http://{addr}"),
+        bodies: Mutex::new(Vec::new()),
+        resumed: Mutex::new(Vec::new()),
+    });
     let seen = engine.clone();
-    let answer = move |body: Bytes| {
+    let answer = move |headers: axum::http::HeaderMap, body: Bytes| {
         let seen = seen.clone();
         async move {
             let request: Value = serde_json::from_slice(&body).unwrap_or_default();
             seen.bodies.lock().unwrap().push(request);
+            let resumed = headers.get("x-kvgate-resumed").and_then(|v| v.to_str().ok()).map(str::to_string);
+            seen.resumed.lock().unwrap().push(resumed);
             let chunk = |text: &str, finish: Value| {
                 let chunk = json!({"id": format!("cmpl-{name}"), "object": "text_completion", "created": 1,
                     "model": "m", "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]});
@@ -262,6 +270,9 @@ async fn a_completion_stream_is_resumed_with_its_prompt_plus_the_text_streamed()
     assert_eq!(continued["max_tokens"], 8, "{continued}");
     assert_eq!(continued["temperature"], 0.7, "the client's sampling options kept: {continued}");
     assert_eq!(continued["stream_options"]["include_usage"], true, "{continued}");
+    let marks = healthy.resumed.lock().unwrap().clone();
+    assert_eq!(marks, [Some("1".to_string())], "a continuation says it is one (the first move)");
+    assert_eq!(dying.resumed.lock().unwrap().clone(), [None], "the request itself does not");
     let text = metrics(&gw).await;
     let resumed =
         metric(&text, "kvgate_stream_migrations_total{endpoint=\"completions\",result=\"resumed\"}");
