@@ -248,6 +248,7 @@ async fn a_completion_stream_is_resumed_with_its_prompt_plus_the_text_streamed()
     let healthy = text_engine("b", End::Whole).await;
     let mut cfg = config(vec![dying.url.clone(), healthy.url.clone()]);
     cfg.routing_key_override = true;
+    cfg.forward_priority = kvgate_gateway::ForwardPriority::Sglang;
     let gw = gateway(cfg).await;
     let request = json!({"model": "m", "prompt": "Once upon a time", "max_tokens": 10, "stream": true,
         "temperature": 0.7});
@@ -269,6 +270,7 @@ async fn a_completion_stream_is_resumed_with_its_prompt_plus_the_text_streamed()
     assert_eq!(continued["prompt"], "Once upon a time hello world", "{continued}");
     assert_eq!(continued["max_tokens"], 8, "{continued}");
     assert_eq!(continued["temperature"], 0.7, "the client's sampling options kept: {continued}");
+    assert_eq!(continued["priority"], 0, "the class's priority, as on the first request: {continued}");
     assert_eq!(continued["stream_options"]["include_usage"], true, "{continued}");
     let marks = healthy.resumed.lock().unwrap().clone();
     assert_eq!(marks, [Some("1".to_string())], "a continuation says it is one (the first move)");

@@ -253,10 +253,10 @@ where
             state,
             endpoint,
             path_and_query,
-            &upstream_headers,
-            &parts.headers,
+            (&upstream_headers, &parts.headers),
             &fields,
             &forwarded,
+            state.config.forward_priority.value(identity.class),
         ),
     };
     let body = asked.unwrap_or(forwarded);

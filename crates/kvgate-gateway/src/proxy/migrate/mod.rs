@@ -53,18 +53,22 @@ pub(super) struct Resume {
     body: Bytes,
     /// The client asked for the usage chunk.
     client_usage: bool,
+    /// The request's class as the engine's `priority` (`--forward-priority`).
+    priority: Option<i64>,
 }
 
 impl Resume {
-    /// The continuation context of a streamed chat or completion, when `--migrate-streams` is on.
+    /// The continuation context of a streamed chat or completion, when `--migrate-streams` is on:
+    /// `headers` as forwarded and as the client sent them, the body as forwarded, and the
+    /// `priority` the gateway gives it.
     pub(super) fn of(
         state: &Arc<AppState>,
         endpoint: Endpoint,
         path_and_query: &str,
-        headers: &HeaderMap,
-        client_headers: &HeaderMap,
+        (headers, client_headers): (&HeaderMap, &HeaderMap),
         fields: &RequestFields<'_>,
         forwarded: &Bytes,
+        priority: Option<i64>,
     ) -> Option<Arc<Resume>> {
         let streamed = fields.stream == Some(true);
         if !state.config.migrate_streams
@@ -81,6 +85,7 @@ impl Resume {
             session: client_headers.get(&state.routing_key_header).cloned(),
             body: forwarded.clone(),
             client_usage: fields.asks_usage(),
+            priority,
         }))
     }
 
@@ -315,6 +320,11 @@ async fn resume_elsewhere(
     migration: u32,
 ) -> Result<Resumed, String> {
     let state = &resume.state;
+    let body = match resume.priority {
+        Some(priority) => super::attempt::with_first_field(&body, "priority", priority, "a continuation")
+            .map_err(|error| error.to_string())?,
+        None => body,
+    };
     let fields = RequestFields::parse(&body)?;
     let mut headers = resume.headers.clone();
     headers.insert(RESUMED_HEADER.clone(), http::HeaderValue::from(migration));
