@@ -85,10 +85,13 @@ fn chat(stream: bool) -> Value {
 async fn read_stream(url: String) -> (u16, String, Duration) {
     let started = Instant::now();
     let response = client().post(url).json(&chat(true)).send().await.unwrap();
+    read_body(response, started).await
+}
+
+async fn read_body(mut response: reqwest::Response, started: Instant) -> (u16, String, Duration) {
     let status = response.status().as_u16();
     let mut text = String::new();
-    let mut body = response;
-    while let Ok(Some(chunk)) = body.chunk().await {
+    while let Ok(Some(chunk)) = response.chunk().await {
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
     (status, text, started.elapsed())
@@ -103,13 +106,13 @@ async fn a_stalled_stream_is_cut_within_the_stall_timeout_and_frees_its_slot() {
     cfg.body_stall_timeout_secs = 2.0;
     let gw = gateway(cfg).await;
     let url = format!("{}/v1/chat/completions", gw.url());
-    let stalled = tokio::spawn(read_stream(url.clone()));
+    let started = Instant::now();
+    let head = client().post(&url).json(&chat(true)).send().await.unwrap();
+    assert_eq!(head.status(), 200);
+    let stalled = tokio::spawn(read_body(head, started));
     // While it is held, the one slot is taken.
-    let taken = crate::common::eventually(5.0, async || {
-        client().post(&url).json(&chat(false)).send().await.unwrap().status() == 429
-    })
-    .await;
-    assert!(taken, "the stalled stream holds the slot");
+    let refused = client().post(&url).json(&chat(false)).send().await.unwrap();
+    assert_eq!(refused.status(), 429, "the stalled stream holds the slot");
     let (status, text, took) = tokio::time::timeout(Duration::from_secs(30), stalled)
         .await
         .expect("the stalled stream ends: it was held open past 30 s")
