@@ -106,7 +106,7 @@ pub const TABLE: &[Entry] = &[
     mapped("--disable-worker-overload-protection", Map::Nothing, "", "kvgate's default: off unless --worker-overload-waiting-requests or --worker-overload-token-usage is given"),
     same("--worker-overload-shed", "", "503 with code worker_overload_protection_shed and Retry-After, as SMG"),
     refused("--kv-index", "SMG's KV index modes", "--prefix-index (auto, exact from the engines' KV events, approximate)"),
-    refused("--worker-stall-secs", "stall and wedge detection of workers", "--ttfb-timeout-secs (retry elsewhere when a worker's answer is late) and the circuit breaker"),
+    refused("--worker-stall-secs", "stall and wedge detection of workers", "--ttfb-timeout-secs (retry elsewhere when a worker's answer is late), --body-stall-timeout-secs (an answer that stalls mid-body is cut) and the circuit breaker"),
     refused("--worker-wedge-secs", "stall and wedge detection of workers", "--ttfb-timeout-secs and the circuit breaker (--cb-failure-threshold)"),
     refused("--worker-stale-secs", "a tunable load-sample staleness bound", "not needed: a load sample older than three --load-monitor-interval periods never drives the KV terms"),
     mapped("--worker-warmup-secs", Map::Nothing, "60", WARMUP_NOTE),
@@ -130,7 +130,7 @@ pub const TABLE: &[Entry] = &[
     same("--max-payload-size", "536870912", ""),
     refused("--max-buffered-request-bytes", "a separate bound on buffered request bodies", "--max-payload-size"),
     refused("--pd-admission-wait-secs", "PD admission waiting", "--queue-size with --queue-timeout-secs"),
-    refused("--stream-body-stall-timeout-secs", "a stall timeout of streamed bodies", "--request-timeout-secs and --ttfb-timeout-secs"),
+    mapped("--stream-body-stall-timeout-secs", Map::Rename("--body-stall-timeout-secs"), "300", "kvgate's --body-stall-timeout-secs (default 300, 0: off, as SMG's): a client's request body stalling this long gets 408, as in SMG; kvgate also cuts a worker's answer that stalls this long (moved to another engine with --migrate-streams)"),
     refused("--sse-keepalive-secs", "SSE keep-alive comments", "not needed: kvgate streams the engine's events as they come"),
     same("--dp-aware", "", "SGLang engines: dp_size from GET /server_info, one worker per rank (`URL@RANK`), the rank sent as data_parallel_rank"),
     same("--routing-key-override", "", "kvgate's target header is x-kvgate-target-worker"),
@@ -273,7 +273,7 @@ pub const TABLE: &[Entry] = &[
     mapped("--enable-trace", Map::Nothing, "", "accepted, no effect of its own: kvgate traces whenever --otlp-traces-endpoint is given"),
     same("--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces", "OTLP over HTTP/protobuf: the collector's traces URL (SMG's default, gRPC on localhost:4317, is refused with that message); giving it turns tracing on"),
     same("--api-key", "secret-key", "the bearer token sent to workers"),
-    mapped("--tenant-api-key", Map::With(tenant_api_key), "team-a:sk-1", "each TENANT:KEY to --client-api-keys KEY=TENANT"),
+    mapped("--tenant-api-key", Map::With(tenant_api_key), "team-a:sk-1", "each TENANT:KEY to --client-api-keys KEY=TENANT; a key with a comma (or a tenant with a comma or `=`) is refused, never split: give it in --client-api-keys-file"),
     mapped("--control-plane-api-keys", Map::With(control_plane_api_keys), "admin-key", "one key, to --admin-api-key"),
     refused("--control-plane-audit-enabled", "an audit log of the control plane", "kvgate logs every worker added or removed at INFO"),
     refused("--jwt-issuer", JWT, JWT_INSTEAD),
@@ -358,6 +358,10 @@ fn control_plane_api_keys(values: &[String], _command_line: &[String]) -> Result
     }
 }
 
+/// `TENANT:KEY` (split at the first `:`, as SMG does) to `--client-api-keys KEY=TENANT`. That
+/// list splits at commas and takes the tenant after the last `=`, so a key with a comma, or a
+/// tenant with a comma or an `=`, would become other keys or another tenant: refused, pointing to
+/// `--client-api-keys-file`, whose lines take a key whole.
 fn tenant_api_key(values: &[String], _command_line: &[String]) -> Result<Vec<String>, String> {
     let mut keys = Vec::new();
     for value in values {
@@ -365,6 +369,13 @@ fn tenant_api_key(values: &[String], _command_line: &[String]) -> Result<Vec<Str
         else {
             return Err(format!("--tenant-api-key takes TENANT_ID:KEY, got {value:?}"));
         };
+        if key.contains(',') || tenant.contains([',', '=']) {
+            return Err(format!(
+                "--tenant-api-key {tenant}:<key>: a key with a comma, or a tenant with a comma or `=`, cannot be \
+                 given on kvgate's command line (--client-api-keys splits at commas and takes the tenant after \
+                 the last `=`): list it in --client-api-keys-file (one `KEY TENANT` per line)"
+            ));
+        }
         keys.push(format!("{key}={tenant}"));
     }
     Ok(if keys.is_empty() { keys } else { vec!["--client-api-keys".into(), keys.join(",")] })

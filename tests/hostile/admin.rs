@@ -5,6 +5,13 @@
 //! behind `--admin-api-key`; a non-loopback admin listener needs the key (or an explicit
 //! `--admin-insecure`); registrations are capped (`--max-workers`) and can be confined
 //! (`--worker-url-allow`).
+//!
+//! Second round (issue 40): a web page opened in a browser on the gateway's host drove the
+//! loopback admin listener (a `text/plain` or form `POST /workers` from `Origin:
+//! http://evil.example` registered a worker: 201) and a DNS-rebound name reached it (`Host:
+//! attacker.example` answered). Now the admin API refuses cross-site requests (`Origin` not the
+//! listener's own, `Sec-Fetch-Site: cross-site`/`same-site`), writes that are not JSON, and,
+//! without a key, a `Host` that is not one of the listener's own names (or `--admin-allowed-hosts`).
 
 use std::sync::atomic::Ordering;
 
@@ -139,5 +146,89 @@ async fn registrations_are_capped_and_confined() {
         assert!(body["error"]["message"].as_str().unwrap().contains("--max-workers"), "{body}");
     }
     assert_eq!(gw.state.registry.snapshot().workers.len(), 3);
+    gw.shutdown().await;
+}
+
+/// Registrations a web page could send: each carries a browser's cross-site marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_page_cannot_drive_the_admin_api() {
+    let attacker = upstream("attacker", "m").await;
+    let gw = gateway(config(Vec::new())).await;
+    let admin = gw.admin_url();
+    let register = json!({"url": attacker.url, "model_id": "m"}).to_string();
+    let evil = "http://evil.example";
+    // "Simple" requests a page sends without a preflight: text/plain, a form, multipart.
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+    {
+        for origin in [Some(evil), None] {
+            let mut request = client()
+                .post(format!("{admin}/workers"))
+                .header("content-type", content_type)
+                .body(register.clone());
+            if let Some(origin) = origin {
+                request = request.header("origin", origin);
+            }
+            let status = request.send().await.unwrap().status().as_u16();
+            assert!(status == 403 || status == 415, "{content_type} from {origin:?}: {status}");
+        }
+    }
+    // JSON from another site (a preflight it would not pass, or a browser's mark).
+    let cross_site = [
+        vec![("origin", evil)],
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site"), ("origin", "http://other.localhost:1")],
+        vec![("origin", "null")],
+    ];
+    for marks in &cross_site {
+        let mut request = client().post(format!("{admin}/workers")).json(&json!({"url": attacker.url}));
+        for (name, value) in marks {
+            request = request.header(*name, *value);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 403, "{marks:?}");
+        let mut read = client().get(format!("{admin}/v1/fleet"));
+        for (name, value) in marks {
+            read = read.header(*name, *value);
+        }
+        assert_eq!(read.send().await.unwrap().status(), 403, "GET /v1/fleet {marks:?}");
+    }
+    let removal = client().delete(format!("{admin}/workers/x")).header("origin", evil).send().await.unwrap();
+    assert_eq!(removal.status(), 403);
+    // DNS rebinding: the page's own name, resolved to this gateway.
+    for (method, path) in
+        [("GET", "/v1/fleet"), ("GET", "/workers"), ("GET", "/dashboard"), ("POST", "/workers")]
+    {
+        let request = client()
+            .request(method.parse().unwrap(), format!("{admin}{path}"))
+            .header("host", "attacker.example")
+            .json(&json!({"url": attacker.url, "model_id": "m"}));
+        assert_eq!(request.send().await.unwrap().status(), 403, "{method} {path} for Host attacker.example");
+    }
+    assert!(gw.state.registry.snapshot().workers.is_empty(), "no page registered a worker");
+    // The operator's own tools: no Origin (curl), or the page the listener serves itself.
+    let port = gw.admin_addr.unwrap().port();
+    let same_origin = format!("http://127.0.0.1:{port}");
+    let res = client()
+        .get(format!("{admin}/v1/fleet"))
+        .header("origin", &same_origin)
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let res =
+        client().get(format!("{admin}/workers")).header("host", format!("localhost:{port}")).send().await;
+    assert_eq!(res.unwrap().status(), 200, "localhost is the loopback listener's own name");
+    let (status, body) = post_worker(&admin, None, json!({"url": attacker.url, "model_id": "m"})).await;
+    assert_eq!(status, 201, "{body}");
+    gw.shutdown().await;
+
+    // A name the operator reaches the admin listener by, when told.
+    let mut cfg = config(Vec::new());
+    cfg.admin_allowed_hosts = vec!["gateway.internal".into()];
+    let gw = gateway(cfg).await;
+    let read =
+        |host: &'static str| client().get(format!("{}/workers", gw.admin_url())).header("host", host).send();
+    assert_eq!(read("gateway.internal").await.unwrap().status(), 200);
+    assert_eq!(read("attacker.example").await.unwrap().status(), 403);
     gw.shutdown().await;
 }

@@ -2,7 +2,8 @@
 //! and `http://0x7f000001:PORT` were accepted as workers (the check parsed the host as an IP
 //! literal; the connector resolves more forms). Now the URL is resolved as the connector resolves
 //! it, and a loop registration cannot see (a TCP forwarder in front of the gateway) is refused at
-//! request time by the `x-kvgate-via` hop header.
+//! request time by the `x-kvgate-via` hop header. Second round (issue 40): the
+//! `--prometheus-port` listener was not counted as the gateway's own address.
 
 use serde_json::{json, Value};
 
@@ -56,5 +57,28 @@ async fn the_gateway_under_any_spelling_is_not_a_worker() {
     assert_eq!(res.status(), 508);
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["error"]["code"], "loop_detected", "{body}");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_listener_is_the_gateways_own_address_too() {
+    let mut cfg = config(Vec::new());
+    cfg.prometheus_port = Some(0);
+    let gw = gateway(cfg).await;
+    let port = gw.metrics_addr.expect("a metrics listener").port();
+    for host in ["127.0.0.1", "127.1", "localhost"] {
+        let url = format!("http://{host}:{port}");
+        let res = client()
+            .post(format!("{}/workers", gw.admin_url()))
+            .json(&json!({"url": url, "model_id": "m"}))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(status, 400, "{url}: {body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains("own address"), "{body}");
+    }
+    assert!(gw.state.registry.snapshot().workers.is_empty());
     gw.shutdown().await;
 }

@@ -293,7 +293,8 @@ async fn the_key_file_reloads_without_dropping_requests() {
 #[tokio::test]
 async fn a_token_charge_is_corrected_to_what_the_engine_used() {
     // Every answer is 300 tokens long, but the requests name no max_tokens: at admission each is
-    // charged its short prompt only, and corrected to ~300 when its answer's usage arrives.
+    // charged its short prompt plus the output estimate (256 tokens before any answer, then the
+    // open-ended answers' running mean), and corrected to ~300 when its answer's usage arrives.
     let fleet = kvgate_mock::spawn_fleet(kvgate_mock::MockArgs {
         count: 1,
         time_scale: 1000.0,
@@ -317,7 +318,7 @@ async fn a_token_charge_is_corrected_to_what_the_engine_used() {
         served += 1;
         assert!(served <= 3, "uncorrected: {served} answers of 300 tokens within 500 tokens a minute");
     };
-    assert!(served >= 2, "{served}");
+    assert!(served >= 1, "{served}");
     expect_over_quota(refused, "tokens_per_minute_exceeded", 1).await;
     gw.shutdown().await;
 }

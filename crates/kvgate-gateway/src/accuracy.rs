@@ -64,11 +64,21 @@ impl Probe {
     }
 }
 
-/// A streamed OpenAI request's body asking for the final usage chunk, when the client did not
-/// set `stream_options` at all (`None`: leave the body as it is). The field is put first in the
-/// object, the rest of the body is kept byte for byte (key order matters to chat templates that
-/// print JSON).
-pub(crate) fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
+/// A streamed OpenAI request's body asking for the final usage chunk (`None`: not a JSON
+/// object, left as it is). When the client set no `stream_options`, the field is put first in
+/// the object and the rest of the body is kept byte for byte (key order matters to chat
+/// templates that print JSON); when it set them without `include_usage` (`client_options`), the
+/// object is re-serialized with `include_usage: true` among its other options.
+pub(crate) fn ask_for_usage(body: &[u8], client_options: bool) -> Option<Bytes> {
+    if client_options {
+        let mut object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+        let options = object.entry("stream_options").or_insert_with(|| serde_json::json!({}));
+        if !options.is_object() {
+            *options = serde_json::json!({});
+        }
+        options.as_object_mut()?.insert("include_usage".into(), serde_json::Value::Bool(true));
+        return serde_json::to_vec(&object).ok().map(Bytes::from);
+    }
     let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
     if body[start] != b'{' {
         return None;
@@ -102,6 +112,16 @@ pub(crate) struct UsageTap {
 }
 
 impl UsageTap {
+    /// Leaves the closed loop's prediction out: the answer is not the predicted worker's.
+    pub(crate) fn forget_probe(&mut self) {
+        self.probe = None;
+    }
+
+    /// Whether the answer passes changed (the usage chunk the gateway asked for left out).
+    pub(crate) fn rewrites(&self) -> bool {
+        matches!(&self.reader, Reader::Stream(stream) if stream.strips())
+    }
+
     /// A tap on an answer: `stream` for an event stream, `strip` when the gateway asked for the
     /// usage chunk on the client's behalf.
     pub(crate) fn new(probe: Option<(Probe, Arc<Worker>)>, stream: bool, strip: bool) -> Self {
@@ -262,13 +282,26 @@ mod tests {
     #[test]
     fn the_usage_chunk_is_asked_for_first_and_the_rest_kept_byte_for_byte() {
         let body = br#" {"model": "m", "stream": true, "messages": []}"#;
-        let asked = ask_for_usage(body).unwrap();
+        let asked = ask_for_usage(body, false).unwrap();
         let expected =
             r#"{"stream_options":{"include_usage":true},"model": "m", "stream": true, "messages": []}"#;
         assert_eq!(std::str::from_utf8(&asked).unwrap(), expected);
         let parsed: serde_json::Value = serde_json::from_slice(&asked).unwrap();
         assert_eq!(parsed["stream_options"]["include_usage"], true);
-        assert_eq!(&ask_for_usage(b"{ }").unwrap()[..], br#"{"stream_options":{"include_usage":true} }"#);
-        assert_eq!(ask_for_usage(b"[1]"), None);
+        assert_eq!(
+            &ask_for_usage(b"{ }", false).unwrap()[..],
+            br#"{"stream_options":{"include_usage":true} }"#
+        );
+        assert_eq!(ask_for_usage(b"[1]", false), None);
+        // The client's own options are kept, with include_usage set.
+        let own = br#"{"stream": true, "stream_options": {"include_usage": false, "continuous_usage_stats": true}}"#;
+        let parsed: serde_json::Value = serde_json::from_slice(&ask_for_usage(own, true).unwrap()).unwrap();
+        assert_eq!(
+            parsed["stream_options"],
+            serde_json::json!({"include_usage": true, "continuous_usage_stats": true})
+        );
+        let odd: serde_json::Value =
+            serde_json::from_slice(&ask_for_usage(br#"{"stream_options": null}"#, true).unwrap()).unwrap();
+        assert_eq!(odd["stream_options"], serde_json::json!({"include_usage": true}));
     }
 }

@@ -136,6 +136,10 @@ impl ClientKeys {
     }
 }
 
+/// The gateway's header namespace, both ways: no client header in it reaches a worker and no
+/// worker header in it reaches a client (the gateway's own are set where it decides them).
+pub const GATEWAY_HEADER_PREFIX: &str = "x-kvgate-";
+
 /// Who may call the proxied endpoints and for which tenant: the client keys in force
 /// (replaced whole on reload, so a request sees the old keys or the new ones) and the tenant
 /// and priority headers.
@@ -187,6 +191,15 @@ impl Clients {
     /// The tenants the keys in force name.
     pub fn tenants(&self) -> Vec<String> {
         self.keys.load().tenants().map(str::to_string).collect()
+    }
+
+    /// Whether `name` is one of the gateway's own request headers: its `x-kvgate-*` namespace
+    /// and the tenant and priority headers (of whatever name). They steer the gateway and are
+    /// never forwarded to a worker.
+    pub fn is_gateway_header(&self, name: &HeaderName) -> bool {
+        name.as_str().starts_with(GATEWAY_HEADER_PREFIX)
+            || *name == self.tenant_header
+            || *name == self.priority_header
     }
 
     /// Checks the request's key (401 when keys are required and it has none of them).

@@ -34,6 +34,9 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     LoopDetected(String),
+    /// A body of a type the endpoint does not take (the admin API's writes take JSON only).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error("over the rate limit (--rate-limit-tokens-per-second)")]
     RateLimited,
     /// Over one of the tenant's quotas (`tenants:`).
@@ -63,6 +66,7 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::LoopDetected(_) => StatusCode::LOOP_DETECTED,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::RateLimited | ApiError::OverQuota { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::QueueTimeout(_) | ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -83,6 +87,7 @@ impl ApiError {
             ApiError::Conflict(_) => ("invalid_request_error", "conflict"),
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
             ApiError::LoopDetected(_) => ("invalid_request_error", "loop_detected"),
+            ApiError::UnsupportedMediaType(_) => ("invalid_request_error", "unsupported_media_type"),
             ApiError::RateLimited => ("rate_limit_error", "rate_limited"),
             ApiError::OverQuota { over, .. } => ("rate_limit_error", over_quota_code(over.quota)),
             ApiError::QueueTimeout(_) => ("rate_limit_error", "queue_timeout"),

@@ -66,9 +66,12 @@ impl HealthLoop {
     async fn check_worker(&self, worker: &Arc<Worker>) -> bool {
         let mut learned = false;
         if worker.model().is_none() {
-            if let Ok(model) = self.check.discover_model(&worker.address).await {
-                tracing::info!(worker = %worker.url, %model, "learned the worker's model");
-                learned = worker.set_model(model);
+            if let Ok(served) = self.check.discover_model(&worker.address).await {
+                tracing::info!(worker = %worker.url, model = %served.id, "learned the worker's model");
+                if let Some(len) = served.max_model_len {
+                    worker.set_max_model_len(len);
+                }
+                learned = worker.set_model(served.id);
             }
         }
         if self.probes_disabled {

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "request",
             "role",
             "tenant",
+            "transfer_fields",
             "usage",
             "worker_url",
         ],
@@ -33,7 +34,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("fleet", &["discovery", "registration"]),
     ("state", &["state"]),
     ("proxy", &["cors", "proxy"]),
-    ("edge", &["admin", "listen", "metrics_listener", "server"]),
+    ("edge", &["admin", "browser_guard", "listen", "metrics_listener", "server"]),
 ];
 
 /// One reference from a module to another, where it was found.

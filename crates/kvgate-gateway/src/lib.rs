@@ -15,6 +15,7 @@ mod loads;
 mod request;
 mod role;
 mod tenant;
+mod transfer_fields;
 mod usage;
 mod worker_url;
 // Configuration.
@@ -51,6 +52,7 @@ mod state;
 mod proxy;
 // The edge: admin endpoints, the accept loop, start and stop.
 mod admin;
+mod browser_guard;
 mod listen;
 mod metrics_listener;
 mod server;

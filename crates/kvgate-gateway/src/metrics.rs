@@ -51,6 +51,9 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     pub client_connections: IntGauge,
     pub retries: IntCounterVec,
+    /// Streams whose engine failed mid-answer, by endpoint and what became of them
+    /// (`--migrate-streams`).
+    pub stream_migrations: IntCounterVec,
     /// Workers left out of a decision by per-worker overload protection, by model.
     pub overload_left_out: IntCounterVec,
     pub upstream_failures: IntCounterVec,
@@ -223,6 +226,15 @@ impl Metrics {
                 "kvgate_retries_total",
                 "Requests retried on another worker, by endpoint.",
                 &["endpoint"],
+            ),
+            stream_migrations: counter(
+                "kvgate_stream_migrations_total",
+                "Streams whose engine failed mid-answer (--migrate-streams), by endpoint and result: \
+                 `resumed` (another engine took the continuation and the stream went on), `failed` \
+                 (no engine took it), `exhausted` (past --max-stream-migrations), `not_resumable` (the \
+                 request cannot be continued: several choices, echo, token-id prompts, tool calls, \
+                 reasoning, structured output), `off` (--migrate-streams false).",
+                &["endpoint", "result"],
             ),
             overload_left_out: counter(
                 "kvgate_worker_overload_left_out_total",

@@ -21,6 +21,8 @@ pub struct OwnAddress {
     pub listen: Arc<OnceLock<SocketAddr>>,
     /// The admin listener's, when it has one.
     pub admin: Arc<OnceLock<SocketAddr>>,
+    /// The metrics listener's (`--prometheus-port`), when it has one.
+    pub metrics: Arc<OnceLock<SocketAddr>>,
 }
 
 /// What registration is built from.
@@ -91,13 +93,13 @@ impl Registration {
         if self.registry.snapshot().find(&name).is_some() {
             return Err(ApiError::Conflict(format!("worker {name} is already registered")));
         }
-        let model = match new.model.take() {
-            Some(model) => Some(model),
+        let (model, max_model_len) = match new.model.take() {
+            Some(model) => (Some(model), None),
             None => match self.check.discover_model(&url).await {
-                Ok(model) => Some(model),
+                Ok(served) => (Some(served.id), served.max_model_len),
                 Err(error) => {
                     tracing::warn!(worker = %url, %error, "could not learn the worker's model yet; will retry");
-                    None
+                    (None, None)
                 }
             },
         };
@@ -110,6 +112,9 @@ impl Registration {
             RegistryError::PolicyConflict(message) => ApiError::Conflict(message),
             full @ RegistryError::Full(_) => ApiError::Conflict(full.to_string()),
         })?;
+        if let Some(len) = max_model_len {
+            worker.set_max_model_len(len);
+        }
         self.kv_events.subscribe(&worker);
         tracing::info!(
             worker = %worker.url,
@@ -204,8 +209,11 @@ impl OwnAddress {
     /// Whether `url` (normalized) leads back to one of this gateway's listeners, its host
     /// resolved as the connector resolves it (`own_address.rs`).
     async fn is_own(&self, url: &str) -> bool {
-        let listeners: Vec<SocketAddr> =
-            [self.listen.get(), self.admin.get()].into_iter().flatten().copied().collect();
+        let listeners: Vec<SocketAddr> = [self.listen.get(), self.admin.get(), self.metrics.get()]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
         crate::own_address::leads_to_gateway(url, &listeners).await
     }
 }

@@ -17,9 +17,11 @@ pub struct RequestFields<'a> {
     /// its usage chunk when the client did not ask (the closed loop reads it, `accuracy.rs`).
     #[serde(default)]
     pub stream: Option<bool>,
-    /// Present when the client set it (then the gateway asks for nothing).
+    /// The client's `stream_options` (read leniently: a value of another shape is the
+    /// engine's to refuse). Unless it asks for the usage chunk, the gateway asks for it when it
+    /// needs the usage and leaves the chunk out of the answer (`accuracy.rs`).
     #[serde(default)]
-    pub stream_options: Option<serde::de::IgnoredAny>,
+    pub stream_options: Option<serde_json::Value>,
     #[serde(borrow, default)]
     pub messages: Option<Vec<ChatMessage<'a>>>,
     /// `/v1/completions` prompt.
@@ -51,9 +53,54 @@ pub struct RequestFields<'a> {
     /// SGLang's `/generate`: `sampling_params.max_new_tokens`.
     #[serde(default)]
     pub sampling_params: Option<serde_json::Value>,
+    /// The choices asked for (OpenAI's `n`; SGLang's `sampling_params.n`).
+    #[serde(default)]
+    n: Option<serde_json::Value>,
+    /// The KV-transfer fields (`transfer_fields.rs`), only noticed: a client's are taken out.
+    #[serde(default)]
+    bootstrap_host: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    bootstrap_port: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    bootstrap_room: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    bootstrap_pair_key: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    decode_tp_size: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    disagg_prefill_dp_rank: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    kv_transfer_params: Option<serde::de::IgnoredAny>,
 }
 
 impl RequestFields<'_> {
+    /// The choices the request asks for (`n`, at least 1): its output can be that many times its
+    /// maximum.
+    pub fn choices(&self) -> u64 {
+        let given = self.sampling_params.as_ref().and_then(|params| params.get("n"));
+        [self.n.as_ref(), given].into_iter().flatten().find_map(serde_json::Value::as_u64).unwrap_or(1).max(1)
+    }
+
+    /// Whether the client asked a stream for its usage chunk (`stream_options.include_usage`).
+    pub fn asks_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|options| options["include_usage"] == true)
+    }
+
+    /// Whether the client set one of the fields that steer an engine's KV transfer (not null).
+    pub fn carries_transfer_fields(&self) -> bool {
+        [
+            &self.bootstrap_host,
+            &self.bootstrap_port,
+            &self.bootstrap_room,
+            &self.bootstrap_pair_key,
+            &self.decode_tp_size,
+            &self.disagg_prefill_dp_rank,
+            &self.kv_transfer_params,
+        ]
+        .iter()
+        .any(|field| field.is_some())
+    }
+
     /// The most output tokens the request asks for (0 when it does not say).
     pub fn max_output_tokens(&self) -> u64 {
         let given = self.sampling_params.as_ref().and_then(|params| params.get("max_new_tokens"));

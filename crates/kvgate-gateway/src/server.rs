@@ -116,12 +116,15 @@ fn read_only_routes(router: Router<SharedState>) -> Router<SharedState> {
 }
 
 /// The admin API: worker management, the dry run, and the fleet page with its JSON.
+/// Every admin route is behind the browser guard (`browser_guard.rs`).
 fn admin_routes(router: Router<SharedState>, state: &SharedState) -> Router<SharedState> {
-    router
+    let admin = Router::new()
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))
         .route("/v1/route", post(proxy::route_only::route))
         .merge(fleet_routes(state))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::browser_guard::guard));
+    router.merge(admin)
 }
 
 /// `GET /v1/fleet` and `GET /dashboard`, on the fleet view's narrow handle.
@@ -236,6 +239,10 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
         .map_err(|(addr, source)| StartError::Bind { addr, source })?;
     let state: SharedState = Arc::new(AppState::new(config).map_err(StartError::State)?);
     let _ = state.listen_addr.set(local_addr);
+    // Every listener is the gateway's own address, before any worker is registered.
+    if let Some(addr) = metrics_listener.as_ref().and_then(|listener| listener.local_addr().ok()) {
+        let _ = state.metrics_addr.set(addr);
+    }
     let admin_addr = match &admin_listener {
         Some(listener) => {
             Some(listener.local_addr().map_err(|source| StartError::Bind { addr: addr.clone(), source })?)

@@ -61,6 +61,8 @@ pub struct AppState {
     pub listen_addr: Arc<OnceLock<SocketAddr>>,
     /// The admin listener's address, when it has one (set once bound).
     pub admin_addr: Arc<OnceLock<SocketAddr>>,
+    /// The metrics listener's address (`--prometheus-port`), when it has one (set once bound).
+    pub metrics_addr: Arc<OnceLock<SocketAddr>>,
     /// The listener's TLS (`tls_cert_path`): set when the gateway serves HTTPS.
     pub listener_tls: Option<tokio_rustls::TlsAcceptor>,
     /// TLS to `https://` workers: the trusted CAs and the client certificate.
@@ -170,6 +172,7 @@ impl AppState {
         };
         let listen_addr = Arc::new(OnceLock::new());
         let admin_addr = Arc::new(OnceLock::new());
+        let metrics_addr = Arc::new(OnceLock::new());
         let registration = Arc::new(Registration {
             registry: registry.clone(),
             loads: loads.clone(),
@@ -188,7 +191,11 @@ impl AppState {
                     capacity_slack: config.kv_index_capacity_slack,
                 },
             },
-            own_address: OwnAddress { listen: listen_addr.clone(), admin: admin_addr.clone() },
+            own_address: OwnAddress {
+                listen: listen_addr.clone(),
+                admin: admin_addr.clone(),
+                metrics: metrics_addr.clone(),
+            },
             allow: AllowList::new(&config.worker_url_allow)?,
         });
         let clients = Arc::new(Clients::new(
@@ -229,6 +236,7 @@ impl AppState {
                 .expect("hex digits are a valid header value"),
             listen_addr,
             admin_addr,
+            metrics_addr,
             replica_sync,
             decisions: Arc::new(DecisionLog::default()),
             traces,

@@ -209,6 +209,14 @@ pub async fn get(
         .map_err(|_| GetError::Failed(format!("no answer within {:.1} s", timeout.as_secs_f64())))?
 }
 
+/// What a worker's `GET /v1/models` says of the model it serves (its first entry).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedModel {
+    pub id: String,
+    /// Its context length in tokens (`max_model_len`: vLLM's and SGLang's `ModelCard`), when said.
+    pub max_model_len: Option<u32>,
+}
+
 /// Ask a worker which model it serves (`GET /v1/models`, first entry).
 pub async fn discover_model(
     client: &HttpClient,
@@ -216,7 +224,7 @@ pub async fn discover_model(
     bearer: Option<&str>,
     timeout: Duration,
     limit: usize,
-) -> Result<String, GetError> {
+) -> Result<ServedModel, GetError> {
     let url = format!("{worker_url}/v1/models");
     let (status, body) = get(client, &url, bearer, timeout, limit, Keep::Body).await?;
     let failed = |message: String| GetError::Failed(message);
@@ -225,10 +233,14 @@ pub async fn discover_model(
     }
     let value: serde_json::Value =
         serde_json::from_slice(&body).map_err(|e| failed(format!("GET /v1/models: invalid JSON: {e}")))?;
-    value["data"][0]["id"]
+    let first = &value["data"][0];
+    let id = first["id"]
         .as_str()
         .map(str::to_string)
-        .ok_or_else(|| failed("GET /v1/models: no model id in data[0].id".to_string()))
+        .ok_or_else(|| failed("GET /v1/models: no model id in data[0].id".to_string()))?;
+    let max_model_len =
+        first["max_model_len"].as_u64().and_then(|len| u32::try_from(len).ok()).filter(|&len| len > 0);
+    Ok(ServedModel { id, max_model_len })
 }
 
 /// Health probes and model discovery, as registration and the health loop run them: the
@@ -264,7 +276,7 @@ impl HealthCheck {
     }
 
     /// The model the worker serves (`GET /v1/models`).
-    pub async fn discover_model(&self, url: &str) -> Result<String, GetError> {
+    pub async fn discover_model(&self, url: &str) -> Result<ServedModel, GetError> {
         let bearer = self.bearer.as_deref();
         let learned = discover_model(&self.client, url, bearer, self.timeout, self.max_answer_bytes).await;
         if let Err(GetError::Oversized { .. }) = learned {

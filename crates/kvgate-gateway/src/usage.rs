@@ -116,6 +116,11 @@ impl StreamUsage {
         StreamUsage { strip, ..StreamUsage::default() }
     }
 
+    /// Whether the usage-only chunk is left out of what passes.
+    pub(crate) fn strips(&self) -> bool {
+        self.strip
+    }
+
     /// The last usage seen so far.
     pub(crate) fn usage(&self) -> Option<EngineUsage> {
         self.usage
@@ -200,12 +205,12 @@ impl StreamUsage {
 }
 
 /// The end of the last complete event (just past its blank line), if any.
-fn last_boundary(buffer: &[u8]) -> Option<usize> {
+pub(crate) fn last_boundary(buffer: &[u8]) -> Option<usize> {
     buffer.windows(2).rposition(|window| window == b"\n\n").map(|at| at + 2)
 }
 
 /// The events of `buffer`, each with its terminating blank line (a trailing partial one too).
-fn split_events(buffer: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn split_events(buffer: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut rest = buffer;
     std::iter::from_fn(move || {
         if rest.is_empty() {

@@ -171,6 +171,8 @@ pub struct Worker {
     pub dp_rank: Option<u32>,
     /// The model it serves; unset until given or discovered from `/v1/models`.
     model: OnceLock<String>,
+    /// The model's context length in tokens, when its `/v1/models` said (`max_model_len`).
+    max_model_len: OnceLock<u32>,
     /// Regular, or one side of a prefill/decode pair.
     pub role: WorkerRole,
     /// A prefill worker's SGLang bootstrap port (KV transfer handshake), if given.
@@ -215,6 +217,7 @@ impl Worker {
         Self {
             id,
             model: model_cell,
+            max_model_len: OnceLock::new(),
             role: WorkerRole::Regular,
             bootstrap_port: None,
             healthy: AtomicBool::new(healthy),
@@ -318,6 +321,16 @@ impl Worker {
 
     pub fn model(&self) -> Option<&str> {
         self.model.get().map(String::as_str)
+    }
+
+    /// The model's context length in tokens, when its engine said.
+    pub fn max_model_len(&self) -> Option<u32> {
+        self.max_model_len.get().copied()
+    }
+
+    /// Record the context length the engine reported (the first one stays).
+    pub fn set_max_model_len(&self, len: u32) {
+        let _ = self.max_model_len.set(len);
     }
 
     /// Record a discovered model; returns false when one was already set.

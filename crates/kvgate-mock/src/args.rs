@@ -129,6 +129,10 @@ pub struct MockArgs {
     /// Fraction of generation responses whose connection is cut mid-body.
     #[arg(long, default_value_t = 0.0)]
     pub cut_stream_rate: f64,
+    /// Cut every streamed answer's connection after this many tokens (an engine killed
+    /// mid-stream at a known point; a continuation counts its own tokens).
+    #[arg(long, value_name = "TOKENS")]
+    pub cut_after_tokens: Option<u32>,
     /// Added delay before handling each generation request, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub extra_latency_ms: u64,
@@ -206,6 +210,9 @@ impl MockArgs {
         checks.in_range("time_scale", self.time_scale, Range::POSITIVE);
         checks.in_range("fail_rate", self.fail_rate, Range::PROBABILITY);
         checks.in_range("cut_stream_rate", self.cut_stream_rate, Range::PROBABILITY);
+        if let Some(tokens) = self.cut_after_tokens {
+            checks.at_least("cut_after_tokens", tokens.into(), 1);
+        }
         if let Some(secs) = self.unhealthy_after_secs {
             checks.in_range("unhealthy_after_secs", secs, Range::NON_NEGATIVE);
         }

@@ -37,6 +37,18 @@ pub(crate) struct GenerationParams {
     pub(crate) dp_rank: Option<u32>,
     /// Its priority in the engine model's convention (lower first).
     pub(crate) priority: i32,
+    /// A continuation of an answer already partly given (a chat's final assistant message with
+    /// `continue_final_message`): the text goes on where that answer stopped.
+    pub(crate) continuation: Option<Continuation>,
+}
+
+/// Where a continued answer picks up: its text is the original answer's from token
+/// `first_index` on, the original prompt being the first `seed_tokens` tokens of the prompt (the
+/// rest is the answer so far), as a deterministic model continues its own greedy output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Continuation {
+    pub(crate) seed_tokens: usize,
+    pub(crate) first_index: u32,
 }
 
 /// Token counts and finish reason of a completed generation.
@@ -53,7 +65,8 @@ pub(crate) struct Outcome {
 
 /// How one endpoint shapes its streamed chunks and whole bodies.
 pub(crate) trait ResponseFormat: Send + 'static {
-    /// Appends the SSE event(s) for generated token `index`, whose text is `piece`.
+    /// Appends the SSE event(s) for the answer's `index`-th token (0: its first), whose text is
+    /// `piece`.
     fn token_chunk(&mut self, index: u32, piece: &str, out: &mut Vec<u8>);
     /// Appends the closing SSE events (finish reason, usage, `[DONE]`).
     fn final_chunks(&mut self, outcome: &Outcome, out: &mut Vec<u8>);
@@ -98,8 +111,27 @@ pub(crate) fn token_piece(seed: u64, index: u32) -> String {
     }
 }
 
-fn full_text(seed: u64, n_tokens: u32) -> String {
-    (0..n_tokens).map(|index| token_piece(seed, index)).collect()
+fn full_text(seed: u64, first_index: u32, n_tokens: u32) -> String {
+    (first_index..first_index + n_tokens).map(|index| token_piece(seed, index)).collect()
+}
+
+/// The first `n_tokens` tokens of the answer a mock engine gives to the chat `messages` (roles
+/// and contents): what a client that received the whole answer, across engines, must see.
+pub fn chat_answer_text<R: AsRef<str>, C: AsRef<str>>(messages: &[(R, C)], n_tokens: u32) -> String {
+    let prompt = kvgate_engine::tokenize(&kvgate_engine::render_chat(messages));
+    full_text(prompt_seed(&prompt), 0, n_tokens)
+}
+
+/// The whole answer a mock engine (without `--force-max-tokens`) gives to the chat `messages`
+/// asked with `max_tokens` and `ignore_eos`.
+pub fn chat_answer<R: AsRef<str>, C: AsRef<str>>(
+    messages: &[(R, C)],
+    max_tokens: u32,
+    ignore_eos: bool,
+) -> String {
+    let prompt = kvgate_engine::tokenize(&kvgate_engine::render_chat(messages));
+    let seed = prompt_seed(&prompt);
+    full_text(seed, 0, planned_output_tokens(seed, max_tokens, ignore_eos))
 }
 
 /// The answer's counts; `transferred_cached_tokens` (a decode of a transferred prompt: what the
@@ -151,8 +183,17 @@ pub(crate) async fn respond<F: ResponseFormat>(
     mut format: F,
     cut: bool,
 ) -> Response {
-    let GenerationParams { prompt, max_tokens, ignore_eos, stream: streamed, pd, lora, dp_rank, priority } =
-        params;
+    let GenerationParams {
+        prompt,
+        max_tokens,
+        ignore_eos,
+        stream: streamed,
+        pd,
+        lora,
+        dp_rank,
+        priority,
+        continuation,
+    } = params;
     let engine = match state.rank_engine(dp_rank) {
         Ok(engine) => engine,
         Err(error) => return error.into_response(),
@@ -161,10 +202,16 @@ pub(crate) async fn respond<F: ResponseFormat>(
         Ok(start) => start,
         Err(error) => return error.into_response(),
     };
-    let seed = prompt_seed(&prompt);
+    // A continuation goes on with the original answer: same seed, from where it stopped.
+    let (seed, first_index) = match continuation {
+        Some(c) => (prompt_seed(&prompt[..c.seed_tokens.min(prompt.len())]), c.first_index),
+        None => (prompt_seed(&prompt), 0),
+    };
     let cap = start.max_tokens.or(max_tokens).unwrap_or(state.options.default_max_tokens).max(1);
     let exact = ignore_eos || state.options.force_max_tokens;
-    let n_tokens = planned_output_tokens(seed, cap, exact);
+    let n_tokens = planned_output_tokens(seed, first_index.saturating_add(cap), exact)
+        .saturating_sub(first_index)
+        .max(1);
     let mut stream = engine.submit(Submission {
         prompt,
         output_tokens: n_tokens,
@@ -181,7 +228,11 @@ pub(crate) async fn respond<F: ResponseFormat>(
     let (kv_transfer_params, transferred_cached_tokens) =
         (start.kv_transfer_params, start.transferred_cached_tokens);
     if streamed {
-        let ending = Ending { seed, cap, cut, kv_transfer_params, transferred_cached_tokens };
+        let cut_at = match state.options.cut_after_tokens {
+            Some(tokens) => Some(tokens),
+            None => cut.then_some((cap / 2).max(1)),
+        };
+        let ending = Ending { seed, first_index, cap, cut_at, kv_transfer_params, transferred_cached_tokens };
         stream_response(stream, first, format, ending)
     } else {
         let mut pending = first;
@@ -193,7 +244,8 @@ pub(crate) async fn respond<F: ResponseFormat>(
             match output {
                 Some(EngineOutput::Finished { stats, .. }) => {
                     let outcome = outcome(stats, cap, kv_transfer_params.as_ref(), transferred_cached_tokens);
-                    let body = format.full_body(&full_text(seed, stats.completion_tokens), &outcome);
+                    let text = full_text(seed, first_index, stats.completion_tokens);
+                    let body = format.full_body(&text, &outcome);
                     return whole_response(Bytes::from(body), cut);
                 }
                 Some(EngineOutput::Rejected { reason, .. }) => {
@@ -219,8 +271,11 @@ pub(crate) fn whole_response(body: Bytes, cut: bool) -> Response {
 /// What a streamed response needs besides its outputs.
 struct Ending {
     seed: u64,
+    /// The index of its first token in the answer (a continuation's is past 0).
+    first_index: u32,
     cap: u32,
-    cut: bool,
+    /// Tokens sent before the connection is cut (`--cut-stream-rate`, `--cut-after-tokens`).
+    cut_at: Option<u32>,
     kv_transfer_params: Option<serde_json::Value>,
     transferred_cached_tokens: Option<u32>,
 }
@@ -230,6 +285,7 @@ struct StreamState<F> {
     pending: Option<EngineOutput>,
     format: F,
     seed: u64,
+    first_index: u32,
     cap: u32,
     next_index: u32,
     cut_at: Option<u32>,
@@ -244,15 +300,16 @@ fn stream_response<F: ResponseFormat>(
     format: F,
     ending: Ending,
 ) -> Response {
-    let Ending { seed, cap, cut, kv_transfer_params, transferred_cached_tokens } = ending;
+    let Ending { seed, first_index, cap, cut_at, kv_transfer_params, transferred_cached_tokens } = ending;
     let state = StreamState {
         stream,
         pending: first,
         format,
         seed,
+        first_index,
         cap,
         next_index: 0,
-        cut_at: cut.then_some((cap / 2).max(1)),
+        cut_at,
         finished: false,
         kv_transfer_params,
         transferred_cached_tokens,
@@ -274,7 +331,7 @@ fn stream_response<F: ResponseFormat>(
                     return Some((Err(cut_error().await), state));
                 }
                 state.next_index += 1;
-                let piece = token_piece(state.seed, index);
+                let piece = token_piece(state.seed, state.first_index + index);
                 state.format.token_chunk(index, &piece, &mut chunk);
             }
             Some(EngineOutput::Finished { stats, .. }) => {
@@ -337,8 +394,10 @@ mod tests {
 
     #[test]
     fn text_is_deterministic_words() {
-        let text = full_text(42, 5);
-        assert_eq!(text, full_text(42, 5));
+        let text = full_text(42, 0, 5);
+        assert_eq!(text, full_text(42, 0, 5));
+        // A continuation's text goes on where the answer stopped.
+        assert_eq!(format!("{}{}", full_text(42, 0, 2), full_text(42, 2, 3)), text);
         assert_eq!(text.split(' ').count(), 5);
         assert!(text.split(' ').all(|word| VOCAB.contains(&word)));
     }

@@ -15,9 +15,17 @@
 //! smaller of that and a length of 8..=64 derived from the prompt. The text is deterministic
 //! words.
 //!
+//! A chat request with `continue_final_message` (and `add_generation_prompt: false`, as vLLM
+//! requires) continues its final assistant message: the prompt is the earlier messages rendered
+//! plus that message's words, and the text goes on exactly where the same request's answer was
+//! at that many words (the seed is the earlier messages' prompt), as a greedy model continues
+//! its own output; `chat_answer_text` gives that answer's text for a check.
+//!
 //! `--engine canned` answers at once (after `--gen-ms`) with prebuilt bodies and no model, for
-//! gateway overhead benchmarks. Fault flags inject 500s, cut connections, added latency and a
-//! health endpoint that turns 503.
+//! gateway overhead benchmarks. Fault flags inject 500s, cut connections (`--cut-stream-rate`,
+//! or every stream after `--cut-after-tokens` tokens: an engine that dies mid-stream), added
+//! latency and a health endpoint that turns 503; `MockFleet::shutdown` kills a fleet outright
+//! (its open streams cut, its port closed).
 //!
 //! # Prefill/decode disaggregation
 //! `--role prefill` or `--role decode` makes every engine of the fleet one side of a PD pair
@@ -47,7 +55,7 @@
 //! every other delay; `--fail-rate` and `--cut-stream-rate` apply on both sides.
 //!
 //! # Soak request ids
-//! A generation request carrying an `x-kvgate-soak-id: ID` header is counted by the worker that
+//! A generation request carrying an `x-soak-id: ID` header is counted by the worker that
 //! receives it: how many times ID reached a generation handler, and how many of those were
 //! answered with a 2xx status. `MockFleet::soak_ids` sums the counts over the fleet's workers
 //! (`MockFleet::soak_id_log` gives a handle that outlives the fleet). `kvgate soak` uses them to
@@ -79,6 +87,7 @@ use tokio::task::JoinHandle;
 
 pub use args::{EngineKind, KvEventEncoding, MockArgs};
 pub use error::MockError;
+pub use generation::{chat_answer, chat_answer_text};
 pub use pd::WorkerRole;
 pub use soak_ids::{SoakIdLog, SoakIdSeen, SOAK_ID_HEADER};
 
@@ -107,7 +116,7 @@ pub struct MockFleet {
     sockets: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
     engines: Vec<EngineHandle>,
-    /// Each worker's `x-kvgate-soak-id` counts.
+    /// Each worker's `x-soak-id` counts.
     soak_ids: SoakIdLog,
 }
 
@@ -161,7 +170,7 @@ impl MockFleet {
         Ok(())
     }
 
-    /// How many times each `x-kvgate-soak-id` value reached the fleet's generation handlers,
+    /// How many times each `x-soak-id` value reached the fleet's generation handlers,
     /// and how many of those were answered with a 2xx status, summed over the workers.
     pub fn soak_ids(&self) -> std::collections::HashMap<String, SoakIdSeen> {
         self.soak_ids.snapshot()

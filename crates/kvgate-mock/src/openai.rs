@@ -10,7 +10,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::driver::unix_now_secs;
-use crate::generation::{respond, sse_json, GenerationParams, Outcome, ResponseFormat, SSE_DONE};
+use crate::generation::{
+    respond, sse_json, Continuation, GenerationParams, Outcome, ResponseFormat, SSE_DONE,
+};
 use crate::server::{parse_json, ApiError, AppState};
 
 #[derive(Deserialize)]
@@ -34,6 +36,14 @@ pub(crate) struct ChatRequest {
     /// vLLM's `priority` (lower first, default 0), honoured with `--priority-scheduling`.
     #[serde(default)]
     pub(crate) priority: Option<i32>,
+    /// vLLM's and SGLang's `continue_final_message`: the final (assistant) message is an answer
+    /// begun, which the engine continues instead of starting a new one.
+    #[serde(default)]
+    pub(crate) continue_final_message: bool,
+    /// vLLM's `add_generation_prompt` (default true), which must be false with
+    /// `continue_final_message` (vLLM refuses both).
+    #[serde(default)]
+    pub(crate) add_generation_prompt: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -140,6 +150,32 @@ fn usage(outcome: &Outcome) -> Value {
     })
 }
 
+/// The prompt of a chat request, and with `continue_final_message` where the answer picks up:
+/// the final assistant message is the answer so far, appended to the rest rendered as usual
+/// (as vLLM's `apply_hf_chat_template` with `continue_final_message` leaves the final message
+/// open). vLLM's checks: the final message must be the assistant's, and `add_generation_prompt`
+/// must be false.
+fn chat_continuation(request: &ChatRequest) -> Result<(Vec<u32>, Option<Continuation>), ApiError> {
+    if !request.continue_final_message {
+        return Ok((tokenize(&chat_prompt(&request.messages)), None));
+    }
+    if request.add_generation_prompt != Some(false) {
+        return Err(ApiError::bad_request(
+            "Cannot set both `add_generation_prompt` and `continue_final_message` to True.",
+        ));
+    }
+    let Some((last, earlier)) = request.messages.split_last().filter(|(last, _)| last.role == "assistant")
+    else {
+        return Err(ApiError::bad_request("continue_final_message needs a final assistant message"));
+    };
+    let mut prompt = tokenize(&chat_prompt(earlier));
+    let seed_tokens = prompt.len();
+    let answered = tokenize(&last.text());
+    let first_index = answered.len() as u32;
+    prompt.extend(answered);
+    Ok((prompt, Some(Continuation { seed_tokens, first_index })))
+}
+
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let (pd, cut) = match state.admit(&body).await {
@@ -150,8 +186,13 @@ pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
+    let (prompt, continuation) = match chat_continuation(&request) {
+        Ok(continued) => continued,
+        Err(error) => return error.into_response(),
+    };
     let params = GenerationParams {
-        prompt: tokenize(&chat_prompt(&request.messages)),
+        prompt,
+        continuation,
         max_tokens: request.max_completion_tokens.or(request.max_tokens),
         ignore_eos: request.ignore_eos,
         stream: request.stream,
@@ -189,6 +230,7 @@ pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Bytes)
         lora,
         dp_rank: request.data_parallel_rank,
         priority: request.priority.unwrap_or(0),
+        continuation: None,
     };
     let format = OpenAiFormat::new(&state, OpenAiKind::Completion, usage_chunk);
     respond(&state, params, format, cut).await

@@ -28,6 +28,7 @@ pub(crate) struct ServeOptions {
     pub(crate) gen_ms: u64,
     pub(crate) fail_rate: f64,
     pub(crate) cut_stream_rate: f64,
+    pub(crate) cut_after_tokens: Option<u32>,
     pub(crate) extra_latency_ms: u64,
     pub(crate) unhealthy_after: Option<Duration>,
     pub(crate) seed: u64,
@@ -43,6 +44,7 @@ impl ServeOptions {
             gen_ms: args.gen_ms,
             fail_rate: args.fail_rate,
             cut_stream_rate: args.cut_stream_rate,
+            cut_after_tokens: args.cut_after_tokens,
             extra_latency_ms: args.extra_latency_ms,
             unhealthy_after: args.unhealthy_after_secs.map(Duration::from_secs_f64),
             // Ids from 1, in the order given (vLLM numbers its `--lora-modules` the same way).
@@ -73,7 +75,7 @@ pub(crate) struct AppState {
     pub(crate) options: ServeOptions,
     pub(crate) pd: PdContext,
     pub(crate) canned: CannedBodies,
-    /// Counts of `x-kvgate-soak-id` values seen on generation requests (`soak_ids.rs`).
+    /// Counts of `x-soak-id` values seen on generation requests (`soak_ids.rs`).
     pub(crate) soak_ids: WorkerSoakIds,
     fault_draws: AtomicU64,
     response_ids: AtomicU64,

@@ -71,6 +71,7 @@ pub(crate) async fn generate(State(state): State<Arc<AppState>>, body: Bytes) ->
         dp_rank: request.data_parallel_rank,
         // The engine model serves lower values first (vLLM's convention).
         priority: request.priority.unwrap_or(0).saturating_neg(),
+        continuation: None,
     };
     let format = GenerateFormat {
         id: state.response_id("gen"),

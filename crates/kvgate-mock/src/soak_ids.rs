@@ -1,7 +1,8 @@
-//! Soak request ids: each worker counts the `x-kvgate-soak-id` header values of the generation
+//! Soak request ids: each worker counts the `x-soak-id` header values of the generation
 //! requests it receives and of those it answers with a 2xx head, so a soak run (`kvgate soak`)
-//! can tell a request that reached engines twice from one answered twice. Requests without the
-//! header are not looked at beyond the one header lookup.
+//! can tell a request that reached engines twice from one answered twice, and a stream the
+//! gateway continued on another engine (the continuation carries `x-kvgate-resumed`) from one
+//! answered twice. Requests without the header are not looked at beyond the one header lookup.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -17,7 +18,9 @@ use bytes::Bytes;
 use crate::server::AppState;
 
 /// The request header carrying a soak request's unique id.
-pub const SOAK_ID_HEADER: &str = "x-kvgate-soak-id";
+pub const SOAK_ID_HEADER: &str = "x-soak-id";
+/// The header the gateway sends with a stream's continuation on another engine.
+const RESUMED_HEADER: &str = "x-kvgate-resumed";
 
 /// What the workers saw of one soak request id.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,6 +30,8 @@ pub struct SoakIdSeen {
     /// Of those, the ones answered with a 2xx status (the answer began; a stream may still have
     /// been cut later).
     pub answered: u32,
+    /// Of the answered ones, the continuations of a stream cut on another engine (`x-kvgate-resumed`).
+    pub resumed: u32,
 }
 
 /// One worker's counts, shared between its handlers and the fleet.
@@ -53,21 +58,23 @@ impl SoakIdLog {
                 let entry = total.entry(id.clone()).or_default();
                 entry.received += seen.received;
                 entry.answered += seen.answered;
+                entry.resumed += seen.resumed;
             }
         }
         total
     }
 }
 
-/// The `x-kvgate-soak-id` header of a request, if it has a valid one.
-pub(crate) struct SoakId(Option<String>);
+/// The `x-soak-id` header of a request, if it has a valid one, and whether the request is a
+/// continuation.
+pub(crate) struct SoakId(Option<String>, bool);
 
 impl<S: Send + Sync> FromRequestParts<S> for SoakId {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
         let id = parts.headers.get(SOAK_ID_HEADER).and_then(|value| value.to_str().ok());
-        Ok(SoakId(id.map(str::to_string)))
+        Ok(SoakId(id.map(str::to_string), parts.headers.contains_key(RESUMED_HEADER)))
     }
 }
 
@@ -87,7 +94,7 @@ where
     H: Fn(State<Arc<AppState>>, Bytes) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response> + Send + 'static,
 {
-    post(move |State(state): State<Arc<AppState>>, SoakId(id): SoakId, body: Bytes| {
+    post(move |State(state): State<Arc<AppState>>, SoakId(id, resumed): SoakId, body: Bytes| {
         let handler = handler.clone();
         async move {
             let Some(id) = id else {
@@ -97,7 +104,10 @@ where
             let counts = state.soak_ids.clone();
             let response = handler(State(state), body).await;
             if response.status().is_success() {
-                update(&counts, &id, |seen| seen.answered += 1);
+                update(&counts, &id, |seen| {
+                    seen.answered += 1;
+                    seen.resumed += u32::from(resumed);
+                });
             }
             response
         }

@@ -122,3 +122,60 @@ async fn canned_engine_answers_fixed_bodies() {
     assert_eq!(load["num_running_reqs"], 0);
     harness.fleet.shutdown().await;
 }
+
+/// The text of a chat stream's chunks.
+fn streamed_text(text: &str) -> String {
+    sse_payloads(text)
+        .iter()
+        .filter_map(|payload| serde_json::from_str::<Value>(payload).ok())
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_cut_after_some_tokens_is_continued_exactly_with_continue_final_message() {
+    let harness = spawn(|args| args.time_scale = 50.0).await;
+    let messages = json!([{"role": "user", "content": "tell me about caches"}]);
+    let whole = json!({"messages": messages, "max_tokens": 12, "ignore_eos": true, "stream": true});
+    let reference = streamed_text(&harness.post("/v1/chat/completions", &whole).await.text().await.unwrap());
+    assert_eq!(reference.split(' ').count(), 12);
+    let pairs = [("user", "tell me about caches")];
+    assert_eq!(reference, kvgate_mock::chat_answer_text(&pairs, 12), "the reference the soak computes");
+    // The first 5 words as the final assistant message, 7 tokens more: the rest, exactly.
+    let begun: Vec<&str> = reference.split_inclusive(' ').take(5).collect();
+    let begun = begun.concat();
+    let begun = begun.trim_end();
+    let mut continued = json!({"messages": [{"role": "user", "content": "tell me about caches"},
+        {"role": "assistant", "content": begun}], "max_tokens": 7, "ignore_eos": true, "stream": true,
+        "continue_final_message": true, "add_generation_prompt": false,
+        "stream_options": {"include_usage": true}});
+    let text = harness.post("/v1/chat/completions", &continued).await.text().await.unwrap();
+    assert_eq!(format!("{begun}{}", streamed_text(&text)), reference);
+    let usage: Value = serde_json::from_str(sse_payloads(&text).iter().rev().nth(1).unwrap()).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 7, "{usage}");
+    // vLLM refuses continue_final_message with the generation prompt.
+    continued["add_generation_prompt"] = json!(true);
+    assert_eq!(harness.post("/v1/chat/completions", &continued).await.status(), 400);
+    harness.fleet.shutdown().await;
+
+    // --cut-after-tokens: every stream dies after that many tokens, never completes.
+    let harness = spawn(|args| {
+        args.time_scale = 50.0;
+        args.cut_after_tokens = Some(3);
+    })
+    .await;
+    let response = harness.post("/v1/chat/completions", &whole).await;
+    assert_eq!(response.status(), 200);
+    let mut body = response;
+    let mut received = String::new();
+    let broke = loop {
+        match body.chunk().await {
+            Ok(Some(chunk)) => received.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(None) => break false,
+            Err(_) => break true,
+        }
+    };
+    assert!(broke, "the stream was cut: {received}");
+    assert_eq!(streamed_text(&received).split(' ').count(), 3, "{received}");
+    harness.fleet.shutdown().await;
+}

@@ -1,4 +1,4 @@
-//! Soak request ids: the `x-kvgate-soak-id` header values each worker received and answered,
+//! Soak request ids: the `x-soak-id` header values each worker received and answered,
 //! summed over the fleet, readable after shutdown.
 
 mod common;
@@ -42,7 +42,7 @@ async fn soak_ids_count_received_and_answered_requests_over_the_fleet() {
     assert_eq!(response.status(), 400);
     assert_eq!(send(&urls[0], None, body(false)).await.unwrap().status(), 200);
 
-    let seen = |received, answered| SoakIdSeen { received, answered };
+    let seen = |received, answered| SoakIdSeen { received, answered, resumed: 0 };
     let expected: HashMap<String, SoakIdSeen> =
         [("a", seen(2, 2)), ("b", seen(1, 1)), ("c", seen(1, 0))].map(|(id, s)| (id.to_string(), s)).into();
     assert_eq!(harness.fleet.soak_ids(), expected);

@@ -88,6 +88,7 @@ impl Engines {
                 let entry = total.entry(id).or_default();
                 entry.received += seen.received;
                 entry.answered += seen.answered;
+                entry.resumed += seen.resumed;
             }
         }
         total
@@ -119,12 +120,12 @@ pub(crate) fn schedule(
     n_workers: usize,
     churn_every_secs: f64,
     churn_down_secs: f64,
-    kill: Option<(f64, f64)>,
+    kills: &[(f64, f64, usize)],
 ) -> Vec<(f64, Action, usize)> {
     let mut events = Vec::new();
-    // The last engine is the one killed; churn rotates over the others.
-    let kill_target = n_workers - 1;
-    let churned = if kill.is_some() { kill_target } else { n_workers };
+    // One kill takes the last engine, and churn rotates over the others; several rotate over
+    // every engine.
+    let churned = if kills.len() == 1 { n_workers - 1 } else { n_workers };
     if churn_every_secs > 0.0 && churned > 0 {
         let mut k = 1;
         while k as f64 * churn_every_secs + churn_down_secs < steady_secs {
@@ -135,9 +136,9 @@ pub(crate) fn schedule(
             k += 1;
         }
     }
-    if let Some((at, down)) = kill {
-        events.push((at, Action::Kill, kill_target));
-        events.push((at + down, Action::Restart, kill_target));
+    for &(at, down, worker_idx) in kills {
+        events.push((at, Action::Kill, worker_idx));
+        events.push((at + down, Action::Restart, worker_idx));
     }
     events.sort_by(|a, b| a.0.total_cmp(&b.0));
     events
@@ -194,7 +195,7 @@ mod tests {
 
     #[test]
     fn churn_rotates_over_the_workers_not_killed_and_ends_within_the_steady_phase() {
-        let events = schedule(100.0, 3, 30.0, 5.0, Some((45.0, 5.0)));
+        let events = schedule(100.0, 3, 30.0, 5.0, &[(45.0, 5.0, 2)]);
         let shown: Vec<String> =
             events.iter().map(|(at, action, w)| format!("{at} {action:?} {w}")).collect();
         assert_eq!(
@@ -210,7 +211,7 @@ mod tests {
                 "95 Add 0"
             ]
         );
-        assert_eq!(schedule(3.0, 2, 1.0, 0.5, None).len(), 4, "both workers churn when none is killed");
-        assert!(schedule(3.0, 2, 0.0, 0.5, None).is_empty());
+        assert_eq!(schedule(3.0, 2, 1.0, 0.5, &[]).len(), 4, "both workers churn when none is killed");
+        assert!(schedule(3.0, 2, 0.0, 0.5, &[]).is_empty());
     }
 }

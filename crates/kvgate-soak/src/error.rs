@@ -16,9 +16,10 @@ pub enum SoakError {
     Run { what: String, message: String },
     #[error("writing {path}: {message}")]
     Output { path: String, message: String },
-    /// The run completed, but requests were lost or answered twice.
-    #[error("soak failed: {lost} lost, {duplicated} duplicated (details under \"incidents\" in --json)")]
-    Failed { lost: usize, duplicated: usize },
+    /// The run completed, but requests were lost or answered twice, or a stream's text was not
+    /// its uncut answer.
+    #[error("soak failed: {lost} lost, {duplicated} duplicated, {wrong_text} wrong texts (details under \"incidents\" in --json)")]
+    Failed { lost: usize, duplicated: usize, wrong_text: usize },
 }
 
 impl SoakError {

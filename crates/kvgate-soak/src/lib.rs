@@ -2,7 +2,7 @@
 //! gateway and the client) that checks no request is lost or answered twice and that memory and
 //! file descriptors stay flat. Phases: steady load with worker churn (removal and re-adding
 //! through `/workers`, one engine killed outright and restarted), a burst well above capacity,
-//! and a recovery at the steady rate. Every request carries a unique `x-kvgate-soak-id`; the
+//! and a recovery at the steady rate. Every request carries a unique `x-soak-id`; the
 //! engines count the ids they receive and answer (`kvgate_mock::MockFleet::soak_ids`), and the
 //! report joins those counts with what the client saw (`report.rs` defines a duplicate).
 
@@ -85,6 +85,15 @@ pub struct SoakArgs {
     /// Share of requests that stream.
     #[arg(long, default_value_t = 0.5)]
     pub stream_fraction: f64,
+    /// The gateway's --migrate-streams: a stream whose engine fails mid-answer goes on on
+    /// another engine (false: it ends with the error event, for a before/after figure).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub migrate_streams: bool,
+    /// Closed-loop clients: this many clients each send their next request as soon as their
+    /// last one ended, in every phase (the rates are then unused); 0: Poisson arrivals at the
+    /// phases' rates.
+    #[arg(long, default_value_t = 0)]
+    pub clients: usize,
 
     /// Every this many seconds of the steady phase, remove one worker through the gateway's
     /// `DELETE /workers/{url}` and add it back --churn-down-secs later (0: no churn).
@@ -94,9 +103,15 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 5.0)]
     pub churn_down_secs: f64,
     /// When to kill the last engine outright (default: between two churns near the middle of
-    /// the steady phase).
+    /// the steady phase); with --kills above 1, unused.
     #[arg(long)]
     pub kill_at_secs: Option<f64>,
+    /// Engines killed outright during the steady phase (each restarted --kill-down-secs later):
+    /// one (the last engine, at --kill-at-secs), or several at even intervals over the phase,
+    /// rotating over the engines. Streams cut by a kill move to another engine
+    /// (`--migrate-streams`); the report's migration line counts them.
+    #[arg(long, default_value_t = 1)]
+    pub kills: usize,
     /// Seconds the killed engine stays down before it restarts on its port.
     #[arg(long, default_value_t = 5.0)]
     pub kill_down_secs: f64,
@@ -154,9 +169,21 @@ impl SoakArgs {
         }
         checks.in_range("stream_fraction", self.stream_fraction, Range::PROBABILITY);
         checks.nested(self.routing.validate());
-        if let Some((at, _)) = self.kill() {
+        if self.kills == 1 && !self.no_kill {
+            let at = self.kills().first().map_or(0.0, |kill| kill.0);
             if !(at.is_finite() && at >= 0.0 && at < self.steady_secs) {
                 checks.push(FieldError::new("kill_at_secs", "must be within the steady phase").got(at));
+            }
+        }
+        if self.kills > 1 {
+            // An engine is killed again only once it is back.
+            let every = self.steady_secs / self.kills as f64;
+            if every * (self.workers.min(self.kills)) as f64 <= self.kill_down_secs {
+                let message = format!(
+                    "{} kills over {} s of steady load leave an engine no time to come back ({} s down)",
+                    self.kills, self.steady_secs, self.kill_down_secs
+                );
+                checks.push(FieldError::new("kills", message).got(self.kills));
             }
         }
         checks.finish()
@@ -166,10 +193,16 @@ impl SoakArgs {
         self.burst_rate.unwrap_or(10.0 * self.rate)
     }
 
-    /// (seconds, duration) of the kill, if any.
-    fn kill(&self) -> Option<(f64, f64)> {
-        if self.no_kill {
-            return None;
+    /// The kills: (seconds, duration, engine), in time order.
+    fn kills(&self) -> Vec<(f64, f64, usize)> {
+        if self.no_kill || self.kills == 0 {
+            return Vec::new();
+        }
+        if self.kills > 1 {
+            let every = self.steady_secs / self.kills as f64;
+            return (0..self.kills)
+                .map(|k| ((k as f64 + 0.5) * every, self.kill_down_secs, k % self.workers))
+                .collect();
         }
         let half = self.steady_secs / 2.0;
         let at = self.kill_at_secs.unwrap_or(if self.churn_every_secs > 0.0 {
@@ -177,14 +210,16 @@ impl SoakArgs {
         } else {
             half
         });
-        Some((at, self.kill_down_secs))
+        vec![(at, self.kill_down_secs, self.workers - 1)]
     }
 
+    /// The phases: (phase, seconds, target rate; 0 with closed-loop clients).
     fn plan(&self) -> Vec<(Phase, f64, f64)> {
+        let rate = |rate: f64| if self.clients > 0 { 0.0 } else { rate };
         vec![
-            (Phase::Steady, self.steady_secs, self.rate),
-            (Phase::Burst, self.burst_secs, self.burst_rate()),
-            (Phase::Recovery, self.recovery_secs, self.rate),
+            (Phase::Steady, self.steady_secs, rate(self.rate)),
+            (Phase::Burst, self.burst_secs, rate(self.burst_rate())),
+            (Phase::Recovery, self.recovery_secs, rate(self.rate)),
         ]
     }
 
@@ -206,6 +241,7 @@ impl SoakArgs {
             queue_timeout_secs: self.queue_timeout_secs,
             health_check_interval_secs: 2.0,
             expose_routing_headers: true,
+            migrate_streams: self.migrate_streams,
             log_level: self.log_level.clone(),
             routing: self.routing.clone(),
             ..GatewayConfig::default()
@@ -228,7 +264,11 @@ pub async fn run_cli(args: SoakArgs) -> Result<(), SoakError> {
     }
     println!("{}", report.markdown());
     if !report.passed() {
-        return Err(SoakError::Failed { lost: report.total.lost, duplicated: report.total.duplicated });
+        return Err(SoakError::Failed {
+            lost: report.total.lost,
+            duplicated: report.total.duplicated,
+            wrong_text: report.migrations.wrong_text,
+        });
     }
     Ok(())
 }
@@ -275,7 +315,8 @@ async fn run(args: &SoakArgs) -> Result<SoakReport, SoakError> {
         .map_err(|error| SoakError::Gateway(error.to_string()))?;
     tokio::time::sleep(SETTLE).await;
     let before = resources::sample("before", 0.0, 0, 0);
-    let expected: f64 = args.plan().iter().map(|(_, secs, rate)| secs * rate).sum();
+    let expected: f64 =
+        args.plan().iter().map(|(_, secs, rate)| secs * rate.max(args.clients as f64 * 20.0)).sum();
     let shared = Arc::new(Shared {
         // Short-lived idle connections, so descriptor samples follow the load.
         client: reqwest::Client::builder()
@@ -302,7 +343,7 @@ async fn run(args: &SoakArgs) -> Result<SoakReport, SoakError> {
         args.workers,
         args.churn_every_secs,
         args.churn_down_secs,
-        args.kill(),
+        &args.kills(),
     );
     let admin_url = gateway.admin_url();
     let started = shared.started;
@@ -314,7 +355,10 @@ async fn run(args: &SoakArgs) -> Result<SoakReport, SoakError> {
     let (stop_sampler, stopped) = tokio::sync::watch::channel(false);
     let sampler = tokio::spawn(sample_loop(shared.clone(), args.plan(), args.sample_every_secs, stopped));
 
-    dispatch(&shared, &args.plan()).await;
+    match args.clients {
+        0 => dispatch(&shared, &args.plan()).await,
+        clients => closed_loop(&shared, &args.plan(), clients).await,
+    }
     drain(&shared).await;
     let (engines, churn_events) = churn.await.map_err(|error| SoakError::run("the churn task", error))?;
     let _ = stop_sampler.send(true);
@@ -381,6 +425,37 @@ async fn dispatch(shared: &Arc<Shared>, plan: &[(Phase, f64, f64)]) {
     }
 }
 
+/// Runs `clients` closed-loop clients through the phases: each sends its next request as soon
+/// as its last one ended.
+async fn closed_loop(shared: &Arc<Shared>, plan: &[(Phase, f64, f64)], clients: usize) {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut phase_start = 0.0;
+    for &(phase, secs, _) in plan {
+        let phase_end = phase_start + secs;
+        let end = shared.started + Duration::from_secs_f64(phase_end);
+        let loops: Vec<_> = (0..clients)
+            .map(|_| {
+                let (shared, next) = (shared.clone(), next.clone());
+                tokio::spawn(async move {
+                    while Instant::now() < end {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        shared.progress.sent.fetch_add(1, Ordering::Relaxed);
+                        shared.progress.in_flight.fetch_add(1, Ordering::Relaxed);
+                        request(shared.clone(), n, phase).await;
+                    }
+                })
+            })
+            .collect();
+        for client in loops {
+            let _ = client.await;
+        }
+        let sent = shared.progress.sent.load(Ordering::Relaxed);
+        let sample = resources::sample(phase.label(), phase_end, sent, RECORD_BYTES);
+        shared.collected.samples.lock().unwrap_or_else(|p| p.into_inner()).push(sample);
+        phase_start = phase_end;
+    }
+}
+
 /// Waits for the requests in flight (each ends by its deadline).
 async fn drain(shared: &Shared) {
     let limit = Instant::now() + shared.deadline + Duration::from_secs(10);
@@ -409,8 +484,10 @@ async fn request(shared: Arc<Shared>, n: u64, phase: Phase) {
     let planned = traffic::plan_request(shared.seed, n, MODEL, shared.stream_fraction);
     let stream = planned.stream;
     let soak_id = format!("{}{n}", shared.id_prefix);
-    let observed = traffic::send(&shared.client, &shared.url, &soak_id, planned, shared.deadline).await;
+    let observed = traffic::send(&shared.client, &shared.url, &soak_id, &planned, shared.deadline).await;
     let outcome = observed.cause.outcome();
+    // A whole stream must be the uncut answer: a chunk repeated or lost across engines shows.
+    let wrong_text = stream && outcome == Outcome::Succeeded && observed.text != planned.expected_answer();
     let worker_idx = observed
         .worker
         .as_deref()
@@ -425,6 +502,8 @@ async fn request(shared: Arc<Shared>, n: u64, phase: Phase) {
         latency_us: (!stream && outcome == Outcome::Succeeded).then(|| report::micros(observed.latency)),
         multi_answer: observed.multi_answer,
         worker_idx,
+        stream,
+        wrong_text,
     };
     let progress = &shared.progress;
     let counter = match outcome {
@@ -434,19 +513,26 @@ async fn request(shared: Arc<Shared>, n: u64, phase: Phase) {
     };
     counter.fetch_add(1, Ordering::Relaxed);
     let listed = match outcome {
-        Outcome::Succeeded => false,
+        Outcome::Succeeded => wrong_text,
         Outcome::Lost => true,
         Outcome::FailedClean => progress.failed_listed.fetch_add(1, Ordering::Relaxed) < MAX_FAILED_LISTED,
     };
     if listed {
         let incident = Incident {
             soak_id,
-            kind: if outcome == Outcome::Lost { IncidentKind::Lost } else { IncidentKind::FailedClean },
+            kind: match outcome {
+                _ if wrong_text => IncidentKind::WrongText,
+                Outcome::Lost => IncidentKind::Lost,
+                _ => IncidentKind::FailedClean,
+            },
             phase,
             sent_at_secs: sent_at.as_secs_f64(),
             cause: observed.cause.label(),
             worker: observed.worker,
-            detail: observed.detail,
+            detail: match wrong_text {
+                true => Some(format!("got {:?}", observed.text.chars().take(200).collect::<String>())),
+                false => observed.detail,
+            },
             engines_received: 0,
             engines_answered: 0,
         };
@@ -515,8 +601,16 @@ mod tests {
         assert!(args.validate().is_ok());
         assert_eq!(args.plan().iter().map(|p| p.1).sum::<f64>(), 650.0);
         assert_eq!(args.burst_rate(), 10.0 * args.rate);
-        assert_eq!(args.kill(), Some((315.0, 5.0)));
-        assert_eq!(parse(&["--no-kill"]).kill(), None);
+        assert_eq!(args.kills(), [(315.0, 5.0, 3)]);
+        assert!(parse(&["--no-kill"]).kills().is_empty());
+        // Several kills: even intervals over the steady phase, rotating over the engines.
+        let many = parse(&["--steady-secs", "120", "--kills", "10", "--churn-every-secs", "0"]);
+        assert!(many.validate().is_ok());
+        let kills = many.kills();
+        assert_eq!(kills.len(), 10);
+        assert_eq!((kills[0], kills[9]), ((6.0, 5.0, 0), (114.0, 5.0, 1)));
+        let crowded = parse(&["--steady-secs", "10", "--kills", "10", "--workers", "2"]);
+        assert!(crowded.validate().unwrap_err().names("kills"));
         let problems =
             parse(&["--workers", "1", "--rate", "0", "--kill-at-secs", "900"]).validate().unwrap_err();
         assert_eq!(problems.errors().len(), 4, "{problems}");

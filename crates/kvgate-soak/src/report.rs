@@ -48,6 +48,10 @@ pub(crate) struct Record {
     pub multi_answer: bool,
     /// The engine that answered (index into the engine URLs), when the gateway named it.
     pub worker_idx: Option<u8>,
+    pub stream: bool,
+    /// A stream that ended whole with a text other than the uncut answer (a chunk repeated or
+    /// lost where it moved between engines).
+    pub wrong_text: bool,
 }
 
 /// Why a request is listed in the report, most serious first.
@@ -55,6 +59,8 @@ pub(crate) struct Record {
 #[serde(rename_all = "snake_case")]
 pub(crate) enum IncidentKind {
     Duplicated,
+    /// A whole stream whose text is not the uncut answer.
+    WrongText,
     Lost,
     /// Reached engines more than once, answered at most once (a gateway retry).
     Resent,
@@ -148,6 +154,8 @@ pub(crate) struct SoakReport {
     pub steady_rss_slope_net_mb_per_min: Option<f64>,
     /// Requests the client saw succeed that no engine answered (should be none).
     pub succeeded_without_engine_answer: usize,
+    /// The streams cut mid-answer and what became of them.
+    pub migrations: Migrations,
     /// Lost and duplicated requests, then a few re-sent and failed ones, with their details.
     pub incidents: Vec<Incident>,
 }
@@ -157,11 +165,35 @@ pub(crate) struct SoakReport {
 /// The gateway re-sends a request only when nothing of the first attempt reached the client: a
 /// connect error (the engine never saw it) or a 502/503/504 head (the engine saw it and refused
 /// it). So an id may legitimately reach engines more than once, but at most one engine may
-/// answer it with a 2xx, and the client must get exactly one answer. It is duplicated when two
-/// engines began 2xx answers for it, or when the client's one response carried more than one
-/// answer (two `[DONE]`s or two completion ids).
+/// answer it with a 2xx, and the client must get exactly one answer. A stream cut mid-answer is
+/// continued on another engine (`--migrate-streams`): those continuations (`resumed`) are parts
+/// of the one answer. It is duplicated when two engines began 2xx answers for it besides its
+/// continuations, or when the client's one response carried more than one answer (two `[DONE]`s
+/// or two completion ids).
 pub(crate) fn is_duplicated(seen: SoakIdSeen, multi_answer: bool) -> bool {
-    multi_answer || seen.answered > 1
+    multi_answer || seen.answered.saturating_sub(seen.resumed) > 1
+}
+
+/// What became of the streams an engine failed mid-answer.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct Migrations {
+    /// Streams cut mid-answer: continued on another engine, or ended with the error event.
+    pub cut: usize,
+    /// Continued on another engine and ended whole, with the uncut answer's text.
+    pub completed_whole: usize,
+    /// Ended with the error event (not continued, or cut again past the limit).
+    pub error_event: usize,
+    /// Ended whole with another text than the uncut answer (a chunk repeated or lost).
+    pub wrong_text: usize,
+    /// Streams continued on another engine, counting each continuation.
+    pub continuations: usize,
+}
+
+impl Migrations {
+    /// The share of the cut streams that completed whole on another engine, in percent.
+    pub(crate) fn completed_percent(&self) -> Option<f64> {
+        (self.cut > 0).then(|| 100.0 * self.completed_whole as f64 / self.cut as f64)
+    }
 }
 
 /// The `p`th percentile (in percent) of sorted microseconds, in milliseconds; `None` when empty.
@@ -220,6 +252,7 @@ pub(crate) fn build(data: RunData) -> SoakReport {
     let mut flagged: HashMap<String, (IncidentKind, Record)> = HashMap::new();
     let mut succeeded_without_engine_answer = 0;
     let mut known_ids = 0;
+    let mut migrations = Migrations::default();
     for record in &records {
         let index = plan.iter().position(|&(phase, ..)| phase == record.phase).expect("a planned phase");
         let row = &mut rows[index];
@@ -238,10 +271,20 @@ pub(crate) fn build(data: RunData) -> SoakReport {
         } else if seen.answered == 0 {
             succeeded_without_engine_answer += 1;
         }
+        if record.stream && (seen.resumed > 0 || record.cause == Cause::ErrorEvent) {
+            migrations.cut += 1;
+            migrations.continuations += seen.resumed as usize;
+            match record.cause {
+                Cause::Answered if !record.wrong_text => migrations.completed_whole += 1,
+                Cause::ErrorEvent => migrations.error_event += 1,
+                _ => {}
+            }
+        }
+        migrations.wrong_text += usize::from(record.wrong_text);
         if is_duplicated(seen, record.multi_answer) {
             row.duplicated += 1;
             flagged.insert(id, (IncidentKind::Duplicated, *record));
-        } else if seen.received > 1 {
+        } else if seen.received.saturating_sub(seen.resumed) > 1 {
             row.resent += 1;
             flagged.insert(id, (IncidentKind::Resent, *record));
         }
@@ -357,6 +400,7 @@ pub(crate) fn build(data: RunData) -> SoakReport {
         steady_rss_slope_net_mb_per_min,
         unknown_engine_ids: engine_ids.len() - known_ids,
         succeeded_without_engine_answer,
+        migrations,
         incidents,
     }
 }
@@ -388,7 +432,7 @@ fn span<T: std::fmt::Display + PartialEq>(value: Option<(T, T)>) -> String {
 
 impl SoakReport {
     pub(crate) fn passed(&self) -> bool {
-        self.total.lost == 0 && self.total.duplicated == 0
+        self.total.lost == 0 && self.total.duplicated == 0 && self.migrations.wrong_text == 0
     }
 
     pub(crate) fn markdown(&self) -> String {
@@ -398,7 +442,11 @@ impl SoakReport {
              | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         );
         for row in self.phases.iter().chain([&self.total]) {
-            let rate = if row.phase == "total" { "".into() } else { format!("{}", row.target_rate) };
+            let rate = match row.target_rate {
+                _ if row.phase == "total" => "".into(),
+                0.0 => "closed loop".into(),
+                rate => format!("{rate}"),
+            };
             let rss = span(row.rss_mb.map(|(lo, hi)| (format!("{lo:.0}"), format!("{hi:.0}"))));
             let _ = writeln!(
                 out,
@@ -461,11 +509,24 @@ impl SoakReport {
             self.unknown_engine_ids,
             self.succeeded_without_engine_answer,
         );
+        let m = &self.migrations;
+        let _ = writeln!(
+            out,
+            "Streams cut mid-answer: {}; completed whole on another engine: {} ({}); ended with the \
+             error event: {}; continuations sent: {}; whole streams whose text is not the uncut \
+             answer: {}.",
+            m.cut,
+            m.completed_whole,
+            m.completed_percent().map_or("—".into(), |p| format!("{p:.1}%")),
+            m.error_event,
+            m.continuations,
+            m.wrong_text,
+        );
         let verdict = if self.passed() { "PASS" } else { "FAIL" };
         let _ = writeln!(
             out,
-            "Verdict: {verdict} ({} lost, {} duplicated).",
-            self.total.lost, self.total.duplicated
+            "Verdict: {verdict} ({} lost, {} duplicated, {} wrong texts).",
+            self.total.lost, self.total.duplicated, m.wrong_text
         );
         out
     }
@@ -489,7 +550,7 @@ mod tests {
     use super::*;
 
     fn seen(received: u32, answered: u32) -> SoakIdSeen {
-        SoakIdSeen { received, answered }
+        SoakIdSeen { received, answered, resumed: 0 }
     }
 
     #[test]
@@ -524,6 +585,59 @@ mod tests {
         assert!(is_duplicated(seen(2, 2), false));
         // One response with two answers spliced into it.
         assert!(is_duplicated(seen(1, 1), true));
+        // A stream cut mid-answer and continued on another engine: one answer.
+        assert!(!is_duplicated(SoakIdSeen { received: 2, answered: 2, resumed: 1 }, false));
+        assert!(is_duplicated(SoakIdSeen { received: 3, answered: 3, resumed: 1 }, false));
+    }
+
+    #[test]
+    fn cut_streams_are_counted_by_what_became_of_them() {
+        let record = |n, cause, wrong_text| Record {
+            n,
+            phase: Phase::Steady,
+            sent_at_ms: 0,
+            cause,
+            ttft_us: None,
+            latency_us: None,
+            multi_answer: false,
+            worker_idx: None,
+            stream: true,
+            wrong_text,
+        };
+        let records = vec![
+            record(0, Cause::Answered, false),
+            record(1, Cause::Answered, false),
+            record(2, Cause::ErrorEvent, false),
+            record(3, Cause::Answered, true),
+        ];
+        let resumed = SoakIdSeen { received: 2, answered: 2, resumed: 1 };
+        let engine_ids: HashMap<String, SoakIdSeen> =
+            [("s-0", seen(1, 1)), ("s-1", resumed), ("s-2", seen(1, 1)), ("s-3", resumed)]
+                .into_iter()
+                .map(|(id, s)| (id.to_string(), s))
+                .collect();
+        let fd_check =
+            FdCheck { baseline: 0, before: 0, after_idle: 0, pooled_upstream_idle: 0, after_shutdown: 0 };
+        let report = build(RunData {
+            command: "kvgate soak".into(),
+            plan: vec![(Phase::Steady, 1.0, 1.0)],
+            records,
+            incidents: Vec::new(),
+            engine_ids,
+            id_prefix: "s-".into(),
+            worker_urls: Vec::new(),
+            samples: Vec::new(),
+            fd_check,
+            churn: Vec::new(),
+        });
+        let m = &report.migrations;
+        assert_eq!((m.cut, m.completed_whole, m.error_event, m.wrong_text, m.continuations), (3, 1, 1, 1, 2));
+        assert!(!report.passed(), "a wrong text fails the run");
+        assert!(
+            report.markdown().contains("completed whole on another engine: 1 (33.3%)"),
+            "{}",
+            report.markdown()
+        );
     }
 
     #[test]
@@ -537,6 +651,8 @@ mod tests {
             latency_us: None,
             multi_answer,
             worker_idx: Some(0),
+            stream: true,
+            wrong_text: false,
         };
         let records = vec![
             record(0, Cause::Answered, false),

@@ -66,6 +66,17 @@ fn words(draws: &mut Draws, n: usize, out: &mut String) {
 pub(crate) struct PlannedRequest {
     pub stream: bool,
     pub body: Vec<u8>,
+    /// Its chat, `max_tokens` and `ignore_eos`: what the mock engines' answer is made of.
+    pub messages: [(&'static str, String); 2],
+    pub max_tokens: u32,
+    pub ignore_eos: bool,
+}
+
+impl PlannedRequest {
+    /// The whole answer the mock engines give it (`kvgate_mock::chat_answer`).
+    pub(crate) fn expected_answer(&self) -> String {
+        kvgate_mock::chat_answer(&self.messages, self.max_tokens, self.ignore_eos)
+    }
 }
 
 /// Request `n` of a run seeded with `seed`.
@@ -87,7 +98,13 @@ pub(crate) fn plan_request(seed: u64, n: u64, model: &str, stream_fraction: f64)
         "ignore_eos": ignore_eos,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
     });
-    PlannedRequest { stream, body: serde_json::to_vec(&body).expect("a JSON value always serializes") }
+    PlannedRequest {
+        stream,
+        body: serde_json::to_vec(&body).expect("a JSON value always serializes"),
+        messages: [("system", system), ("user", user)],
+        max_tokens,
+        ignore_eos,
+    }
 }
 
 /// How one request ended, as the client saw it.
@@ -159,6 +176,8 @@ pub(crate) struct Observed {
     pub worker: Option<String>,
     /// For anything but a success: what went wrong, briefly.
     pub detail: Option<String>,
+    /// A stream's text as the client read it (its content deltas in order).
+    pub text: String,
 }
 
 /// Sends one request with its soak id and reads the answer to its end, within `deadline`.
@@ -166,12 +185,12 @@ pub(crate) async fn send(
     client: &reqwest::Client,
     url: &str,
     soak_id: &str,
-    request: PlannedRequest,
+    request: &PlannedRequest,
     deadline: Duration,
 ) -> Observed {
     let started = Instant::now();
     let mut seen = Seen::default();
-    let exchange = exchange(client, url, soak_id, request, started, &mut seen);
+    let exchange = exchange(client, url, soak_id, request.stream, request.body.clone(), started, &mut seen);
     let (cause, detail) = match tokio::time::timeout(deadline, exchange).await {
         Ok(result) => result,
         Err(_) => (Cause::Hang, Some(format!("no complete answer within {:.0} s", deadline.as_secs_f64()))),
@@ -183,6 +202,7 @@ pub(crate) async fn send(
         multi_answer: seen.done_events > 1 || seen.completion_ids > 1,
         worker: seen.worker,
         detail,
+        text: seen.text,
     }
 }
 
@@ -195,6 +215,7 @@ struct Seen {
     completion_ids: u32,
     first_id: Option<String>,
     error_event: Option<String>,
+    text: String,
 }
 
 impl Seen {
@@ -223,6 +244,7 @@ impl Seen {
         if self.ttft.is_none() && content.is_some_and(|text| !text.is_empty()) {
             self.ttft = Some(started.elapsed());
         }
+        self.text.push_str(content.unwrap_or_default());
     }
 }
 
@@ -242,7 +264,8 @@ async fn exchange(
     client: &reqwest::Client,
     url: &str,
     soak_id: &str,
-    request: PlannedRequest,
+    stream: bool,
+    body: Vec<u8>,
     started: Instant,
     seen: &mut Seen,
 ) -> (Cause, Option<String>) {
@@ -250,7 +273,7 @@ async fn exchange(
         .post(url)
         .header("content-type", "application/json")
         .header(kvgate_mock::SOAK_ID_HEADER, soak_id)
-        .body(request.body)
+        .body(body)
         .send()
         .await;
     let mut response = match sent {
@@ -268,7 +291,7 @@ async fn exchange(
             Err(error) => (Cause::BadErrorBody(status.as_u16()), Some(error_chain(&error))),
         };
     }
-    if !request.stream {
+    if !stream {
         return match response.bytes().await {
             Ok(body) => match serde_json::from_slice::<Value>(&body) {
                 Ok(value) if value["choices"][0]["message"]["content"].is_string() => {

@@ -103,6 +103,10 @@ class Gateway:
         worker_overload_shed: bool = False,
         rate_limit_tokens_per_second: float | None = None,
         body_read_timeout_secs: float = 60.0,
+        body_stall_timeout_secs: float = 300.0,
+        stream_deadline_secs: float | None = None,
+        migrate_streams: bool = True,
+        max_stream_migrations: int = 2,
         ttfb_timeout_secs: float | None = None,
         max_probe_answer_bytes: int = 2097152,
         max_prefill_answer_bytes: int = 16777216,
@@ -122,6 +126,7 @@ class Gateway:
         admin_api_key: str | None = None,
         admin_host: str = '127.0.0.1',
         admin_port: int | None = None,
+        admin_allowed_hosts: Sequence[str] = [],
         prometheus_host: str = '127.0.0.1',
         prometheus_port: int | None = None,
         admin_insecure: bool = False,
@@ -418,6 +423,23 @@ class Gateway:
             to one second's worth); over it, requests queue (--queue-size) or get 429 (unset: no
             limit)
         body_read_timeout_secs: Seconds a client has to send its whole request body; then 408
+        body_stall_timeout_secs: Seconds a body may go without a byte, both ways (SMG's
+            --stream-body-stall-timeout-secs): a client's request body that stalls this long
+            gets 408; a worker's answer that stalls this long mid-body is cut (a stream moves to
+            another engine with --migrate-streams, else ends with the error event) and its slot
+            is freed. 0: off. Must be >= 0
+        stream_deadline_secs: Longest a streamed answer may take in all, in seconds from the
+            request's arrival; past it the stream ends with the error event and its slot is
+            freed (unset: no deadline). Must be > 0
+        migrate_streams: A stream whose engine fails after the answer began (its connection
+            breaks, or it stalls past --body-stall-timeout-secs) goes on on another engine: the
+            request is sent again with the text already streamed as a continuation (a chat's
+            final assistant message with `continue_final_message`, a completion's prompt plus
+            the text) and max_tokens less what was generated, and the client's stream continues
+            with the same id, no repeated text and one `[DONE]`. Chat and completions streams
+            only (not /generate); see the README for what cannot be continued
+        max_stream_migrations: Most times one stream moves to another engine (--migrate-
+            streams); past it, the stream ends with the error event
         ttfb_timeout_secs: Seconds to wait for a worker's response head before giving up on it
             and trying another worker (nothing has reached the client yet); unset: wait up to
             --request-timeout-secs
@@ -455,6 +477,11 @@ class Gateway:
         admin_port: Port of the admin listener (0 picks a free port). Unset: the port after
             --port (a free one when --port is 0) when no --admin-api-key is given, else no admin
             listener (the admin API is on the main listener, behind the key)
+        admin_allowed_hosts: Names a browser may reach the admin API by besides the admin
+            listener's own (its address, and `localhost` on a loopback listener):
+            `gateway.internal` or `gateway.internal:30001`. Without an admin key, a request
+            whose `Host` is none of these is refused (403), so a web page whose name was rebound
+            to this address (DNS rebinding) cannot reach the admin API
         prometheus_host: Address of the metrics listener (--prometheus-port)
         prometheus_port: Also serve `GET /metrics` (and `/health`) on a listener of its own at
             --prometheus-host on this port (0 picks a free port), as SMG does; `/metrics` stays

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::body::AdmissionHold;
+use crate::body::{AdmissionHold, Used};
 use crate::config::TenantsConfig;
 use crate::error::ApiError;
 use crate::metrics::AdmissionMetrics;
@@ -37,6 +37,9 @@ pub struct Ticket<'a> {
     pub class: PriorityClass,
     /// Prompt plus maximum output tokens (0 when nothing needs them).
     pub tokens: u64,
+    /// The request names no maximum output: a tokens-per-minute quota charges it the output
+    /// estimate on top (`quota.rs`).
+    pub open_ended: bool,
 }
 
 /// The concurrency limit and the requests waiting for a slot.
@@ -127,6 +130,11 @@ pub struct Permit {
 }
 
 impl Permit {
+    /// Whether the answer's usage is wanted: a tokens-per-minute charge is corrected with it.
+    pub fn wants_usage(&self) -> bool {
+        self.tenant.as_ref().is_some_and(TenantCharge::counts_tokens)
+    }
+
     /// The permit as something to hold until the answer ends (`None` when it holds nothing).
     pub fn into_hold(self) -> Option<Box<dyn AdmissionHold>> {
         (self.slot.is_some() || self.tenant.is_some()).then(|| Box::new(self) as Box<dyn AdmissionHold>)
@@ -135,12 +143,12 @@ impl Permit {
 
 impl AdmissionHold for Permit {
     fn wants_usage(&self) -> bool {
-        self.tenant.as_ref().is_some_and(TenantCharge::counts_tokens)
+        Permit::wants_usage(self)
     }
 
-    fn used(&mut self, tokens: u64) {
+    fn used(&mut self, used: Used) {
         if let Some(charge) = &mut self.tenant {
-            charge.settle(tokens);
+            charge.settle(used);
         }
     }
 }
@@ -327,7 +335,8 @@ impl Admission {
     ) -> Result<Permit, ApiError> {
         let tenant = self.labels.label(ticket.tenant);
         let class = ticket.class.as_str();
-        let charge = match self.tenants.take(ticket.tenant, ticket.tokens, Instant::now()) {
+        let cost = quota::Cost { tokens: ticket.tokens, open_ended: ticket.open_ended };
+        let charge = match self.tenants.take_cost(ticket.tenant, cost, Instant::now()) {
             Ok(charge) => charge,
             Err(over) => {
                 self.metrics.tenant_rejected.with_label_values(&[&tenant, class, over.quota.as_str()]).inc();

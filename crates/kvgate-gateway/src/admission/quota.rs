@@ -1,8 +1,11 @@
 //! Per-tenant quotas: requests per minute, tokens per minute (a request's prompt plus its
-//! maximum output, charged at admission) and requests at once, each from the tenant's
-//! `tenants:` entry laid over the defaults. A request over any of them is refused whole, with
-//! the wait after which it would pass. Tenants' state is kept for the most recently seen
-//! [`MAX_TRACKED_TENANTS`] (a forgotten tenant starts again with full buckets).
+//! maximum output, charged at admission, then corrected to what the engine reported it used)
+//! and requests at once, each from the tenant's `tenants:` entry laid over the defaults. A
+//! request over any of them is refused whole, with the wait after which it would pass. A
+//! request that names no maximum output (open-ended) is charged the output open-ended requests
+//! have had lately ([`OutputEstimate`]), so a burst of them is cut at the quota, not after it.
+//! Tenants' state is kept for the most recently seen [`MAX_TRACKED_TENANTS`] (a forgotten
+//! tenant starts again with full buckets).
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -11,11 +14,43 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 
 use super::bucket::Bucket;
+use crate::body::Used;
 use crate::config::{TenantLimits, TenantsConfig};
 pub use crate::tenant::{OverQuota, Quota};
 
 /// Most tenants whose buckets and counts are kept at once.
 pub(super) const MAX_TRACKED_TENANTS: usize = 16384;
+
+/// What an open-ended request is charged for its output before any was measured: a chat
+/// answer's typical length.
+pub(super) const FIRST_OUTPUT_ESTIMATE: f64 = 256.0;
+/// Weight of the newest answer in the running output estimate.
+const ESTIMATE_WEIGHT: f64 = 0.2;
+
+/// The output tokens of the open-ended requests answered lately (every tenant's; an
+/// exponentially weighted mean), charged up front to the next ones.
+#[derive(Debug)]
+struct OutputEstimate(Mutex<f64>);
+
+impl OutputEstimate {
+    fn get(&self) -> f64 {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, completion: u64) {
+        let mut mean = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *mean += ESTIMATE_WEIGHT * (completion as f64 - *mean);
+    }
+}
+
+/// What one request is charged at admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cost {
+    /// Its prompt plus its maximum output (0 when nothing needs them).
+    pub tokens: u64,
+    /// It names no maximum output: its output is estimated.
+    pub open_ended: bool,
+}
 
 #[derive(Debug)]
 struct TenantState {
@@ -35,8 +70,11 @@ impl TenantState {
         }
     }
 
-    /// Takes the request's share of every quota, or none of them.
-    fn take(&mut self, now: Instant, tokens: u64) -> Result<(), OverQuota> {
+    /// Takes the request's share of every quota, or none of them; `estimate` is added to an
+    /// open-ended request's tokens (never past the quota: the estimate alone refuses nothing).
+    /// Returns the tokens charged.
+    fn take(&mut self, now: Instant, cost: Cost, estimate: f64) -> Result<u64, OverQuota> {
+        let mut tokens = cost.tokens;
         if let Some(max) = self.max_concurrent {
             if self.in_flight >= max {
                 let refusal = OverQuota {
@@ -57,6 +95,10 @@ impl TenantState {
             }
         }
         if let Some(bucket) = &mut self.tokens {
+            if cost.open_ended {
+                let capacity = bucket.capacity() as u64;
+                tokens = tokens.saturating_add(estimate.round() as u64).min(capacity.max(tokens));
+            }
             let cost = tokens as f64;
             if cost > bucket.capacity() {
                 return Err(OverQuota {
@@ -78,7 +120,7 @@ impl TenantState {
             bucket.charge(1.0);
         }
         self.in_flight += 1;
-        Ok(())
+        Ok(tokens)
     }
 }
 
@@ -86,6 +128,7 @@ impl TenantState {
 pub struct TenantQuotas {
     config: TenantsConfig,
     states: Mutex<LruCache<String, Arc<Mutex<TenantState>>>>,
+    estimate: Arc<OutputEstimate>,
 }
 
 /// A request's hold on its tenant's quotas: one request at once until dropped; what it was
@@ -94,6 +137,8 @@ pub struct TenantQuotas {
 pub struct TenantCharge {
     state: Arc<Mutex<TenantState>>,
     tokens: u64,
+    /// Set for an open-ended request: its output goes into the estimate.
+    estimate: Option<Arc<OutputEstimate>>,
 }
 
 impl TenantCharge {
@@ -102,9 +147,13 @@ impl TenantCharge {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).tokens.is_some()
     }
 
-    /// The request used `tokens` (the engine's prompt plus output): the difference from what it
+    /// The request used `used` (the engine's prompt and output): the difference from what it
     /// was charged at admission is given back, or charged on top (the bucket may owe).
-    pub fn settle(&mut self, tokens: u64) {
+    pub fn settle(&mut self, used: Used) {
+        if let Some(estimate) = self.estimate.take() {
+            estimate.record(used.completion);
+        }
+        let tokens = used.prompt.saturating_add(used.completion);
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(bucket) = &mut state.tokens {
             let charged = self.tokens as f64;
@@ -146,7 +195,8 @@ fn limits_anything(limits: &TenantLimits) -> bool {
 impl TenantQuotas {
     pub fn new(config: TenantsConfig) -> Self {
         let capacity = NonZeroUsize::new(MAX_TRACKED_TENANTS).expect("not zero");
-        Self { config, states: Mutex::new(LruCache::new(capacity)) }
+        let estimate = Arc::new(OutputEstimate(Mutex::new(FIRST_OUTPUT_ESTIMATE)));
+        Self { config, states: Mutex::new(LruCache::new(capacity)), estimate }
     }
 
     pub fn config(&self) -> &TenantsConfig {
@@ -164,9 +214,20 @@ impl TenantQuotas {
         self.config.limits(tenant).weight.unwrap_or(1.0)
     }
 
-    /// Charges one request of `tokens` to `tenant`, or says which quota it is over. `None`: the
-    /// tenant has no quota.
+    /// Charges one request of `tokens` (its whole cost) to `tenant`, or says which quota it is
+    /// over. `None`: the tenant has no quota.
+    #[cfg(test)]
     pub fn take(&self, tenant: &str, tokens: u64, now: Instant) -> Result<Option<TenantCharge>, OverQuota> {
+        self.take_cost(tenant, Cost { tokens, open_ended: false }, now)
+    }
+
+    /// As [`TenantQuotas::take`], an open-ended request charged the output estimate on top.
+    pub fn take_cost(
+        &self,
+        tenant: &str,
+        cost: Cost,
+        now: Instant,
+    ) -> Result<Option<TenantCharge>, OverQuota> {
         let limits = self.config.limits(tenant);
         if !limits_anything(&limits) {
             return Ok(None);
@@ -182,8 +243,9 @@ impl TenantQuotas {
                 }
             }
         };
-        state.lock().unwrap_or_else(|p| p.into_inner()).take(now, tokens)?;
-        Ok(Some(TenantCharge { state, tokens }))
+        let tokens = state.lock().unwrap_or_else(|p| p.into_inner()).take(now, cost, self.estimate.get())?;
+        let estimate = cost.open_ended.then(|| self.estimate.clone());
+        Ok(Some(TenantCharge { state, tokens, estimate }))
     }
 }
 
@@ -232,12 +294,41 @@ mod tests {
         let mut charge = tpm.take("t", 800, now).unwrap().unwrap();
         assert!(charge.counts_tokens());
         // Used 100 of the 800 charged: 700 come back.
-        charge.settle(100);
+        charge.settle(Used { prompt: 40, completion: 60 });
         assert!(tpm.take("t", 900, now).is_ok());
         // Used 300 more than charged: the bucket owes.
         let mut over = tpm.take("u", 100, now).unwrap().unwrap();
-        over.settle(1100);
+        over.settle(Used { prompt: 100, completion: 1000 });
         assert_eq!(tpm.take("u", 1, now).unwrap_err().quota, Quota::TokensPerMinute);
+    }
+
+    #[test]
+    fn an_open_ended_request_is_charged_the_output_open_ended_answers_had() {
+        let now = Instant::now();
+        let tpm = quotas("defaults: {tokens_per_minute: 1000000}");
+        let open = |tokens| Cost { tokens, open_ended: true };
+        // Before any answer: the first estimate on top of the prompt.
+        let first = tpm.take_cost("t", open(10), now).unwrap().unwrap();
+        assert_eq!(first.tokens, 10 + FIRST_OUTPUT_ESTIMATE as u64);
+        drop(first);
+        for _ in 0..30 {
+            let mut charge = tpm.take_cost("t", open(10), now).unwrap().unwrap();
+            charge.settle(Used { prompt: 10, completion: 300 });
+        }
+        // The estimate follows the answers (every tenant's), and never refuses a request alone.
+        let learned = tpm.take_cost("u", open(10), now).unwrap().unwrap();
+        assert!((300..=310).contains(&learned.tokens), "{}", learned.tokens);
+        // A closed request's answer teaches nothing.
+        let mut closed = tpm.take_cost("u", Cost { tokens: 20, open_ended: false }, now).unwrap().unwrap();
+        closed.settle(Used { prompt: 10, completion: 5 });
+        assert!((300..=310).contains(&tpm.take_cost("u", open(10), now).unwrap().unwrap().tokens));
+        let small = quotas("defaults: {tokens_per_minute: 100}");
+        assert_eq!(small.take_cost("t", open(10), now).unwrap().unwrap().tokens, 100);
+        // A request naming its maximum is charged just that.
+        assert_eq!(
+            tpm.take_cost("v", Cost { tokens: 50, open_ended: false }, now).unwrap().unwrap().tokens,
+            50
+        );
     }
 
     #[test]

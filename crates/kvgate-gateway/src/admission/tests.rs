@@ -31,7 +31,7 @@ fn admission_with_bound(
 }
 
 fn ticket(tenant: &str, class: PriorityClass, tokens: u64) -> Ticket<'_> {
-    Ticket { tenant, class, tokens }
+    Ticket { tenant, class, tokens, open_ended: false }
 }
 
 /// Yields until `n` requests wait in the queue.

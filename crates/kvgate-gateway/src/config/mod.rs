@@ -196,6 +196,30 @@ pub struct GatewayConfig {
     /// Seconds a client has to send its whole request body; then 408.
     #[arg(long, default_value_t = 60.0)]
     pub body_read_timeout_secs: f64,
+    /// Seconds a body may go without a byte, both ways (SMG's --stream-body-stall-timeout-secs):
+    /// a client's request body that stalls this long gets 408; a worker's answer that stalls
+    /// this long mid-body is cut (a stream moves to another engine with --migrate-streams, else
+    /// ends with the error event) and its slot is freed. 0: off. Must be >= 0
+    #[arg(long, default_value_t = 300.0, value_name = "SECS")]
+    pub body_stall_timeout_secs: f64,
+    /// Longest a streamed answer may take in all, in seconds from the request's arrival; past it
+    /// the stream ends with the error event and its slot is freed (unset: no deadline). Must be
+    /// > 0
+    #[arg(long, value_name = "SECS")]
+    pub stream_deadline_secs: Option<f64>,
+    /// A stream whose engine fails after the answer began (its connection breaks, or it stalls
+    /// past --body-stall-timeout-secs) goes on on another engine: the request is sent again with
+    /// the text already streamed as a continuation (a chat's final assistant message with
+    /// `continue_final_message`, a completion's prompt plus the text) and max_tokens less what
+    /// was generated, and the client's stream continues with the same id, no repeated text and
+    /// one `[DONE]`. Chat and completions streams only (not /generate); see the README for what
+    /// cannot be continued.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub migrate_streams: bool,
+    /// Most times one stream moves to another engine (--migrate-streams); past it, the stream
+    /// ends with the error event.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub max_stream_migrations: u32,
     /// Seconds to wait for a worker's response head before giving up on it and trying another
     /// worker (nothing has reached the client yet); unset: wait up to --request-timeout-secs.
     #[arg(long)]
@@ -268,6 +292,12 @@ pub struct GatewayConfig {
     /// admin API is on the main listener, behind the key).
     #[arg(long)]
     pub admin_port: Option<u16>,
+    /// Names a browser may reach the admin API by besides the admin listener's own (its address,
+    /// and `localhost` on a loopback listener): `gateway.internal` or `gateway.internal:30001`.
+    /// Without an admin key, a request whose `Host` is none of these is refused (403), so a web
+    /// page whose name was rebound to this address (DNS rebinding) cannot reach the admin API.
+    #[arg(long = "admin-allowed-hosts", value_delimiter = ',', num_args = 0.., value_name = "HOST")]
+    pub admin_allowed_hosts: Vec<String>,
     /// Address of the metrics listener (--prometheus-port).
     #[arg(long, default_value = "127.0.0.1")]
     pub prometheus_host: String,

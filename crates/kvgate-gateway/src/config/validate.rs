@@ -58,6 +58,7 @@ impl GatewayConfig {
             ("queue_timeout_secs", Some(self.queue_timeout_secs)),
             ("body_read_timeout_secs", Some(self.body_read_timeout_secs)),
             ("ttfb_timeout_secs", self.ttfb_timeout_secs),
+            ("stream_deadline_secs", self.stream_deadline_secs),
             ("rate_limit_tokens_per_second", self.rate_limit_tokens_per_second),
             ("load_monitor_interval", self.load_monitor_interval),
             ("health_check_interval_secs", Some(self.health_check_interval_secs)),
@@ -69,6 +70,7 @@ impl GatewayConfig {
             }
         }
         checks.in_range("shutdown_grace_period_secs", self.shutdown_grace_period_secs, Range::NON_NEGATIVE);
+        checks.in_range("body_stall_timeout_secs", self.body_stall_timeout_secs, Range::NON_NEGATIVE);
         checks.at_least("load_monitor_interval_ms", self.load_monitor_interval_ms, 1);
         for (field, value) in [
             ("health_failure_threshold", self.health_failure_threshold),

@@ -138,7 +138,7 @@ fn forwarded(name: &http::HeaderName, forward_credentials: bool) -> bool {
         && (forward_credentials || !is_credential(name))
 }
 
-fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
+pub(super) fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
     worker.series.write(|url| state.metrics.upstream_failures.with_label_values(&[url, kind]).inc());
     if worker.circuit.record_failure(now) {
         tracing::warn!(worker = %worker.url, "circuit opened after consecutive failures");

@@ -7,6 +7,7 @@
 
 mod attempt;
 mod choose;
+mod migrate;
 mod pd;
 mod plan;
 mod prepare;
@@ -34,7 +35,7 @@ use crate::state::AppState;
 use attempt::{attempt, Attempt};
 use plan::RoutePlan;
 use prepare::prepare;
-use respond::{failure_response, respond, Failure, Outcome, Served};
+use respond::{failure_response, respond, Expect, Failure, Outcome, Served};
 
 /// The gateways a request passed through, by instance id (loop detection).
 pub(crate) static VIA_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-via");
@@ -117,18 +118,43 @@ where
     response
 }
 
-async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ApiError>
+/// Reads a request body of at most `limit` bytes, each frame within `stall` of the one before.
+async fn read_body<B>(body: B, limit: usize, stall: Option<Duration>) -> Result<Bytes, ApiError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(ApiError::PayloadTooLarge(limit))
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    let mut chunks: Vec<Bytes> = Vec::new();
+    loop {
+        let frame = match stall {
+            Some(stall) => tokio::time::timeout(stall, body.frame()).await.map_err(|_| {
+                ApiError::RequestTimeout(format!(
+                    "the request body stalled: no byte for {:.1} s (--body-stall-timeout-secs)",
+                    stall.as_secs_f64()
+                ))
+            })?,
+            None => body.frame().await,
+        };
+        match frame {
+            None => break,
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    chunks.push(data);
+                }
+            }
+            Some(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(ApiError::PayloadTooLarge(limit))
+            }
+            Some(Err(error)) => {
+                return Err(ApiError::BadRequest(format!("could not read the request body: {error}")))
+            }
         }
-        Err(error) => Err(ApiError::BadRequest(format!("could not read the request body: {error}"))),
     }
+    Ok(match chunks.len() {
+        1 => chunks.pop().unwrap_or_default(),
+        _ => chunks.concat().into(),
+    })
 }
 
 async fn proxy<B>(
@@ -155,13 +181,20 @@ where
         return Err(ApiError::PayloadTooLarge(limit));
     }
     let read_timeout = Duration::from_secs_f64(state.config.body_read_timeout_secs);
-    let bytes = tokio::time::timeout(read_timeout, read_body(body, limit)).await.map_err(|_| {
+    let stall = state.config.body_stall_timeout_secs;
+    let stall = (stall > 0.0).then(|| Duration::from_secs_f64(stall));
+    let bytes = tokio::time::timeout(read_timeout, read_body(body, limit, stall)).await.map_err(|_| {
         ApiError::RequestTimeout(format!(
             "the request body did not arrive within {:.1} s (--body-read-timeout-secs)",
             read_timeout.as_secs_f64()
         ))
     })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
+    // A client's KV-transfer fields never reach an engine, on any path (`transfer_fields.rs`).
+    let forwarded = match fields.carries_transfer_fields() {
+        true => crate::transfer_fields::strip(&bytes).map_err(ApiError::BadRequest)?,
+        false => bytes.clone(),
+    };
     let prepared = prepare(state, endpoint, &fields, &parts.headers, &bytes).await?;
     // Admission once the request is known: its tenant, class and size.
     let identity = state
@@ -177,7 +210,8 @@ where
         }
         false => 0,
     };
-    let ticket = Ticket { tenant: &identity.tenant, class: identity.class, tokens };
+    let open_ended = endpoint != Endpoint::Embeddings && fields.max_output_tokens() == 0;
+    let ticket = Ticket { tenant: &identity.tenant, class: identity.class, tokens, open_ended };
     let shape = &prepared.shape;
     let route_request = prepared.route_request();
     // A waiter's locality score: the prompt tokens the policy predicts cached where it would
@@ -193,20 +227,39 @@ where
         _ => None,
     };
     let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(endpoint.path());
-    // The closed loop: a stream routed on token ids is asked for its usage chunk when the client
-    // did not ask (and the chunk is left out of the answer again).
-    let asked = match (shape, &route_request.key) {
-        (plan::Shape::Single(_), kvgate_policy::RoutingKey::Tokens(_))
-            if matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
-                && fields.stream == Some(true)
-                && fields.stream_options.is_none() =>
-        {
-            crate::accuracy::ask_for_usage(&bytes)
-        }
-        _ => None,
+    // The gateway learns the usage of every stream it needs it of (the closed loop: one routed on
+    // token ids; a tenant's tokens-per-minute charge): a client that did not ask for the usage
+    // chunk gets it asked for on its behalf, and left out of its answer again.
+    let closed_loop =
+        matches!((shape, &route_request.key), (plan::Shape::Single(_), kvgate_policy::RoutingKey::Tokens(_)));
+    let asked = match matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
+        && fields.stream == Some(true)
+        && !fields.asks_usage()
+        && (closed_loop || permit.wants_usage())
+    {
+        true => crate::accuracy::ask_for_usage(&forwarded, fields.stream_options.is_some()),
+        false => None,
     };
-    let strip_usage = asked.is_some();
-    let body = asked.unwrap_or_else(|| bytes.clone());
+    // What goes to the engines of the client's headers: not the gateway's own (`x-kvgate-*`,
+    // the tenant and priority headers); the hop header is chained by each attempt.
+    let upstream_headers = upstream_headers(state, &parts.headers);
+    let max_output = fields.max_output_tokens();
+    let expect = Expect {
+        strip_usage: asked.is_some(),
+        body_bytes: bytes.len() as u64,
+        max_output: (max_output > 0).then_some(max_output),
+        choices: fields.choices(),
+        resume: migrate::Resume::of(
+            state,
+            endpoint,
+            path_and_query,
+            (&upstream_headers, &parts.headers),
+            &fields,
+            &forwarded,
+            state.config.forward_priority.value(identity.class),
+        ),
+    };
+    let body = asked.unwrap_or(forwarded);
     // The class as the engine's `priority` (`--forward-priority`), on generation requests.
     let body = match state.config.forward_priority.value(identity.class) {
         Some(priority) if !matches!(endpoint, Endpoint::Embeddings) => {
@@ -217,7 +270,7 @@ where
     let exchange = pd::Exchange {
         state,
         path_and_query,
-        headers: &parts.headers,
+        headers: &upstream_headers,
         body: &body,
         request: &route_request,
         namespace: prepared.namespace,
@@ -245,7 +298,9 @@ where
             Ok(plan) => plan,
             Err(error) => {
                 return match last_failure {
-                    Some(failure) => Ok(failure_response(state, endpoint, started, failure, permit, span)),
+                    Some(failure) => {
+                        Ok(failure_response(state, endpoint, started, failure, permit, expect, span))
+                    }
                     None => Err(error),
                 }
             }
@@ -283,7 +338,7 @@ where
         match outcome {
             Outcome::Done(mut served) => {
                 served.pd = pd;
-                return Ok(respond(state, endpoint, started, *served, permit, strip_usage, span));
+                return Ok(respond(state, endpoint, started, *served, permit, expect, span));
             }
             Outcome::Fatal(error) => return Err(error),
             Outcome::Retry { failure, failed } => {
@@ -296,7 +351,7 @@ where
         }
         if retries >= retries_allowed || !shape.untried_left(&tried) {
             let failure = last_failure.expect("a retryable failure was just recorded");
-            return Ok(failure_response(state, endpoint, started, failure, permit, span));
+            return Ok(failure_response(state, endpoint, started, failure, permit, expect, span));
         }
         retries += 1;
         if let Some(span) = span.as_mut() {
@@ -312,6 +367,18 @@ where
         });
         tokio::time::sleep(backoff.next_delay()).await;
     }
+}
+
+/// The client's headers an engine may see: the gateway's own (`Clients::is_gateway_header`)
+/// are left out, but for the hop header (`x-kvgate-via`), which each attempt extends.
+fn upstream_headers(state: &AppState, headers: &http::HeaderMap) -> http::HeaderMap {
+    let mut kept = http::HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if *name == VIA_HEADER || !state.clients.is_gateway_header(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
 }
 
 /// The attempt's plan on the request's span: each side's worker and decision.

@@ -2,7 +2,7 @@
 //! and the body wrapper that ends the request when the body ends.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -10,7 +10,7 @@ use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::{Decision, PdChoice};
 
 use crate::accuracy::{Probe, UsageTap};
-use crate::body::{InFlight, MeteredBody, RequestTail};
+use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound, Watched};
 use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -41,6 +41,35 @@ pub(super) struct Served {
     pub probe: Option<Probe>,
     /// A disaggregated fleet's path for the request, and why (set by the retry loop).
     pub pd: Option<PdChoice>,
+}
+
+/// A model's context when its engine did not say (`max_model_len`): what an open-ended answer's
+/// usage is bounded by.
+const UNKNOWN_CONTEXT_TOKENS: u64 = 131_072;
+
+/// What the request says of its answer.
+#[derive(Clone, Default)]
+pub(super) struct Expect {
+    /// The gateway asked the stream for its usage chunk on the client's behalf: left out again.
+    pub strip_usage: bool,
+    /// The request body's length in bytes (no prompt has more tokens).
+    pub body_bytes: u64,
+    /// Its maximum output per choice (`max_tokens`, ...), when it names one.
+    pub max_output: Option<u64>,
+    /// The choices asked for (`n`).
+    pub choices: u64,
+    /// How to continue the stream on another engine (`--migrate-streams`).
+    pub resume: Option<std::sync::Arc<super::migrate::Resume>>,
+}
+
+impl Expect {
+    /// The most the answer of `worker` can have used.
+    fn usage_bound(&self, worker: &Worker) -> UsageBound {
+        let per_choice = self
+            .max_output
+            .unwrap_or_else(|| worker.max_model_len().map_or(UNKNOWN_CONTEXT_TOKENS, u64::from));
+        UsageBound { prompt: self.body_bytes, completion: per_choice.saturating_mul(self.choices.max(1)) }
+    }
 }
 
 /// What a failed attempt left, returned to the client when no retry is possible.
@@ -81,10 +110,12 @@ pub(super) fn failure_response(
     started: Instant,
     failure: Failure,
     permit: crate::admission::Permit,
+    expect: Expect,
     span: &mut Option<RequestSpan>,
 ) -> Response {
+    let expect = Expect { strip_usage: false, resume: None, ..expect };
     let error = match failure {
-        Failure::Response(served) => return respond(state, endpoint, started, *served, permit, false, span),
+        Failure::Response(served) => return respond(state, endpoint, started, *served, permit, expect, span),
         Failure::Unreachable(message) => ApiError::UpstreamUnreachable(message),
         Failure::TimedOut(secs) => ApiError::UpstreamTimeout(secs),
     };
@@ -132,21 +163,29 @@ fn routing_headers(
     }
 }
 
-/// The answer to the client; `strip_usage` when the gateway asked a stream for its usage chunk
-/// on the client's behalf (it is left out again).
+/// The answer to the client (with `expect.strip_usage`, the usage chunk the gateway asked a
+/// stream for on the client's behalf is left out again).
 pub(super) fn respond(
     state: &AppState,
     endpoint: Endpoint,
     started: Instant,
     served: Served,
     permit: crate::admission::Permit,
-    strip_usage: bool,
+    expect: Expect,
     span: &mut Option<RequestSpan>,
 ) -> Response {
+    let strip_usage = expect.strip_usage;
     let Served { response, in_flight, worker, decision, prefill, probe, pd } = served;
     let (mut parts, body) = response.into_parts();
-    let hop_by_hop: Vec<HeaderName> = parts.headers.keys().filter(|n| is_hop_by_hop(n)).cloned().collect();
-    for name in hop_by_hop {
+    // Hop-by-hop headers, and the gateway's own namespace: a worker's `x-kvgate-*` never
+    // reaches a client (the routing headers below are the gateway's).
+    let dropped: Vec<HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n) || n.as_str().starts_with(crate::auth::GATEWAY_HEADER_PREFIX))
+        .cloned()
+        .collect();
+    for name in dropped {
         parts.headers.remove(name);
     }
     if state.config.expose_routing_headers {
@@ -167,18 +206,40 @@ pub(super) fn respond(
     let settles = parts.status.is_success() && permit.as_ref().is_some_and(|hold| hold.wants_usage());
     let usage = (probe.is_some() || (strip_usage && event_stream) || settles)
         .then(|| UsageTap::new(probe, event_stream, strip_usage && event_stream));
+    if strip_usage && event_stream {
+        // The body the client gets is shorter than the worker's: its length is not known.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let config = &state.config;
+    let watch = BodyWatch {
+        stall: (config.body_stall_timeout_secs > 0.0)
+            .then(|| Duration::from_secs_f64(config.body_stall_timeout_secs)),
+        deadline: config.stream_deadline_secs.filter(|_| event_stream).map(|secs| {
+            let bound = Duration::from_secs_f64(secs);
+            (tokio::time::Instant::from_std(started) + bound, bound)
+        }),
+    };
     let tail = RequestTail {
         endpoint,
         started,
         metrics: state.metrics.clone(),
-        in_flight,
         permit,
-        worker_url: event_stream.then(|| worker.url.clone()),
+        event_stream,
         usage,
         span: span.take().map(|mut span| {
             span.status(parts.status);
             span
         }),
+        usage_bound: expect.usage_bound(&worker),
     };
-    Response::from_parts(parts, Body::new(MeteredBody::new(body, tail)))
+    let answer = Watched::new(body, in_flight, worker.clone(), watch);
+    // A stream that may move to another engine when this one fails (`migrate.rs`).
+    let body = match expect.resume.filter(|_| event_stream && parts.status.is_success()) {
+        Some(resume) => {
+            let relay = super::migrate::Relay::new(answer, worker.id, resume, watch, strip_usage);
+            Body::new(MeteredBody::new(relay, tail))
+        }
+        None => Body::new(MeteredBody::new(answer, tail)),
+    };
+    Response::from_parts(parts, body)
 }

@@ -1,8 +1,11 @@
 //! The response body wrapper of a proxied request: passes the worker's frames through as they
 //! arrive, and on the way records time to first byte, total latency and the end of the request.
-//! When an event stream breaks (the worker died mid-answer), the client gets an OpenAI-style
-//! error event and then the connection is cut (the chunked body never ends), so neither an SSE
-//! client nor an HTTP one takes the answer as complete.
+//! When an event stream breaks (the worker died mid-answer, its body stalled past
+//! `--body-stall-timeout-secs`, the stream ran past `--stream-deadline-secs`), the client gets an
+//! OpenAI-style error event and then the connection is cut (the chunked body never ends), so
+//! neither an SSE client nor an HTTP one takes the answer as complete.
+
+mod watch;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,8 +16,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use kvgate_index::InFlightPrompt;
 
+pub use watch::{AnswerSource, BodyWatch, Cut, Watched};
+
 use crate::accuracy::UsageTap;
-use crate::conn::UpstreamBody;
 use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
 use crate::otel::RequestSpan;
@@ -48,13 +52,20 @@ impl Drop for InFlight {
     }
 }
 
+/// What an answer used, as its engine reported it, bounded by what the request could use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Used {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
 /// What admission holds for a request until its answer ends (a concurrency slot, its tenant's
 /// share), dropped with the body; told the tokens the answer really used, when the engine said.
 pub trait AdmissionHold: Send + Sync {
     /// Whether the answer's usage is wanted (the hold corrects a charge with it).
     fn wants_usage(&self) -> bool;
-    /// The answer's prompt plus output tokens, as the engine reported them.
-    fn used(&mut self, tokens: u64);
+    /// The answer's prompt and output tokens.
+    fn used(&mut self, used: Used);
 }
 
 /// Everything that must live exactly as long as the response body.
@@ -62,55 +73,83 @@ pub struct RequestTail {
     pub endpoint: Endpoint,
     pub started: Instant,
     pub metrics: Arc<Metrics>,
-    #[allow(dead_code, reason = "held until the body ends: its Drop ends the request")]
-    pub in_flight: InFlight,
     /// The admission's hold (a concurrency slot, the tenant's request), freed when dropped.
     #[allow(dead_code, reason = "held until the body ends: its Drop frees a concurrency slot")]
     pub permit: Option<Box<dyn AdmissionHold>>,
-    /// Set for event streams: the worker named in the error event if the stream breaks.
-    pub worker_url: Option<String>,
+    /// An event stream: a cut is told to the client in an error event.
+    pub event_stream: bool,
     /// Reads the engine's usage as the answer passes (the closed loop, `accuracy.rs`).
     pub usage: Option<UsageTap>,
     /// The request's trace span (`--otlp-traces-endpoint`), ended with the body.
     pub span: Option<RequestSpan>,
+    /// The most the answer's usage can be.
+    pub usage_bound: UsageBound,
 }
 
-pub struct MeteredBody {
-    inner: UpstreamBody,
+pub struct MeteredBody<S> {
+    inner: S,
     tail: RequestTail,
     first_byte_seen: bool,
-    /// The upstream error, held while the error event goes out first.
-    broken: Option<hyper::Error>,
+    /// Why the body was cut, held while the error event goes out first.
+    broken: Option<Cut>,
     /// The error event was handed over and one poll has let the connection flush it.
     flushed: bool,
     /// The worker's body ended (what the usage tap still held has been passed on).
     ended: bool,
 }
 
-impl MeteredBody {
-    pub fn new(inner: UpstreamBody, tail: RequestTail) -> Self {
+impl<S: AnswerSource> MeteredBody<S> {
+    pub fn new(inner: S, tail: RequestTail) -> Self {
         Self { inner, tail, first_byte_seen: false, broken: None, flushed: false, ended: false }
     }
 }
 
-/// Tells the admission hold what the answer used, when the engine said both counts.
-fn settle(permit: &mut Option<Box<dyn AdmissionHold>>, usage: Option<crate::usage::EngineUsage>) {
+/// The most an answer can have used: each prompt token comes from at least one byte of the
+/// request, and each choice's output is at most the request's maximum (or the model's context).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsageBound {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
+/// Tells the admission hold what the answer used, when the engine said both counts, each at
+/// most what the request could have used (an engine's absurd report charges no more).
+fn settle(
+    permit: &mut Option<Box<dyn AdmissionHold>>,
+    usage: Option<crate::usage::EngineUsage>,
+    bound: UsageBound,
+) {
     let (Some(permit), Some(usage)) = (permit, usage) else { return };
     if let (Some(prompt), Some(completion)) = (usage.prompt_tokens, usage.completion_tokens) {
-        permit.used(u64::from(prompt) + u64::from(completion));
+        let used = Used {
+            prompt: u64::from(prompt).min(bound.prompt),
+            completion: u64::from(completion).min(bound.completion),
+        };
+        if used.prompt < u64::from(prompt) || used.completion < u64::from(completion) {
+            tracing::debug!(
+                prompt,
+                completion,
+                ?bound,
+                "an engine reported more usage than the request could have"
+            );
+        }
+        permit.used(used);
     }
 }
 
 /// The server-sent event telling a client its stream broke.
-fn error_event(worker: &str, error: &hyper::Error) -> Bytes {
-    let message = format!("the worker {worker} failed mid-stream: {error}");
+fn error_event(worker: &str, cut: &Cut) -> Bytes {
+    let message = match cut {
+        Cut::Deadline(_) => format!("the stream from the worker {worker} was cut: {cut}"),
+        _ => format!("the worker {worker} failed mid-stream: {cut}"),
+    };
     let body = crate::error::error_body(&message, "upstream_error", "upstream_stream_broken");
     Bytes::from(format!("data: {body}\n\n"))
 }
 
-impl Body for MeteredBody {
+impl<S: AnswerSource> Body for MeteredBody<S> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Cut;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -131,11 +170,14 @@ impl Body for MeteredBody {
         if this.ended {
             return Poll::Ready(None);
         }
-        let polled = match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Err(error))) if this.tail.worker_url.is_some() => {
-                let worker = this.tail.worker_url.take().unwrap_or_default();
-                let event = error_event(&worker, &error);
-                this.broken = Some(error);
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let polled = match polled {
+            Poll::Ready(Some(Err(cut))) if this.tail.event_stream => {
+                this.tail.event_stream = false;
+                let worker = this.inner.worker_url();
+                let event = error_event(worker, &cut);
+                tracing::debug!(%worker, %cut, "stream cut");
+                this.broken = Some(cut);
                 Poll::Ready(Some(Ok(Frame::data(event))))
             }
             Poll::Ready(Some(Ok(frame))) => match &mut this.tail.usage {
@@ -144,11 +186,15 @@ impl Body for MeteredBody {
             },
             Poll::Ready(None) => match &mut this.tail.usage {
                 Some(tap) => {
-                    // The whole answer arrived: the closed loop's sample is recorded.
+                    // The whole answer arrived: the closed loop's sample is recorded (unless the
+                    // answer moved to another worker than the one predicted for).
                     this.ended = true;
+                    if this.inner.migrated() {
+                        tap.forget_probe();
+                    }
                     let (rest, usage) = tap.finish(&this.tail.metrics);
                     this.tail.usage = None;
-                    settle(&mut this.tail.permit, usage);
+                    settle(&mut this.tail.permit, usage, this.tail.usage_bound);
                     if rest.is_empty() {
                         Poll::Ready(None)
                     } else {
@@ -177,15 +223,18 @@ impl Body for MeteredBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.tail.usage.as_ref().is_some_and(UsageTap::rewrites) {
+            true => SizeHint::default(),
+            false => self.inner.size_hint(),
+        }
     }
 }
 
-impl Drop for MeteredBody {
+impl<S> Drop for MeteredBody<S> {
     fn drop(&mut self) {
         if let Some(tap) = &mut self.tail.usage {
             let usage = tap.dropped(&self.tail.metrics);
-            settle(&mut self.tail.permit, usage);
+            settle(&mut self.tail.permit, usage, self.tail.usage_bound);
         }
         let elapsed = self.tail.started.elapsed().as_secs_f64();
         self.tail.metrics.duration(self.tail.endpoint).observe(elapsed);
