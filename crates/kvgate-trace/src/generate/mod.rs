@@ -166,35 +166,35 @@ pub struct GenArgs {
     pub open_loop: bool,
 
     /// agentic: the applications, each with its own tool-definition prompt.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 6)]
     pub apps: usize,
     /// agentic, reasoning: the k-th most popular application (context) is chosen in proportion
     /// to 1 / k^this (0: all alike).
-    #[arg(long, default_value_t = 1.2)]
+    #[arg(long, default_value_t = 1.1)]
     pub popularity_skew: f64,
     /// agentic: fewest tokens of an application's tool-definition prompt.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 4000)]
     pub tool_prompt_min_tokens: u32,
     /// agentic: most tokens of an application's tool-definition prompt (uniform).
-    #[arg(long, default_value_t = 14_000)]
+    #[arg(long, default_value_t = 15_000)]
     pub tool_prompt_max_tokens: u32,
     /// agentic: fewest calls of a session.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 2)]
     pub calls_min: u32,
     /// agentic: most calls of a session (uniform).
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 28)]
     pub calls_max: u32,
     /// agentic: fewest tokens of a tool result.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 300)]
     pub tool_result_min_tokens: u32,
     /// agentic: most tokens of a tool result (uniform).
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 6000)]
     pub tool_result_max_tokens: u32,
     /// agentic: fewest seconds of tool time after an answer.
     #[arg(long, default_value_t = 0.2)]
     pub tool_min_secs: f64,
     /// agentic: most seconds of tool time after an answer (uniform).
-    #[arg(long, default_value_t = 2.5)]
+    #[arg(long, default_value_t = 3.0)]
     pub tool_max_secs: f64,
     /// agentic: a session ends before a call whose context would exceed this many tokens.
     #[arg(long, default_value_t = 110_000)]
@@ -204,7 +204,7 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 45.0)]
     pub step_secs: f64,
     /// rollouts: prompts per step.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 28)]
     pub batch_prompts: u32,
     /// rollouts: a step's prompts arrive within this many seconds of it (uniformly); the
     /// samples of one prompt all at once.
