@@ -223,7 +223,9 @@ pub fn compare(baseline: &Baseline, current: &[ScenarioBaseline], tolerance_pct:
             }
             Some(_) => {}
         }
-        for (policy, figures) in &now.policies {
+        let comparable =
+            before.filter(|b| (b.requests, b.prompt_tokens) == (now.requests, now.prompt_tokens));
+        for (policy, figures) in now.policies.iter().filter(|_| before.is_none() || comparable.is_some()) {
             let old = before.and_then(|b| b.policies.get(policy));
             if before.is_some() && old.is_none() {
                 report.problems.push(format!("{} {policy}: not in the baseline", now.id));

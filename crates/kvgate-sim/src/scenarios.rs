@@ -128,7 +128,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     },
     Scenario { id: "S9", source: TraceSource::Generated(&S9_GEN), sim_flags: &[], guard_size: 300 },
     Scenario { id: "S10", source: TraceSource::Generated(&S10_GEN), sim_flags: &[], guard_size: 180 },
-    Scenario { id: "S11", source: TraceSource::Generated(&S11_GEN), sim_flags: &[], guard_size: 300 },
+    Scenario { id: "S11", source: TraceSource::Generated(&S11_GEN), sim_flags: &[], guard_size: 600 },
 ];
 
 /// Every built-in policy, by name (`--policy`'s values).

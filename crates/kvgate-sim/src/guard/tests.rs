@@ -74,6 +74,7 @@ fn a_changed_trace_or_a_missing_entry_fails_and_the_update_merges() {
     // S1 at another size: not comparable.
     let report = compare(&before, &[scenario("S1", 1400, &[("round_robin", base)])], 3.0);
     assert!(report.failed() && report.problems[0].contains("the trace changed"), "{:?}", report.problems);
+    assert!(report.moves.is_empty(), "figures of another trace are not compared");
     // A policy or scenario the baseline lacks fails until the baseline is updated.
     let report = compare(&before, &[scenario("S9", 10, &[("manual", base)])], 3.0);
     assert!(
