@@ -4,12 +4,12 @@
 # running TIME_SCALE times faster than wall time, then runs `kvgate sim` on the same requests,
 # and prints both reports and their per-percentile ratios. Loopback only.
 #
-#   scripts/sim_vs_http.sh S1|S2|S3|S4|S4T|S5|S6|S7|S8 [MAX_REQUESTS|-] [ENTRY ...]
+#   scripts/sim_vs_http.sh S1|S2|S3|S4|S4T|S5|S6|S7|S8|S9|S10|S11 [MAX_REQUESTS|-] [ENTRY ...]
 #
 # An ENTRY is a policy as `kvgate sim --policies` takes it: NAME[:flag=value...][@LABEL], e.g.
 # `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9@triggers`
-# (default: round_robin cache_aware kv_aware). S5, S7 and S8 are generated (kvgate trace gen,
-# seed 0) into OUT; S6 is the unequal fleet (docs/SCENARIOS.md); S4T is S4 with its KV split into
+# (default: round_robin cache_aware kv_aware). S5, S7-S11 are generated (kvgate trace gen,
+# seed 0) into OUT (S9's sessions replayed closed loop by both); S6 is the unequal fleet (docs/SCENARIOS.md); S4T is S4 with its KV split into
 # GPU and a host-memory offload tier.
 #
 # The gateway runs in wall time and the engines TIME_SCALE times faster, so every time-valued
@@ -24,7 +24,7 @@
 #        OUT (/tmp/sim_vs_http), PAUSE_SECS (5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scenario=${1:?S1..S8}; shift
+scenario=${1:?S1..S11}; shift
 max=${1:-}; [ $# -gt 0 ] && shift
 [ "$max" = "-" ] && max=
 entries=("$@"); [ ${#entries[@]} -gt 0 ] || entries=(round_robin cache_aware kv_aware)
@@ -41,13 +41,20 @@ case $scenario in
   S4) rate=1.5; kv=1048576 ;;
   # S4's KV per engine split: 262,144 tokens of GPU and a 786,432-token host-memory tier.
   S4T) rate=1.5; tier=(--cpu-offload-tokens 786432); fleet_kv=$((8 * 1048576)) ;;
-  S5) kv=1048576; trace=$out/s5.jsonl; "$kvgate" trace gen --shape hot-docs -o "$trace" ;;
+  S5) kv=1048576; trace=$out/s5.jsonl; "$kvgate" trace gen --shape hot-docs --open-loop -o "$trace" ;;
   S6) rate=2; fleet_kv=$((7 * 262144 + 131072))
       fleet=(--worker-speeds 2,2,2,2,1,1,1,1
         --worker-kv-capacity-tokens 262144,262144,262144,262144,262144,262144,262144,131072) ;;
-  S7) trace=$out/s7.jsonl; "$kvgate" trace gen --shape bursts -o "$trace" ;;
+  S7) trace=$out/s7.jsonl; "$kvgate" trace gen --shape bursts --open-loop -o "$trace" ;;
   S8) trace=$out/s8.jsonl
       "$kvgate" trace gen --shape long-prompts --doc-min-tokens 8000 --doc-max-tokens 100000 --load 0.6 -o "$trace" ;;
+  S9) trace=$out/s9.jsonl
+      "$kvgate" trace gen --shape agentic --output-min-tokens 30 --output-max-tokens 400 --load 2 -o "$trace" ;;
+  S10) trace=$out/s10.jsonl; "$kvgate" trace gen --shape rollouts -o "$trace" ;;
+  S11) trace=$out/s11.jsonl
+      "$kvgate" trace gen --shape reasoning --docs 8 --doc-min-tokens 12000 --doc-max-tokens 40000 \
+        --popularity-skew 1.2 --load 1.5 --reasoning-median-tokens 2000 --reasoning-sigma 1.0 \
+        --reasoning-max-tokens 16000 -o "$trace" ;;
   *) echo "unknown scenario $scenario" >&2; exit 2 ;;
 esac
 speedup=$(python3 -c "print($rate * $scale)")

@@ -82,15 +82,21 @@ fn config_reference_matches_the_schema() {
 
 /// Every long flag (and visible or hidden alias) of every `kvgate` subcommand.
 fn all_flags() -> std::collections::BTreeMap<String, clap::Arg> {
-    let mut flags = std::collections::BTreeMap::new();
-    for sub in kvgate::command().get_subcommands() {
-        for arg in sub.get_arguments() {
+    fn collect(command: &Command, flags: &mut std::collections::BTreeMap<String, clap::Arg>) {
+        for arg in command.get_arguments() {
             let names = arg.get_long().into_iter().chain(arg.get_all_aliases().unwrap_or_default());
             for name in names {
                 flags.entry(name.to_string()).or_insert_with(|| arg.clone());
             }
         }
+        for sub in command.get_subcommands() {
+            collect(sub, flags);
+        }
     }
+    let mut flags = std::collections::BTreeMap::new();
+    collect(&kvgate::command(), &mut flags);
+    // The routing guard's (scripts/routing_guard.sh).
+    collect(&<kvgate_sim::guard::GuardArgs as clap::CommandFactory>::command(), &mut flags);
     flags
 }
 

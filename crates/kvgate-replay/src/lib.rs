@@ -15,19 +15,23 @@
 //! the engines behind them; each gets `POST /flush_cache` (SGLang's endpoint) before every target's
 //! run, so each target starts from cold caches. With `--spread-urls` the `--url`s are instead the
 //! replicas of one gateway: one run, its requests spread over them round-robin.
+//!
+//! A trace whose lines name sessions (`session_id`, `think_ms`) is replayed closed loop: a
+//! session's later turn is sent once the previous turn's answer has ended plus its think time
+//! (`schedule.rs`), and the report adds each session's makespan (first send to last answer). A
+//! turn's `session_id` also goes in `--session-header` (the gateway's routing key).
 
 mod error;
 mod report;
 mod request;
+mod schedule;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 use kvgate_trace::trace::{Trace, TraceFormat};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use kvgate_trace::SessionSchedule;
 
 pub use error::ReplayError;
 pub use report::{json_all, markdown_all, ReplayReport};
@@ -96,6 +100,10 @@ pub struct ReplayArgs {
     /// Header carrying a trace line's `priority` (the gateway's `--priority-header`).
     #[arg(long, default_value = "x-kvgate-priority")]
     pub priority_header: String,
+    /// Header carrying a trace line's `session_id` (the gateway's `--routing-key-header`, what
+    /// `consistent_hashing` and `manual` route by, as `kvgate sim` does).
+    #[arg(long, default_value = "x-kvgate-routing-key")]
+    pub session_header: String,
 }
 
 impl ReplayArgs {
@@ -290,84 +298,46 @@ async fn replay_one(
     };
     let urls: Vec<String> = base_urls.iter().map(|base| format!("{base}{}", args.endpoint.path())).collect();
     let url = urls.join(",");
-    let first_ms = trace.requests.first().map_or(0.0, |r| r.timestamp_ms);
-    let offsets: Vec<Duration> = trace
-        .requests
-        .iter()
-        .map(|r| Duration::from_secs_f64(((r.timestamp_ms - first_ms) / 1000.0 / args.rate_scale).max(0.0)))
-        .collect();
-    let span = offsets.last().copied().unwrap_or_default();
-    let deadline = Duration::from_secs_f64(args.deadline_secs.unwrap_or(span.as_secs_f64() + 600.0));
-    let limit = Arc::new(Semaphore::new(args.concurrency_limit.unwrap_or(Semaphore::MAX_PERMITS)));
-
-    let started = Instant::now();
-    let hard_stop = tokio::time::Instant::from_std(started) + deadline;
-    let mut tasks: JoinSet<(Option<String>, Result<Observed, RequestError>)> = JoinSet::new();
-    let mut send_delay_total = Duration::ZERO;
-    let mut sent = 0usize;
-    let mut results = Vec::new();
+    let schedule = SessionSchedule::new(&trace.requests, args.rate_scale);
+    let span_s = schedule
+        .timestamp_us(schedule.len().saturating_sub(1))
+        .saturating_sub(schedule.timestamp_us(0)) as f64
+        / 1e6;
+    let deadline = Duration::from_secs_f64(args.deadline_secs.unwrap_or(span_s + 600.0));
+    let settings =
+        schedule::ScheduleSettings { limit: args.concurrency_limit, deadline, show_progress: true };
     let total = trace.requests.len();
-    let mut last_progress = Instant::now();
-    for (request, offset) in trace.requests.iter().zip(&offsets) {
-        let due = tokio::time::Instant::from_std(started + *offset);
-        if due >= hard_stop {
-            break;
-        }
-        tokio::time::sleep_until(due).await;
-        let permit = tokio::select! {
-            permit = limit.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-            _ = tokio::time::sleep_until(hard_stop) => break,
-        };
-        // Collect what has finished so far (keeps memory flat on long runs).
-        while let Some(joined) = tasks.try_join_next() {
-            results.push(joined.unwrap_or_else(|e| (None, Err(RequestError::Send(e.to_string())))));
-        }
-        let send_delay = started.elapsed().saturating_sub(*offset);
-        send_delay_total += send_delay;
-        sent += 1;
-        let url = urls[(sent - 1) % urls.len()].clone();
-        let (client, model, request) = (client.clone(), model.clone(), request.clone());
-        let endpoint = args.endpoint;
-        let mut headers = Vec::new();
-        for (name, value) in
-            [(&args.tenant_header, &request.tenant), (&args.priority_header, &request.priority)]
-        {
-            if let Some(value) = value {
-                headers.push((name.clone(), value.clone()));
-            }
-        }
-        tasks.spawn(async move {
-            let body = request::request_body(&request, &model, endpoint);
-            let result = send_with_headers(&client, &url, &body, &headers).await;
-            drop(permit);
-            (request.tenant, result)
-        });
-        if last_progress.elapsed() >= Duration::from_secs(5) {
-            last_progress = Instant::now();
-            eprintln!(
-                "replay: {sent}/{total} sent, {} done, {:.0} s",
-                results.len(),
-                started.elapsed().as_secs_f64()
-            );
-        }
-    }
-    let mut deadline_hits = 0u64;
-    loop {
-        tokio::select! {
-            joined = tasks.join_next() => match joined {
-                Some(joined) => {
-                    results.push(joined.unwrap_or_else(|e| (None, Err(RequestError::Send(e.to_string())))))
+    let mut sends = 0usize;
+    let run = schedule::run_schedule(
+        &schedule,
+        settings,
+        |position| {
+            let request = trace.requests[position].clone();
+            let url = urls[sends % urls.len()].clone();
+            sends += 1;
+            let (client, model, endpoint) = (client.clone(), model.clone(), args.endpoint);
+            let mut headers = Vec::new();
+            for (name, value) in [
+                (&args.tenant_header, &request.tenant),
+                (&args.priority_header, &request.priority),
+                (&args.session_header, &request.session_id),
+            ] {
+                if let Some(value) = value {
+                    headers.push((name.clone(), value.clone()));
                 }
-                None => break,
-            },
-            _ = tokio::time::sleep_until(hard_stop) => {
-                deadline_hits = tasks.len() as u64;
-                tasks.abort_all();
-                break;
             }
-        }
-    }
-    let wall = started.elapsed();
+            async move {
+                let body = request::request_body(&request, &model, endpoint);
+                let result = send_with_headers(&client, &url, &body, &headers).await;
+                (request.tenant, result)
+            }
+        },
+        |message| (None, Err(RequestError::Send(message))),
+    )
+    .await;
+    let sent = run.sent;
+    let results: Vec<_> = run.results.into_iter().map(|(_, result)| result).collect();
+    let wall = run.wall;
     let ceiling = trace.cache_ceiling();
     let pooled = args
         .fleet_kv_tokens
@@ -382,11 +352,12 @@ async fn replay_one(
         requests_in_trace: total,
         sent,
         results,
-        deadline_hits,
-        mean_send_delay: if sent == 0 { Duration::ZERO } else { send_delay_total / sent as u32 },
+        deadline_hits: run.deadline_hits,
+        mean_send_delay: if sent == 0 { Duration::ZERO } else { run.send_delay_total / sent as u32 },
         wall,
         ceiling_hit_rate: ceiling.rate(),
         pooled,
+        sessions: run.sessions,
     }))
 }
 

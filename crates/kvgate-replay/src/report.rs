@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use kvgate_trace::{percentile, CacheReference};
+use kvgate_trace::{percentile, CacheReference, SessionFigures};
 use serde::Serialize;
 
 use crate::request::{Endpoint, Observed, RequestError};
@@ -62,6 +62,10 @@ pub struct ReplayReport {
     /// Per tenant, when the trace's lines name tenants (sent in `--tenant-header`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<TenantReport>,
+    /// What the sessions took (first send to last answer, wall time), when the trace's lines
+    /// name sessions (replayed closed loop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionFigures>,
 }
 
 /// One tenant's figures in a replay. Latencies in milliseconds of wall time.
@@ -133,6 +137,7 @@ pub(crate) struct Inputs {
     pub wall: Duration,
     pub ceiling_hit_rate: f64,
     pub pooled: Option<Pooled>,
+    pub sessions: Option<SessionFigures>,
 }
 
 /// The trace's pooled references for the fleet's KV size (`--fleet-kv-tokens`).
@@ -233,6 +238,7 @@ impl ReplayReport {
             completed_per_s: ratio(ok.len() as f64, inputs.wall.as_secs_f64()),
             wall_s: inputs.wall.as_secs_f64(),
             tenants: per_tenant(&inputs.results, inputs.wall),
+            sessions: inputs.sessions,
         }
     }
 
@@ -324,6 +330,17 @@ impl ReplayReport {
         ];
         if let Some(of_lru) = self.hit_of_pooled_lru {
             rows.push(("hit rate / pooled LRU", pct(of_lru)));
+        }
+        if let Some(sessions) = &self.sessions {
+            rows.extend([
+                ("sessions (turns)", format!("{} ({})", sessions.sessions, sessions.turns)),
+                ("session makespan mean (ms)", format!("{:.1}", sessions.makespan_mean_ms)),
+                ("session makespan p50 (ms)", format!("{:.1}", sessions.makespan_p50_ms)),
+                ("session makespan p99 (ms)", format!("{:.1}", sessions.makespan_p99_ms)),
+            ]);
+            if sessions.unfinished > 0 {
+                rows.push(("sessions unfinished", sessions.unfinished.to_string()));
+            }
         }
         rows.extend([
             ("completed req/s", format!("{:.2}", self.completed_per_s)),

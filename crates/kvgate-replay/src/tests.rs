@@ -301,3 +301,42 @@ async fn spread_urls_sends_one_run_round_robin_over_the_replicas() {
     one.shutdown().await;
     two.shutdown().await;
 }
+
+/// Two sessions (three and two turns, each later turn 100 ms after the previous answer) beside
+/// one request of no session.
+const SESSIONS: &str = r#"{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2], "session_id": "a"}
+{"timestamp": 10, "input_length": 300, "output_length": 2, "hash_ids": [9], "session_id": 7}
+{"timestamp": 20, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3], "session_id": "a", "think_ms": 100}
+{"timestamp": 30, "input_length": 200, "output_length": 2, "hash_ids": [20]}
+{"timestamp": 40, "input_length": 700, "output_length": 3, "hash_ids": [9, 10], "session_id": 7, "delay": 100}
+{"timestamp": 50, "input_length": 1600, "output_length": 6, "hash_ids": [1, 2, 3, 4], "session_id": "a", "think_ms": 100}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_with_sessions_replays_closed_loop_and_reports_their_makespans() {
+    let fleet = spawn_fleet(fast_engines()).await.unwrap();
+    let trace = kvgate_trace::trace::Trace::parse_mooncake(SESSIONS.as_bytes()).unwrap();
+    let mut args = ReplayArgs::new("inline", fleet.urls()[0].clone());
+    args.model = Some("mock-model".to_string());
+    let report = run_on_trace(&args, &trace).await.unwrap();
+    assert_eq!((report.sent, report.succeeded, report.errors), (6, 6, 0), "{:?}", report.error_samples);
+    let sessions = report.sessions.clone().expect("the trace names sessions");
+    assert_eq!((sessions.sessions, sessions.turns, sessions.unfinished), (2, 5, 0));
+    // Session "a": two think times of 100 ms after answers, so at least 200 ms from first send
+    // to last answer; the open-loop timestamps (50 ms apart) would have overlapped its turns.
+    assert!(sessions.makespan_p99_ms >= 200.0, "{sessions:?}");
+    assert!(sessions.makespan_p50_ms >= 100.0 && sessions.makespan_p50_ms <= sessions.makespan_p99_ms);
+    // Each later turn finds its previous turn's whole prompt cached on the one engine (in whole
+    // 16-token blocks: 592 + 1,088 of session a, 288 of session 7), as it would not if it had
+    // been sent at its timestamp, while the previous turn was still being prefilled.
+    assert_eq!(report.cached_tokens, 592 + 1088 + 288, "{report:?}");
+    let markdown = report.markdown();
+    assert!(markdown.contains("\n| sessions (turns) | 2 (5) |"), "{markdown}");
+    assert!(markdown.contains("\n| session makespan p99 (ms) |"), "{markdown}");
+    assert!(report.to_json().contains("\"makespan_p99_ms\""));
+    // Without sessions: no session rows.
+    let open = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let report = run_on_trace(&args, &open).await.unwrap();
+    assert!(report.sessions.is_none() && !report.markdown().contains("session"));
+    fleet.shutdown().await;
+}

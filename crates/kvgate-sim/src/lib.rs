@@ -20,14 +20,22 @@
 //! side's policy (`--decode-policy`) the decode engines, and the prompt's KV moves between them
 //! over a link of `--kv-transfer-gbps`; the pooled references then take the prefill engines' KV.
 //!
+//! A trace whose lines name sessions is replayed closed loop: a session's later turn arrives once
+//! its previous turn ended plus its think time, and the report adds the sessions' makespans.
+//!
+//! [`scenarios`] holds the scenarios S1-S11 as data, and [`guard`] the routing regression guard
+//! that runs them all under every built-in policy against a committed baseline (`routing-guard`).
+//!
 //! Same trace, options and seed: byte-identical markdown and JSON.
 
 mod args;
+pub mod guard;
 mod kv_out;
 mod markdown;
 pub mod outside;
 mod plot;
 mod report;
+pub mod scenarios;
 mod sim;
 mod tenants;
 

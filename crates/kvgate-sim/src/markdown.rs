@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use kvgate_policy::Reason;
+use kvgate_trace::SessionFigures;
 
 use crate::report::{Metrics, PdMetrics, SimReport};
 
@@ -56,6 +57,17 @@ const PD_ROWS: [(&str, PdCell); 10] = [
     ("predicted cost to others in place / pair, mean (ms)", |m| {
         format!("{} / {}", fmt_ms(m.predicted_in_place_others_ms), fmt_ms(m.predicted_pair_others_ms))
     }),
+];
+
+/// Renders one per-session figure of a run.
+type SessionCell = fn(&SessionFigures) -> String;
+
+/// The rows a trace with sessions adds, after `METRIC_ROWS`.
+const SESSION_ROWS: [(&str, SessionCell); 4] = [
+    ("sessions (turns)", |s| format!("{} ({})", s.sessions, s.turns)),
+    ("session makespan mean (ms)", |s| fmt_ms(s.makespan_mean_ms)),
+    ("session makespan p50 (ms)", |s| fmt_ms(s.makespan_p50_ms)),
+    ("session makespan p99 (ms)", |s| fmt_ms(s.makespan_p99_ms)),
 ];
 
 fn fmt_ms(ms: f64) -> String {
@@ -194,6 +206,16 @@ impl SimReport {
                 let _ = write!(line, " {} |", cell(&run.metrics));
             }
             let _ = writeln!(out, "{line}");
+        }
+        if self.runs.iter().any(|run| run.metrics.sessions.is_some()) {
+            for (name, cell) in SESSION_ROWS {
+                let mut line = format!("| {name} |");
+                for run in &self.runs {
+                    let _ =
+                        write!(line, " {} |", run.metrics.sessions.as_ref().map_or("-".to_string(), cell));
+                }
+                let _ = writeln!(out, "{line}");
+            }
         }
         if self.runs.iter().any(|run| run.metrics.pd.is_some()) {
             for (name, cell) in PD_ROWS {

@@ -141,6 +141,10 @@ pub struct Metrics {
     /// Per tenant, when the trace's lines name tenants.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<crate::tenants::TenantMetrics>,
+    /// What the sessions took (first turn's arrival to last turn's end), when the trace's lines
+    /// name sessions (their later turns then arrive closed loop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<kvgate_trace::SessionFigures>,
 }
 
 /// A disaggregated fleet's transfers and decode side. Latencies in milliseconds.
@@ -316,6 +320,7 @@ impl Metrics {
             slowest_share_by_engine,
             pd,
             tenants: Vec::new(),
+            sessions: outcome.sessions.clone(),
         };
         (metrics, ttft)
     }

@@ -3,14 +3,18 @@
 //! Events live in one binary heap ordered by (virtual time, kind, engine): at equal times engine
 //! steps complete first (finished requests leave the in-flight counts), then KV transfers of a
 //! disaggregated fleet land, then the load monitor samples, then the policies are maintained,
-//! then requests arrive. Everything is a function of the trace, the options and the seed: no
-//! wall clock, no thread, no unordered iteration.
+//! then requests arrive (in arrival order). Everything is a function of the trace, the options
+//! and the seed: no wall clock, no thread, no unordered iteration.
+//!
+//! A request arrives at its timestamp, except a later turn of a session, which arrives once its
+//! previous turn ended plus its think time (closed loop, `arrivals.rs`).
 //!
 //! The fleet is one pool of engines ([`Fleet::Regular`]) or a prefill and a decode pool
 //! ([`Fleet::Disaggregated`], `pd.rs`), each pool routed by its own policy on its own in-flight
 //! counts, load samples and prefix index (`pool.rs`), as the gateway keeps them per role.
 
 mod admission;
+mod arrivals;
 mod pd;
 mod pool;
 
@@ -126,6 +130,13 @@ pub struct SimOutcome {
     /// The engine that served each of `finished` (a regular fleet's; empty for a disaggregated
     /// one).
     pub finished_engines: Vec<usize>,
+    /// When each request arrived at the gateway, by position in arrival order (a session's
+    /// later turn: once its previous turn ended, plus its think time).
+    pub sent_us: Vec<u64>,
+    /// When each request ended (finished, refused or unrouted), by position in arrival order.
+    pub ended_us: Vec<Option<u64>>,
+    /// What the sessions took (when the trace's requests name sessions).
+    pub sessions: Option<kvgate_trace::SessionFigures>,
 }
 
 /// One request's time to first token in parts, in microseconds: they add up to its TTFT.
@@ -151,7 +162,8 @@ enum Event {
     KvTransferred(u64),
     LoadMonitor,
     Maintain,
-    Arrival,
+    /// Request `id` (its position in arrival order) arrives at the gateway.
+    Arrival(u64),
 }
 
 /// Progress callback: (requests arrived so far, virtual time in µs).
@@ -222,8 +234,9 @@ struct Simulation<'a> {
     scheduled: Vec<Option<u64>>,
     heap: BinaryHeap<Reverse<(u64, Event)>>,
     order: Vec<usize>,
+    /// When each request arrives (a session's later turn: set once its previous turn ended).
     arrival_us: Vec<u64>,
-    next_arrival: usize,
+    arrivals: arrivals::Arrivals,
     rng: StdRng,
     outputs: Vec<EngineOutput>,
     prompt: Vec<u32>,
@@ -239,13 +252,17 @@ struct Simulation<'a> {
 /// Receives each engine's KV event batches (engine index in fleet order), in emission order.
 pub type KvSink<'a> = &'a mut dyn FnMut(usize, &KvEventBatch);
 
-/// A trace request's session key, what `consistent_hashing` and `manual` route by: its
-/// conversation, i.e. the first prefix block after the trace's shared first block (the
-/// conversation trace's turns of one conversation share their leading blocks; the first block
-/// is a system prompt common to all).
+/// A trace request's session key, what `consistent_hashing` and `manual` route by: the line's
+/// `session_id` (what `kvgate replay` sends as the routing key), else its conversation, i.e. the
+/// first prefix block after the trace's shared first block (the conversation trace's turns of one
+/// conversation share their leading blocks; the first block is a system prompt common to all).
 fn session_key(request: &crate::trace::TraceRequest, into: &mut String) {
     use std::fmt::Write;
     into.clear();
+    if let Some(session) = &request.session_id {
+        into.push_str(session);
+        return;
+    }
     let block = request.hash_ids.get(1).or(request.hash_ids.first()).copied().unwrap_or(0);
     let _ = write!(into, "conversation-{block}");
 }
@@ -259,10 +276,8 @@ impl<'a> Simulation<'a> {
         kv_sink: Option<KvSink<'a>>,
     ) -> Self {
         let order = trace.arrival_order();
-        let arrival_us = order
-            .iter()
-            .map(|&i| (trace.requests[i].timestamp_ms * 1000.0 / setup.rate_scale).round() as u64)
-            .collect();
+        let arrivals = arrivals::Arrivals::new(trace, &order, setup.rate_scale);
+        let arrival_us = (0..order.len()).map(|position| arrivals.schedule.timestamp_us(position)).collect();
         let mut engines = Vec::new();
         for pool in &pools {
             for worker in 0..pool.n_workers() {
@@ -287,6 +302,7 @@ impl<'a> Simulation<'a> {
                 reason_by_request: vec![0; trace.requests.len()],
                 pd: pd.as_ref().map(pd::PdState::outcome),
                 prefill_tokens_by_engine: vec![0; n],
+                ended_us: vec![None; trace.requests.len()],
                 ..SimOutcome::default()
             },
             pd,
@@ -296,7 +312,7 @@ impl<'a> Simulation<'a> {
             heap: BinaryHeap::new(),
             order,
             arrival_us,
-            next_arrival: 0,
+            arrivals,
             rng: StdRng::seed_from_u64(setup.seed),
             outputs: Vec::new(),
             prompt: Vec::new(),
@@ -313,7 +329,7 @@ impl<'a> Simulation<'a> {
     fn run(mut self, progress: Progress<'_>) -> SimOutcome {
         let Some(&first) = self.arrival_us.first() else { return self.outcome };
         self.outcome.first_arrival_us = first;
-        self.push(first, Event::Arrival);
+        self.push_next_timed();
         self.push(first, Event::LoadMonitor);
         self.push(first, Event::Maintain);
         while let Some(Reverse((now, event))) = self.heap.pop() {
@@ -341,39 +357,40 @@ impl<'a> Simulation<'a> {
                         self.push(now + MAINTAIN_INTERVAL_US, Event::Maintain);
                     }
                 }
-                Event::Arrival => {
-                    self.arrive(now);
-                    self.next_arrival += 1;
-                    if let Some(&at) = self.arrival_us.get(self.next_arrival) {
-                        self.push(at, Event::Arrival);
-                    }
-                    progress(self.next_arrival, now);
+                Event::Arrival(id) => {
+                    self.arrival(now, id);
+                    progress(self.arrivals.arrived, now);
                 }
             }
             self.outcome.last_event_us = now;
         }
+        self.finish_arrivals();
         self.outcome
     }
 
     /// Whether anything remains to happen: arrivals to come, requests in an engine, or KV on
     /// its way to a decode engine.
     fn busy(&self) -> bool {
-        self.next_arrival < self.order.len()
+        self.arrivals.arrived < self.order.len()
             || self.engines.iter().any(|engine| engine.num_requests() > 0)
             || self.pd.as_ref().is_some_and(|pd| pd.in_progress())
             || self.admission.waiting()
     }
 
-    fn arrive(&mut self, now: u64) {
-        let request = &self.trace.requests[self.order[self.next_arrival]];
+    fn arrive(&mut self, now: u64, id: u64) {
+        let request = &self.trace.requests[self.order[id as usize]];
         let (input_length, output_tokens) = (request.input_length, request.output_length);
         let mut prompt = std::mem::take(&mut self.prompt);
         prompt.clear();
         extend_prompt_tokens(request, &mut prompt);
-        let id = self.next_arrival as u64;
         session_key(request, &mut self.session);
         if self.pd.is_some() {
+            // Every way a disaggregated request can go unrouted is at its arrival.
+            let unrouted = self.outcome.unrouted;
             self.arrive_disaggregated(now, id, prompt, input_length, output_tokens);
+            if self.outcome.unrouted > unrouted {
+                self.turn_ended(id, now, now);
+            }
             return;
         }
         if self.outside.is_some() {
@@ -400,6 +417,7 @@ impl<'a> Simulation<'a> {
         let Some(decision) = self.route(0, now, &prompt, input_length, id) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
+            self.turn_ended(id, now, now);
             self.admit_next(now, id);
             return;
         };
@@ -427,6 +445,7 @@ impl<'a> Simulation<'a> {
         let Some(worker) = outside.select(&request, &candidates).filter(|&w| w < candidates.len()) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
+            self.turn_ended(id, now, now);
             return;
         };
         self.pools[0].admit_outside(worker);
@@ -554,6 +573,7 @@ impl<'a> Simulation<'a> {
                 }
                 EngineOutput::Rejected { id, .. } => {
                     self.pools[pool].ended(worker, id);
+                    self.turn_ended(id, now, now);
                     if let Some(outside) = self.outside.as_mut() {
                         outside.finished(worker, id, now);
                     }
@@ -573,6 +593,7 @@ impl<'a> Simulation<'a> {
             }
         }
         self.outputs = outputs;
+        self.note_finished(now);
         let next = self.engines[engine].next_event_time();
         if next != self.scheduled[engine] {
             self.scheduled[engine] = next;

@@ -323,6 +323,7 @@ fn the_exact_index_knows_what_engines_evicted() {
 
 mod outside;
 mod pd;
+mod sessions;
 mod tenants;
 
 #[test]

@@ -2,15 +2,18 @@
 //! pulling in one another: workload traces ([`trace`]: Mooncake jsonl, the prompt tokens and text
 //! built from a line), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents,
 //! bursts, long prompts), the trace's cache references ([`CacheReference`]: infinite ceiling,
-//! pooled LRU, pooled Belady), the one percentile every report uses, and the one reader of a
+//! pooled LRU, pooled Belady), the one percentile every report uses, when each request is sent
+//! and what its session took ([`SessionSchedule`]: closed-loop sessions), and the one reader of a
 //! streamed answer's SSE events at the client ([`SseData`]).
 
 pub mod generate;
 mod reference;
+mod sessions;
 mod sse;
 pub mod trace;
 
 pub use reference::CacheReference;
+pub use sessions::{SessionFigures, SessionSchedule};
 pub use sse::SseData;
 pub use trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 

@@ -1,5 +1,11 @@
 //! Workload traces: parsing Mooncake jsonl, turning a line into prompt tokens or prompt text with the same prefix structure, and the trace's infinite-cache ceiling (the pooled references are in `reference.rs`).
 //!
+//! A line may name its session (`session_id`, a string or an integer) and the think or tool time
+//! after the previous turn's answer (`think_ms`, or AIPerf's name `delay`): the replayers then
+//! send that turn only once the previous one of its session has been answered
+//! ([`crate::SessionSchedule`]). A later turn with a `think_ms` may leave out its `timestamp`: it
+//! is then the previous line of its session's timestamp plus the think time.
+//!
 //! A Mooncake line names its prompt as a list of `hash_ids`, each a block of
 //! [`MOONCAKE_BLOCK_TOKENS`] tokens; `input_length` is authoritative, so the last block may be
 //! partial. Token `j` of block `b` is the word [`block_word`]`(b, j)`, and its id is the simulated
@@ -7,7 +13,7 @@
 //! that a simulated engine computes from the text that `kvgate replay` sends ([`prompt_text`]).
 //! Equal block ids give equal words; different ids give words that differ from the first one.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
@@ -44,6 +50,15 @@ pub struct TraceRequest {
     /// Its priority class (the line's optional `priority`: `high`, `normal` or `low`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<String>,
+    /// The session the request is a turn of (the line's optional `session_id`): its turns are
+    /// sent one at a time, each once the previous one is answered (closed loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// Milliseconds from the previous turn's answer to this turn (the line's optional `think_ms`,
+    /// or `delay`): the user's think time or the agent's tool time. Without it a later turn is
+    /// sent at its timestamp, or when the previous answer ends if that is later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think_ms: Option<f64>,
 }
 
 /// A parsed trace, in file order (arrival order is by timestamp, ties in file order).
@@ -66,7 +81,8 @@ pub enum TraceError {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MooncakeLine {
-    timestamp: f64,
+    #[serde(default)]
+    timestamp: Option<f64>,
     input_length: u64,
     output_length: u64,
     hash_ids: Vec<u64>,
@@ -74,6 +90,22 @@ struct MooncakeLine {
     tenant: Option<String>,
     #[serde(default, alias = "class")]
     priority: Option<String>,
+    #[serde(default)]
+    session_id: Option<serde_json::Value>,
+    #[serde(default, alias = "delay")]
+    think_ms: Option<f64>,
+}
+
+/// A line's `session_id`: a non-empty string, or an integer (written as its decimal digits).
+fn session_id(value: Option<serde_json::Value>) -> Result<Option<String>, String> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(text)) if !text.is_empty() => Ok(Some(text)),
+        Some(serde_json::Value::Number(number)) if number.is_i64() || number.is_u64() => {
+            Ok(Some(number.to_string()))
+        }
+        Some(other) => Err(format!("session_id must be a non-empty string or an integer, got {other}")),
+    }
 }
 
 impl Trace {
@@ -94,6 +126,8 @@ impl Trace {
     /// Parses Mooncake jsonl. Blank lines are skipped; every other problem names its line.
     pub fn parse_mooncake(reader: impl BufRead) -> Result<Trace, TraceError> {
         let mut requests = Vec::new();
+        // Each session's latest timestamp in file order (a later turn may be timed from it).
+        let mut session_times: HashMap<String, f64> = HashMap::new();
         for (index, line) in reader.lines().enumerate() {
             let line_no = index + 1;
             let line = line.map_err(|source| TraceError::Io { path: PathBuf::new(), source })?;
@@ -102,8 +136,30 @@ impl Trace {
             }
             let bad = |message: String| TraceError::Line { line: line_no, message };
             let raw: MooncakeLine = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
-            if !(raw.timestamp.is_finite() && raw.timestamp >= 0.0) {
-                return Err(bad(format!("timestamp must be a finite number >= 0, got {}", raw.timestamp)));
+            let session_id = session_id(raw.session_id).map_err(bad)?;
+            if let Some(think_ms) = raw.think_ms {
+                if !(think_ms.is_finite() && think_ms >= 0.0) {
+                    return Err(bad(format!("think_ms must be a finite number >= 0, got {think_ms}")));
+                }
+                if session_id.is_none() {
+                    return Err(bad("think_ms (or delay) needs a session_id: the turn it follows".into()));
+                }
+            }
+            let previous = session_id.as_ref().and_then(|session| session_times.get(session)).copied();
+            let timestamp = match (raw.timestamp, previous, raw.think_ms) {
+                (Some(timestamp), _, _) => timestamp,
+                (None, Some(previous), Some(think_ms)) => previous + think_ms,
+                (None, _, _) => {
+                    return Err(bad("missing field `timestamp` (only a later turn of a session with a \
+                                    think_ms may leave it out)"
+                        .into()))
+                }
+            };
+            if !(timestamp.is_finite() && timestamp >= 0.0) {
+                return Err(bad(format!("timestamp must be a finite number >= 0, got {timestamp}")));
+            }
+            if let Some(session) = &session_id {
+                session_times.insert(session.clone(), timestamp);
             }
             let input_length = u32::try_from(raw.input_length).ok().filter(|&n| n > 0).ok_or_else(|| {
                 bad(format!("input_length must be in 1..=2^32-1, got {}", raw.input_length))
@@ -119,12 +175,14 @@ impl Trace {
                 )));
             }
             requests.push(TraceRequest {
-                timestamp_ms: raw.timestamp,
+                timestamp_ms: timestamp,
                 input_length,
                 output_length,
                 hash_ids: raw.hash_ids,
                 tenant: raw.tenant,
                 priority: raw.priority,
+                session_id,
+                think_ms: raw.think_ms,
             });
         }
         if requests.is_empty() {
@@ -365,6 +423,40 @@ mod tests {
             "x",
         );
         assert!(matches!(parse("\n\n"), Err(TraceError::Empty)));
+    }
+
+    #[test]
+    fn sessions_and_think_times_are_read_and_checked() {
+        let trace = parse(
+            "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1], \"session_id\": \"a\"}\n\
+             {\"timestamp\": 3, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [2], \"session_id\": 7}\n\
+             {\"input_length\": 9, \"output_length\": 1, \"hash_ids\": [1], \"session_id\": \"a\", \"delay\": 250}\n\
+             {\"timestamp\": 4, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [3]}\n\
+             {\"timestamp\": 9, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [2], \"session_id\": 7, \"think_ms\": 1.5}\n",
+        )
+        .unwrap();
+        let sessions: Vec<_> = trace.requests.iter().map(|r| r.session_id.as_deref()).collect();
+        assert_eq!(sessions, [Some("a"), Some("7"), Some("a"), None, Some("7")]);
+        let thinks: Vec<_> = trace.requests.iter().map(|r| r.think_ms).collect();
+        assert_eq!(thinks, [None, None, Some(250.0), None, Some(1.5)]);
+        // A later turn without a timestamp: its session's previous line's plus its think time.
+        assert_eq!(trace.requests[2].timestamp_ms, 250.0);
+        assert_eq!(trace.requests[4].timestamp_ms, 9.0, "an explicit timestamp stays");
+        let line = |extra: &str| {
+            format!(
+                "{{\"timestamp\": 1, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]{extra}}}"
+            )
+        };
+        check_error(&line(", \"think_ms\": 5"), 1, "needs a session_id");
+        check_error(&line(", \"session_id\": \"s\", \"think_ms\": -1"), 1, "think_ms must be");
+        for bad in ["true", "1.5", "\"\"", "[1]"] {
+            check_error(&line(&format!(", \"session_id\": {bad}")), 1, "session_id must be");
+        }
+        check_error(
+            "{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1], \"session_id\": \"s\", \"think_ms\": 5}",
+            1,
+            "missing field `timestamp`",
+        );
     }
 
     #[test]

@@ -1,23 +1,30 @@
-//! The pieces every generated shape is made of: fresh block ids, a prompt context that grows by
+//! The pieces every generated shape is made of: fresh block and session ids, a prompt context that grows by
 //! tokens (filling its last block before opening a new one, so a longer prompt of the same
 //! context extends the shorter one exactly as a conversation's next turn does), and the random
-//! draws (uniform integers, exponential gaps).
+//! draws (uniform integers, exponential gaps, log-normal lengths, popularity ranks).
 
 use rand::rngs::StdRng;
 use rand::Rng;
 
 use crate::trace::{TraceRequest, MOONCAKE_BLOCK_TOKENS};
 
-/// Hands out block ids never used before in the trace.
+/// Hands out block ids and session ids never used before in the trace.
 #[derive(Debug, Default)]
 pub(super) struct Blocks {
     next: u64,
+    sessions: u64,
 }
 
 impl Blocks {
     pub(super) fn fresh(&mut self) -> u64 {
         self.next += 1;
         self.next
+    }
+
+    /// A new session id: `s1`, `s2`, ...
+    pub(super) fn session(&mut self) -> String {
+        self.sessions += 1;
+        format!("s{}", self.sessions)
     }
 }
 
@@ -84,6 +91,53 @@ pub(super) fn uniform(rng: &mut StdRng, low: u32, high: u32) -> u32 {
 pub(super) fn exponential(rng: &mut StdRng, mean: f64) -> f64 {
     let u: f64 = rng.random_range(f64::EPSILON..1.0);
     -u.ln() * mean
+}
+
+/// Log-normal with median `median` and log standard deviation `sigma`, cut to `1..=max`.
+pub(super) fn log_normal(rng: &mut StdRng, median: u32, sigma: f64, max: u32) -> u32 {
+    // Box-Muller: a standard normal from two uniforms.
+    let (u, v): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random_range(0.0..1.0));
+    let normal = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+    let length = f64::from(median) * (sigma * normal).exp();
+    (length.round() as u32).clamp(1, max.max(1))
+}
+
+/// Draws ranks `0..n` with probability proportional to `1 / (rank + 1)^skew`.
+pub(super) struct Popularity {
+    cumulative: Vec<f64>,
+}
+
+impl Popularity {
+    pub(super) fn new(n: usize, skew: f64) -> Popularity {
+        let mut total = 0.0;
+        let cumulative = (1..=n.max(1))
+            .map(|rank| {
+                total += (rank as f64).powf(-skew);
+                total
+            })
+            .collect();
+        Popularity { cumulative }
+    }
+
+    /// Each rank's probability.
+    pub(super) fn shares(&self) -> Vec<f64> {
+        let total = self.cumulative.last().copied().unwrap_or(1.0);
+        let mut previous = 0.0;
+        self.cumulative
+            .iter()
+            .map(|&c| {
+                let share = (c - previous) / total;
+                previous = c;
+                share
+            })
+            .collect()
+    }
+
+    pub(super) fn draw(&self, rng: &mut StdRng) -> usize {
+        let total = self.cumulative.last().copied().unwrap_or(1.0);
+        let x = rng.random_range(0.0..total);
+        self.cumulative.partition_point(|&c| c <= x).min(self.cumulative.len() - 1)
+    }
 }
 
 /// Log-uniform in `low..=high` (every scale of length equally likely).

@@ -2,14 +2,25 @@
 //! scenarios the conversation trace does not cover (docs/SCENARIOS.md): `hot-docs` (a few very
 //! long shared documents, each asked in bursts, beside a steady background of short chats),
 //! `bursts` (chat sessions whose arrival rate switches between a low and a high phase) and
-//! `long-prompts` (a stream of distinct long documents, a few asked again later) and
-//! `tenants-flood` (interactive tenants' chat sessions beside one tenant flooding long prompts).
+//! `long-prompts` (a stream of distinct long documents, a few asked again later),
+//! `tenants-flood` (interactive tenants' chat sessions beside one tenant flooding long prompts),
+//! `agentic` (agents' tool loops on their applications' long tool prompts), `rollouts` (RL
+//! training steps: batches of prompts, each sampled n times at once, long reasoning outputs) and
+//! `reasoning` (questions on popular shared contexts with long reasoning answers).
+//!
+//! Chat sessions and agents' tool loops are written as sessions (`session_id`, and `think_ms`
+//! on every later turn: the think or tool time after the previous answer), so the replayers send
+//! each turn once the previous one is answered (closed loop); `--open-loop` leaves the session
+//! fields out (every turn at its timestamp, the traces written before sessions existed). A later
+//! turn's timestamp is its session's start plus the think times before it: when it would arrive
+//! if every answer were instant.
 //!
 //! Loads are given as a fraction of the fleet's prefill capacity (`--capacity-tokens-per-sec`,
 //! default 8 reference engines), counted in prompt tokens: the prefill offered if nothing were
 //! cached (what the fleet computes is less, by its hit rate). The same options and seed give the
 //! same file, byte for byte.
 
+mod agents;
 mod context;
 mod shapes;
 
@@ -38,6 +49,18 @@ pub enum Shape {
     /// rate of long prompts (one of `--docs` documents and a question), every line naming its
     /// tenant (issue 26's scenario).
     TenantsFlood,
+    /// Agents' tool loops (S9): `--apps` applications, each with a long tool-definition prompt
+    /// shared by its sessions, popularity skewed (`--popularity-skew`); a session is
+    /// `--calls-min`..`--calls-max` calls, each resending the whole context plus the previous
+    /// answer and a tool result, `--tool-min-secs`..`--tool-max-secs` of tool time apart.
+    Agentic,
+    /// RL rollouts (S10): every `--step-secs` a batch of `--batch-prompts` prompts (a task
+    /// family's shared prefix and a problem), each sampled `--samples-min`..`--samples-max`
+    /// times at once, reasoning outputs log-normal (`--reasoning-*`).
+    Rollouts,
+    /// Reasoning on shared contexts (S11): questions on one of `--docs` contexts (popularity
+    /// skewed) at `--load`, each answered at reasoning length (`--reasoning-*`).
+    Reasoning,
 }
 
 /// Options of `kvgate trace gen`. Each shape reads the options its help names; the others are
@@ -137,6 +160,87 @@ pub struct GenArgs {
     /// long-prompts: mean seconds from a document's ask to its next one (exponential).
     #[arg(long, default_value_t = 60.0)]
     pub reask_secs: f64,
+    /// Write no session fields (`session_id`, `think_ms`): every request is sent at its
+    /// timestamp (open loop), as in traces written before sessions existed.
+    #[arg(long)]
+    pub open_loop: bool,
+
+    /// agentic: the applications, each with its own tool-definition prompt.
+    #[arg(long, default_value_t = 6)]
+    pub apps: usize,
+    /// agentic, reasoning: the k-th most popular application (context) is chosen in proportion
+    /// to 1 / k^this (0: all alike).
+    #[arg(long, default_value_t = 1.1)]
+    pub popularity_skew: f64,
+    /// agentic: fewest tokens of an application's tool-definition prompt.
+    #[arg(long, default_value_t = 4000)]
+    pub tool_prompt_min_tokens: u32,
+    /// agentic: most tokens of an application's tool-definition prompt (uniform).
+    #[arg(long, default_value_t = 15_000)]
+    pub tool_prompt_max_tokens: u32,
+    /// agentic: fewest calls of a session.
+    #[arg(long, default_value_t = 2)]
+    pub calls_min: u32,
+    /// agentic: most calls of a session (uniform).
+    #[arg(long, default_value_t = 28)]
+    pub calls_max: u32,
+    /// agentic: fewest tokens of a tool result.
+    #[arg(long, default_value_t = 300)]
+    pub tool_result_min_tokens: u32,
+    /// agentic: most tokens of a tool result (uniform).
+    #[arg(long, default_value_t = 6000)]
+    pub tool_result_max_tokens: u32,
+    /// agentic: fewest seconds of tool time after an answer.
+    #[arg(long, default_value_t = 0.2)]
+    pub tool_min_secs: f64,
+    /// agentic: most seconds of tool time after an answer (uniform).
+    #[arg(long, default_value_t = 3.0)]
+    pub tool_max_secs: f64,
+    /// agentic: a session ends before a call whose context would exceed this many tokens.
+    #[arg(long, default_value_t = 110_000)]
+    pub context_max_tokens: u32,
+
+    /// rollouts: seconds between training steps (the first at 0).
+    #[arg(long, default_value_t = 45.0)]
+    pub step_secs: f64,
+    /// rollouts: prompts per step.
+    #[arg(long, default_value_t = 28)]
+    pub batch_prompts: u32,
+    /// rollouts: a step's prompts arrive within this many seconds of it (uniformly); the
+    /// samples of one prompt all at once.
+    #[arg(long, default_value_t = 1.0)]
+    pub batch_spread_secs: f64,
+    /// rollouts: task families, each with a shared prefix (instructions, examples); a prompt's
+    /// family is drawn uniformly.
+    #[arg(long, default_value_t = 5)]
+    pub families: usize,
+    /// rollouts: fewest tokens of a family's shared prefix.
+    #[arg(long, default_value_t = 1500)]
+    pub family_prefix_min_tokens: u32,
+    /// rollouts: most tokens of a family's shared prefix (uniform).
+    #[arg(long, default_value_t = 9000)]
+    pub family_prefix_max_tokens: u32,
+    /// rollouts: fewest tokens of a problem after its family's prefix.
+    #[arg(long, default_value_t = 200)]
+    pub problem_min_tokens: u32,
+    /// rollouts: most tokens of a problem (uniform).
+    #[arg(long, default_value_t = 2500)]
+    pub problem_max_tokens: u32,
+    /// rollouts: fewest samples of a prompt (all sent at once, sharing the whole prompt).
+    #[arg(long, default_value_t = 8)]
+    pub samples_min: u32,
+    /// rollouts: most samples of a prompt (uniform).
+    #[arg(long, default_value_t = 16)]
+    pub samples_max: u32,
+    /// rollouts, reasoning: median tokens of a reasoning output (log-normal).
+    #[arg(long, default_value_t = 1000)]
+    pub reasoning_median_tokens: u32,
+    /// rollouts, reasoning: the log-normal's sigma (of the log of the length): the tail's weight.
+    #[arg(long, default_value_t = 0.9)]
+    pub reasoning_sigma: f64,
+    /// rollouts, reasoning: most tokens of a reasoning output (longer draws are cut there).
+    #[arg(long, default_value_t = 7000)]
+    pub reasoning_max_tokens: u32,
 }
 
 impl GenArgs {
@@ -169,6 +273,12 @@ impl GenArgs {
             ("reasks", self.reasks, Range::NON_NEGATIVE),
             ("flood_factor", self.flood_factor, Range::NON_NEGATIVE),
             ("reask_secs", self.reask_secs, Range::POSITIVE),
+            ("popularity_skew", self.popularity_skew, Range::NON_NEGATIVE),
+            ("tool_min_secs", self.tool_min_secs, Range::NON_NEGATIVE),
+            ("tool_max_secs", self.tool_max_secs, Range::NON_NEGATIVE),
+            ("step_secs", self.step_secs, Range::POSITIVE),
+            ("batch_spread_secs", self.batch_spread_secs, Range::NON_NEGATIVE),
+            ("reasoning_sigma", self.reasoning_sigma, Range::NON_NEGATIVE),
         ] {
             checks.in_range(field, value, range);
         }
@@ -183,6 +293,17 @@ impl GenArgs {
             ("doc_min_tokens", self.doc_min_tokens.into()),
             ("burst_questions", self.burst_questions.into()),
             ("question_max_tokens", self.question_max_tokens.into()),
+            ("apps", self.apps as u64),
+            ("tool_prompt_min_tokens", self.tool_prompt_min_tokens.into()),
+            ("calls_min", self.calls_min.into()),
+            ("tool_result_min_tokens", self.tool_result_min_tokens.into()),
+            ("context_max_tokens", self.context_max_tokens.into()),
+            ("batch_prompts", self.batch_prompts.into()),
+            ("families", self.families as u64),
+            ("family_prefix_min_tokens", self.family_prefix_min_tokens.into()),
+            ("problem_min_tokens", self.problem_min_tokens.into()),
+            ("samples_min", self.samples_min.into()),
+            ("reasoning_median_tokens", self.reasoning_median_tokens.into()),
         ] {
             checks.at_least(field, value, 1);
         }
@@ -190,9 +311,21 @@ impl GenArgs {
             ("user_max_tokens", self.user_min_tokens, self.user_max_tokens),
             ("output_max_tokens", self.output_min_tokens, self.output_max_tokens),
             ("doc_max_tokens", self.doc_min_tokens, self.doc_max_tokens),
+            ("tool_prompt_max_tokens", self.tool_prompt_min_tokens, self.tool_prompt_max_tokens),
+            ("calls_max", self.calls_min, self.calls_max),
+            ("tool_result_max_tokens", self.tool_result_min_tokens, self.tool_result_max_tokens),
+            ("family_prefix_max_tokens", self.family_prefix_min_tokens, self.family_prefix_max_tokens),
+            ("problem_max_tokens", self.problem_min_tokens, self.problem_max_tokens),
+            ("samples_max", self.samples_min, self.samples_max),
+            ("reasoning_max_tokens", self.reasoning_median_tokens, self.reasoning_max_tokens),
         ] {
             checks.at_least(field, high.into(), low.into());
         }
+        checks.ensure(
+            self.tool_max_secs >= self.tool_min_secs,
+            "tool_max_secs",
+            format!("must be at least tool_min_secs ({})", self.tool_min_secs),
+        );
         checks.finish()
     }
 }
@@ -215,7 +348,15 @@ pub fn generate(args: &GenArgs) -> Result<Trace, GenError> {
         Shape::Bursts => shapes::bursts(args, &mut rng),
         Shape::LongPrompts => shapes::long_prompts(args, &mut rng),
         Shape::TenantsFlood => shapes::tenants_flood(args, &mut rng),
+        Shape::Agentic => agents::agentic(args, &mut rng),
+        Shape::Rollouts => agents::rollouts(args, &mut rng),
+        Shape::Reasoning => agents::reasoning(args, &mut rng),
     };
+    if args.open_loop {
+        for request in &mut requests {
+            (request.session_id, request.think_ms) = (None, None);
+        }
+    }
     requests.sort_by(|a, b| a.timestamp_ms.total_cmp(&b.timestamp_ms));
     Ok(Trace { requests })
 }
@@ -228,10 +369,15 @@ pub fn mooncake_line(request: &TraceRequest) -> String {
         "output_length": request.output_length,
         "hash_ids": request.hash_ids,
     });
-    for (key, value) in [("tenant", &request.tenant), ("priority", &request.priority)] {
+    for (key, value) in
+        [("tenant", &request.tenant), ("priority", &request.priority), ("session_id", &request.session_id)]
+    {
         if let Some(value) = value {
             line[key] = value.as_str().into();
         }
+    }
+    if let Some(think_ms) = request.think_ms {
+        line["think_ms"] = ((think_ms * 1000.0).round() / 1000.0).into();
     }
     line.to_string()
 }

@@ -21,7 +21,8 @@ fn mean(low: u32, high: u32) -> f64 {
 
 /// Chat sessions: each picks one of the shared system prompts, then asks
 /// `1..=session_max_turns` questions `think_secs` apart (exponential), each turn's prompt the
-/// previous one plus its answer and the new user message.
+/// previous one plus its answer and the new user message. Written as a session: each later turn
+/// is sent its think time after the previous answer.
 struct Sessions {
     system_prompts: Vec<Context>,
 }
@@ -61,19 +62,26 @@ impl Sessions {
     ) {
         let system = &self.system_prompts[rng.random_range(0..self.system_prompts.len())];
         let turns = uniform(rng, 1, args.session_max_turns);
+        let session = blocks.session();
         let mut context = system.then_fresh(uniform(rng, args.user_min_tokens, args.user_max_tokens), blocks);
         let mut at_s = start_s;
         let mut answer = 0;
+        let mut think_s = None;
         for turn in 0..turns {
             if turn > 0 {
-                at_s += exponential(rng, args.think_secs);
+                let think = exponential(rng, args.think_secs);
+                at_s += think;
+                think_s = Some(think);
                 context.extend(answer + uniform(rng, args.user_min_tokens, args.user_max_tokens), blocks);
             }
             if at_s > end_s {
                 return;
             }
             answer = uniform(rng, args.output_min_tokens, args.output_max_tokens);
-            out.push(context.request(at_s * 1000.0, answer));
+            let mut request = context.request(at_s * 1000.0, answer);
+            request.session_id = Some(session.clone());
+            request.think_ms = think_s.map(|s| s * 1000.0);
+            out.push(request);
         }
     }
 
