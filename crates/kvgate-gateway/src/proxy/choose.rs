@@ -12,7 +12,7 @@ use kvgate_index::{
 };
 use kvgate_policy::{
     admit_under_overload, Admitted, Candidate, Candidates, Decision, IndexKind, PdPath, PrefixIndex,
-    RouteRequest, RoutingKey, SelectContext,
+    RouteRequest, Routed, RoutingKey, SelectContext,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -20,7 +20,7 @@ use rand::SeedableRng;
 use super::plan::Planning;
 use crate::decisions::DecisionRecord;
 use crate::registry::ModelPool;
-use crate::replica_sync::Routed;
+use crate::replica_sync::Routed as PeerRouted;
 use crate::state::AppState;
 use crate::worker::Worker;
 
@@ -39,7 +39,7 @@ pub(super) fn choose(
     tried: &[u32],
     planning: Planning,
 ) -> Result<Chosen, NoChoice> {
-    let (decision, peers, hashes) = decide(state, pool, request, namespace, tried, planning, Ask::Select)?;
+    let (decision, peers, hashes) = decide(state, pool, request, namespace, tried, planning, Ask::Decide)?;
     let worker = pool.workers.iter().find(|w| w.id == decision.worker).ok_or(NoChoice::NoWorker)?.clone();
     if planning == Planning::Live {
         record(state, pool, &worker, &decision, peers);
@@ -49,7 +49,7 @@ pub(super) fn choose(
 
 /// The decision the pool's policy would make now, with its prediction, recording nothing (read
 /// only index, no metric, no peer, nothing in the policy's state): `None` when its policy does
-/// not predict (`Policy::preview`), or no worker is left. Conditional disaggregation weighs the
+/// not predict (`Policy::predicts`), or no worker is left. Conditional disaggregation weighs the
 /// paths with it before choosing one.
 pub(super) fn preview(
     state: &AppState,
@@ -82,7 +82,16 @@ fn decide(
     let hashes = prompt_hashes(pool, request, namespace, index);
     let inputs =
         SelectInputs { namespace, hashes: hashes.as_ref(), index, planning, peers: peers.as_ref(), ask };
-    let decision = select(state, pool, request, candidates, inputs).ok_or(NoChoice::NoWorker)?;
+    let (decision, now_ms) = select(state, pool, request, candidates, inputs).ok_or(NoChoice::NoWorker)?;
+    if planning == Planning::Live && ask == Ask::Decide {
+        pool.policy.on_routed(&Routed {
+            request,
+            candidates,
+            decision: &decision,
+            now_ms,
+            load_poll_interval_ms: state.loads.poll_interval_ms,
+        });
+    }
     Ok((decision, peers, hashes))
 }
 
@@ -125,10 +134,11 @@ fn prompt_hashes(
     }
 }
 
-/// Whether the policy decides (`Policy::select`) or previews (`Policy::preview`).
+/// Whether the policy decides for a plan, or previews a path (its decision only when it predicts,
+/// `Policy::predicts`, never routed).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Ask {
-    Select,
+    Decide,
     Preview,
 }
 
@@ -215,8 +225,11 @@ fn select(
     request: &RouteRequest<'_>,
     candidates: Candidates<'_>,
     inputs: SelectInputs<'_>,
-) -> Option<Decision> {
+) -> Option<(Decision, u64)> {
     let SelectInputs { namespace, hashes, index, planning, peers, ask } = inputs;
+    if ask == Ask::Preview && !pool.policy.predicts() {
+        return None;
+    }
     let recording =
         ExactRecordingTree { exact: &pool.prefix.exact, namespace, hashes, tree: &pool.prefix.tree };
     let exact = NamespacedExact { exact: &pool.prefix.exact, namespace, hashes };
@@ -240,16 +253,14 @@ fn select(
         Some(key) => SmallRng::seed_from_u64(prompt_hash(key)),
         None => SmallRng::from_rng(&mut rand::rng()),
     };
+    let now_ms = state.clock.now_ms();
     let mut ctx = SelectContext {
-        now_ms: state.clock.now_ms(),
+        now_ms,
         load_poll_interval_ms: state.loads.poll_interval_ms,
         rng: &mut rng,
         prefix_index: Some(prefix_index),
     };
-    match ask {
-        Ask::Select => pool.policy.select(request, candidates, &mut ctx).ok(),
-        Ask::Preview => pool.policy.preview(request, candidates, &mut ctx),
-    }
+    pool.policy.decide(request, candidates, &mut ctx).ok().map(|decision| (decision, now_ms))
 }
 
 /// A live decision is counted, and, made on the tree, queued for the peers (never waits).
@@ -272,7 +283,7 @@ fn record(
     });
     if let (Some(sync), Some(blocks)) = (&state.replica_sync, peers) {
         if decision.index == Some(IndexKind::Approximate) && !blocks.hashes.is_empty() {
-            sync.publish(Routed {
+            sync.publish(PeerRouted {
                 model: pool.model.clone(),
                 role: pool.role,
                 worker: worker.url.clone(),

@@ -12,7 +12,7 @@ use kvgate_index::{
 };
 use kvgate_policy::{
     build_policy, Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, PolicyConfig, PolicyKind,
-    RouteRequest, RoutingKey, SelectContext,
+    RouteRequest, Routed, RoutingKey, SelectContext,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -157,7 +157,15 @@ impl Pool {
             rng,
             prefix_index: Some(self.prefix.index()),
         };
-        let decision = self.policy.select(&route, Candidates::new(&candidates)?, &mut ctx)?;
+        let candidates = Candidates::new(&candidates)?;
+        let decision = self.policy.decide(&route, candidates, &mut ctx)?;
+        self.policy.on_routed(&Routed {
+            request: &route,
+            candidates,
+            decision: &decision,
+            now_ms: now_us / 1000,
+            load_poll_interval_ms,
+        });
         let worker = decision.worker as usize;
         self.in_flight[worker] += 1;
         if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
@@ -167,9 +175,9 @@ impl Pool {
     }
 
     /// The prompt tokens the policy predicts cached where it would route the request now (the
-    /// admission queue's locality score): a dry run, as the gateway's, that records nothing in
-    /// the index or the in-flight counts (the policy's own state aside), its random draws from
-    /// an RNG of its own so the run's draws stay as without it.
+    /// admission queue's locality score): a dry run, as the gateway's, that records nothing (in
+    /// the index, the in-flight counts or the policy's state), its random draws from an RNG of
+    /// its own so the run's draws stay as without it.
     pub(super) fn predicted_cached(
         &self,
         now_us: u64,
@@ -186,7 +194,7 @@ impl Pool {
     }
 
     /// The decision `route` would make now, recording nothing (no in-flight count, nothing
-    /// learned by the tree), or `None` when the policy does not predict (see `Policy::preview`).
+    /// learned by the tree), or `None` when the policy does not predict (see `Policy::predicts`).
     pub(super) fn preview(
         &self,
         now_us: u64,
@@ -199,8 +207,8 @@ impl Pool {
         self.dry_run(now_us, prompt, prompt_tokens, load_poll_interval_ms, rng, session, true)
     }
 
-    /// The policy asked on the pool's current loads and a read-only index: `Policy::preview`
-    /// when `preview`, else `Policy::select` (`None` on no decision).
+    /// The policy's decision on the pool's current loads and a read-only index, never routed
+    /// (`None` on no decision, or with `preview` when the policy does not predict).
     #[allow(clippy::too_many_arguments, reason = "the two dry runs' inputs, passed through")]
     fn dry_run(
         &self,
@@ -235,10 +243,10 @@ impl Pool {
         };
         let mut ctx =
             SelectContext { now_ms: now_us / 1000, load_poll_interval_ms, rng, prefix_index: Some(index) };
-        match preview {
-            true => self.policy.preview(&route, candidates, &mut ctx),
-            false => self.policy.select(&route, candidates, &mut ctx).ok(),
+        if preview && !self.policy.predicts() {
+            return None;
         }
+        self.policy.decide(&route, candidates, &mut ctx).ok()
     }
 
     /// Requests in flight on the least busy worker (the conditional rule's prefill queue).
