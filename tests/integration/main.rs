@@ -10,6 +10,7 @@ mod common;
 mod closed_loop;
 mod dashboard;
 mod dp_aware;
+mod dry_runs;
 mod e2e;
 mod embed;
 mod fleet;

@@ -20,7 +20,9 @@ mod plan;
 mod tests;
 
 use kvgate_index::{IndexKind, PrefixIndexMode};
-use kvgate_policy::{Candidate, Decision, OverloadSettings, PdChoice, PdRule, Policy, RouteRequest, WorkerId};
+use kvgate_policy::{
+    Candidate, Decision, OverloadSettings, PdChoice, PdRule, Policy, RouteRequest, WorkerId,
+};
 use rand::RngCore;
 
 pub use pick::pick;
@@ -48,7 +50,12 @@ pub trait Pool {
 
     /// The index a decision on `kind` matches `request` against: for a live plan one that may
     /// learn the choice (the tree, in the same descent), for a dry run one that only reads.
-    fn prefix_index(&self, kind: IndexKind, planning: Planning, request: &RouteRequest<'_>) -> Self::Index<'_>;
+    fn prefix_index(
+        &self,
+        kind: IndexKind,
+        planning: Planning,
+        request: &RouteRequest<'_>,
+    ) -> Self::Index<'_>;
 }
 
 /// What a pool offers one decision.
@@ -125,7 +132,11 @@ pub enum NoPlan {
 pub enum Pools<'p, P> {
     Single(&'p P),
     /// A disaggregated fleet, and its conditional rule (`None`: always a pair).
-    Pair { prefill: &'p P, decode: &'p P, rule: Option<PdRule> },
+    Pair {
+        prefill: &'p P,
+        decode: &'p P,
+        rule: Option<PdRule>,
+    },
 }
 
 /// One worker chosen on one pool.
@@ -151,9 +162,16 @@ pub struct Pick<'r, I> {
 pub enum RoutePlan<'r, I> {
     Single(Pick<'r, I>),
     /// A disaggregated pair, and the rule's verdict (`why=always` without a rule).
-    Pair { prefill: Pick<'r, I>, decode: Pick<'r, I>, pd: PdChoice },
+    Pair {
+        prefill: Pick<'r, I>,
+        decode: Pick<'r, I>,
+        pd: PdChoice,
+    },
     /// The decode engine prefills the request itself.
-    InPlace { decode: Pick<'r, I>, pd: PdChoice },
+    InPlace {
+        decode: Pick<'r, I>,
+        pd: PdChoice,
+    },
 }
 
 impl<I> RoutePlan<'_, I> {
@@ -161,7 +179,9 @@ impl<I> RoutePlan<'_, I> {
     pub fn picks(&self) -> impl Iterator<Item = (Side, &Pick<'_, I>)> {
         let (first, second) = match self {
             RoutePlan::Single(pick) => ((Side::Regular, pick), None),
-            RoutePlan::Pair { prefill, decode, .. } => ((Side::Prefill, prefill), Some((Side::Decode, decode))),
+            RoutePlan::Pair { prefill, decode, .. } => {
+                ((Side::Prefill, prefill), Some((Side::Decode, decode)))
+            }
             RoutePlan::InPlace { decode, .. } => ((Side::Decode, decode), None),
         };
         std::iter::once(first).chain(second)

@@ -38,11 +38,12 @@ pub fn pick<'p, 'r, P: Pool>(
     }
     let offer = pool.offer(tried);
     let offered = offer.candidates.len();
-    let candidates = match admit_under_overload(&offer.candidates, &ctx.overload, now_ms, load_poll_interval_ms) {
-        Admitted::All => offer.candidates,
-        Admitted::Only(kept) => kept,
-        Admitted::Shed => return Err(NoPlan::Shed { side }),
-    };
+    let candidates =
+        match admit_under_overload(&offer.candidates, &ctx.overload, now_ms, load_poll_interval_ms) {
+            Admitted::All => offer.candidates,
+            Admitted::Only(kept) => kept,
+            Admitted::Shed => return Err(NoPlan::Shed { side }),
+        };
     let left_out = offered - candidates.len();
     let mode = pool.index_mode();
     let kind = choose_index(&IndexInputs {

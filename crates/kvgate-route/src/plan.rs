@@ -4,7 +4,9 @@
 //! three decisions weighed, then the path's picks), else the decode engine first and the rule on
 //! what it holds and the prefill side's queue.
 
-use kvgate_policy::{cached_tokens, Decision, PdChoice, PdInputs, PdPath, PdRule, RouteRequest, RoutingKey, WorkerId};
+use kvgate_policy::{
+    cached_tokens, Decision, PdChoice, PdInputs, PdPath, PdRule, RouteRequest, RoutingKey, WorkerId,
+};
 
 use crate::pick::{pick, preview};
 use crate::{NoPlan, PlanContext, Pool, Pools, RoutePlan, Side};
@@ -36,7 +38,9 @@ impl<'p, P: Pool> Pools<'p, P> {
         // KV-aware: both sides predict (kv_aware), so the rule compares the paths' predicted
         // times to first token; the pair's decode engine is the one its side chooses for a
         // request bringing its KV (no prompt to prefill there).
-        if let Some(inputs) = target.is_none().then(|| self.predict_paths(&rule, request, tried, ctx)).flatten() {
+        if let Some(inputs) =
+            target.is_none().then(|| self.predict_paths(&rule, request, tried, ctx)).flatten()
+        {
             let pd = rule.decide(inputs);
             if pd.path == PdPath::InPlace {
                 let decode = pick(decode, Side::Decode, request, tried, None, ctx)?;
@@ -138,5 +142,10 @@ fn least_in_flight<P: Pool>(pool: &P, tried: &[WorkerId]) -> Option<u64> {
 /// it (by the decode side's decision), and the prefill side's queue.
 fn pd_inputs(request: &RouteRequest<'_>, decode: &Decision, prefill_queue: Option<u64>) -> PdInputs {
     let prompt_tokens = request.prompt_tokens;
-    PdInputs { prompt_tokens, cached_tokens: cached_tokens(decode, prompt_tokens), prefill_queue, predicted: None }
+    PdInputs {
+        prompt_tokens,
+        cached_tokens: cached_tokens(decode, prompt_tokens),
+        prefill_queue,
+        predicted: None,
+    }
 }

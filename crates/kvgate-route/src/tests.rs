@@ -5,10 +5,12 @@
 use std::sync::Arc;
 
 use expect_test::{expect, Expect};
-use kvgate_index::{ApproxIndex, IndexKind, PrefixIndex, PrefixIndexMode, PrefixMatch, PromptKey, ReadOnlyTree, TenantId};
+use kvgate_index::{
+    ApproxIndex, IndexKind, PrefixIndex, PrefixIndexMode, PrefixMatch, PromptKey, ReadOnlyTree, TenantId,
+};
 use kvgate_policy::{
-    build_policy, Candidate, LoadSample, OverloadSettings, Policy, PolicyConfig, PolicyKind, RouteRequest, RoutingKey,
-    WorkerId,
+    build_policy, Candidate, LoadSample, OverloadSettings, Policy, PolicyConfig, PolicyKind, RouteRequest,
+    RoutingKey, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -35,7 +37,12 @@ impl TestPool {
             .enumerate()
             .map(|(i, &in_flight)| Candidate { id: first + i as u32, in_flight, load: None })
             .collect();
-        TestPool { policy: build_policy(config), workers, down: Vec::new(), tree: ApproxIndex::new(config.tree_settings()) }
+        TestPool {
+            policy: build_policy(config),
+            workers,
+            down: Vec::new(),
+            tree: ApproxIndex::new(config.tree_settings()),
+        }
     }
 
     /// Fresh samples: (waiting requests, of 1,000 uncached tokens each; running requests).
@@ -110,7 +117,12 @@ impl Pool for TestPool {
         IndexMode { mode: PrefixIndexMode::Auto, has_kv_events: false }
     }
 
-    fn prefix_index(&self, _kind: IndexKind, planning: Planning, _request: &RouteRequest<'_>) -> TreeView<'_> {
+    fn prefix_index(
+        &self,
+        _kind: IndexKind,
+        planning: Planning,
+        _request: &RouteRequest<'_>,
+    ) -> TreeView<'_> {
         match planning {
             Planning::Live => TreeView::Learning(&self.tree),
             Planning::DryRun => TreeView::ReadOnly(ReadOnlyTree(&self.tree)),
@@ -141,7 +153,12 @@ fn describe<I>(plan: &Result<RoutePlan<'_, I>, NoPlan>) -> String {
             0 => String::new(),
             n => format!(" ({n} left out)"),
         };
-        line.push_str(&format!(" {}={}:{}{left_out}", side.as_str(), pick.decision.worker, pick.decision.reason));
+        line.push_str(&format!(
+            " {}={}:{}{left_out}",
+            side.as_str(),
+            pick.decision.worker,
+            pick.decision.reason
+        ));
     }
     if let Some(pd) = plan.pd() {
         line.push_str(&format!(" why={}", pd.why.as_str()));
@@ -168,18 +185,47 @@ fn check(
 }
 
 const OFF: OverloadSettings = OverloadSettings { waiting_requests: None, token_usage: None, shed: false };
-const WAITING_8: OverloadSettings = OverloadSettings { waiting_requests: Some(8), token_usage: None, shed: false };
+const WAITING_8: OverloadSettings =
+    OverloadSettings { waiting_requests: Some(8), token_usage: None, shed: false };
 
 #[test]
 fn the_overload_filter_leaves_out_busy_workers_before_any_policy() {
     let pool = TestPool::new(PolicyKind::RoundRobin, 0, &[0, 0, 0]).with_loads(&[(9, 0), (8, 0), (2, 0)]);
     let single = Pools::Single(&pool);
     check(&single, &request("hi", 10), &[], None, OFF, expect!["single regular=0:round_robin"]);
-    check(&single, &request("hi", 10), &[], None, WAITING_8, expect!["single regular=2:round_robin (2 left out)"]);
-    check(&single, &request("hi", 10), &[2], None, WAITING_8, expect!["single regular=1:round_robin (1 left out)"]);
+    check(
+        &single,
+        &request("hi", 10),
+        &[],
+        None,
+        WAITING_8,
+        expect!["single regular=2:round_robin (2 left out)"],
+    );
+    check(
+        &single,
+        &request("hi", 10),
+        &[2],
+        None,
+        WAITING_8,
+        expect!["single regular=1:round_robin (1 left out)"],
+    );
     let shed = OverloadSettings { shed: true, ..WAITING_8 };
-    check(&single, &request("hi", 10), &[2], None, shed, expect!["no plan: every worker of the regular side is overloaded"]);
-    check(&single, &request("hi", 10), &[0, 1, 2], None, OFF, expect!["no plan: no routable worker is left on the regular side"]);
+    check(
+        &single,
+        &request("hi", 10),
+        &[2],
+        None,
+        shed,
+        expect!["no plan: every worker of the regular side is overloaded"],
+    );
+    check(
+        &single,
+        &request("hi", 10),
+        &[0, 1, 2],
+        None,
+        OFF,
+        expect!["no plan: no routable worker is left on the regular side"],
+    );
 }
 
 #[test]
@@ -192,7 +238,14 @@ fn a_named_worker_is_taken_where_it_serves() {
     check(&pair, &short, &[], None, OFF, expect!["in_place decode=11:least_load why=short_uncached"]);
     check(&pair, &short, &[], Some(10), OFF, expect!["in_place decode=10:target_worker why=short_uncached"]);
     // Naming a prefill worker makes a pair of it, whatever the rule.
-    check(&pair, &short, &[], Some(1), OFF, expect!["pair prefill=1:target_worker decode=11:least_load why=always"]);
+    check(
+        &pair,
+        &short,
+        &[],
+        Some(1),
+        OFF,
+        expect!["pair prefill=1:target_worker decode=11:least_load why=always"],
+    );
     check(&pair, &short, &[1], Some(1), OFF, expect!["no plan: the target worker 1 is not available"]);
     prefill.down.push(1);
     let pair = Pools::Pair { prefill: &prefill, decode: &decode, rule };
@@ -205,11 +258,39 @@ fn the_conditional_rule_chooses_the_decode_engine_first() {
     let decode = TestPool::new(PolicyKind::LeastLoad, 10, &[0, 5]);
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let conditional = Pools::Pair { prefill: &prefill, decode: &decode, rule };
-    check(&conditional, &request("hi", 100), &[], None, OFF, expect!["in_place decode=10:least_load why=short_uncached"]);
-    check(&conditional, &request("hi", 30_000), &[], None, OFF, expect!["pair prefill=1:least_load decode=10:least_load why=long_uncached"]);
+    check(
+        &conditional,
+        &request("hi", 100),
+        &[],
+        None,
+        OFF,
+        expect!["in_place decode=10:least_load why=short_uncached"],
+    );
+    check(
+        &conditional,
+        &request("hi", 30_000),
+        &[],
+        None,
+        OFF,
+        expect!["pair prefill=1:least_load decode=10:least_load why=long_uncached"],
+    );
     let always = Pools::Pair { prefill: &prefill, decode: &decode, rule: None };
-    check(&always, &request("hi", 100), &[], None, OFF, expect!["pair prefill=1:least_load decode=10:least_load why=always"]);
-    check(&always, &request("hi", 100), &[10, 11], None, OFF, expect!["no plan: no routable worker is left on the decode side"]);
+    check(
+        &always,
+        &request("hi", 100),
+        &[],
+        None,
+        OFF,
+        expect!["pair prefill=1:least_load decode=10:least_load why=always"],
+    );
+    check(
+        &always,
+        &request("hi", 100),
+        &[10, 11],
+        None,
+        OFF,
+        expect!["no plan: no routable worker is left on the decode side"],
+    );
     assert!(conditional.untried_left(&[0, 1]), "in place needs the decode side only");
     assert!(!always.untried_left(&[0, 1]));
 }
@@ -226,11 +307,25 @@ fn with_kv_aware_on_both_sides_the_prediction_across_the_pair_decides() {
     let decode = TestPool::with_config(&stall, 10, &[0, 0]).with_loads(&[(0, 120), (1, 120)]);
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let pair = Pools::Pair { prefill: &prefill, decode: &decode, rule };
-    check(&pair, &request("long", 30_000), &[], None, OFF, expect!["pair prefill=1:kv_aware decode=10:kv_aware why=pair_sooner"]);
+    check(
+        &pair,
+        &request("long", 30_000),
+        &[],
+        None,
+        OFF,
+        expect!["pair prefill=1:kv_aware decode=10:kv_aware why=pair_sooner"],
+    );
     // A prefill side with 5 s of work queued on each engine: in place costs less.
     let busy = TestPool::with_config(&stall, 0, &[0, 0]).with_loads(&[(40, 4), (40, 4)]);
     let pair = Pools::Pair { prefill: &busy, decode: &decode, rule };
-    check(&pair, &request("long", 30_000), &[], None, OFF, expect!["in_place decode=10:kv_aware why=in_place_sooner"]);
+    check(
+        &pair,
+        &request("long", 30_000),
+        &[],
+        None,
+        OFF,
+        expect!["in_place decode=10:kv_aware why=in_place_sooner"],
+    );
 }
 
 #[test]
@@ -254,7 +349,8 @@ fn a_dry_run_records_nothing_and_a_sent_plan_is_recorded() {
     let pool = TestPool::new(PolicyKind::RoundRobin, 0, &[0, 0, 0]);
     let round_robin = Pools::Single(&pool);
     let mut rng = SmallRng::seed_from_u64(1);
-    let live = round_robin.plan(&prompt, &[], None, &mut context(&mut rng, OFF, Planning::Live)).expect("a plan");
+    let live =
+        round_robin.plan(&prompt, &[], None, &mut context(&mut rng, OFF, Planning::Live)).expect("a plan");
     assert_eq!(plan_as(&round_robin, Planning::DryRun), "single regular=0:round_robin", "not sent yet");
     live.on_routed(&round_robin);
     assert_eq!(plan_as(&round_robin, Planning::DryRun), "single regular=1:round_robin");

@@ -1,7 +1,7 @@
 //! The request path of a proxied endpoint: read the body, prepare the request (`prepare.rs`:
 //! the model's pools and the plan's shape, the checks, the routing key; the same preparation as
 //! the dry run's), then plan and execute: a route plan is one worker or a (prefill, decode) pair
-//! (`plan.rs`, each side chosen by its pool's policy in `choose.rs`), executed by one exchange
+//! (`plan.rs`: `kvgate_route`'s plan on the gateway's pools, `choose.rs`), executed by one exchange
 //! (`attempt.rs`) or a disaggregated pair of them (`pd.rs`); retries, errors and metrics stay in
 //! this one loop, and the answer streams back (`respond.rs`).
 
@@ -349,7 +349,7 @@ where
                 last_failure = Some(failure);
             }
         }
-        if retries >= retries_allowed || !shape.untried_left(&tried) {
+        if retries >= retries_allowed || !shape.untried_left(state, &tried) {
             let failure = last_failure.expect("a retryable failure was just recorded");
             return Ok(failure_response(state, endpoint, started, failure, permit, expect, span));
         }
