@@ -357,3 +357,6 @@ pub(super) enum RoutePlan {
         pd: PdChoice,
     },
 }
+
+#[cfg(test)]
+mod tests;
