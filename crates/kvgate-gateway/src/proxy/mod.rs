@@ -400,7 +400,6 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
     let prompt = pick.in_flight_prompt(ex.request, ex.namespace);
     let result =
         attempt(ex.state, &pick.worker, ex.path_and_query, ex.headers, ex.body.clone(), prompt).await;
-    let failed = pick.worker.id;
     let served = |response, in_flight| {
         Box::new(Served {
             response,
@@ -413,14 +412,7 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
         })
     };
     match result {
-        Attempt::Done(response, in_flight) => Outcome::Done(served(response, in_flight)),
-        Attempt::RetryableStatus(response, in_flight) => {
-            Outcome::Retry { failure: Failure::Response(served(response, in_flight)), failed }
-        }
-        Attempt::Unreachable(message) => Outcome::Retry { failure: Failure::Unreachable(message), failed },
-        Attempt::SlowHead(timeout) => {
-            Outcome::Retry { failure: Failure::TimedOut(timeout.as_secs_f64()), failed }
-        }
-        Attempt::Fatal(error) => Outcome::Fatal(error),
+        Attempt::Answered(response, in_flight) => Outcome::Done(served(response, in_flight)),
+        Attempt::Failed(error) => error.into_outcome(served),
     }
 }
