@@ -108,34 +108,24 @@ async fn a_single_workers_broken_exchange_is_retried_on_another() {
 
 #[tokio::test]
 async fn either_side_of_a_pair_with_a_broken_exchange_is_retried_on_another() {
+    let (prefill, decode) = (upstream("p", "m").await, upstream("d", "m").await);
     for protocol in [PdProtocol::Sglang, PdProtocol::Vllm] {
-        // The prefill side: one worker hangs up, the other answers.
-        let gw = gateway_for(Some(protocol)).await;
-        let (broken, hung_up) = hang_up().await;
-        let (prefill, decode) = (upstream("p", "m").await, upstream("d", "m").await);
-        add(&gw, json!({"url": broken, "model_id": "m", "worker_type": "prefill"})).await;
-        add(&gw, json!({"url": prefill.url, "model_id": "m", "worker_type": "prefill"})).await;
-        add(&gw, json!({"url": decode.url, "model_id": "m", "worker_type": "decode"})).await;
-        for _ in 0..4 {
-            let response = ask(&gw).await;
-            assert_eq!(response.status(), 200, "{protocol:?}");
-            assert_eq!(response.headers()["x-kvgate-prefill-worker"], prefill.url.as_str());
+        // On the broken side one worker hangs up and another answers; the other side answers.
+        for (side, header, good) in
+            [("prefill", "x-kvgate-prefill-worker", &prefill), ("decode", "x-kvgate-worker", &decode)]
+        {
+            let gw = gateway_for(Some(protocol)).await;
+            let (broken, hung_up) = hang_up().await;
+            add(&gw, json!({"url": broken, "model_id": "m", "worker_type": side})).await;
+            add(&gw, json!({"url": prefill.url, "model_id": "m", "worker_type": "prefill"})).await;
+            add(&gw, json!({"url": decode.url, "model_id": "m", "worker_type": "decode"})).await;
+            for _ in 0..4 {
+                let response = ask(&gw).await;
+                assert_eq!(response.status(), 200, "{protocol:?}, {side}");
+                assert_eq!(response.headers()[header], good.url.as_str(), "{protocol:?}, {side}");
+            }
+            assert!(hung_up.load(Ordering::SeqCst) >= 1, "{protocol:?}: the broken {side} worker was tried");
+            gw.shutdown().await;
         }
-        assert!(hung_up.load(Ordering::SeqCst) >= 1, "{protocol:?}: the broken prefill worker was tried");
-        gw.shutdown().await;
-
-        // The decode side.
-        let gw = gateway_for(Some(protocol)).await;
-        let (broken, hung_up) = hang_up().await;
-        add(&gw, json!({"url": prefill.url, "model_id": "m", "worker_type": "prefill"})).await;
-        add(&gw, json!({"url": broken, "model_id": "m", "worker_type": "decode"})).await;
-        add(&gw, json!({"url": decode.url, "model_id": "m", "worker_type": "decode"})).await;
-        for _ in 0..4 {
-            let response = ask(&gw).await;
-            assert_eq!(response.status(), 200, "{protocol:?}");
-            assert_eq!(response.headers()["x-kvgate-worker"], decode.url.as_str());
-        }
-        assert!(hung_up.load(Ordering::SeqCst) >= 1, "{protocol:?}: the broken decode worker was tried");
-        gw.shutdown().await;
     }
 }

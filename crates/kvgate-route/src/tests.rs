@@ -5,9 +5,7 @@
 use std::sync::Arc;
 
 use expect_test::{expect, Expect};
-use kvgate_index::{
-    ApproxIndex, IndexKind, PrefixIndex, PrefixIndexMode, PrefixMatch, PromptKey, ReadOnlyTree, TenantId,
-};
+use kvgate_index::{ApproxIndex, IndexKind, IndexView, PrefixIndex, PrefixIndexMode, ReadOnlyTree};
 use kvgate_policy::{
     build_policy, Candidate, LoadSample, OverloadSettings, Policy, PolicyConfig, PolicyKind, RouteRequest,
     RoutingKey, WorkerId,
@@ -67,27 +65,15 @@ enum TreeView<'a> {
     ReadOnly(ReadOnlyTree<'a>),
 }
 
-impl PrefixIndex for TreeView<'_> {
+impl IndexView for TreeView<'_> {
     fn kind(&self) -> IndexKind {
         IndexKind::Approximate
     }
 
-    fn route(
-        &self,
-        key: PromptKey<'_>,
-        now_ms: u64,
-        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
-    ) -> Option<TenantId> {
+    fn with<R>(&self, use_index: impl FnOnce(&dyn PrefixIndex) -> R) -> R {
         match self {
-            TreeView::Learning(tree) => tree.route(key, now_ms, choose),
-            TreeView::ReadOnly(tree) => tree.route(key, now_ms, choose),
-        }
-    }
-
-    fn tenant_size(&self, tenant: TenantId) -> usize {
-        match self {
-            TreeView::Learning(tree) => tree.tenant_size(tenant),
-            TreeView::ReadOnly(tree) => tree.tenant_size(tenant),
+            TreeView::Learning(tree) => use_index(*tree),
+            TreeView::ReadOnly(tree) => use_index(tree),
         }
     }
 }
@@ -170,17 +156,27 @@ fn request(text: &str, prompt_tokens: u64) -> RouteRequest<'_> {
     RouteRequest { key: RoutingKey::Text(text), prompt_tokens, session: Some("s") }
 }
 
-/// `check(pools, request, tried, target, overload, expected)`: the live plan, described.
-fn check(
-    pools: &Pools<'_, TestPool>,
-    request: &RouteRequest<'_>,
-    tried: &[WorkerId],
+/// One request to plan: its prompt and length, the workers tried already, the worker it names,
+/// and the overload bounds.
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    text: &'a str,
+    tokens: u64,
+    tried: &'a [WorkerId],
     target: Option<WorkerId>,
     overload: OverloadSettings,
-    expected: Expect,
-) {
+}
+
+/// A first attempt of a prompt `text` of `tokens` tokens, naming no worker, no overload bounds.
+fn ask(text: &str, tokens: u64) -> Ask<'_> {
+    Ask { text, tokens, tried: &[], target: None, overload: OFF }
+}
+
+/// `check(pools, ask, expected)`: the live plan, described.
+fn check(pools: &Pools<'_, TestPool>, ask: Ask<'_>, expected: Expect) {
     let mut rng = SmallRng::seed_from_u64(1);
-    let plan = pools.plan(request, tried, target, &mut context(&mut rng, overload, Planning::Live));
+    let mut ctx = context(&mut rng, ask.overload, Planning::Live);
+    let plan = pools.plan(&request(ask.text, ask.tokens), ask.tried, ask.target, &mut ctx);
     expected.assert_eq(&describe(&plan));
 }
 
@@ -192,38 +188,26 @@ const WAITING_8: OverloadSettings =
 fn the_overload_filter_leaves_out_busy_workers_before_any_policy() {
     let pool = TestPool::new(PolicyKind::RoundRobin, 0, &[0, 0, 0]).with_loads(&[(9, 0), (8, 0), (2, 0)]);
     let single = Pools::Single(&pool);
-    check(&single, &request("hi", 10), &[], None, OFF, expect!["single regular=0:round_robin"]);
+    check(&single, ask("hi", 10), expect!["single regular=0:round_robin"]);
     check(
         &single,
-        &request("hi", 10),
-        &[],
-        None,
-        WAITING_8,
+        Ask { overload: WAITING_8, ..ask("hi", 10) },
         expect!["single regular=2:round_robin (2 left out)"],
     );
     check(
         &single,
-        &request("hi", 10),
-        &[2],
-        None,
-        WAITING_8,
+        Ask { tried: &[2], overload: WAITING_8, ..ask("hi", 10) },
         expect!["single regular=1:round_robin (1 left out)"],
     );
     let shed = OverloadSettings { shed: true, ..WAITING_8 };
     check(
         &single,
-        &request("hi", 10),
-        &[2],
-        None,
-        shed,
+        Ask { tried: &[2], overload: shed, ..ask("hi", 10) },
         expect!["no plan: every worker of the regular side is overloaded"],
     );
     check(
         &single,
-        &request("hi", 10),
-        &[0, 1, 2],
-        None,
-        OFF,
+        Ask { tried: &[0, 1, 2], ..ask("hi", 10) },
         expect!["no plan: no routable worker is left on the regular side"],
     );
 }
@@ -234,22 +218,27 @@ fn a_named_worker_is_taken_where_it_serves() {
     let decode = TestPool::new(PolicyKind::LeastLoad, 10, &[3, 1]);
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let pair = Pools::Pair { prefill: &prefill, decode: &decode, rule };
-    let short = request("hi", 10);
-    check(&pair, &short, &[], None, OFF, expect!["in_place decode=11:least_load why=short_uncached"]);
-    check(&pair, &short, &[], Some(10), OFF, expect!["in_place decode=10:target_worker why=short_uncached"]);
+    let short = ask("hi", 10);
+    check(&pair, short, expect!["in_place decode=11:least_load why=short_uncached"]);
+    check(
+        &pair,
+        Ask { target: Some(10), ..short },
+        expect!["in_place decode=10:target_worker why=short_uncached"],
+    );
     // Naming a prefill worker makes a pair of it, whatever the rule.
     check(
         &pair,
-        &short,
-        &[],
-        Some(1),
-        OFF,
+        Ask { target: Some(1), ..short },
         expect!["pair prefill=1:target_worker decode=11:least_load why=always"],
     );
-    check(&pair, &short, &[1], Some(1), OFF, expect!["no plan: the target worker 1 is not available"]);
+    check(
+        &pair,
+        Ask { tried: &[1], target: Some(1), ..short },
+        expect!["no plan: the target worker 1 is not available"],
+    );
     prefill.down.push(1);
     let pair = Pools::Pair { prefill: &prefill, decode: &decode, rule };
-    check(&pair, &short, &[], Some(1), OFF, expect!["no plan: the target worker 1 is not available"]);
+    check(&pair, Ask { target: Some(1), ..short }, expect!["no plan: the target worker 1 is not available"]);
 }
 
 #[test]
@@ -258,37 +247,17 @@ fn the_conditional_rule_chooses_the_decode_engine_first() {
     let decode = TestPool::new(PolicyKind::LeastLoad, 10, &[0, 5]);
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let conditional = Pools::Pair { prefill: &prefill, decode: &decode, rule };
+    check(&conditional, ask("hi", 100), expect!["in_place decode=10:least_load why=short_uncached"]);
     check(
         &conditional,
-        &request("hi", 100),
-        &[],
-        None,
-        OFF,
-        expect!["in_place decode=10:least_load why=short_uncached"],
-    );
-    check(
-        &conditional,
-        &request("hi", 30_000),
-        &[],
-        None,
-        OFF,
+        ask("hi", 30_000),
         expect!["pair prefill=1:least_load decode=10:least_load why=long_uncached"],
     );
     let always = Pools::Pair { prefill: &prefill, decode: &decode, rule: None };
+    check(&always, ask("hi", 100), expect!["pair prefill=1:least_load decode=10:least_load why=always"]);
     check(
         &always,
-        &request("hi", 100),
-        &[],
-        None,
-        OFF,
-        expect!["pair prefill=1:least_load decode=10:least_load why=always"],
-    );
-    check(
-        &always,
-        &request("hi", 100),
-        &[10, 11],
-        None,
-        OFF,
+        Ask { tried: &[10, 11], ..ask("hi", 100) },
         expect!["no plan: no routable worker is left on the decode side"],
     );
     assert!(conditional.untried_left(&[0, 1]), "in place needs the decode side only");
@@ -307,25 +276,11 @@ fn with_kv_aware_on_both_sides_the_prediction_across_the_pair_decides() {
     let decode = TestPool::with_config(&stall, 10, &[0, 0]).with_loads(&[(0, 120), (1, 120)]);
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let pair = Pools::Pair { prefill: &prefill, decode: &decode, rule };
-    check(
-        &pair,
-        &request("long", 30_000),
-        &[],
-        None,
-        OFF,
-        expect!["pair prefill=1:kv_aware decode=10:kv_aware why=pair_sooner"],
-    );
+    check(&pair, ask("long", 30_000), expect!["pair prefill=1:kv_aware decode=10:kv_aware why=pair_sooner"]);
     // A prefill side with 5 s of work queued on each engine: in place costs less.
     let busy = TestPool::with_config(&stall, 0, &[0, 0]).with_loads(&[(40, 4), (40, 4)]);
     let pair = Pools::Pair { prefill: &busy, decode: &decode, rule };
-    check(
-        &pair,
-        &request("long", 30_000),
-        &[],
-        None,
-        OFF,
-        expect!["in_place decode=10:kv_aware why=in_place_sooner"],
-    );
+    check(&pair, ask("long", 30_000), expect!["in_place decode=10:kv_aware why=in_place_sooner"]);
 }
 
 #[test]

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_index::{
-    prompt_blocks, ExactRecordingTree, IndexKind, Namespace, NamespacedExact, PeerMerged, PrefixMatch,
-    PromptBlocks, PromptHashes, PromptKey, ReadOnlyTree, TenantId,
+    prompt_blocks, ExactRecordingTree, IndexKind, IndexView, Namespace, NamespacedExact, PeerMerged,
+    PromptBlocks, PromptHashes, ReadOnlyTree,
 };
 use kvgate_policy::{Candidate, Decision, PdPath, Policy, PrefixIndex, RouteRequest, RoutingKey, WorkerId};
 use kvgate_route::{IndexMode, Offer, Planning};
@@ -106,8 +106,11 @@ pub(super) struct Consulted<'a> {
     pub peers: Option<PromptBlocks>,
 }
 
-impl Consulted<'_> {
-    /// `use_index` on the index this decision consults.
+impl IndexView for Consulted<'_> {
+    fn kind(&self) -> IndexKind {
+        self.kind
+    }
+
     fn with<R>(&self, use_index: impl FnOnce(&dyn PrefixIndex) -> R) -> R {
         let prefix = &self.pool.prefix;
         let (namespace, hashes) = (self.namespace, self.hashes.as_ref());
@@ -125,25 +128,6 @@ impl Consulted<'_> {
             Some(blocks) => use_index(&PeerMerged { local, peers: &prefix.peers, blocks }),
             None => use_index(local),
         }
-    }
-}
-
-impl PrefixIndex for Consulted<'_> {
-    fn kind(&self) -> IndexKind {
-        self.kind
-    }
-
-    fn route(
-        &self,
-        key: PromptKey<'_>,
-        now_ms: u64,
-        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
-    ) -> Option<TenantId> {
-        self.with(|index| index.route(key, now_ms, choose))
-    }
-
-    fn tenant_size(&self, tenant: TenantId) -> usize {
-        self.with(|index| index.tenant_size(tenant))
     }
 }
 

@@ -8,8 +8,7 @@ use std::sync::{Arc, LazyLock};
 use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch, Tier};
 use kvgate_index::{
     choose_index, ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, IndexInputs,
-    IndexKind, Namespace, PrefixIndex, PrefixIndexMode, PrefixMatch, PromptKey, ReadOnlyTree, Residency,
-    StoredBlocks, TenantId,
+    IndexKind, IndexView, Namespace, PrefixIndex, PrefixIndexMode, ReadOnlyTree, Residency, StoredBlocks,
 };
 use kvgate_policy::{
     build_policy, Candidate, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest, WorkerId,
@@ -227,9 +226,9 @@ impl kvgate_route::Pool for SimPool {
         _request: &RouteRequest<'_>,
     ) -> PoolIndex<'_> {
         let view = match (&self.prefix, planning) {
-            (Prefix::Approximate(tree), Planning::Live) => IndexView::Tree(tree),
-            (Prefix::Approximate(tree), Planning::DryRun) => IndexView::ReadOnly(ReadOnlyTree(tree)),
-            (Prefix::Exact { index, .. }, _) => IndexView::Exact(index),
+            (Prefix::Approximate(tree), Planning::Live) => Answering::Tree(tree),
+            (Prefix::Approximate(tree), Planning::DryRun) => Answering::ReadOnly(ReadOnlyTree(tree)),
+            (Prefix::Exact { index, .. }, _) => Answering::Exact(index),
         };
         PoolIndex { kind, view }
     }
@@ -239,41 +238,26 @@ impl kvgate_route::Pool for SimPool {
 /// without a prompt consults none).
 pub struct PoolIndex<'a> {
     kind: IndexKind,
-    view: IndexView<'a>,
+    view: Answering<'a>,
 }
 
-enum IndexView<'a> {
+enum Answering<'a> {
     Tree(&'a ApproxIndex),
     ReadOnly(ReadOnlyTree<'a>),
     Exact(&'a BlockIndex),
 }
 
-impl PoolIndex<'_> {
-    fn index(&self) -> &dyn PrefixIndex {
-        match &self.view {
-            IndexView::Tree(tree) => *tree,
-            IndexView::ReadOnly(tree) => tree,
-            IndexView::Exact(index) => *index,
-        }
-    }
-}
-
-impl PrefixIndex for PoolIndex<'_> {
+impl IndexView for PoolIndex<'_> {
     fn kind(&self) -> IndexKind {
         self.kind
     }
 
-    fn route(
-        &self,
-        key: PromptKey<'_>,
-        now_ms: u64,
-        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
-    ) -> Option<TenantId> {
-        self.index().route(key, now_ms, choose)
-    }
-
-    fn tenant_size(&self, tenant: TenantId) -> usize {
-        self.index().tenant_size(tenant)
+    fn with<R>(&self, use_index: impl FnOnce(&dyn PrefixIndex) -> R) -> R {
+        match &self.view {
+            Answering::Tree(tree) => use_index(*tree),
+            Answering::ReadOnly(tree) => use_index(tree),
+            Answering::Exact(index) => use_index(*index),
+        }
     }
 }
 
