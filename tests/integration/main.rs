@@ -7,9 +7,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attempts;
 mod closed_loop;
 mod dashboard;
 mod dp_aware;
+mod dry_runs;
 mod e2e;
 mod embed;
 mod fleet;

@@ -62,7 +62,8 @@ pub use peer::{
     prompt_blocks, prompt_hash, PeerBlocks, PeerMerged, PromptBlocks, ReadOnlyTree, TEXT_BLOCK_BYTES,
 };
 pub use prefix::{
-    ApproxIndex, ExactRecordingTree, IndexKind, NamespacedExact, PrefixIndex, PromptKey, TreeSettings,
+    ApproxIndex, ExactRecordingTree, IndexKind, IndexView, NamespacedExact, PrefixIndex, PromptKey,
+    TreeSettings,
 };
 pub use tree::RadixTree;
 

@@ -52,6 +52,36 @@ pub trait PrefixIndex: Send + Sync {
     fn tenant_size(&self, tenant: TenantId) -> usize;
 }
 
+/// A host's view of its indexes for one decision (the tree or the exact index, learning or read
+/// only, as the host chose): it names the kind and lends the index that answers, and is a
+/// [`PrefixIndex`] through it.
+pub trait IndexView: Send + Sync {
+    /// The kind the decision counts as made on.
+    fn kind(&self) -> IndexKind;
+
+    /// `use_index` on the index that answers.
+    fn with<R>(&self, use_index: impl FnOnce(&dyn PrefixIndex) -> R) -> R;
+}
+
+impl<T: IndexView> PrefixIndex for T {
+    fn kind(&self) -> IndexKind {
+        IndexView::kind(self)
+    }
+
+    fn route(
+        &self,
+        key: PromptKey<'_>,
+        now_ms: u64,
+        choose: &mut dyn FnMut(&PrefixMatch) -> Option<TenantId>,
+    ) -> Option<TenantId> {
+        self.with(|index| index.route(key, now_ms, choose))
+    }
+
+    fn tenant_size(&self, tenant: TenantId) -> usize {
+        self.with(|index| index.tenant_size(tenant))
+    }
+}
+
 /// Settings of the approximate index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TreeSettings {

@@ -1,4 +1,5 @@
-//! Decision latency against fleet size: `Policy::select` of cache_aware and kv_aware over 10,
+//! Decision latency against fleet size: `Policy::decide` then `Policy::on_routed` (a live
+//! decision) of cache_aware and kv_aware over 10,
 //! 100 and 1,000 candidates, with a warm approximate prefix index (every worker holds some
 //! conversations) and a fresh load sample per worker. The clock advances 1 ms per decision
 //! (1,000 requests a second) and every worker's sample is refreshed once a simulated second,
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion};
 use kvgate_index::ApproxIndex;
 use kvgate_policy::{
-    build_policy, Candidate, Candidates, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest,
+    build_policy, Candidate, Candidates, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest, Routed,
     RoutingKey, SelectContext,
 };
 use kvgate_trace::percentile;
@@ -100,10 +101,16 @@ impl Fleet {
             rng: &mut self.rng,
             prefix_index: Some(&self.index),
         };
-        self.policy
-            .select(&request, Candidates::new(&self.candidates).unwrap(), &mut ctx)
-            .expect("a non-empty fleet")
-            .worker
+        let candidates = Candidates::new(&self.candidates).unwrap();
+        let decision = self.policy.decide(&request, candidates, &mut ctx).expect("a non-empty fleet");
+        self.policy.on_routed(&Routed {
+            request: &request,
+            candidates,
+            decision: &decision,
+            now_ms: self.now_ms,
+            load_poll_interval_ms: 1000,
+        });
+        decision.worker
     }
 }
 

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use crate::pick::least_in_flight;
-use crate::{Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId};
+use crate::{Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext, WorkerId};
 
 /// Recent prompt lengths remembered for placing the boundaries.
 const WINDOW: usize = 4096;
@@ -26,30 +26,43 @@ struct Buckets {
 
 impl Buckets {
     /// Boundaries splitting the recent prompts' tokens into `n` equal shares.
-    fn adjust(&mut self, n: usize, now_ms: u64) {
-        self.adjusted_ms = Some(now_ms);
+    fn placed(&self, n: usize) -> Vec<u64> {
         let mut lengths: Vec<u64> = self.recent.iter().copied().collect();
         lengths.sort_unstable();
         let total: u64 = lengths.iter().sum();
-        self.boundaries.clear();
+        let mut boundaries = Vec::new();
         if total == 0 || n < 2 {
-            return;
+            return boundaries;
         }
         let mut cumulative = 0u64;
         let mut next_share = 1;
         for &length in &lengths {
             cumulative += length;
             while next_share < n && cumulative * n as u64 >= total * next_share as u64 {
-                self.boundaries.push(length + 1);
+                boundaries.push(length + 1);
                 next_share += 1;
             }
         }
+        boundaries
     }
 
-    /// The bucket (index into `members`) of a prompt of `length` tokens.
-    fn bucket(&self, length: u64) -> usize {
-        self.boundaries.partition_point(|&bound| bound <= length)
+    /// Whether the boundaries are placed again before deciding among `members` (sorted) at
+    /// `now_ms`: the members changed, or `adjust_ms` passed since the last placement.
+    fn due(&self, members: &[WorkerId], now_ms: u64, adjust_ms: u64) -> bool {
+        members != self.members || self.adjusted_ms.is_none_or(|at| now_ms.saturating_sub(at) >= adjust_ms)
     }
+}
+
+/// The bucket (index into the members) of a prompt of `length` tokens.
+fn bucket(boundaries: &[u64], length: u64) -> usize {
+    boundaries.partition_point(|&bound| bound <= length)
+}
+
+/// The candidates' ids, sorted: the buckets' owners in order.
+fn members(candidates: &Candidates<'_>) -> Vec<WorkerId> {
+    let mut members: Vec<WorkerId> = candidates.iter().map(|c| c.id).collect();
+    members.sort_unstable();
+    members
 }
 
 pub struct BucketPolicy {
@@ -68,6 +81,10 @@ impl BucketPolicy {
             balance_rel,
         }
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buckets> {
+        self.buckets.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Policy for BucketPolicy {
@@ -75,38 +92,52 @@ impl Policy for BucketPolicy {
         "bucket"
     }
 
-    fn select(
+    /// The bucket owner of the prompt's length, on the boundaries as they stand or, when they are
+    /// due to be placed again, as `on_routed` will place them (from the lengths seen before
+    /// this request).
+    fn decide(
         &self,
         request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let mut members: Vec<WorkerId> = candidates.iter().map(|c| c.id).collect();
-        members.sort_unstable();
-        let due = buckets.adjusted_ms.is_none_or(|at| ctx.now_ms.saturating_sub(at) >= self.adjust_ms);
-        if members != buckets.members || due {
-            buckets.members = members;
-            let n = buckets.members.len();
-            buckets.adjust(n, ctx.now_ms);
-        }
+        let buckets = self.lock();
+        let members = members(&candidates);
+        let placed;
+        let (boundaries, members) = if buckets.due(&members, ctx.now_ms, self.adjust_ms) {
+            placed = buckets.placed(members.len());
+            (&placed, &members)
+        } else {
+            (&buckets.boundaries, &buckets.members)
+        };
         let length = request.prompt_tokens;
-        if buckets.recent.len() == WINDOW {
-            buckets.recent.pop_front();
-        }
-        buckets.recent.push_back(length);
         let fallback = least_in_flight(&candidates, ctx.rng);
-        if buckets.boundaries.is_empty() {
-            // Nothing learned yet: balance by count.
+        if boundaries.is_empty() {
             return Ok(Decision::plain(candidates[fallback].id, Reason::Bucket));
         }
-        let worker = buckets.members[buckets.bucket(length).min(buckets.members.len() - 1)];
+        let worker = members[bucket(boundaries, length).min(members.len() - 1)];
         let chosen = candidates.iter().position(|c| c.id == worker).unwrap_or(fallback);
         let (busy, idle) = (candidates[chosen].in_flight as f64, candidates[fallback].in_flight as f64);
         if busy - idle > self.balance_abs && busy > self.balance_rel * idle {
             return Ok(Decision::plain(candidates[fallback].id, Reason::ImbalanceCount));
         }
         Ok(Decision::plain(worker, Reason::Bucket))
+    }
+
+    /// Places the boundaries when due (the members changed, or the interval passed), then
+    /// remembers the prompt's length.
+    fn on_routed(&self, routed: &Routed<'_>) {
+        let mut buckets = self.lock();
+        let members = members(&routed.candidates);
+        if buckets.due(&members, routed.now_ms, self.adjust_ms) {
+            buckets.boundaries = buckets.placed(members.len());
+            buckets.members = members;
+            buckets.adjusted_ms = Some(routed.now_ms);
+        }
+        if buckets.recent.len() == WINDOW {
+            buckets.recent.pop_front();
+        }
+        buckets.recent.push_back(routed.request.prompt_tokens);
     }
 }
 

@@ -24,7 +24,7 @@ impl Policy for ConsistentHashingPolicy {
         "consistent_hashing"
     }
 
-    fn select(
+    fn decide(
         &self,
         request: &RouteRequest<'_>,
         candidates: Candidates<'_>,

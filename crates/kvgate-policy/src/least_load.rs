@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use crate::inflight::{fresh_load, RoutedLog};
 use crate::pick::pick_min_by;
 use crate::{
-    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId,
+    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext, WorkerId,
 };
 
 /// The knobs of the expected-wait estimate.
@@ -32,6 +32,10 @@ const WAIT_TIE_SECS: f64 = 1e-4;
 impl LeastLoadPolicy {
     pub fn new(settings: LeastLoadSettings) -> Self {
         Self { settings, routed: Mutex::new(RoutedLog::default()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RoutedLog> {
+        self.routed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Expected wait in seconds on `candidate`.
@@ -64,37 +68,41 @@ impl Policy for LeastLoadPolicy {
         true
     }
 
-    fn select(
+    fn decide(
         &self,
-        request: &RouteRequest<'_>,
+        _request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        let mut routed = self.routed.lock().unwrap_or_else(|p| p.into_inner());
+        let routed = self.lock();
         let waits: Vec<(i64, u64)> = candidates
             .iter()
             .map(|c| ((self.expected_wait(c, &routed, ctx) / WAIT_TIE_SECS) as i64, c.in_flight))
             .collect();
         let index = pick_min_by(0..candidates.len(), |i| waits[i], ctx.rng).expect("not empty");
-        let worker: WorkerId = candidates[index].id;
-        let tokens = if request.prompt_tokens > 0 {
-            request.prompt_tokens as f64
-        } else {
-            self.settings.mean_prefill_tokens
+        Ok(Decision::plain(candidates[index].id, Reason::LeastLoad))
+    }
+
+    /// The request's prompt tokens (or the mean prompt when unknown) count as queued on its
+    /// worker until the next load sample.
+    fn on_routed(&self, routed: &Routed<'_>) {
+        let tokens = match routed.request.prompt_tokens {
+            0 => self.settings.mean_prefill_tokens,
+            known => known as f64,
         };
-        routed.record(worker, ctx.now_ms, tokens, ctx.load_poll_interval_ms.saturating_mul(4));
-        Ok(Decision { worker, reason: Reason::LeastLoad, matches: None, index: None, predicted: None })
+        let keep_ms = routed.load_poll_interval_ms.saturating_mul(4);
+        self.lock().record(routed.decision.worker, routed.now_ms, tokens, keep_ms);
     }
 
     fn remove_worker(&self, worker: WorkerId) {
-        self.routed.lock().unwrap_or_else(|p| p.into_inner()).forget(worker);
+        self.lock().forget(worker);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{candidates, ctx_rng};
+    use crate::test_support::{candidates, ctx_rng, route};
     use crate::LoadSample;
 
     const SETTINGS: LeastLoadSettings = LeastLoadSettings {
@@ -123,7 +131,7 @@ mod tests {
         let mut rng = ctx_rng(1);
         let mut ctx =
             SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        let d = policy.select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx).unwrap();
+        let d = route(&policy, &RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx);
         assert_eq!((d.worker, d.reason), (1, Reason::LeastLoad));
     }
 
@@ -139,8 +147,7 @@ mod tests {
         let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: 4000, session: None };
         let mut counts = [0; 2];
         for _ in 0..10 {
-            counts[policy.select(&request, Candidates::new(&pool).unwrap(), &mut ctx).unwrap().worker
-                as usize] += 1;
+            counts[route(&policy, &request, Candidates::new(&pool).unwrap(), &mut ctx).worker as usize] += 1;
         }
         assert_eq!(counts, [5, 5], "the same stale sample, yet the burst alternates");
     }
@@ -152,9 +159,6 @@ mod tests {
         let mut rng = ctx_rng(3);
         let mut ctx =
             SelectContext { now_ms: 0, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        assert_eq!(
-            policy.select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx).unwrap().worker,
-            1
-        );
+        assert_eq!(route(&policy, &RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx).worker, 1);
     }
 }

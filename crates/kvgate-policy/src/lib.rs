@@ -1,7 +1,11 @@
 //! kvgate-policy: routing policies as pure functions of candidates, loads, time and an RNG.
 //!
-//! The gateway and the virtual-time simulator call the same [`Policy::select`]: it never performs
+//! The gateway and the virtual-time simulator call the same [`Policy::decide`]: it never performs
 //! I/O, never reads a clock and never spawns a thread. Everything it needs is in its arguments.
+//! Deciding is not recording: `decide` changes nothing in the policy's state, however often it is
+//! asked (a dry run, a locality score, a path's prediction); the host calls
+//! [`Policy::on_routed`] for the requests it actually sends, and only then does the policy
+//! remember anything (work routed, sessions bound, the next turn).
 
 mod bucket;
 mod cache_aware;
@@ -255,13 +259,31 @@ pub struct Decision {
     pub index: Option<IndexKind>,
     /// The chosen worker's predicted time to first token, term by term (kv_aware).
     pub predicted: Option<PredictedTtft>,
+    /// The prompt tokens the chosen engine is expected to compute (the prompt less the prefix
+    /// it holds, a slower tier's hit weighed), when the policy estimated it (cache_aware,
+    /// kv_aware): what [`Policy::on_routed`] records as work routed there.
+    pub uncached_tokens: Option<f64>,
 }
 
 impl Decision {
     /// A decision with a worker and a reason only (no prefix index, no prediction).
     pub fn plain(worker: WorkerId, reason: Reason) -> Self {
-        Self { worker, reason, matches: None, index: None, predicted: None }
+        Self { worker, reason, matches: None, index: None, predicted: None, uncached_tokens: None }
     }
+}
+
+/// A request the host sent where the policy's decision said, for [`Policy::on_routed`] to
+/// record: the request, the candidates the decision was made on, the decision, and the host's
+/// clock when it decided.
+#[derive(Clone, Copy, Debug)]
+pub struct Routed<'a> {
+    pub request: &'a RouteRequest<'a>,
+    pub candidates: Candidates<'a>,
+    pub decision: &'a Decision,
+    /// The decision's `SelectContext::now_ms`.
+    pub now_ms: u64,
+    /// The decision's `SelectContext::load_poll_interval_ms`.
+    pub load_poll_interval_ms: u64,
 }
 
 /// Why no worker could be chosen.
@@ -273,29 +295,34 @@ pub enum NoRoute {
 
 /// A routing policy. Implementations keep their own state behind interior mutability so that one
 /// instance can serve concurrent requests; they never do I/O, read clocks or spawn threads.
+///
+/// Deciding is not recording: [`Policy::decide`] reads the policy's state and changes nothing in
+/// it, so any number of decisions that are not followed by [`Policy::on_routed`] (dry runs,
+/// locality scores, predictions of paths not taken) change no later decision. A host calls
+/// `on_routed` once per request it sends where the policy decided.
 pub trait Policy: Send + Sync {
     /// The policy's configuration name (`round_robin`, `cache_aware`, ...).
     fn name(&self) -> &'static str;
 
-    /// Choose one of `candidates` (at least one) for `request`.
-    fn select(
+    /// Choose one of `candidates` (at least one) for `request`, recording nothing in the
+    /// policy's state (the prefix index in `ctx` is the host's: a live plan may hand in one that
+    /// learns the choice, a dry run one that only reads).
+    fn decide(
         &self,
         request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute>;
 
-    /// The decision `select` would make now, with its prediction, recording nothing in the
-    /// policy's state; `None` for a policy that does not predict a time to first token (only
-    /// kv_aware does). The host asks it to weigh paths it may not take (conditional
-    /// disaggregation's pair).
-    fn preview(
-        &self,
-        _request: &RouteRequest<'_>,
-        _candidates: Candidates<'_>,
-        _ctx: &mut SelectContext<'_>,
-    ) -> Option<Decision> {
-        None
+    /// The host sent the request where this policy's [`Policy::decide`] chose: record it (work
+    /// routed, the session bound, the next turn taken). Live plans only, once per request sent.
+    fn on_routed(&self, _routed: &Routed<'_>) {}
+
+    /// Whether decisions carry a predicted time to first token ([`Decision::predicted`]; only
+    /// kv_aware's do): the host weighs a disaggregated request's paths only when both sides'
+    /// policies predict.
+    fn predicts(&self) -> bool {
+        false
     }
 
     /// Whether the policy reads [`Candidate::load`]; the host polls engines only when some policy does.
@@ -340,7 +367,7 @@ pub(crate) mod test_support {
     }
 
     /// `policy`'s decision for `request` among `pool` at `now_ms`, without a prefix index (the
-    /// RNG seeded with `now_ms`).
+    /// RNG seeded with `now_ms`), sent: recorded with `on_routed`.
     pub fn decide(
         policy: &dyn crate::Policy,
         request: &crate::RouteRequest<'_>,
@@ -350,10 +377,30 @@ pub(crate) mod test_support {
         let mut rng = ctx_rng(now_ms);
         let mut ctx =
             crate::SelectContext { now_ms, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        let candidates = crate::Candidates::new(pool).expect("a non-empty pool");
-        policy.select(request, candidates, &mut ctx).expect("a decision")
+        route(policy, request, crate::Candidates::new(pool).expect("a non-empty pool"), &mut ctx)
+    }
+
+    /// A live decision: `decide`, then `on_routed` for it (what a host does for a request it sends).
+    pub fn route(
+        policy: &dyn crate::Policy,
+        request: &crate::RouteRequest<'_>,
+        candidates: crate::Candidates<'_>,
+        ctx: &mut crate::SelectContext<'_>,
+    ) -> crate::Decision {
+        let decision = policy.decide(request, candidates, ctx).expect("a decision");
+        policy.on_routed(&crate::Routed {
+            request,
+            candidates,
+            decision: &decision,
+            now_ms: ctx.now_ms,
+            load_poll_interval_ms: ctx.load_poll_interval_ms,
+        });
+        decision
     }
 }
+
+#[cfg(test)]
+mod decide_tests;
 
 #[cfg(test)]
 mod tests {

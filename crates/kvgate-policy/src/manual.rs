@@ -16,7 +16,7 @@ use rand::Rng;
 use crate::hashing::session_key;
 use crate::pick::pick_min_by;
 use crate::{
-    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, SelectContext, WorkerId,
+    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext, WorkerId,
 };
 
 /// How a new session picks its worker.
@@ -120,33 +120,64 @@ impl ManualPolicy {
         self.len() == 0
     }
 
-    fn place(&self, sessions: &Sessions, candidates: &[Candidate], rng: &mut dyn rand::RngCore) -> usize {
+    /// Where a new session goes. `evicted`: the sessions binding it would first forget (to make
+    /// room), not counted for `min_group`.
+    fn place(
+        &self,
+        sessions: &Sessions,
+        evicted: &[WorkerId],
+        candidates: &[Candidate],
+        rng: &mut dyn rand::RngCore,
+    ) -> usize {
+        let bound = |worker: WorkerId| {
+            let gone = evicted.iter().filter(|&&w| w == worker).count();
+            sessions.per_worker.get(&worker).copied().unwrap_or(0).saturating_sub(gone)
+        };
         match self.mode {
             AssignmentMode::Random => Some(rng.random_range(0..candidates.len())),
             AssignmentMode::MinLoad => pick_min_by(0..candidates.len(), |i| candidates[i].in_flight, rng),
-            AssignmentMode::MinGroup => pick_min_by(
-                0..candidates.len(),
-                |i| {
-                    (
-                        sessions.per_worker.get(&candidates[i].id).copied().unwrap_or(0),
-                        candidates[i].in_flight,
-                    )
-                },
-                rng,
-            ),
+            AssignmentMode::MinGroup => {
+                pick_min_by(0..candidates.len(), |i| (bound(candidates[i].id), candidates[i].in_flight), rng)
+            }
         }
         .unwrap_or(0)
     }
 
+    /// How many sessions, least recently used first, binding one more would forget: none while
+    /// there is room, else the idle ones and as many more as the bound needs (what
+    /// [`ManualPolicy::make_room`] forgets).
+    fn to_evict(&self, sessions: &Sessions, now_ms: u64) -> usize {
+        let held = sessions.by_key.len();
+        if held < self.max_sessions {
+            return 0;
+        }
+        let idle = sessions
+            .by_key
+            .iter()
+            .rev()
+            .take_while(|(_, session)| now_ms.saturating_sub(session.last_ms) > self.max_idle_ms)
+            .count();
+        idle.max(held + 1 - self.max_sessions)
+    }
+
     /// Makes room for one more session: idle ones go first, then the least recently used.
     fn make_room(&self, sessions: &mut Sessions, now_ms: u64) {
-        if sessions.by_key.len() < self.max_sessions {
-            return;
-        }
-        sessions.expire(now_ms, self.max_idle_ms);
-        while sessions.by_key.len() >= self.max_sessions {
+        for _ in 0..self.to_evict(sessions, now_ms) {
             sessions.forget_least_recent();
         }
+    }
+
+    /// The worker of `key`'s session, if it is bound, not idle and a candidate.
+    fn bound_worker(
+        &self,
+        sessions: &Sessions,
+        key: u64,
+        candidates: &[Candidate],
+        now_ms: u64,
+    ) -> Option<WorkerId> {
+        let session = sessions.by_key.peek(&key)?;
+        let fresh = now_ms.saturating_sub(session.last_ms) <= self.max_idle_ms;
+        fresh.then_some(session.worker).filter(|&worker| candidates.iter().any(|c| c.id == worker))
     }
 }
 
@@ -155,31 +186,54 @@ impl Policy for ManualPolicy {
         "manual"
     }
 
-    fn select(
+    /// The session's worker (`sticky`), or where the assignment mode places a new, idle or
+    /// orphaned session (`session_assigned`); nothing is bound until `on_routed`.
+    fn decide(
         &self,
         request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
-        let mut sessions = self.lock();
+        let sessions = self.lock();
         let Some(key) = session_key(request) else {
-            let chosen = self.place(&sessions, &candidates, ctx.rng);
+            let chosen = self.place(&sessions, &[], &candidates, ctx.rng);
             return Ok(Decision::plain(candidates[chosen].id, Reason::SessionAssigned));
         };
-        let now_ms = ctx.now_ms;
-        if let Some(session) = sessions.by_key.get_mut(&key) {
-            if now_ms.saturating_sub(session.last_ms) <= self.max_idle_ms {
-                if let Some(c) = candidates.iter().find(|c| c.id == session.worker) {
+        if let Some(worker) = self.bound_worker(&sessions, key, &candidates, ctx.now_ms) {
+            return Ok(Decision::plain(worker, Reason::Sticky));
+        }
+        // A new session first makes room (`on_routed`): those it would forget do not count.
+        let evicted: Vec<WorkerId> = match sessions.by_key.contains(&key) {
+            true => Vec::new(),
+            false => {
+                let n = self.to_evict(&sessions, ctx.now_ms);
+                sessions.by_key.iter().rev().take(n).map(|(_, session)| session.worker).collect()
+            }
+        };
+        let chosen = candidates[self.place(&sessions, &evicted, &candidates, ctx.rng)].id;
+        Ok(Decision::plain(chosen, Reason::SessionAssigned))
+    }
+
+    /// A sticky request renews its session; an assigned one binds it (a new session first makes
+    /// room under `--max-sessions`).
+    fn on_routed(&self, routed: &Routed<'_>) {
+        let Some(key) = session_key(routed.request) else { return };
+        let (worker, now_ms) = (routed.decision.worker, routed.now_ms);
+        let mut sessions = self.lock();
+        match routed.decision.reason {
+            Reason::Sticky => {
+                if let Some(session) = sessions.by_key.get_mut(&key) {
                     session.last_ms = now_ms;
-                    return Ok(Decision::plain(c.id, Reason::Sticky));
                 }
             }
-        } else {
-            self.make_room(&mut sessions, now_ms);
+            Reason::SessionAssigned => {
+                if !sessions.by_key.contains(&key) {
+                    self.make_room(&mut sessions, now_ms);
+                }
+                sessions.bind(key, worker, now_ms);
+            }
+            _ => {}
         }
-        let chosen = candidates[self.place(&sessions, &candidates, ctx.rng)].id;
-        sessions.bind(key, chosen, now_ms);
-        Ok(Decision::plain(chosen, Reason::SessionAssigned))
     }
 
     fn remove_worker(&self, worker: WorkerId) {

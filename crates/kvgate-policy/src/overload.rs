@@ -6,6 +6,8 @@
 //! left out for it (a stale snapshot drives nothing). The host applies it to the candidates
 //! before any policy sees them, so it holds for every policy.
 
+use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
+
 use crate::inflight::fresh_load;
 use crate::{Candidate, LoadSample};
 
@@ -25,6 +27,25 @@ impl OverloadSettings {
     /// Whether either bound is on (the host then polls the engines' loads).
     pub fn enabled(&self) -> bool {
         self.waiting_requests.is_some() || self.token_usage.is_some()
+    }
+
+    /// Every problem of the bounds at once (the gateway's `--worker-overload-*` options, and the
+    /// simulator's): a waiting bound of 0, a usage bound outside (0, 1].
+    pub fn check(&self) -> Result<(), ValidationErrors> {
+        let mut checks = Checks::new();
+        if self.waiting_requests == Some(0) {
+            checks.push(
+                FieldError::new(
+                    "worker_overload_waiting_requests",
+                    "must be at least 1 (the bound is inclusive: 0 would leave out every worker; unset: off)",
+                )
+                .got(0),
+            );
+        }
+        if let Some(usage) = self.token_usage {
+            checks.in_range("worker_overload_token_usage", usage, Range::FRACTION);
+        }
+        checks.finish()
     }
 
     fn overloaded(&self, load: &LoadSample) -> bool {
@@ -123,6 +144,18 @@ mod tests {
         let fleet = [candidate(0, 20, 0.9, now), candidate(1, 9, 0.95, now), candidate(2, 9, 0.85, now)];
         assert_eq!(ids(&admit(&fleet, &ON, now, 100)), vec![2]);
         assert_eq!(admit(&fleet, &OverloadSettings { shed: true, ..ON }, now, 100), Admitted::Shed);
+    }
+
+    #[test]
+    fn bounds_that_would_leave_out_every_worker_are_refused() {
+        let problems = |settings: OverloadSettings| match settings.check() {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.0.into_iter().map(|e| e.field).collect(),
+        };
+        assert!(problems(ON).is_empty() && problems(OverloadSettings::default()).is_empty());
+        let zero = OverloadSettings { waiting_requests: Some(0), token_usage: Some(0.0), shed: false };
+        assert_eq!(problems(zero), ["worker_overload_waiting_requests", "worker_overload_token_usage"]);
+        assert!(problems(OverloadSettings { token_usage: Some(f64::NAN), ..ON }).len() == 1);
     }
 
     #[test]

@@ -492,15 +492,16 @@ mod tests {
     }
 
     #[test]
-    fn a_preview_is_the_decision_select_makes_and_records_nothing() {
+    fn a_decision_records_nothing_until_it_is_routed() {
         use crate::test_support::{candidates, ctx_rng};
         use crate::{
-            build_policy, Candidates, PolicyConfig, PolicyKind, RouteRequest, RoutingKey, SelectContext,
+            build_policy, Candidates, PolicyConfig, PolicyKind, RouteRequest, Routed, RoutingKey,
+            SelectContext,
         };
         let kv_aware = build_policy(&PolicyConfig { policy: PolicyKind::KvAware, ..PolicyConfig::default() });
         let request = RouteRequest { key: RoutingKey::None, prompt_tokens: 4000, session: None };
         let pool = candidates(&[0, 0]);
-        let ask = |preview: bool| {
+        let ask = || {
             let mut rng = ctx_rng(7);
             let mut ctx = SelectContext {
                 now_ms: 1000,
@@ -508,28 +509,27 @@ mod tests {
                 rng: &mut rng,
                 prefix_index: None,
             };
-            let candidates = Candidates::new(&pool).unwrap();
-            if preview {
-                kv_aware.preview(&request, candidates, &mut ctx).expect("kv_aware previews")
-            } else {
-                kv_aware.select(&request, candidates, &mut ctx).unwrap()
-            }
+            kv_aware.decide(&request, Candidates::new(&pool).unwrap(), &mut ctx).unwrap()
         };
-        let first = ask(true);
-        assert_eq!(ask(true), first, "a preview changes nothing");
-        assert_eq!(ask(false), first, "select decides as previewed");
-        // Select recorded its 4,000 tokens on the chosen engine: the next prediction sees them.
-        let after = ask(true);
+        let first = ask();
+        assert_eq!(ask(), first, "deciding changes nothing");
+        kv_aware.on_routed(&Routed {
+            request: &request,
+            candidates: Candidates::new(&pool).unwrap(),
+            decision: &first,
+            now_ms: 1000,
+            load_poll_interval_ms: 1000,
+        });
+        // Routed: its 4,000 tokens are queued on the chosen engine, and the next prediction sees them.
+        let after = ask();
         assert_ne!(after.worker, first.worker, "the other engine is now the idle one");
         let queued = |d: &crate::Decision| d.predicted.unwrap().queue_s;
         assert_eq!((queued(&first), queued(&after)), (0.0, 0.0));
-        // Policies that do not predict have no preview.
+        // Only kv_aware's decisions carry a prediction.
+        assert!(kv_aware.predicts() && first.predicted.is_some());
         let round_robin =
             build_policy(&PolicyConfig { policy: PolicyKind::RoundRobin, ..PolicyConfig::default() });
-        let mut rng = ctx_rng(7);
-        let mut ctx =
-            SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
-        assert!(round_robin.preview(&request, Candidates::new(&pool).unwrap(), &mut ctx).is_none());
+        assert!(!round_robin.predicts());
     }
 
     mod prop {

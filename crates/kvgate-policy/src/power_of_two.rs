@@ -30,7 +30,7 @@ impl Policy for PowerOfTwoPolicy {
         true
     }
 
-    fn select(
+    fn decide(
         &self,
         _request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
@@ -52,7 +52,7 @@ impl Policy for PowerOfTwoPolicy {
                 candidates[pick].id
             }
         };
-        Ok(Decision { worker, reason: Reason::PowerOfTwo, matches: None, index: None, predicted: None })
+        Ok(Decision::plain(worker, Reason::PowerOfTwo))
     }
 }
 
@@ -71,7 +71,7 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(
                 PowerOfTwoPolicy
-                    .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                    .decide(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
                     .unwrap()
                     .worker,
                 1
@@ -90,7 +90,7 @@ mod tests {
             SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         assert_eq!(
             PowerOfTwoPolicy
-                .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                .decide(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
                 .unwrap()
                 .worker,
             1
@@ -100,7 +100,7 @@ mod tests {
             SelectContext { now_ms: 10_000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
         assert_eq!(
             PowerOfTwoPolicy
-                .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                .decide(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
                 .unwrap()
                 .worker,
             0
@@ -116,7 +116,7 @@ mod tests {
         let mut seen = [0; 4];
         for _ in 0..400 {
             seen[PowerOfTwoPolicy
-                .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                .decide(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
                 .unwrap()
                 .worker as usize] += 1;
         }

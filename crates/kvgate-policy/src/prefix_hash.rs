@@ -34,7 +34,7 @@ impl Policy for PrefixHashPolicy {
         "prefix_hash"
     }
 
-    fn select(
+    fn decide(
         &self,
         request: &RouteRequest<'_>,
         candidates: Candidates<'_>,

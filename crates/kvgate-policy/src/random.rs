@@ -12,20 +12,14 @@ impl Policy for RandomPolicy {
         "random"
     }
 
-    fn select(
+    fn decide(
         &self,
         _request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
         let idx = ctx.rng.random_range(0..candidates.len());
-        Ok(Decision {
-            worker: candidates[idx].id,
-            reason: Reason::Random,
-            matches: None,
-            index: None,
-            predicted: None,
-        })
+        Ok(Decision::plain(candidates[idx].id, Reason::Random))
     }
 }
 
@@ -44,7 +38,7 @@ mod tests {
             (0..200)
                 .map(|_| {
                     RandomPolicy
-                        .select(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
+                        .decide(&RouteRequest::EMPTY, Candidates::new(&pool).unwrap(), &mut ctx)
                         .unwrap()
                         .worker
                 })

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 use kvgate_engine::{EngineConfig, EngineFlags};
-use kvgate_policy::{PolicyConfig, PolicyKind, TenantsConfig};
+use kvgate_policy::{OverloadSettings, PolicyConfig, PolicyKind, TenantsConfig};
 
 use crate::trace::TraceFormat;
 use crate::SimError;
@@ -85,6 +85,19 @@ pub struct SimArgs {
     /// most prompt tokens the routing policy predicts cached (0: strict fair order).
     #[arg(long, value_name = "TOKENS", default_value_t = 0)]
     pub fairness_locality_bound: u64,
+    /// Per-worker overload protection, as `kvgate launch --worker-overload-waiting-requests`: an
+    /// engine whose last load sample shows at least this many waiting requests is left out of
+    /// routing while another is under the bounds (every policy; unset: off).
+    #[arg(long, value_name = "N")]
+    pub worker_overload_waiting_requests: Option<u64>,
+    /// Per-worker overload protection, as `kvgate launch --worker-overload-token-usage`: an engine
+    /// whose last load sample shows at least this KV usage (0-1] is left out (unset: off).
+    #[arg(long, value_name = "USAGE")]
+    pub worker_overload_token_usage: Option<f64>,
+    /// As `kvgate launch --worker-overload-shed`: when every engine is over the bounds, the request
+    /// is refused (counted unrouted) instead of sent to the least loaded one.
+    #[arg(long)]
+    pub worker_overload_shed: bool,
     /// Queue every request as tenant `default` (what a gateway sees when clients name no
     /// tenant: one queue in arrival order); the report still groups by the trace's tenants.
     #[arg(long)]
@@ -150,6 +163,15 @@ impl SimArgs {
                 .tenants_config()
                 .map_err(|errors| SimError::InvalidOptions(ValidationErrors(errors)))?,
         })
+    }
+
+    /// The gateway's per-worker overload protection (`--worker-overload-*`), as the plan applies it.
+    pub fn overload(&self) -> OverloadSettings {
+        OverloadSettings {
+            waiting_requests: self.worker_overload_waiting_requests,
+            token_usage: self.worker_overload_token_usage,
+            shed: self.worker_overload_shed,
+        }
     }
 
     /// `--tenants`' section, checked as the gateway checks it (empty without the option).
@@ -234,6 +256,7 @@ impl SimArgs {
         let mut errors: Vec<FieldError> = problems.into_iter().map(flag_error).collect();
         errors.extend(engine_errors);
         errors.extend(self.tenants_config().err().unwrap_or_default());
+        errors.extend(self.overload().check().err().map(|e| e.0).unwrap_or_default());
         if errors.is_empty() {
             Ok(runs)
         } else {

@@ -51,11 +51,12 @@ pub use kvgate_trace::{percentile, CacheReference};
 pub use kvgate_trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 pub use outside::{OutsideCandidate, OutsidePolicy, OutsideRequest};
 pub use report::{
-    BestSetting, Metrics, PdMetrics, RunReport, SetupInfo, SimReport, TraceInfo, SWEEP_METRICS,
+    BestSetting, Metrics, PdMetrics, RunReport, SetupInfo, SimReport, TraceInfo, WorkerOverload,
+    SWEEP_METRICS,
 };
 pub use sim::{
-    simulate, simulate_outside, AdmissionSetup, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimSetup,
-    TtftParts, MAINTAIN_INTERVAL_US,
+    simulate, simulate_outside, AdmissionSetup, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimPool,
+    SimSetup, TtftParts, MAINTAIN_INTERVAL_US,
 };
 pub use tenants::TenantMetrics;
 
@@ -185,6 +186,11 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
             worker_speeds: args.engine.worker_speeds.clone(),
             worker_kv_capacity_tokens: args.engine.worker_kv_capacity_tokens.clone(),
             admission: args.max_concurrent_requests.is_some().then(|| args.admission()).transpose()?,
+            worker_overload: setup.overload.enabled().then_some(report::WorkerOverload {
+                waiting_requests: setup.overload.waiting_requests,
+                token_usage: setup.overload.token_usage,
+                shed: setup.overload.shed,
+            }),
         },
         runs: reports,
         sweep_best,
@@ -204,6 +210,7 @@ fn sim_setup(
         load_monitor_interval_ms: args.load_monitor_interval_ms,
         seed: args.seed,
         admission: args.admission()?,
+        overload: args.overload(),
     })
 }
 

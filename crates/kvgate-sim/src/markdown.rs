@@ -166,6 +166,26 @@ impl SimReport {
                 }
             );
         }
+        if let Some(overload) = &s.worker_overload {
+            let bound = |name: &str, value: Option<String>| value.map(|v| format!("{v} {name}"));
+            let bounds: Vec<String> = [
+                bound("waiting requests", overload.waiting_requests.map(|n| n.to_string())),
+                bound("KV usage", overload.token_usage.map(|u| u.to_string())),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let _ = writeln!(
+                out,
+                "Overload protection: an engine at {} or more is left out while another is under; {}.\n",
+                bounds.join(" or "),
+                if overload.shed {
+                    "when all are, the request is refused"
+                } else {
+                    "when all are, the least loaded"
+                }
+            );
+        }
         if self.sweep_best.is_empty() {
             self.side_by_side(&mut out);
         } else {

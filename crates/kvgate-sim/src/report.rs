@@ -65,6 +65,17 @@ pub struct SetupInfo {
     /// The gateway's admission in front of the fleet (`--max-concurrent-requests`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admission: Option<crate::AdmissionSetup>,
+    /// The per-worker overload bounds (`--worker-overload-*`), when on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_overload: Option<WorkerOverload>,
+}
+
+/// The per-worker overload protection of a run (`--worker-overload-*`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct WorkerOverload {
+    pub waiting_requests: Option<u64>,
+    pub token_usage: Option<f64>,
+    pub shed: bool,
 }
 
 /// One simulated run (a policy at one setting).

@@ -17,12 +17,13 @@ mod admission;
 mod arrivals;
 mod pd;
 mod pool;
+mod routing;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use kvgate_engine::{Engine, EngineConfig, EngineOutput, EngineRequest, KvEventBatch, RequestStats};
-use kvgate_policy::{Decision, IndexKind, PolicyConfig, Reason};
+use kvgate_policy::{OverloadSettings, PolicyConfig, Reason};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -31,7 +32,7 @@ use crate::outside::{OutsidePolicy, OutsideRequest};
 use crate::trace::{extend_prompt_tokens, Trace};
 pub use admission::AdmissionSetup;
 pub use pd::{PdOutcome, PdSetup};
-use pool::Pool;
+pub use pool::SimPool;
 
 /// Virtual microseconds between `Policy::maintain` calls (the gateway calls it every second).
 pub const MAINTAIN_INTERVAL_US: u64 = 1_000_000;
@@ -51,6 +52,8 @@ pub struct SimSetup {
     pub seed: u64,
     /// The gateway's concurrency cap and fair queue in front of the fleet (none by default).
     pub admission: AdmissionSetup,
+    /// The gateway's per-worker overload protection (`--worker-overload-*`; off by default).
+    pub overload: OverloadSettings,
 }
 
 /// The engines and how requests reach them.
@@ -194,10 +197,10 @@ pub fn simulate_with_kv_sink<'a>(
     kv_sink: Option<KvSink<'a>>,
 ) -> SimOutcome {
     let pools = match &setup.fleet {
-        Fleet::Regular { n_workers } => vec![Pool::new(policy, 0, *n_workers)],
+        Fleet::Regular { n_workers } => vec![SimPool::new(policy, 0, *n_workers)],
         Fleet::Disaggregated(pd) => vec![
-            Pool::new(policy, 0, pd.prefill_workers),
-            Pool::new(&pd.decode_policy, pd.prefill_workers, pd.decode_workers),
+            SimPool::new(policy, 0, pd.prefill_workers),
+            SimPool::new(&pd.decode_policy, pd.prefill_workers, pd.decode_workers),
         ],
     };
     let mut simulation = Simulation::new(trace, setup, pools, None, kv_sink);
@@ -217,7 +220,7 @@ pub fn simulate_outside(
     outside: &mut dyn OutsidePolicy,
     progress: Progress<'_>,
 ) -> SimOutcome {
-    let pools = vec![Pool::for_outside(setup.fleet.n_engines())];
+    let pools = vec![SimPool::for_outside(setup.fleet.n_engines())];
     Simulation::new(trace, setup, pools, Some(outside), None).run(progress)
 }
 
@@ -225,7 +228,7 @@ struct Simulation<'a> {
     trace: &'a Trace,
     setup: &'a SimSetup,
     /// The regular pool, or the prefill then the decode pool; engines in pool order.
-    pools: Vec<Pool>,
+    pools: Vec<SimPool>,
     /// Disaggregated requests between arrival and decode finish.
     pd: Option<pd::PdState>,
     admission: admission::Admission,
@@ -271,7 +274,7 @@ impl<'a> Simulation<'a> {
     fn new(
         trace: &'a Trace,
         setup: &'a SimSetup,
-        pools: Vec<Pool>,
+        pools: Vec<SimPool>,
         outside: Option<&'a mut dyn OutsidePolicy>,
         kv_sink: Option<KvSink<'a>>,
     ) -> Self {
@@ -399,10 +402,7 @@ impl<'a> Simulation<'a> {
         }
         if !self.admission.try_enter(id, request) {
             let score = match self.admission.scores_locality() {
-                true => {
-                    let interval = self.setup.load_monitor_interval_ms;
-                    self.pools[0].predicted_cached(now, &prompt, input_length, interval, id, &self.session)
-                }
+                true => self.predicted_cached(now, id, &prompt, input_length),
                 false => 0,
             };
             self.admission.wait(id, request, score);
@@ -414,14 +414,15 @@ impl<'a> Simulation<'a> {
 
     /// Routes admitted request `id` and submits it to its engine.
     fn submit(&mut self, now: u64, id: u64, prompt: Vec<u32>, input_length: u32, output_tokens: u32) {
-        let Some(decision) = self.route(0, now, &prompt, input_length, id) else {
+        let Some(worker) = self.plan_sent(now, id, &prompt, input_length).and_then(|sent| sent.workers[0])
+        else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
             self.turn_ended(id, now, now);
             self.admit_next(now, id);
             return;
         };
-        let engine = self.pools[0].first_engine + decision.worker as usize;
+        let engine = self.pools[0].first_engine + worker;
         let class = self.admission.class_of(&self.trace.requests[self.order[id as usize]]);
         let request =
             EngineRequest::new(id, prompt, output_tokens).with_priority(class.lower_first_priority());
@@ -471,44 +472,6 @@ impl<'a> Simulation<'a> {
         extend_prompt_tokens(request, &mut prompt);
         session_key(request, &mut self.session);
         self.submit(now, id, prompt, input_length, output_tokens);
-    }
-
-    /// Asks pool `pool`'s policy for a worker (pool-local index); the run's policy (pool 0) has
-    /// its decisions counted in the outcome, the decode side's in `pd`.
-    fn route(
-        &mut self,
-        pool: usize,
-        now: u64,
-        prompt: &[u32],
-        prompt_tokens: u32,
-        id: u64,
-    ) -> Option<Decision> {
-        let interval = self.setup.load_monitor_interval_ms;
-        let decision = self.pools[pool]
-            .route(now, prompt, prompt_tokens, interval, &mut self.rng, id, &self.session)
-            .ok()?;
-        let reason_index = Reason::ALL.iter().position(|&r| r == decision.reason).unwrap_or(0);
-        if pool > 0 {
-            if let Some(pd) = &mut self.outcome.pd {
-                pd.decode_decisions[reason_index] += 1;
-            }
-            return Some(decision);
-        }
-        self.outcome.decisions[reason_index] += 1;
-        if let Some(slot) =
-            self.order.get(id as usize).and_then(|&i| self.outcome.reason_by_request.get_mut(i))
-        {
-            *slot = reason_index as u8;
-        }
-        if let Some(kind) = decision.index {
-            self.outcome.index_decisions[IndexKind::ALL.iter().position(|&k| k == kind).unwrap_or(0)] += 1;
-        }
-        if let Some(matches) = decision.matches {
-            self.outcome.chosen_match_sum += matches.chosen_match_rate;
-            self.outcome.best_match_sum += matches.best_match_rate;
-            self.outcome.match_decisions += 1;
-        }
-        Some(decision)
     }
 
     /// The pool holding `engine` and the engine's pool-local index.
@@ -613,7 +576,11 @@ impl<'a> Simulation<'a> {
             let load = self.engines[engine].load(now);
             usage.push(load.token_usage);
             let (pool, worker) = self.pool_of(engine);
-            self.pools[pool].record_load(worker, &load, now);
+            self.pools[pool].record_load(
+                worker,
+                pool::load_sample(&load, now),
+                self.setup.overload.enabled(),
+            );
             if pool > 0 {
                 if let Some(pd) = &mut self.outcome.pd {
                     pd.decode_uncached_tokens_max =

@@ -322,6 +322,7 @@ fn the_exact_index_knows_what_engines_evicted() {
 }
 
 mod outside;
+mod overload;
 mod pd;
 mod sessions;
 mod tenants;

@@ -721,6 +721,9 @@ def simulate(
     seed: int = 0,
     max_concurrent_requests: int | None = None,
     fairness_locality_bound: int = 0,
+    worker_overload_waiting_requests: int | None = None,
+    worker_overload_token_usage: float | None = None,
+    worker_overload_shed: bool = False,
     ignore_tenants: bool = False,
     tenants: str | os.PathLike[str] | None = None,
     json: str | os.PathLike[str] | None = None,
@@ -916,6 +919,16 @@ def simulate(
         bound`: within this many tokens of virtual-time deficit the admission queue serves first
         the request with the most prompt tokens the routing policy predicts cached (0: strict
         fair order)
+    worker_overload_waiting_requests: Per-worker overload protection, as `kvgate launch
+        --worker-overload-waiting-requests`: an engine whose last load sample shows at least
+        this many waiting requests is left out of routing while another is under the bounds
+        (every policy; unset: off)
+    worker_overload_token_usage: Per-worker overload protection, as `kvgate launch --worker-
+        overload-token-usage`: an engine whose last load sample shows at least this KV usage
+        (0-1] is left out (unset: off)
+    worker_overload_shed: As `kvgate launch --worker-overload-shed`: when every engine is over
+        the bounds, the request is refused (counted unrouted) instead of sent to the least
+        loaded one
     ignore_tenants: Queue every request as tenant `default` (what a gateway sees when clients
         name no tenant: one queue in arrival order); the report still groups by the trace's
         tenants

@@ -99,18 +99,7 @@ impl GatewayConfig {
             self.kv_index_capacity_slack,
             Range::new(1.0, true, 1000.0, true),
         );
-        if self.worker_overload_waiting_requests == Some(0) {
-            checks.push(
-                FieldError::new(
-                    "worker_overload_waiting_requests",
-                    "must be at least 1 (the bound is inclusive: 0 would leave out every worker; unset: off)",
-                )
-                .got(0),
-            );
-        }
-        if let Some(usage) = self.worker_overload_token_usage {
-            checks.in_range("worker_overload_token_usage", usage, Range::FRACTION);
-        }
+        checks.nested(self.overload_settings().check());
         if self.max_concurrent_requests == Some(0) {
             checks.push(
                 FieldError::new("max_concurrent_requests", "must be at least 1 (leave unset for no limit)")

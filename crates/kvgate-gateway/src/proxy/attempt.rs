@@ -1,5 +1,7 @@
 //! One exchange with one worker: build the upstream request, send it under the request timeout,
-//! and classify the answer (done, retryable, unreachable, fatal), recording failures on the
+//! and classify how it went, once for every path (a single worker, either side of a pair, the
+//! in-place fallback): an answer the client may get, or an [`AttemptError`] saying what failed,
+//! on which side, and whether another worker may take the request. Failures are recorded on the
 //! worker's circuit breaker.
 
 use std::sync::Arc;
@@ -11,26 +13,142 @@ use http_body_util::Full;
 use kvgate_config::error_chain;
 use kvgate_index::InFlightPrompt;
 
+use super::respond::{Failure, Outcome, Served};
 use crate::body::InFlight;
 use crate::conn::{self, SendError, UpstreamBody};
 use crate::error::ApiError;
 use crate::registry::ModelPrefix;
+use crate::role::WorkerRole;
 use crate::state::AppState;
 use crate::upstream::is_hop_by_hop;
 use crate::worker::Worker;
 
-/// Outcome of one attempt on one worker.
+/// How one attempt on one worker went.
 pub(super) enum Attempt {
-    Done(http::Response<UpstreamBody>, InFlight),
-    /// 502/503/504 before any byte went to the client.
-    RetryableStatus(http::Response<UpstreamBody>, InFlight),
-    /// Connection could not be established.
-    Unreachable(String),
-    /// No response head within `--ttfb-timeout-secs`: the request was dropped there, nothing
-    /// reached the client, another worker may take it.
+    /// A response head the client may get: a success, a client error, or a server error other
+    /// than 502/503/504 (from a prefill worker, a success or a client error only: its other
+    /// answers are no client's).
+    Answered(http::Response<UpstreamBody>, InFlight),
+    /// The attempt failed before anything reached the client.
+    Failed(AttemptError),
+}
+
+/// Why one attempt failed (pingora-error's `ErrorType`), on which side (the worker and its role
+/// in the plan; the upstream or the request itself: `ErrorSource`), and whether another worker
+/// may take the request (`RetryType`). One classification for every path.
+pub(super) struct AttemptError {
+    /// The worker that failed.
+    pub worker: u32,
+    /// Its side of the plan (a regular worker, or a pair's prefill or decode side).
+    pub role: WorkerRole,
+    pub kind: AttemptErrorKind,
+}
+
+/// What failed.
+pub(super) enum AttemptErrorKind {
+    /// An error answer no client gets: 502, 503 or 504 (overloaded, unhealthy, or a proxy in
+    /// front of the engine failing), or any server error from a prefill worker.
+    Status(http::Response<UpstreamBody>, InFlight),
+    /// No connection could be made: the request was not sent.
+    Connect(String),
+    /// The connection broke before a response head: the request may have reached the worker,
+    /// nothing reached the client.
+    Exchange(String),
+    /// The worker's answer broke the protocol (a vLLM prefill answer without its
+    /// `kv_transfer_params`).
+    Protocol(String),
+    /// No response head within `--ttfb-timeout-secs`.
     SlowHead(Duration),
-    /// The exchange failed after the request may have reached the worker, or timed out.
-    Fatal(ApiError),
+    /// No response head within `--request-timeout-secs`: the request's own time is spent.
+    Timeout(Duration),
+    /// The request cannot be made to the worker (its path, or a body the edit needs): the
+    /// client's fault.
+    Request(ApiError),
+}
+
+/// Which side of the exchange caused a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ErrorSource {
+    /// The worker (or the way to it).
+    Upstream,
+    /// The client's request.
+    Client,
+}
+
+/// Whether another worker may take the request after a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RetryType {
+    /// Within the retry budget (`--retry-max-retries`), on a worker not tried yet.
+    Allowed,
+    /// The failure is the client's, or the request's time is spent: answer now.
+    Never,
+}
+
+impl AttemptError {
+    pub(super) fn source(&self) -> ErrorSource {
+        match self.kind {
+            AttemptErrorKind::Request(_) => ErrorSource::Client,
+            _ => ErrorSource::Upstream,
+        }
+    }
+
+    /// Every upstream failure before anything reached the client may go to another worker
+    /// (an exchange that broke included, on a single worker as on either side of a pair), except
+    /// a request whose time is spent.
+    pub(super) fn retry(&self) -> RetryType {
+        match (&self.kind, self.source()) {
+            (AttemptErrorKind::Timeout(_), _) | (_, ErrorSource::Client) => RetryType::Never,
+            _ => RetryType::Allowed,
+        }
+    }
+
+    /// The `status` label of `kvgate_pd_requests_total`.
+    pub(super) fn label(&self) -> String {
+        match &self.kind {
+            AttemptErrorKind::Status(response, _) => response.status().as_str().to_string(),
+            AttemptErrorKind::Connect(_) => "unreachable".into(),
+            AttemptErrorKind::SlowHead(_) | AttemptErrorKind::Timeout(_) => "timeout".into(),
+            AttemptErrorKind::Exchange(_) | AttemptErrorKind::Protocol(_) | AttemptErrorKind::Request(_) => {
+                "error".into()
+            }
+        }
+    }
+
+    /// The retry loop's outcome of the failure: when a retry is allowed, a retry without the
+    /// failed worker (with what the client gets if none is left: the error answer as `served`
+    /// wraps it, or the gateway's 502 or 504); else that answer now.
+    pub(super) fn into_outcome(
+        self,
+        served: impl FnOnce(http::Response<UpstreamBody>, InFlight) -> Box<Served>,
+    ) -> Outcome {
+        let (failed, retry) = (self.worker, self.retry());
+        tracing::debug!(
+            worker = failed,
+            side = self.role.as_str(),
+            source = ?self.source(),
+            ?retry,
+            status = self.label(),
+            "attempt failed"
+        );
+        let failure = match self.kind {
+            AttemptErrorKind::Status(response, in_flight) => Failure::Response(served(response, in_flight)),
+            AttemptErrorKind::Connect(message)
+            | AttemptErrorKind::Exchange(message)
+            | AttemptErrorKind::Protocol(message) => Failure::Unreachable(message),
+            AttemptErrorKind::SlowHead(timeout) | AttemptErrorKind::Timeout(timeout) => {
+                Failure::TimedOut(timeout.as_secs_f64())
+            }
+            AttemptErrorKind::Request(error) => return Outcome::Fatal(error),
+        };
+        match retry {
+            RetryType::Allowed => Outcome::Retry { failure, failed },
+            RetryType::Never => match failure {
+                Failure::Response(served) => Outcome::Done(served),
+                Failure::Unreachable(message) => Outcome::Fatal(ApiError::UpstreamUnreachable(message)),
+                Failure::TimedOut(secs) => Outcome::Fatal(ApiError::UpstreamTimeout(secs)),
+            },
+        }
+    }
 }
 
 pub(super) async fn attempt(
@@ -41,10 +159,11 @@ pub(super) async fn attempt(
     body: Bytes,
     prompt: Option<(Arc<ModelPrefix>, InFlightPrompt)>,
 ) -> Attempt {
+    let failed = |kind| Attempt::Failed(AttemptError { worker: worker.id, role: worker.role, kind });
     let body = match worker.dp_rank {
         Some(rank) => match with_dp_rank(&body, rank) {
             Ok(body) => body,
-            Err(error) => return Attempt::Fatal(error),
+            Err(error) => return failed(AttemptErrorKind::Request(error)),
         },
         None => body,
     };
@@ -52,7 +171,10 @@ pub(super) async fn attempt(
     *upstream.method_mut() = http::Method::POST;
     *upstream.uri_mut() = match worker.conns.target(path_and_query) {
         Ok(uri) => uri,
-        Err(e) => return Attempt::Fatal(ApiError::BadRequest(format!("invalid request path: {e}"))),
+        Err(e) => {
+            let error = ApiError::BadRequest(format!("invalid request path: {e}"));
+            return failed(AttemptErrorKind::Request(error));
+        }
     };
     let headers = upstream.headers_mut();
     let forward_credentials = state.config.forward_client_auth
@@ -86,37 +208,39 @@ pub(super) async fn attempt(
     match sent {
         Ok(Ok(response)) => {
             let status = response.status();
-            if matches!(
+            let no_clients = matches!(
                 status,
                 StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
-            ) {
-                record_failure(state, worker, "status", now);
-                return Attempt::RetryableStatus(response, in_flight);
-            }
+            ) || (worker.role == WorkerRole::Prefill && status.is_server_error());
             if status.is_server_error() {
                 record_failure(state, worker, "status", now);
             } else if worker.circuit.record_success() {
                 worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(0));
             }
-            Attempt::Done(response, in_flight)
+            if no_clients {
+                return failed(AttemptErrorKind::Status(response, in_flight));
+            }
+            Attempt::Answered(response, in_flight)
         }
         Ok(Err(SendError::Connect(message))) => {
             record_failure(state, worker, "connect", now);
             let message = format!("{}: {message}", worker.url);
             tracing::debug!(worker = %worker.url, %message, "connect failed, will retry elsewhere");
-            Attempt::Unreachable(message)
+            failed(AttemptErrorKind::Connect(message))
         }
         Ok(Err(SendError::Exchange(error))) => {
             record_failure(state, worker, "connect", now);
-            Attempt::Fatal(ApiError::UpstreamUnreachable(format!("{}: {}", worker.url, error_chain(&error))))
+            let message = format!("{}: {}", worker.url, error_chain(&error));
+            tracing::debug!(worker = %worker.url, %message, "the exchange broke before an answer, will retry elsewhere");
+            failed(AttemptErrorKind::Exchange(message))
         }
         Err(_) => {
             record_failure(state, worker, "timeout", now);
             if head_timeout < state.request_timeout {
                 tracing::debug!(worker = %worker.url, "no response head in time, will try elsewhere");
-                return Attempt::SlowHead(head_timeout);
+                return failed(AttemptErrorKind::SlowHead(head_timeout));
             }
-            Attempt::Fatal(ApiError::UpstreamTimeout(state.request_timeout.as_secs_f64()))
+            failed(AttemptErrorKind::Timeout(state.request_timeout))
         }
     }
 }
@@ -189,7 +313,55 @@ pub(super) fn with_first_field(body: &[u8], field: &str, value: i64, what: &str)
 
 #[cfg(test)]
 mod tests {
-    use super::{with_dp_rank, with_first_field};
+    use std::time::Duration;
+
+    use super::{with_dp_rank, with_first_field, AttemptError, AttemptErrorKind, ErrorSource, RetryType};
+    use crate::error::ApiError;
+    use crate::proxy::respond::{Failure, Outcome};
+    use crate::role::WorkerRole;
+
+    /// `check(kind, source, retry, label, outcome)`: one row of the classification every path uses.
+    fn check(kind: AttemptErrorKind, expected: (ErrorSource, RetryType, &str, &str)) {
+        let error = AttemptError { worker: 7, role: WorkerRole::Prefill, kind };
+        let classified = (error.source(), error.retry(), error.label());
+        let outcome = match error.into_outcome(|_, _| panic!("no error answer to wrap")) {
+            Outcome::Retry { failure: Failure::Unreachable(_), failed: 7 } => "retry, 502 if none is left",
+            Outcome::Retry { failure: Failure::TimedOut(_), failed: 7 } => "retry, 504 if none is left",
+            Outcome::Fatal(ApiError::UpstreamTimeout(_)) => "504 now",
+            Outcome::Fatal(ApiError::BadRequest(_)) => "400 now",
+            _ => "something else",
+        };
+        assert_eq!((classified.0, classified.1, classified.2.as_str(), outcome), expected);
+    }
+
+    #[test]
+    fn every_upstream_failure_may_go_to_another_worker_unless_the_time_is_spent() {
+        use ErrorSource::{Client, Upstream};
+        use RetryType::{Allowed, Never};
+        let message = || "http://127.0.0.1:1: closed".to_string();
+        check(
+            AttemptErrorKind::Connect(message()),
+            (Upstream, Allowed, "unreachable", "retry, 502 if none is left"),
+        );
+        // The exchange broke before an answer: nothing reached the client, so another worker may
+        // take it, on a single worker as on either side of a pair.
+        check(
+            AttemptErrorKind::Exchange(message()),
+            (Upstream, Allowed, "error", "retry, 502 if none is left"),
+        );
+        check(
+            AttemptErrorKind::Protocol(message()),
+            (Upstream, Allowed, "error", "retry, 502 if none is left"),
+        );
+        let second = Duration::from_secs(1);
+        check(
+            AttemptErrorKind::SlowHead(second),
+            (Upstream, Allowed, "timeout", "retry, 504 if none is left"),
+        );
+        check(AttemptErrorKind::Timeout(second), (Upstream, Never, "timeout", "504 now"));
+        let refused = ApiError::BadRequest("invalid request path".into());
+        check(AttemptErrorKind::Request(refused), (Client, Never, "error", "400 now"));
+    }
 
     #[test]
     fn the_rank_goes_first_and_the_rest_is_kept_byte_for_byte() {

@@ -1,7 +1,7 @@
 //! The request path of a proxied endpoint: read the body, prepare the request (`prepare.rs`:
 //! the model's pools and the plan's shape, the checks, the routing key; the same preparation as
 //! the dry run's), then plan and execute: a route plan is one worker or a (prefill, decode) pair
-//! (`plan.rs`, each side chosen by its pool's policy in `choose.rs`), executed by one exchange
+//! (`plan.rs`: `kvgate_route`'s plan on the gateway's pools, `choose.rs`), executed by one exchange
 //! (`attempt.rs`) or a disaggregated pair of them (`pd.rs`); retries, errors and metrics stay in
 //! this one loop, and the answer streams back (`respond.rs`).
 
@@ -349,7 +349,7 @@ where
                 last_failure = Some(failure);
             }
         }
-        if retries >= retries_allowed || !shape.untried_left(&tried) {
+        if retries >= retries_allowed || !shape.untried_left(state, &tried) {
             let failure = last_failure.expect("a retryable failure was just recorded");
             return Ok(failure_response(state, endpoint, started, failure, permit, expect, span));
         }
@@ -400,7 +400,6 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
     let prompt = pick.in_flight_prompt(ex.request, ex.namespace);
     let result =
         attempt(ex.state, &pick.worker, ex.path_and_query, ex.headers, ex.body.clone(), prompt).await;
-    let failed = pick.worker.id;
     let served = |response, in_flight| {
         Box::new(Served {
             response,
@@ -413,14 +412,7 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
         })
     };
     match result {
-        Attempt::Done(response, in_flight) => Outcome::Done(served(response, in_flight)),
-        Attempt::RetryableStatus(response, in_flight) => {
-            Outcome::Retry { failure: Failure::Response(served(response, in_flight)), failed }
-        }
-        Attempt::Unreachable(message) => Outcome::Retry { failure: Failure::Unreachable(message), failed },
-        Attempt::SlowHead(timeout) => {
-            Outcome::Retry { failure: Failure::TimedOut(timeout.as_secs_f64()), failed }
-        }
-        Attempt::Fatal(error) => Outcome::Fatal(error),
+        Attempt::Answered(response, in_flight) => Outcome::Done(served(response, in_flight)),
+        Attempt::Failed(error) => error.into_outcome(served),
     }
 }

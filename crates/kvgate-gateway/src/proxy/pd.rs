@@ -17,7 +17,7 @@ use kvgate_policy::RouteRequest;
 use rand::Rng;
 use serde_json::{json, Map, Value};
 
-use super::attempt::{attempt, Attempt};
+use super::attempt::{attempt, Attempt, AttemptError, AttemptErrorKind};
 use super::plan::Pick;
 use super::respond::{Failure, Outcome, Served};
 use crate::body::InFlight;
@@ -50,13 +50,8 @@ fn rewrite(body: &[u8], edit: impl FnOnce(&mut Map<String, Value>)) -> Result<By
 /// The `status` label of one side's attempt.
 fn status_label(attempt: &Attempt) -> String {
     match attempt {
-        Attempt::Done(response, _) | Attempt::RetryableStatus(response, _) => {
-            response.status().as_str().to_string()
-        }
-        Attempt::Unreachable(_) => "unreachable".into(),
-        Attempt::SlowHead(_) => "timeout".into(),
-        Attempt::Fatal(ApiError::UpstreamTimeout(_)) => "timeout".into(),
-        Attempt::Fatal(_) => "error".into(),
+        Attempt::Answered(response, _) => response.status().as_str().to_string(),
+        Attempt::Failed(error) => error.label(),
     }
 }
 
@@ -69,12 +64,13 @@ enum PrefillResult {
     Ok(http::Response<UpstreamBody>, InFlight),
     /// A 4xx: the request itself is wrong; the client gets this answer.
     Refused(Box<Served>),
-    Failed(Failure),
-    Fatal(ApiError),
+    /// The prefill side failed (its server errors are no client's answer).
+    Failed(AttemptError),
 }
 
-fn classify_prefill(prefill: &Pick, result: Attempt) -> PrefillResult {
-    let served = |response, in_flight| {
+/// A prefill worker's answer as the client would get it (a refusal).
+fn prefill_served(prefill: &Pick) -> impl FnOnce(http::Response<UpstreamBody>, InFlight) -> Box<Served> + '_ {
+    |response, in_flight| {
         Box::new(Served {
             response,
             in_flight,
@@ -84,28 +80,23 @@ fn classify_prefill(prefill: &Pick, result: Attempt) -> PrefillResult {
             probe: None,
             pd: None,
         })
-    };
+    }
+}
+
+fn classify_prefill(prefill: &Pick, result: Attempt) -> PrefillResult {
     match result {
-        Attempt::Done(response, in_flight) if response.status().is_success() => {
+        Attempt::Answered(response, in_flight) if response.status().is_success() => {
             PrefillResult::Ok(response, in_flight)
         }
-        Attempt::Done(response, in_flight) if response.status().is_client_error() => {
-            PrefillResult::Refused(served(response, in_flight))
+        Attempt::Answered(response, in_flight) => {
+            PrefillResult::Refused(prefill_served(prefill)(response, in_flight))
         }
-        Attempt::Done(response, in_flight) | Attempt::RetryableStatus(response, in_flight) => {
-            PrefillResult::Failed(Failure::Response(served(response, in_flight)))
-        }
-        Attempt::Unreachable(message) | Attempt::Fatal(ApiError::UpstreamUnreachable(message)) => {
-            PrefillResult::Failed(Failure::Unreachable(message))
-        }
-        Attempt::SlowHead(timeout) => PrefillResult::Failed(Failure::TimedOut(timeout.as_secs_f64())),
-        Attempt::Fatal(error) => PrefillResult::Fatal(error),
+        Attempt::Failed(error) => PrefillResult::Failed(error),
     }
 }
 
 /// The decode side's attempt as the plan's outcome.
 fn decode_outcome(prefill: Pick, decode: Pick, result: Attempt) -> Outcome {
-    let failed = decode.worker.id;
     let served = |response, in_flight| {
         Box::new(Served {
             response,
@@ -118,17 +109,8 @@ fn decode_outcome(prefill: Pick, decode: Pick, result: Attempt) -> Outcome {
         })
     };
     match result {
-        Attempt::Done(response, in_flight) => Outcome::Done(served(response, in_flight)),
-        Attempt::RetryableStatus(response, in_flight) => {
-            Outcome::Retry { failure: Failure::Response(served(response, in_flight)), failed }
-        }
-        Attempt::Unreachable(message) | Attempt::Fatal(ApiError::UpstreamUnreachable(message)) => {
-            Outcome::Retry { failure: Failure::Unreachable(message), failed }
-        }
-        Attempt::SlowHead(timeout) => {
-            Outcome::Retry { failure: Failure::TimedOut(timeout.as_secs_f64()), failed }
-        }
-        Attempt::Fatal(error) => Outcome::Fatal(error),
+        Attempt::Answered(response, in_flight) => Outcome::Done(served(response, in_flight)),
+        Attempt::Failed(error) => error.into_outcome(served),
     }
 }
 
@@ -152,10 +134,11 @@ fn is_transfer_failure(status: http::StatusCode) -> bool {
 
 fn attempt_failed_transfer(attempt: &Attempt) -> bool {
     match attempt {
-        Attempt::Done(response, _) | Attempt::RetryableStatus(response, _) => {
+        Attempt::Answered(response, _)
+        | Attempt::Failed(AttemptError { kind: AttemptErrorKind::Status(response, _), .. }) => {
             is_transfer_failure(response.status())
         }
-        _ => false,
+        Attempt::Failed(_) => false,
     }
 }
 
@@ -220,13 +203,15 @@ pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick, fallb
                 }
                 // Returning drops the decode side's request: the decode worker stops waiting.
                 PrefillResult::Refused(served) => return Outcome::Done(served),
-                PrefillResult::Failed(failure) => return Outcome::Retry { failure, failed: prefill.worker.id },
-                PrefillResult::Fatal(error) => return Outcome::Fatal(error),
+                PrefillResult::Failed(error) => return error.into_outcome(prefill_served(&prefill)),
             },
             result = &mut decode_side, if decoded.is_none() => {
                 // Held: a success, or an error answer (maybe the prefill side's fault); the
                 // rest (unreachable, no head in time, fatal) is the decode side's own.
-                let held = matches!(result, Attempt::Done(..) | Attempt::RetryableStatus(..));
+                let held = matches!(
+                    result,
+                    Attempt::Answered(..) | Attempt::Failed(AttemptError { kind: AttemptErrorKind::Status(..), .. })
+                );
                 if prefill_done || !held || (fallback && attempt_failed_transfer(&result)) {
                     return decode_outcome(prefill, decode, result);
                 }
@@ -279,16 +264,14 @@ pub(super) async fn vllm(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outc
                         "{}: the prefill answer carries no kv_transfer_params (is the engine's KV connector configured?)",
                         prefill.worker.url
                     );
-                    return Outcome::Retry {
-                        failure: Failure::Unreachable(message),
-                        failed: prefill.worker.id,
-                    };
+                    let kind = AttemptErrorKind::Protocol(message);
+                    let error = AttemptError { worker: prefill.worker.id, role: prefill.worker.role, kind };
+                    return error.into_outcome(prefill_served(&prefill));
                 }
             }
         }
         PrefillResult::Refused(served) => return Outcome::Done(served),
-        PrefillResult::Failed(failure) => return Outcome::Retry { failure, failed: prefill.worker.id },
-        PrefillResult::Fatal(error) => return Outcome::Fatal(error),
+        PrefillResult::Failed(error) => return error.into_outcome(prefill_served(&prefill)),
     };
     let second = match rewrite(ex.body, |object| {
         object.insert("kv_transfer_params".into(), params);

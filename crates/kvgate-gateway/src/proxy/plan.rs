@@ -1,15 +1,19 @@
 //! Planning a request: which pools serve it (one regular pool, or a prefill and a decode pool),
-//! and, per attempt, the route plan: one worker, or a (prefill, decode) pair, each chosen by its
-//! own pool's policy on its own candidates, loads and prefix index.
+//! and, per attempt, the route plan: one worker, or a (prefill, decode) pair, made by the one
+//! routing plan of `kvgate_route` on the gateway's view of its pools (`choose.rs`), with the
+//! gateway's clock and overload bounds and an RNG seeded from the prompt. A live plan is
+//! recorded as sent (each policy's `on_routed`, the metrics, the peers); a dry run records
+//! nothing.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use kvgate_index::{InFlightPrompt, Namespace, PromptHashes};
-use kvgate_policy::{
-    cached_tokens, Decision, IndexKind, PdChoice, PdInputs, PdPath, PdRule, RouteRequest, RoutingKey,
-};
+use kvgate_index::{prompt_hash, InFlightPrompt, Namespace, PromptHashes};
+use kvgate_policy::{cached_tokens, Decision, IndexKind, PdChoice, PdPath, RouteRequest, RoutingKey};
+use kvgate_route::{NoPlan, PlanContext, Planning, Pools, Side};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 
+use super::choose::{Consulted, PoolView};
 use crate::accuracy::Probe;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -64,19 +68,6 @@ impl Shape {
         }
     }
 
-    /// Whether every pool of the plan still has a routable worker that was not tried.
-    pub(super) fn untried_left(&self, tried: &[u32]) -> bool {
-        let now = Instant::now();
-        let left =
-            |pool: &ModelPool| pool.workers.iter().any(|w| !tried.contains(&w.id) && w.is_routable(now));
-        match self {
-            Shape::Single(pool) => left(pool),
-            // In place needs the decode side only.
-            Shape::Pair { prefill, decode } if prefill.config.pd_conditional => left(decode),
-            Shape::Pair { prefill, decode } => left(prefill) && left(decode),
-        }
-    }
-
     /// The worker an `x-kvgate-target-worker` header names, if it serves this request's model
     /// (on either side of a pair).
     pub(super) fn target(&self, value: &http::HeaderValue) -> Result<u32, ApiError> {
@@ -104,7 +95,8 @@ impl Shape {
             })
     }
 
-    /// A route plan avoiding `tried` (and going to `target` where it serves), or why none exists.
+    /// A route plan avoiding `tried` (and going to `target` where it serves), or why none exists;
+    /// recorded as sent (the gateway sends it at once).
     pub(super) fn plan(
         &self,
         state: &AppState,
@@ -113,87 +105,23 @@ impl Shape {
         tried: &[u32],
         target: Option<u32>,
     ) -> Result<RoutePlan, ApiError> {
-        self.plan_as(state, request, namespace, tried, target, Planning::Live)
+        self.plan_as(state, request, namespace, Planning::Live, |pools, ctx| {
+            pools.plan(request, tried, target, ctx).map_err(|no_plan| self.no_plan(state, no_plan))
+        })
     }
 
     /// The plan a first attempt would follow, made without recording anything: no prefix index
-    /// learns the choice, no metric counts it, no peer hears of it (`POST /v1/route`).
+    /// learns the choice, no policy records it, no metric counts it, no peer hears of it
+    /// (`POST /v1/route`, the admission queue's locality score).
     pub(super) fn dry_run(
         &self,
         state: &AppState,
         request: &RouteRequest<'_>,
         namespace: Namespace<'_>,
     ) -> Result<RoutePlan, ApiError> {
-        self.plan_as(state, request, namespace, &[], None, Planning::DryRun)
-    }
-
-    fn plan_as(
-        &self,
-        state: &AppState,
-        request: &RouteRequest<'_>,
-        namespace: Namespace<'_>,
-        tried: &[u32],
-        target: Option<u32>,
-        planning: Planning,
-    ) -> Result<RoutePlan, ApiError> {
-        let on = |pool| pick(state, pool, request, namespace, tried, target, planning);
-        let (prefill, decode) = match self {
-            Shape::Single(pool) => return Ok(RoutePlan::Single(on(pool)?)),
-            Shape::Pair { prefill, decode } => (prefill, decode),
-        };
-        let count = |pick: &Pick, path: PdPath| {
-            if planning == Planning::Live {
-                count_decision(state, pick, path);
-            }
-        };
-        let Some(rule) = prefill.config.pd_rule() else {
-            // Always a pair: both sides chosen, the prefill side first.
-            let (prefill, decode) = (on(prefill)?, on(decode)?);
-            count(&prefill, PdPath::Pair);
-            count(&decode, PdPath::Pair);
-            let inputs = pd_inputs(request, &decode, None);
-            return Ok(RoutePlan::Pair { prefill, decode, pd: PdRule::always(inputs) });
-        };
-        // KV-aware: both sides predict (kv_aware), so the rule compares the paths' predicted
-        // times to first token; the pair's decode engine is the one its side chooses for a
-        // request bringing its KV (no prompt to prefill there).
-        if let Some(inputs) =
-            target.is_none().then(|| predict_paths(state, &rule, self, request, namespace, tried)).flatten()
-        {
-            let choice = rule.decide(inputs);
-            if choice.path == PdPath::InPlace {
-                let decode = on(decode)?;
-                count(&decode, PdPath::InPlace);
-                return Ok(RoutePlan::InPlace { decode, pd: choice });
-            }
-            let prefill = on(prefill)?;
-            let bringing_kv =
-                RouteRequest { key: RoutingKey::None, prompt_tokens: 0, session: request.session };
-            let decode = pick(state, decode, &bringing_kv, namespace, tried, None, planning)?;
-            count(&prefill, PdPath::Pair);
-            count(&decode, PdPath::Pair);
-            return Ok(RoutePlan::Pair { prefill, decode, pd: choice });
-        }
-        // Conditional: the decode engine first, by the decode side's policy on its own prefix
-        // index; then the rule, on what that engine holds and the prefill side's queue. A
-        // request naming its worker goes where that worker serves.
-        let decode = on(decode)?;
-        let queue = super::choose::least_in_flight(state, prefill, tried);
-        let inputs = pd_inputs(request, &decode, queue);
-        let targets_prefill = target.is_some_and(|id| prefill.workers.iter().any(|w| w.id == id));
-        let choice = if targets_prefill { PdRule::always(inputs) } else { rule.decide(inputs) };
-        match choice.path {
-            PdPath::InPlace => {
-                count(&decode, PdPath::InPlace);
-                Ok(RoutePlan::InPlace { decode, pd: choice })
-            }
-            PdPath::Pair => {
-                let prefill = on(prefill)?;
-                count(&prefill, PdPath::Pair);
-                count(&decode, PdPath::Pair);
-                Ok(RoutePlan::Pair { prefill, decode, pd: choice })
-            }
-        }
+        self.plan_as(state, request, namespace, Planning::DryRun, |pools, ctx| {
+            pools.plan(request, &[], None, ctx).map_err(|no_plan| self.no_plan(state, no_plan))
+        })
     }
 
     /// The attempt after a pair whose KV transfer failed (`--pd-fallback-in-place`): in place on
@@ -208,16 +136,133 @@ impl Shape {
         tried: &[u32],
         pair: &PdChoice,
     ) -> Option<RoutePlan> {
-        let Shape::Pair { decode, .. } = self else { return None };
-        let decode = pick(state, decode, request, namespace, tried, None, Planning::Live).ok()?;
-        count_decision(state, &decode, PdPath::InPlace);
-        Some(RoutePlan::InPlace { decode, pd: pair.transfer_failed() })
+        self.plan_as(state, request, namespace, Planning::Live, |pools, ctx| {
+            pools.plan_in_place(request, tried, pair, ctx).ok_or(ApiError::NoHealthyWorker(String::new()))
+        })
+        .ok()
     }
-}
 
-/// Counts a live choice in `kvgate_pd_decisions_total` (and the regular decision metrics).
-fn count_decision(state: &AppState, pick: &Pick, path: PdPath) {
-    state.metrics.count_decision(&pick.pool.model, pick.pool.role, &pick.pool.series, &pick.decision, path);
+    /// Whether every pool of the plan still has a routable worker that was not tried.
+    pub(super) fn untried_left(&self, state: &AppState, tried: &[u32]) -> bool {
+        self.with_pools(state, Namespace::BASE, |pools| pools.untried_left(tried))
+    }
+
+    /// `make` on the shape's pools with the clock, the loads' poll interval, the overload bounds
+    /// and an RNG seeded from the prompt (replicas with the same state decide alike); a live
+    /// plan is recorded as sent (`on_routed`, metrics, peers).
+    fn plan_as<'r>(
+        &self,
+        state: &AppState,
+        request: &RouteRequest<'r>,
+        namespace: Namespace<'_>,
+        planning: Planning,
+        make: impl for<'p> FnOnce(
+            &Pools<'p, PoolView<'p>>,
+            &mut PlanContext<'_>,
+        ) -> Result<kvgate_route::RoutePlan<'r, Consulted<'p>>, ApiError>,
+    ) -> Result<RoutePlan, ApiError> {
+        self.with_pools(state, namespace, |pools| {
+            let mut rng = match request.key.prompt() {
+                Some(key) => SmallRng::seed_from_u64(prompt_hash(key)),
+                None => SmallRng::from_rng(&mut rand::rng()),
+            };
+            let mut ctx = PlanContext {
+                now_ms: state.clock.now_ms(),
+                load_poll_interval_ms: state.loads.poll_interval_ms,
+                overload: state.overload,
+                planning,
+                rng: &mut rng,
+            };
+            let plan = make(pools, &mut ctx)?;
+            if planning == Planning::Live {
+                plan.on_routed(pools);
+            }
+            self.adopt(state, plan, planning)
+        })
+    }
+
+    /// `use_pools` on the plan's view of the shape's pools.
+    fn with_pools<R>(
+        &self,
+        state: &AppState,
+        namespace: Namespace<'_>,
+        use_pools: impl for<'p> FnOnce(&Pools<'p, PoolView<'p>>) -> R,
+    ) -> R {
+        match self {
+            Shape::Single(pool) => use_pools(&Pools::Single(&PoolView { state, pool, namespace })),
+            Shape::Pair { prefill, decode } => {
+                let rule = prefill.config.pd_rule();
+                let (prefill, decode) = (
+                    PoolView { state, pool: prefill, namespace },
+                    PoolView { state, pool: decode, namespace },
+                );
+                use_pools(&Pools::Pair { prefill: &prefill, decode: &decode, rule })
+            }
+        }
+    }
+
+    /// The gateway's plan of the route plan's picks (each counted and recorded when `live`).
+    fn adopt(
+        &self,
+        state: &AppState,
+        plan: kvgate_route::RoutePlan<'_, Consulted<'_>>,
+        planning: Planning,
+    ) -> Result<RoutePlan, ApiError> {
+        let live = planning == Planning::Live;
+        let adopt = |side, pick, path| Pick::adopt(state, self.pool(side), pick, path, live);
+        Ok(match plan {
+            kvgate_route::RoutePlan::Single(pick) => {
+                RoutePlan::Single(adopt(Side::Regular, pick, PdPath::Pair)?)
+            }
+            kvgate_route::RoutePlan::Pair { prefill, decode, pd } => RoutePlan::Pair {
+                prefill: adopt(Side::Prefill, prefill, PdPath::Pair)?,
+                decode: adopt(Side::Decode, decode, PdPath::Pair)?,
+                pd,
+            },
+            kvgate_route::RoutePlan::InPlace { decode, pd } => {
+                RoutePlan::InPlace { decode: adopt(Side::Decode, decode, PdPath::InPlace)?, pd }
+            }
+        })
+    }
+
+    /// The pool of `side` (the one pool of a regular shape).
+    fn pool(&self, side: Side) -> &Arc<ModelPool> {
+        match (self, side) {
+            (Shape::Single(pool), _) => pool,
+            (Shape::Pair { prefill, .. }, Side::Prefill) => prefill,
+            (Shape::Pair { decode, .. }, _) => decode,
+        }
+    }
+
+    /// Why no plan was made, for the client.
+    fn no_plan(&self, state: &AppState, no_plan: NoPlan) -> ApiError {
+        let where_ = |side: Side| {
+            let pool = self.pool(side);
+            let side = match pool.role {
+                crate::role::WorkerRole::Regular => String::new(),
+                role => format!(" on the {} side", role.as_str()),
+            };
+            format!(" for model `{}`{side}", pool.model)
+        };
+        match no_plan {
+            NoPlan::NoWorker { side } => ApiError::NoHealthyWorker(where_(side)),
+            NoPlan::Shed { side } => ApiError::Overloaded {
+                where_: where_(side),
+                retry_after_secs: state.loads.poll_interval_ms.div_ceil(1000).max(1),
+            },
+            NoPlan::TargetUnavailable { worker } => {
+                let url = match self {
+                    Shape::Single(pool) => vec![pool],
+                    Shape::Pair { prefill, decode } => vec![prefill, decode],
+                }
+                .into_iter()
+                .flat_map(|pool| pool.workers.iter())
+                .find(|w| w.id == worker)
+                .map_or_else(|| worker.to_string(), |w| w.url.clone());
+                ApiError::NoHealthyWorker(format!(": the target worker {url} is not available"))
+            }
+        }
+    }
 }
 
 impl RoutePlan {
@@ -232,57 +277,6 @@ impl RoutePlan {
     }
 }
 
-/// The conditional rule's inputs with both paths predicted, when both sides' policies predict
-/// (kv_aware): the decode side's preview for the request in place and for a request bringing its
-/// KV, and the prefill side's (nothing recorded; the simulator takes the same three).
-fn predict_paths(
-    state: &AppState,
-    rule: &PdRule,
-    shape: &Shape,
-    request: &RouteRequest<'_>,
-    namespace: Namespace<'_>,
-    tried: &[u32],
-) -> Option<PdInputs> {
-    let Shape::Pair { prefill, decode } = shape else { return None };
-    let preview = |pool: &ModelPool, request: &RouteRequest<'_>| {
-        super::choose::preview(state, pool, request, namespace, tried)
-    };
-    let in_place = preview(decode, request)?;
-    let on_prefill = preview(prefill, request)?;
-    let bringing_kv = RouteRequest { key: RoutingKey::None, prompt_tokens: 0, session: request.session };
-    let pair_decode = preview(decode, &bringing_kv)?;
-    let prompt_tokens = request.prompt_tokens;
-    let paths = rule.predict_paths(
-        prompt_tokens,
-        &in_place.predicted?,
-        &on_prefill.predicted?,
-        &pair_decode.predicted?,
-    );
-    Some(PdInputs {
-        prompt_tokens,
-        cached_tokens: cached_tokens(&in_place, prompt_tokens),
-        prefill_queue: super::choose::least_in_flight(state, prefill, tried),
-        predicted: Some(paths),
-    })
-}
-
-/// The conditional rule's inputs: the prompt's length, what the chosen decode engine holds of
-/// it (by the decode side's decision), and the prefill side's queue.
-fn pd_inputs(request: &RouteRequest<'_>, decode: &Pick, prefill_queue: Option<u64>) -> PdInputs {
-    let prompt_tokens = request.prompt_tokens;
-    let cached_tokens = cached_tokens(&decode.decision, prompt_tokens);
-    PdInputs { prompt_tokens, cached_tokens, prefill_queue, predicted: None }
-}
-
-/// Whether a plan is for real or a dry run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Planning {
-    /// The choice is recorded (prefix tree, metrics, peers).
-    Live,
-    /// Nothing is recorded (the policy's own state aside).
-    DryRun,
-}
-
 /// One worker chosen by its pool's policy.
 pub(super) struct Pick {
     pub worker: Arc<Worker>,
@@ -293,6 +287,25 @@ pub(super) struct Pick {
 }
 
 impl Pick {
+    /// The gateway's pick of a route plan's pick on `pool`: its worker, and the prompt's hashes
+    /// the decision computed; when `live`, counted by `path` and recorded (`choose::record_sent`).
+    fn adopt(
+        state: &AppState,
+        pool: &Arc<ModelPool>,
+        mut pick: kvgate_route::Pick<'_, Consulted<'_>>,
+        path: PdPath,
+        live: bool,
+    ) -> Result<Pick, ApiError> {
+        let worker = pool.workers.iter().find(|w| w.id == pick.decision.worker).ok_or_else(|| {
+            ApiError::NoHealthyWorker(format!(" for model `{}`: the chosen worker left", pool.model))
+        })?;
+        if live {
+            super::choose::record_sent(state, pool, worker, &mut pick, path);
+        }
+        let hashes = pick.index.and_then(|consulted| consulted.hashes);
+        Ok(Pick { worker: worker.clone(), decision: pick.decision, pool: pool.clone(), hashes })
+    }
+
     /// What the model's exact index predicts cached on the chosen worker, for a request keyed by
     /// token ids on a pool whose engines publish KV events (the closed loop, `accuracy.rs`).
     pub(super) fn probe(&self, request: &RouteRequest<'_>, namespace: Namespace<'_>) -> Option<Probe> {
@@ -345,43 +358,5 @@ pub(super) enum RoutePlan {
     },
 }
 
-#[allow(clippy::too_many_arguments, reason = "the plan's inputs, each used once")]
-fn pick(
-    state: &AppState,
-    pool: &Arc<ModelPool>,
-    request: &RouteRequest<'_>,
-    namespace: Namespace<'_>,
-    tried: &[u32],
-    target: Option<u32>,
-    planning: Planning,
-) -> Result<Pick, ApiError> {
-    if let Some(worker) = target.and_then(|id| pool.workers.iter().find(|w| w.id == id)) {
-        if tried.contains(&worker.id) || !worker.is_routable(Instant::now()) {
-            return Err(ApiError::NoHealthyWorker(format!(
-                ": the target worker {} is not available",
-                worker.url
-            )));
-        }
-        let decision = Decision::plain(worker.id, kvgate_policy::Reason::TargetWorker);
-        if planning == Planning::Live && pool.role == crate::role::WorkerRole::Regular {
-            state.metrics.count_decision(&pool.model, pool.role, &pool.series, &decision, PdPath::Pair);
-        }
-        return Ok(Pick { worker: worker.clone(), decision, pool: pool.clone(), hashes: None });
-    }
-    super::choose::choose(state, pool, request, namespace, tried, planning)
-        .map(|(worker, decision, hashes)| Pick { worker, decision, pool: pool.clone(), hashes })
-        .map_err(|no_choice| {
-            let side = match pool.role {
-                crate::role::WorkerRole::Regular => String::new(),
-                role => format!(" on the {} side", role.as_str()),
-            };
-            let where_ = format!(" for model `{}`{side}", pool.model);
-            match no_choice {
-                super::choose::NoChoice::NoWorker => ApiError::NoHealthyWorker(where_),
-                super::choose::NoChoice::Shed => ApiError::Overloaded {
-                    where_,
-                    retry_after_secs: state.loads.poll_interval_ms.div_ceil(1000).max(1),
-                },
-            }
-        })
-}
+#[cfg(test)]
+mod tests;

@@ -2,9 +2,10 @@
 //! is the request as a client would send it (the endpoint is `?endpoint=` or inferred from the
 //! body); the answer names the worker (or the prefill and decode pair, or the decode worker
 //! prefilling in place, with the conditional rule's verdict as `path` and `pd`), the reason and
-//! the prefix index consulted. Nothing is recorded: no prefix index learns the choice, no metric or
-//! peer replica hears of it, and no request reaches a worker (policies with per-request state of
-//! their own, such as round_robin's counter, still advance it). Behind the admin key.
+//! the prefix index consulted. Nothing is recorded: no prefix index learns the choice, no policy
+//! records it (its `on_routed` is never called: round_robin's turn stays, manual binds no
+//! session), no metric or peer replica hears of it, and no request reaches a worker. Behind the
+//! admin key.
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;

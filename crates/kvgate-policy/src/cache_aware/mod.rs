@@ -18,7 +18,7 @@ use crate::config::{MissStrategy, PolicyConfig};
 use crate::inflight::RoutedLog;
 use crate::pick::pick_min_by;
 use crate::{
-    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, PrefixIndex, Reason, RouteRequest,
+    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, PrefixIndex, Reason, RouteRequest, Routed,
     SelectContext, WorkerId,
 };
 
@@ -273,14 +273,14 @@ impl Policy for CacheAwarePolicy {
         true
     }
 
-    fn select(
+    fn decide(
         &self,
         request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
         let settings = &self.settings;
-        let mut routed = self.lock();
+        let routed = self.lock();
         let kv = kv_usable(&candidates, ctx.now_ms, ctx.load_poll_interval_ms).then(|| {
             candidates
                 .iter()
@@ -349,17 +349,24 @@ impl Policy for CacheAwarePolicy {
             }
         }
         let outcome = outcome.expect("the index calls the chooser exactly once");
-        let worker = candidates[outcome.index].id;
         let uncached =
             request.prompt_tokens as f64 * (1.0 - outcome.matches.map_or(0.0, |m| m.chosen_match_rate));
-        routed.record(worker, now, uncached, ctx.load_poll_interval_ms.saturating_mul(4));
         Ok(Decision {
-            worker,
+            worker: candidates[outcome.index].id,
             reason: outcome.reason,
             matches: outcome.matches,
             index: index.map(|index| index.kind()),
             predicted: None,
+            uncached_tokens: Some(uncached),
         })
+    }
+
+    /// The request's uncached prompt tokens count toward its worker's KV usage until the next
+    /// load sample (the in-flight correction).
+    fn on_routed(&self, routed: &Routed<'_>) {
+        let uncached = routed.decision.uncached_tokens.unwrap_or(0.0);
+        let keep_ms = routed.load_poll_interval_ms.saturating_mul(4);
+        self.lock().record(routed.decision.worker, routed.now_ms, uncached, keep_ms);
     }
 
     fn remove_worker(&self, worker: WorkerId) {

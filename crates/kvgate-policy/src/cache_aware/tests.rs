@@ -67,7 +67,8 @@ impl Harness {
             rng: &mut self.rng,
             prefix_index: Some(&self.index),
         };
-        let decision = self.policy.select(request, Candidates::new(candidates).unwrap(), &mut ctx).unwrap();
+        let decision =
+            crate::test_support::route(&self.policy, request, Candidates::new(candidates).unwrap(), &mut ctx);
         assert_eq!(decision.index, Some(IndexKind::Approximate));
         decision
     }
@@ -418,7 +419,12 @@ impl ExactHarness {
             rng: &mut self.rng,
             prefix_index: Some(&*self.index),
         };
-        self.policy.select(&request, Candidates::new(&pool(in_flight, None, 0)).unwrap(), &mut ctx).unwrap()
+        crate::test_support::route(
+            &self.policy,
+            &request,
+            Candidates::new(&pool(in_flight, None, 0)).unwrap(),
+            &mut ctx,
+        )
     }
 }
 
@@ -473,7 +479,12 @@ fn without_an_index_every_prompt_is_a_miss() {
     for _ in 0..3 {
         let mut ctx =
             SelectContext { now_ms: 0, load_poll_interval_ms: POLL_MS, rng: &mut rng, prefix_index: None };
-        let d = policy.select(&request, Candidates::new(&pool(&[3, 1], None, 0)).unwrap(), &mut ctx).unwrap();
+        let d = crate::test_support::route(
+            &policy,
+            &request,
+            Candidates::new(&pool(&[3, 1], None, 0)).unwrap(),
+            &mut ctx,
+        );
         assert_eq!((d.worker, d.reason, d.index), (1, Reason::CacheMiss, None));
     }
 }

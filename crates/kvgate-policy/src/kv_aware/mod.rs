@@ -27,7 +27,7 @@ use crate::config::PolicyConfig;
 use crate::inflight::{fresh_load, RoutedLog};
 use crate::pick::pick_min_by;
 use crate::{
-    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, SelectContext,
+    Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext,
     WorkerId,
 };
 
@@ -154,12 +154,12 @@ impl KvAwarePolicy {
         request: &RouteRequest<'_>,
         candidates: &[Candidate],
         prefix: &PrefixMatch,
-        state: &State,
+        state: View<'_>,
         now_ms: u64,
         poll_ms: u64,
     ) -> Vec<Scored> {
         let s = &self.settings;
-        let routed = &state.routed;
+        let routed = state.routed;
         let loads: Vec<_> = candidates.iter().map(|c| fresh_load(c, now_ms, poll_ms)).collect();
         let kv_known = kv_usable(candidates, now_ms, poll_ms);
         let kv: Vec<Option<f64>> = candidates
@@ -243,103 +243,131 @@ impl Policy for KvAwarePolicy {
         true
     }
 
-    fn select(
-        &self,
-        request: &RouteRequest<'_>,
-        candidates: Candidates<'_>,
-        ctx: &mut SelectContext<'_>,
-    ) -> Result<Decision, NoRoute> {
-        Ok(self.decide(request, candidates, ctx, Recording::On))
+    fn predicts(&self) -> bool {
+        true
     }
 
-    fn preview(
-        &self,
-        request: &RouteRequest<'_>,
-        candidates: Candidates<'_>,
-        ctx: &mut SelectContext<'_>,
-    ) -> Option<Decision> {
-        Some(self.decide(request, candidates, ctx, Recording::Off))
-    }
-
-    fn remove_worker(&self, worker: WorkerId) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.routed.forget(worker);
-        state.rates.forget(worker);
-    }
-}
-
-/// Whether a decision is kept in the policy's state (the routed log, the arrivals, the rates'
-/// observations) or only previewed.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Recording {
-    On,
-    Off,
-}
-
-impl KvAwarePolicy {
+    /// The candidate with the lowest predicted time to first token plus cost, on the rates as
+    /// they will be once every fresh load report is observed (`on_routed` observes them).
     fn decide(
         &self,
         request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
-        recording: Recording,
-    ) -> Decision {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+    ) -> Result<Decision, NoRoute> {
+        let state = self.lock();
         let (now_ms, poll_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
-        if recording == Recording::On {
-            let State { routed, rates, .. } = &mut *state;
-            for c in candidates.iter() {
-                if let Some(load) = fresh_load(c, now_ms, poll_ms) {
-                    rates.observe(c.id, &load, routed, poll_ms);
-                }
+        let pending = candidates.iter().any(|c| {
+            fresh_load(c, now_ms, poll_ms).is_some_and(|load| state.rates.would_observe(c.id, &load))
+        });
+        let observed;
+        let rates = match pending {
+            true => {
+                let mut rates = state.rates.clone();
+                observe_reports(&mut rates, &candidates, &state.routed, now_ms, poll_ms);
+                observed = rates;
+                &observed
             }
+            false => &state.rates,
+        };
+        let view = View { routed: &state.routed, rates, arrivals: &state.arrivals };
+        Ok(self.decide_on(request, candidates, ctx, view))
+    }
+
+    /// The fresh load reports are observed (the rates learn), then the request's uncached
+    /// prompt tokens join its engine's fluid queue and the pool's arrivals.
+    fn on_routed(&self, routed: &Routed<'_>) {
+        let (now_ms, poll_ms) = (routed.now_ms, routed.load_poll_interval_ms);
+        let mut state = self.lock();
+        let State { routed: log, rates, arrivals } = &mut *state;
+        observe_reports(rates, &routed.candidates, log, now_ms, poll_ms);
+        let uncached = routed.decision.uncached_tokens.unwrap_or(0.0);
+        log.record(routed.decision.worker, now_ms, uncached, poll_ms.saturating_mul(4));
+        arrivals.record(now_ms, poll_ms);
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        let mut state = self.lock();
+        state.routed.forget(worker);
+        state.rates.forget(worker);
+    }
+}
+
+/// What a decision reads of the policy's state.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    routed: &'a RoutedLog,
+    rates: &'a EngineRates,
+    arrivals: &'a Arrivals,
+}
+
+/// Every candidate's fresh load report, taken into account by the rate learner (once per report).
+fn observe_reports(
+    rates: &mut EngineRates,
+    candidates: &[Candidate],
+    routed: &RoutedLog,
+    now_ms: u64,
+    poll_ms: u64,
+) {
+    for c in candidates {
+        if let Some(load) = fresh_load(c, now_ms, poll_ms) {
+            rates.observe(c.id, &load, routed, poll_ms);
         }
+    }
+}
+
+impl KvAwarePolicy {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn decide_on(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: Candidates<'_>,
+        ctx: &mut SelectContext<'_>,
+        state: View<'_>,
+    ) -> Decision {
+        let (now_ms, poll_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
         let index = ctx.prefix_index;
         let rng = &mut *ctx.rng;
         let mut outcome: Option<(usize, PredictedTtft, f64, Option<MatchInfo>, Reason)> = None;
-        {
-            let state = &*state;
-            let mut decide = |prefix: &PrefixMatch| {
-                let scored = self.score(request, &candidates, prefix, state, now_ms, poll_ms);
-                let chosen = self.choose(&candidates, &scored, rng);
-                let query_len = prefix.query_len();
-                let matches = (query_len > 0).then(|| {
-                    let best = candidates.iter().map(|c| prefix.matched(c.id)).max().unwrap_or(0);
-                    MatchInfo {
-                        best_match_rate: best as f64 / query_len as f64,
-                        chosen_match_rate: prefix.matched(candidates[chosen].id) as f64 / query_len as f64,
-                    }
-                });
-                // A holder of more of the prompt was kept out by the wait margin: replicated.
-                let held = prefix.matched(candidates[chosen].id);
-                let replicated = (0..candidates.len())
-                    .any(|i| scored[i].waits_too_long && prefix.matched(candidates[i].id) > held);
-                let reason = if replicated { Reason::KvAwareReplicate } else { Reason::KvAware };
-                outcome = Some((chosen, scored[chosen].predicted, scored[chosen].uncached, matches, reason));
-                Some(candidates[chosen].id)
-            };
-            match (index, request.key.prompt()) {
-                (Some(index), Some(key)) => {
-                    index.route(key, now_ms, &mut decide);
+        let mut decide = |prefix: &PrefixMatch| {
+            let scored = self.score(request, &candidates, prefix, state, now_ms, poll_ms);
+            let chosen = self.choose(&candidates, &scored, rng);
+            let query_len = prefix.query_len();
+            let matches = (query_len > 0).then(|| {
+                let best = candidates.iter().map(|c| prefix.matched(c.id)).max().unwrap_or(0);
+                MatchInfo {
+                    best_match_rate: best as f64 / query_len as f64,
+                    chosen_match_rate: prefix.matched(candidates[chosen].id) as f64 / query_len as f64,
                 }
-                _ => {
-                    decide(&PrefixMatch::default());
-                }
+            });
+            // A holder of more of the prompt was kept out by the wait margin: replicated.
+            let held = prefix.matched(candidates[chosen].id);
+            let replicated = (0..candidates.len())
+                .any(|i| scored[i].waits_too_long && prefix.matched(candidates[i].id) > held);
+            let reason = if replicated { Reason::KvAwareReplicate } else { Reason::KvAware };
+            outcome = Some((chosen, scored[chosen].predicted, scored[chosen].uncached, matches, reason));
+            Some(candidates[chosen].id)
+        };
+        match (index, request.key.prompt()) {
+            (Some(index), Some(key)) => {
+                index.route(key, now_ms, &mut decide);
+            }
+            _ => {
+                decide(&PrefixMatch::default());
             }
         }
         let (chosen, predicted, uncached, matches, reason) =
             outcome.expect("the index calls the chooser exactly once");
-        let worker = candidates[chosen].id;
-        if recording == Recording::On {
-            state.routed.record(worker, now_ms, uncached, poll_ms.saturating_mul(4));
-            state.arrivals.record(now_ms, poll_ms);
-        }
         Decision {
-            worker,
+            worker: candidates[chosen].id,
             reason,
             matches,
             index: index.map(|index| index.kind()),
             predicted: Some(predicted),
+            uncached_tokens: Some(uncached),
         }
     }
 }

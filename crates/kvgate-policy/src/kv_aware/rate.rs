@@ -172,7 +172,7 @@ struct Fleet {
 }
 
 /// The rates to predict with: the configured ones until reports teach otherwise.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct EngineRates {
     settings: RateSettings,
     engines: HashMap<WorkerId, Learned>,
@@ -263,6 +263,13 @@ impl EngineRates {
             prefill_tokens_per_sec: self.rate(worker, &self.prefill, |l| &l.prefill),
             decode_ms_per_request: 1000.0 / self.rate(worker, &self.decode, |l| &l.decode),
         }
+    }
+
+    /// Whether [`EngineRates::observe`] would learn from `report` (a report of `worker` newer
+    /// than the last one taken into account): a decision made before it is then made on a copy
+    /// that has observed it, so that deciding records nothing.
+    pub fn would_observe(&self, worker: WorkerId, report: &LoadSample) -> bool {
+        self.settings.learn && self.engines.get(&worker).is_some_and(|seen| report.fetched_at_ms > seen.at_ms)
     }
 
     /// Takes `worker`'s report into account (once per report). Reports closer than half the

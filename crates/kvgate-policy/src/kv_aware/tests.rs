@@ -64,7 +64,7 @@ impl Harness {
             rng: &mut self.rng,
             prefix_index: Some(&self.index),
         };
-        self.policy.select(&request, Candidates::new(candidates).unwrap(), &mut ctx).unwrap()
+        crate::test_support::route(&self.policy, &request, Candidates::new(candidates).unwrap(), &mut ctx)
     }
 }
 
@@ -133,7 +133,7 @@ fn a_prefix_in_host_memory_saves_its_tier_weight_of_the_prefill() {
         prefix_index: Some(&*index),
     };
     let candidates = pool(&[(0, 0.1), (0, 0.1), (0, 0.1)]);
-    let d = policy.select(&request, Candidates::new(&candidates).unwrap(), &mut ctx).unwrap();
+    let d = crate::test_support::route(&policy, &request, Candidates::new(&candidates).unwrap(), &mut ctx);
     assert_eq!(d.worker, 2);
     let p = d.predicted.unwrap();
     // 8,000 tokens at 8,000 tokens/s is 1 s of prefill; from host memory (weight 0.95) 5% of it,

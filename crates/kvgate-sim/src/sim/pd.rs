@@ -1,4 +1,4 @@
-//! Prefill/decode disaggregation in the simulation: each request is routed at arrival to a prefill engine (the run's policy) and a decode engine (the decode side's policy), as the gateway's SGLang protocol picks both at once; prefilled with one output token and its KV held, transferred, then decoded. With the run's `pd_conditional`, the decode engine is chosen first and the gateway's rule (`kvgate_policy::PdRule`) decides: in place, the decode engine runs the request as a regular one (prefill and decode), as an engine given no bootstrap fields or transfer params does. With kv_aware on both sides the rule compares both paths' predictions (previewed on both pools, as the gateway's plan does); a pair's decode engine is then the one the decode side chooses for a request bringing its KV.
+//! Prefill/decode disaggregation in the simulation: each request is planned at arrival by the gateway's plan (`kvgate_route`, `routing.rs`): a prefill engine (the run's policy) and a decode engine (the decode side's policy), as the gateway's SGLang protocol picks both at once; prefilled with one output token and its KV held, transferred, then decoded. With the run's `pd_conditional`, the plan chooses the decode engine first and the gateway's rule (`kvgate_policy::PdRule`) decides: in place, the decode engine runs the request as a regular one (prefill and decode), as an engine given no bootstrap fields or transfer params does. With kv_aware on both sides the rule compares both paths' predictions (dry decisions on both pools); a pair's decode engine is then the one the decode side chooses for a request bringing its KV.
 //!
 //! Timeline of one request: arrival → `PdStage::Prefill` on the prefill engine (queueing and
 //! prefill there) → prefill finished, its KV held → after the transfer time (prompt tokens x
@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use kvgate_engine::{EngineRequest, PdStage, RequestStats};
-use kvgate_policy::{cached_tokens, PathTtfts, PdInputs, PdPath, PdRule, PolicyConfig, Reason};
+use kvgate_policy::{PathTtfts, PdRule, PolicyConfig, Reason};
 use serde::Serialize;
 
 use super::{Event, Simulation};
@@ -76,7 +76,7 @@ pub struct PredictedSums {
 }
 
 impl PredictedSums {
-    fn add(&mut self, paths: &PathTtfts) {
+    pub(super) fn add(&mut self, paths: &PathTtfts) {
         self.decisions += 1;
         self.in_place_s += paths.in_place_s;
         self.in_place_others_s += paths.in_place_others_s;
@@ -133,8 +133,9 @@ impl Simulation<'_> {
         self.pd.as_mut().expect("a disaggregated fleet")
     }
 
-    /// Routes request `id` to a prefill and a decode worker and submits its prefill half; with
-    /// the conditional rule, the decode worker first, then in place or a pair.
+    /// Plans request `id` on the prefill and decode pools as the gateway does (always a pair,
+    /// or with the run's rule the decode worker first, or kv_aware's prediction across the pair),
+    /// then submits its prefill half, or the whole request in place on its decode engine.
     pub(super) fn arrive_disaggregated(
         &mut self,
         now: u64,
@@ -143,86 +144,14 @@ impl Simulation<'_> {
         prompt_tokens: u32,
         output_tokens: u32,
     ) {
-        if let Some(rule) = self.pd_state().rule {
-            return self.arrive_conditional(rule, now, id, prompt, prompt_tokens, output_tokens);
-        }
-        let Some(prefill_worker) = self.route(0, now, &prompt, prompt_tokens, id) else {
+        // Every disaggregated plan has a decode worker; a pair has a prefill worker too.
+        let planned = self.plan_sent(now, id, &prompt, prompt_tokens);
+        let Some([prefill_worker, Some(decode_worker)]) = planned.map(|sent| sent.workers) else {
             self.outcome.unrouted += 1;
             self.prompt = prompt;
             return;
         };
-        let Some(decode) = self.route(1, now, &prompt, prompt_tokens, id) else {
-            self.pools[0].ended(prefill_worker.worker as usize, id);
-            self.outcome.unrouted += 1;
-            self.prompt = prompt;
-            return;
-        };
-        self.start_pair(
-            now,
-            id,
-            prompt,
-            output_tokens,
-            prefill_worker.worker as usize,
-            decode.worker as usize,
-        );
-    }
-
-    /// The conditional path: the decode worker by the decode side's policy, then the rule on
-    /// what it holds and the prefill side's queue, as the gateway decides.
-    fn arrive_conditional(
-        &mut self,
-        rule: PdRule,
-        now: u64,
-        id: u64,
-        prompt: Vec<u32>,
-        prompt_tokens: u32,
-        output_tokens: u32,
-    ) {
-        let predicted = self.predict_paths(rule, now, &prompt, prompt_tokens);
-        if let (Some(paths), Some(outcome)) =
-            (predicted.and_then(|inputs| inputs.predicted), self.outcome.pd.as_mut())
-        {
-            outcome.predicted.add(&paths);
-        }
-        if predicted.is_some_and(|inputs| rule.decide(inputs).path == PdPath::Pair) {
-            // The pair predicted sooner: the decode engine for a request bringing its KV.
-            let Some(prefill) = self.route(0, now, &prompt, prompt_tokens, id) else {
-                self.outcome.unrouted += 1;
-                self.prompt = prompt;
-                return;
-            };
-            let Some(decode) = self.route(1, now, &[], 0, id) else {
-                self.pools[0].ended(prefill.worker as usize, id);
-                self.outcome.unrouted += 1;
-                self.prompt = prompt;
-                return;
-            };
-            return self.start_pair(
-                now,
-                id,
-                prompt,
-                output_tokens,
-                prefill.worker as usize,
-                decode.worker as usize,
-            );
-        }
-        let Some(decode) = self.route(1, now, &prompt, prompt_tokens, id) else {
-            self.outcome.unrouted += 1;
-            self.prompt = prompt;
-            return;
-        };
-        let decode_worker = decode.worker as usize;
-        let prompt_tokens_u64 = u64::from(prompt_tokens);
-        let choice = match predicted {
-            Some(inputs) => rule.decide(inputs),
-            None => rule.decide(PdInputs {
-                prompt_tokens: prompt_tokens_u64,
-                cached_tokens: cached_tokens(&decode, prompt_tokens_u64),
-                prefill_queue: self.pools[0].least_in_flight(),
-                predicted: None,
-            }),
-        };
-        if choice.path == PdPath::InPlace {
+        let Some(prefill_worker) = prefill_worker else {
             let request = PdRequest {
                 in_place: true,
                 prefill_worker: 0,
@@ -241,44 +170,8 @@ impl Simulation<'_> {
             );
             self.after_engine_call(engine, now);
             return;
-        }
-        let Some(prefill) = self.route(0, now, &prompt, prompt_tokens, id) else {
-            self.pools[1].ended(decode_worker, id);
-            self.outcome.unrouted += 1;
-            self.prompt = prompt;
-            return;
         };
-        self.start_pair(now, id, prompt, output_tokens, prefill.worker as usize, decode_worker);
-    }
-
-    /// Both paths' predictions, when both sides' policies predict (kv_aware): the decode side's
-    /// preview for the request in place and for a request bringing its KV, and the prefill
-    /// side's, as the gateway's plan takes them. Nothing is recorded.
-    fn predict_paths(
-        &mut self,
-        rule: PdRule,
-        now: u64,
-        prompt: &[u32],
-        prompt_tokens: u32,
-    ) -> Option<PdInputs> {
-        let interval = self.setup.load_monitor_interval_ms;
-        let (pools, rng, session) = (&self.pools, &mut self.rng, self.session.as_str());
-        let in_place = pools[1].preview(now, prompt, prompt_tokens, interval, rng, session)?;
-        let prefill = pools[0].preview(now, prompt, prompt_tokens, interval, rng, session)?;
-        let pair_decode = pools[1].preview(now, &[], 0, interval, rng, session)?;
-        let prompt_tokens = u64::from(prompt_tokens);
-        let paths = rule.predict_paths(
-            prompt_tokens,
-            &in_place.predicted?,
-            &prefill.predicted?,
-            &pair_decode.predicted?,
-        );
-        Some(PdInputs {
-            prompt_tokens,
-            cached_tokens: cached_tokens(&in_place, prompt_tokens),
-            prefill_queue: pools[0].least_in_flight(),
-            predicted: Some(paths),
-        })
+        self.start_pair(now, id, prompt, output_tokens, prefill_worker, decode_worker);
     }
 
     /// Submits the prefill half of a pair.

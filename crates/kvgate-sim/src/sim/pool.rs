@@ -1,4 +1,4 @@
-//! One pool of simulated engines routed by one policy, as the gateway keeps it per (model, role): the policy, its prefix index (the tree, or the exact index fed by the pool's engines' KV events), the in-flight counts and the load monitor's last samples.
+//! One pool of simulated engines routed by one policy, as the gateway keeps it per (model, role): the policy, its prefix index (the tree, or the exact index fed by the pool's engines' KV events), the in-flight counts and the load monitor's last samples; the routing plan (`kvgate_route`) reads it through `kvgate_route::Pool`, as it reads the gateway's pools.
 //!
 //! A regular fleet is one pool; a prefill/decode fleet is two, each routed on its own state.
 
@@ -8,14 +8,12 @@ use std::sync::{Arc, LazyLock};
 use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch, Tier};
 use kvgate_index::{
     choose_index, ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, IndexInputs,
-    IndexKind, Namespace, PrefixIndex, ReadOnlyTree, Residency, StoredBlocks,
+    IndexKind, IndexView, Namespace, PrefixIndex, PrefixIndexMode, ReadOnlyTree, Residency, StoredBlocks,
 };
 use kvgate_policy::{
-    build_policy, Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, PolicyConfig, PolicyKind,
-    RouteRequest, RoutingKey, SelectContext,
+    build_policy, Candidate, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest, WorkerId,
 };
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+use kvgate_route::{IndexMode, Offer, Planning};
 
 use crate::outside::OutsideCandidate;
 
@@ -32,32 +30,27 @@ enum Prefix {
     },
 }
 
-impl Prefix {
-    fn index(&self) -> &dyn PrefixIndex {
-        match self {
-            Prefix::Approximate(tree) => &**tree,
-            Prefix::Exact { index, .. } => &**index,
-        }
-    }
-}
-
 /// Engines `first_engine..first_engine + n_workers` of the simulation, routed by one policy.
-/// Candidate ids (and the exact index's cache ids) are pool-local, `0..n_workers`.
-pub(super) struct Pool {
+/// Candidate ids (and the exact index's cache ids) are pool-local, `0..n_workers`. Public as the
+/// simulator's `kvgate_route::Pool`, so that a test can drive the gateway's plan on it and on the
+/// gateway's pools with the same inputs.
+pub struct SimPool {
     policy: Arc<dyn Policy>,
     needs_loads: bool,
+    /// The pool's `prefix_index` mode (the plan chooses the index per decision by it).
+    prefix_index: PrefixIndexMode,
     prefix: Prefix,
     pub(super) first_engine: usize,
     in_flight: Vec<u64>,
     loads: Vec<Option<LoadSample>>,
 }
 
-impl Pool {
+impl SimPool {
     /// A fresh policy built from `config`, with the index it consults, chosen by the gateway's
     /// rule (`choose_index`): the simulated engines publish KV events when the policy matches
     /// on them, prompts are token ids and the events always flow, so `prefix_index=auto` is
     /// exact here; else the approximate tree.
-    pub(super) fn new(config: &PolicyConfig, first_engine: usize, n_workers: usize) -> Pool {
+    pub fn new(config: &PolicyConfig, first_engine: usize, n_workers: usize) -> SimPool {
         let index = choose_index(&IndexInputs {
             mode: config.prefix_index,
             has_kv_events: config.uses_exact_index(),
@@ -75,8 +68,9 @@ impl Pool {
             Prefix::Approximate(Box::new(ApproxIndex::new(config.tree_settings())))
         };
         let policy = build_policy(config);
-        Pool {
+        SimPool {
             needs_loads: policy.needs_loads(),
+            prefix_index: config.prefix_index,
             policy,
             prefix,
             first_engine,
@@ -88,9 +82,9 @@ impl Pool {
     /// The pool of an outside policy's run (`crate::outside`): kvgate's policy is never asked
     /// (a round_robin stands in, with the approximate tree it never consults); the load
     /// monitor's samples are kept for the outside policy's candidates.
-    pub(super) fn for_outside(n_workers: usize) -> Pool {
+    pub(super) fn for_outside(n_workers: usize) -> SimPool {
         let config = PolicyConfig { policy: PolicyKind::RoundRobin, ..PolicyConfig::default() };
-        let mut pool = Pool::new(&config, 0, n_workers);
+        let mut pool = SimPool::new(&config, 0, n_workers);
         pool.needs_loads = true;
         pool
     }
@@ -111,7 +105,7 @@ impl Pool {
         self.in_flight[worker] += 1;
     }
 
-    pub(super) fn n_workers(&self) -> usize {
+    pub fn n_workers(&self) -> usize {
         self.in_flight.len()
     }
 
@@ -125,129 +119,23 @@ impl Pool {
         engine.checked_sub(self.first_engine).filter(|&local| local < self.n_workers())
     }
 
-    /// Asks the policy for a worker as the gateway does (every worker a candidate, with its
-    /// in-flight count and last load sample) and, on a decision, counts request `id` in flight
-    /// there (its prompt too, with the exact index) until `ended`.
-    #[allow(clippy::too_many_arguments, reason = "the request's parts, the clock and the RNG, all used")]
-    pub(super) fn route(
-        &mut self,
-        now_us: u64,
-        prompt: &[u32],
-        prompt_tokens: u32,
-        load_poll_interval_ms: u64,
-        rng: &mut StdRng,
-        id: u64,
-        session: &str,
-    ) -> Result<Decision, NoRoute> {
-        let candidates: Vec<Candidate> = (0..self.n_workers())
-            .map(|worker| Candidate {
-                id: worker as u32,
-                in_flight: self.in_flight[worker],
-                load: self.loads[worker],
-            })
-            .collect();
-        let route = RouteRequest {
-            key: RoutingKey::Tokens(prompt),
-            prompt_tokens: u64::from(prompt_tokens),
-            session: Some(session),
-        };
-        let mut ctx = SelectContext {
-            now_ms: now_us / 1000,
-            load_poll_interval_ms,
-            rng,
-            prefix_index: Some(self.prefix.index()),
-        };
-        let decision = self.policy.select(&route, Candidates::new(&candidates)?, &mut ctx)?;
-        let worker = decision.worker as usize;
+    /// Names `worker` for the hash policies' rings, as the gateway names a worker by its URL
+    /// (unnamed, a worker is placed by its id).
+    pub fn name_worker(&self, worker: usize, name: &str) {
+        self.policy.add_worker(worker as WorkerId, name);
+    }
+
+    /// Request `id` was sent to `worker` (a pick of a live plan): it counts in flight there (its
+    /// prompt too, with the exact index) until `ended`.
+    pub fn routed(&mut self, worker: usize, id: u64, prompt: &[u32]) {
         self.in_flight[worker] += 1;
         if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
             prompts.insert(id, in_flight.add(worker as u32, prompt, Namespace::BASE));
         }
-        Ok(decision)
-    }
-
-    /// The prompt tokens the policy predicts cached where it would route the request now (the
-    /// admission queue's locality score): a dry run, as the gateway's, that records nothing in
-    /// the index or the in-flight counts (the policy's own state aside), its random draws from
-    /// an RNG of its own so the run's draws stay as without it.
-    pub(super) fn predicted_cached(
-        &self,
-        now_us: u64,
-        prompt: &[u32],
-        prompt_tokens: u32,
-        load_poll_interval_ms: u64,
-        id: u64,
-        session: &str,
-    ) -> u64 {
-        let mut rng = StdRng::seed_from_u64(id);
-        let decision =
-            self.dry_run(now_us, prompt, prompt_tokens, load_poll_interval_ms, &mut rng, session, false);
-        decision.map_or(0, |decision| kvgate_policy::cached_tokens(&decision, u64::from(prompt_tokens)))
-    }
-
-    /// The decision `route` would make now, recording nothing (no in-flight count, nothing
-    /// learned by the tree), or `None` when the policy does not predict (see `Policy::preview`).
-    pub(super) fn preview(
-        &self,
-        now_us: u64,
-        prompt: &[u32],
-        prompt_tokens: u32,
-        load_poll_interval_ms: u64,
-        rng: &mut StdRng,
-        session: &str,
-    ) -> Option<Decision> {
-        self.dry_run(now_us, prompt, prompt_tokens, load_poll_interval_ms, rng, session, true)
-    }
-
-    /// The policy asked on the pool's current loads and a read-only index: `Policy::preview`
-    /// when `preview`, else `Policy::select` (`None` on no decision).
-    #[allow(clippy::too_many_arguments, reason = "the two dry runs' inputs, passed through")]
-    fn dry_run(
-        &self,
-        now_us: u64,
-        prompt: &[u32],
-        prompt_tokens: u32,
-        load_poll_interval_ms: u64,
-        rng: &mut StdRng,
-        session: &str,
-        preview: bool,
-    ) -> Option<Decision> {
-        let candidates: Vec<Candidate> = (0..self.n_workers())
-            .map(|worker| Candidate {
-                id: worker as u32,
-                in_flight: self.in_flight[worker],
-                load: self.loads[worker],
-            })
-            .collect();
-        let candidates = Candidates::new(&candidates).ok()?;
-        let route = RouteRequest {
-            key: RoutingKey::Tokens(prompt),
-            prompt_tokens: u64::from(prompt_tokens),
-            session: Some(session),
-        };
-        let read_only;
-        let index: &dyn PrefixIndex = match &self.prefix {
-            Prefix::Approximate(tree) => {
-                read_only = ReadOnlyTree(tree);
-                &read_only
-            }
-            Prefix::Exact { index, .. } => &**index,
-        };
-        let mut ctx =
-            SelectContext { now_ms: now_us / 1000, load_poll_interval_ms, rng, prefix_index: Some(index) };
-        match preview {
-            true => self.policy.preview(&route, candidates, &mut ctx),
-            false => self.policy.select(&route, candidates, &mut ctx).ok(),
-        }
-    }
-
-    /// Requests in flight on the least busy worker (the conditional rule's prefill queue).
-    pub(super) fn least_in_flight(&self) -> Option<u64> {
-        self.in_flight.iter().copied().min()
     }
 
     /// Request `id` left `worker`: it no longer counts in flight (nor does its prompt).
-    pub(super) fn ended(&mut self, worker: usize, id: u64) {
+    pub fn ended(&mut self, worker: usize, id: u64) {
         self.in_flight[worker] -= 1;
         if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
             if let Some(prompt) = prompts.remove(&id) {
@@ -272,25 +160,103 @@ impl Pool {
     }
 
     /// The gateway's once-a-second maintenance of the policy and the tree.
-    pub(super) fn maintain(&self, now_us: u64) {
+    pub fn maintain(&self, now_us: u64) {
         self.policy.maintain(now_us / 1000);
         if let Prefix::Approximate(tree) = &self.prefix {
             tree.maintain(now_us / 1000);
         }
     }
 
-    /// Publishes `worker`'s load to the policy if it reads loads (as the gateway polls only then).
-    pub(super) fn record_load(&mut self, worker: usize, load: &EngineLoad, now_us: u64) {
-        if self.needs_loads {
-            self.loads[worker] = Some(LoadSample {
-                token_usage: load.token_usage,
-                num_running_reqs: load.num_running_reqs,
-                num_waiting_reqs: load.num_waiting_reqs,
-                num_waiting_uncached_tokens: load.num_waiting_uncached_tokens,
-                gen_throughput: load.gen_throughput,
-                max_total_num_tokens: load.max_total_num_tokens,
-                fetched_at_ms: now_us / 1000,
-            });
+    /// Publishes `worker`'s load sample to the plan if the policy or the overload protection
+    /// (`overload`: on) reads loads (as the gateway polls only then).
+    pub fn record_load(&mut self, worker: usize, sample: LoadSample, overload: bool) {
+        if self.needs_loads || overload {
+            self.loads[worker] = Some(sample);
+        }
+    }
+}
+
+/// An engine's load as the load monitor's sample of it at `now_us`.
+pub(super) fn load_sample(load: &EngineLoad, now_us: u64) -> LoadSample {
+    LoadSample {
+        token_usage: load.token_usage,
+        num_running_reqs: load.num_running_reqs,
+        num_waiting_reqs: load.num_waiting_reqs,
+        num_waiting_uncached_tokens: load.num_waiting_uncached_tokens,
+        gen_throughput: load.gen_throughput,
+        max_total_num_tokens: load.max_total_num_tokens,
+        fetched_at_ms: now_us / 1000,
+    }
+}
+
+impl kvgate_route::Pool for SimPool {
+    type Index<'a> = PoolIndex<'a>;
+
+    fn policy(&self) -> &dyn Policy {
+        &*self.policy
+    }
+
+    /// Every worker not tried, with its in-flight count and last load sample (the simulated
+    /// engines are always routable, and their KV events always flow).
+    fn offer(&self, tried: &[WorkerId]) -> Offer {
+        let candidates = (0..self.n_workers())
+            .filter(|&worker| !tried.contains(&(worker as WorkerId)))
+            .map(|worker| Candidate {
+                id: worker as WorkerId,
+                in_flight: self.in_flight[worker],
+                load: self.loads[worker],
+            })
+            .collect();
+        Offer { candidates, events_flowing: true }
+    }
+
+    fn member(&self, worker: WorkerId) -> Option<bool> {
+        ((worker as usize) < self.n_workers()).then_some(true)
+    }
+
+    fn index_mode(&self) -> IndexMode {
+        IndexMode { mode: self.prefix_index, has_kv_events: self.wants_kv_events() }
+    }
+
+    /// The tree (read only for a dry run), or the exact index the engines' events feed.
+    fn prefix_index(
+        &self,
+        kind: IndexKind,
+        planning: Planning,
+        _request: &RouteRequest<'_>,
+    ) -> PoolIndex<'_> {
+        let view = match (&self.prefix, planning) {
+            (Prefix::Approximate(tree), Planning::Live) => Answering::Tree(tree),
+            (Prefix::Approximate(tree), Planning::DryRun) => Answering::ReadOnly(ReadOnlyTree(tree)),
+            (Prefix::Exact { index, .. }, _) => Answering::Exact(index),
+        };
+        PoolIndex { kind, view }
+    }
+}
+
+/// The index one decision of a pool consults, named by the kind the plan chose (a request
+/// without a prompt consults none).
+pub struct PoolIndex<'a> {
+    kind: IndexKind,
+    view: Answering<'a>,
+}
+
+enum Answering<'a> {
+    Tree(&'a ApproxIndex),
+    ReadOnly(ReadOnlyTree<'a>),
+    Exact(&'a BlockIndex),
+}
+
+impl IndexView for PoolIndex<'_> {
+    fn kind(&self) -> IndexKind {
+        self.kind
+    }
+
+    fn with<R>(&self, use_index: impl FnOnce(&dyn PrefixIndex) -> R) -> R {
+        match &self.view {
+            Answering::Tree(tree) => use_index(*tree),
+            Answering::ReadOnly(tree) => use_index(tree),
+            Answering::Exact(index) => use_index(*index),
         }
     }
 }

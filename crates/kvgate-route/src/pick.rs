@@ -1,0 +1,90 @@
+//! One pool's decision for one attempt, in its four steps: the candidates (routable, not tried),
+//! less those the overload protection leaves out, the prefix index the decision matches on
+//! (`kvgate_index::choose_index`), and the pool's policy decision on them. A worker the request
+//! names, where it serves, is taken as it is (no decision).
+
+use kvgate_index::{choose_index, IndexInputs};
+use kvgate_policy::{
+    admit_under_overload, Admitted, Candidates, Decision, Reason, RouteRequest, RoutingKey, SelectContext,
+    WorkerId,
+};
+
+use crate::{NoPlan, Pick, PlanContext, Planning, Pool, Side};
+
+/// The worker `pool`'s policy chooses for `request` among the routable workers not in `tried`
+/// (or `target`, when the request names one of the pool's workers), recording nothing.
+pub fn pick<'p, 'r, P: Pool>(
+    pool: &'p P,
+    side: Side,
+    request: &RouteRequest<'r>,
+    tried: &[WorkerId],
+    target: Option<WorkerId>,
+    ctx: &mut PlanContext<'_>,
+) -> Result<Pick<'r, P::Index<'p>>, NoPlan> {
+    let (now_ms, load_poll_interval_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
+    if let Some((worker, routable)) = target.and_then(|id| pool.member(id).map(|routable| (id, routable))) {
+        if tried.contains(&worker) || !routable {
+            return Err(NoPlan::TargetUnavailable { worker });
+        }
+        return Ok(Pick {
+            decision: Decision::plain(worker, Reason::TargetWorker),
+            request: *request,
+            candidates: Vec::new(),
+            left_out: 0,
+            index: None,
+            now_ms,
+            load_poll_interval_ms,
+        });
+    }
+    let offer = pool.offer(tried);
+    let offered = offer.candidates.len();
+    let candidates =
+        match admit_under_overload(&offer.candidates, &ctx.overload, now_ms, load_poll_interval_ms) {
+            Admitted::All => offer.candidates,
+            Admitted::Only(kept) => kept,
+            Admitted::Shed => return Err(NoPlan::Shed { side }),
+        };
+    let left_out = offered - candidates.len();
+    let mode = pool.index_mode();
+    let kind = choose_index(&IndexInputs {
+        mode: mode.mode,
+        has_kv_events: mode.has_kv_events,
+        key_is_tokens: matches!(request.key, RoutingKey::Tokens(_)),
+        events_flowing: offer.events_flowing,
+    });
+    let index = pool.prefix_index(kind, ctx.planning, request);
+    let decision = {
+        let candidates = Candidates::new(&candidates).map_err(|_| NoPlan::NoWorker { side })?;
+        let mut select =
+            SelectContext { now_ms, load_poll_interval_ms, rng: &mut *ctx.rng, prefix_index: Some(&index) };
+        pool.policy().decide(request, candidates, &mut select).map_err(|_| NoPlan::NoWorker { side })?
+    };
+    Ok(Pick {
+        decision,
+        request: *request,
+        candidates,
+        left_out,
+        index: Some(index),
+        now_ms,
+        load_poll_interval_ms,
+    })
+}
+
+/// `pick` as a dry run, whatever the plan is (a path the plan weighs but may not take): its
+/// decision only.
+pub(crate) fn preview<P: Pool>(
+    pool: &P,
+    side: Side,
+    request: &RouteRequest<'_>,
+    tried: &[WorkerId],
+    ctx: &mut PlanContext<'_>,
+) -> Option<Decision> {
+    let mut dry = PlanContext {
+        now_ms: ctx.now_ms,
+        load_poll_interval_ms: ctx.load_poll_interval_ms,
+        overload: ctx.overload,
+        planning: Planning::DryRun,
+        rng: &mut *ctx.rng,
+    };
+    pick(pool, side, request, tried, None, &mut dry).ok().map(|pick| pick.decision)
+}
