@@ -255,6 +255,19 @@ impl EngineHandle {
         flushed
     }
 
+    /// Restarts the engine model as a crashed process comes back: an empty prefix cache, its KV
+    /// event sequence from 0, every request it was serving ended (their streams close). Nothing
+    /// is published until its next step.
+    pub(crate) fn restart(&self) {
+        let mut state = self.lock();
+        let config = state.engine.config().clone();
+        state.engine = Engine::new(config);
+        state.streams.clear();
+        state.outputs.clear();
+        drop(state);
+        self.shared.wake.notify_one();
+    }
+
     /// Stops the driver and ends every open request stream.
     pub(crate) fn close(&self) {
         let mut state = self.lock();

@@ -110,6 +110,9 @@ pub struct MockFleet {
     bootstrap_ports: Vec<u16>,
     /// Each worker's lost-message fault hook, in worker order (empty without KV events).
     kv_event_faults: Vec<Arc<KvEventFaults>>,
+    /// Each worker's KV event replay buffer, in worker order (empty without KV events; `None`
+    /// without replay).
+    kv_replay_buffers: Vec<Option<Arc<kv_replay::ReplayBuffer>>>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     /// Tasks that own a ZMQ socket and close it once `shutdown` turns true.
@@ -170,6 +173,23 @@ impl MockFleet {
         Ok(())
     }
 
+    /// Fault injection: worker `worker_idx`'s engine restarts as a crashed engine process comes
+    /// back on the same ports with its publisher's subscribers still connected: its prefix
+    /// cache empty, its KV event sequence from 0, its replay buffer empty, the requests it was
+    /// serving ended, and no event published until its next step (so an index fed by its
+    /// events holds blocks the engine no longer has until then). Fails for an unknown or canned
+    /// worker.
+    pub fn restart_engine(&self, worker_idx: usize) -> Result<(), MockError> {
+        let engine = self.engines.get(worker_idx).ok_or_else(|| {
+            MockError::Fault(format!("no simulated engine {worker_idx} ({} run)", self.engines.len()))
+        })?;
+        if let Some(Some(buffer)) = self.kv_replay_buffers.get(worker_idx) {
+            buffer.clear();
+        }
+        engine.restart();
+        Ok(())
+    }
+
     /// How many times each `x-soak-id` value reached the fleet's generation handlers,
     /// and how many of those were answered with a 2xx status, summed over the workers.
     pub fn soak_ids(&self) -> std::collections::HashMap<String, SoakIdSeen> {
@@ -227,6 +247,7 @@ pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
         role: args.role,
         bootstrap_ports: Vec::new(),
         kv_event_faults: Vec::new(),
+        kv_replay_buffers: Vec::new(),
         shutdown,
         servers: Vec::new(),
         sockets: Vec::new(),
@@ -250,6 +271,7 @@ pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
                     fleet.kv_event_endpoints.push(kv_events.endpoint);
                     fleet.kv_event_replay_endpoints.extend(kv_events.replay_endpoint);
                     fleet.kv_event_faults.push(kv_events.faults);
+                    fleet.kv_replay_buffers.push(kv_events.buffer);
                     fleet.sockets.extend(kv_events.tasks);
                     kv_events.batches
                 });
