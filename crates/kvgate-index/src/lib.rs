@@ -36,6 +36,7 @@
 //! ```
 
 mod accuracy;
+mod alignment;
 mod block;
 mod choice;
 mod evict;
@@ -50,6 +51,10 @@ mod tests;
 
 pub use accuracy::{
     AccuracyChange, AccuracySample, AccuracySettings, Disagreement, IndexAccuracy, LikelyCause,
+};
+pub use alignment::{
+    judge_form, judge_sentinel, served_tokens, FormObservation, IndexRepair, ProbeCause, ProbeForm,
+    SentinelObservation, Verdict,
 };
 pub use block::{
     block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheId, ChainRoot, HeldBlock,
