@@ -230,6 +230,8 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
             worker
                 .series
                 .write(|url| metrics.prefix_index_disagreement.with_label_values(&[model, url]).set(1));
+            // The index repair acts on it (`--index-repair`), off the request path.
+            worker.index_health.flag_disagreement(disagreement.cause.as_str());
             tracing::warn!(
                 model,
                 worker = %worker.url,

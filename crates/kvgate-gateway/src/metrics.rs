@@ -11,9 +11,11 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod alignment;
 mod otlp;
 mod replica_sync;
 
+pub use alignment::AlignmentMetrics;
 pub use otlp::OtlpMetrics;
 pub use replica_sync::ReplicaSyncMetrics;
 
@@ -85,6 +87,8 @@ pub struct Metrics {
     pub admission: AdmissionMetrics,
     pub replica_sync: ReplicaSyncMetrics,
     pub otlp: OtlpMetrics,
+    /// The alignment probe and the index repairs.
+    pub alignment: AlignmentMetrics,
     /// Kubernetes service discovery events: joined, left, relist, error.
     pub discovery_events: IntCounterVec,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
@@ -448,6 +452,7 @@ impl Metrics {
             },
             replica_sync: ReplicaSyncMetrics::register(&registry),
             otlp: OtlpMetrics::register(&registry),
+            alignment: AlignmentMetrics::register(&registry),
             discovery_events: counter(
                 "kvgate_discovery_events_total",
                 "Kubernetes service discovery events: joined, left, relist, error.",
@@ -581,6 +586,13 @@ impl Metrics {
         }
         remove_labelled(&self.prefix_index_disagreement, url);
         remove_labelled(&self.prefix_cached_difference, url);
+        let alignment = &self.alignment;
+        for family in [&alignment.probes, &alignment.failures] {
+            remove_labelled(family, url);
+        }
+        for family in [&alignment.aligned, &alignment.quarantined] {
+            remove_labelled(family, url);
+        }
         let kv = &self.kv_events;
         for family in
             [&self.loads.poll_failures, &kv.batches, &kv.malformed, &kv.refused, &kv.gaps, &kv.restarts]

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin;
+use crate::alignment::{Alignment, AlignmentSettings};
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::discovery::{Discovery, DiscoverySettings};
@@ -400,8 +401,23 @@ fn spawn_background(
         oversized: state.metrics.oversized_answers.clone(),
         always_poll: state.overload.enabled(),
     };
+    let alignment = Alignment {
+        registry: state.registry.clone(),
+        tokenization: state.tokenization.clone(),
+        client: state.client.clone(),
+        bearer: config.api_key.clone(),
+        metrics: state.metrics.clone(),
+        clock: state.clock,
+        settings: AlignmentSettings {
+            probe: config.alignment_probe,
+            interval: Duration::from_secs_f64(config.alignment_probe_interval_secs),
+            repair: config.index_repair,
+            max_tokenize_chars: config.max_tokenize_chars,
+        },
+    };
     let mut background = vec![
         tokio::spawn(health.run(shutdown.clone())),
+        tokio::spawn(alignment.run(shutdown.clone())),
         tokio::spawn(maintain_policies(state.registry.clone(), state.clock, shutdown.clone())),
         tokio::spawn(monitor.run(shutdown.clone())),
     ];

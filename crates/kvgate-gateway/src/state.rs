@@ -54,7 +54,7 @@ pub struct AppState {
     pub routing_key_header: http::HeaderName,
     /// Turns requests into the engines' token ids, for the exact index (when configured), on
     /// threads of its own.
-    pub(crate) tokenization: Option<Tokenization>,
+    pub(crate) tokenization: Option<Arc<Tokenization>>,
     /// This gateway's random id in the `x-kvgate-via` hop header (loop detection).
     pub instance: HeaderValue,
     /// The address the gateway listens on (set once bound): never registered as a worker.
@@ -111,13 +111,13 @@ impl AppState {
             (None, false) => None,
         };
         let tokenization = match tokenizer {
-            Some(tokenizer) => Some(Tokenization::new(
+            Some(tokenizer) => Some(Arc::new(Tokenization::new(
                 tokenizer,
                 config.tokenizer_thread_count(),
                 config.tokenizer_queue_size,
                 config.max_tokenize_chars,
                 metrics.clone(),
-            )?),
+            )?)),
             None => None,
         };
         // The exporter's blocking HTTP client is made outside any async runtime.

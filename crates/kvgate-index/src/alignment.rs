@@ -255,6 +255,22 @@ pub fn judge_form(form: ProbeForm, seen: &FormObservation) -> Verdict {
     Verdict::Failed(Unexplained)
 }
 
+/// A probe's verdict from its parts' (forms, then the sentinel): the first failure, else
+/// inconclusive when any part was (or there was none), else passed.
+pub fn overall_verdict(parts: impl IntoIterator<Item = Verdict>) -> Verdict {
+    let mut overall = None;
+    for verdict in parts {
+        match verdict {
+            Verdict::Failed(_) => return verdict,
+            Verdict::Inconclusive => overall = Some(Verdict::Inconclusive),
+            Verdict::Passed => {
+                overall.get_or_insert(Verdict::Passed);
+            }
+        }
+    }
+    overall.unwrap_or(Verdict::Inconclusive)
+}
+
 /// What the previous probe's prompt, re-sent, showed: predicted (from the index) against served.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SentinelObservation {
@@ -374,6 +390,15 @@ mod tests {
         assert_eq!(judge_sentinel(&seen(112, Some(0), 0)), Verdict::Failed(StaleIndex));
         assert_eq!(judge_sentinel(&seen(112, Some(0), 5)), Verdict::Inconclusive, "evicted");
         assert_eq!(judge_sentinel(&seen(0, Some(0), 0)), Verdict::Inconclusive, "not held any more");
+    }
+
+    #[test]
+    fn a_probe_fails_on_its_first_failed_part() {
+        use Verdict::{Failed, Inconclusive, Passed};
+        assert_eq!(overall_verdict([Passed, Passed]), Passed);
+        assert_eq!(overall_verdict([Passed, Inconclusive]), Inconclusive);
+        assert_eq!(overall_verdict([Inconclusive, Failed(StaleIndex), Failed(Hash)]), Failed(StaleIndex));
+        assert_eq!(overall_verdict([]), Inconclusive);
     }
 
     #[test]

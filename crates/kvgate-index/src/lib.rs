@@ -53,8 +53,8 @@ pub use accuracy::{
     AccuracyChange, AccuracySample, AccuracySettings, Disagreement, IndexAccuracy, LikelyCause,
 };
 pub use alignment::{
-    judge_form, judge_sentinel, served_tokens, FormObservation, IndexRepair, ProbeCause, ProbeForm,
-    SentinelObservation, Verdict,
+    judge_form, judge_sentinel, overall_verdict, served_tokens, FormObservation, IndexRepair, ProbeCause,
+    ProbeForm, SentinelObservation, Verdict,
 };
 pub use block::{
     block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheId, ChainRoot, HeldBlock,

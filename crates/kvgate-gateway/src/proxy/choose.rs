@@ -53,7 +53,7 @@ impl kvgate_route::Pool for PoolView<'_> {
             .iter()
             .filter(|w| !tried.contains(&w.id) && w.is_routable(now))
             .map(|w| {
-                events_flowing &= w.kv_events_flowing();
+                events_flowing &= w.kv_events_trusted();
                 Candidate {
                     id: w.id,
                     in_flight: w.in_flight() + peers_on(&w.url),
