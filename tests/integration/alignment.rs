@@ -300,3 +300,41 @@ async fn a_restart_without_replay_is_named_and_resynced() {
 async fn a_restart_without_replay_is_named_and_quarantined_until_a_probe_passes() {
     restart_repaired(IndexRepair::Quarantine).await;
 }
+
+/// A disagreement the closed loop raises (here a wrong chat template, the probe off) is acted on
+/// too: counted with `source="closed_loop"`, the worker's holdings resynced and its window
+/// emptied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_loop_disagreement_is_repaired() {
+    let fleet = kv_events_fleet(1).await;
+    let dir = std::env::temp_dir().join(format!("kvgate-alignment-loop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let template = dir.join("wrong.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
+    )
+    .unwrap();
+    let mut cfg = probing(kv_events_config(&fleet), IndexRepair::Resync);
+    cfg.alignment_probe = false;
+    cfg.chat_template = Some(template);
+    let gw = gateway(cfg).await;
+    common::wait_kv_events_flowing(&gw).await;
+    // 102 answered requests fill the worker's window of 100.
+    for c in 0..34 {
+        for turns in 1..=3 {
+            turn(&gw, c, turns).await;
+        }
+    }
+    let line = "kvgate_index_repairs_total{action=\"resync\",cause=\"tokenizer_or_template\",model=\"mock-model\",source=\"closed_loop\"} 1";
+    assert!(common::metric_line_appears(&gw, line).await, "{}", metrics_text(&gw).await);
+    let worker = workers(&gw).await.remove(0);
+    assert!(
+        worker["index_accuracy"]["requests"].as_u64().unwrap_or(0) < 100,
+        "the window was emptied: {worker:#}"
+    );
+    assert!(worker["alignment"].is_null(), "the probe is off: {worker:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
