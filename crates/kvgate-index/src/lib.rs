@@ -57,9 +57,9 @@ pub use alignment::{
     ProbeForm, SentinelObservation, Verdict,
 };
 pub use block::{
-    block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheId, ChainRoot, HeldBlock,
-    InFlightBlocks, InFlightPrompt, Layout, Namespace, PromptHashes, Residency, StoredBlocks, TierWeights,
-    IN_FLIGHT_RANK, MAX_LAYOUTS, ROOT_HASH,
+    block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheCensus, CacheId, Census,
+    CensusOptions, ChainRoot, HeldBlock, Holder, InFlightBlocks, InFlightPrompt, Layout, Namespace,
+    PromptHashes, Residency, StoredBlocks, TierWeights, IN_FLIGHT_RANK, MAX_LAYOUTS, ROOT_HASH,
 };
 pub use choice::{choose_index, IndexInputs, PrefixIndexMode};
 pub use matching::PrefixMatch;
