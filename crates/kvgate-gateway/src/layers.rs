@@ -32,7 +32,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("request parts", &["accuracy", "body", "tokenize"]),
     (
         "subsystems",
-        &["admission", "alignment", "fleet_view", "health", "kv_events", "monitor", "replica_sync"],
+        &["admission", "alignment", "fleet_view", "health", "kv_events", "kv_map", "monitor", "replica_sync"],
     ),
     ("fleet", &["discovery", "registration"]),
     ("state", &["state"]),

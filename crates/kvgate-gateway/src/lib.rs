@@ -43,6 +43,7 @@ mod alignment;
 mod fleet_view;
 mod health;
 mod kv_events;
+mod kv_map;
 mod monitor;
 mod replica_sync;
 // The fleet: registering and removing workers, and the discovery that drives it.

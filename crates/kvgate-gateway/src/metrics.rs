@@ -39,6 +39,21 @@ fn remove_labelled<T: prometheus::core::MetricVecBuilder>(
     }
 }
 
+/// Each series of a counter family by the value of its label `label`, summed over its other
+/// labels.
+pub fn counter_by_label(family: &IntCounterVec, label: &str) -> Vec<(String, u64)> {
+    use prometheus::core::Collector;
+    let mut sums: HashMap<String, u64> = HashMap::new();
+    for gathered in family.collect() {
+        for metric in gathered.get_metric() {
+            let value =
+                metric.get_label().iter().find(|pair| pair.name() == label).map_or("", |pair| pair.value());
+            *sums.entry(value.to_string()).or_default() += metric.get_counter().get_value() as u64;
+        }
+    }
+    sums.into_iter().collect()
+}
+
 /// Latency buckets in seconds, from sub-millisecond proxy overhead to long generations.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -70,6 +85,8 @@ pub struct Metrics {
     pub tokenize_failures: IntCounterVec,
     /// The closed loop (`accuracy.rs`): per model and worker.
     pub prefix_predicted_tokens: IntCounterVec,
+    /// Prompt tokens of the answers the closed loop read (the hit rate's denominator).
+    pub prefix_prompt_tokens: IntCounterVec,
     pub prefix_engine_cached_tokens: IntCounterVec,
     pub prefix_missed_cached_tokens: IntCounterVec,
     pub prefix_evicted_after_routing_tokens: IntCounterVec,
@@ -124,6 +141,8 @@ pub struct AdmissionMetrics {
     /// Per tenant (named ones; the rest as `other`) and class.
     pub tenant_requests: IntCounterVec,
     pub tenant_tokens: IntCounterVec,
+    /// Engine-reported cached tokens of each tenant's requests (those the closed loop reads).
+    pub tenant_cached_tokens: IntCounterVec,
     pub tenant_rejected: IntCounterVec,
     pub tenant_queue_wait: HistogramVec,
     pub client_keys_reloads: IntCounterVec,
@@ -325,6 +344,12 @@ impl Metrics {
                 &["model", "worker"],
                 vec![-1.0, -0.5, -0.2, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0],
             ),
+            prefix_prompt_tokens: counter(
+                "kvgate_prefix_prompt_tokens_total",
+                "Prompt tokens of the answers the closed loop compared (the engine's usage.prompt_tokens where \
+                 it says): kvgate_prefix_engine_cached_tokens_total over it is the engines' hit rate.",
+                &["model", "worker"],
+            ),
             prefix_index_disagreement: gauge(
                 "kvgate_prefix_index_disagreement",
                 "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens, a quarter of at least 10 claimed requests wrong, or 10% of the engine's cached tokens missed over at least 5 requests, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
@@ -432,6 +457,12 @@ impl Metrics {
                 "kvgate_tenant_tokens_total",
                 "Tokens charged at admission (prompt plus maximum output), by tenant and priority class.",
                 &["tenant", "class"],
+            ),
+            tenant_cached_tokens: counter(
+                "kvgate_tenant_cached_tokens_total",
+                "Prompt tokens the engines served from cache to each tenant's requests (as they reported \
+                 them, on the answers the closed loop reads: models routed on KV events with a tokenizer).",
+                &["tenant"],
             ),
             tenant_rejected: counter(
                 "kvgate_tenant_rejected_total",
@@ -577,6 +608,7 @@ impl Metrics {
         remove_labelled(&self.loads.snapshot_age, url);
         for family in [
             &self.prefix_predicted_tokens,
+            &self.prefix_prompt_tokens,
             &self.prefix_engine_cached_tokens,
             &self.prefix_missed_cached_tokens,
             &self.prefix_evicted_after_routing_tokens,

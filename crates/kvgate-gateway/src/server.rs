@@ -21,6 +21,7 @@ use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::fleet_view::{self, FleetView};
 use crate::health::HealthLoop;
+use crate::kv_map::KvMapTask;
 use crate::listen::{self, Surface};
 use crate::monitor::LoadMonitor;
 use crate::proxy;
@@ -415,9 +416,17 @@ fn spawn_background(
             max_tokenize_chars: config.max_tokenize_chars,
         },
     };
+    let kv_map = KvMapTask {
+        map: state.kv_map.clone(),
+        registry: state.registry.clone(),
+        metrics: state.metrics.clone(),
+        tenants: config.tenants.clone(),
+        clock: state.clock,
+    };
     let mut background = vec![
         tokio::spawn(health.run(shutdown.clone())),
         tokio::spawn(alignment.run(shutdown.clone())),
+        tokio::spawn(kv_map.run(shutdown.clone())),
         tokio::spawn(maintain_policies(state.registry.clone(), state.clock, shutdown.clone())),
         tokio::spawn(monitor.run(shutdown.clone())),
     ];
