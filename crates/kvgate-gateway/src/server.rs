@@ -136,6 +136,7 @@ fn fleet_routes(state: &SharedState) -> Router<SharedState> {
         state.loads.clone(),
         state.metrics.clone(),
         state.decisions.clone(),
+        state.kv_map.clone(),
         state.clock,
         state.config.admin_api_key.clone(),
     ));
@@ -408,6 +409,7 @@ fn spawn_background(
         client: state.client.clone(),
         bearer: config.api_key.clone(),
         metrics: state.metrics.clone(),
+        kv_map: state.kv_map.clone(),
         clock: state.clock,
         settings: AlignmentSettings {
             probe: config.alignment_probe,

@@ -28,6 +28,7 @@ use kvgate_policy::WorkerId;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
+use crate::kv_map::KvMap;
 use crate::metrics::Metrics;
 use crate::registry::{ModelPool, PoolSnapshot, Registry};
 use crate::role::WorkerRole;
@@ -71,6 +72,8 @@ pub struct Alignment {
     /// `--api-key`, sent to workers as the proxy sends it.
     pub bearer: Option<String>,
     pub metrics: Arc<Metrics>,
+    /// Told the probe's own blocks (left out of the fleet's KV map).
+    pub kv_map: Arc<KvMap>,
     pub clock: Clock,
     pub settings: AlignmentSettings,
 }
@@ -110,6 +113,7 @@ impl Alignment {
                 max_chars: self.settings.max_tokenize_chars,
                 timeout: REQUEST_TIMEOUT,
                 events_wait: EVENTS_WAIT,
+                kv_map: &self.kv_map,
             };
             for worker in &snapshot.workers {
                 let Some(pool) = probed_pool(worker, &snapshot) else { continue };

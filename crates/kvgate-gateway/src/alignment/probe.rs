@@ -22,6 +22,7 @@ use super::canary::{self, COMPLETION_TOKENS};
 use crate::accuracy::Probe;
 use crate::endpoint::Endpoint;
 use crate::index_health::{FormReport, ProbeReport, SentinelPrompt, SentinelReport};
+use crate::kv_map::KvMap;
 use crate::metrics::Metrics;
 use crate::registry::ModelPool;
 use crate::request::{OwnedKey, RequestFields};
@@ -47,6 +48,8 @@ pub(super) struct Prober<'a> {
     pub timeout: Duration,
     /// How long the first answer's KV events may take to reach the index.
     pub events_wait: Duration,
+    /// Told the probe's own blocks, which the fleet's KV map leaves out.
+    pub kv_map: &'a KvMap,
 }
 
 /// A probe's outcome: its report and the prompt the next probe re-sends.
@@ -170,6 +173,7 @@ impl Prober<'_> {
         };
         let tokens = self.tokens(pool, endpoint, body).await?;
         let index = &pool.prefix.exact;
+        self.exclude_own_blocks(pool, &tokens);
         let before = self.feed_counts(worker);
         let first = self.send(worker, endpoint, body).await?;
         let (held, after) = self.wait_held(worker, pool, &tokens, before).await;
@@ -192,6 +196,19 @@ impl Prober<'_> {
         };
         let aligned = block_size > 0 && prompt_tokens.is_multiple_of(block_size);
         Ok((FormReport { form, seen, aligned, verdict: judge_form(form, &seen) }, tokens))
+    }
+
+    /// Leaves the prompt's own blocks (those after what the index already holds of it anywhere:
+    /// a chat template's shared start is the workload's too) out of the fleet's KV map.
+    fn exclude_own_blocks(&self, pool: &ModelPool, tokens: &[u32]) {
+        let index = &pool.prefix.exact;
+        let mut matched = PrefixMatch::default();
+        index.overlap(tokens, Namespace::BASE, &mut matched);
+        let hashes = index.prompt_hashes(tokens, Namespace::BASE);
+        for layout in index.layouts() {
+            let shared = matched.best() / (layout.block_size.max(1) as usize);
+            self.kv_map.exclude(hashes.hashes(layout).iter().skip(shared).copied());
+        }
     }
 
     /// The prompt's token ids, on the path a client request of `endpoint` takes.
