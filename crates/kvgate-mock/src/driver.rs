@@ -244,6 +244,16 @@ impl EngineHandle {
         state.engine.cached_prefix_tokens(prompt)
     }
 
+    /// Blocks in the engine's prefix cache now.
+    pub(crate) fn cached_blocks(&self) -> usize {
+        let mut state = self.lock();
+        let now = self.shared.clock.now_us();
+        let DriverState { engine, outputs, .. } = &mut *state;
+        engine.advance(now, outputs);
+        state.dispatch(self.shared.kv_events.as_ref());
+        state.engine.cached_blocks()
+    }
+
     /// Clears the prefix cache if nothing uses it (SGLang `/flush_cache`).
     pub(crate) fn flush_cache(&self) -> bool {
         let mut state = self.lock();

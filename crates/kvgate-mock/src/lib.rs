@@ -159,6 +159,12 @@ impl MockFleet {
         self.engines.get(worker_idx).map_or(0, |engine| engine.cached_prefix_tokens(prompt))
     }
 
+    /// Blocks worker `worker_idx`'s prefix cache holds now (0 for a canned engine or an unknown
+    /// worker).
+    pub fn cached_blocks(&self, worker_idx: usize) -> usize {
+        self.engines.get(worker_idx).map_or(0, |engine| engine.cached_blocks())
+    }
+
     /// Fault injection: worker `worker_idx`'s next `n` KV event batches are numbered and kept
     /// for replay but not published, so a subscriber sees a sequence gap (a lost message).
     /// Fails when that worker publishes no KV events.

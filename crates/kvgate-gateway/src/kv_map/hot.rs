@@ -103,6 +103,7 @@ impl HotTable {
         ranked
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
