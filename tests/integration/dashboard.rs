@@ -313,7 +313,7 @@ async fn run_chromium(binary: &PathBuf, profile: &std::path::Path, url: &str, mo
         .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
         .arg("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
         .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--window-size=1400,1100", "--hide-scrollbars", "--virtual-time-budget=2500", mode, url])
+        .args(["--window-size=1400,2300", "--hide-scrollbars", "--virtual-time-budget=2500", mode, url])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -352,13 +352,13 @@ async fn the_dashboard_renders_in_headless_chromium() {
     args.engine_flags.kv_capacity_tokens = Some(2_000);
     let mock = spawn_fleet(args).await.expect("the mock fleet starts");
     let gw = fleet_gateway(&mock).await;
-    // A bounded load (4 clients, at most 150 requests each), running while the page is read.
+    // A bounded load (4 clients, at most 600 requests each), running while the page is read.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let clients: Vec<_> = (0..4)
         .map(|client_idx| {
             let (base, stop) = (gw.url(), stop.clone());
             tokio::spawn(async move {
-                for round in 0..150 {
+                for round in 0..600 {
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
@@ -373,11 +373,24 @@ async fn the_dashboard_renders_in_headless_chromium() {
     let url = format!("{}/dashboard", gw.admin_url());
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut dom = String::new();
+    // The plots' points, as the page says ("(N points, one per 5 s)").
+    let points = |dom: &str| -> usize {
+        let note = dom.split("id=\"history-note\">(").nth(1).unwrap_or("");
+        note.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
     let rendered = |dom: &str| {
         let rate =
             dom.split("id=\"decision-rate\" data-rate=\"").nth(1).and_then(|rest| rest.split('"').next());
         dom.matches("class=\"worker-row\"").count() == 4
             && rate.and_then(|r| r.parse::<f64>().ok()).is_some_and(|r| r > 0.0)
+            // The fleet's KV: an engine row per worker, a hot prefix, a tenant, and both plots
+            // with a line (two census steps of load).
+            && dom.matches("class=\"kv-engine-row\"").count() == 4
+            && dom.contains("class=\"hot-prefix\"")
+            && dom.contains("class=\"tenant-row\"")
+            && dom.contains("data-series=\"hit rate\"")
+            && dom.contains("data-series=\"p90\"")
+            && points(dom) >= 3
     };
     while Instant::now() < deadline {
         dom = run_chromium(&binary, &profile, &url, "--dump-dom").await;
@@ -385,8 +398,15 @@ async fn the_dashboard_renders_in_headless_chromium() {
             break;
         }
     }
-    assert!(rendered(&dom), "four worker rows and a non-zero decision rate rendered within 60 s:\n{dom}");
+    assert!(
+        rendered(&dom),
+        "four worker rows, a non-zero decision rate, the KV map and the plots rendered within 60 s:\n{dom}"
+    );
     assert!(dom.contains("cache_aware") && dom.contains("decisions per second by reason"), "{dom}");
+    assert!(
+        dom.contains("hottest prefixes: tokens saved") && dom.contains("passed"),
+        "the probe's verdicts: {dom}"
+    );
     let screenshot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
     let _ = std::fs::remove_file(&screenshot);
     run_chromium(&binary, &profile, &url, &format!("--screenshot={}", screenshot.display())).await;
