@@ -260,6 +260,7 @@ async fn kv_aware_decisions_show_their_predicted_terms() {
     for decision in recent {
         let terms = decision["predicted_ms"].as_object().unwrap_or_else(|| panic!("{decision:#}"));
         assert!(terms["total"].as_f64().unwrap() >= terms["prefill"].as_f64().unwrap(), "{decision:#}");
+        assert!(decision["runner_up_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "two engines: {decision:#}");
     }
     gw.shutdown().await;
 }

@@ -294,6 +294,9 @@ pub struct DecisionView {
     pub best_match: Option<f64>,
     /// kv_aware's predicted time to first token, term by term, in milliseconds.
     pub predicted_ms: Option<BTreeMap<&'static str, f64>>,
+    /// kv_aware: the predicted time to first token on the runner-up (the candidate of lowest
+    /// cost after the chosen one), in milliseconds.
+    pub runner_up_ms: Option<f64>,
 }
 
 /// A counter family's values by their labels (one pass over its series).
@@ -472,6 +475,7 @@ pub fn snapshot(view: &FleetView, shown: usize) -> Fleet {
                         .map(|(term, seconds)| (term, seconds * 1e3))
                         .collect()
                 }),
+                runner_up_ms: decision.predicted.and_then(|predicted| predicted.runner_up_s).map(|s| s * 1e3),
             }
         })
         .collect();
