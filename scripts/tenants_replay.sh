@@ -15,7 +15,8 @@
 # prefill step (`kvgate mock --mixed-batching`, vLLM v1's and SGLang's mixed-chunk batches);
 # KV_EVENTS=1, engines publishing their KV events and the gateway routing on them (the exact
 # index, tokenized as the engines do), whose `GET /v1/fleet` is saved as NAME-fleet.json at the
-# end (the tenants' cached-token and KV shares, issue 44).
+# end (the tenants' cached-token and KV shares, issue 44); MOCK_ARGS, more `kvgate mock` flags
+# (e.g. `--kv-capacity-tokens 1048576`).
 set -euo pipefail
 KVGATE=${KVGATE:-target/debug/kvgate}
 name=$1 trace=$2 header=$3 bound=$4
@@ -26,6 +27,7 @@ if [[ "${ENGINE_PRIORITY:-0}" == 1 ]]; then
   gateway_extra+=(--forward-priority vllm)
 fi
 if [[ "${ENGINE_MIXED:-0}" == 1 ]]; then mock_extra+=(--mixed-batching); fi
+if [[ -n "${MOCK_ARGS:-}" ]]; then read -r -a more <<< "$MOCK_ARGS"; mock_extra+=("${more[@]}"); fi
 if [[ "${KV_EVENTS:-0}" == 1 ]]; then
   mock_extra+=(--kv-events-base-port 39200 --kv-events-replay-base-port 39300)
   gateway_extra+=(--mock-tokenizer
