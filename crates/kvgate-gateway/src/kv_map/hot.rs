@@ -12,6 +12,9 @@ pub(crate) const HALF_LIFE_MS: f64 = 300_000.0;
 /// Most prefixes kept per model.
 pub(crate) const MAX_ENTRIES: usize = 4_096;
 
+/// A ranked prefix: its last block's content hash, its entry, its hits now.
+pub(crate) type Ranked = (u64, HotEntry, f64);
+
 /// One prefix's hits.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct HotEntry {
@@ -89,13 +92,13 @@ impl HotTable {
                 *best = best.max(hits);
             }
         }
-        let mut ranked: Vec<(u64, HotEntry, f64)> = self
+        let mut ranked: Vec<Ranked> = self
             .entries
             .iter()
             .filter_map(|(&hash, entry)| {
                 let hits = entry.hits_at(now_ms);
                 let extended = longest_child.get(&hash).is_some_and(|&child| child >= 0.9 * hits);
-                (!extended && hits >= 0.5).then(|| (hash, *entry, hits))
+                (!extended && hits >= 0.5).then_some((hash, *entry, hits))
             })
             .collect();
         ranked.sort_by(|a, b| score(b.2, b.1.blocks).total_cmp(&score(a.2, a.1.blocks)).then(a.0.cmp(&b.0)));

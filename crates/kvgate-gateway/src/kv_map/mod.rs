@@ -285,7 +285,7 @@ impl KvMapTask {
 fn pool_kv(
     pool: &ModelPool,
     census: &kvgate_index::Census,
-    (by_hits, by_saved): (&[(u64, hot::HotEntry, f64)], &[(u64, hot::HotEntry, f64)]),
+    (by_hits, by_saved): (&[hot::Ranked], &[hot::Ranked]),
 ) -> PoolKv {
     let size = census.block_size as f64;
     let name = |worker: u32| {
@@ -315,7 +315,7 @@ fn pool_kv(
             }
         })
         .collect();
-    let hot = |list: &[(u64, hot::HotEntry, f64)]| {
+    let hot = |list: &[hot::Ranked]| {
         list.iter()
             .map(|&(hash, entry, hits)| {
                 let holders = census.watched.get(&hash).map(Vec::as_slice).unwrap_or_default();

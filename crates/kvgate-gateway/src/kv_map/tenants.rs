@@ -54,7 +54,9 @@ impl TenantPrompts {
     /// A request of `tenant` at `now_ms` whose prompt's sampled block hashes are `hashes`.
     pub(crate) fn add(&mut self, tenant: &str, now_ms: u64, hashes: Vec<u64>) {
         if !self.tenants.contains_key(tenant) && self.tenants.len() >= MAX_TENANTS {
-            if let Some(oldest) = self.tenants.iter().min_by_key(|(_, recent)| recent.last_ms).map(|(t, _)| t.clone()) {
+            if let Some(oldest) =
+                self.tenants.iter().min_by_key(|(_, recent)| recent.last_ms).map(|(t, _)| t.clone())
+            {
                 self.tenants.remove(&oldest);
             }
         }
@@ -126,7 +128,10 @@ mod tests {
         prompts.expire(RECENT_MS + 5);
         let shares = prompts.occupancy(&census(&[1, 2, 3, 5]));
         assert_eq!(shares.len(), 2);
-        assert_eq!(shares[0].1.tokens, 32.0, "block 3, used by chat's first request only, expired: {shares:?}");
+        assert_eq!(
+            shares[0].1.tokens, 32.0,
+            "block 3, used by chat's first request only, expired: {shares:?}"
+        );
         prompts.expire(2 * RECENT_MS);
         assert!(prompts.occupancy(&census(&[1])).is_empty());
     }
