@@ -25,7 +25,10 @@
 //! gateway overhead benchmarks. Fault flags inject 500s, cut connections (`--cut-stream-rate`,
 //! or every stream after `--cut-after-tokens` tokens: an engine that dies mid-stream), added
 //! latency and a health endpoint that turns 503; `MockFleet::shutdown` kills a fleet outright
-//! (its open streams cut, its port closed).
+//! (its open streams cut, its port closed). KV event faults: lost batches
+//! (`--kv-events-drop-every`, `MockFleet::drop_kv_event_batches`), stores stating another block
+//! size (`--kv-events-block-size-override`), and `MockFleet::restart_engine`, an engine restarted
+//! without replay (its cache empty, nothing published until its next step).
 //!
 //! # Prefill/decode disaggregation
 //! `--role prefill` or `--role decode` makes every engine of the fleet one side of a PD pair
