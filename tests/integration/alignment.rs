@@ -223,6 +223,8 @@ async fn each_fault_is_named_within_one_interval_of_the_join() {
     .unwrap();
     let mut cfg = probing(kv_events_config(&fleet), IndexRepair::Quarantine);
     cfg.chat_template = Some(template);
+    // The exact index forced: a quarantine still routes the pool on the tree.
+    cfg.routing.prefix_index = kvgate_index::PrefixIndexMode::Exact;
     let started = Instant::now();
     let gw = gateway(cfg).await;
     let (seen, _) =

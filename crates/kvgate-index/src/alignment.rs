@@ -276,8 +276,11 @@ pub fn overall_verdict(parts: impl IntoIterator<Item = Verdict>) -> Verdict {
 pub struct SentinelObservation {
     pub predicted: u32,
     pub cached: Option<u32>,
-    /// Blocks removed from the worker's caches since that prompt was stored.
+    /// Blocks removed from the worker's caches between the prediction and the answer.
     pub removed: u64,
+    /// The engine's event sequence restarted in that time (its cache was gone: the index's
+    /// holdings were cleared on its first event since, which counts as removals too).
+    pub restarted: bool,
 }
 
 /// The verdict on the sentinel: the index still claims the previous probe's prompt; does the
@@ -287,7 +290,7 @@ pub fn judge_sentinel(seen: &SentinelObservation) -> Verdict {
         _ if seen.predicted == 0 => Verdict::Inconclusive,
         None => Verdict::Failed(ProbeCause::NoCachedTokensReported),
         Some(cached) if cached >= seen.predicted => Verdict::Passed,
-        Some(_) if seen.removed > 0 => Verdict::Inconclusive,
+        Some(_) if seen.removed > 0 && !seen.restarted => Verdict::Inconclusive,
         Some(_) => Verdict::Failed(ProbeCause::StaleIndex),
     }
 }
@@ -385,10 +388,15 @@ mod tests {
 
     #[test]
     fn the_sentinel_names_an_index_the_engine_no_longer_backs() {
-        let seen = |predicted, cached, removed| SentinelObservation { predicted, cached, removed };
+        let seen =
+            |predicted, cached, removed| SentinelObservation { predicted, cached, removed, restarted: false };
         assert_eq!(judge_sentinel(&seen(112, Some(112), 0)), Verdict::Passed);
         assert_eq!(judge_sentinel(&seen(112, Some(0), 0)), Verdict::Failed(StaleIndex));
         assert_eq!(judge_sentinel(&seen(112, Some(0), 5)), Verdict::Inconclusive, "evicted");
+        // The engine's first event since its restart arrived before the answer was read: the
+        // index cleared its holdings (removals), and the restart says why.
+        let restarted = SentinelObservation { restarted: true, ..seen(112, Some(0), 7) };
+        assert_eq!(judge_sentinel(&restarted), Verdict::Failed(StaleIndex));
         assert_eq!(judge_sentinel(&seen(0, Some(0), 0)), Verdict::Inconclusive, "not held any more");
     }
 

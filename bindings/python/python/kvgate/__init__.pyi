@@ -408,9 +408,8 @@ class Gateway:
         index_repair: What the gateway does when the alignment probe or the closed loop finds a
             worker's index wrong: `resync` drops the worker's holdings from the exact index and
             replays them from its engine's replay endpoint; `quarantine` routes its pool on the
-            approximate tree (with --prefix-index auto) until a probe of the worker passes;
-            `warn` only logs it. Every action is logged with its cause and counted in
-            kvgate_index_repairs_total
+            approximate tree until a probe of the worker passes; `warn` only logs it. Every
+            action is logged with its cause and counted in kvgate_index_repairs_total
         load_monitor_interval_ms: Milliseconds between engine load polls (used only while a
             policy consumes loads); the same flag as `kvgate sim`'s
         load_monitor_interval: Deprecated spelling of the load poll interval, in seconds; when

@@ -120,13 +120,14 @@ impl Prober<'_> {
         let index = &pool.prefix.exact;
         let predicted =
             Probe::predict(index, &prompt.tokens, Namespace::BASE, None, worker.id, true).predicted;
-        let removed_before = worker.kv_removed_blocks();
+        let (removed_before, restarts_before) = (worker.kv_removed_blocks(), self.restarts(worker));
         let body = canary::completion_body(&pool.model, &prompt.text, worker.dp_rank);
         let usage = self.send(worker, Endpoint::Completions, &body).await?;
         let seen = SentinelObservation {
             predicted,
             cached: usage.cached_tokens,
             removed: worker.kv_removed_blocks().saturating_sub(removed_before),
+            restarted: self.restarts(worker) > restarts_before,
         };
         Ok(SentinelReport { seen, verdict: judge_sentinel(&seen) })
     }
@@ -265,6 +266,13 @@ impl Prober<'_> {
             }
             tokio::time::sleep(EVENTS_POLL).await;
         }
+    }
+
+    /// Event-sequence restarts the worker's subscriptions saw so far.
+    fn restarts(&self, worker: &Worker) -> u64 {
+        let mut restarts = 0;
+        worker.series.write(|url| restarts = self.metrics.kv_events.restarts.with_label_values(&[url]).get());
+        restarts
     }
 
     /// The worker's subscription counters now.

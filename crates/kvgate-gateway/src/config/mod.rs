@@ -154,8 +154,8 @@ pub struct GatewayConfig {
     pub alignment_probe_interval_secs: f64,
     /// What the gateway does when the alignment probe or the closed loop finds a worker's index
     /// wrong: `resync` drops the worker's holdings from the exact index and replays them from its
-    /// engine's replay endpoint; `quarantine` routes its pool on the approximate tree (with
-    /// --prefix-index auto) until a probe of the worker passes; `warn` only logs it. Every action
+    /// engine's replay endpoint; `quarantine` routes its pool on the approximate tree until a
+    /// probe of the worker passes; `warn` only logs it. Every action
     /// is logged with its cause and counted in kvgate_index_repairs_total.
     #[arg(long, value_enum, default_value_t = kvgate_index::IndexRepair::Quarantine)]
     pub index_repair: kvgate_index::IndexRepair,
