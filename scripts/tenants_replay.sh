@@ -12,7 +12,11 @@
 # weights, reserved concurrency); ENGINE_PRIORITY=1, engines serving by priority (`kvgate mock
 # --priority-scheduling`) and the gateway telling them each request's class
 # (`--forward-priority vllm`); ENGINE_MIXED=1, engines carrying their running decodes in every
-# prefill step (`kvgate mock --mixed-batching`, vLLM v1's and SGLang's mixed-chunk batches).
+# prefill step (`kvgate mock --mixed-batching`, vLLM v1's and SGLang's mixed-chunk batches);
+# KV_EVENTS=1, engines publishing their KV events and the gateway routing on them (the exact
+# index, tokenized as the engines do), whose `GET /v1/fleet` is saved as NAME-fleet.json at the
+# end (the tenants' cached-token and KV shares, issue 44); MOCK_ARGS, more `kvgate mock` flags
+# (e.g. `--kv-capacity-tokens 1048576`).
 set -euo pipefail
 KVGATE=${KVGATE:-target/debug/kvgate}
 name=$1 trace=$2 header=$3 bound=$4
@@ -23,6 +27,13 @@ if [[ "${ENGINE_PRIORITY:-0}" == 1 ]]; then
   gateway_extra+=(--forward-priority vllm)
 fi
 if [[ "${ENGINE_MIXED:-0}" == 1 ]]; then mock_extra+=(--mixed-batching); fi
+if [[ -n "${MOCK_ARGS:-}" ]]; then read -r -a more <<< "$MOCK_ARGS"; mock_extra+=("${more[@]}"); fi
+if [[ "${KV_EVENTS:-0}" == 1 ]]; then
+  mock_extra+=(--kv-events-base-port 39200 --kv-events-replay-base-port 39300)
+  gateway_extra+=(--mock-tokenizer
+    --kv-events-endpoints tcp://127.0.0.1:39200 tcp://127.0.0.1:39201 tcp://127.0.0.1:39202 tcp://127.0.0.1:39203
+    --kv-events-replay-endpoints tcp://127.0.0.1:39300 tcp://127.0.0.1:39301 tcp://127.0.0.1:39302 tcp://127.0.0.1:39303)
+fi
 "$KVGATE" mock --workers 4 --base-port 39100 --host 127.0.0.1 "${mock_extra[@]}" > "mock-$name.log" 2>&1 &
 mock=$!
 trap 'kill $mock ${gateway:-} 2>/dev/null || true' EXIT
@@ -37,3 +48,8 @@ for _ in $(seq 1 100); do
 done
 "$KVGATE" replay --trace "$trace" --url http://127.0.0.1:39090 --label "$name" \
   --tenant-header "$header" --json "$name.json" > "$name.md"
+if [[ "${KV_EVENTS:-0}" == 1 ]]; then
+  sleep 6  # the next census of the exact index (every 5 s)
+  curl -sf http://127.0.0.1:39091/v1/fleet > "$name-fleet.json"
+  curl -sf http://127.0.0.1:39090/metrics | grep '^kvgate_tenant_cached_tokens_total' > "$name-cached.txt" || true
+fi

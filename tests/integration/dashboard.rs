@@ -144,6 +144,103 @@ async fn the_fleet_shows_workers_decisions_terms_and_the_closed_loop() {
     gw.shutdown().await;
 }
 
+/// The fleet's KV in `/v1/fleet`: each engine's holdings and share of the distinct cached
+/// tokens, copies, the hottest prefixes with their holders, the tenants' cached tokens and KV
+/// shares, the plots' points; the alignment probe's blocks counted nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_maps_its_kv_hot_prefixes_tenants_and_history() {
+    let mock = kv_events_fleet(2).await;
+    let mut cfg = kv_events_config(&mock);
+    cfg.admin_port = Some(0);
+    for tenant in ["chat", "batch"] {
+        cfg.tenants.named.insert(tenant.into(), Default::default());
+    }
+    let gw = gateway(cfg).await;
+    // Every worker probed first: its blocks must not show.
+    let probed = eventually(20.0, async || {
+        let fleet = get_fleet(&gw.admin_url(), "").await;
+        fleet["workers"]["rows"].as_array().unwrap().iter().all(|row| row["alignment"]["outcome"] == "passed")
+    })
+    .await;
+    assert!(probed, "{:#}", get_fleet(&gw.admin_url(), "").await);
+    // Two tenants: `chat` comes back to four conversations, `batch` sends one long prompt.
+    for turns in 1..=3 {
+        for c in 0..4 {
+            let res = client()
+                .post(format!("{}/v1/chat/completions", gw.url()))
+                .header("x-kvgate-tenant", "chat")
+                .json(&chat(c, turns))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            res.bytes().await.unwrap();
+        }
+    }
+    let long = json!({"model": MODEL, "prompt": (0..200).map(|i| format!("b{i}")).collect::<Vec<_>>().join(" "), "max_tokens": 1});
+    let res = client()
+        .post(format!("{}/v1/completions", gw.url()))
+        .header("x-kvgate-tenant", "batch")
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.bytes().await.unwrap();
+    let mut fleet = Value::Null;
+    let mapped = eventually(20.0, async || {
+        fleet = get_fleet(&gw.admin_url(), "").await;
+        let kv = &fleet["kv"];
+        kv["tenants"].as_array().is_some_and(|t| t.len() == 2)
+            && kv["pools"][0]["hot_by_hits"].as_array().is_some_and(|hot| !hot.is_empty())
+            && kv["history"]["points"].as_array().is_some_and(|p| p.iter().any(|p| p["hit_rate"].is_number()))
+    })
+    .await;
+    assert!(
+        mapped,
+        "the census, the hot prefixes, the tenants and a plot point within 20 s: {:#}",
+        fleet["kv"]
+    );
+    let kv = &fleet["kv"];
+    let pool = &kv["pools"][0];
+    assert_eq!((pool["model"].as_str(), pool["block_size"].as_u64()), (Some(MODEL), Some(16)));
+    let engines = pool["engines"].as_array().unwrap();
+    assert_eq!(engines.len(), 2, "{pool:#}");
+    let held: f64 = engines.iter().map(|e| e["cached_tokens"].as_f64().unwrap()).sum();
+    assert_eq!(pool["held_tokens"].as_f64(), Some(held));
+    let distinct = pool["distinct_tokens"].as_f64().unwrap();
+    assert!(distinct > 0.0 && distinct <= held, "{pool:#}");
+    assert!((pool["copies_per_block"].as_f64().unwrap() - held / distinct).abs() < 1e-9, "{pool:#}");
+    assert_eq!(pool["tiers"]["GPU"].as_f64(), Some(held), "{pool:#}");
+    // What the engines hold besides the probe's blocks: the workload's prompts only.
+    let engine_blocks: usize = (0..2).map(|i| mock.cached_blocks(i)).sum();
+    assert!(
+        held < (engine_blocks * 16) as f64,
+        "the probe's blocks are left out: {held} of {}",
+        engine_blocks * 16
+    );
+    let hot = &pool["hot_by_hits"][0];
+    assert!(hot["hits"].as_f64().unwrap() >= 1.0 && hot["tokens"].as_u64().unwrap() >= 16, "{hot:#}");
+    assert_eq!(hot["copies"].as_u64(), Some(hot["engines"].as_array().unwrap().len() as u64), "{hot:#}");
+    assert!(hot["engines"][0]["tier"] == "GPU", "{hot:#}");
+    let tenants = kv["tenants"].as_array().unwrap();
+    let tenant =
+        |name: &str| tenants.iter().find(|t| t["tenant"] == name).unwrap_or_else(|| panic!("{tenants:#?}"));
+    assert!(tenant("chat")["cached_tokens_total"].as_u64().unwrap() > 0, "later turns hit: {tenants:#?}");
+    assert_eq!(tenant("batch")["cached_tokens_total"], 0);
+    assert!(tenant("chat")["cached_share"].as_f64().unwrap() > 0.99, "{tenants:#?}");
+    for name in ["chat", "batch"] {
+        let share = tenant(name)["kv_share"].as_f64().unwrap();
+        assert!(share > 0.0 && share <= 1.0, "{name}: {tenants:#?}");
+    }
+    let text = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    assert!(
+        text.lines().any(|l| l.starts_with("kvgate_tenant_cached_tokens_total{tenant=\"chat\"}")),
+        "{text}"
+    );
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_aware_decisions_show_their_predicted_terms() {
     let mock = kv_events_fleet(2).await;
@@ -163,6 +260,7 @@ async fn kv_aware_decisions_show_their_predicted_terms() {
     for decision in recent {
         let terms = decision["predicted_ms"].as_object().unwrap_or_else(|| panic!("{decision:#}"));
         assert!(terms["total"].as_f64().unwrap() >= terms["prefill"].as_f64().unwrap(), "{decision:#}");
+        assert!(decision["runner_up_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "two engines: {decision:#}");
     }
     gw.shutdown().await;
 }
@@ -216,7 +314,7 @@ async fn run_chromium(binary: &PathBuf, profile: &std::path::Path, url: &str, mo
         .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
         .arg("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
         .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--window-size=1400,1100", "--hide-scrollbars", "--virtual-time-budget=2500", mode, url])
+        .args(["--window-size=1400,2300", "--hide-scrollbars", "--virtual-time-budget=2500", mode, url])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -255,13 +353,13 @@ async fn the_dashboard_renders_in_headless_chromium() {
     args.engine_flags.kv_capacity_tokens = Some(2_000);
     let mock = spawn_fleet(args).await.expect("the mock fleet starts");
     let gw = fleet_gateway(&mock).await;
-    // A bounded load (4 clients, at most 150 requests each), running while the page is read.
+    // A bounded load (4 clients, at most 600 requests each), running while the page is read.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let clients: Vec<_> = (0..4)
         .map(|client_idx| {
             let (base, stop) = (gw.url(), stop.clone());
             tokio::spawn(async move {
-                for round in 0..150 {
+                for round in 0..600 {
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
@@ -276,11 +374,24 @@ async fn the_dashboard_renders_in_headless_chromium() {
     let url = format!("{}/dashboard", gw.admin_url());
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut dom = String::new();
+    // The plots' points, as the page says ("(N points, one per 5 s)").
+    let points = |dom: &str| -> usize {
+        let note = dom.split("id=\"history-note\">(").nth(1).unwrap_or("");
+        note.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
     let rendered = |dom: &str| {
         let rate =
             dom.split("id=\"decision-rate\" data-rate=\"").nth(1).and_then(|rest| rest.split('"').next());
         dom.matches("class=\"worker-row\"").count() == 4
             && rate.and_then(|r| r.parse::<f64>().ok()).is_some_and(|r| r > 0.0)
+            // The fleet's KV: an engine row per worker, a hot prefix, a tenant, and both plots
+            // with a line (two census steps of load).
+            && dom.matches("class=\"kv-engine-row\"").count() == 4
+            && dom.contains("class=\"hot-prefix\"")
+            && dom.contains("class=\"tenant-row\"")
+            && dom.contains("data-series=\"hit rate\"")
+            && dom.contains("data-series=\"p90\"")
+            && points(dom) >= 3
     };
     while Instant::now() < deadline {
         dom = run_chromium(&binary, &profile, &url, "--dump-dom").await;
@@ -288,8 +399,15 @@ async fn the_dashboard_renders_in_headless_chromium() {
             break;
         }
     }
-    assert!(rendered(&dom), "four worker rows and a non-zero decision rate rendered within 60 s:\n{dom}");
+    assert!(
+        rendered(&dom),
+        "four worker rows, a non-zero decision rate, the KV map and the plots rendered within 60 s:\n{dom}"
+    );
     assert!(dom.contains("cache_aware") && dom.contains("decisions per second by reason"), "{dom}");
+    assert!(
+        dom.contains("hottest prefixes: tokens saved") && dom.contains("passed"),
+        "the probe's verdicts: {dom}"
+    );
     let screenshot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
     let _ = std::fs::remove_file(&screenshot);
     run_chromium(&binary, &profile, &url, &format!("--screenshot={}", screenshot.display())).await;

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod alignment;
 mod attempts;
 mod closed_loop;
 mod dashboard;

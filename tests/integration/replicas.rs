@@ -28,10 +28,13 @@ async fn engines() -> MockFleet {
     spawn_fleet(args).await.expect("the mock fleet starts")
 }
 
+/// The alignment probe is off: each replica's probes would change what the engines hold between
+/// the replicas' dry runs and the live decision.
 fn replica_config(fleet: &MockFleet) -> GatewayConfig {
     GatewayConfig {
         expose_routing_headers: true,
         admin_api_key: Some("admin".into()),
+        alignment_probe: false,
         ..common::kv_events_config(fleet)
     }
 }

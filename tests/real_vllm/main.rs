@@ -6,8 +6,10 @@
 //! .cached_tokens`) for completions, token-id prompts and chat with vLLM's default content format;
 //! that every KV event decodes; that a gateway started late recovers the holdings by replay; that
 //! the closed loop stays quiet when the configuration is right (also under eviction pressure) and
-//! names the cause when the chat template is wrong; and that an engine restart is resubscribed
-//! within 2 s of the engine answering `/health`.
+//! names the cause when the chat template is wrong; that an engine restart is resubscribed
+//! within 2 s of the engine answering `/health`; and that the alignment probe passes at a
+//! worker's join when the configuration is right and, before any client request, names an
+//! engine rendering chats with another content format than the gateway.
 //!
 //! Skipped (saying so) unless `scripts/real-vllm/install.sh` has run; `.ci/run` runs it and sets
 //! `KVGATE_REQUIRE_VLLM=1`, which makes a missing install or an engine that does not start a
@@ -22,8 +24,9 @@ use std::time::{Duration, Instant};
 use common::{client, config, dry_run, eventually, gateway, metric, metrics_text};
 use engines::{Engine, EngineSpec, Harness};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
-use kvgate_index::PrefixIndexMode;
+use kvgate_index::{IndexRepair, PrefixIndexMode};
 use kvgate_policy::PolicyKind;
+use kvgate_tokenizer::ContentFormatOption;
 use serde_json::{json, Value};
 
 const MODEL: &str = "tiny-llama";
@@ -38,15 +41,24 @@ async fn gateway_for(
     tokenizer: &std::path::Path,
     template: Option<std::path::PathBuf>,
 ) -> GatewayHandle {
+    gateway_tuned(engine, tokenizer, |cfg| cfg.chat_template = template).await
+}
+
+/// [`gateway_for`]'s gateway with the template's own, and `tune` applied last.
+async fn gateway_tuned(
+    engine: &Engine,
+    tokenizer: &std::path::Path,
+    tune: impl FnOnce(&mut GatewayConfig),
+) -> GatewayHandle {
     let mut cfg: GatewayConfig = config(vec![engine.url()]);
     cfg.routing.policy = PolicyKind::CacheAware;
     cfg.routing.prefix_index = PrefixIndexMode::Exact;
     cfg.kv_events_endpoints = vec![engine.events_endpoint()];
     cfg.kv_events_replay_endpoints = vec![engine.replay_endpoint()];
     cfg.tokenizer_path = Some(tokenizer.to_path_buf());
-    cfg.chat_template = template;
     cfg.health_check_interval_secs = 1.0;
     cfg.request_timeout_secs = 120.0;
+    tune(&mut cfg);
     let gw = gateway(cfg).await;
     assert!(
         eventually(30.0, async || flowing(&gw).await).await,
@@ -175,6 +187,18 @@ async fn disagreement(gw: &GatewayHandle) -> Value {
     workers(gw).await[0]["index_accuracy"]["disagreement"].clone()
 }
 
+/// The gateway's alignment probe of its (one) worker, once it concluded (within `secs`).
+async fn probe_report(gw: &GatewayHandle, secs: f64) -> Value {
+    let mut seen = Value::Null;
+    let concluded = eventually(secs, async || {
+        seen = workers(gw).await[0]["alignment"].clone();
+        seen["outcome"].is_string()
+    })
+    .await;
+    assert!(concluded, "the alignment probe concluded within {secs} s: {seen:#}");
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn against_real_vllm_engines() {
     let Some(harness) = Harness::find() else { return };
@@ -197,6 +221,16 @@ async fn against_real_vllm_engines() {
     for gw in [&gw, &gw_plain] {
         no_event_refused(gw).await;
         assert_eq!(disagreement(gw).await, Value::Null, "the closed loop is quiet");
+        // The alignment probe ran at the join: both forms agree (the completion's 128 tokens
+        // are 4 blocks of 32, held whole and served 96: the last-token rule).
+        let report = probe_report(gw, 30.0).await;
+        assert_eq!(report["outcome"], "passed", "{report:#}");
+        let completion = &report["forms"][0];
+        assert_eq!(
+            (completion["aligned"].as_bool(), completion["cached"].as_u64()),
+            (Some(true), Some(96)),
+            "{report:#}"
+        );
     }
     gw_plain.shutdown().await;
     drop(stringy);
@@ -211,7 +245,15 @@ async fn against_real_vllm_engines() {
     late.shutdown().await;
 
     // A wrong chat template is named by the closed loop.
-    let wrong = gateway_for(&looping, &chatml, Some(harness.scripts.join("templates/plain.jinja"))).await;
+    // (The repair only warns here, so that the routing stays on the exact index the loop
+    // watches; the alignment probe names the template too.)
+    let plain_template = harness.scripts.join("templates/plain.jinja");
+    let wrong = gateway_tuned(&looping, &chatml, |cfg| {
+        cfg.chat_template = Some(plain_template);
+        cfg.index_repair = IndexRepair::Warn;
+    })
+    .await;
+    assert_eq!(probe_report(&wrong, 60.0).await["cause"], "template_or_content_format");
     // The window is the worker's last 100 answered requests: 25 conversations of 4 turns.
     converse(wrong.url(), 0..25, 20).await;
     let named = disagreement(&wrong).await;
@@ -223,9 +265,20 @@ async fn against_real_vllm_engines() {
     let ports = [looping.port, looping.events_port, looping.replay_port];
     looping.stop();
     assert!(eventually(20.0, async || !flowing(&gw).await).await, "the gateway sees the publisher go");
+    // ... and it comes back rendering chats with the `string` content format where the
+    // template's own (vLLM's `auto`) is `openai`.
     let small = EngineSpec {
         model: chatml.clone(),
-        flags: ["--num-gpu-blocks-override", "64", "--max-model-len", "1024"].map(String::from).to_vec(),
+        flags: [
+            "--num-gpu-blocks-override",
+            "64",
+            "--max-model-len",
+            "1024",
+            "--chat-template-content-format",
+            "string",
+        ]
+        .map(String::from)
+        .to_vec(),
     };
     let mut restarted = Engine::spawn_on(&harness, small, ports);
     let healthy_at = restarted.wait_healthy(START_LIMIT).await;
@@ -234,9 +287,24 @@ async fn against_real_vllm_engines() {
     eprintln!("resubscribed {:.2} s after /health", after.as_secs_f64());
     assert!(after <= Duration::from_secs(2), "resubscribed {after:?} after the engine answered /health");
 
+    // A gateway rendering chats with the template's own format (`auto`): the alignment probe
+    // names the mismatch before any client request is sent.
+    let mismatched = gateway_for(&restarted, &chatml, None).await;
+    let report = probe_report(&mismatched, 60.0).await;
+    eprintln!("mismatched content format: {report}");
+    assert_eq!(report["outcome"], "failed", "{report:#}");
+    assert_eq!(report["cause"], "template_or_content_format", "{report:#}");
+    assert_eq!(report["forms"][0]["outcome"], "passed", "completions agree: {report:#}");
+    let text = metrics_text(&mismatched).await;
+    assert_eq!(metric(&text, "kvgate_routing_decisions_total"), 0.0, "no client request was sent");
+    mismatched.shutdown().await;
+
     // Under eviction pressure (64 blocks of 32 tokens; 28 conversations of 4 turns, more than a
-    // full window, at concurrency 4) the loop stays quiet.
-    let pressure = gateway_for(&restarted, &chatml, None).await;
+    // full window, at concurrency 4) the loop stays quiet, with the engine's content format.
+    let pressure = gateway_tuned(&restarted, &chatml, |cfg| {
+        cfg.chat_template_content_format = ContentFormatOption::String
+    })
+    .await;
     let lanes: Vec<_> = (0..4)
         .map(|lane| tokio::spawn(converse(pressure.url(), (0..7).map(move |i| 100 + lane + 4 * i), 60)))
         .collect();

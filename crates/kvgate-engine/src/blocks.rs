@@ -46,6 +46,11 @@ impl BlockPool {
         self.capacity_blocks - self.private_blocks - self.cached.len() as u64
     }
 
+    /// Blocks in the prefix cache (referenced or not).
+    pub(crate) fn cached_blocks(&self) -> u64 {
+        self.cached.len() as u64
+    }
+
     /// Cached blocks that no request references.
     pub(crate) fn evictable_blocks(&self) -> u64 {
         self.lru.len() as u64

@@ -189,6 +189,11 @@ impl Engine {
         self.pool.match_prefix(&hashes) * block_size
     }
 
+    /// Blocks in the prefix cache (the GPU tier's), as its KV events describe them.
+    pub fn cached_blocks(&self) -> usize {
+        self.pool.cached_blocks() as usize
+    }
+
     /// Requests in the engine (queued or admitted).
     pub fn num_requests(&self) -> usize {
         self.slot_by_id.len()

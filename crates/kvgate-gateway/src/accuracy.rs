@@ -34,6 +34,8 @@ pub(crate) struct Probe {
     /// The worker's count of removed KV blocks when the prediction was made: blocks removed
     /// before the answer may be what the engine no longer served.
     pub(crate) removed_at: u64,
+    /// The request's tenant (its metric label), whose cached tokens are counted.
+    pub(crate) tenant: Option<String>,
 }
 
 impl Probe {
@@ -60,6 +62,7 @@ impl Probe {
             exact,
             model_window: None,
             removed_at: 0,
+            tenant: None,
         }
     }
 }
@@ -209,6 +212,7 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
         if evicted > 0 {
             metrics.prefix_evicted_after_routing_requests.with_label_values(&labels).inc();
         }
+        metrics.prefix_prompt_tokens.with_label_values(&labels).inc_by(u64::from(prompt_tokens));
         if let Some(cached) = cached {
             metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
             let missed = cached.saturating_sub(probe.predicted);
@@ -219,6 +223,9 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
             }
         }
     });
+    if let (Some(tenant), Some(cached)) = (&probe.tenant, cached) {
+        metrics.admission.tenant_cached_tokens.with_label_values(&[tenant]).inc_by(u64::from(cached));
+    }
     let sample = AccuracySample {
         prompt_tokens,
         predicted: probe.predicted - evicted,
@@ -230,6 +237,8 @@ pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Op
             worker
                 .series
                 .write(|url| metrics.prefix_index_disagreement.with_label_values(&[model, url]).set(1));
+            // The index repair acts on it (`--index-repair`), off the request path.
+            worker.index_health.flag_disagreement(disagreement.cause.as_str());
             tracing::warn!(
                 model,
                 worker = %worker.url,

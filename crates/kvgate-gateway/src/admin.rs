@@ -88,6 +88,10 @@ pub struct WorkerInfo {
     /// an answer was compared.)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index_accuracy: Option<IndexAccuracyInfo>,
+    /// The alignment probe's last report and the worker's quarantine (present once it was
+    /// probed or quarantined).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alignment: Option<AlignmentInfo>,
 }
 
 #[derive(Serialize)]
@@ -112,6 +116,29 @@ pub struct DisagreementInfo {
     /// The share of the engine-reported cached tokens the index did not predict.
     pub missed_share: f64,
     pub advice: &'static str,
+}
+
+/// A worker's alignment: the last probe's report (`outcome`, `cause`, each form's observations
+/// and verdict, the sentinel, `at_ms` on the gateway's clock), what to check, the quarantine.
+#[derive(Serialize)]
+pub struct AlignmentInfo {
+    #[serde(flatten)]
+    pub report: Option<crate::index_health::ProbeReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice: Option<&'static str>,
+    pub quarantined: bool,
+}
+
+impl AlignmentInfo {
+    pub fn of(worker: &Worker) -> Option<Self> {
+        let report = worker.index_health.report();
+        let quarantined = worker.index_health.quarantined();
+        (report.is_some() || quarantined).then(|| AlignmentInfo {
+            advice: report.as_ref().and_then(|report| report.cause()).map(|cause| cause.advice()),
+            report,
+            quarantined,
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -142,6 +169,7 @@ impl WorkerInfo {
                 flowing: worker.kv_events_flowing(),
             }),
             index_accuracy: index_accuracy(worker),
+            alignment: AlignmentInfo::of(worker),
         }
     }
 }

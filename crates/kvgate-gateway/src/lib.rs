@@ -29,6 +29,7 @@ mod own_address;
 mod tls;
 mod upstream;
 // Workers, the registry and the load snapshot.
+mod index_health;
 mod load_snapshot;
 mod registry;
 mod worker;
@@ -38,9 +39,11 @@ mod body;
 mod tokenize;
 // Subsystems, each built from the narrow parts it needs.
 mod admission;
+mod alignment;
 mod fleet_view;
 mod health;
 mod kv_events;
+mod kv_map;
 mod monitor;
 mod replica_sync;
 // The fleet: registering and removing workers, and the discovery that drives it.

@@ -11,9 +11,11 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod alignment;
 mod otlp;
 mod replica_sync;
 
+pub use alignment::AlignmentMetrics;
 pub use otlp::OtlpMetrics;
 pub use replica_sync::ReplicaSyncMetrics;
 
@@ -35,6 +37,21 @@ fn remove_labelled<T: prometheus::core::MetricVecBuilder>(
             }
         }
     }
+}
+
+/// Each series of a counter family by the value of its label `label`, summed over its other
+/// labels.
+pub fn counter_by_label(family: &IntCounterVec, label: &str) -> Vec<(String, u64)> {
+    use prometheus::core::Collector;
+    let mut sums: HashMap<String, u64> = HashMap::new();
+    for gathered in family.collect() {
+        for metric in gathered.get_metric() {
+            let value =
+                metric.get_label().iter().find(|pair| pair.name() == label).map_or("", |pair| pair.value());
+            *sums.entry(value.to_string()).or_default() += metric.get_counter().get_value() as u64;
+        }
+    }
+    sums.into_iter().collect()
 }
 
 /// Latency buckets in seconds, from sub-millisecond proxy overhead to long generations.
@@ -68,6 +85,8 @@ pub struct Metrics {
     pub tokenize_failures: IntCounterVec,
     /// The closed loop (`accuracy.rs`): per model and worker.
     pub prefix_predicted_tokens: IntCounterVec,
+    /// Prompt tokens of the answers the closed loop read (the hit rate's denominator).
+    pub prefix_prompt_tokens: IntCounterVec,
     pub prefix_engine_cached_tokens: IntCounterVec,
     pub prefix_missed_cached_tokens: IntCounterVec,
     pub prefix_evicted_after_routing_tokens: IntCounterVec,
@@ -85,6 +104,8 @@ pub struct Metrics {
     pub admission: AdmissionMetrics,
     pub replica_sync: ReplicaSyncMetrics,
     pub otlp: OtlpMetrics,
+    /// The alignment probe and the index repairs.
+    pub alignment: AlignmentMetrics,
     /// Kubernetes service discovery events: joined, left, relist, error.
     pub discovery_events: IntCounterVec,
     /// Per-endpoint latency series, resolved once (label hashing on every request showed in O1).
@@ -120,6 +141,8 @@ pub struct AdmissionMetrics {
     /// Per tenant (named ones; the rest as `other`) and class.
     pub tenant_requests: IntCounterVec,
     pub tenant_tokens: IntCounterVec,
+    /// Engine-reported cached tokens of each tenant's requests (those the closed loop reads).
+    pub tenant_cached_tokens: IntCounterVec,
     pub tenant_rejected: IntCounterVec,
     pub tenant_queue_wait: HistogramVec,
     pub client_keys_reloads: IntCounterVec,
@@ -321,6 +344,12 @@ impl Metrics {
                 &["model", "worker"],
                 vec![-1.0, -0.5, -0.2, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0],
             ),
+            prefix_prompt_tokens: counter(
+                "kvgate_prefix_prompt_tokens_total",
+                "Prompt tokens of the answers the closed loop compared (the engine's usage.prompt_tokens where \
+                 it says): kvgate_prefix_engine_cached_tokens_total over it is the engines' hit rate.",
+                &["model", "worker"],
+            ),
             prefix_index_disagreement: gauge(
                 "kvgate_prefix_index_disagreement",
                 "1 while the index and the engine disagree persistently on a worker (more than 10% of prompt tokens, a quarter of at least 10 claimed requests wrong, or 10% of the engine's cached tokens missed over at least 5 requests, over its last 100 answered requests; the cause is in the log and in /workers), else 0.",
@@ -429,6 +458,12 @@ impl Metrics {
                 "Tokens charged at admission (prompt plus maximum output), by tenant and priority class.",
                 &["tenant", "class"],
             ),
+            tenant_cached_tokens: counter(
+                "kvgate_tenant_cached_tokens_total",
+                "Prompt tokens the engines served from cache to each tenant's requests (as they reported \
+                 them, on the answers the closed loop reads: models routed on KV events with a tokenizer).",
+                &["tenant"],
+            ),
             tenant_rejected: counter(
                 "kvgate_tenant_rejected_total",
                 "Requests refused at admission, by tenant, priority class and reason: requests_per_minute, tokens_per_minute, max_concurrent (the tenant's quotas) or the gateway-wide reasons of kvgate_admission_rejected_total.",
@@ -448,6 +483,7 @@ impl Metrics {
             },
             replica_sync: ReplicaSyncMetrics::register(&registry),
             otlp: OtlpMetrics::register(&registry),
+            alignment: AlignmentMetrics::register(&registry),
             discovery_events: counter(
                 "kvgate_discovery_events_total",
                 "Kubernetes service discovery events: joined, left, relist, error.",
@@ -572,6 +608,7 @@ impl Metrics {
         remove_labelled(&self.loads.snapshot_age, url);
         for family in [
             &self.prefix_predicted_tokens,
+            &self.prefix_prompt_tokens,
             &self.prefix_engine_cached_tokens,
             &self.prefix_missed_cached_tokens,
             &self.prefix_evicted_after_routing_tokens,
@@ -581,6 +618,13 @@ impl Metrics {
         }
         remove_labelled(&self.prefix_index_disagreement, url);
         remove_labelled(&self.prefix_cached_difference, url);
+        let alignment = &self.alignment;
+        for family in [&alignment.probes, &alignment.failures] {
+            remove_labelled(family, url);
+        }
+        for family in [&alignment.aligned, &alignment.quarantined] {
+            remove_labelled(family, url);
+        }
         let kv = &self.kv_events;
         for family in
             [&self.loads.poll_failures, &kv.batches, &kv.malformed, &kv.refused, &kv.gaps, &kv.restarts]

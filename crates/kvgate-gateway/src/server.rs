@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin;
+use crate::alignment::{Alignment, AlignmentSettings};
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::discovery::{Discovery, DiscoverySettings};
@@ -20,6 +21,7 @@ use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::fleet_view::{self, FleetView};
 use crate::health::HealthLoop;
+use crate::kv_map::KvMapTask;
 use crate::listen::{self, Surface};
 use crate::monitor::LoadMonitor;
 use crate::proxy;
@@ -134,6 +136,7 @@ fn fleet_routes(state: &SharedState) -> Router<SharedState> {
         state.loads.clone(),
         state.metrics.clone(),
         state.decisions.clone(),
+        state.kv_map.clone(),
         state.clock,
         state.config.admin_api_key.clone(),
     ));
@@ -400,8 +403,32 @@ fn spawn_background(
         oversized: state.metrics.oversized_answers.clone(),
         always_poll: state.overload.enabled(),
     };
+    let alignment = Alignment {
+        registry: state.registry.clone(),
+        tokenization: state.tokenization.clone(),
+        client: state.client.clone(),
+        bearer: config.api_key.clone(),
+        metrics: state.metrics.clone(),
+        kv_map: state.kv_map.clone(),
+        clock: state.clock,
+        settings: AlignmentSettings {
+            probe: config.alignment_probe,
+            interval: Duration::from_secs_f64(config.alignment_probe_interval_secs),
+            repair: config.index_repair,
+            max_tokenize_chars: config.max_tokenize_chars,
+        },
+    };
+    let kv_map = KvMapTask {
+        map: state.kv_map.clone(),
+        registry: state.registry.clone(),
+        metrics: state.metrics.clone(),
+        tenants: config.tenants.clone(),
+        clock: state.clock,
+    };
     let mut background = vec![
         tokio::spawn(health.run(shutdown.clone())),
+        tokio::spawn(alignment.run(shutdown.clone())),
+        tokio::spawn(kv_map.run(shutdown.clone())),
         tokio::spawn(maintain_policies(state.registry.clone(), state.clock, shutdown.clone())),
         tokio::spawn(monitor.run(shutdown.clone())),
     ];

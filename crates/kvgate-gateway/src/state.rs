@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::decisions::DecisionLog;
 use crate::kv_events::{KvEventLimits, KvEvents};
+use crate::kv_map::KvMap;
 use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::Metrics;
 use crate::otel::Traces;
@@ -54,7 +55,7 @@ pub struct AppState {
     pub routing_key_header: http::HeaderName,
     /// Turns requests into the engines' token ids, for the exact index (when configured), on
     /// threads of its own.
-    pub(crate) tokenization: Option<Tokenization>,
+    pub(crate) tokenization: Option<Arc<Tokenization>>,
     /// This gateway's random id in the `x-kvgate-via` hop header (loop detection).
     pub instance: HeaderValue,
     /// The address the gateway listens on (set once bound): never registered as a worker.
@@ -71,6 +72,8 @@ pub struct AppState {
     pub replica_sync: Option<Arc<ReplicaSync>>,
     /// The last live routing decisions (`GET /v1/fleet`).
     pub decisions: Arc<DecisionLog>,
+    /// The fleet's KV mapped off the request path (`GET /v1/fleet`, tenants' KV shares).
+    pub kv_map: Arc<KvMap>,
     /// OpenTelemetry traces (`--otlp-traces-endpoint`); None: off.
     pub traces: Option<Arc<Traces>>,
 }
@@ -111,13 +114,13 @@ impl AppState {
             (None, false) => None,
         };
         let tokenization = match tokenizer {
-            Some(tokenizer) => Some(Tokenization::new(
+            Some(tokenizer) => Some(Arc::new(Tokenization::new(
                 tokenizer,
                 config.tokenizer_thread_count(),
                 config.tokenizer_queue_size,
                 config.max_tokenize_chars,
                 metrics.clone(),
-            )?),
+            )?)),
             None => None,
         };
         // The exporter's blocking HTTP client is made outside any async runtime.
@@ -211,7 +214,13 @@ impl AppState {
             queue_timeout: Duration::from_secs_f64(config.queue_timeout_secs),
             locality_bound: config.fairness_locality_bound,
         };
-        let admission = Arc::new(Admission::new(limits, config.tenants.clone(), metrics.admission.clone()));
+        let kv_map = Arc::new(KvMap::default());
+        let admission = Arc::new(Admission::new(
+            limits,
+            config.tenants.clone(),
+            metrics.admission.clone(),
+            kv_map.clone(),
+        ));
         admission.name_tenants(clients.tenants().iter().map(String::as_str));
         Ok(Self {
             tokenization,
@@ -239,6 +248,7 @@ impl AppState {
             metrics_addr,
             replica_sync,
             decisions: Arc::new(DecisionLog::default()),
+            kv_map,
             traces,
             config,
         })

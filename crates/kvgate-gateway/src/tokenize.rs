@@ -82,6 +82,11 @@ impl Tokenization {
         &self.tokenizer
     }
 
+    /// The tokenizer, for work off the I/O threads (`spawn_blocking`).
+    pub(crate) fn shared_tokenizer(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
+    }
+
     /// Token ids of `input` (its first `--max-tokenize-chars` characters), inline when it is
     /// small, else on the pool; returns whether it was cut.
     async fn encode(&self, input: Input) -> Result<(Vec<u32>, bool), Skipped> {

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::config::KvEventsSource;
 use crate::conn::ConnPool;
 use crate::decisions::RoutedTally;
+use crate::index_health::IndexHealth;
 use crate::metrics::WorkerSeries;
 use crate::role::WorkerRole;
 
@@ -198,6 +199,8 @@ pub struct Worker {
     accuracy: Mutex<IndexAccuracy>,
     /// The decisions that chose it and the prefix match they had (the fleet page).
     pub routed: RoutedTally,
+    /// The alignment probe's last report, its quarantine, the resync signal.
+    pub index_health: IndexHealth,
 }
 
 impl Worker {
@@ -238,6 +241,7 @@ impl Worker {
             kv_tasks: Mutex::new(Vec::new()),
             accuracy: Mutex::new(IndexAccuracy::new(AccuracySettings::default())),
             routed: RoutedTally::default(),
+            index_health: IndexHealth::default(),
         }
     }
 
@@ -276,6 +280,18 @@ impl Worker {
     /// disagreement was raised or cleared by it.
     pub fn record_accuracy(&self, sample: AccuracySample) -> Option<AccuracyChange> {
         self.accuracy.lock().unwrap_or_else(|p| p.into_inner()).record(sample)
+    }
+
+    /// Empties the closed loop's window (its index was repaired: what it said was about the
+    /// holdings that went).
+    pub fn reset_accuracy(&self) {
+        let mut accuracy = self.accuracy.lock().unwrap_or_else(|p| p.into_inner());
+        *accuracy = IndexAccuracy::new(AccuracySettings::default());
+    }
+
+    /// Whether its KV events flow and its holdings are trusted for routing (not quarantined).
+    pub fn kv_events_trusted(&self) -> bool {
+        self.kv_events_flowing() && !self.index_health.quarantined()
     }
 
     /// The closed loop's window: requests in it, its error share, the share of the engine's

@@ -36,6 +36,7 @@
 //! ```
 
 mod accuracy;
+mod alignment;
 mod block;
 mod choice;
 mod evict;
@@ -51,10 +52,14 @@ mod tests;
 pub use accuracy::{
     AccuracyChange, AccuracySample, AccuracySettings, Disagreement, IndexAccuracy, LikelyCause,
 };
+pub use alignment::{
+    judge_form, judge_sentinel, overall_verdict, served_tokens, FormObservation, IndexRepair, ProbeCause,
+    ProbeForm, SentinelObservation, Verdict,
+};
 pub use block::{
-    block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheId, ChainRoot, HeldBlock,
-    InFlightBlocks, InFlightPrompt, Layout, Namespace, PromptHashes, Residency, StoredBlocks, TierWeights,
-    IN_FLIGHT_RANK, MAX_LAYOUTS, ROOT_HASH,
+    block_content, content_hash, Adapter, ApplyError, BlockIndex, CacheBlocks, CacheCensus, CacheId, Census,
+    CensusOptions, ChainRoot, HeldBlock, Holder, InFlightBlocks, InFlightPrompt, Layout, Namespace,
+    PromptHashes, Residency, StoredBlocks, TierWeights, IN_FLIGHT_RANK, MAX_LAYOUTS, ROOT_HASH,
 };
 pub use choice::{choose_index, IndexInputs, PrefixIndexMode};
 pub use matching::PrefixMatch;

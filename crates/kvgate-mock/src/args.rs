@@ -93,6 +93,11 @@ pub struct MockArgs {
     /// published, so subscribers see a sequence gap.
     #[arg(long, value_name = "K")]
     pub kv_events_drop_every: Option<u64>,
+    /// Fault injection: the KV events state this block size instead of the engine's (their
+    /// token ids and hashes are the engine's blocks as stored), as a publisher configured apart
+    /// from its cache would.
+    #[arg(long, value_name = "TOKENS")]
+    pub kv_events_block_size_override: Option<u32>,
     /// Always generate exactly max_tokens (as if every request set "ignore_eos": true).
     #[arg(long)]
     pub force_max_tokens: bool,
@@ -240,6 +245,9 @@ impl MockArgs {
             }
             if self.kv_events_drop_every.is_some() {
                 checks.push(FieldError::new("kv_events_drop_every", "needs --kv-events-base-port"));
+            }
+            if self.kv_events_block_size_override.is_some() {
+                checks.push(FieldError::new("kv_events_block_size_override", "needs --kv-events-base-port"));
             }
         }
         checks.at_least("kv_events_buffer_steps", self.kv_events_buffer_steps as u64, 1);

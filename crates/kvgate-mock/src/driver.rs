@@ -244,6 +244,16 @@ impl EngineHandle {
         state.engine.cached_prefix_tokens(prompt)
     }
 
+    /// Blocks in the engine's prefix cache now.
+    pub(crate) fn cached_blocks(&self) -> usize {
+        let mut state = self.lock();
+        let now = self.shared.clock.now_us();
+        let DriverState { engine, outputs, .. } = &mut *state;
+        engine.advance(now, outputs);
+        state.dispatch(self.shared.kv_events.as_ref());
+        state.engine.cached_blocks()
+    }
+
     /// Clears the prefix cache if nothing uses it (SGLang `/flush_cache`).
     pub(crate) fn flush_cache(&self) -> bool {
         let mut state = self.lock();
@@ -253,6 +263,19 @@ impl EngineHandle {
         let flushed = state.engine.reset_prefix_cache(now);
         state.dispatch(self.shared.kv_events.as_ref());
         flushed
+    }
+
+    /// Restarts the engine model as a crashed process comes back: an empty prefix cache, its KV
+    /// event sequence from 0, every request it was serving ended (their streams close). Nothing
+    /// is published until its next step.
+    pub(crate) fn restart(&self) {
+        let mut state = self.lock();
+        let config = state.engine.config().clone();
+        state.engine = Engine::new(config);
+        state.streams.clear();
+        state.outputs.clear();
+        drop(state);
+        self.shared.wake.notify_one();
     }
 
     /// Stops the driver and ends every open request stream.

@@ -18,6 +18,8 @@ pub(crate) struct WorkerKvEvents {
     pub(crate) endpoint: String,
     pub(crate) replay_endpoint: Option<String>,
     pub(crate) faults: Arc<KvEventFaults>,
+    /// The replay buffer, when replay is on.
+    pub(crate) buffer: Option<Arc<ReplayBuffer>>,
     /// The publisher's and the replay server's tasks; each closes its socket when `stop` turns true.
     pub(crate) tasks: Vec<JoinHandle<()>>,
 }
@@ -37,7 +39,7 @@ pub(crate) async fn start(
         None => None,
     };
     let buffer = replay.as_ref().map(|_| Arc::new(ReplayBuffer::new(args.kv_events_buffer_steps)));
-    let faults = Arc::new(KvEventFaults::new(args.kv_events_drop_every));
+    let faults = Arc::new(KvEventFaults::new(args.kv_events_drop_every, args.kv_events_block_size_override));
     let (batches, receiver) = mpsc::unbounded_channel();
     let endpoint = publisher.endpoint().to_string();
     let replay_endpoint = replay.as_ref().map(|replay| replay.endpoint().to_string());
@@ -52,11 +54,11 @@ pub(crate) async fn start(
     let options = PublishOptions {
         topic: args.kv_events_topic.clone(),
         encoding: args.kv_events_encoding,
-        buffer,
+        buffer: buffer.clone(),
         faults: faults.clone(),
     };
     tasks.push(publisher.spawn(options, clock, receiver, stop.clone()));
-    Ok(Some(WorkerKvEvents { batches, endpoint, replay_endpoint, faults, tasks }))
+    Ok(Some(WorkerKvEvents { batches, endpoint, replay_endpoint, faults, buffer, tasks }))
 }
 
 /// Resolves once `stop` is true (or its sender is gone).

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use kvgate_engine::KvEventBatch;
+use kvgate_engine::{KvEvent, KvEventBatch};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
@@ -15,18 +15,40 @@ use crate::kv_events::stopped;
 use crate::kv_replay::ReplayBuffer;
 use crate::kv_wire::encode;
 
-/// Lost-message fault injection: batches that are numbered and buffered but not sent on PUB.
+/// Fault injection: lost messages (batches that are numbered and buffered but not sent on PUB),
+/// and stores that state another block size than the engine's.
 #[derive(Debug, Default)]
 pub(crate) struct KvEventFaults {
     /// Every K-th batch (seq K-1, 2K-1, ...) is dropped.
     drop_every: Option<u64>,
     /// The next this many batches are dropped.
     drop_next: AtomicUsize,
+    /// `--kv-events-block-size-override`: the block size every store states.
+    block_size_override: Option<u32>,
 }
 
 impl KvEventFaults {
-    pub(crate) fn new(drop_every: Option<u64>) -> Self {
-        Self { drop_every: drop_every.filter(|&every| every > 0), drop_next: AtomicUsize::new(0) }
+    pub(crate) fn new(drop_every: Option<u64>, block_size_override: Option<u32>) -> Self {
+        Self {
+            drop_every: drop_every.filter(|&every| every > 0),
+            drop_next: AtomicUsize::new(0),
+            block_size_override,
+        }
+    }
+
+    /// The batch as published: its stores stating the overriding block size, if any.
+    fn restate(&self, mut batch: KvEventBatch) -> KvEventBatch {
+        if let Some(size) = self.block_size_override {
+            for event in &mut batch.events {
+                // Offload placeholders (no tokens, size 0) stay as they are.
+                if let KvEvent::BlockStored { block_size, .. } = event {
+                    if *block_size > 0 {
+                        *block_size = size;
+                    }
+                }
+            }
+        }
+        batch
     }
 
     /// Drops the next `n` batches (on top of any still pending).
@@ -96,6 +118,7 @@ impl KvPublisher {
                         None => break,
                     },
                 };
+                let batch = options.faults.restate(batch);
                 let timestamp_secs = clock.unix_secs_at(batch.timestamp_us);
                 let payload = Bytes::from(encode(&batch, timestamp_secs, 0, options.encoding));
                 if let Some(buffer) = &options.buffer {
@@ -125,11 +148,11 @@ mod tests {
 
     #[test]
     fn drops_the_next_n_then_every_kth() {
-        let faults = KvEventFaults::new(Some(3));
+        let faults = KvEventFaults::new(Some(3), None);
         faults.drop_next(2);
         let dropped: Vec<u64> = (0..9).filter(|&seq| faults.take_drop(seq)).collect();
         assert_eq!(dropped, [0, 1, 2, 5, 8]);
-        let never = KvEventFaults::new(None);
+        let never = KvEventFaults::new(None, None);
         assert!((0..100).all(|seq| !never.take_drop(seq)));
         never.drop_next(usize::MAX);
         never.drop_next(1);

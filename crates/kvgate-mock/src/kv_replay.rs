@@ -44,6 +44,11 @@ impl ReplayBuffer {
         batches.push_back((seq, payload));
     }
 
+    /// Forgets every batch (an engine restarted: its history went with it).
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
     /// The kept batches with `seq >= start_seq`, in publish order.
     pub(crate) fn since(&self, start_seq: u64) -> Vec<(u64, Bytes)> {
         self.lock().iter().filter(|(seq, _)| *seq >= start_seq).cloned().collect()

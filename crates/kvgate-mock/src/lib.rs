@@ -25,7 +25,10 @@
 //! gateway overhead benchmarks. Fault flags inject 500s, cut connections (`--cut-stream-rate`,
 //! or every stream after `--cut-after-tokens` tokens: an engine that dies mid-stream), added
 //! latency and a health endpoint that turns 503; `MockFleet::shutdown` kills a fleet outright
-//! (its open streams cut, its port closed).
+//! (its open streams cut, its port closed). KV event faults: lost batches
+//! (`--kv-events-drop-every`, `MockFleet::drop_kv_event_batches`), stores stating another block
+//! size (`--kv-events-block-size-override`), and `MockFleet::restart_engine`, an engine restarted
+//! without replay (its cache empty, nothing published until its next step).
 //!
 //! # Prefill/decode disaggregation
 //! `--role prefill` or `--role decode` makes every engine of the fleet one side of a PD pair
@@ -110,6 +113,9 @@ pub struct MockFleet {
     bootstrap_ports: Vec<u16>,
     /// Each worker's lost-message fault hook, in worker order (empty without KV events).
     kv_event_faults: Vec<Arc<KvEventFaults>>,
+    /// Each worker's KV event replay buffer, in worker order (empty without KV events; `None`
+    /// without replay).
+    kv_replay_buffers: Vec<Option<Arc<kv_replay::ReplayBuffer>>>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     /// Tasks that own a ZMQ socket and close it once `shutdown` turns true.
@@ -156,6 +162,12 @@ impl MockFleet {
         self.engines.get(worker_idx).map_or(0, |engine| engine.cached_prefix_tokens(prompt))
     }
 
+    /// Blocks worker `worker_idx`'s prefix cache holds now (0 for a canned engine or an unknown
+    /// worker).
+    pub fn cached_blocks(&self, worker_idx: usize) -> usize {
+        self.engines.get(worker_idx).map_or(0, |engine| engine.cached_blocks())
+    }
+
     /// Fault injection: worker `worker_idx`'s next `n` KV event batches are numbered and kept
     /// for replay but not published, so a subscriber sees a sequence gap (a lost message).
     /// Fails when that worker publishes no KV events.
@@ -167,6 +179,23 @@ impl MockFleet {
             ))
         })?;
         faults.drop_next(n);
+        Ok(())
+    }
+
+    /// Fault injection: worker `worker_idx`'s engine restarts as a crashed engine process comes
+    /// back on the same ports with its publisher's subscribers still connected: its prefix
+    /// cache empty, its KV event sequence from 0, its replay buffer empty, the requests it was
+    /// serving ended, and no event published until its next step (so an index fed by its
+    /// events holds blocks the engine no longer has until then). Fails for an unknown or canned
+    /// worker.
+    pub fn restart_engine(&self, worker_idx: usize) -> Result<(), MockError> {
+        let engine = self.engines.get(worker_idx).ok_or_else(|| {
+            MockError::Fault(format!("no simulated engine {worker_idx} ({} run)", self.engines.len()))
+        })?;
+        if let Some(Some(buffer)) = self.kv_replay_buffers.get(worker_idx) {
+            buffer.clear();
+        }
+        engine.restart();
         Ok(())
     }
 
@@ -227,6 +256,7 @@ pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
         role: args.role,
         bootstrap_ports: Vec::new(),
         kv_event_faults: Vec::new(),
+        kv_replay_buffers: Vec::new(),
         shutdown,
         servers: Vec::new(),
         sockets: Vec::new(),
@@ -250,6 +280,7 @@ pub async fn spawn_fleet(args: MockArgs) -> Result<MockFleet, MockError> {
                     fleet.kv_event_endpoints.push(kv_events.endpoint);
                     fleet.kv_event_replay_endpoints.extend(kv_events.replay_endpoint);
                     fleet.kv_event_faults.push(kv_events.faults);
+                    fleet.kv_replay_buffers.push(kv_events.buffer);
                     fleet.sockets.extend(kv_events.tasks);
                     kv_events.batches
                 });

@@ -232,3 +232,48 @@ async fn an_adapters_blocks_are_published_as_the_adapters() {
     );
     harness.fleet.shutdown().await;
 }
+
+/// `--kv-events-block-size-override`: every store states the overriding block size over the
+/// engine's own blocks (a publisher configured apart from its cache).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_can_state_another_block_size() {
+    let harness = spawn(|args| {
+        args.time_scale = 50.0;
+        args.kv_events_base_port = Some(0);
+        args.kv_events_block_size_override = Some(32);
+    })
+    .await;
+    let (mut subscriber, _probes) = subscribe(&harness).await;
+    harness.post_json("/v1/completions", &json!({"prompt": words(0, 33), "max_tokens": 1})).await;
+    let batch = kvgate_kv_events::decode_batch(&recv_batch(&mut subscriber).await.payload).unwrap();
+    let kvgate_kv_events::KvEvent::BlockStored(stored) = &batch.events[0] else { panic!("{batch:?}") };
+    assert_eq!(stored.block_size, 32, "the stated size");
+    assert_eq!(stored.block_hashes, prompt_block_hashes(&tokenize(&words(0, 33)), 16), "the engine's blocks");
+    harness.fleet.shutdown().await;
+}
+
+/// `MockFleet::restart_engine`: the engine comes back with an empty cache and publishes nothing
+/// until its next step, which starts its sequence again at 0; its replay buffer is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_engine_starts_empty_and_numbers_from_zero() {
+    let harness = spawn(|args| {
+        args.time_scale = 50.0;
+        args.kv_events_base_port = Some(0);
+    })
+    .await;
+    let (mut subscriber, _probes) = subscribe(&harness).await;
+    let prompt = json!({"prompt": words(0, 33), "max_tokens": 1});
+    harness.post_json("/v1/completions", &prompt).await;
+    harness.post_json("/v1/completions", &json!({"prompt": words(100, 33), "max_tokens": 1})).await;
+    let seq = [recv_batch(&mut subscriber).await.seq, recv_batch(&mut subscriber).await.seq];
+    assert!(seq[1] > 0, "{seq:?}");
+    let tokens = tokenize(&words(0, 33));
+    assert_eq!(harness.fleet.cached_prefix_tokens(0, &tokens), 32);
+    harness.fleet.restart_engine(0).unwrap();
+    assert_eq!(harness.fleet.cached_prefix_tokens(0, &tokens), 0, "an empty cache");
+    let answer = harness.post_json("/v1/completions", &prompt).await;
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{answer}");
+    assert_eq!(recv_batch(&mut subscriber).await.seq, 0, "numbered from 0 again");
+    assert!(harness.fleet.restart_engine(7).is_err());
+    harness.fleet.shutdown().await;
+}

@@ -46,6 +46,12 @@ pub struct TenantLimits {
     /// The tenant's priority class (`high`, `normal`, `low`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub class: Option<PriorityClass>,
+    /// Share of the fleet's distinct cached tokens (the exact index's) the tenant's recent
+    /// requests may occupy before they lose their locality priority in the admission queue
+    /// (`--fairness-locality-bound`): over it, its waiting requests are served in fair order
+    /// only, so other tenants' requests that would hit the cache go first. In (0, 1].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_kv_share: Option<f64>,
 }
 
 impl TenantLimits {
@@ -57,6 +63,7 @@ impl TenantLimits {
             max_concurrent: self.max_concurrent.or(under.max_concurrent),
             weight: self.weight.or(under.weight),
             class: self.class.or(under.class),
+            max_kv_share: self.max_kv_share.or(under.max_kv_share),
         }
     }
 
@@ -75,6 +82,15 @@ impl TenantLimits {
                             .got(value),
                     );
                 }
+            }
+        }
+        if let Some(share) = self.max_kv_share {
+            if !(share > 0.0 && share <= 1.0) {
+                checks.push(
+                    FieldError::new(field("max_kv_share"), "must be a share in (0, 1]")
+                        .with_flag(None)
+                        .got(share),
+                );
             }
         }
         if self.max_concurrent == Some(0) {
@@ -233,15 +249,18 @@ mod tests {
     #[test]
     fn bad_limits_are_all_reported() {
         let config: TenantsConfig = serde_norway::from_str(
-            "defaults: {weight: 0}\nnamed: {a: {max_concurrent: 0, tokens_per_minute: .nan}}",
+            "defaults: {weight: 0, max_kv_share: 1.5}\nnamed: {a: {max_concurrent: 0, tokens_per_minute: .nan}}",
         )
         .unwrap();
         let mut checks = Checks::new();
         config.validate(None, &mut checks);
         let text = checks.finish().unwrap_err().to_string();
-        for field in
-            ["tenants.defaults.weight", "tenants.named.a.max_concurrent", "tenants.named.a.tokens_per_minute"]
-        {
+        for field in [
+            "tenants.defaults.weight",
+            "tenants.defaults.max_kv_share",
+            "tenants.named.a.max_concurrent",
+            "tenants.named.a.tokens_per_minute",
+        ] {
             assert!(text.contains(field), "{text}");
         }
     }

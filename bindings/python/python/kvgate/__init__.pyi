@@ -90,6 +90,9 @@ class Gateway:
         tokenizer_queue_size: int = 64,
         max_tokenize_chars: int = 262144,
         mock_tokenizer: bool = False,
+        alignment_probe: bool = True,
+        alignment_probe_interval_secs: float = 300.0,
+        index_repair: Literal['resync', 'quarantine', 'warn'] = 'quarantine',
         load_monitor_interval_ms: int = 1000,
         load_monitor_interval: float | None = None,
         request_timeout_secs: float = 1800.0,
@@ -393,6 +396,20 @@ class Gateway:
             tokenizer and the tree a bounded amount
         mock_tokenizer: Tokenize as kvgate's simulated engines do (one word = one token); set by
             `launch --mock-workers`
+        alignment_probe: The alignment probe: when a worker whose KV events feed the exact index
+            joins, and every --alignment-probe-interval-secs, a short canary prompt (a random
+            salt, then fixed text; one output token) is sent to it twice, as a completion and as
+            a chat, and the cached tokens its engine reports on the second send are compared
+            with the index's prediction; a disagreement is named by its cause in /workers,
+            /v1/fleet and kvgate_alignment_failures_total. It probes only regular workers with
+            KV events, and only with a tokenizer (--tokenizer-path or --mock-tokenizer)
+        alignment_probe_interval_secs: Seconds between two alignment probes of one worker (its
+            first runs when it joins)
+        index_repair: What the gateway does when the alignment probe or the closed loop finds a
+            worker's index wrong: `resync` drops the worker's holdings from the exact index and
+            replays them from its engine's replay endpoint; `quarantine` routes its pool on the
+            approximate tree until a probe of the worker passes; `warn` only logs it. Every
+            action is logged with its cause and counted in kvgate_index_repairs_total
         load_monitor_interval_ms: Milliseconds between engine load polls (used only while a
             policy consumes loads); the same flag as `kvgate sim`'s
         load_monitor_interval: Deprecated spelling of the load poll interval, in seconds; when

@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use crate::body::{AdmissionHold, Used};
 use crate::config::TenantsConfig;
 use crate::error::ApiError;
+use crate::kv_map::KvMap;
 use crate::metrics::AdmissionMetrics;
 use crate::tenant::{PriorityClass, DEFAULT_TENANT};
 use bucket::Bucket;
@@ -163,6 +164,8 @@ pub struct Admission {
     tenants: TenantQuotas,
     labels: TenantLabels,
     metrics: AdmissionMetrics,
+    /// Each tenant's share of the fleet's KV (`max_kv_share`).
+    kv_map: Arc<KvMap>,
 }
 
 /// Decrements the queue depth when the wait ends, however it ends.
@@ -219,7 +222,12 @@ impl TenantLabels {
 }
 
 impl Admission {
-    pub fn new(limits: Limits, tenants: TenantsConfig, metrics: AdmissionMetrics) -> Self {
+    pub fn new(
+        limits: Limits,
+        tenants: TenantsConfig,
+        metrics: AdmissionMetrics,
+        kv_map: Arc<KvMap>,
+    ) -> Self {
         let class_timeouts = PriorityClass::ALL.map(|class| {
             tenants
                 .classes
@@ -246,7 +254,14 @@ impl Admission {
             tenants: TenantQuotas::new(tenants),
             labels,
             metrics,
+            kv_map,
         }
+    }
+
+    /// The `tenant` label of `tenant`'s series (the tenants named in `tenants:` or by a client
+    /// key, and `default`; `other` for the rest).
+    pub fn tenant_label(&self, tenant: &str) -> String {
+        self.labels.label(tenant)
     }
 
     /// Tenants named by client keys get series of their own too.
@@ -380,7 +395,9 @@ impl Admission {
         // Scored before the lock is held, and only when the request is likely to wait.
         let class = ticket.class;
         let busy = self.scores_locality() && !slots.lock().takes_at_once(class);
-        let score = if busy { locality() } else { 0 };
+        // A tenant over its `max_kv_share` of the fleet's KV waits in fair order only: its
+        // requests lose their locality priority before any other tenant's lose their hits.
+        let score = if busy && !self.kv_map.over_share(tenant) { locality() } else { 0 };
         let receiver = {
             let mut state = slots.lock();
             if state.takes_at_once(class) {

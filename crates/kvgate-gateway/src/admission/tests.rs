@@ -19,6 +19,16 @@ fn admission_with_bound(
     tenants: &str,
     bound: u64,
 ) -> Arc<Admission> {
+    admission_with_kv(max_concurrent, queue_size, tenants, bound, Arc::default())
+}
+
+fn admission_with_kv(
+    max_concurrent: usize,
+    queue_size: usize,
+    tenants: &str,
+    bound: u64,
+    kv_map: Arc<KvMap>,
+) -> Arc<Admission> {
     let limits = Limits {
         max_concurrent: Some(max_concurrent),
         rate_per_sec: None,
@@ -27,7 +37,7 @@ fn admission_with_bound(
         locality_bound: bound,
     };
     let tenants = serde_norway::from_str(tenants).unwrap();
-    Arc::new(Admission::new(limits, tenants, Metrics::new().admission.clone()))
+    Arc::new(Admission::new(limits, tenants, Metrics::new().admission.clone(), kv_map))
 }
 
 fn ticket(tenant: &str, class: PriorityClass, tokens: u64) -> Ticket<'_> {
@@ -200,6 +210,42 @@ async fn over_quota_is_refused_before_queueing_and_refused_requests_are_refunded
             assert!(over.retry_after.is_some());
         }
         other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+/// Two waiters of `cold` (score 0) and `warm` (score 500) and a held slot; returns the order in
+/// which they are admitted once it frees.
+async fn freed_slot_order(admission: Arc<Admission>) -> [&'static str; 2] {
+    let held = admission.admit_scored(ticket("first", PriorityClass::Normal, 100), || 0).await.unwrap();
+    let (sender, mut admitted) = mpsc::unbounded_channel();
+    for (n, (tenant, score)) in [("cold", 0), ("warm", 500)].into_iter().enumerate() {
+        let (waiting, sender) = (admission.clone(), sender.clone());
+        tokio::spawn(async move {
+            let permit = waiting
+                .admit_scored(ticket(tenant, PriorityClass::Normal, 100), || score)
+                .await
+                .expect("admitted");
+            let _ = sender.send((tenant, permit));
+        });
+        until_queued(&admission, n + 1).await;
+    }
+    drop(held);
+    let (first, permit) = admitted.recv().await.unwrap();
+    drop(permit);
+    let (second, _permit) = admitted.recv().await.unwrap();
+    [first, second]
+}
+
+/// A tenant over its `max_kv_share` of the fleet's KV loses its locality priority: its waiter
+/// is served in fair order, so another tenant's goes first; under its share it keeps it.
+#[tokio::test]
+async fn a_tenant_over_its_kv_share_loses_its_locality_priority_first() {
+    let tenants = "named: {warm: {max_kv_share: 0.3}, cold: {}}";
+    for (share, expected) in [(0.2, ["warm", "cold"]), (0.5, ["cold", "warm"])] {
+        let kv_map = Arc::new(KvMap::default());
+        kv_map.set_shares([("warm".to_string(), share, share > 0.3)]);
+        let order = freed_slot_order(admission_with_kv(1, 10, tenants, 1000, kv_map)).await;
+        assert_eq!(order, expected, "warm holding {share} of the fleet's KV");
     }
 }
 

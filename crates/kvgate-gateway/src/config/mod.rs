@@ -140,6 +140,25 @@ pub struct GatewayConfig {
     /// `launch --mock-workers`.
     #[arg(long)]
     pub mock_tokenizer: bool,
+    /// The alignment probe: when a worker whose KV events feed the exact index joins, and every
+    /// --alignment-probe-interval-secs, a short canary prompt (a random salt, then fixed text;
+    /// one output token) is sent to it twice, as a completion and as a chat, and the cached
+    /// tokens its engine reports on the second send are compared with the index's prediction;
+    /// a disagreement is named by its cause in /workers, /v1/fleet and
+    /// kvgate_alignment_failures_total. It probes only regular workers with KV events, and only
+    /// with a tokenizer (--tokenizer-path or --mock-tokenizer).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub alignment_probe: bool,
+    /// Seconds between two alignment probes of one worker (its first runs when it joins).
+    #[arg(long, default_value_t = 300.0, value_name = "SECS")]
+    pub alignment_probe_interval_secs: f64,
+    /// What the gateway does when the alignment probe or the closed loop finds a worker's index
+    /// wrong: `resync` drops the worker's holdings from the exact index and replays them from its
+    /// engine's replay endpoint; `quarantine` routes its pool on the approximate tree until a
+    /// probe of the worker passes; `warn` only logs it. Every action
+    /// is logged with its cause and counted in kvgate_index_repairs_total.
+    #[arg(long, value_enum, default_value_t = kvgate_index::IndexRepair::Quarantine)]
+    pub index_repair: kvgate_index::IndexRepair,
 
     /// Milliseconds between engine load polls (used only while a policy consumes loads); the
     /// same flag as `kvgate sim`'s.

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::check_admin_browser;
 use crate::clock::Clock;
 use crate::decisions::{DecisionLog, TallyView};
+use crate::kv_map::{KvMap, KvMapView};
 use crate::load_snapshot::LoadSnapshot;
 use crate::metrics::Metrics;
 use crate::registry::{ModelPool, Registry};
@@ -44,6 +45,9 @@ pub struct FleetView {
     pub loads: Arc<LoadSnapshot>,
     pub metrics: Arc<Metrics>,
     pub decisions: Arc<DecisionLog>,
+    /// The fleet's KV, hot prefixes, tenants' shares and the plots' history (computed in the
+    /// background).
+    pub kv_map: Arc<KvMap>,
     pub clock: Clock,
     /// `--admin-api-key`: required as on `/workers` (Bearer, or Basic with the key as password).
     pub admin_api_key: Option<String>,
@@ -56,11 +60,12 @@ impl FleetView {
         loads: Arc<LoadSnapshot>,
         metrics: Arc<Metrics>,
         decisions: Arc<DecisionLog>,
+        kv_map: Arc<KvMap>,
         clock: Clock,
         admin_api_key: Option<String>,
     ) -> Self {
         let rates = Mutex::new(RateHistory::new(Instant::now()));
-        Self { registry, loads, metrics, decisions, clock, admin_api_key, rates }
+        Self { registry, loads, metrics, decisions, kv_map, clock, admin_api_key, rates }
     }
 }
 
@@ -126,6 +131,9 @@ pub struct Fleet {
     pub workers: WorkerList,
     /// The last routing decisions, newest first.
     pub recent_decisions: Vec<DecisionView>,
+    /// The fleet's KV (each pool's engines, copies, tiers and hottest prefixes), the tenants'
+    /// use of it, and the plots' points; computed every few seconds off the request path.
+    pub kv: KvMapView,
 }
 
 #[derive(Serialize, Default)]
@@ -253,6 +261,17 @@ pub struct WorkerRow {
     pub events: Option<EventsView>,
     pub hit_rate: Option<HitRate>,
     pub closed_loop: Option<ClosedLoop>,
+    /// The alignment probe's last verdict and the quarantine (absent until probed).
+    pub alignment: Option<AlignmentRow>,
+}
+
+#[derive(Serialize)]
+pub struct AlignmentRow {
+    /// `passed`, `failed` or `inconclusive`.
+    pub outcome: &'static str,
+    pub cause: Option<&'static str>,
+    pub age_ms: Option<u64>,
+    pub quarantined: bool,
 }
 
 #[derive(Serialize)]
@@ -275,6 +294,9 @@ pub struct DecisionView {
     pub best_match: Option<f64>,
     /// kv_aware's predicted time to first token, term by term, in milliseconds.
     pub predicted_ms: Option<BTreeMap<&'static str, f64>>,
+    /// kv_aware: the predicted time to first token on the runner-up (the candidate of lowest
+    /// cost after the chosen one), in milliseconds.
+    pub runner_up_ms: Option<f64>,
 }
 
 /// A counter family's values by their labels (one pass over its series).
@@ -388,6 +410,8 @@ pub fn snapshot(view: &FleetView, shown: usize) -> Fleet {
         !worker.is_healthy()
             || worker.circuit.state(now) != CircuitState::Closed
             || (worker.kv_events.is_some() && !worker.kv_events_flowing())
+            || worker.index_health.quarantined()
+            || worker.index_health.report().is_some_and(|report| report.cause().is_some())
     };
     ranked.sort_by(|a, b| {
         troubled(b)
@@ -422,6 +446,7 @@ pub fn snapshot(view: &FleetView, shown: usize) -> Fleet {
                 }),
                 hit_rate: hit_rate(worker.routed.view()),
                 closed_loop: closed_loop.get(&worker.url).copied(),
+                alignment: alignment_row(worker, now_ms),
             }
         })
         .collect();
@@ -450,6 +475,7 @@ pub fn snapshot(view: &FleetView, shown: usize) -> Fleet {
                         .map(|(term, seconds)| (term, seconds * 1e3))
                         .collect()
                 }),
+                runner_up_ms: decision.predicted.and_then(|predicted| predicted.runner_up_s).map(|s| s * 1e3),
             }
         })
         .collect();
@@ -465,7 +491,28 @@ pub fn snapshot(view: &FleetView, shown: usize) -> Fleet {
             rows,
         },
         recent_decisions,
+        kv: KvMapView::clone(&view.kv_map.view()),
     }
+}
+
+/// A worker's alignment, as its row shows it.
+fn alignment_row(worker: &Worker, now_ms: u64) -> Option<AlignmentRow> {
+    let report = worker.index_health.report();
+    let quarantined = worker.index_health.quarantined();
+    if report.is_none() && !quarantined {
+        return None;
+    }
+    let outcome = match report.as_ref().map(|report| report.verdict) {
+        Some(kvgate_index::Verdict::Passed) => "passed",
+        Some(kvgate_index::Verdict::Failed(_)) => "failed",
+        Some(kvgate_index::Verdict::Inconclusive) | None => "inconclusive",
+    };
+    Some(AlignmentRow {
+        outcome,
+        cause: report.as_ref().and_then(|report| report.cause()).map(|cause| cause.as_str()),
+        age_ms: report.map(|report| now_ms.saturating_sub(report.at_ms)),
+        quarantined,
+    })
 }
 
 struct PoolInputs<'a> {

@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 use kvgate_index::{BlockIndex, CacheBlocks, CacheId};
 use kvgate_kv_events::{replay_request, Feed, FeedCounts, Live as Received, Recovery, Refusal, Replayed};
 use prometheus::IntCounterVec;
+use tokio::sync::watch;
 use zeromq::{
     DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
 };
@@ -72,6 +73,8 @@ impl RankSubscription {
         let Some(index) = self.wait_for_index().await else { return };
         let cache = CacheBlocks::new(index, CacheId { worker: self.worker.id, rank: self.rank });
         let mut live = Live { feed: Feed::new(cache), removed: 0, warned_at: None, suppressed: 0 };
+        let mut resyncs = self.worker.index_health.resync_requests();
+        resyncs.borrow_and_update();
         let mut first = true;
         loop {
             let mut socket = self.connect().await;
@@ -84,7 +87,7 @@ impl RankSubscription {
             first = false;
             self.resync(&mut live).await;
             self.set_live(true);
-            self.receive(&mut live, &mut socket).await;
+            self.receive(&mut live, &mut socket, &mut resyncs).await;
             tracing::info!(worker = %self.worker.url, rank = self.rank, "KV event publisher disconnected");
             self.set_live(false);
             // Dropping the socket ends the ZMQ library's own reconnection; `connect` reconnects
@@ -93,11 +96,29 @@ impl RankSubscription {
         }
     }
 
-    /// Hands every message to the feed until the publisher disconnects.
-    async fn receive(&self, live: &mut Live, socket: &mut SubSocket) {
+    /// Hands every message to the feed until the publisher disconnects; on a resync request
+    /// (the index repair), drops the cache's holdings and replays them.
+    async fn receive(&self, live: &mut Live, socket: &mut SubSocket, resyncs: &mut watch::Receiver<u64>) {
         let mut monitor = socket.monitor();
         loop {
             tokio::select! {
+                changed = resyncs.changed() => {
+                    if changed.is_err() {
+                        // The worker is gone; its task is aborted with it.
+                        std::future::pending::<()>().await;
+                    }
+                    resyncs.borrow_and_update();
+                    live.feed.reset();
+                    self.resync(live).await;
+                    self.count(live);
+                    tracing::info!(
+                        worker = %self.worker.url,
+                        rank = self.rank,
+                        blocks = live.feed.cache().len(),
+                        replay = self.endpoints.replay.is_some(),
+                        "KV holdings dropped and replayed (index repair)"
+                    );
+                }
                 message = socket.recv() => match message {
                     Ok(message) => self.on_message(live, message.into_vec()).await,
                     Err(error) => {

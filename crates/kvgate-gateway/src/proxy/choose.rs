@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use kvgate_index::{
     prompt_blocks, ExactRecordingTree, IndexKind, IndexView, Namespace, NamespacedExact, PeerMerged,
-    PromptBlocks, PromptHashes, ReadOnlyTree,
+    PrefixIndexMode, PromptBlocks, PromptHashes, ReadOnlyTree,
 };
 use kvgate_policy::{Candidate, Decision, PdPath, Policy, PrefixIndex, RouteRequest, RoutingKey, WorkerId};
 use kvgate_route::{IndexMode, Offer, Planning};
@@ -53,7 +53,7 @@ impl kvgate_route::Pool for PoolView<'_> {
             .iter()
             .filter(|w| !tried.contains(&w.id) && w.is_routable(now))
             .map(|w| {
-                events_flowing &= w.kv_events_flowing();
+                events_flowing &= w.kv_events_trusted();
                 Candidate {
                     id: w.id,
                     in_flight: w.in_flight() + peers_on(&w.url),
@@ -68,8 +68,15 @@ impl kvgate_route::Pool for PoolView<'_> {
         self.pool.workers.iter().find(|w| w.id == worker).map(|w| w.is_routable(Instant::now()))
     }
 
+    /// The pool's `--prefix-index`, except that a pool with a quarantined worker (its holdings
+    /// set aside by the index repair) is routed as under `auto`: on the tree while any
+    /// candidate's holdings are not trusted, also when the exact index is forced.
     fn index_mode(&self) -> IndexMode {
-        IndexMode { mode: self.pool.config.prefix_index, has_kv_events: self.pool.has_kv_events }
+        let mut mode = self.pool.config.prefix_index;
+        if mode == PrefixIndexMode::Exact && self.pool.workers.iter().any(|w| w.index_health.quarantined()) {
+            mode = PrefixIndexMode::Auto;
+        }
+        IndexMode { mode, has_kv_events: self.pool.has_kv_events }
     }
 
     /// On the exact index, the prompt's block hashes, computed once for the query, the closed

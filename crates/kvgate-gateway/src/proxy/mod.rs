@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http::header;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+use crate::accuracy::Probe;
 use crate::admission::Ticket;
 use crate::backoff::Backoff;
 use crate::endpoint::Endpoint;
@@ -244,6 +245,7 @@ where
     // the tenant and priority headers); the hop header is chained by each attempt.
     let upstream_headers = upstream_headers(state, &parts.headers);
     let max_output = fields.max_output_tokens();
+    let tenant = state.admission.tenant_label(&identity.tenant);
     let expect = Expect {
         strip_usage: asked.is_some(),
         body_bytes: bytes.len() as u64,
@@ -256,7 +258,7 @@ where
             (&upstream_headers, &parts.headers),
             &fields,
             &forwarded,
-            state.config.forward_priority.value(identity.class),
+            (state.config.forward_priority.value(identity.class), &tenant),
         ),
     };
     let body = asked.unwrap_or(forwarded);
@@ -274,6 +276,7 @@ where
         body: &body,
         request: &route_request,
         namespace: prepared.namespace,
+        tenant: &tenant,
     };
 
     let retries_allowed = if state.config.disable_retries { 0 } else { state.config.retry_max_retries };
@@ -396,7 +399,23 @@ fn trace_plan(span: &mut RequestSpan, plan: &RoutePlan) {
 /// Executes a one-worker plan.
 async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
     // Taken before the prompt counts as in flight on the worker: what its engine should hold.
-    let probe = pick.probe(ex.request, ex.namespace);
+    let probe = pick.probe(ex.request, ex.namespace).map(|probe| {
+        // The fleet's KV map learns what was served from where, and for whom (a short record).
+        if let Some(hashes) = &pick.hashes {
+            let index = &pick.pool.prefix.exact;
+            if let Some(layout) = index.layouts().first() {
+                ex.state.kv_map.record(
+                    (&pick.pool.model, pick.pool.role.as_str()),
+                    ex.tenant,
+                    hashes.hashes(*layout),
+                    layout.block_size as usize,
+                    u64::from(probe.predicted),
+                    ex.state.clock.now_ms(),
+                );
+            }
+        }
+        Probe { tenant: Some(ex.tenant.to_string()), ..probe }
+    });
     let prompt = pick.in_flight_prompt(ex.request, ex.namespace);
     let result =
         attempt(ex.state, &pick.worker, ex.path_and_query, ex.headers, ex.body.clone(), prompt).await;

@@ -35,6 +35,8 @@ pub(super) struct Exchange<'a> {
     pub body: &'a Bytes,
     pub request: &'a RouteRequest<'a>,
     pub namespace: Namespace<'a>,
+    /// The request's tenant, as its series name it (`Admission::tenant_label`).
+    pub tenant: &'a str,
 }
 
 /// The request body with `edit` applied to its top-level JSON object.

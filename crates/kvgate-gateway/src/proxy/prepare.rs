@@ -58,7 +58,7 @@ pub(super) async fn prepare<'a>(
     let shape = Shape::of(state, &pools, endpoint)?;
     fields.check(endpoint).map_err(ApiError::BadRequest)?;
     let (key, prompt_tokens) = if shape.needs_routing_key() {
-        let tokenization = state.tokenization.as_ref();
+        let tokenization = state.tokenization.as_deref();
         let max_chars = state.config.max_tokenize_chars;
         let pool = shape.key_pool();
         crate::tokenize::routing_key(tokenization, &state.metrics, max_chars, pool, endpoint, fields, body)

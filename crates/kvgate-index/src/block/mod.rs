@@ -30,6 +30,7 @@
 //! whoever feeds that cache's events; dropping it removes the cache's blocks from the index.
 
 mod cache;
+mod census;
 mod hash;
 mod pending;
 mod residency;
@@ -42,6 +43,7 @@ use nohash_hasher::IntMap;
 use smallvec::SmallVec;
 
 pub use cache::{ApplyError, CacheBlocks, HeldBlock, StoredBlocks};
+pub use census::{CacheCensus, Census, CensusOptions, Holder};
 pub use hash::{block_content, content_hash, Adapter, ChainRoot, Namespace, ROOT_HASH};
 pub use pending::{InFlightBlocks, InFlightPrompt, IN_FLIGHT_RANK};
 pub use residency::{Residency, TierWeights};

@@ -620,3 +620,44 @@ fn check_against_model(prompts: Vec<Vec<u32>>, ops: Vec<Op>) -> Result<(), TestC
     }
     Ok(())
 }
+
+/// The census: blocks per cache and tier, copies, who holds a watched block, the probe's blocks
+/// left out, and a sample that scales back to the distinct count.
+#[test]
+fn a_census_counts_holdings_copies_and_watched_holders() {
+    let index = Arc::new(BlockIndex::new());
+    let mut a = CacheBlocks::new(index.clone(), CacheId { worker: 1, rank: 0 });
+    let mut b = CacheBlocks::new(index.clone(), CacheId { worker: 2, rank: 0 });
+    // A shared two-block system prompt on both, a third block on each of its own, and on b a
+    // block of its own offloaded to host memory.
+    a.apply_stored(stored(&[10, 11, 12], None, &[1, 2, 3, 4, 5, 6])).unwrap();
+    b.apply_stored(stored(&[20, 21, 22], None, &[1, 2, 3, 4, 7, 8])).unwrap();
+    let cpu = residency("CPU");
+    b.apply_stored(StoredBlocks { residency: &cpu, ..stored(&[23], Some(22), &[9, 9]) }).unwrap();
+    let in_flight = InFlightBlocks::new(index.clone());
+    let _prompt = in_flight.add(1, &[40, 41, 42, 43], Namespace::BASE);
+    let prompt = index.prompt_hashes(&[1, 2, 3, 4], Namespace::BASE);
+    let second = prompt.hashes(index.layouts()[0])[1];
+    let watched: std::collections::HashSet<u64> = [second].into();
+    let none = std::collections::HashSet::new();
+    let census = index.census(CensusOptions { max_sampled: 1_000, watched: &watched, excluded: &none });
+    assert_eq!(census.block_size, 2);
+    assert_eq!(census.sample_modulus, 1);
+    assert_eq!(census.held_blocks, 7, "in-flight prompts are no holdings");
+    assert_eq!(census.distinct_blocks(), 5.0);
+    assert!((census.copies_per_block() - 7.0 / 5.0).abs() < 1e-9);
+    let a_count = &census.caches[&CacheId { worker: 1, rank: 0 }];
+    assert_eq!((a_count.blocks, a_count.sampled_alone), (3, 1));
+    let b_count = &census.caches[&CacheId { worker: 2, rank: 0 }];
+    assert_eq!(b_count.by_tier.get("CPU"), Some(&1), "{b_count:?}");
+    assert_eq!((b_count.blocks, b_count.sampled_alone), (4, 2));
+    let holders: Vec<TenantId> = census.watched[&second].iter().map(|holder| holder.cache.worker).collect();
+    assert_eq!(holders, [1, 2], "the shared prefix's second block is on both");
+    // The probe's blocks left out; a sample of a quarter scales back.
+    let probe: std::collections::HashSet<u64> = prompt.hashes(index.layouts()[0]).iter().copied().collect();
+    let census = index.census(CensusOptions { max_sampled: 1_000, watched: &none, excluded: &probe });
+    assert_eq!(census.held_blocks, 3, "the shared system prompt was the probe's");
+    let sampled = index.census(CensusOptions { max_sampled: 2, watched: &none, excluded: &none });
+    assert_eq!(sampled.sample_modulus, 4);
+    assert!(sampled.sampled.keys().all(|hash| hash % 4 == 0));
+}

@@ -348,7 +348,14 @@ impl KvAwarePolicy {
             let replicated = (0..candidates.len())
                 .any(|i| scored[i].waits_too_long && prefix.matched(candidates[i].id) > held);
             let reason = if replicated { Reason::KvAwareReplicate } else { Reason::KvAware };
-            outcome = Some((chosen, scored[chosen].predicted, scored[chosen].uncached, matches, reason));
+            // What the decision gave up: the best of the others it could have chosen.
+            let runner_up = (0..scored.len())
+                .filter(|&i| i != chosen && scored[i].allowed)
+                .map(|i| scored[i].predicted)
+                .min_by(|a, b| a.cost().total_cmp(&b.cost()))
+                .map(|predicted| predicted.total());
+            let predicted = PredictedTtft { runner_up_s: runner_up, ..scored[chosen].predicted };
+            outcome = Some((chosen, predicted, scored[chosen].uncached, matches, reason));
             Some(candidates[chosen].id)
         };
         match (index, request.key.prompt()) {

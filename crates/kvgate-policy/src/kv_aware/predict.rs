@@ -27,6 +27,9 @@ pub struct PredictedTtft {
     /// Cost, not time to first token: the engine's running requests stall while it prefills
     /// (`--kv-aware-decode-stall-weight` x running x `prefill_s`).
     pub stall_s: f64,
+    /// On a decision: the predicted time to first token on the runner-up, the candidate with
+    /// the lowest cost after the chosen one (none with a single candidate).
+    pub runner_up_s: Option<f64>,
 }
 
 impl PredictedTtft {
@@ -125,6 +128,7 @@ pub fn predict(settings: &PredictSettings, view: &EngineView) -> PredictedTtft {
         kv_s: settings.kv_pressure_weight * k / (1.0 - k),
         recompute_s: prefill_s * (settings.prefill_cost_weight + settings.queue_cost_weight * behind),
         stall_s: settings.decode_stall_weight * running as f64 * prefill_s,
+        runner_up_s: None,
     }
 }
 

@@ -79,6 +79,10 @@ fn the_engine_with_the_least_queued_prefill_wins() {
     assert_eq!((d.worker, d.reason), (1, Reason::KvAware));
     let p = d.predicted.unwrap();
     assert!((p.queue_s - 0.1).abs() < 1e-9 && (p.prefill_s - 0.2).abs() < 1e-9, "{p:?}");
+    // The runner-up: the engine with 8,000 tokens queued (1 s), the same prefill and KV terms.
+    assert!((p.runner_up_s.unwrap() - (1.0 + p.prefill_s + p.kv_s)).abs() < 1e-9, "{p:?}");
+    let alone = h.route(&prompt(2, 1600), &pool(&[(0, 0.1)]));
+    assert_eq!(alone.predicted.unwrap().runner_up_s, None, "one candidate: no runner-up");
 }
 
 #[test]

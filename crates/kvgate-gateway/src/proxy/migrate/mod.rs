@@ -55,12 +55,14 @@ pub(super) struct Resume {
     client_usage: bool,
     /// The request's class as the engine's `priority` (`--forward-priority`).
     priority: Option<i64>,
+    /// The request's tenant, as its series name it.
+    tenant: String,
 }
 
 impl Resume {
     /// The continuation context of a streamed chat or completion, when `--migrate-streams` is on:
-    /// `headers` as forwarded and as the client sent them, the body as forwarded, and the
-    /// `priority` the gateway gives it.
+    /// `headers` as forwarded and as the client sent them, the body as forwarded, and what the
+    /// admission made of it: the `priority` the gateway gives it and its tenant's label.
     pub(super) fn of(
         state: &Arc<AppState>,
         endpoint: Endpoint,
@@ -68,7 +70,7 @@ impl Resume {
         (headers, client_headers): (&HeaderMap, &HeaderMap),
         fields: &RequestFields<'_>,
         forwarded: &Bytes,
-        priority: Option<i64>,
+        (priority, tenant): (Option<i64>, &str),
     ) -> Option<Arc<Resume>> {
         let streamed = fields.stream == Some(true);
         if !state.config.migrate_streams
@@ -86,6 +88,7 @@ impl Resume {
             body: forwarded.clone(),
             client_usage: fields.asks_usage(),
             priority,
+            tenant: tenant.to_string(),
         }))
     }
 
@@ -344,6 +347,7 @@ async fn resume_elsewhere(
         body: &body,
         request: &request,
         namespace: prepared.namespace,
+        tenant: &resume.tenant,
     };
     let attempts = if state.config.disable_retries { 1 } else { 1 + state.config.retry_max_retries };
     let mut last = String::from("no other engine serves the model");
