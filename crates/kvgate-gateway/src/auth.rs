@@ -136,10 +136,6 @@ impl ClientKeys {
     }
 }
 
-/// The gateway's header namespace, both ways: no client header in it reaches a worker and no
-/// worker header in it reaches a client (the gateway's own are set where it decides them).
-pub const GATEWAY_HEADER_PREFIX: &str = "x-kvgate-";
-
 /// Who may call the proxied endpoints and for which tenant: the client keys in force
 /// (replaced whole on reload, so a request sees the old keys or the new ones) and the tenant
 /// and priority headers.
@@ -197,7 +193,7 @@ impl Clients {
     /// and the tenant and priority headers (of whatever name). They steer the gateway and are
     /// never forwarded to a worker.
     pub fn is_gateway_header(&self, name: &HeaderName) -> bool {
-        name.as_str().starts_with(GATEWAY_HEADER_PREFIX)
+        kvgate_protocol::headers::is_gateway_header(name)
             || *name == self.tenant_header
             || *name == self.priority_header
     }
