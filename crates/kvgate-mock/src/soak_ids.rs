@@ -9,6 +9,10 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, HttpBody};
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::response::Response;
@@ -87,8 +91,10 @@ fn update(counts: &WorkerSoakIds, id: &str, change: impl FnOnce(&mut SoakIdSeen)
 }
 
 /// A `POST` route for a generation handler that counts soak ids around it: the request when
-/// the handler starts, the answer when its status is 2xx. Without the header the handler runs
-/// as is.
+/// the handler starts, the answer when its status is 2xx and the server first asks its body for
+/// bytes (the head is then on its way: an engine killed between the handler's return and that
+/// moment never sent its answer, and the gateway rightly tries another engine). Without the
+/// header the handler runs as is.
 pub(crate) fn counted<H, F>(handler: H) -> MethodRouter<Arc<AppState>>
 where
     H: Fn(State<Arc<AppState>>, Bytes) -> F + Clone + Send + Sync + 'static,
@@ -103,13 +109,46 @@ where
             update(&state.soak_ids, &id, |seen| seen.received += 1);
             let counts = state.soak_ids.clone();
             let response = handler(State(state), body).await;
-            if response.status().is_success() {
+            if !response.status().is_success() {
+                return response;
+            }
+            let on_first_poll = Some(move || {
                 update(&counts, &id, |seen| {
                     seen.answered += 1;
                     seen.resumed += u32::from(resumed);
-                });
-            }
-            response
+                })
+            });
+            response.map(|inner| Body::new(CountedBody { inner, on_first_poll }))
         }
     })
+}
+
+/// A response body that runs `on_first_poll` when the server first asks it for bytes.
+struct CountedBody<F> {
+    inner: Body,
+    on_first_poll: Option<F>,
+}
+
+impl<F: FnOnce() + Unpin + Send + 'static> HttpBody for CountedBody<F> {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        if let Some(count) = self.on_first_poll.take() {
+            count();
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Never reported ended before the first poll, so that poll happens (and counts).
+        self.on_first_poll.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
