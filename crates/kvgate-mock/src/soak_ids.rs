@@ -91,9 +91,10 @@ fn update(counts: &WorkerSoakIds, id: &str, change: impl FnOnce(&mut SoakIdSeen)
 }
 
 /// A `POST` route for a generation handler that counts soak ids around it: the request when
-/// the handler starts, the answer when its status is 2xx and the server first asks its body for
-/// bytes (the head is then on its way: an engine killed between the handler's return and that
-/// moment never sent its answer, and the gateway rightly tries another engine). Without the
+/// the handler starts, the answer when its status is 2xx and its body gives the server its first
+/// bytes (or ends): the server writes the head with them, in the same poll of the connection. An
+/// engine killed before that never sent its answer (the gateway sees the connection close before
+/// a head and rightly tries another engine), so it is not counted as answering. Without the
 /// header the handler runs as is.
 pub(crate) fn counted<H, F>(handler: H) -> MethodRouter<Arc<AppState>>
 where
@@ -112,21 +113,21 @@ where
             if !response.status().is_success() {
                 return response;
             }
-            let on_first_poll = Some(move || {
+            let on_first_frame = Some(move || {
                 update(&counts, &id, |seen| {
                     seen.answered += 1;
                     seen.resumed += u32::from(resumed);
                 })
             });
-            response.map(|inner| Body::new(CountedBody { inner, on_first_poll }))
+            response.map(|inner| Body::new(CountedBody { inner, on_first_frame }))
         }
     })
 }
 
-/// A response body that runs `on_first_poll` when the server first asks it for bytes.
+/// A response body that runs `on_first_frame` when it first gives the server a frame or ends.
 struct CountedBody<F> {
     inner: Body,
-    on_first_poll: Option<F>,
+    on_first_frame: Option<F>,
 }
 
 impl<F: FnOnce() + Unpin + Send + 'static> HttpBody for CountedBody<F> {
@@ -137,15 +138,18 @@ impl<F: FnOnce() + Unpin + Send + 'static> HttpBody for CountedBody<F> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        if let Some(count) = self.on_first_poll.take() {
-            count();
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(Some(Ok(_)) | None)) {
+            if let Some(count) = self.on_first_frame.take() {
+                count();
+            }
         }
-        Pin::new(&mut self.inner).poll_frame(cx)
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        // Never reported ended before the first poll, so that poll happens (and counts).
-        self.on_first_poll.is_none() && self.inner.is_end_stream()
+        // Never reported ended before its first frame, so that it is polled (and counts).
+        self.on_first_frame.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
