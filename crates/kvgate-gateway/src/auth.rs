@@ -269,13 +269,24 @@ fn bearer_token(headers: &HeaderMap) -> &str {
         .unwrap_or("")
 }
 
+/// Whether two keys are equal, in time that depends on their length only (`subtle`: a plain
+/// comparison, or a fold the compiler may shorten, would tell a guesser how many bytes matched).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(subtle::ConstantTimeEq::ct_eq(a, b))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_compare_equal_only_when_every_byte_and_the_length_agree() {
+        assert!(constant_time_eq(b"sk-secret", b"sk-secret"));
+        assert!(!constant_time_eq(b"sk-secret", b"sk-secreT"));
+        assert!(!constant_time_eq(b"sk-secret", b"sk-secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
 
     fn headers(token: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
