@@ -107,9 +107,10 @@ impl Run {
     fn rps(&self) -> f64 {
         self.requests as f64 / self.secs
     }
-    fn pct(&self, q: f64) -> f64 {
-        let i = ((self.latencies_us.len() as f64 - 1.0) * q).round() as usize;
-        self.latencies_us.get(i).copied().unwrap_or(0) as f64 / 1000.0
+    /// The `p`th percentile (in percent) of the sorted latencies, in milliseconds: the one
+    /// percentile every report uses (`kvgate_trace::percentile`, nearest rank).
+    fn pct(&self, p: f64) -> f64 {
+        f64::from(kvgate_trace::percentile(&self.latencies_us, p)) / 1000.0
     }
 }
 
@@ -291,8 +292,8 @@ async fn main() {
         println!(
             "| {round} | direct (one engine) | {:.0} | {:.2} | {:.2} | {} | 1.00 | | — | |",
             direct.rps(),
-            direct.pct(0.5),
-            direct.pct(0.99),
+            direct.pct(50.0),
+            direct.pct(99.0),
             direct.errors
         );
         for mut m in measured {
@@ -305,8 +306,8 @@ async fn main() {
                 "| {round} | {} | {:.0} | {:.2} | {:.2} | {} | {:.2} | {} | {:.1} | {} |",
                 label(&m.target),
                 m.rps,
-                m.run.pct(0.5),
-                m.run.pct(0.99),
+                m.run.pct(50.0),
+                m.run.pct(99.0),
                 m.run.errors,
                 m.vs_direct,
                 ratio(m.vs_nginx),

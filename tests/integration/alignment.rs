@@ -105,7 +105,7 @@ async fn wait_indexed(gw: &GatewayHandle, fleet: &MockFleet, c: usize, turns: us
         .iter()
         .map(|m| (m["role"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string()))
         .collect();
-    let tokens = kvgate_engine::tokenize(&kvgate_engine::render_chat(&pairs));
+    let tokens = kvgate_engine::tokenize(&kvgate_protocol::render_chat(&pairs));
     let indexed = eventually(5.0, async || {
         let snapshot = gw.state.registry.snapshot();
         let Some(pool) = snapshot.models.get(MODEL).and_then(|pools| pools.regular.clone()) else {

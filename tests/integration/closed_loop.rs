@@ -68,7 +68,7 @@ fn prompt_tokens(conversation: usize, turns: usize) -> Vec<u32> {
         .iter()
         .map(|m| (m["role"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string()))
         .collect();
-    kvgate_engine::tokenize(&kvgate_engine::render_chat(&pairs))
+    kvgate_engine::tokenize(&kvgate_protocol::render_chat(&pairs))
 }
 
 /// Waits until the gateway's index holds what every engine caches of `tokens` (the engine's
@@ -238,7 +238,7 @@ async fn a_template_that_differs_after_a_shared_start_is_detected() {
                     .iter()
                     .map(|m| (m["role"].as_str().unwrap().into(), m["content"].as_str().unwrap().into()))
                     .collect();
-                wait_indexed(&gw, &fleet, &kvgate_engine::tokenize(&kvgate_engine::render_chat(&pairs)))
+                wait_indexed(&gw, &fleet, &kvgate_engine::tokenize(&kvgate_protocol::render_chat(&pairs)))
                     .await;
             }
         }

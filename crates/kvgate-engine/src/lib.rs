@@ -43,10 +43,9 @@
 //!
 //! # The tokenizer
 //! One whitespace-separated word is one token; its id is the 32-bit FNV-1a hash of the word's
-//! UTF-8 bytes ([`tokenize`], [`token_id`]). The chat template ([`render_chat`]) renders each
-//! message as `<|role|> content ` in order, then `<|assistant|>`, so successive turns of one
-//! conversation share a prefix. Both live in the leaf crate `kvgate-words` (re-exported here),
-//! which the gateway's mock tokenizer and the trace use without linking the engine model.
+//! UTF-8 bytes ([`tokenize`], [`token_id`]), in the leaf crate `kvgate-words` (re-exported
+//! here), which the gateway's mock tokenizer and the trace use without linking the engine model.
+//! The simulated engines' chat template is the one chat rendering, `kvgate_protocol::render_chat`.
 //!
 //! # Driving an engine
 //! ```
@@ -80,7 +79,7 @@ pub use events::{
 };
 pub use flags::EngineFlags;
 pub use kvgate_config::{FieldError, ValidationErrors};
-pub use kvgate_words::{count_tokens, render_chat, splitmix64, token_id, tokenize};
+pub use kvgate_words::{count_tokens, splitmix64, token_id, tokenize};
 pub use load::{EngineLoad, THROUGHPUT_WINDOW_US};
 pub use scheduler::Engine;
 

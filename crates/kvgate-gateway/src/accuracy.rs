@@ -15,8 +15,9 @@ use bytes::{Bytes, BytesMut};
 use kvgate_index::{AccuracyChange, AccuracySample, BlockIndex, Namespace, PrefixMatch, PromptHashes};
 
 use crate::metrics::Metrics;
-use crate::usage::{usage_of_body, EngineUsage, StreamUsage};
 use crate::worker::{ModelAccuracy, Worker};
+use kvgate_protocol::edit::{edit_body, FieldEdit};
+use kvgate_protocol::usage::{usage_of_body, EngineUsage, StreamUsage};
 
 /// Whole answers larger than this are not read for their usage (they pass through untouched).
 const MAX_READ_BODY: usize = 1 << 20;
@@ -68,33 +69,11 @@ impl Probe {
 }
 
 /// A streamed OpenAI request's body asking for the final usage chunk (`None`: not a JSON
-/// object, left as it is). When the client set no `stream_options`, the field is put first in
-/// the object and the rest of the body is kept byte for byte (key order matters to chat
-/// templates that print JSON); when it set them without `include_usage` (`client_options`), the
-/// object is re-serialized with `include_usage: true` among its other options.
-pub(crate) fn ask_for_usage(body: &[u8], client_options: bool) -> Option<Bytes> {
-    if client_options {
-        let mut object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
-        let options = object.entry("stream_options").or_insert_with(|| serde_json::json!({}));
-        if !options.is_object() {
-            *options = serde_json::json!({});
-        }
-        options.as_object_mut()?.insert("include_usage".into(), serde_json::Value::Bool(true));
-        return serde_json::to_vec(&object).ok().map(Bytes::from);
-    }
-    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
-    if body[start] != b'{' {
-        return None;
-    }
-    let rest = &body[start + 1..];
-    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-    let mut asked = BytesMut::with_capacity(body.len() + 40);
-    asked.extend_from_slice(b"{\"stream_options\":{\"include_usage\":true}");
-    if !empty {
-        asked.extend_from_slice(b",");
-    }
-    asked.extend_from_slice(rest);
-    Some(asked.freeze())
+/// object, left as it is): `stream_options.include_usage` set, by the one body editor (put
+/// first, the rest byte for byte, when the client set no `stream_options`).
+pub(crate) fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
+    edit_body(body, &[FieldEdit::SetIn("stream_options", "include_usage", serde_json::Value::Bool(true))])
+        .ok()
 }
 
 /// How the answer is read.
@@ -291,26 +270,9 @@ mod tests {
     #[test]
     fn the_usage_chunk_is_asked_for_first_and_the_rest_kept_byte_for_byte() {
         let body = br#" {"model": "m", "stream": true, "messages": []}"#;
-        let asked = ask_for_usage(body, false).unwrap();
         let expected =
             r#"{"stream_options":{"include_usage":true},"model": "m", "stream": true, "messages": []}"#;
-        assert_eq!(std::str::from_utf8(&asked).unwrap(), expected);
-        let parsed: serde_json::Value = serde_json::from_slice(&asked).unwrap();
-        assert_eq!(parsed["stream_options"]["include_usage"], true);
-        assert_eq!(
-            &ask_for_usage(b"{ }", false).unwrap()[..],
-            br#"{"stream_options":{"include_usage":true} }"#
-        );
-        assert_eq!(ask_for_usage(b"[1]", false), None);
-        // The client's own options are kept, with include_usage set.
-        let own = br#"{"stream": true, "stream_options": {"include_usage": false, "continuous_usage_stats": true}}"#;
-        let parsed: serde_json::Value = serde_json::from_slice(&ask_for_usage(own, true).unwrap()).unwrap();
-        assert_eq!(
-            parsed["stream_options"],
-            serde_json::json!({"include_usage": true, "continuous_usage_stats": true})
-        );
-        let odd: serde_json::Value =
-            serde_json::from_slice(&ask_for_usage(br#"{"stream_options": null}"#, true).unwrap()).unwrap();
-        assert_eq!(odd["stream_options"], serde_json::json!({"include_usage": true}));
+        assert_eq!(std::str::from_utf8(&ask_for_usage(body).unwrap()).unwrap(), expected);
+        assert_eq!(ask_for_usage(b"[1]"), None);
     }
 }

@@ -14,9 +14,9 @@ use crate::auth::check_admin_key;
 use crate::config::KvEventsSource;
 use crate::error::ApiError;
 use crate::registry::NewWorker;
-use crate::role::WorkerRole;
 use crate::state::SharedState;
 use crate::worker::{CircuitState, Worker};
+use kvgate_protocol::role::WorkerRole;
 
 pub async fn health() -> impl IntoResponse {
     Json(json!({"status": "ok"}))

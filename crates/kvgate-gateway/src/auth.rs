@@ -136,10 +136,6 @@ impl ClientKeys {
     }
 }
 
-/// The gateway's header namespace, both ways: no client header in it reaches a worker and no
-/// worker header in it reaches a client (the gateway's own are set where it decides them).
-pub const GATEWAY_HEADER_PREFIX: &str = "x-kvgate-";
-
 /// Who may call the proxied endpoints and for which tenant: the client keys in force
 /// (replaced whole on reload, so a request sees the old keys or the new ones) and the tenant
 /// and priority headers.
@@ -197,7 +193,7 @@ impl Clients {
     /// and the tenant and priority headers (of whatever name). They steer the gateway and are
     /// never forwarded to a worker.
     pub fn is_gateway_header(&self, name: &HeaderName) -> bool {
-        name.as_str().starts_with(GATEWAY_HEADER_PREFIX)
+        kvgate_protocol::headers::is_gateway_header(name)
             || *name == self.tenant_header
             || *name == self.priority_header
     }
@@ -273,13 +269,24 @@ fn bearer_token(headers: &HeaderMap) -> &str {
         .unwrap_or("")
 }
 
+/// Whether two keys are equal, in time that depends on their length only (`subtle`: a plain
+/// comparison, or a fold the compiler may shorten, would tell a guesser how many bytes matched).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(subtle::ConstantTimeEq::ct_eq(a, b))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_compare_equal_only_when_every_byte_and_the_length_agree() {
+        assert!(constant_time_eq(b"sk-secret", b"sk-secret"));
+        assert!(!constant_time_eq(b"sk-secret", b"sk-secreT"));
+        assert!(!constant_time_eq(b"sk-secret", b"sk-secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
 
     fn headers(token: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();

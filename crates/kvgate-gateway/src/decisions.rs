@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use kvgate_policy::Decision;
 
-use crate::role::WorkerRole;
+use kvgate_protocol::role::WorkerRole;
 
 /// One live routing decision, as `GET /v1/fleet` lists it.
 #[derive(Clone, Copy, Debug, PartialEq)]

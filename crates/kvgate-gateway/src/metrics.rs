@@ -19,8 +19,8 @@ pub use alignment::AlignmentMetrics;
 pub use otlp::OtlpMetrics;
 pub use replica_sync::ReplicaSyncMetrics;
 
-use crate::endpoint::Endpoint;
-use crate::role::WorkerRole;
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::role::WorkerRole;
 
 /// Removes every series of `family` whose `worker` label is `url`, whatever its other labels.
 fn remove_labelled<T: prometheus::core::MetricVecBuilder>(

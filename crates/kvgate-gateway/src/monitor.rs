@@ -15,11 +15,11 @@ use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::load_snapshot::LoadSnapshot;
-use crate::loads::{parse_sglang, parse_vllm};
 use crate::metrics::LoadMetrics;
 use crate::registry::Registry;
 use crate::upstream::{get, GetError, HttpClient, Keep};
 use crate::worker::Worker;
+use kvgate_protocol::loads::{parse_sglang, parse_vllm, LoadReport};
 
 /// Where a worker's loads come from, learned on first contact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,9 +183,23 @@ async fn fetch(
     if !status.is_success() {
         return Err(format!("GET {path} answered {status}"));
     }
-    match source {
-        Source::Sglang => parse_sglang(&body, worker.dp_rank),
-        Source::Vllm => parse_vllm(&String::from_utf8_lossy(&body)),
+    let report = match source {
+        Source::Sglang => parse_sglang(&body, worker.dp_rank)?,
+        Source::Vllm => parse_vllm(&String::from_utf8_lossy(&body))?,
+    };
+    Ok(sample_of(report))
+}
+
+/// The policy's load sample of an engine's report (`fetched_at_ms` left for the caller).
+fn sample_of(report: LoadReport) -> LoadSample {
+    LoadSample {
+        token_usage: report.token_usage,
+        num_running_reqs: report.num_running_reqs,
+        num_waiting_reqs: report.num_waiting_reqs,
+        num_waiting_uncached_tokens: report.num_waiting_uncached_tokens,
+        gen_throughput: report.gen_throughput,
+        max_total_num_tokens: report.max_total_num_tokens,
+        fetched_at_ms: 0,
     }
 }
 

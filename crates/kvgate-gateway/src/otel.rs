@@ -28,8 +28,8 @@ use opentelemetry_sdk::trace::{
 };
 use opentelemetry_sdk::Resource;
 
-use crate::endpoint::Endpoint;
 use crate::metrics::OtlpMetrics;
+use kvgate_protocol::endpoint::Endpoint;
 
 /// The W3C trace context header.
 pub static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");

@@ -12,9 +12,9 @@ use kvgate_policy::{build_policy, Policy, PolicyConfig, PolicyKind};
 
 use crate::config::KvEventsSource;
 use crate::metrics::{Metrics, PoolSeries};
-use crate::role::WorkerRole;
 use crate::worker::{CircuitSettings, Worker};
 use crate::worker_url::normalize_url;
+use kvgate_protocol::role::WorkerRole;
 
 /// The workers of one role serving one model, and their policy and prefix indexes.
 pub struct ModelPool {

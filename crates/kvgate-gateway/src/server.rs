@@ -17,7 +17,6 @@ use crate::alignment::{Alignment, AlignmentSettings};
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::discovery::{Discovery, DiscoverySettings};
-use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::fleet_view::{self, FleetView};
 use crate::health::HealthLoop;
@@ -27,8 +26,9 @@ use crate::monitor::LoadMonitor;
 use crate::proxy;
 use crate::registry::{NewWorker, Registry};
 use crate::replica_sync::SyncSettings;
-use crate::role::WorkerRole;
 use crate::state::{AppState, SharedState};
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::role::WorkerRole;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kvgate_tokenizer::{Tokenizer, TokenizerError};
 
-use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
 use crate::registry::ModelPool;
-use crate::request::{estimate_tokens, OwnedKey, RequestFields};
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::request::{estimate_tokens, OwnedKey, RequestFields};
 
 /// Inputs (a chat body or a prompt's text) up to this many bytes are tokenized on the request's
 /// own thread: at most a few tens of microseconds (docs/BENCHMARKS.md, "Tokenization in the

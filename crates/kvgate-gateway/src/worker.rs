@@ -14,7 +14,7 @@ use crate::conn::ConnPool;
 use crate::decisions::RoutedTally;
 use crate::index_health::IndexHealth;
 use crate::metrics::WorkerSeries;
-use crate::role::WorkerRole;
+use kvgate_protocol::role::WorkerRole;
 
 /// Circuit breaker states, as exported in metrics (0, 1, 2) and /workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -1,62 +1,52 @@
 //! Worker URLs: the one canonical spelling of a worker's address (what the duplicate check, the
 //! metrics' labels and `/workers` use), and credentials kept out of messages.
 
-/// Check and canonicalize a worker URL: `scheme://host[:port][/prefix]` with the scheme and host
-/// lower-cased, the scheme's default port dropped, no trailing slash, so that one worker has one
+/// Check and canonicalize a worker URL (parsed by `url`, the WHATWG URL standard):
+/// `scheme://host[:port][/prefix]` with the scheme and host lower-cased, the scheme's default
+/// port dropped, no trailing slash, so that one worker has one
 /// spelling (the duplicate check runs on it). Credentials (`user:pass@`) are refused: they would
 /// be shown in `/workers`, logs and metric labels (give the worker's key with `--api-key`).
 pub fn normalize_url(url: &str) -> Result<String, String> {
-    let (scheme, rest) = match url.trim().split_once("://") {
-        Some((scheme, rest)) => (scheme.to_ascii_lowercase(), rest.trim_end_matches('/')),
-        None => return Err(format!("worker URL {url:?} must start with http:// or https://")),
-    };
-    let default_port = match scheme.as_str() {
-        "http" => 80,
-        "https" => 443,
-        other => {
-            return Err(format!(
-                "worker URL {url:?}: scheme {other:?} is not supported, use http:// or https://"
-            ))
-        }
-    };
-    let (authority, path) = match rest.find(['/', '?', '#']) {
-        Some(at) => rest.split_at(at),
-        None => (rest, ""),
-    };
-    if path.contains(['?', '#']) {
-        return Err(format!("worker URL {url:?} must not carry a query string or fragment"));
+    // Every message names the URL with its credentials, if any, redacted.
+    let shown = redact_credentials(url.trim());
+    if !url.contains("://") {
+        return Err(format!("worker URL {shown:?} must start with http:// or https://"));
     }
-    if authority.contains('@') {
+    let parsed = match url::Url::parse(url.trim()) {
+        Ok(parsed) => parsed,
+        Err(url::ParseError::EmptyHost) => return Err(format!("worker URL {shown:?} has no host")),
+        Err(url::ParseError::InvalidPort) => {
+            return Err(format!("worker URL {shown:?}: the port is not in 1-65535"))
+        }
+        Err(error) => return Err(format!("worker URL {shown:?} is not a valid URL: {error}")),
+    };
+    if !matches!(parsed.scheme(), "http" | "https") {
         return Err(format!(
-            "worker URL {:?} must not carry credentials (user:password@); give the workers' key with --api-key",
-            redact_credentials(url)
+            "worker URL {shown:?}: scheme {:?} is not supported, use http:// or https://",
+            parsed.scheme()
         ));
     }
-    if authority.is_empty() {
-        return Err(format!("worker URL {url:?} has no host"));
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(format!("worker URL {shown:?} must not carry a query string or fragment"));
     }
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port)) if !port.contains(']') => (host, Some(port)),
-        _ => (authority, None),
-    };
-    if host.is_empty() || host == "[]" {
-        return Err(format!("worker URL {url:?} has no host"));
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(format!(
+            "worker URL {shown:?} must not carry credentials (user:password@); give the workers' key with --api-key"
+        ));
     }
-    let port = match port {
-        None => None,
-        Some(text) => match text.parse::<u16>() {
-            Ok(0) | Err(_) => return Err(format!("worker URL {url:?}: port {text:?} is not in 1-65535")),
-            Ok(port) if port == default_port => None,
-            Ok(port) => Some(port),
-        },
+    // `url` lower-cases the scheme and host and drops the scheme's default port.
+    let host = match parsed.host_str() {
+        Some(host) if !host.is_empty() => host,
+        _ => return Err(format!("worker URL {shown:?} has no host")),
     };
-    let host = host.to_ascii_lowercase();
-    let canonical = match port {
-        Some(port) => format!("{scheme}://{host}:{port}{path}"),
-        None => format!("{scheme}://{host}{path}"),
+    let path = parsed.path().trim_end_matches('/');
+    let canonical = match parsed.port() {
+        Some(0) => return Err(format!("worker URL {shown:?}: the port is not in 1-65535")),
+        Some(port) => format!("{}://{host}:{port}{path}", parsed.scheme()),
+        None => format!("{}://{host}{path}", parsed.scheme()),
     };
-    // Anything else malformed (spaces, bad characters) fails here.
-    canonical.parse::<http::Uri>().map_err(|e| format!("worker URL {url:?} is not a valid URL: {e}"))?;
+    // What the HTTP client is given must parse as its URI too.
+    canonical.parse::<http::Uri>().map_err(|e| format!("worker URL {shown:?} is not a valid URL: {e}"))?;
     Ok(canonical)
 }
 
@@ -200,5 +190,10 @@ mod tests {
         }
         let secret = normalize_url("http://user:hunter2@10.0.0.1:8000").unwrap_err();
         assert!(secret.contains("credentials") && !secret.contains("hunter2"), "{secret}");
+        let bad_port = normalize_url("http://user:hunter2@10.0.0.1:99999").unwrap_err();
+        assert!(bad_port.contains("1-65535") && !bad_port.contains("hunter2"), "{bad_port}");
+        // One address, one spelling: `url` reads the other spellings of an IPv4 address.
+        assert_eq!(normalize_url("http://0x7f.0.0.1:8000").unwrap(), "http://127.0.0.1:8000");
+        assert_eq!(normalize_url("http://[0:0::1]:8000/").unwrap(), "http://[::1]:8000");
     }
 }

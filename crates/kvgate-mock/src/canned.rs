@@ -11,8 +11,9 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::generation::{cut_body, sse_json, sse_response, whole_response, SSE_DONE};
+use crate::generation::{cut_body, sse_response, whole_response};
 use crate::server::{parse_json, AppState};
+use kvgate_protocol::sse::{data_event, DONE};
 
 /// Prompt and completion token counts reported by every canned answer.
 const CANNED_PROMPT_TOKENS: u32 = 8;
@@ -43,10 +44,10 @@ fn usage() -> serde_json::Value {
 fn sse(values: &[serde_json::Value], done: bool) -> Bytes {
     let mut out = Vec::new();
     for value in values {
-        sse_json(value, &mut out);
+        data_event(value, &mut out);
     }
     if done {
-        out.extend_from_slice(SSE_DONE);
+        out.extend_from_slice(DONE);
     }
     Bytes::from(out)
 }

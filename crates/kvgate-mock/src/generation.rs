@@ -9,6 +9,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use kvgate_engine::{splitmix64, EngineOutput, RequestStats};
+use kvgate_protocol::sse::{data_event, DONE};
+use kvgate_protocol::usage::WrittenUsage;
 
 use crate::driver::{RequestStream, Submission};
 use crate::pd::PdPlan;
@@ -63,6 +65,17 @@ pub(crate) struct Outcome {
     pub(crate) kv_transfer_params: Option<serde_json::Value>,
 }
 
+impl Outcome {
+    /// The counts the answer's usage reports.
+    pub(crate) fn written_usage(&self) -> WrittenUsage {
+        WrittenUsage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            cached_tokens: self.cached_tokens,
+        }
+    }
+}
+
 /// How one endpoint shapes its streamed chunks and whole bodies.
 pub(crate) trait ResponseFormat: Send + 'static {
     /// Appends the SSE event(s) for the answer's `index`-th token (0: its first), whose text is
@@ -73,15 +86,6 @@ pub(crate) trait ResponseFormat: Send + 'static {
     /// The whole (non-streaming) JSON body.
     fn full_body(&mut self, text: &str, outcome: &Outcome) -> Vec<u8>;
 }
-
-/// Appends `data: <json>\n\n`.
-pub(crate) fn sse_json(value: &serde_json::Value, out: &mut Vec<u8>) {
-    out.extend_from_slice(b"data: ");
-    serde_json::to_writer(&mut *out, value).expect("a JSON value always serializes");
-    out.extend_from_slice(b"\n\n");
-}
-
-pub(crate) const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
 
 /// A stable seed for a prompt's generated text and natural length.
 fn prompt_seed(prompt: &[u32]) -> u64 {
@@ -118,7 +122,7 @@ fn full_text(seed: u64, first_index: u32, n_tokens: u32) -> String {
 /// The first `n_tokens` tokens of the answer a mock engine gives to the chat `messages` (roles
 /// and contents): what a client that received the whole answer, across engines, must see.
 pub fn chat_answer_text<R: AsRef<str>, C: AsRef<str>>(messages: &[(R, C)], n_tokens: u32) -> String {
-    let prompt = kvgate_engine::tokenize(&kvgate_engine::render_chat(messages));
+    let prompt = kvgate_engine::tokenize(&kvgate_protocol::render_chat(messages));
     full_text(prompt_seed(&prompt), 0, n_tokens)
 }
 
@@ -129,7 +133,7 @@ pub fn chat_answer<R: AsRef<str>, C: AsRef<str>>(
     max_tokens: u32,
     ignore_eos: bool,
 ) -> String {
-    let prompt = kvgate_engine::tokenize(&kvgate_engine::render_chat(messages));
+    let prompt = kvgate_engine::tokenize(&kvgate_protocol::render_chat(messages));
     let seed = prompt_seed(&prompt);
     full_text(seed, 0, planned_output_tokens(seed, max_tokens, ignore_eos))
 }
@@ -351,8 +355,8 @@ fn stream_response<F: ResponseFormat>(
                 state.finished = true;
                 let error = serde_json::json!({"error": {
                     "message": reason.to_string(), "type": "invalid_request_error", "code": 400}});
-                sse_json(&error, &mut chunk);
-                chunk.extend_from_slice(SSE_DONE);
+                data_event(&error, &mut chunk);
+                chunk.extend_from_slice(DONE);
             }
             None => {
                 state.finished = true;

@@ -9,7 +9,7 @@
 //! including `prompt_tokens_details.cached_tokens`.
 //!
 //! Prompts are tokenized with the engines' tokenizer (one word = one token, see
-//! `kvgate_engine::tokenize`); chat messages are rendered with `kvgate_engine::render_chat`.
+//! `kvgate_engine::tokenize`); chat messages are rendered with `kvgate_protocol::render_chat`.
 //! The output length is `max_tokens` (or `max_completion_tokens`, `max_new_tokens`, else
 //! `--default-max-tokens`) when `"ignore_eos": true` or `--force-max-tokens`, otherwise the
 //! smaller of that and a length of 8..=64 derived from the prompt. The text is deterministic

@@ -5,24 +5,26 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use kvgate_engine::{render_chat, tokenize};
+use kvgate_engine::tokenize;
+use kvgate_protocol::request::{render_chat, ChatMessage, ChatTurn};
+use kvgate_protocol::usage::usage_object;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::driver::unix_now_secs;
-use crate::generation::{
-    respond, sse_json, Continuation, GenerationParams, Outcome, ResponseFormat, SSE_DONE,
-};
+use crate::generation::{respond, Continuation, GenerationParams, Outcome, ResponseFormat};
 use crate::server::{parse_json, ApiError, AppState};
+use kvgate_protocol::sse::{data_event, DONE};
 
 #[derive(Deserialize)]
-pub(crate) struct ChatRequest {
+pub(crate) struct ChatRequest<'a> {
     #[serde(default)]
     pub(crate) model: Option<String>,
     /// The data-parallel rank to run on (SGLang's OpenAI requests take `data_parallel_rank`).
     #[serde(default)]
     pub(crate) data_parallel_rank: Option<u32>,
-    pub(crate) messages: Vec<ChatMessage>,
+    #[serde(borrow)]
+    pub(crate) messages: Vec<ChatMessage<'a>>,
     #[serde(default)]
     pub(crate) stream: bool,
     #[serde(default)]
@@ -46,43 +48,17 @@ pub(crate) struct ChatRequest {
     pub(crate) add_generation_prompt: Option<bool>,
 }
 
-#[derive(Deserialize)]
-pub(crate) struct ChatMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<MessageContent>,
+/// The prompt of a chat request: the messages rendered with the engines' chat template (the one
+/// chat rendering, `kvgate_protocol::render_chat`).
+pub(crate) fn chat_prompt(messages: &[ChatMessage<'_>]) -> String {
+    render_chat(messages)
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum MessageContent {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize)]
-struct ContentPart {
-    #[serde(default)]
-    text: Option<String>,
-}
-
-impl ChatMessage {
-    fn text(&self) -> String {
-        match &self.content {
-            None => String::new(),
-            Some(MessageContent::Text(text)) => text.clone(),
-            Some(MessageContent::Parts(parts)) => {
-                parts.iter().filter_map(|part| part.text.as_deref()).collect::<Vec<_>>().join(" ")
-            }
-        }
-    }
-}
-
-/// The prompt of a chat request: the messages rendered with the engines' chat template.
-pub(crate) fn chat_prompt(messages: &[ChatMessage]) -> String {
-    let pairs: Vec<(&str, String)> =
-        messages.iter().map(|message| (message.role.as_str(), message.text())).collect();
-    render_chat(&pairs)
+/// A message's text as the template writes it (content parts joined by single spaces).
+fn message_text(message: &ChatMessage<'_>) -> String {
+    let mut text = String::new();
+    message.push_text(&mut text);
+    text
 }
 
 #[derive(Deserialize)]
@@ -142,12 +118,7 @@ impl Prompt {
 }
 
 fn usage(outcome: &Outcome) -> Value {
-    json!({
-        "prompt_tokens": outcome.prompt_tokens,
-        "completion_tokens": outcome.completion_tokens,
-        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
-    })
+    usage_object(outcome.written_usage())
 }
 
 /// The prompt of a chat request, and with `continue_final_message` where the answer picks up:
@@ -155,7 +126,7 @@ fn usage(outcome: &Outcome) -> Value {
 /// (as vLLM's `apply_hf_chat_template` with `continue_final_message` leaves the final message
 /// open). vLLM's checks: the final message must be the assistant's, and `add_generation_prompt`
 /// must be false.
-fn chat_continuation(request: &ChatRequest) -> Result<(Vec<u32>, Option<Continuation>), ApiError> {
+fn chat_continuation(request: &ChatRequest<'_>) -> Result<(Vec<u32>, Option<Continuation>), ApiError> {
     if !request.continue_final_message {
         return Ok((tokenize(&chat_prompt(&request.messages)), None));
     }
@@ -170,7 +141,7 @@ fn chat_continuation(request: &ChatRequest) -> Result<(Vec<u32>, Option<Continua
     };
     let mut prompt = tokenize(&chat_prompt(earlier));
     let seed_tokens = prompt.len();
-    let answered = tokenize(&last.text());
+    let answered = tokenize(&message_text(last));
     let first_index = answered.len() as u32;
     prompt.extend(answered);
     Ok((prompt, Some(Continuation { seed_tokens, first_index })))
@@ -182,7 +153,7 @@ pub(crate) async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         Ok(admitted) => admitted,
         Err(response) => return response,
     };
-    let request: ChatRequest = match parse_json(&body) {
+    let request: ChatRequest<'_> = match parse_json(&body) {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
@@ -296,7 +267,7 @@ impl ResponseFormat for OpenAiFormat {
             OpenAiKind::Completion => json!({"index": 0, "text": piece,
                 "logprobs": null, "finish_reason": null}),
         };
-        sse_json(&self.envelope(self.chunk_object(), json!([choice])), out);
+        data_event(&self.envelope(self.chunk_object(), json!([choice])), out);
     }
 
     fn final_chunks(&mut self, outcome: &Outcome, out: &mut Vec<u8>) {
@@ -306,7 +277,7 @@ impl ResponseFormat for OpenAiFormat {
             OpenAiKind::Completion => json!({"index": 0, "text": "",
                 "logprobs": null, "finish_reason": outcome.finish_reason}),
         };
-        sse_json(&self.envelope(self.chunk_object(), json!([choice])), out);
+        data_event(&self.envelope(self.chunk_object(), json!([choice])), out);
         if self.include_usage || outcome.kv_transfer_params.is_some() {
             let mut last_chunk = self.envelope(self.chunk_object(), json!([]));
             if self.include_usage {
@@ -315,9 +286,9 @@ impl ResponseFormat for OpenAiFormat {
             if let Some(params) = &outcome.kv_transfer_params {
                 last_chunk["kv_transfer_params"] = params.clone();
             }
-            sse_json(&last_chunk, out);
+            data_event(&last_chunk, out);
         }
-        out.extend_from_slice(SSE_DONE);
+        out.extend_from_slice(DONE);
     }
 
     fn full_body(&mut self, text: &str, outcome: &Outcome) -> Vec<u8> {
@@ -348,7 +319,7 @@ mod tests {
 
     #[test]
     fn chat_messages_render_with_the_template() {
-        let request: ChatRequest = serde_json::from_str(
+        let request: ChatRequest<'_> = serde_json::from_str(
             r#"{"messages": [{"role": "system", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]}"#,
         )

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvgate_engine::{splitmix64, LoraAdapter};
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::args::{EngineKind, MockArgs};
@@ -223,7 +223,7 @@ impl IntoResponse for ApiError {
 }
 
 /// Parses a JSON request body, answering 400 on malformed input.
-pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid JSON body: {error}")))
 }
 

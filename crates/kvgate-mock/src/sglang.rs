@@ -7,12 +7,15 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use kvgate_engine::{tokenize, EngineLoad};
+use kvgate_protocol::loads::{render_sglang, SglangRankLoad};
+use kvgate_protocol::usage::meta_info_usage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::driver::unix_now_secs;
-use crate::generation::{respond, sse_json, GenerationParams, Outcome, ResponseFormat, SSE_DONE};
+use crate::generation::{respond, GenerationParams, Outcome, ResponseFormat};
 use crate::server::{parse_json, ApiError, AppState};
+use kvgate_protocol::sse::{data_event, DONE};
 
 #[derive(Deserialize)]
 struct GenerateRequest {
@@ -108,14 +111,12 @@ impl GenerateFormat {
     }
 
     fn final_meta(&self, outcome: &Outcome) -> Value {
-        json!({
-            "id": self.id,
-            "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-            "cached_tokens": outcome.cached_tokens,
-            "finish_reason": finish_reason(outcome),
-            "e2e_latency": outcome.stats.latency_us() as f64 / 1e6,
-        })
+        let mut meta = serde_json::Map::new();
+        meta.insert("id".into(), json!(self.id));
+        meta_info_usage(outcome.written_usage(), &mut meta);
+        meta.insert("finish_reason".into(), finish_reason(outcome));
+        meta.insert("e2e_latency".into(), json!(outcome.stats.latency_us() as f64 / 1e6));
+        Value::Object(meta)
     }
 }
 
@@ -131,12 +132,12 @@ impl ResponseFormat for GenerateFormat {
                 "finish_reason": null,
             },
         });
-        sse_json(&chunk, out);
+        data_event(&chunk, out);
     }
 
     fn final_chunks(&mut self, outcome: &Outcome, out: &mut Vec<u8>) {
-        sse_json(&self.closing(&self.text, outcome), out);
-        out.extend_from_slice(SSE_DONE);
+        data_event(&self.closing(&self.text, outcome), out);
+        out.extend_from_slice(DONE);
     }
 
     fn full_body(&mut self, text: &str, outcome: &Outcome) -> Vec<u8> {
@@ -168,51 +169,35 @@ pub(crate) async fn server_info(State(state): State<Arc<AppState>>) -> Json<Valu
 }
 
 pub(crate) fn loads_body(loads: &[EngineLoad], unix_secs: f64) -> Value {
-    let idle = EngineLoad {
-        num_running_reqs: 0,
-        num_waiting_reqs: 0,
-        num_waiting_uncached_tokens: 0,
-        num_used_tokens: 0,
-        max_total_num_tokens: 0,
-        token_usage: 0.0,
-        gen_throughput: 0.0,
-        cache_hit_rate: 0.0,
-        max_running_requests: 0,
-        total_prompt_tokens: 0,
-        total_cached_tokens: 0,
-        total_generated_tokens: 0,
-        num_evictable_blocks: 0,
-    };
-    let loads = if loads.is_empty() { std::slice::from_ref(&idle) } else { loads };
-    let entries: Vec<Value> = loads.iter().enumerate().map(|(rank, load)| rank_load(rank, load)).collect();
-    json!({
-        "timestamp": rfc3339(unix_secs),
-        "dp_rank_count": loads.len(),
-        "loads": entries,
-    })
+    let mut ranks: Vec<SglangRankLoad> =
+        loads.iter().enumerate().map(|(rank, load)| rank_load(rank, load)).collect();
+    if ranks.is_empty() {
+        ranks.push(SglangRankLoad::default());
+    }
+    render_sglang(&rfc3339(unix_secs), &ranks)
 }
 
 /// One rank's entry of `/v1/loads`.
-fn rank_load(rank: usize, load: &EngineLoad) -> Value {
+fn rank_load(rank: usize, load: &EngineLoad) -> SglangRankLoad {
     let utilization = if load.max_running_requests == 0 {
         0.0
     } else {
         load.num_running_reqs as f64 / load.max_running_requests as f64
     };
-    json!({
-        "dp_rank": rank,
-        "num_running_reqs": load.num_running_reqs,
-        "num_waiting_reqs": load.num_waiting_reqs,
-        "num_waiting_uncached_tokens": load.num_waiting_uncached_tokens,
-        "num_total_reqs": load.num_running_reqs + load.num_waiting_reqs,
-        "num_used_tokens": load.num_used_tokens,
-        "max_total_num_tokens": load.max_total_num_tokens,
-        "token_usage": load.token_usage,
-        "gen_throughput": load.gen_throughput,
-        "cache_hit_rate": load.cache_hit_rate,
-        "utilization": utilization,
-        "max_running_requests": load.max_running_requests,
-    })
+    SglangRankLoad {
+        dp_rank: rank as u32,
+        num_running_reqs: load.num_running_reqs,
+        num_waiting_reqs: load.num_waiting_reqs,
+        num_waiting_uncached_tokens: load.num_waiting_uncached_tokens,
+        num_total_reqs: load.num_running_reqs + load.num_waiting_reqs,
+        num_used_tokens: load.num_used_tokens,
+        max_total_num_tokens: load.max_total_num_tokens,
+        token_usage: load.token_usage,
+        gen_throughput: load.gen_throughput,
+        cache_hit_rate: load.cache_hit_rate,
+        utilization,
+        max_running_requests: load.max_running_requests,
+    }
 }
 
 /// Formats Unix seconds as RFC 3339 UTC with microseconds, e.g. `2025-01-02T03:04:05.000006Z`.

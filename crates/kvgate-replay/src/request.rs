@@ -3,8 +3,9 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use kvgate_protocol::usage::usage_of_body;
+use kvgate_protocol::SseData;
 use kvgate_trace::trace::{prompt_text, TraceRequest};
-use kvgate_trace::SseData;
 use serde_json::{json, Value};
 
 /// Which OpenAI-compatible endpoint requests go to.
@@ -126,7 +127,7 @@ pub async fn send_with_headers(
     })
 }
 
-/// What a replayed request's stream says: its `data:` events (`kvgate_trace::SseData` reads
+/// What a replayed request's stream says: its `data:` events (`kvgate_protocol::SseData` reads
 /// them), `[DONE]`, the last usage object, or an error event.
 #[derive(Debug, Default)]
 pub struct SseReader {
@@ -154,17 +155,18 @@ impl SseReader {
             self.done = true;
             return Ok(());
         }
-        let Ok(value) = serde_json::from_str::<Value>(data) else { return Ok(()) };
-        if let Some(error) = value.get("error") {
-            return Err(RequestError::ErrorEvent(error.to_string()));
+        if data.contains("\"error\"") {
+            if let Some(error) = serde_json::from_str::<Value>(data)
+                .ok()
+                .and_then(|mut value| value.get_mut("error").map(Value::take))
+            {
+                return Err(RequestError::ErrorEvent(error.to_string()));
+            }
         }
-        if let Some(usage) = value.get("usage").filter(|usage| usage.is_object()) {
-            let number = |v: &Value| v.as_u64().unwrap_or(0);
-            self.usage = (
-                number(&usage["prompt_tokens"]),
-                number(&usage["prompt_tokens_details"]["cached_tokens"]),
-                number(&usage["completion_tokens"]),
-            );
+        if let Some(usage) = usage_of_body(data.as_bytes()) {
+            let number = |count: Option<u32>| u64::from(count.unwrap_or(0));
+            self.usage =
+                (number(usage.prompt_tokens), number(usage.cached_tokens), number(usage.completion_tokens));
         }
         Ok(())
     }

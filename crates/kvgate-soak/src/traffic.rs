@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use kvgate_config::error_chain;
-use kvgate_trace::SseData;
+use kvgate_protocol::SseData;
 use kvgate_words::splitmix64;
 use serde_json::{json, Value};
 

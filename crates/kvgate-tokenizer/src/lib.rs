@@ -135,7 +135,7 @@ impl Tokenizer {
     }
 
     /// The kvgate mock engines' own tokenizer (crates/kvgate-words: one whitespace word = one
-    /// token; chats rendered with `kvgate_words::render_chat` as crates/kvgate-mock does).
+    /// token; chats rendered with `kvgate_protocol::render_chat` as crates/kvgate-mock does).
     pub fn mock() -> Tokenizer {
         Tokenizer { kind: Kind::Mock(None) }
     }

@@ -1,7 +1,8 @@
-//! The mock tokenizer equals what the mock engines compute: `kvgate_words::tokenize(kvgate_words::render_chat(..))` for chats (content parts joined as crates/kvgate-mock joins them) and `tokenize` for prompts.
+//! The mock tokenizer equals what the mock engines compute: `kvgate_words::tokenize(kvgate_protocol::render_chat(..))` for chats (content parts joined as crates/kvgate-mock joins them) and `tokenize` for prompts.
 
+use kvgate_protocol::render_chat;
 use kvgate_tokenizer::{ChatOptions, ErrorSide, Tokenizer};
-use kvgate_words::{render_chat, tokenize};
+use kvgate_words::tokenize;
 use serde_json::json;
 
 /// Checks one chat against the engine's own rendering, through both APIs.

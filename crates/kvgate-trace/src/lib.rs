@@ -3,18 +3,16 @@
 //! built from a line), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents,
 //! bursts, long prompts), the trace's cache references ([`CacheReference`]: infinite ceiling,
 //! pooled LRU, pooled Belady), the one percentile every report uses, when each request is sent
-//! and what its session took ([`SessionSchedule`]: closed-loop sessions), and the one reader of a
-//! streamed answer's SSE events at the client ([`SseData`]).
+//! and what its session took ([`SessionSchedule`]: closed-loop sessions). (The reader of a
+//! streamed answer's SSE events at the client is `kvgate_protocol::SseData`.)
 
 pub mod generate;
 mod reference;
 mod sessions;
-mod sse;
 pub mod trace;
 
 pub use reference::CacheReference;
 pub use sessions::{SessionFigures, SessionSchedule};
-pub use sse::SseData;
 pub use trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 
 /// The nearest-rank `p`th percentile of sorted values, `p` in percent (50 for the median): the

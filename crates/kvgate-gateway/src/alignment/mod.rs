@@ -31,10 +31,10 @@ use crate::clock::Clock;
 use crate::kv_map::KvMap;
 use crate::metrics::Metrics;
 use crate::registry::{ModelPool, PoolSnapshot, Registry};
-use crate::role::WorkerRole;
 use crate::tokenize::Tokenization;
 use crate::upstream::HttpClient;
 use crate::worker::Worker;
+use kvgate_protocol::role::WorkerRole;
 use probe::Prober;
 use repair::{Finding, Source};
 

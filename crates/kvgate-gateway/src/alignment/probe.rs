@@ -20,16 +20,16 @@ use kvgate_tokenizer::Tokenizer;
 
 use super::canary::{self, COMPLETION_TOKENS};
 use crate::accuracy::Probe;
-use crate::endpoint::Endpoint;
 use crate::index_health::{FormReport, ProbeReport, SentinelPrompt, SentinelReport};
 use crate::kv_map::KvMap;
 use crate::metrics::Metrics;
 use crate::registry::ModelPool;
-use crate::request::{OwnedKey, RequestFields};
 use crate::tokenize::Tokenization;
 use crate::upstream::{read_limited, HttpClient};
-use crate::usage::{usage_of_body, EngineUsage};
 use crate::worker::Worker;
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::request::{OwnedKey, RequestFields};
+use kvgate_protocol::usage::{usage_of_body, EngineUsage};
 
 /// Largest answer read (a one-token answer is a few hundred bytes).
 const MAX_ANSWER_BYTES: usize = 1 << 20;

@@ -19,11 +19,11 @@ use kvgate_index::InFlightPrompt;
 pub use watch::{AnswerSource, BodyWatch, Cut, Watched};
 
 use crate::accuracy::UsageTap;
-use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
 use crate::otel::RequestSpan;
 use crate::registry::ModelPrefix;
 use crate::worker::Worker;
+use kvgate_protocol::endpoint::Endpoint;
 
 /// Marks a request in flight on a worker; dropping it ends the request.
 pub struct InFlight {
@@ -116,7 +116,7 @@ pub struct UsageBound {
 /// most what the request could have used (an engine's absurd report charges no more).
 fn settle(
     permit: &mut Option<Box<dyn AdmissionHold>>,
-    usage: Option<crate::usage::EngineUsage>,
+    usage: Option<kvgate_protocol::usage::EngineUsage>,
     bound: UsageBound,
 ) {
     let (Some(permit), Some(usage)) = (permit, usage) else { return };

@@ -4,9 +4,9 @@
 use clap::Args;
 use kvgate_policy::{FieldError, PolicyConfig, ValidationErrors};
 
-use crate::role::{PdProtocol, WorkerRole};
 use crate::tenant::ForwardPriority;
 use kvgate_policy::PolicyKind;
+use kvgate_protocol::role::{PdProtocol, WorkerRole};
 use kvgate_tokenizer::ContentFormatOption;
 use serde::{Deserialize, Serialize};
 

@@ -20,7 +20,7 @@ use tokio::sync::watch as signal;
 use crate::error::ApiError;
 use crate::registration::Registration;
 use crate::registry::NewWorker;
-use crate::role::WorkerRole;
+use kvgate_protocol::role::WorkerRole;
 use pod::{pod_key, pod_target, PodTarget};
 use reconcile::{Action, Reconciler};
 pub use settings::DiscoverySettings;

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::role::WorkerRole;
+use kvgate_protocol::role::WorkerRole;
 
 /// A pod's identity: `namespace/name`.
 pub type PodKey = String;

@@ -86,7 +86,7 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::role::WorkerRole;
+    use kvgate_protocol::role::WorkerRole;
 
     fn target(ip: &str) -> PodTarget {
         PodTarget { url: format!("http://{ip}:8000"), role: WorkerRole::Regular, bootstrap_port: None }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::pod::PodRules;
 use crate::config::{label_selector, GatewayConfig};
-use crate::role::WorkerRole;
+use kvgate_protocol::role::WorkerRole;
 
 /// What discovery watches and how pods become workers.
 #[derive(Clone, Debug)]

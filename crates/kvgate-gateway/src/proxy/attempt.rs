@@ -18,10 +18,11 @@ use crate::body::InFlight;
 use crate::conn::{self, SendError, UpstreamBody};
 use crate::error::ApiError;
 use crate::registry::ModelPrefix;
-use crate::role::WorkerRole;
 use crate::state::AppState;
 use crate::upstream::is_hop_by_hop;
 use crate::worker::Worker;
+use kvgate_protocol::edit::{edit_body, EditError, FieldEdit};
+use kvgate_protocol::role::WorkerRole;
 
 /// How one attempt on one worker went.
 pub(super) enum Attempt {
@@ -189,7 +190,7 @@ pub(super) async fn attempt(
         headers.insert(header::AUTHORIZATION, token.clone());
     }
     // Every gateway a request passes adds its id: one that sees its own refuses it (a loop).
-    let via = match client_headers.get(&super::VIA_HEADER) {
+    let via = match client_headers.get(&kvgate_protocol::headers::VIA) {
         None => state.instance.clone(),
         Some(hops) => {
             let mut chained = hops.as_bytes().to_vec();
@@ -198,7 +199,7 @@ pub(super) async fn attempt(
             http::HeaderValue::from_bytes(&chained).unwrap_or_else(|_| state.instance.clone())
         }
     };
-    headers.insert(super::VIA_HEADER.clone(), via);
+    headers.insert(kvgate_protocol::headers::VIA.clone(), via);
 
     let in_flight = InFlight::begin(worker.clone(), prompt);
     let head_timeout = state.ttfb_timeout.map_or(state.request_timeout, |t| t.min(state.request_timeout));
@@ -276,49 +277,30 @@ pub(super) fn record_failure(state: &AppState, worker: &Worker, kind: &str, now:
 /// parallel rank routing"; SMG 1.13 sends the same, `worker.rs` `prepare_request`). A rank the
 /// client gave is replaced: the gateway's choice is the rank its state accounts for.
 pub(super) fn with_dp_rank(body: &[u8], rank: u32) -> Result<Bytes, ApiError> {
-    with_first_field(
+    edited(
         body,
-        "data_parallel_rank",
-        i64::from(rank),
+        &[FieldEdit::Set("data_parallel_rank", rank.into())],
         "a request to a data-parallel rank (--dp-aware)",
     )
 }
 
-/// `body` (a JSON object) with `"FIELD": VALUE` put first and the rest byte for byte; a value
-/// the client gave for `field` is replaced (the object then re-serialized). `what` names the
-/// request in the error when the body is no JSON object.
-pub(super) fn with_first_field(body: &[u8], field: &str, value: i64, what: &str) -> Result<Bytes, ApiError> {
-    let not_an_object = || ApiError::BadRequest(format!("{what} needs a JSON object body"));
-    let quoted = format!("\"{field}\"");
-    if body.windows(quoted.len()).any(|window| window == quoted.as_bytes()) {
-        let mut object: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(body).map_err(|_| not_an_object())?;
-        object.insert(field.into(), value.into());
-        return serde_json::to_vec(&object).map(Bytes::from).map_err(|_| not_an_object());
-    }
-    let start = body.iter().position(|b| !b.is_ascii_whitespace()).ok_or_else(not_an_object)?;
-    if body[start] != b'{' {
-        return Err(not_an_object());
-    }
-    let rest = &body[start + 1..];
-    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-    let mut out = Vec::with_capacity(body.len() + 32);
-    out.extend_from_slice(format!("{{{quoted}:{value}").as_bytes());
-    if !empty {
-        out.push(b',');
-    }
-    out.extend_from_slice(rest);
-    Ok(Bytes::from(out))
+/// `body` with `edits` applied by the one body editor (`kvgate_protocol::edit`); `what` names
+/// the request in the error when the body is no JSON object.
+pub(super) fn edited(body: &[u8], edits: &[FieldEdit<'_>], what: &str) -> Result<Bytes, ApiError> {
+    edit_body(body, edits).map_err(|error| match error {
+        EditError::NotAnObject => ApiError::BadRequest(format!("{what} needs a JSON object body")),
+        EditError::Encode(error) => ApiError::BadRequest(format!("could not re-encode the request: {error}")),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::{with_dp_rank, with_first_field, AttemptError, AttemptErrorKind, ErrorSource, RetryType};
+    use super::{edited, with_dp_rank, AttemptError, AttemptErrorKind, ErrorSource, RetryType};
     use crate::error::ApiError;
     use crate::proxy::respond::{Failure, Outcome};
-    use crate::role::WorkerRole;
+    use kvgate_protocol::role::WorkerRole;
 
     /// `check(kind, source, retry, label, outcome)`: one row of the classification every path uses.
     fn check(kind: AttemptErrorKind, expected: (ErrorSource, RetryType, &str, &str)) {
@@ -379,9 +361,12 @@ mod tests {
 
     #[test]
     fn a_negative_priority_goes_first_and_a_client_priority_is_replaced() {
-        let forwarded = with_first_field(br#"{"model": "m"}"#, "priority", -1, "x").unwrap();
+        let priority = |body: &[u8], value: i64| {
+            edited(body, &[kvgate_protocol::FieldEdit::Set("priority", value.into())], "x")
+        };
+        let forwarded = priority(br#"{"model": "m"}"#, -1).unwrap();
         assert_eq!(&forwarded[..], br#"{"priority":-1,"model": "m"}"#);
-        let replaced = with_first_field(br#"{"priority": 5, "model": "m"}"#, "priority", 1, "x").unwrap();
+        let replaced = priority(br#"{"priority": 5, "model": "m"}"#, 1).unwrap();
         let value: serde_json::Value = serde_json::from_slice(&replaced).unwrap();
         assert_eq!(value["priority"].as_i64(), Some(1));
     }

@@ -27,19 +27,19 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use crate::accuracy::Probe;
 use crate::admission::Ticket;
 use crate::backoff::Backoff;
-use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::otel::{RequestSpan, TRACEPARENT};
-use crate::request::RequestFields;
-use crate::role::PdProtocol;
 use crate::state::AppState;
 use attempt::{attempt, Attempt};
+use kvgate_protocol::edit::FieldEdit;
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::headers;
+use kvgate_protocol::request::RequestFields;
+use kvgate_protocol::role::PdProtocol;
 use plan::RoutePlan;
 use prepare::prepare;
 use respond::{failure_response, respond, Expect, Failure, Outcome, Served};
 
-/// The gateways a request passed through, by instance id (loop detection).
-pub(crate) static VIA_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-via");
 /// Most gateways one request may pass through.
 const MAX_HOPS: usize = 8;
 
@@ -47,7 +47,7 @@ const MAX_HOPS: usize = 8;
 /// through too many gateways, is a routing loop.
 fn check_loop(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiError> {
     let mut hops = 0;
-    for value in headers.get_all(&VIA_HEADER) {
+    for value in headers.get_all(&headers::VIA) {
         for hop in value.as_bytes().split(|&b| b == b',') {
             hops += 1;
             if hop.trim_ascii() == state.instance.as_bytes() {
@@ -64,9 +64,6 @@ fn check_loop(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiErro
     }
     Ok(())
 }
-
-/// Names the worker a request must go to (with `--routing-key-override`).
-static TARGET_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-target-worker");
 
 /// The axum handler of a proxied endpoint.
 pub async fn handle(State(state): State<Arc<AppState>>, endpoint: Endpoint, request: Request) -> Response {
@@ -193,7 +190,11 @@ where
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
     // A client's KV-transfer fields never reach an engine, on any path (`transfer_fields.rs`).
     let forwarded = match fields.carries_transfer_fields() {
-        true => crate::transfer_fields::strip(&bytes).map_err(ApiError::BadRequest)?,
+        true => attempt::edited(
+            &bytes,
+            &kvgate_protocol::transfer::TRANSFER_FIELDS.map(FieldEdit::Remove),
+            "a request",
+        )?,
         false => bytes.clone(),
     };
     let prepared = prepare(state, endpoint, &fields, &parts.headers, &bytes).await?;
@@ -204,7 +205,7 @@ where
     let tokens = match state.admission.counts_tokens() {
         true => {
             let prompt = match prepared.prompt_tokens {
-                0 => crate::request::estimate_tokens(&fields.routing_key()),
+                0 => kvgate_protocol::request::estimate_tokens(&fields.routing_key()),
                 known => known,
             };
             prompt.saturating_add(fields.max_output_tokens())
@@ -223,7 +224,7 @@ where
             .map_or(0, |plan| plan.predicted_cached_tokens(route_request.prompt_tokens))
     };
     let permit = state.admission.admit_scored(ticket, locality).await?;
-    let target = match parts.headers.get(&TARGET_HEADER) {
+    let target = match parts.headers.get(&headers::TARGET_WORKER) {
         Some(value) if state.config.routing_key_override => Some(shape.target(value)?),
         _ => None,
     };
@@ -238,7 +239,7 @@ where
         && !fields.asks_usage()
         && (closed_loop || permit.wants_usage())
     {
-        true => crate::accuracy::ask_for_usage(&forwarded, fields.stream_options.is_some()),
+        true => crate::accuracy::ask_for_usage(&forwarded),
         false => None,
     };
     // What goes to the engines of the client's headers: not the gateway's own (`x-kvgate-*`,
@@ -264,9 +265,11 @@ where
     let body = asked.unwrap_or(forwarded);
     // The class as the engine's `priority` (`--forward-priority`), on generation requests.
     let body = match state.config.forward_priority.value(identity.class) {
-        Some(priority) if !matches!(endpoint, Endpoint::Embeddings) => {
-            attempt::with_first_field(&body, "priority", priority, "a request with --forward-priority")?
-        }
+        Some(priority) if !matches!(endpoint, Endpoint::Embeddings) => attempt::edited(
+            &body,
+            &[FieldEdit::Set("priority", priority.into())],
+            "a request with --forward-priority",
+        )?,
         _ => body,
     };
     let exchange = pd::Exchange {
@@ -377,7 +380,7 @@ where
 fn upstream_headers(state: &AppState, headers: &http::HeaderMap) -> http::HeaderMap {
     let mut kept = http::HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
-        if *name == VIA_HEADER || !state.clients.is_gateway_header(name) {
+        if *name == headers::VIA || !state.clients.is_gateway_header(name) {
             kept.append(name.clone(), value.clone());
         }
     }

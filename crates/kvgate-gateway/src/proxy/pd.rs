@@ -14,18 +14,19 @@ use bytes::Bytes;
 use http::HeaderMap;
 use kvgate_index::Namespace;
 use kvgate_policy::RouteRequest;
+use kvgate_protocol::edit::FieldEdit;
+use kvgate_protocol::transfer;
 use rand::Rng;
-use serde_json::{json, Map, Value};
 
-use super::attempt::{attempt, Attempt, AttemptError, AttemptErrorKind};
+use super::attempt::{attempt, edited, Attempt, AttemptError, AttemptErrorKind};
 use super::plan::Pick;
 use super::respond::{Failure, Outcome, Served};
 use crate::body::InFlight;
 use crate::conn::UpstreamBody;
 use crate::error::ApiError;
-use crate::role::WorkerRole;
 use crate::state::AppState;
 use crate::upstream::{drain_limited, read_limited, GetError};
+use kvgate_protocol::role::WorkerRole;
 
 /// What every exchange of one request shares.
 pub(super) struct Exchange<'a> {
@@ -39,14 +40,9 @@ pub(super) struct Exchange<'a> {
     pub tenant: &'a str,
 }
 
-/// The request body with `edit` applied to its top-level JSON object.
-fn rewrite(body: &[u8], edit: impl FnOnce(&mut Map<String, Value>)) -> Result<Bytes, ApiError> {
-    let mut object: Map<String, Value> = serde_json::from_slice(body)
-        .map_err(|_| ApiError::BadRequest("a disaggregated request needs a JSON object body".into()))?;
-    edit(&mut object);
-    serde_json::to_vec(&object)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::BadRequest(format!("could not re-encode the request: {e}")))
+/// The request body with `edits` applied (`kvgate_protocol::transfer`'s writers).
+fn rewrite(body: &[u8], edits: &[FieldEdit<'_>]) -> Result<Bytes, ApiError> {
+    edited(body, edits, "a disaggregated request")
 }
 
 /// The `status` label of one side's attempt.
@@ -165,13 +161,8 @@ pub(super) fn transfer_failed(outcome: &Outcome, decode: u32) -> bool {
 /// if still running, is dropped: cancelled), for the retry loop to send it in place.
 pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick, fallback: bool) -> Outcome {
     let room = rand::rng().random_range(0..=i64::MAX as u64);
-    let host = prefill.worker.host().to_string();
-    let port = prefill.worker.bootstrap_port.map_or(Value::Null, Value::from);
-    let body = match rewrite(ex.body, |object| {
-        object.insert("bootstrap_host".into(), Value::from(host));
-        object.insert("bootstrap_port".into(), port);
-        object.insert("bootstrap_room".into(), Value::from(room));
-    }) {
+    let bootstrap = transfer::sglang_bootstrap(prefill.worker.host(), prefill.worker.bootstrap_port, room);
+    let body = match rewrite(ex.body, &bootstrap) {
         Ok(body) => body,
         Err(error) => return Outcome::Fatal(error),
     };
@@ -225,19 +216,7 @@ pub(super) async fn sglang(ex: &Exchange<'_>, prefill: Pick, decode: Pick, fallb
 
 /// vLLM: the prefill worker computes the KV (one token), then the decode worker pulls it.
 pub(super) async fn vllm(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outcome {
-    let first = match rewrite(ex.body, |object| {
-        object.insert("max_tokens".into(), Value::from(1));
-        if object.contains_key("max_completion_tokens") {
-            object.insert("max_completion_tokens".into(), Value::from(1));
-        }
-        object.insert("stream".into(), Value::Bool(false));
-        object.remove("stream_options");
-        object.insert(
-            "kv_transfer_params".into(),
-            json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-                   "remote_block_ids": null, "remote_host": null, "remote_port": null}),
-        );
-    }) {
+    let first = match rewrite(ex.body, &transfer::vllm_prefill()) {
         Ok(body) => body,
         Err(error) => return Outcome::Fatal(error),
     };
@@ -251,17 +230,17 @@ pub(super) async fn vllm(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outc
             let read = tokio::time::timeout(state.request_timeout, read_limited(response.into_body(), limit));
             let read = read.await;
             drop(in_flight);
-            let answer: Option<Value> = match read {
-                Ok(Ok(body)) => serde_json::from_slice(&body).ok(),
+            let params = match read {
+                Ok(Ok(body)) => transfer::params_of_prefill_answer(&body),
                 Ok(Err(GetError::Oversized { .. })) => {
                     state.metrics.count_oversized("prefill");
                     None
                 }
                 _ => None,
             };
-            match answer.and_then(|mut answer| answer.get_mut("kv_transfer_params").map(Value::take)) {
-                Some(params @ Value::Object(_)) => params,
-                _ => {
+            match params {
+                Some(params) => params,
+                None => {
                     let message = format!(
                         "{}: the prefill answer carries no kv_transfer_params (is the engine's KV connector configured?)",
                         prefill.worker.url
@@ -275,9 +254,7 @@ pub(super) async fn vllm(ex: &Exchange<'_>, prefill: Pick, decode: Pick) -> Outc
         PrefillResult::Refused(served) => return Outcome::Done(served),
         PrefillResult::Failed(error) => return error.into_outcome(prefill_served(&prefill)),
     };
-    let second = match rewrite(ex.body, |object| {
-        object.insert("kv_transfer_params".into(), params);
-    }) {
+    let second = match rewrite(ex.body, &transfer::vllm_decode(params)) {
         Ok(body) => body,
         Err(error) => return Outcome::Fatal(error),
     };

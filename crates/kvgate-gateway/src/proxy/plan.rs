@@ -15,11 +15,11 @@ use rand::SeedableRng;
 
 use super::choose::{Consulted, PoolView};
 use crate::accuracy::Probe;
-use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::registry::{ModelPool, ModelPools, ModelPrefix};
 use crate::state::AppState;
 use crate::worker::Worker;
+use kvgate_protocol::endpoint::Endpoint;
 
 /// The pools a request is planned on.
 pub(super) enum Shape {
@@ -239,7 +239,7 @@ impl Shape {
         let where_ = |side: Side| {
             let pool = self.pool(side);
             let side = match pool.role {
-                crate::role::WorkerRole::Regular => String::new(),
+                kvgate_protocol::role::WorkerRole::Regular => String::new(),
                 role => format!(" on the {} side", role.as_str()),
             };
             format!(" for model `{}`{side}", pool.model)

@@ -9,11 +9,11 @@ use kvgate_index::Namespace;
 use kvgate_policy::{RouteRequest, RoutingKey};
 
 use super::plan::Shape;
-use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::registry::ModelPools;
-use crate::request::{OwnedKey, RequestFields};
 use crate::state::AppState;
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::request::{OwnedKey, RequestFields};
 
 /// A request ready to be planned.
 pub(super) struct Prepared<'a> {

@@ -12,21 +12,13 @@ use kvgate_policy::{Decision, PdChoice};
 use crate::accuracy::{Probe, UsageTap};
 use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound, Watched};
 use crate::conn::UpstreamBody;
-use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::otel::RequestSpan;
 use crate::state::AppState;
 use crate::upstream::is_hop_by_hop;
 use crate::worker::Worker;
-
-static WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvgate-worker");
-static ROUTE_HEADER: HeaderName = HeaderName::from_static("x-kvgate-route");
-static INDEX_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefix-index");
-static PREDICTED_HEADER: HeaderName = HeaderName::from_static("x-kvgate-predicted-ttft");
-static PREFILL_WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-worker");
-static PREFILL_ROUTE_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-route");
-static PREFILL_INDEX_HEADER: HeaderName = HeaderName::from_static("x-kvgate-prefill-prefix-index");
-static PD_PATH_HEADER: HeaderName = HeaderName::from_static("x-kvgate-pd-path");
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::headers;
 
 /// A worker's answer on its way to the client.
 pub(super) struct Served {
@@ -136,19 +128,19 @@ fn routing_headers(
     prefill: Option<&(Arc<Worker>, Decision)>,
     pd: Option<&PdChoice>,
 ) {
-    set_header(headers, &WORKER_HEADER, &worker.url);
+    set_header(headers, &headers::WORKER, &worker.url);
     if let Some(pd) = pd {
-        set_header(headers, &PD_PATH_HEADER, &pd.describe());
+        set_header(headers, &headers::PD_PATH, &pd.describe());
     }
-    set_header(headers, &ROUTE_HEADER, decision.reason.as_str());
+    set_header(headers, &headers::ROUTE, decision.reason.as_str());
     if let Some(index) = decision.index {
-        set_header(headers, &INDEX_HEADER, index.as_str());
+        set_header(headers, &headers::PREFIX_INDEX, index.as_str());
     }
     if let Some((worker, decision)) = prefill {
-        set_header(headers, &PREFILL_WORKER_HEADER, &worker.url);
-        set_header(headers, &PREFILL_ROUTE_HEADER, decision.reason.as_str());
+        set_header(headers, &headers::PREFILL_WORKER, &worker.url);
+        set_header(headers, &headers::PREFILL_ROUTE, decision.reason.as_str());
         if let Some(index) = decision.index {
-            set_header(headers, &PREFILL_INDEX_HEADER, index.as_str());
+            set_header(headers, &headers::PREFILL_PREFIX_INDEX, index.as_str());
         }
     }
     // The time to first token is decided where the prompt is prefilled.
@@ -159,7 +151,7 @@ fn routing_headers(
             .zip(predicted.terms())
             .map(|(name, seconds)| format!("{name}={:.1}ms", seconds * 1e3))
             .collect();
-        set_header(headers, &PREDICTED_HEADER, &terms.join("; "));
+        set_header(headers, &headers::PREDICTED_TTFT, &terms.join("; "));
     }
 }
 
@@ -179,12 +171,8 @@ pub(super) fn respond(
     let (mut parts, body) = response.into_parts();
     // Hop-by-hop headers, and the gateway's own namespace: a worker's `x-kvgate-*` never
     // reaches a client (the routing headers below are the gateway's).
-    let dropped: Vec<HeaderName> = parts
-        .headers
-        .keys()
-        .filter(|n| is_hop_by_hop(n) || n.as_str().starts_with(crate::auth::GATEWAY_HEADER_PREFIX))
-        .cloned()
-        .collect();
+    let dropped: Vec<HeaderName> =
+        parts.headers.keys().filter(|n| is_hop_by_hop(n) || headers::is_gateway_header(n)).cloned().collect();
     for name in dropped {
         parts.headers.remove(name);
     }

@@ -18,10 +18,10 @@ use serde_json::{json, Value};
 
 use super::plan::{Pick, RoutePlan};
 use super::prepare::prepare;
-use crate::endpoint::Endpoint;
 use crate::error::ApiError;
-use crate::request::RequestFields;
 use crate::state::SharedState;
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::request::RequestFields;
 
 #[derive(Debug, Deserialize)]
 pub struct RouteQuery {

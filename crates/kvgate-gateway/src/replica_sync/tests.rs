@@ -12,8 +12,8 @@ use super::wire::{Message, Routed, Seal};
 use super::{ReplicaSync, SyncLimits};
 use crate::metrics::Metrics;
 use crate::registry::{NewWorker, Registry};
-use crate::role::WorkerRole;
 use crate::worker::CircuitSettings;
+use kvgate_protocol::role::WorkerRole;
 
 const SECRET: &[u8] = b"the deployment's shared secret";
 const WORKER: &str = "http://127.0.0.1:9";

@@ -8,7 +8,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::role::WorkerRole;
+use kvgate_protocol::role::WorkerRole;
 
 /// One request routed by a replica on its approximate index.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

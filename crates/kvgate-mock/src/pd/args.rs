@@ -7,17 +7,7 @@ use kvgate_config::{Checks, FieldError, Range};
 use crate::args::MockArgs;
 
 /// The prefill/decode disaggregation role of every engine of one fleet.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum WorkerRole {
-    /// Prefill and decode every request (PD fields in a request are ignored).
-    #[default]
-    Regular,
-    /// Prefill engine: PD requests are prefilled (one output token) and their KV is held until
-    /// a decode engine pulls it over the bootstrap port.
-    Prefill,
-    /// Decode engine: PD requests pull their prompt's KV from the prefill engine, then decode.
-    Decode,
-}
+pub use kvgate_protocol::WorkerRole;
 
 /// The PD timings of one fleet, in wall time (model time divided by `--time-scale`).
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -12,7 +12,6 @@
 
 mod args;
 mod bootstrap;
-mod plan;
 mod pull;
 mod rooms;
 
@@ -20,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kvgate_engine::{EngineOutput, PdStage};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 pub(crate) use args::PdTiming;
@@ -31,8 +30,7 @@ pub(crate) use rooms::KvRooms;
 use crate::driver::EngineHandle;
 use crate::kv_events::stopped;
 use crate::server::ApiError;
-use plan::PdRequest;
-use pull::KvSource;
+use kvgate_protocol::transfer::{self, KvSource, PdRequest, RemotePrefill};
 use rooms::{HeldKv, RoomTicket};
 
 /// One worker's PD role and what it needs to serve it.
@@ -116,7 +114,7 @@ impl PdContext {
         if self.role == WorkerRole::Regular {
             return Ok(PdPlan::Regular);
         }
-        let request = PdRequest::read(body)?;
+        let request = PdRequest::read(body).map_err(ApiError::bad_request)?;
         match (self.role, request) {
             (WorkerRole::Regular, _) | (_, PdRequest::None) => Ok(PdPlan::Regular),
             (WorkerRole::Prefill, PdRequest::Sglang { room, .. }) => Ok(PdPlan::Prefill {
@@ -180,15 +178,12 @@ impl PdContext {
                 let blocks = (prompt_tokens as u64 + 1).div_ceil(u64::from(engine.block_size().max(1)));
                 let kv_transfer_params = vllm.then(|| {
                     let first = prefill.next_block_id.fetch_add(blocks, Ordering::Relaxed);
-                    json!({
-                        "do_remote_prefill": true,
-                        "do_remote_decode": false,
-                        "remote_engine_id": prefill.engine_id,
-                        "remote_block_ids": (first..first + blocks).collect::<Vec<u64>>(),
-                        "remote_host": prefill.host,
-                        "remote_port": prefill.port,
-                        "remote_request_id": ticket.key(),
-                        "tp_size": 1,
+                    transfer::vllm_prefill_answer(&RemotePrefill {
+                        engine_id: &prefill.engine_id,
+                        block_ids: first..first + blocks,
+                        host: &prefill.host,
+                        port: prefill.port,
+                        request_id: ticket.key(),
                     })
                 });
                 let (on_end, ended) = oneshot::channel();

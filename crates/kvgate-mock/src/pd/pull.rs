@@ -6,6 +6,8 @@ use std::time::Duration;
 use kvgate_config::error_chain;
 use tokio::sync::watch;
 
+use kvgate_protocol::transfer::KvSource;
+
 use super::bootstrap::PulledKv;
 use super::PdTiming;
 use crate::kv_events::stopped;
@@ -15,23 +17,14 @@ use crate::server::ApiError;
 /// same hold timeout (an unknown room, a prefill still running) arrives first.
 const PULL_GRACE: Duration = Duration::from_millis(100);
 
-/// Where a decode request's KV is: a prefill engine's bootstrap address and the room.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct KvSource {
-    pub(crate) host: String,
-    pub(crate) port: u16,
-    pub(crate) room: String,
-}
-
-impl KvSource {
-    fn url(&self) -> String {
-        let host = if self.host.contains(':') && !self.host.starts_with('[') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        format!("http://{host}:{}/kv/{}", self.port, percent_encode(&self.room))
-    }
+/// The bootstrap server's URL of a decode request's KV.
+fn url(source: &KvSource) -> String {
+    let host = if source.host.contains(':') && !source.host.starts_with('[') {
+        format!("[{}]", source.host)
+    } else {
+        source.host.clone()
+    };
+    format!("http://{host}:{}/kv/{}", source.port, percent_encode(&source.room))
 }
 
 /// `text` with every byte outside `A-Z a-z 0-9 - . _ ~` percent-encoded (a path segment).
@@ -60,7 +53,7 @@ pub(crate) async fn pull(
     source: &KvSource,
     prompt_tokens: usize,
 ) -> Result<u32, ApiError> {
-    let url = source.url();
+    let url = url(source);
     let fetch = async {
         let response = client.get(&url).send().await.map_err(|error| error_chain(&error))?;
         let status = response.status();
@@ -101,8 +94,8 @@ mod tests {
     #[test]
     fn urls_escape_the_room_and_bracket_ipv6_hosts() {
         let source = KvSource { host: "127.0.0.1".into(), port: 9, room: "vllm-0-1".into() };
-        assert_eq!(source.url(), "http://127.0.0.1:9/kv/vllm-0-1");
+        assert_eq!(url(&source), "http://127.0.0.1:9/kv/vllm-0-1");
         let odd = KvSource { host: "::1".into(), port: 9, room: "a/b c".into() };
-        assert_eq!(odd.url(), "http://[::1]:9/kv/a%2Fb%20c");
+        assert_eq!(url(&odd), "http://[::1]:9/kv/a%2Fb%20c");
     }
 }

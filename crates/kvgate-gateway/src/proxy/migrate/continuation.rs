@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use crate::endpoint::Endpoint;
+use kvgate_protocol::endpoint::Endpoint;
 
 /// Why a request cannot be continued by another engine, read from the request itself (`None`:
 /// it can, as far as its request says).

@@ -28,16 +28,14 @@ use super::plan::RoutePlan;
 use super::respond::{Failure, Outcome, Served};
 use crate::body::{AnswerSource, BodyWatch, Cut, InFlight, Watched};
 use crate::conn::UpstreamBody;
-use crate::endpoint::Endpoint;
-use crate::request::RequestFields;
-use crate::role::PdProtocol;
 use crate::state::AppState;
 use crate::worker::Worker;
-use transcript::{event_data, Transcript, Verdict};
-
-/// Sent with a continuation: the how-manieth move of its stream this is (an engine's log, and
-/// `kvgate mock`'s soak counts, tell a continuation from a request sent twice).
-pub(crate) static RESUMED_HEADER: http::HeaderName = http::HeaderName::from_static("x-kvgate-resumed");
+use kvgate_protocol::edit::FieldEdit;
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::request::RequestFields;
+use kvgate_protocol::role::PdProtocol;
+use kvgate_protocol::sse::{event_data, last_boundary, split_events};
+use transcript::{Transcript, Verdict};
 
 /// What continuing a request on another engine needs, kept from the request.
 pub(super) struct Resume {
@@ -153,7 +151,7 @@ impl Relay {
     /// is, unless rewritten), read into the transcript; a partial event waits for its end.
     fn on_data(&mut self, data: Bytes) {
         if self.partial.is_empty() && data.ends_with(b"\n\n") && !self.transcript.migrated {
-            for event in crate::usage::split_events(&data) {
+            for event in split_events(&data) {
                 if let Some(payload) = event_data(event) {
                     self.transcript.on_event(payload);
                 }
@@ -162,10 +160,10 @@ impl Relay {
             return;
         }
         self.partial.extend_from_slice(&data);
-        let Some(end) = crate::usage::last_boundary(&self.partial) else { return };
+        let Some(end) = last_boundary(&self.partial) else { return };
         let whole = self.partial.split_to(end).freeze();
         let mut kept: Option<BytesMut> = None;
-        for event in crate::usage::split_events(&whole) {
+        for event in split_events(&whole) {
             let verdict =
                 event_data(event).map_or(Verdict::Pass, |payload| self.transcript.on_event(payload));
             match verdict {
@@ -196,7 +194,7 @@ impl Relay {
         }
         if self.transcript.finished {
             // The answer is whole but for its end.
-            self.ready.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            self.ready.push_back(Bytes::from_static(kvgate_protocol::sse::DONE));
             self.ended = true;
             return None;
         }
@@ -324,13 +322,15 @@ async fn resume_elsewhere(
 ) -> Result<Resumed, String> {
     let state = &resume.state;
     let body = match resume.priority {
-        Some(priority) => super::attempt::with_first_field(&body, "priority", priority, "a continuation")
-            .map_err(|error| error.to_string())?,
+        Some(priority) => {
+            super::attempt::edited(&body, &[FieldEdit::Set("priority", priority.into())], "a continuation")
+                .map_err(|error| error.to_string())?
+        }
         None => body,
     };
     let fields = RequestFields::parse(&body)?;
     let mut headers = resume.headers.clone();
-    headers.insert(RESUMED_HEADER.clone(), http::HeaderValue::from(migration));
+    headers.insert(kvgate_protocol::headers::RESUMED.clone(), http::HeaderValue::from(migration));
     // Planned as the request was: its session key counts (it is not forwarded).
     let mut planning = HeaderMap::new();
     if let Some(session) = &resume.session {

@@ -5,6 +5,7 @@
 //! role, and the usage of the whole answer (the request's own prompt, every engine's output).
 
 use bytes::Bytes;
+use kvgate_protocol::sse::data_event_bytes;
 use serde_json::{Map, Value};
 
 /// What to do with one event of the answer.
@@ -108,7 +109,7 @@ impl Transcript {
             }
         }
         match changed {
-            true => Verdict::Rewritten(sse_data(&Value::Object(chunk))),
+            true => Verdict::Rewritten(data_event_bytes(&Value::Object(chunk))),
             false => Verdict::Pass,
         }
     }
@@ -180,23 +181,10 @@ impl Transcript {
     }
 }
 
-/// `data: {json}\n\n`.
-pub(super) fn sse_data(value: &Value) -> Bytes {
-    let mut out = b"data: ".to_vec();
-    serde_json::to_writer(&mut out, value).expect("a JSON value always serializes");
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
-}
-
-/// The `data:` payload of an event (a single data line, as the engines write them).
-pub(super) fn event_data(event: &[u8]) -> Option<&[u8]> {
-    let text = std::str::from_utf8(event).ok()?;
-    let line = text.lines().find_map(|line| line.strip_prefix("data:"))?;
-    Some(line.trim().as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
+    use kvgate_protocol::sse::event_data;
+
     use super::*;
     use serde_json::json;
 

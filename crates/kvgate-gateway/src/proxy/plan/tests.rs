@@ -24,9 +24,9 @@ use super::super::choose::PoolView;
 use crate::body::InFlight;
 use crate::config::GatewayConfig;
 use crate::registry::{ModelPool, NewWorker};
-use crate::role::WorkerRole;
 use crate::state::AppState;
 use crate::worker::Worker;
+use kvgate_protocol::role::WorkerRole;
 
 const POLL_MS: u64 = 500;
 const BLOCK: u32 = 16;

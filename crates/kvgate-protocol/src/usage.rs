@@ -1,6 +1,7 @@
 //! What an engine's answer says about its prompt (tokens, and how many were served from its
 //! cache), read from a whole JSON body or from a stream as it passes, and the usage chunk the
-//! gateway asked for on the client's behalf taken out of the stream again.
+//! gateway asked for on the client's behalf taken out of the stream again; and the usage object
+//! as the engines write it ([`usage_object`], [`meta_info_usage`], the simulated engines' writer).
 //!
 //! Where the engines say it (read from their source, not from a description):
 //! - vLLM's OpenAI server (`vllm/entrypoints/openai/chat_completion/serving.py` and
@@ -17,15 +18,17 @@
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 
+use crate::sse::{event_data, last_boundary, split_events};
+
 /// The prompt and cached token counts of one answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct EngineUsage {
-    pub(crate) prompt_tokens: Option<u32>,
+pub struct EngineUsage {
+    pub prompt_tokens: Option<u32>,
     /// `None` when the answer did not say (vLLM without `--enable-prompt-tokens-details`).
-    pub(crate) cached_tokens: Option<u32>,
+    pub cached_tokens: Option<u32>,
     /// The output tokens (`usage.completion_tokens`, SGLang's `meta_info.completion_tokens`):
     /// what a tenant's tokens-per-minute charge is corrected to, with the prompt's.
-    pub(crate) completion_tokens: Option<u32>,
+    pub completion_tokens: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -90,7 +93,7 @@ impl Answer {
 }
 
 /// The usage of a whole (non-streamed) JSON answer.
-pub(crate) fn usage_of_body(body: &[u8]) -> Option<EngineUsage> {
+pub fn usage_of_body(body: &[u8]) -> Option<EngineUsage> {
     serde_json::from_slice::<Answer>(body).ok()?.usage()
 }
 
@@ -103,7 +106,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// gateway asked for it on the client's behalf) the usage-only chunk left out. Events are only
 /// parsed when they mention `usage` or `meta_info`; token chunks pass untouched.
 #[derive(Debug, Default)]
-pub(crate) struct StreamUsage {
+pub struct StreamUsage {
     /// Drop vLLM's usage-only chunk (the client did not ask for it).
     strip: bool,
     /// The start of an event not complete yet.
@@ -112,24 +115,24 @@ pub(crate) struct StreamUsage {
 }
 
 impl StreamUsage {
-    pub(crate) fn new(strip: bool) -> Self {
+    pub fn new(strip: bool) -> Self {
         StreamUsage { strip, ..StreamUsage::default() }
     }
 
     /// Whether the usage-only chunk is left out of what passes.
-    pub(crate) fn strips(&self) -> bool {
+    pub fn strips(&self) -> bool {
         self.strip
     }
 
     /// The last usage seen so far.
-    pub(crate) fn usage(&self) -> Option<EngineUsage> {
+    pub fn usage(&self) -> Option<EngineUsage> {
         self.usage
     }
 
     /// One frame of the stream; returns what to pass on. Without stripping, that is the frame
     /// itself; with it, the complete events of it (the tail of an incomplete one is held until
     /// the frame that completes it).
-    pub(crate) fn on_frame(&mut self, frame: Bytes) -> Bytes {
+    pub fn on_frame(&mut self, frame: Bytes) -> Bytes {
         if self.pending.is_empty() && frame.ends_with(b"\n\n") {
             // The common case (one or more whole events per frame): nothing held, nothing copied
             // unless an event is left out.
@@ -153,7 +156,7 @@ impl StreamUsage {
     }
 
     /// The stream ended: whatever was held.
-    pub(crate) fn finish(&mut self) -> Bytes {
+    pub fn finish(&mut self) -> Bytes {
         let rest = std::mem::take(&mut self.pending).freeze();
         if rest.is_empty() {
             return rest;
@@ -204,31 +207,31 @@ impl StreamUsage {
     }
 }
 
-/// The end of the last complete event (just past its blank line), if any.
-pub(crate) fn last_boundary(buffer: &[u8]) -> Option<usize> {
-    buffer.windows(2).rposition(|window| window == b"\n\n").map(|at| at + 2)
-}
-
-/// The events of `buffer`, each with its terminating blank line (a trailing partial one too).
-pub(crate) fn split_events(buffer: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut rest = buffer;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let end = rest.windows(2).position(|window| window == b"\n\n").map_or(rest.len(), |at| at + 2);
-        let (event, tail) = rest.split_at(end);
-        rest = tail;
-        Some(event)
+/// OpenAI's `usage` object as vLLM writes it (with `--enable-prompt-tokens-details`): what
+/// [`usage_of_body`] reads back.
+pub fn usage_object(usage: WrittenUsage) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     })
 }
 
-/// The `data:` payload of an event (a single data line, as the engines write them).
-fn event_data(event: &[u8]) -> Option<&[u8]> {
-    let text = std::str::from_utf8(event).ok()?;
-    let line = text.lines().find_map(|line| line.strip_prefix("data:"))?;
-    let data = line.trim();
-    (data != "[DONE]").then_some(data.as_bytes())
+/// The usage fields of SGLang's `meta_info` (`prompt_tokens`, `completion_tokens`,
+/// `cached_tokens`), written into `meta_info`: what [`usage_of_body`] reads back.
+pub fn meta_info_usage(usage: WrittenUsage, meta_info: &mut serde_json::Map<String, serde_json::Value>) {
+    meta_info.insert("prompt_tokens".into(), usage.prompt_tokens.into());
+    meta_info.insert("completion_tokens".into(), usage.completion_tokens.into());
+    meta_info.insert("cached_tokens".into(), usage.cached_tokens.into());
+}
+
+/// The counts an engine writes of one answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WrittenUsage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
 }
 
 #[cfg(test)]
@@ -248,6 +251,19 @@ mod tests {
         }
         out.extend_from_slice(&reader.finish());
         (String::from_utf8(out).unwrap(), reader.usage())
+    }
+
+    #[test]
+    fn what_the_engines_write_reads_back() {
+        let written = WrittenUsage { prompt_tokens: 12, completion_tokens: 3, cached_tokens: 8 };
+        let read =
+            EngineUsage { prompt_tokens: Some(12), cached_tokens: Some(8), completion_tokens: Some(3) };
+        let openai = serde_json::json!({"choices": [], "usage": usage_object(written)});
+        assert_eq!(usage_of_body(openai.to_string().as_bytes()), Some(read));
+        let mut meta = serde_json::Map::new();
+        meta_info_usage(written, &mut meta);
+        let sglang = serde_json::json!({"text": "x", "meta_info": meta});
+        assert_eq!(usage_of_body(sglang.to_string().as_bytes()), Some(read));
     }
 
     #[test]

@@ -1,10 +1,18 @@
-//! Reading a generation body's PD fields (SGLang's `bootstrap_*`, vLLM's `kv_transfer_params`) into what the request asks of this engine.
+//! Reading a generation body's PD fields (SGLang's `bootstrap_*`, vLLM's `kv_transfer_params`)
+//! into what the request asks of the engine that receives it (the simulated engines' reader of
+//! what `mod.rs` writes).
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::pull::KvSource;
-use crate::server::ApiError;
+/// Where a decode request's KV is: a prefill engine's bootstrap address and the room (SGLang's
+/// `bootstrap_room` as digits, or vLLM's `remote_request_id`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvSource {
+    pub host: String,
+    pub port: u16,
+    pub room: String,
+}
 
 /// The PD fields of a generation body; everything else is skipped unparsed.
 #[derive(Deserialize)]
@@ -36,7 +44,7 @@ struct KvTransferParams {
 
 /// What a body's PD fields ask for.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum PdRequest {
+pub enum PdRequest {
     /// No PD fields: a regular request.
     None,
     /// SGLang: the same body goes to the prefill and the decode engine.
@@ -48,15 +56,15 @@ pub(crate) enum PdRequest {
 }
 
 impl PdRequest {
-    /// Reads the PD fields of `body`. A body that is not JSON reads as `None`: the endpoint's
-    /// own parsing reports it.
-    pub(crate) fn read(body: &[u8]) -> Result<Self, ApiError> {
+    /// Reads the PD fields of `body` (`Err`: a client error, the reason). A body that is not
+    /// JSON reads as `None`: the endpoint's own parsing reports it.
+    pub fn read(body: &[u8]) -> Result<Self, String> {
         let Ok(fields) = serde_json::from_slice::<PdFields>(body) else {
             return Ok(Self::None);
         };
         match (fields.bootstrap_room, fields.kv_transfer_params) {
             (None, None) => Ok(Self::None),
-            (Some(_), Some(_)) => Err(ApiError::bad_request(
+            (Some(_), Some(_)) => Err(String::from(
                 "a request has either SGLang's bootstrap_room or vLLM's kv_transfer_params, not both",
             )),
             (Some(room), None) => {
@@ -65,27 +73,22 @@ impl PdRequest {
                     (Some(Value::String(host)), Some(port)) => {
                         Some((host, port_number(&port, "bootstrap_port")?))
                     }
-                    (Some(_), Some(_)) => {
-                        return Err(ApiError::bad_request("bootstrap_host must be a string"))
-                    }
+                    (Some(_), Some(_)) => return Err(String::from("bootstrap_host must be a string")),
                     _ => None,
                 };
                 Ok(Self::Sglang { room, bootstrap })
             }
             (None, Some(params)) => {
                 let params: KvTransferParams = serde_json::from_value(params)
-                    .map_err(|error| ApiError::bad_request(format!("invalid kv_transfer_params: {error}")))?;
+                    .map_err(|error| format!("invalid kv_transfer_params: {error}"))?;
                 match (params.do_remote_decode == Some(true), params.do_remote_prefill == Some(true)) {
-                    (true, true) => Err(ApiError::bad_request(
+                    (true, true) => Err(String::from(
                         "kv_transfer_params cannot ask for both do_remote_decode and do_remote_prefill",
                     )),
                     (true, false) => Ok(Self::VllmPrefill),
                     (false, true) => {
-                        let missing = |field| {
-                            ApiError::bad_request(format!(
-                                "kv_transfer_params with do_remote_prefill needs {field}"
-                            ))
-                        };
+                        let missing =
+                            |field| format!("kv_transfer_params with do_remote_prefill needs {field}");
                         let host = params.remote_host.ok_or_else(|| missing("remote_host"))?;
                         let port = params.remote_port.ok_or_else(|| missing("remote_port"))?;
                         let room = params.remote_request_id.ok_or_else(|| missing("remote_request_id"))?;
@@ -100,7 +103,7 @@ impl PdRequest {
 }
 
 /// A non-negative integer given as a JSON number or a string of digits.
-fn integer(value: &Value, field: &str) -> Result<u64, ApiError> {
+fn integer(value: &Value, field: &str) -> Result<u64, String> {
     let parsed = match value {
         Value::Number(number) => number.as_u64(),
         Value::String(digits) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
@@ -109,15 +112,12 @@ fn integer(value: &Value, field: &str) -> Result<u64, ApiError> {
         _ => None,
     };
     parsed.ok_or_else(|| {
-        ApiError::bad_request(format!(
-            "{field} must be an unsigned 64-bit integer (a number or digits), got {value}"
-        ))
+        format!("{field} must be an unsigned 64-bit integer (a number or digits), got {value}")
     })
 }
 
-fn port_number(value: &Value, field: &str) -> Result<u16, ApiError> {
-    u16::try_from(integer(value, field)?)
-        .map_err(|_| ApiError::bad_request(format!("{field} must be a port number, got {value}")))
+fn port_number(value: &Value, field: &str) -> Result<u16, String> {
+    u16::try_from(integer(value, field)?).map_err(|_| format!("{field} must be a port number, got {value}"))
 }
 
 #[cfg(test)]
@@ -125,7 +125,7 @@ mod tests {
     use super::*;
 
     fn read(body: &str) -> Result<PdRequest, String> {
-        PdRequest::read(body.as_bytes()).map_err(|error| format!("{error:?}"))
+        PdRequest::read(body.as_bytes())
     }
 
     #[test]

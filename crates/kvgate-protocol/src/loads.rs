@@ -1,8 +1,26 @@
-//! Parsing engine load reports into a `LoadSample`: SGLang's `GET /v1/loads` JSON (several DP
-//! ranks averaged for usage, summed for counts) and vLLM's Prometheus text at `GET /metrics`.
+//! The engines' load reports, read and written: SGLang's `GET /v1/loads` JSON (several DP ranks
+//! averaged for usage, summed for counts) and vLLM's Prometheus text at `GET /metrics`. The
+//! gateway reads them into a [`LoadReport`] ([`parse_sglang`], [`parse_vllm`]); the simulated
+//! engines write them ([`render_sglang`], [`render_metrics`]).
 
-use kvgate_policy::LoadSample;
-use serde::Deserialize;
+use std::fmt::Write;
+
+use serde::{Deserialize, Serialize};
+
+/// What an engine's load report says, as the gateway reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadReport {
+    /// KV-cache usage, 0..=1.
+    pub token_usage: f64,
+    pub num_running_reqs: u64,
+    pub num_waiting_reqs: u64,
+    /// Prompt tokens of the waiting requests not found in the cache (SGLang only).
+    pub num_waiting_uncached_tokens: u64,
+    /// Output tokens per second (SGLang only).
+    pub gen_throughput: f64,
+    /// The KV capacity in tokens (0: unknown).
+    pub max_total_num_tokens: u64,
+}
 
 #[derive(Deserialize)]
 struct SglangLoads {
@@ -30,9 +48,8 @@ fn count(value: f64) -> u64 {
 }
 
 /// Parse SGLang's `/v1/loads`: the engine's load (every rank's), or with `rank` (a worker that
-/// is one data-parallel rank, `--dp-aware`) that rank's entry alone; `fetched_at_ms` is left 0
-/// for the caller to set.
-pub fn parse_sglang(body: &[u8], rank: Option<u32>) -> Result<LoadSample, String> {
+/// is one data-parallel rank, `--dp-aware`) that rank's entry alone.
+pub fn parse_sglang(body: &[u8], rank: Option<u32>) -> Result<LoadReport, String> {
     let mut parsed: SglangLoads =
         serde_json::from_slice(body).map_err(|e| format!("invalid /v1/loads JSON: {e}"))?;
     if let Some(rank) = rank {
@@ -50,14 +67,40 @@ pub fn parse_sglang(body: &[u8], rank: Option<u32>) -> Result<LoadSample, String
     if !(0.0..=1.5).contains(&usage) {
         return Err(format!("/v1/loads token_usage {usage} is out of range"));
     }
-    Ok(LoadSample {
+    Ok(LoadReport {
         token_usage: usage.clamp(0.0, 1.0),
         num_running_reqs: count(sum(|r| r.num_running_reqs)),
         num_waiting_reqs: count(sum(|r| r.num_waiting_reqs)),
         num_waiting_uncached_tokens: count(sum(|r| r.num_waiting_uncached_tokens)),
         gen_throughput: sum(|r| r.gen_throughput).max(0.0),
         max_total_num_tokens: count(sum(|r| r.max_total_num_tokens)),
-        fetched_at_ms: 0,
+    })
+}
+
+/// One data-parallel rank's entry of `/v1/loads` as SGLang writes it (`scheduler.py`'s
+/// `get_loads`, 0.5.x).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct SglangRankLoad {
+    pub dp_rank: u32,
+    pub num_running_reqs: u64,
+    pub num_waiting_reqs: u64,
+    pub num_waiting_uncached_tokens: u64,
+    pub num_total_reqs: u64,
+    pub num_used_tokens: u64,
+    pub max_total_num_tokens: u64,
+    pub token_usage: f64,
+    pub gen_throughput: f64,
+    pub cache_hit_rate: f64,
+    pub utilization: f64,
+    pub max_running_requests: u64,
+}
+
+/// SGLang's `/v1/loads` body: the time (RFC 3339) and one entry per rank.
+pub fn render_sglang(timestamp: &str, ranks: &[SglangRankLoad]) -> serde_json::Value {
+    serde_json::json!({
+        "timestamp": timestamp,
+        "dp_rank_count": ranks.len(),
+        "loads": ranks,
     })
 }
 
@@ -80,7 +123,7 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
 /// Parse vLLM's Prometheus text. Unknown lines, comments, labels and timestamps are tolerated;
 /// several series of one metric (e.g. per engine) are averaged for usage and summed for counts.
 /// The KV capacity comes from `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`).
-pub fn parse_vllm(text: &str) -> Result<LoadSample, String> {
+pub fn parse_vllm(text: &str) -> Result<LoadReport, String> {
     let (mut usage_sum, mut usage_n) = (0.0, 0u32);
     let (mut running, mut waiting) = (0.0, 0.0);
     let mut capacity = 0u64;
@@ -134,13 +177,118 @@ pub fn parse_vllm(text: &str) -> Result<LoadSample, String> {
     if !seen_any || usage_n == 0 {
         return Err("no vllm:kv_cache_usage_perc in /metrics".into());
     }
-    Ok(LoadSample {
+    Ok(LoadReport {
         token_usage: (usage_sum / usage_n as f64).clamp(0.0, 1.0),
         num_running_reqs: count(running),
         num_waiting_reqs: count(waiting),
         max_total_num_tokens: capacity,
-        ..LoadSample::default()
+        ..LoadReport::default()
     })
+}
+
+/// What an engine's `/metrics` shows: its load under vLLM's names (and SGLang's gauges).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineMetrics {
+    pub num_running_reqs: u64,
+    pub num_waiting_reqs: u64,
+    pub token_usage: f64,
+    pub gen_throughput: f64,
+    pub total_prompt_tokens: u64,
+    pub total_cached_tokens: u64,
+    pub total_generated_tokens: u64,
+    /// vLLM's `cache_config_info`: the KV block size and the GPU blocks (the capacity is their
+    /// product), when the engine has a cache.
+    pub cache: Option<CacheConfig>,
+}
+
+/// vLLM's `cache_config_info` labels the gateway reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheConfig {
+    pub block_size: u64,
+    pub num_gpu_blocks: u64,
+}
+
+/// The Prometheus exposition of `metrics` for `model`, as vLLM's `/metrics` names it (with
+/// HELP and TYPE lines); what [`parse_vllm`] reads back.
+pub fn render_metrics(model: &str, metrics: &EngineMetrics) -> String {
+    let label = format!("{{model_name=\"{}\"}}", escape_label(model));
+    let families: [(&str, &str, &str, f64); 11] = [
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            metrics.num_running_reqs as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            metrics.num_waiting_reqs as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            metrics.token_usage,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            metrics.total_prompt_tokens as f64,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            metrics.total_cached_tokens as f64,
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            metrics.total_prompt_tokens as f64,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            metrics.total_generated_tokens as f64,
+        ),
+        (
+            "sglang:num_running_reqs",
+            "gauge",
+            "The number of running requests.",
+            metrics.num_running_reqs as f64,
+        ),
+        (
+            "sglang:num_queue_reqs",
+            "gauge",
+            "The number of requests in the waiting queue.",
+            metrics.num_waiting_reqs as f64,
+        ),
+        ("sglang:token_usage", "gauge", "The token usage.", metrics.token_usage),
+        ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", metrics.gen_throughput),
+    ];
+    let mut out = String::with_capacity(2048);
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name}{label} {value}");
+    }
+    if let Some(CacheConfig { block_size, num_gpu_blocks }) = metrics.cache {
+        let _ = writeln!(out, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig");
+        let _ = writeln!(out, "# TYPE vllm:cache_config_info gauge");
+        let _ = writeln!(
+            out,
+            "vllm:cache_config_info{{block_size=\"{block_size}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_cpu_blocks=\"0\",num_gpu_blocks=\"{num_gpu_blocks}\"}} 1.0"
+        );
+    }
+    out
+}
+
+fn escape_label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -202,6 +350,35 @@ mod tests {
         assert_eq!(label("a=\"1\",ba=\"2\"", "a"), Some("1"));
         assert_eq!(label("ba=\"2\", a=\"3\"", "a"), Some("3"));
         assert_eq!(label("ba=\"2\"", "a"), None);
+    }
+
+    #[test]
+    fn what_the_engines_write_reads_back() {
+        let rank = |dp_rank, running, usage| SglangRankLoad {
+            dp_rank,
+            num_running_reqs: running,
+            num_waiting_reqs: 1,
+            max_total_num_tokens: 1000,
+            token_usage: usage,
+            ..SglangRankLoad::default()
+        };
+        let body = render_sglang("2025-01-02T03:04:05.000006Z", &[rank(0, 2, 0.25), rank(1, 4, 0.75)]);
+        let read = parse_sglang(body.to_string().as_bytes(), None).unwrap();
+        assert_eq!((read.num_running_reqs, read.num_waiting_reqs, read.max_total_num_tokens), (6, 2, 2000));
+        assert_eq!(read.token_usage, 0.5);
+        let metrics = EngineMetrics {
+            num_running_reqs: 3,
+            num_waiting_reqs: 2,
+            token_usage: 0.5,
+            cache: Some(CacheConfig { block_size: 16, num_gpu_blocks: 64 }),
+            ..EngineMetrics::default()
+        };
+        let text = render_metrics("m\"x", &metrics);
+        assert!(text.contains("# TYPE vllm:prefix_cache_hits_total counter"));
+        assert!(text.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 3\n"));
+        let read = parse_vllm(&text).unwrap();
+        assert_eq!((read.num_running_reqs, read.num_waiting_reqs, read.max_total_num_tokens), (3, 2, 1024));
+        assert_eq!(read.token_usage, 0.5);
     }
 
     #[test]

@@ -4,12 +4,18 @@
 use serde::{Deserialize, Serialize};
 
 /// What a worker does: serves whole requests, or one side of a disaggregated pair.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkerRole {
+    /// Prefill and decode every request (PD fields in a request are ignored).
     #[default]
     Regular,
+    /// Prefill engine: PD requests are prefilled (one output token) and their KV is held until
+    /// a decode engine pulls it over the bootstrap port.
     Prefill,
+    /// Decode engine: PD requests pull their prompt's KV from the prefill engine, then decode.
     Decode,
 }
 

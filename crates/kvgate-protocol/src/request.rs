@@ -1,6 +1,7 @@
-//! What the gateway reads from a request body: the model, the stream flag and the routing key
-//! (a chat conversation rendered in order, a completion prompt, or token ids). The body itself is
-//! forwarded untouched.
+//! A generation request as the engines take it and the gateway reads it: the model, the stream
+//! flag, the messages or prompt, the generation options, and the routing key (a chat
+//! conversation rendered in order by the one chat rendering, [`render_chat`], a completion
+//! prompt, or token ids). The gateway forwards the body itself untouched.
 
 use std::borrow::Cow;
 
@@ -239,39 +240,76 @@ impl<'a> RequestFields<'a> {
     }
 }
 
-/// Render a conversation as routing text: `<|role|>\ncontent\n` per message, in order.
-pub fn render_chat(messages: &[ChatMessage<'_>]) -> String {
-    let capacity = messages
-        .iter()
-        .map(|m| {
-            m.role.len()
-                + 6
-                + match &m.content {
-                    Some(MessageContent::Text(text)) => text.len(),
-                    Some(MessageContent::Parts(parts)) => {
-                        parts.iter().filter_map(|p| p.text.as_ref()).map(|t| t.len() + 1).sum()
+/// One message of a conversation as [`render_chat`] reads it: its role, and its text pieces
+/// (a string content is one piece; a list of content parts gives each part's `text`).
+pub trait ChatTurn {
+    fn role(&self) -> &str;
+    /// Appends the message's text: its pieces joined by single spaces.
+    fn push_text(&self, out: &mut String);
+    /// The length of [`ChatTurn::push_text`]'s text, or a bound of it.
+    fn text_len(&self) -> usize;
+}
+
+impl ChatTurn for ChatMessage<'_> {
+    fn role(&self) -> &str {
+        &self.role
+    }
+
+    fn push_text(&self, out: &mut String) {
+        match &self.content {
+            None => {}
+            Some(MessageContent::Text(text)) => out.push_str(text),
+            Some(MessageContent::Parts(parts)) => {
+                for (index, text) in parts.iter().filter_map(|part| part.text.as_deref()).enumerate() {
+                    if index > 0 {
+                        out.push(' ');
                     }
-                    None => 0,
+                    out.push_str(text);
                 }
-        })
-        .sum();
+            }
+        }
+    }
+
+    fn text_len(&self) -> usize {
+        match &self.content {
+            None => 0,
+            Some(MessageContent::Text(text)) => text.len(),
+            Some(MessageContent::Parts(parts)) => {
+                parts.iter().filter_map(|part| part.text.as_ref()).map(|text| text.len() + 1).sum()
+            }
+        }
+    }
+}
+
+impl<R: AsRef<str>, C: AsRef<str>> ChatTurn for (R, C) {
+    fn role(&self) -> &str {
+        self.0.as_ref()
+    }
+
+    fn push_text(&self, out: &mut String) {
+        out.push_str(self.1.as_ref());
+    }
+
+    fn text_len(&self) -> usize {
+        self.1.as_ref().len()
+    }
+}
+
+/// The one chat rendering: every message as `<|role|> text ` in order, then `<|assistant|>`
+/// (the simulated engines' chat template, and the text the gateway routes a conversation on),
+/// so successive turns of one conversation share their whole earlier rendering as a prefix.
+pub fn render_chat<T: ChatTurn>(messages: &[T]) -> String {
+    let capacity =
+        messages.iter().map(|message| message.role().len() + message.text_len() + 6).sum::<usize>() + 13;
     let mut out = String::with_capacity(capacity);
     for message in messages {
         out.push_str("<|");
-        out.push_str(&message.role);
-        out.push_str("|>\n");
-        match &message.content {
-            Some(MessageContent::Text(text)) => out.push_str(text),
-            Some(MessageContent::Parts(parts)) => {
-                for text in parts.iter().filter_map(|p| p.text.as_ref()) {
-                    out.push_str(text);
-                    out.push('\n');
-                }
-            }
-            None => {}
-        }
-        out.push('\n');
+        out.push_str(message.role());
+        out.push_str("|> ");
+        message.push_text(&mut out);
+        out.push(' ');
     }
+    out.push_str("<|assistant|>");
     out
 }
 
@@ -307,12 +345,29 @@ mod tests {
     }
 
     #[test]
+    fn one_rendering_for_pairs_and_parsed_messages() {
+        let first = render_chat(&[("system", "be brief"), ("user", "hi there")]);
+        assert_eq!(first, "<|system|> be brief <|user|> hi there <|assistant|>");
+        let second = render_chat(&[
+            ("system", "be brief"),
+            ("user", "hi there"),
+            ("assistant", "hello"),
+            ("user", "more"),
+        ]);
+        assert!(second.starts_with(&first), "{second:?} should extend {first:?}");
+        let parsed = key(
+            r#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"},{"type":"text","text":"there"}]}]}"#,
+        );
+        assert_eq!(parsed, first);
+    }
+
+    #[test]
     fn content_parts_and_tool_messages_render() {
         let text = key(
             r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}}]},
                 {"role":"tool","content":"r"}]}"#,
         );
-        assert_eq!(text, "<|user|>\na\n\n<|tool|>\nr\n");
+        assert_eq!(text, "<|user|> a <|tool|> r <|assistant|>");
     }
 
     #[test]
