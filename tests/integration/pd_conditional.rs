@@ -13,7 +13,7 @@
 //! sglang/srt/disaggregation/decode.py`, `DecodePreallocQueue.add`, 0.5.x) makes a KV receiver
 //! for every request from its `bootstrap_host` (a fake transfer only for its warm-up host), so
 //! in place with the SGLang protocol needs decode engines that also serve plain requests, as
-//! `kvgate mock --role decode` does (README, "Conditional disaggregation").
+//! `kvgate mock --role decode` does (docs/PD.md, "Conditional disaggregation").
 
 use crate::common;
 

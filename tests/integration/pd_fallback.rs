@@ -5,7 +5,7 @@
 //! 503 is a plain retry, the option off leaves the failure to the client).
 //!
 //! Engine behaviour followed: the mock's decode engine answers 502 with a `kv_transfer_error`
-//! when its KV does not arrive within `--kv-hold-timeout-secs` (README, "Prefill/decode");
+//! when its KV does not arrive within `--kv-hold-timeout-secs` (docs/PD.md);
 //! SGLang's decode side aborts a request whose transfer failed or timed out with a 500
 //! (`python/sglang/srt/disaggregation/decode.py`, `DecodeTransferQueue`, 0.5.x, and
 //! `SGLANG_DISAGGREGATION_WAITING_TIMEOUT`).

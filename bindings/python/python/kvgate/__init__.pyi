@@ -454,7 +454,7 @@ class Gateway:
             final assistant message with `continue_final_message`, a completion's prompt plus
             the text) and max_tokens less what was generated, and the client's stream continues
             with the same id, no repeated text and one `[DONE]`. Chat and completions streams
-            only (not /generate); see the README for what cannot be continued
+            only (not /generate); see docs/OPERATIONS.md for what cannot be continued
         max_stream_migrations: Most times one stream moves to another engine (--migrate-
             streams); past it, the stream ends with the error event
         ttfb_timeout_secs: Seconds to wait for a worker's response head before giving up on it

@@ -231,8 +231,8 @@ pub struct GatewayConfig {
     /// the text already streamed as a continuation (a chat's final assistant message with
     /// `continue_final_message`, a completion's prompt plus the text) and max_tokens less what
     /// was generated, and the client's stream continues with the same id, no repeated text and
-    /// one `[DONE]`. Chat and completions streams only (not /generate); see the README for what
-    /// cannot be continued.
+    /// one `[DONE]`. Chat and completions streams only (not /generate); see docs/OPERATIONS.md for
+    /// what cannot be continued.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub migrate_streams: bool,
     /// Most times one stream moves to another engine (--migrate-streams); past it, the stream
