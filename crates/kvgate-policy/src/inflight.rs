@@ -1,39 +1,70 @@
-//! In-flight correction between load samples: the prompt tokens this host routed to each worker
-//! and when, so that a policy can add what a stale sample cannot know yet.
+//! In-flight correction between load samples: the requests this host routed to each worker, when,
+//! and the prompt tokens each was expected to compute there, so that a policy can add what a
+//! stale sample cannot know yet (work queued, KV taken, requests waiting: counted in requests,
+//! not only in prompt tokens, since a cached prompt still needs its KV and its decode there).
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::{Candidate, LoadSample, WorkerId};
 
-/// Prompt tokens routed per worker, by routing time (milliseconds on the host's clock).
+/// What was routed to a worker since some time: requests and their (uncached) prompt tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sent {
+    pub requests: f64,
+    pub tokens: f64,
+}
+
+/// One routing: when, how many requests (a request asking for `n` choices counts `n`), and the
+/// prompt tokens they were expected to compute.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Entry {
+    at_ms: u64,
+    requests: f64,
+    tokens: f64,
+}
+
+/// Requests and prompt tokens routed per worker, by routing time (milliseconds on the host's clock).
 #[derive(Debug, Default)]
 pub struct RoutedLog {
-    routed: HashMap<WorkerId, VecDeque<(u64, f64)>>,
+    routed: HashMap<WorkerId, VecDeque<Entry>>,
 }
 
 impl RoutedLog {
-    /// Record `tokens` routed to `worker` at `now_ms`, forgetting entries older than `keep_ms`.
+    /// Record one request of `tokens` prompt tokens routed to `worker` at `now_ms`, forgetting
+    /// entries older than `keep_ms`.
     pub fn record(&mut self, worker: WorkerId, now_ms: u64, tokens: f64, keep_ms: u64) {
+        self.record_sent(worker, now_ms, Sent { requests: 1.0, tokens }, keep_ms);
+    }
+
+    /// Record `sent` routed to `worker` at `now_ms`, forgetting entries older than `keep_ms`.
+    pub fn record_sent(&mut self, worker: WorkerId, now_ms: u64, sent: Sent, keep_ms: u64) {
         let queue = self.routed.entry(worker).or_default();
-        while queue.front().is_some_and(|(at, _)| at.saturating_add(keep_ms) < now_ms) {
+        while queue.front().is_some_and(|entry| entry.at_ms.saturating_add(keep_ms) < now_ms) {
             queue.pop_front();
         }
-        if tokens > 0.0 {
-            queue.push_back((now_ms, tokens));
+        if sent.tokens > 0.0 || sent.requests > 0.0 {
+            queue.push_back(Entry { at_ms: now_ms, requests: sent.requests, tokens: sent.tokens.max(0.0) });
         }
     }
 
     /// Tokens routed to `worker` at or after `since_ms`.
     pub fn since(&self, worker: WorkerId, since_ms: u64) -> f64 {
-        self.routed
-            .get(&worker)
-            .map(|q| q.iter().filter(|(at, _)| *at >= since_ms).map(|(_, tokens)| tokens).sum())
-            .unwrap_or(0.0)
+        self.sent_since(worker, since_ms).tokens
+    }
+
+    /// Requests and tokens routed to `worker` at or after `since_ms`.
+    pub fn sent_since(&self, worker: WorkerId, since_ms: u64) -> Sent {
+        let mut sent = Sent::default();
+        for entry in self.routed.get(&worker).into_iter().flatten().filter(|e| e.at_ms >= since_ms) {
+            sent.requests += entry.requests;
+            sent.tokens += entry.tokens;
+        }
+        sent
     }
 
     /// Every remembered `(routed at, tokens)` of `worker`, oldest first.
     pub fn entries(&self, worker: WorkerId) -> impl Iterator<Item = (u64, f64)> + '_ {
-        self.routed.get(&worker).into_iter().flat_map(|queue| queue.iter().copied())
+        self.routed.get(&worker).into_iter().flat_map(|queue| queue.iter().map(|e| (e.at_ms, e.tokens)))
     }
 
     pub fn forget(&mut self, worker: WorkerId) {
@@ -63,5 +94,16 @@ mod tests {
         log.record(1, 5000, 1.0, 1000);
         assert_eq!(log.since(1, 0), 1.0, "entries older than keep_ms are dropped");
         assert_eq!(log.since(2, 0), 0.0);
+    }
+
+    #[test]
+    fn a_cached_prompt_still_counts_as_a_request() {
+        let mut log = RoutedLog::default();
+        log.record(1, 100, 0.0, 1000);
+        log.record_sent(1, 120, Sent { requests: 16.0, tokens: 0.0 }, 1000);
+        log.record(1, 130, 400.0, 1000);
+        assert_eq!(log.sent_since(1, 100), Sent { requests: 18.0, tokens: 400.0 });
+        assert_eq!(log.sent_since(1, 125), Sent { requests: 1.0, tokens: 400.0 });
+        assert_eq!(log.entries(1).map(|(_, tokens)| tokens).sum::<f64>(), 400.0);
     }
 }

@@ -1,16 +1,22 @@
-//! `least_load`: route to the worker with the least expected wait,
-//! `(queued uncached tokens + in-flight prompt tokens) / throughput + w * k / (1 - k)`,
-//! where k is the KV usage (clamped below 1) and throughput the engine's reported generation
-//! throughput (or a default). Between load samples, the prompt tokens routed since the sample are
-//! added (in-flight correction); without a fresh sample, in-flight requests count as the mean
-//! prompt size each.
+//! `least_load`: route to the worker with the least expected wait, never to one that cannot admit
+//! the request (its KV taken, requests waiting for it) while another can. The wait is
+//! `(queued uncached tokens + prompt tokens routed since) / throughput + w * k / (1 - k)`, where
+//! k is the KV usage (clamped below 1) and throughput the engine's reported generation
+//! throughput (or a default), plus the wait for KV ([`crate::kv_wait`]): what the requests
+//! waiting there and routed there since need, with this one, beyond the free KV, over the rate
+//! running requests free it. Between load samples the requests routed since count, each with its
+//! prompt and a running request's KV (in-flight correction): a burst of samples of one cached
+//! prompt is work for the engine (KV and decode) even though it is no prefill. Without a fresh
+//! sample, in-flight requests count as the mean prompt size each.
 
 use std::sync::Mutex;
 
-use crate::inflight::{fresh_load, RoutedLog};
+use crate::inflight::{fresh_load, RoutedLog, Sent};
+use crate::kv_wait::{kv_per_request, KvView};
 use crate::pick::pick_min_by;
 use crate::{
-    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext, WorkerId,
+    Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, Reason, RouteRequest, Routed,
+    SelectContext, WorkerId,
 };
 
 /// The knobs of the expected-wait estimate.
@@ -29,6 +35,15 @@ pub struct LeastLoadPolicy {
 /// Expected waits closer than this many seconds are a tie.
 const WAIT_TIE_SECS: f64 = 1e-4;
 
+/// One candidate's expected wait, and whether it admits the request now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpectedWait {
+    pub wait_s: f64,
+    /// `false` only when the KV of every candidate is known and this one's cannot take the
+    /// request before others' requests waiting there are admitted.
+    pub admits: bool,
+}
+
 impl LeastLoadPolicy {
     pub fn new(settings: LeastLoadSettings) -> Self {
         Self { settings, routed: Mutex::new(RoutedLog::default()) }
@@ -38,24 +53,69 @@ impl LeastLoadPolicy {
         self.routed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Expected wait in seconds on `candidate`.
-    pub fn expected_wait(&self, candidate: &Candidate, routed: &RoutedLog, ctx: &SelectContext<'_>) -> f64 {
-        let s = &self.settings;
-        match fresh_load(candidate, ctx.now_ms, ctx.load_poll_interval_ms) {
-            Some(load) => {
-                let since = routed.since(candidate.id, load.fetched_at_ms);
-                let tokens = load.num_waiting_uncached_tokens as f64 + since;
-                let throughput =
-                    if load.gen_throughput > 0.0 { load.gen_throughput } else { s.default_throughput };
-                let mut k = load.token_usage;
-                if load.max_total_num_tokens > 0 {
-                    k += since / load.max_total_num_tokens as f64;
-                }
-                let k = k.clamp(0.0, 0.99);
-                tokens / throughput + s.kv_pressure_weight * k / (1.0 - k)
-            }
-            None => candidate.in_flight as f64 * s.mean_prefill_tokens / s.default_throughput,
+    /// The request's prompt tokens (the mean prompt when unknown): all of it counts as computed
+    /// where it goes (least_load knows no prefix index).
+    fn prompt_tokens(&self, request: &RouteRequest<'_>) -> f64 {
+        match request.prompt_tokens {
+            0 => self.settings.mean_prefill_tokens,
+            known => known as f64,
         }
+    }
+
+    /// Expected wait of `request` on each candidate.
+    pub fn expected_waits(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: &[Candidate],
+        routed: &RoutedLog,
+        ctx: &SelectContext<'_>,
+    ) -> Vec<ExpectedWait> {
+        let s = &self.settings;
+        let loads: Vec<Option<LoadSample>> =
+            candidates.iter().map(|c| fresh_load(c, ctx.now_ms, ctx.load_poll_interval_ms)).collect();
+        let per_request = kv_per_request(loads.iter().flatten()).unwrap_or(s.mean_prefill_tokens);
+        let prompt = self.prompt_tokens(request);
+        let views: Vec<Option<KvView>> = candidates
+            .iter()
+            .zip(&loads)
+            .map(|(c, load)| {
+                let load = load.as_ref()?;
+                KvView::of(
+                    load,
+                    routed.sent_since(c.id, load.fetched_at_ms),
+                    per_request,
+                    s.default_throughput,
+                )
+            })
+            .collect();
+        // A partial snapshot never keeps an engine out.
+        let kv_known = views.iter().all(Option::is_some);
+        candidates
+            .iter()
+            .zip(loads.iter().zip(&views))
+            .map(|(c, (load, view))| match load {
+                Some(load) => {
+                    let since: Sent = routed.sent_since(c.id, load.fetched_at_ms);
+                    let tokens = load.num_waiting_uncached_tokens as f64 + since.tokens;
+                    let throughput =
+                        if load.gen_throughput > 0.0 { load.gen_throughput } else { s.default_throughput };
+                    let (k, kv_wait, admits) = match view {
+                        Some(view) => {
+                            let need = view.need(prompt, 1.0);
+                            (view.taken / view.capacity, view.wait_s(need), view.admits(need))
+                        }
+                        None => (load.token_usage, 0.0, true),
+                    };
+                    let k = k.clamp(0.0, 0.99);
+                    let wait_s = tokens / throughput + s.kv_pressure_weight * k / (1.0 - k) + kv_wait;
+                    ExpectedWait { wait_s, admits: admits || !kv_known }
+                }
+                None => ExpectedWait {
+                    wait_s: c.in_flight as f64 * s.mean_prefill_tokens / s.default_throughput,
+                    admits: true,
+                },
+            })
+            .collect()
     }
 }
 
@@ -68,28 +128,27 @@ impl Policy for LeastLoadPolicy {
         true
     }
 
+    /// The least expected wait among the candidates that admit the request now, or among all
+    /// when none does (ties: fewer in flight, then at random).
     fn decide(
         &self,
-        _request: &RouteRequest<'_>,
+        request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
         let routed = self.lock();
-        let waits: Vec<(i64, u64)> = candidates
-            .iter()
-            .map(|c| ((self.expected_wait(c, &routed, ctx) / WAIT_TIE_SECS) as i64, c.in_flight))
-            .collect();
-        let index = pick_min_by(0..candidates.len(), |i| waits[i], ctx.rng).expect("not empty");
+        let waits = self.expected_waits(request, &candidates, &routed, ctx);
+        let any_admits = waits.iter().any(|w| w.admits);
+        let open = (0..candidates.len()).filter(|&i| waits[i].admits || !any_admits);
+        let key = |i: usize| ((waits[i].wait_s / WAIT_TIE_SECS) as i64, candidates[i].in_flight);
+        let index = pick_min_by(open, key, ctx.rng).expect("not empty");
         Ok(Decision::plain(candidates[index].id, Reason::LeastLoad))
     }
 
-    /// The request's prompt tokens (or the mean prompt when unknown) count as queued on its
-    /// worker until the next load sample.
+    /// The request counts on its worker until the next load sample: its prompt tokens (or the
+    /// mean prompt when unknown) as queued prefill, and itself as a request taking KV.
     fn on_routed(&self, routed: &Routed<'_>) {
-        let tokens = match routed.request.prompt_tokens {
-            0 => self.settings.mean_prefill_tokens,
-            known => known as f64,
-        };
+        let tokens = self.prompt_tokens(routed.request);
         let keep_ms = routed.load_poll_interval_ms.saturating_mul(4);
         self.lock().record(routed.decision.worker, routed.now_ms, tokens, keep_ms);
     }
