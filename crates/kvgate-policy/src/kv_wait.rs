@@ -13,7 +13,12 @@
 //! - KV is freed about as fast as tokens are generated: each running request frees what it holds
 //!   when its last token is out, and holds at least its answer's tokens, so tokens freed per second
 //!   are at least the tokens generated per second (the same when the prompt is cached, more
-//!   when it is not: a lower bound of the rate, so an upper bound of the wait);
+//!   when it is not: a lower bound of the rate, so an upper bound of the wait). The share of the
+//!   KV in use freed per second is the pool's (tokens generated over KV in use, over the fresh
+//!   reports), and an engine whose KV is taken frees that share of its capacity: its own
+//!   throughput says how many requests it runs now, not how fast the ones waiting will get KV
+//!   (an engine running two requests, its KV promised to a burst routed since, would look as
+//!   if it freed KV a hundred times slower than a busy one, and the busy one would get the burst);
 //! - the wait is the KV the requests ahead and this one need beyond the free KV, over that rate.
 
 use crate::inflight::Sent;
@@ -34,6 +39,19 @@ pub struct KvView {
     pub freed_per_sec: f64,
 }
 
+/// What the pool's fresh reports say of the share of the KV in use freed per second: tokens
+/// generated per second over the KV in use (`None` when no report shows both).
+pub fn kv_freed_share<'a>(loads: impl IntoIterator<Item = &'a LoadSample>) -> Option<f64> {
+    let (mut used, mut generated) = (0.0, 0.0);
+    for load in loads {
+        if load.max_total_num_tokens > 0 && load.token_usage.is_finite() && load.gen_throughput.is_finite() {
+            used += load.token_usage.clamp(0.0, 1.0) * load.max_total_num_tokens as f64;
+            generated += load.gen_throughput.max(0.0);
+        }
+    }
+    (used > 0.0 && generated > 0.0).then(|| generated / used)
+}
+
 /// What the pool's fresh reports say a running request holds: their KV in use over their
 /// running requests (`None` when no report shows a running request).
 pub fn kv_per_request<'a>(loads: impl IntoIterator<Item = &'a LoadSample>) -> Option<f64> {
@@ -49,18 +67,23 @@ pub fn kv_per_request<'a>(loads: impl IntoIterator<Item = &'a LoadSample>) -> Op
 
 impl KvView {
     /// The engine's KV from its fresh report `load`, what was routed there since (`since`, its
-    /// tokens already the uncached estimate), `per_request` (see [`kv_per_request`]) and
-    /// `fallback_freed_per_sec` for a report without throughput. `None` when the report does not
-    /// give the capacity.
-    pub fn of(load: &LoadSample, since: Sent, per_request: f64, fallback_freed_per_sec: f64) -> Option<Self> {
+    /// tokens already the uncached estimate), `per_request` (see [`kv_per_request`]), the pool's
+    /// `freed_share` (see [`kv_freed_share`]) and `fallback_freed_per_sec` when the pool gives
+    /// none. `None` when the report does not give the capacity.
+    pub fn of(
+        load: &LoadSample,
+        since: Sent,
+        per_request: f64,
+        freed_share: Option<f64>,
+        fallback_freed_per_sec: f64,
+    ) -> Option<Self> {
         if load.max_total_num_tokens == 0 || !load.token_usage.is_finite() {
             return None;
         }
         let capacity = load.max_total_num_tokens as f64;
         let per_request = per_request.max(1.0);
         let in_use = load.token_usage.clamp(0.0, 1.0) * capacity;
-        let freed_per_sec =
-            if load.gen_throughput > 0.0 { load.gen_throughput } else { fallback_freed_per_sec };
+        let freed_per_sec = freed_share.map_or(fallback_freed_per_sec, |share| share * capacity);
         Some(Self {
             capacity,
             taken: in_use + since.tokens + since.requests * per_request,
@@ -113,30 +136,52 @@ mod tests {
         let full = load(1.0, 50, 10, 1_000.0);
         let per_request = kv_per_request([&full]).unwrap();
         assert_eq!(per_request, 2_000.0);
-        let view = KvView::of(&full, Sent::default(), per_request, 500.0).unwrap();
+        // 1,000 tokens a second generated over 100,000 in use: a hundredth freed each second.
+        let share = kv_freed_share([&full]);
+        assert_eq!(share, Some(0.01));
+        let view = KvView::of(&full, Sent::default(), per_request, share, 500.0).unwrap();
         let need = view.need(0.0, 1.0);
         assert!(!view.admits(need));
         // Ten ahead and this one: 11 x 2,000 tokens at 1,000 tokens a second.
         assert_eq!(view.wait_s(need), 22.0);
         // Routed since the report: counted in requests, though their prompts are cached.
-        let later = KvView::of(&full, Sent { requests: 5.0, tokens: 0.0 }, per_request, 500.0).unwrap();
+        let later =
+            KvView::of(&full, Sent { requests: 5.0, tokens: 0.0 }, per_request, share, 500.0).unwrap();
         assert_eq!(later.wait_s(need), 32.0);
     }
 
     #[test]
     fn an_engine_with_room_admits_until_what_was_routed_since_fills_it() {
         let half = load(0.5, 10, 0, 1_000.0);
-        let view = KvView::of(&half, Sent::default(), 5_000.0, 500.0).unwrap();
+        let share = kv_freed_share([&half]);
+        let view = KvView::of(&half, Sent::default(), 5_000.0, share, 500.0).unwrap();
         assert!(view.admits(view.need(20_000.0, 1.0)));
         assert_eq!(view.wait_s(view.need(20_000.0, 1.0)), 0.0);
         let since = Sent { requests: 8.0, tokens: 10_000.0 };
-        let filled = KvView::of(&half, since, 5_000.0, 500.0).unwrap();
-        // 50,000 + 10,000 + 40,000 taken: a request of 5,000 must wait for 5,000 to be freed.
+        let filled = KvView::of(&half, since, 5_000.0, share, 500.0).unwrap();
+        // 50,000 + 10,000 + 40,000 taken: a request of 5,000 must wait for 5,000 to be freed,
+        // at a fiftieth of the capacity a second (1,000 generated over 50,000 in use).
         assert!(!filled.admits(filled.need(0.0, 1.0)));
-        assert_eq!(filled.wait_s(filled.need(0.0, 1.0)), 5.0);
-        // Without throughput reported, the fallback rate.
-        let quiet = KvView::of(&load(0.5, 10, 0, 0.0), since, 5_000.0, 500.0).unwrap();
+        assert_eq!(filled.wait_s(filled.need(0.0, 1.0)), 2.5);
+        // Without throughput reported anywhere in the pool, the fallback rate.
+        let quiet = load(0.5, 10, 0, 0.0);
+        assert_eq!(kv_freed_share([&quiet]), None);
+        let quiet = KvView::of(&quiet, since, 5_000.0, None, 500.0).unwrap();
         assert_eq!(quiet.wait_s(quiet.need(0.0, 1.0)), 10.0);
+    }
+
+    #[test]
+    fn an_engine_running_little_frees_kv_as_fast_as_a_busy_one_once_taken() {
+        // The idle engine's KV was promised to a burst routed since its report; the busy one is
+        // full of its own. The same shortfall waits the same there: the idle engine's two
+        // running requests do not say how fast the burst's requests will finish.
+        let (idle, busy) = (load(0.05, 2, 0, 150.0), load(0.95, 60, 0, 2_150.0));
+        let share = kv_freed_share([&idle, &busy]);
+        let burst = Sent { requests: 9.0, tokens: 0.0 };
+        let idle = KvView::of(&idle, burst, 10_000.0, share, 500.0).unwrap();
+        let busy = KvView::of(&busy, Sent::default(), 10_000.0, share, 500.0).unwrap();
+        assert_eq!(idle.shortfall(idle.need(0.0, 1.0)), busy.shortfall(busy.need(0.0, 1.0)));
+        assert_eq!(idle.wait_s(idle.need(0.0, 1.0)), busy.wait_s(busy.need(0.0, 1.0)));
     }
 
     #[test]
@@ -146,6 +191,6 @@ mod tests {
         assert_eq!(kv_per_request([&b]), None, "no running request: unknown");
         let unknown = LoadSample { max_total_num_tokens: 0, ..a };
         assert_eq!(kv_per_request([&unknown]), None);
-        assert!(KvView::of(&unknown, Sent::default(), 1.0, 1.0).is_none());
+        assert!(KvView::of(&unknown, Sent::default(), 1.0, None, 1.0).is_none());
     }
 }

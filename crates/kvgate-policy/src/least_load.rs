@@ -11,8 +11,9 @@
 
 use std::sync::Mutex;
 
+use crate::hashing::prompt_key;
 use crate::inflight::{fresh_load, RoutedLog, Sent};
-use crate::kv_wait::{kv_per_request, KvView};
+use crate::kv_wait::{kv_freed_share, kv_per_request, KvView};
 use crate::pick::pick_min_by;
 use crate::{
     Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, Reason, RouteRequest, Routed,
@@ -31,6 +32,9 @@ pub struct LeastLoadPolicy {
     settings: LeastLoadSettings,
     routed: Mutex<RoutedLog>,
 }
+
+/// How many poll intervals a prompt routed to a worker counts as held there.
+const HOLDS_POLLS: u64 = 4;
 
 /// Expected waits closer than this many seconds are a tie.
 const WAIT_TIE_SECS: f64 = 1e-4;
@@ -74,7 +78,12 @@ impl LeastLoadPolicy {
         let loads: Vec<Option<LoadSample>> =
             candidates.iter().map(|c| fresh_load(c, ctx.now_ms, ctx.load_poll_interval_ms)).collect();
         let per_request = kv_per_request(loads.iter().flatten()).unwrap_or(s.mean_prefill_tokens);
+        let freed_share = kv_freed_share(loads.iter().flatten());
         let prompt = self.prompt_tokens(request);
+        // Requests with this prompt routed to a candidate a moment ago: it computes and holds
+        // the prompt once for all of them.
+        let hash = prompt_key(request);
+        let recent_ms = ctx.now_ms.saturating_sub(ctx.load_poll_interval_ms.saturating_mul(HOLDS_POLLS));
         let views: Vec<Option<KvView>> = candidates
             .iter()
             .zip(&loads)
@@ -84,6 +93,7 @@ impl LeastLoadPolicy {
                     load,
                     routed.sent_since(c.id, load.fetched_at_ms),
                     per_request,
+                    freed_share,
                     s.default_throughput,
                 )
             })
@@ -101,7 +111,8 @@ impl LeastLoadPolicy {
                         if load.gen_throughput > 0.0 { load.gen_throughput } else { s.default_throughput };
                     let (k, kv_wait, admits) = match view {
                         Some(view) => {
-                            let need = view.need(prompt, 1.0);
+                            let holds = hash.is_some_and(|h| routed.holds(c.id, h, recent_ms));
+                            let need = view.need(if holds { 0.0 } else { prompt }, 1.0);
                             (view.taken / view.capacity, view.wait_s(need), view.admits(need))
                         }
                         None => (load.token_usage, 0.0, true),
@@ -128,6 +139,11 @@ impl Policy for LeastLoadPolicy {
         true
     }
 
+    /// The prompt's size and identity: the samples of one prompt are one prefill.
+    fn needs_routing_key(&self) -> bool {
+        true
+    }
+
     /// The least expected wait among the candidates that admit the request now, or among all
     /// when none does (ties: fewer in flight, then at random).
     fn decide(
@@ -148,9 +164,10 @@ impl Policy for LeastLoadPolicy {
     /// The request counts on its worker until the next load sample: its prompt tokens (or the
     /// mean prompt when unknown) as queued prefill, and itself as a request taking KV.
     fn on_routed(&self, routed: &Routed<'_>) {
-        let tokens = self.prompt_tokens(routed.request);
-        let keep_ms = routed.load_poll_interval_ms.saturating_mul(4);
-        self.lock().record(routed.decision.worker, routed.now_ms, tokens, keep_ms);
+        let sent = Sent { requests: 1.0, tokens: self.prompt_tokens(routed.request) };
+        let keep_ms = routed.load_poll_interval_ms.saturating_mul(HOLDS_POLLS);
+        let prompt = prompt_key(routed.request);
+        self.lock().record_prompt(routed.decision.worker, routed.now_ms, sent, prompt, keep_ms);
     }
 
     fn remove_worker(&self, worker: WorkerId) {
