@@ -1,13 +1,17 @@
 //! `least_load`: route to the worker with the least expected wait, never to one that cannot admit
 //! the request (its KV taken, requests waiting for it) while another can. The wait is
 //! `(queued uncached tokens + prompt tokens routed since) / throughput + w * k / (1 - k)`, where
-//! k is the KV usage (clamped below 1) and throughput the engine's reported generation
-//! throughput (or a default), plus the wait for KV ([`crate::kv_wait`]): what the requests
-//! waiting there and routed there since need, with this one, beyond the free KV, over the rate
-//! running requests free it. Between load samples the requests routed since count, each with its
-//! prompt and a running request's KV (in-flight correction): a burst of samples of one cached
-//! prompt is work for the engine (KV and decode) even though it is no prefill. Without a fresh
-//! sample, in-flight requests count as the mean prompt size each.
+//! k is the KV usage plus the prompt tokens routed since over the capacity (clamped below 1) and
+//! throughput the engine's reported generation throughput (or a default), plus the wait for KV
+//! ([`crate::kv_wait`]): what the requests waiting there and routed there since need, with this
+//! one, beyond the free KV, over the rate running requests free it. Between load samples the
+//! requests routed since count, each with its prompt and a running request's KV (in-flight
+//! correction): a burst of samples of one prompt is work for the engine (KV and decode) even
+//! though it is one prefill. The samples of one prompt (the whole prompt's hash) routed to a
+//! worker count their prompt once there (queued prefill and KV), and a further sample needs no
+//! prompt KV where its prompt went in the last poll intervals: a group is no longer taken for
+//! sixteen prompts to compute, and spreads once an engine cannot admit it. Without a fresh sample, in-flight requests count as the mean prompt
+//! size each.
 
 use std::sync::Mutex;
 
@@ -109,15 +113,19 @@ impl LeastLoadPolicy {
                     let tokens = load.num_waiting_uncached_tokens as f64 + since.tokens;
                     let throughput =
                         if load.gen_throughput > 0.0 { load.gen_throughput } else { s.default_throughput };
-                    let (k, kv_wait, admits) = match view {
+                    let mut k = load.token_usage;
+                    if load.max_total_num_tokens > 0 {
+                        k += since.tokens / load.max_total_num_tokens as f64;
+                    }
+                    let k = k.clamp(0.0, 0.99);
+                    let (kv_wait, admits) = match view {
                         Some(view) => {
                             let holds = hash.is_some_and(|h| routed.holds(c.id, h, recent_ms));
-                            let need = view.need(if holds { 0.0 } else { prompt }, 1.0);
-                            (view.taken / view.capacity, view.wait_s(need), view.admits(need))
+                            let need = view.need(if holds { 0.0 } else { prompt });
+                            (view.wait_s(need), view.admits(need))
                         }
-                        None => (load.token_usage, 0.0, true),
+                        None => (0.0, true),
                     };
-                    let k = k.clamp(0.0, 0.99);
                     let wait_s = tokens / throughput + s.kv_pressure_weight * k / (1.0 - k) + kv_wait;
                     ExpectedWait { wait_s, admits: admits || !kv_known }
                 }
@@ -226,6 +234,96 @@ mod tests {
             counts[route(&policy, &request, Candidates::new(&pool).unwrap(), &mut ctx).worker as usize] += 1;
         }
         assert_eq!(counts, [5, 5], "the same stale sample, yet the burst alternates");
+    }
+
+    #[test]
+    fn the_samples_of_one_prompt_count_its_prefill_once_per_engine() {
+        let mut pool = candidates(&[0, 0]);
+        for candidate in &mut pool {
+            candidate.load = Some(LoadSample {
+                token_usage: 0.1,
+                num_running_reqs: 10,
+                gen_throughput: 1000.0,
+                max_total_num_tokens: 1_000_000,
+                fetched_at_ms: 1000,
+                ..LoadSample::default()
+            });
+        }
+        let prompt: Vec<u32> = (0..8000).collect();
+        let burst = |key| {
+            let policy = LeastLoadPolicy::new(SETTINGS);
+            let mut rng = ctx_rng(4);
+            let mut ctx = SelectContext {
+                now_ms: 1200,
+                load_poll_interval_ms: 1000,
+                rng: &mut rng,
+                prefix_index: None,
+            };
+            let request = RouteRequest { key, prompt_tokens: 8000, session: None };
+            for _ in 0..16 {
+                route(&policy, &request, Candidates::new(&pool).unwrap(), &mut ctx);
+            }
+            let waits = policy.expected_waits(&request, &pool, &policy.lock(), &ctx);
+            waits.iter().map(|w| w.wait_s).fold(0.0, f64::max)
+        };
+        // Sixteen samples over two engines: one prefill of 8,000 tokens queued on each (8 s at
+        // 1,000 tokens a second), not eight.
+        let samples = burst(crate::RoutingKey::Tokens(&prompt));
+        assert!((8.0..9.0).contains(&samples), "{samples}");
+        // Without the prompt's identity, sixteen prompts of 8,000 tokens.
+        let unknown = burst(crate::RoutingKey::None);
+        assert!(unknown > 60.0, "{unknown}");
+    }
+
+    proptest::proptest! {
+        /// least_load never picks an engine whose KV is full with requests waiting while another
+        /// engine has room for the request, whatever the queues and throughputs say, through a
+        /// burst routed between two load samples.
+        #[test]
+        fn never_an_engine_that_cannot_admit_while_another_has_room(
+            engines in proptest::collection::vec(
+                (0u8..3, 0.0f64..1.0, 10u64..200, 0u64..20, 0u64..400_000, 0.0f64..5_000.0),
+                2..8,
+            ),
+            prompts in proptest::collection::vec(0u64..10_000, 1..5),
+            seed in 0u64..1000,
+        ) {
+            let policy = LeastLoadPolicy::new(SETTINGS);
+            let mut pool = candidates(&vec![0; engines.len()]);
+            // Kind 0: full, requests waiting; kind 1: half free or more, nothing waiting; 2: any.
+            // Every engine runs at least 10 requests, so a request holds at most a tenth of an
+            // engine's KV, and a burst of 4 prompts of at most 10,000 tokens fits in half of it.
+            let mut full = Vec::new();
+            let mut room = false;
+            for (candidate, &(kind, usage, running, waiting, queued, gen)) in pool.iter_mut().zip(&engines) {
+                let (token_usage, num_waiting_reqs) = match kind {
+                    0 => (1.0, waiting.max(1)),
+                    1 => (usage * 0.5, 0),
+                    _ => (usage, waiting),
+                };
+                if kind == 0 {
+                    full.push(candidate.id);
+                }
+                room |= kind == 1;
+                candidate.load = Some(LoadSample {
+                    token_usage,
+                    num_running_reqs: running,
+                    num_waiting_reqs,
+                    num_waiting_uncached_tokens: queued,
+                    gen_throughput: gen,
+                    max_total_num_tokens: 100_000,
+                    fetched_at_ms: 1000,
+                });
+            }
+            let mut rng = ctx_rng(seed);
+            let mut ctx =
+                SelectContext { now_ms: 1500, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
+            for tokens in prompts {
+                let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: tokens, session: None };
+                let worker = route(&policy, &request, Candidates::new(&pool).unwrap(), &mut ctx).worker;
+                proptest::prop_assert!(!(room && full.contains(&worker)), "picked full engine {worker}");
+            }
+        }
     }
 
     #[test]
