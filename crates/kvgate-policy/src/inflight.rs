@@ -1,39 +1,108 @@
-//! In-flight correction between load samples: the prompt tokens this host routed to each worker
-//! and when, so that a policy can add what a stale sample cannot know yet.
+//! In-flight correction between load samples: the requests this host routed to each worker, when,
+//! and the prompt tokens each was expected to compute there, so that a policy can add what a
+//! stale sample cannot know yet (work queued, KV taken, requests waiting: counted in requests,
+//! not only in prompt tokens, since a cached prompt still needs its KV and its decode there).
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::{Candidate, LoadSample, WorkerId};
 
-/// Prompt tokens routed per worker, by routing time (milliseconds on the host's clock).
+/// What was routed to a worker since some time: requests and their (uncached) prompt tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sent {
+    pub requests: f64,
+    pub tokens: f64,
+}
+
+/// One routing: when, how many requests (a request asking for `n` choices counts `n`), the
+/// prompt tokens they were expected to compute, and the hash of the whole prompt when known.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Entry {
+    at_ms: u64,
+    requests: f64,
+    tokens: f64,
+    prompt: Option<u64>,
+}
+
+/// Requests and prompt tokens routed per worker, by routing time (milliseconds on the host's clock).
 #[derive(Debug, Default)]
 pub struct RoutedLog {
-    routed: HashMap<WorkerId, VecDeque<(u64, f64)>>,
+    routed: HashMap<WorkerId, VecDeque<Entry>>,
 }
 
 impl RoutedLog {
-    /// Record `tokens` routed to `worker` at `now_ms`, forgetting entries older than `keep_ms`.
+    /// Record one request of `tokens` prompt tokens routed to `worker` at `now_ms`, forgetting
+    /// entries older than `keep_ms`.
     pub fn record(&mut self, worker: WorkerId, now_ms: u64, tokens: f64, keep_ms: u64) {
+        self.record_sent(worker, now_ms, Sent { requests: 1.0, tokens }, keep_ms);
+    }
+
+    /// Record `sent` routed to `worker` at `now_ms`, forgetting entries older than `keep_ms`.
+    pub fn record_sent(&mut self, worker: WorkerId, now_ms: u64, sent: Sent, keep_ms: u64) {
+        self.record_prompt(worker, now_ms, sent, None, keep_ms);
+    }
+
+    /// Record `sent` routed to `worker` at `now_ms` with the hash of its whole prompt, forgetting
+    /// entries older than `keep_ms`: requests with one prompt routed to one worker since a time
+    /// count their prompt tokens once ([`RoutedLog::sent_since`]), as the engine computes and
+    /// holds a prompt once for all of them.
+    pub fn record_prompt(
+        &mut self,
+        worker: WorkerId,
+        now_ms: u64,
+        sent: Sent,
+        prompt: Option<u64>,
+        keep_ms: u64,
+    ) {
         let queue = self.routed.entry(worker).or_default();
-        while queue.front().is_some_and(|(at, _)| at.saturating_add(keep_ms) < now_ms) {
+        while queue.front().is_some_and(|entry| entry.at_ms.saturating_add(keep_ms) < now_ms) {
             queue.pop_front();
         }
-        if tokens > 0.0 {
-            queue.push_back((now_ms, tokens));
+        if sent.tokens > 0.0 || sent.requests > 0.0 {
+            queue.push_back(Entry {
+                at_ms: now_ms,
+                requests: sent.requests,
+                tokens: sent.tokens.max(0.0),
+                prompt,
+            });
         }
     }
 
     /// Tokens routed to `worker` at or after `since_ms`.
     pub fn since(&self, worker: WorkerId, since_ms: u64) -> f64 {
-        self.routed
-            .get(&worker)
-            .map(|q| q.iter().filter(|(at, _)| *at >= since_ms).map(|(_, tokens)| tokens).sum())
-            .unwrap_or(0.0)
+        self.sent_since(worker, since_ms).tokens
+    }
+
+    /// Requests and tokens routed to `worker` at or after `since_ms`, the tokens of one prompt
+    /// (by its hash) counted once.
+    pub fn sent_since(&self, worker: WorkerId, since_ms: u64) -> Sent {
+        let mut sent = Sent::default();
+        let mut seen: Vec<u64> = Vec::new();
+        for entry in self.routed.get(&worker).into_iter().flatten().filter(|e| e.at_ms >= since_ms) {
+            sent.requests += entry.requests;
+            match entry.prompt {
+                Some(hash) if seen.contains(&hash) => {}
+                Some(hash) => {
+                    seen.push(hash);
+                    sent.tokens += entry.tokens;
+                }
+                None => sent.tokens += entry.tokens,
+            }
+        }
+        sent
+    }
+
+    /// Whether the prompt `hash` was routed to `worker` at or after `since_ms` (and is still
+    /// remembered).
+    pub fn holds(&self, worker: WorkerId, hash: u64, since_ms: u64) -> bool {
+        self.routed.get(&worker).is_some_and(|queue| {
+            queue.iter().rev().take_while(|e| e.at_ms >= since_ms).any(|e| e.prompt == Some(hash))
+        })
     }
 
     /// Every remembered `(routed at, tokens)` of `worker`, oldest first.
     pub fn entries(&self, worker: WorkerId) -> impl Iterator<Item = (u64, f64)> + '_ {
-        self.routed.get(&worker).into_iter().flat_map(|queue| queue.iter().copied())
+        self.routed.get(&worker).into_iter().flat_map(|queue| queue.iter().map(|e| (e.at_ms, e.tokens)))
     }
 
     pub fn forget(&mut self, worker: WorkerId) {
@@ -63,5 +132,32 @@ mod tests {
         log.record(1, 5000, 1.0, 1000);
         assert_eq!(log.since(1, 0), 1.0, "entries older than keep_ms are dropped");
         assert_eq!(log.since(2, 0), 0.0);
+    }
+
+    #[test]
+    fn a_cached_prompt_still_counts_as_a_request() {
+        let mut log = RoutedLog::default();
+        log.record(1, 100, 0.0, 1000);
+        log.record_sent(1, 120, Sent { requests: 16.0, tokens: 0.0 }, 1000);
+        log.record(1, 130, 400.0, 1000);
+        assert_eq!(log.sent_since(1, 100), Sent { requests: 18.0, tokens: 400.0 });
+        assert_eq!(log.sent_since(1, 125), Sent { requests: 1.0, tokens: 400.0 });
+        assert_eq!(log.entries(1).map(|(_, tokens)| tokens).sum::<f64>(), 400.0);
+    }
+
+    #[test]
+    fn one_prompt_routed_many_times_counts_its_tokens_once() {
+        let mut log = RoutedLog::default();
+        for at in [100, 110, 120] {
+            log.record_prompt(1, at, Sent { requests: 1.0, tokens: 9_000.0 }, Some(7), 1000);
+        }
+        log.record_prompt(1, 130, Sent { requests: 1.0, tokens: 500.0 }, Some(8), 1000);
+        log.record(1, 140, 300.0, 1000);
+        assert_eq!(log.sent_since(1, 0), Sent { requests: 5.0, tokens: 9_800.0 });
+        assert_eq!(log.sent_since(1, 115), Sent { requests: 3.0, tokens: 9_800.0 });
+        assert!(log.holds(1, 7, 0) && log.holds(1, 7, 120) && !log.holds(1, 7, 121));
+        assert!(!log.holds(2, 7, 0) && !log.holds(1, 9, 0));
+        log.record(1, 2_000, 1.0, 1000);
+        assert!(!log.holds(1, 7, 0), "forgotten after keep_ms");
     }
 }

@@ -1,16 +1,27 @@
-//! `least_load`: route to the worker with the least expected wait,
-//! `(queued uncached tokens + in-flight prompt tokens) / throughput + w * k / (1 - k)`,
-//! where k is the KV usage (clamped below 1) and throughput the engine's reported generation
-//! throughput (or a default). Between load samples, the prompt tokens routed since the sample are
-//! added (in-flight correction); without a fresh sample, in-flight requests count as the mean
-//! prompt size each.
+//! `least_load`: route to the worker with the least expected wait, never to one that cannot admit
+//! the request (its KV taken, requests waiting for it) while another can. The wait is
+//! `(queued uncached tokens + prompt tokens routed since) / throughput + w * k / (1 - k)`, where
+//! k is the KV usage plus the prompt tokens routed since over the capacity (clamped below 1) and
+//! throughput the engine's reported generation throughput (or a default), plus the wait for KV
+//! ([`crate::kv_wait`]): what the requests waiting there and routed there since need, with this
+//! one, beyond the free KV, over the rate running requests free it. Between load samples the
+//! requests routed since count, each with its prompt and a running request's KV (in-flight
+//! correction): a burst of samples of one prompt is work for the engine (KV and decode) even
+//! though it is one prefill. The samples of one prompt (the whole prompt's hash) routed to a
+//! worker count their prompt once there (queued prefill and KV), and a further sample needs no
+//! prompt KV where its prompt went in the last poll intervals: a group is no longer taken for
+//! sixteen prompts to compute, and spreads once an engine cannot admit it. Without a fresh sample, in-flight requests count as the mean prompt
+//! size each.
 
 use std::sync::Mutex;
 
-use crate::inflight::{fresh_load, RoutedLog};
+use crate::hashing::prompt_key;
+use crate::inflight::{fresh_load, RoutedLog, Sent};
+use crate::kv_wait::{kv_freed_share, kv_per_request, KvView};
 use crate::pick::pick_min_by;
 use crate::{
-    Candidate, Candidates, Decision, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext, WorkerId,
+    Candidate, Candidates, Decision, LoadSample, NoRoute, Policy, Reason, RouteRequest, Routed,
+    SelectContext, WorkerId,
 };
 
 /// The knobs of the expected-wait estimate.
@@ -26,8 +37,20 @@ pub struct LeastLoadPolicy {
     routed: Mutex<RoutedLog>,
 }
 
+/// How many poll intervals a prompt routed to a worker counts as held there.
+const HOLDS_POLLS: u64 = 4;
+
 /// Expected waits closer than this many seconds are a tie.
 const WAIT_TIE_SECS: f64 = 1e-4;
+
+/// One candidate's expected wait, and whether it admits the request now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpectedWait {
+    pub wait_s: f64,
+    /// `false` only when the KV of every candidate is known and this one's cannot take the
+    /// request before others' requests waiting there are admitted.
+    pub admits: bool,
+}
 
 impl LeastLoadPolicy {
     pub fn new(settings: LeastLoadSettings) -> Self {
@@ -38,24 +61,80 @@ impl LeastLoadPolicy {
         self.routed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Expected wait in seconds on `candidate`.
-    pub fn expected_wait(&self, candidate: &Candidate, routed: &RoutedLog, ctx: &SelectContext<'_>) -> f64 {
-        let s = &self.settings;
-        match fresh_load(candidate, ctx.now_ms, ctx.load_poll_interval_ms) {
-            Some(load) => {
-                let since = routed.since(candidate.id, load.fetched_at_ms);
-                let tokens = load.num_waiting_uncached_tokens as f64 + since;
-                let throughput =
-                    if load.gen_throughput > 0.0 { load.gen_throughput } else { s.default_throughput };
-                let mut k = load.token_usage;
-                if load.max_total_num_tokens > 0 {
-                    k += since / load.max_total_num_tokens as f64;
-                }
-                let k = k.clamp(0.0, 0.99);
-                tokens / throughput + s.kv_pressure_weight * k / (1.0 - k)
-            }
-            None => candidate.in_flight as f64 * s.mean_prefill_tokens / s.default_throughput,
+    /// The request's prompt tokens (the mean prompt when unknown): all of it counts as computed
+    /// where it goes (least_load knows no prefix index).
+    fn prompt_tokens(&self, request: &RouteRequest<'_>) -> f64 {
+        match request.prompt_tokens {
+            0 => self.settings.mean_prefill_tokens,
+            known => known as f64,
         }
+    }
+
+    /// Expected wait of `request` on each candidate.
+    pub fn expected_waits(
+        &self,
+        request: &RouteRequest<'_>,
+        candidates: &[Candidate],
+        routed: &RoutedLog,
+        ctx: &SelectContext<'_>,
+    ) -> Vec<ExpectedWait> {
+        let s = &self.settings;
+        let loads: Vec<Option<LoadSample>> =
+            candidates.iter().map(|c| fresh_load(c, ctx.now_ms, ctx.load_poll_interval_ms)).collect();
+        let per_request = kv_per_request(loads.iter().flatten()).unwrap_or(s.mean_prefill_tokens);
+        let freed_share = kv_freed_share(loads.iter().flatten());
+        let prompt = self.prompt_tokens(request);
+        // Requests with this prompt routed to a candidate a moment ago: it computes and holds
+        // the prompt once for all of them.
+        let hash = prompt_key(request);
+        let recent_ms = ctx.now_ms.saturating_sub(ctx.load_poll_interval_ms.saturating_mul(HOLDS_POLLS));
+        let views: Vec<Option<KvView>> = candidates
+            .iter()
+            .zip(&loads)
+            .map(|(c, load)| {
+                let load = load.as_ref()?;
+                KvView::of(
+                    load,
+                    routed.sent_since(c.id, load.fetched_at_ms),
+                    per_request,
+                    freed_share,
+                    s.default_throughput,
+                )
+            })
+            .collect();
+        // A partial snapshot never keeps an engine out.
+        let kv_known = views.iter().all(Option::is_some);
+        candidates
+            .iter()
+            .zip(loads.iter().zip(&views))
+            .map(|(c, (load, view))| match load {
+                Some(load) => {
+                    let since: Sent = routed.sent_since(c.id, load.fetched_at_ms);
+                    let tokens = load.num_waiting_uncached_tokens as f64 + since.tokens;
+                    let throughput =
+                        if load.gen_throughput > 0.0 { load.gen_throughput } else { s.default_throughput };
+                    let mut k = load.token_usage;
+                    if load.max_total_num_tokens > 0 {
+                        k += since.tokens / load.max_total_num_tokens as f64;
+                    }
+                    let k = k.clamp(0.0, 0.99);
+                    let (kv_wait, admits) = match view {
+                        Some(view) => {
+                            let holds = hash.is_some_and(|h| routed.holds(c.id, h, recent_ms));
+                            let need = view.need(if holds { 0.0 } else { prompt });
+                            (view.wait_s(need), view.admits(need))
+                        }
+                        None => (0.0, true),
+                    };
+                    let wait_s = tokens / throughput + s.kv_pressure_weight * k / (1.0 - k) + kv_wait;
+                    ExpectedWait { wait_s, admits: admits || !kv_known }
+                }
+                None => ExpectedWait {
+                    wait_s: c.in_flight as f64 * s.mean_prefill_tokens / s.default_throughput,
+                    admits: true,
+                },
+            })
+            .collect()
     }
 }
 
@@ -68,30 +147,35 @@ impl Policy for LeastLoadPolicy {
         true
     }
 
+    /// The prompt's size and identity: the samples of one prompt are one prefill.
+    fn needs_routing_key(&self) -> bool {
+        true
+    }
+
+    /// The least expected wait among the candidates that admit the request now, or among all
+    /// when none does (ties: fewer in flight, then at random).
     fn decide(
         &self,
-        _request: &RouteRequest<'_>,
+        request: &RouteRequest<'_>,
         candidates: Candidates<'_>,
         ctx: &mut SelectContext<'_>,
     ) -> Result<Decision, NoRoute> {
         let routed = self.lock();
-        let waits: Vec<(i64, u64)> = candidates
-            .iter()
-            .map(|c| ((self.expected_wait(c, &routed, ctx) / WAIT_TIE_SECS) as i64, c.in_flight))
-            .collect();
-        let index = pick_min_by(0..candidates.len(), |i| waits[i], ctx.rng).expect("not empty");
+        let waits = self.expected_waits(request, &candidates, &routed, ctx);
+        let any_admits = waits.iter().any(|w| w.admits);
+        let open = (0..candidates.len()).filter(|&i| waits[i].admits || !any_admits);
+        let key = |i: usize| ((waits[i].wait_s / WAIT_TIE_SECS) as i64, candidates[i].in_flight);
+        let index = pick_min_by(open, key, ctx.rng).expect("not empty");
         Ok(Decision::plain(candidates[index].id, Reason::LeastLoad))
     }
 
-    /// The request's prompt tokens (or the mean prompt when unknown) count as queued on its
-    /// worker until the next load sample.
+    /// The request counts on its worker until the next load sample: its prompt tokens (or the
+    /// mean prompt when unknown) as queued prefill, and itself as a request taking KV.
     fn on_routed(&self, routed: &Routed<'_>) {
-        let tokens = match routed.request.prompt_tokens {
-            0 => self.settings.mean_prefill_tokens,
-            known => known as f64,
-        };
-        let keep_ms = routed.load_poll_interval_ms.saturating_mul(4);
-        self.lock().record(routed.decision.worker, routed.now_ms, tokens, keep_ms);
+        let sent = Sent { requests: 1.0, tokens: self.prompt_tokens(routed.request) };
+        let keep_ms = routed.load_poll_interval_ms.saturating_mul(HOLDS_POLLS);
+        let prompt = prompt_key(routed.request);
+        self.lock().record_prompt(routed.decision.worker, routed.now_ms, sent, prompt, keep_ms);
     }
 
     fn remove_worker(&self, worker: WorkerId) {
@@ -150,6 +234,96 @@ mod tests {
             counts[route(&policy, &request, Candidates::new(&pool).unwrap(), &mut ctx).worker as usize] += 1;
         }
         assert_eq!(counts, [5, 5], "the same stale sample, yet the burst alternates");
+    }
+
+    #[test]
+    fn the_samples_of_one_prompt_count_its_prefill_once_per_engine() {
+        let mut pool = candidates(&[0, 0]);
+        for candidate in &mut pool {
+            candidate.load = Some(LoadSample {
+                token_usage: 0.1,
+                num_running_reqs: 10,
+                gen_throughput: 1000.0,
+                max_total_num_tokens: 1_000_000,
+                fetched_at_ms: 1000,
+                ..LoadSample::default()
+            });
+        }
+        let prompt: Vec<u32> = (0..8000).collect();
+        let burst = |key| {
+            let policy = LeastLoadPolicy::new(SETTINGS);
+            let mut rng = ctx_rng(4);
+            let mut ctx = SelectContext {
+                now_ms: 1200,
+                load_poll_interval_ms: 1000,
+                rng: &mut rng,
+                prefix_index: None,
+            };
+            let request = RouteRequest { key, prompt_tokens: 8000, session: None };
+            for _ in 0..16 {
+                route(&policy, &request, Candidates::new(&pool).unwrap(), &mut ctx);
+            }
+            let waits = policy.expected_waits(&request, &pool, &policy.lock(), &ctx);
+            waits.iter().map(|w| w.wait_s).fold(0.0, f64::max)
+        };
+        // Sixteen samples over two engines: one prefill of 8,000 tokens queued on each (8 s at
+        // 1,000 tokens a second), not eight.
+        let samples = burst(crate::RoutingKey::Tokens(&prompt));
+        assert!((8.0..9.0).contains(&samples), "{samples}");
+        // Without the prompt's identity, sixteen prompts of 8,000 tokens.
+        let unknown = burst(crate::RoutingKey::None);
+        assert!(unknown > 60.0, "{unknown}");
+    }
+
+    proptest::proptest! {
+        /// least_load never picks an engine whose KV is full with requests waiting while another
+        /// engine has room for the request, whatever the queues and throughputs say, through a
+        /// burst routed between two load samples.
+        #[test]
+        fn never_an_engine_that_cannot_admit_while_another_has_room(
+            engines in proptest::collection::vec(
+                (0u8..3, 0.0f64..1.0, 10u64..200, 0u64..20, 0u64..400_000, 0.0f64..5_000.0),
+                2..8,
+            ),
+            prompts in proptest::collection::vec(0u64..10_000, 1..5),
+            seed in 0u64..1000,
+        ) {
+            let policy = LeastLoadPolicy::new(SETTINGS);
+            let mut pool = candidates(&vec![0; engines.len()]);
+            // Kind 0: full, requests waiting; kind 1: half free or more, nothing waiting; 2: any.
+            // Every engine runs at least 10 requests, so a request holds at most a tenth of an
+            // engine's KV, and a burst of 4 prompts of at most 10,000 tokens fits in half of it.
+            let mut full = Vec::new();
+            let mut room = false;
+            for (candidate, &(kind, usage, running, waiting, queued, gen)) in pool.iter_mut().zip(&engines) {
+                let (token_usage, num_waiting_reqs) = match kind {
+                    0 => (1.0, waiting.max(1)),
+                    1 => (usage * 0.5, 0),
+                    _ => (usage, waiting),
+                };
+                if kind == 0 {
+                    full.push(candidate.id);
+                }
+                room |= kind == 1;
+                candidate.load = Some(LoadSample {
+                    token_usage,
+                    num_running_reqs: running,
+                    num_waiting_reqs,
+                    num_waiting_uncached_tokens: queued,
+                    gen_throughput: gen,
+                    max_total_num_tokens: 100_000,
+                    fetched_at_ms: 1000,
+                });
+            }
+            let mut rng = ctx_rng(seed);
+            let mut ctx =
+                SelectContext { now_ms: 1500, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
+            for tokens in prompts {
+                let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: tokens, session: None };
+                let worker = route(&policy, &request, Candidates::new(&pool).unwrap(), &mut ctx).worker;
+                proptest::prop_assert!(!(room && full.contains(&worker)), "picked full engine {worker}");
+            }
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod fair;
 mod hashing;
 mod inflight;
 mod kv_aware;
+mod kv_wait;
 mod least_load;
 mod manual;
 mod overload;

@@ -29,6 +29,11 @@ pub fn prefix_key(request: &RouteRequest<'_>, count: usize) -> Option<u64> {
     }
 }
 
+/// The hash of the request's whole prompt: the identity of the samples of one prompt.
+pub fn prompt_key(request: &RouteRequest<'_>) -> Option<u64> {
+    prefix_key(request, usize::MAX)
+}
+
 /// The hash of the request's session key (routing-key header or `user` field), if it has one.
 pub fn session_key(request: &RouteRequest<'_>) -> Option<u64> {
     request.session.filter(|key| !key.is_empty()).map(|key| xxh3_64(key.as_bytes()))
