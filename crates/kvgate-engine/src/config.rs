@@ -154,7 +154,8 @@ impl EngineConfig {
     /// (`mixed_batching`): both parts' work, and the larger fixed cost once.
     pub fn mixed_step_us(&self, tokens: u64, batch: usize) -> u64 {
         let fixed_ms = self.prefill_base_ms.max(self.decode_base_ms);
-        let work_ms = tokens as f64 / self.prefill_tokens_per_sec * 1e3 + self.decode_per_request_ms * batch as f64;
+        let work_ms =
+            tokens as f64 / self.prefill_tokens_per_sec * 1e3 + self.decode_per_request_ms * batch as f64;
         duration_us((fixed_ms + work_ms) * 1e3)
     }
 

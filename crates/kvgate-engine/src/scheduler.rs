@@ -497,11 +497,8 @@ impl Engine {
                 true => self.config.mixed_step_us(step_tokens, self.decoding.len()),
                 false => self.config.prefill_step_us(step_tokens),
             };
-            self.step = Some(Step {
-                start_us: at_us,
-                end_us: at_us + step_us,
-                kind: StepKind::Prefill { decodes },
-            });
+            self.step =
+                Some(Step { start_us: at_us, end_us: at_us + step_us, kind: StepKind::Prefill { decodes } });
         } else if !self.decoding.is_empty() {
             self.step = Some(Step {
                 start_us: at_us,

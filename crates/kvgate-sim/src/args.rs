@@ -7,9 +7,9 @@ use kvgate_engine::{EngineConfig, EngineFlags};
 use kvgate_policy::{OverloadSettings, PolicyConfig, PolicyKind, TenantsConfig};
 
 use crate::trace::TraceFormat;
-use kvgate_trace::Endpoint;
 use crate::SimError;
 use kvgate_config::{Checks, FieldError, ValidationErrors};
+use kvgate_trace::Endpoint;
 
 pub mod entry;
 mod fleet;
