@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::choose::{Consulted, PoolView};
-use crate::accuracy::Probe;
+use crate::accuracy::{Learn, Probe};
 use crate::error::ApiError;
 use crate::registry::{ModelPool, ModelPools, ModelPrefix};
 use crate::state::AppState;
@@ -319,6 +319,18 @@ impl Pick {
             Probe::predict(index, tokens, namespace, self.hashes.as_ref(), self.decision.worker, exact);
         let model_window = Some(self.pool.prefix.accuracy.clone());
         Some(Probe { model_window, removed_at: self.worker.kv_removed_blocks(), ..probe })
+    }
+
+    /// What kv_aware predicted for the request on the chosen worker, for its policy to learn
+    /// from the answer's time to first token (`accuracy::Learn`).
+    pub(super) fn learn(&self, request: &RouteRequest<'_>) -> Option<Learn> {
+        let predicted = self.decision.predicted?;
+        Some(Learn {
+            policy: self.pool.policy.clone(),
+            worker: self.decision.worker,
+            predicted,
+            prompt_tokens: u32::try_from(request.prompt_tokens).unwrap_or(u32::MAX),
+        })
     }
 
     /// A request routed on the exact index: its prompt's blocks count as held by the chosen
