@@ -75,10 +75,12 @@ pub struct EngineFlags {
 }
 
 impl EngineFlags {
-    /// The reference replica with the given flags applied (event switches left at their defaults).
+    /// The profile's engines with the given flags applied (event switches left at their defaults).
     pub fn config(&self) -> EngineConfig {
-        let default = EngineConfig::default();
+        let default = self.engine_profile.config();
         EngineConfig {
+            prefill_base_ms: self.prefill_base_ms.unwrap_or(default.prefill_base_ms),
+            frontend_latency_ms: self.frontend_latency_ms.unwrap_or(default.frontend_latency_ms),
             prefill_tokens_per_sec: self.prefill_tokens_per_sec.unwrap_or(default.prefill_tokens_per_sec),
             prefill_chunk_tokens: self.prefill_chunk_tokens.unwrap_or(default.prefill_chunk_tokens),
             decode_base_ms: self.decode_base_ms.unwrap_or(default.decode_base_ms),
