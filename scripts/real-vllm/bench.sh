@@ -49,6 +49,7 @@ groups=()
 stop_group() { kill -TERM -- "-$1" 2>/dev/null || true; for _ in $(seq 1 50); do kill -0 -- "-$1" 2>/dev/null || return 0; sleep 0.2; done; kill -KILL -- "-$1" 2>/dev/null || true; }
 stop_all() { for group in "${groups[@]}"; do stop_group "$group"; done; }
 trap stop_all EXIT
+trap 'echo "bench.sh: a command failed at line $LINENO" >&2' ERR
 trap 'exit 130' INT TERM
 wait_http() { # URL SECONDS
   for _ in $(seq 1 $(($2 * 5))); do curl -sf -o /dev/null "$1" && return 0; sleep 0.2; done
@@ -70,9 +71,9 @@ mkdir -p "$out/traces"
   --out "$out/traces/agentic.jsonl"
 
 # Two engines with vLLM's default flags (serve.sh adds only the harness's: loopback, block 32,
-# prefix caching, cached-token details, KV events).
+# prefix caching, cached-token details, KV events). Dev mode serves /reset_prefix_cache.
 for i in 0 1; do
-  setsid "$here/serve.sh" "$model_dir" "${engine_ports[$i]}" "${event_ports[$i]}" "${replay_ports[$i]}" \
+  VLLM_SERVER_DEV_MODE=1 setsid "$here/serve.sh" "$model_dir" "${engine_ports[$i]}" "${event_ports[$i]}" "${replay_ports[$i]}" \
     >"$out/engine-$i.log" 2>&1 &
   groups+=($!)
 done
@@ -132,6 +133,10 @@ for workload in "${workloads[@]}"; do
         --endpoint chat --model tiny-llama --fleet-kv-tokens 524288 --json "$dir/$target.replay.json" \
         >"$dir/$target.txt"
       after=$(load)
+      if [ "$target" != smg ]; then
+        # kv_aware's predicted time to first token beside the measured one (bench_summary.py).
+        curl -sf "http://127.0.0.1:$gateway_port/metrics" -o "$dir/$target.metrics" || true
+      fi
       python3 - "$dir/$target.replay.json" "$dir/$target.json" "$before" "$after" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))

@@ -27,6 +27,26 @@ def share(value):
     return f"{value * 100:.1f}%"
 
 
+def predicted_vs_measured(path):
+    """The mean predicted total and the mean measured time to first byte of chat answers, from a
+    gateway's /metrics text (None when absent)."""
+    if not path.exists():
+        return None
+    values = {}
+    for line in path.read_text().splitlines():
+        for key, prefix in (
+            ("predicted_sum", 'kvgate_predicted_ttft_seconds_sum{'),
+            ("predicted_count", 'kvgate_predicted_ttft_seconds_count{'),
+            ("ttfb_sum", 'kvgate_request_ttfb_seconds_sum{endpoint="chat_completions"}'),
+            ("ttfb_count", 'kvgate_request_ttfb_seconds_count{endpoint="chat_completions"}'),
+        ):
+            if line.startswith(prefix) and (key.startswith("ttfb") or 'term="total"' in line):
+                values[key] = float(line.rsplit(" ", 1)[1])
+    if len(values) < 4 or not values["predicted_count"] or not values["ttfb_count"]:
+        return None
+    return values["predicted_sum"] / values["predicted_count"], values["ttfb_sum"] / values["ttfb_count"]
+
+
 def main():
     out = Path(sys.argv[1])
     for workload_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name != "traces"):
@@ -63,6 +83,18 @@ def main():
                 f"\ncache_aware / round_robin, run by run: cached share "
                 f"{', '.join(f'{h:.2f}x' for h in hits)} (median {statistics.median(hits):.2f}x); "
                 f"mean TTFT {', '.join(f'{t:.2f}x' for t in ttfts)} (median {statistics.median(ttfts):.2f}x)\n"
+            )
+        predicted = []
+        for run in runs:
+            got = predicted_vs_measured(run / "kv_aware.metrics")
+            if got:
+                predicted.append(got)
+        if predicted:
+            print(
+                "kv_aware's predicted time to first token (`kvgate_predicted_ttft_seconds{term=\"total\"}`) "
+                "against the gateway's measured time to first byte, mean over each run's requests: "
+                + ", ".join(f"{p * 1e3:.0f} / {m * 1e3:.0f} ms ({p / m:.2f}x)" for p, m in predicted)
+                + "\n"
             )
         sim_path = workload_dir / "sim.json"
         if sim_path.exists():
