@@ -2,7 +2,8 @@
 //! request is a sample `ttft = base + tokens / prefill_rate + running x decode_s`, `tokens` the
 //! prefill queued ahead of it at the decision (as predicted) plus its own uncached prompt as the
 //! engine reported it, `running` the requests running there. A least-squares fit of relative
-//! errors (each answer weighted by `(REFERENCE_S / ttft)^2`: a time to first token's noise is
+//! errors (each answer weighted by `(REFERENCE_S / expected)^2`, `expected` the time the fit in
+//! use predicts for it (the answer's own until there is a fit): a time to first token's noise is
 //! proportional to it, and short answers are what tells the fixed cost apart), with exponential
 //! forgetting ([`MEMORY`] answers) and a weak ridge prior pulling each coefficient toward the
 //! configured rates ([`PRIOR_WEIGHT`]: it decides only what the answers cannot, e.g. the decode
@@ -27,7 +28,7 @@ const PRIOR_WEIGHT: f64 = 0.1;
 pub(super) const MIN_SAMPLES: u32 = 8;
 /// One answer counts at most this factor from the fit's prediction either way (a time to first
 /// token stretched by something else on the machine moves the fit little).
-const MAX_SURPRISE: f64 = 4.0;
+const MAX_SURPRISE: f64 = 2.0;
 
 /// A fitted engine: fixed cost, prefill rate, decode cost per running request.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -65,15 +66,17 @@ impl TtftFit {
         }
         let tokens = tokens.max(0.0);
         let running = running.max(0.0);
-        let y = match current {
+        // Weighted by what the fit in use expects, not by the answer itself: weighing each answer
+        // by its own time would favour the fast ones and fit the lower edge of the noise.
+        let (y, scale) = match current {
             Some(fit) => {
                 let expected = fit.ttft(tokens, running).max(1e-4);
-                ttft_s.clamp(expected / MAX_SURPRISE, expected * MAX_SURPRISE)
+                (ttft_s.clamp(expected / MAX_SURPRISE, expected * MAX_SURPRISE), expected)
             }
-            None => ttft_s,
+            None => (ttft_s, ttft_s),
         };
         let x = [1.0, tokens / TOKENS_UNIT, running / RUNNING_UNIT];
-        let weight = (REFERENCE_S / y).powi(2);
+        let weight = (REFERENCE_S / scale).powi(2);
         let keep = 1.0 - 1.0 / MEMORY;
         for i in 0..3 {
             for j in 0..3 {
