@@ -346,7 +346,7 @@ impl EngineRates {
             return;
         }
         let used = answer.predicted.rates;
-        if !(used.prefill_tokens_per_sec > 0.0) {
+        if used.prefill_tokens_per_sec.is_nan() || used.prefill_tokens_per_sec <= 0.0 {
             return;
         }
         let ahead = answer.predicted.queue_s * used.prefill_tokens_per_sec;

@@ -141,11 +141,12 @@ impl TtftFit {
             if a[col][col].abs() < 1e-12 {
                 return None;
             }
-            for row in 0..n {
+            let pivot_row = a[col].clone();
+            for (row, values) in a.iter_mut().enumerate() {
                 if row != col {
-                    let factor = a[row][col] / a[col][col];
-                    for k in col..=n {
-                        a[row][k] -= factor * a[col][k];
+                    let factor = values[col] / pivot_row[col];
+                    for (value, pivot_value) in values.iter_mut().zip(&pivot_row).skip(col) {
+                        *value -= factor * pivot_value;
                     }
                 }
             }
