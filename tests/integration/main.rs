@@ -18,6 +18,7 @@ mod embed;
 mod fleet;
 mod gateway;
 mod grafana;
+mod kv_aware_learning;
 mod kv_events;
 mod listener;
 mod load_monitor;

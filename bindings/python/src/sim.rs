@@ -34,7 +34,10 @@ fn sim_error(error: SimError) -> PyErr {
             }
         }
         SimError::Output { .. } => PyOSError::new_err(error.to_string()),
-        SimError::InvalidOptions(_) | SimError::Trace(_) => PyValueError::new_err(error.to_string()),
+        // `tokenizer_path` that does not load, or a trace prompt it cannot render: a bad value.
+        SimError::InvalidOptions(_) | SimError::Trace(_) | SimError::Tokenizer { .. } => {
+            PyValueError::new_err(error.to_string())
+        }
     }
 }
 

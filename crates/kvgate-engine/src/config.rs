@@ -15,6 +15,10 @@ pub struct EngineConfig {
     pub prefill_tokens_per_sec: f64,
     /// Most uncached prompt tokens computed in one prefill step.
     pub prefill_chunk_tokens: u32,
+    /// Fixed cost of one prefill step (a chunk), in milliseconds, besides its tokens at
+    /// `prefill_tokens_per_sec` (a step that also carries decodes pays the larger of this and
+    /// `decode_base_ms` once).
+    pub prefill_base_ms: f64,
     /// Fixed cost of one decode step, in milliseconds.
     pub decode_base_ms: f64,
     /// Added cost of one decode step per request in the batch, in milliseconds.
@@ -45,9 +49,14 @@ pub struct EngineConfig {
     /// token budget (vLLM v1's scheduler, `vllm/v1/core/sched/scheduler.py`: the running
     /// requests first, one token per decode, then the waiting ones while `token_budget > 0`;
     /// SGLang's `--enable-mixed-chunk`); off: a prefill step goes before the running decodes
-    /// and carries none of them (SGLang's default). A mixed step takes as long as its prefill
-    /// and its decode would separately.
+    /// and carries none of them (SGLang's default). A mixed step takes its prefill tokens' and
+    /// its decodes' time plus the larger of the two fixed costs (`prefill_base_ms`,
+    /// `decode_base_ms`).
     pub mixed_batching: bool,
+    /// Milliseconds between a request's submission and its arrival in the scheduler's queue:
+    /// the engine's own server (HTTP, tokenization, the hop to the engine core, and the first
+    /// token's way back), which a client sees in every time to first token.
+    pub frontend_latency_ms: f64,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +64,7 @@ impl Default for EngineConfig {
         Self {
             prefill_tokens_per_sec: 8000.0,
             prefill_chunk_tokens: 2048,
+            prefill_base_ms: 0.0,
             decode_base_ms: 6.0,
             decode_per_request_ms: 0.35,
             max_running_requests: 256,
@@ -67,6 +77,7 @@ impl Default for EngineConfig {
             cpu_load_tokens_per_sec: 190_000.0,
             priority_scheduling: false,
             mixed_batching: false,
+            frontend_latency_ms: 0.0,
         }
     }
 }
@@ -78,10 +89,12 @@ impl EngineConfig {
         let mut checks = Checks::new();
         checks.in_range("prefill_tokens_per_sec", self.prefill_tokens_per_sec, Range::POSITIVE);
         checks.at_least("prefill_chunk_tokens", self.prefill_chunk_tokens.into(), 1);
+        checks.in_range("prefill_base_ms", self.prefill_base_ms, Range::NON_NEGATIVE);
         checks.in_range("decode_base_ms", self.decode_base_ms, Range::NON_NEGATIVE);
         checks.in_range("decode_per_request_ms", self.decode_per_request_ms, Range::NON_NEGATIVE);
         checks.at_least("max_running_requests", self.max_running_requests.into(), 1);
         checks.in_range("cpu_load_tokens_per_sec", self.cpu_load_tokens_per_sec, Range::POSITIVE);
+        checks.in_range("frontend_latency_ms", self.frontend_latency_ms, Range::NON_NEGATIVE);
         if self.block_size == 0 {
             checks.push(
                 FieldError::new("block_size", "must be at least 1").got(0).with_flag(Some("--kv-block-size")),
@@ -99,10 +112,12 @@ impl EngineConfig {
         checks.finish()
     }
 
-    /// This engine at `speed` times the speed: prefill rate multiplied, decode step times divided.
+    /// This engine at `speed` times the speed: prefill rate multiplied, step times divided (the
+    /// front end's latency is not the engine's speed).
     pub fn scaled(self, speed: f64) -> EngineConfig {
         EngineConfig {
             prefill_tokens_per_sec: self.prefill_tokens_per_sec * speed,
+            prefill_base_ms: self.prefill_base_ms / speed,
             decode_base_ms: self.decode_base_ms / speed,
             decode_per_request_ms: self.decode_per_request_ms / speed,
             ..self
@@ -132,7 +147,25 @@ impl EngineConfig {
 
     /// Duration of a prefill step computing `tokens` uncached tokens, in microseconds (at least 1).
     pub fn prefill_step_us(&self, tokens: u64) -> u64 {
-        duration_us(tokens as f64 / self.prefill_tokens_per_sec * 1e6)
+        duration_us(self.prefill_base_ms * 1e3 + tokens as f64 / self.prefill_tokens_per_sec * 1e6)
+    }
+
+    /// Duration of a step computing `tokens` prefill tokens while carrying `batch` decodes
+    /// (`mixed_batching`): both parts' work, and the larger fixed cost once.
+    pub fn mixed_step_us(&self, tokens: u64, batch: usize) -> u64 {
+        let fixed_ms = self.prefill_base_ms.max(self.decode_base_ms);
+        let work_ms =
+            tokens as f64 / self.prefill_tokens_per_sec * 1e3 + self.decode_per_request_ms * batch as f64;
+        duration_us((fixed_ms + work_ms) * 1e3)
+    }
+
+    /// The front end's latency in microseconds.
+    pub fn frontend_latency_us(&self) -> u64 {
+        if self.frontend_latency_ms.is_finite() && self.frontend_latency_ms > 0.0 {
+            (self.frontend_latency_ms * 1e3).round() as u64
+        } else {
+            0
+        }
     }
 
     /// Duration of a decode step over `batch` requests, in microseconds (at least 1).

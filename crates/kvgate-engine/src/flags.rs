@@ -1,12 +1,25 @@
 //! The engine model's command-line flags, declared once and shared by `kvgate mock` and
-//! `kvgate sim`: each flag left unset keeps the reference replica's value.
+//! `kvgate sim`: each flag left unset keeps the value of the `--engine-profile` (by default the
+//! reference replica's; the defaults shown are the reference's).
 
 use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 
-use crate::EngineConfig;
+use crate::{EngineConfig, EngineProfile};
 
 #[derive(clap::Args, Clone, Debug, Default, PartialEq)]
 pub struct EngineFlags {
+    /// The engines' parameters before the flags below: `reference` (the routing scenarios'
+    /// replica) or `vllm-cpu-tiny` (vLLM 0.32's CPU build serving the real-engine harness's tiny
+    /// model, as measured; see docs/BENCHMARKS.md). Each engine flag given overrides its value.
+    #[arg(long, value_enum, default_value_t = EngineProfile::Reference)]
+    pub engine_profile: EngineProfile,
+    /// Fixed cost of a prefill step (a chunk) in ms [default: 0].
+    #[arg(long)]
+    pub prefill_base_ms: Option<f64>,
+    /// Ms from a request's submission to the engine's scheduler queue: its server's HTTP,
+    /// tokenization and first token back [default: 0].
+    #[arg(long)]
+    pub frontend_latency_ms: Option<f64>,
     /// Uncached prompt tokens prefilled per second [default: 8000].
     #[arg(long)]
     pub prefill_tokens_per_sec: Option<f64>,
@@ -62,10 +75,12 @@ pub struct EngineFlags {
 }
 
 impl EngineFlags {
-    /// The reference replica with the given flags applied (event switches left at their defaults).
+    /// The profile's engines with the given flags applied (event switches left at their defaults).
     pub fn config(&self) -> EngineConfig {
-        let default = EngineConfig::default();
+        let default = self.engine_profile.config();
         EngineConfig {
+            prefill_base_ms: self.prefill_base_ms.unwrap_or(default.prefill_base_ms),
+            frontend_latency_ms: self.frontend_latency_ms.unwrap_or(default.frontend_latency_ms),
             prefill_tokens_per_sec: self.prefill_tokens_per_sec.unwrap_or(default.prefill_tokens_per_sec),
             prefill_chunk_tokens: self.prefill_chunk_tokens.unwrap_or(default.prefill_chunk_tokens),
             decode_base_ms: self.decode_base_ms.unwrap_or(default.decode_base_ms),
@@ -73,11 +88,11 @@ impl EngineFlags {
             max_running_requests: self.max_running_requests.unwrap_or(default.max_running_requests),
             kv_capacity_tokens: self.kv_capacity_tokens.unwrap_or(default.kv_capacity_tokens),
             block_size: self.kv_block_size.unwrap_or(default.block_size),
-            prefix_cache: !self.disable_prefix_cache,
+            prefix_cache: default.prefix_cache && !self.disable_prefix_cache,
             cpu_offload_tokens: self.cpu_offload_tokens.unwrap_or(default.cpu_offload_tokens),
             cpu_load_tokens_per_sec: self.cpu_load_tokens_per_sec.unwrap_or(default.cpu_load_tokens_per_sec),
-            priority_scheduling: self.priority_scheduling,
-            mixed_batching: self.mixed_batching,
+            priority_scheduling: self.priority_scheduling || default.priority_scheduling,
+            mixed_batching: self.mixed_batching || default.mixed_batching,
             ..default
         }
     }
@@ -158,6 +173,21 @@ mod tests {
         let config = flags.config();
         assert_eq!((config.kv_capacity_tokens, config.prefix_cache), (1024, false));
         assert_eq!(config.prefill_chunk_tokens, EngineConfig::default().prefill_chunk_tokens);
+    }
+
+    #[test]
+    fn a_profile_is_the_base_and_flags_override_it() {
+        let profile = EngineFlags { engine_profile: EngineProfile::VllmCpuTiny, ..Default::default() };
+        assert_eq!(profile.config(), EngineProfile::VllmCpuTiny.config());
+        let tuned = EngineFlags {
+            engine_profile: EngineProfile::VllmCpuTiny,
+            prefill_tokens_per_sec: Some(4_000.0),
+            frontend_latency_ms: Some(0.0),
+            ..Default::default()
+        };
+        let config = tuned.config();
+        assert_eq!((config.prefill_tokens_per_sec, config.frontend_latency_ms), (4_000.0, 0.0));
+        assert_eq!((config.block_size, config.mixed_batching), (32, true), "the rest is the profile's");
     }
 
     #[test]

@@ -12,7 +12,14 @@
 //!   *decode* step giving every decoding request one token and lasting
 //!   `decode_base_ms + decode_per_request_ms × batch`. Prefill has priority (SGLang without mixed
 //!   chunking). A request's first token is emitted at the end of the step completing its prefill;
-//!   it then needs `output_tokens - 1` decode steps.
+//!   it then needs `output_tokens - 1` decode steps. A prefill step may have a fixed cost
+//!   (`prefill_base_ms`, a forward pass's overhead); with `mixed_batching` the running decodes
+//!   ride in every prefill step (vLLM v1), which pays the larger fixed cost once.
+//! - **Front end.** `frontend_latency_ms` delays each request's entry into the scheduler's queue
+//!   (the engine's HTTP server, tokenization, the hop to its engine core and back), a constant
+//!   every client-side time to first token includes.
+//! - **Profiles.** [`EngineProfile`] names measured parameter sets (`--engine-profile`):
+//!   `vllm-cpu-tiny` reproduces vLLM's CPU build on the real-engine harness's tiny model.
 //! - **KV cache.** Capacity is counted in blocks of `block_size` tokens. A request reserves
 //!   `ceil((prompt + output) / block_size)` blocks at admission, minus the full prompt blocks
 //!   already in the prefix cache (matched by chained block hash, see [`block_hash`]). Admission is
@@ -69,6 +76,7 @@ mod events;
 mod flags;
 mod load;
 mod offload;
+mod profile;
 mod scheduler;
 
 pub use block_hash::{adapter_block_hashes, block_hash, prompt_block_hashes};
@@ -81,6 +89,7 @@ pub use flags::EngineFlags;
 pub use kvgate_config::{FieldError, ValidationErrors};
 pub use kvgate_words::{count_tokens, splitmix64, token_id, tokenize};
 pub use load::{EngineLoad, THROUGHPUT_WINDOW_US};
+pub use profile::EngineProfile;
 pub use scheduler::Engine;
 
 #[cfg(test)]

@@ -32,6 +32,9 @@ pub struct Engine {
     slots: Vec<Option<Request>>,
     free_slots: Vec<usize>,
     slot_by_id: BTreeMap<u64, usize>,
+    /// Requests on their way through the front end (`frontend_latency_ms`): when each reaches
+    /// the scheduler's queue, in submission order.
+    arriving: VecDeque<(u64, usize)>,
     waiting: VecDeque<usize>,
     prefilling: VecDeque<usize>,
     decoding: Vec<usize>,
@@ -150,6 +153,7 @@ impl Engine {
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_by_id: BTreeMap::new(),
+            arriving: VecDeque::new(),
             waiting: VecDeque::new(),
             prefilling: VecDeque::new(),
             decoding: Vec::new(),
@@ -175,9 +179,13 @@ impl Engine {
         &self.config
     }
 
-    /// When the running scheduler step ends; `None` when the engine is idle.
+    /// When the running scheduler step ends, or, with no step running, when the next request
+    /// through the front end reaches the queue; `None` when the engine is idle.
     pub fn next_event_time(&self) -> Option<u64> {
-        self.step.map(|step| step.end_us)
+        match self.step {
+            Some(step) => Some(step.end_us),
+            None => self.arriving.front().map(|&(ready, _)| ready),
+        }
     }
 
     /// Leading tokens of `prompt` whose KV blocks are in the prefix cache now (whole blocks,
@@ -291,6 +299,12 @@ impl Engine {
             }
         };
         self.slot_by_id.insert(id, slot);
+        let latency = self.config.frontend_latency_us();
+        if latency > 0 {
+            // Queued when it is through the front end (`advance` at `next_event_time`).
+            self.arriving.push_back((now + latency, slot));
+            return;
+        }
         let position = self.queue_position(&self.waiting, priority);
         self.waiting.insert(position, slot);
         self.admission_pending = true;
@@ -302,12 +316,24 @@ impl Engine {
         }
     }
 
-    /// Completes every scheduler step that ends at or before `now`, appending their outputs.
+    /// Completes every scheduler step that ends at or before `now`, appending their outputs (and
+    /// queues the requests through the front end by then, an idle engine starting at once).
     pub fn advance(&mut self, now: u64, out: &mut Vec<EngineOutput>) {
-        while let Some(step) = self.step {
+        loop {
+            let Some(step) = self.step else {
+                match self.arriving.front() {
+                    Some(&(ready, _)) if ready <= now => {
+                        self.queue_arrived(ready);
+                        self.schedule(ready);
+                        continue;
+                    }
+                    _ => break,
+                }
+            };
             if step.end_us > now {
                 break;
             }
+            self.queue_arrived(step.end_us);
             self.step = None;
             match step.kind {
                 StepKind::Prefill { decodes } => {
@@ -320,6 +346,20 @@ impl Engine {
                 StepKind::Decode => self.complete_decode(step.end_us, out),
             }
             self.schedule(step.end_us);
+        }
+    }
+
+    /// Moves the requests through the front end by `at_us` into the scheduler's queue.
+    fn queue_arrived(&mut self, at_us: u64) {
+        while let Some(&(ready, slot)) = self.arriving.front() {
+            if ready > at_us {
+                break;
+            }
+            self.arriving.pop_front();
+            let priority = self.slots[slot].as_ref().expect("arriving slots are live").priority;
+            let position = self.queue_position(&self.waiting, priority);
+            self.waiting.insert(position, slot);
+            self.admission_pending = true;
         }
     }
 
@@ -340,6 +380,7 @@ impl Engine {
         match request.phase {
             Phase::Waiting => {
                 remove_value(&mut self.waiting, slot);
+                self.arriving.retain(|&(_, arriving)| arriving != slot);
                 self.waiting_uncached_tokens -= u64::from(request.uncached_estimate);
                 self.admission_pending = true;
                 return true;
@@ -452,15 +493,12 @@ impl Engine {
                 }
             }
             let decodes = self.config.mixed_batching && !self.decoding.is_empty();
-            let decode_us = match decodes {
-                true => self.config.decode_step_us(self.decoding.len()),
-                false => 0,
+            let step_us = match decodes {
+                true => self.config.mixed_step_us(step_tokens, self.decoding.len()),
+                false => self.config.prefill_step_us(step_tokens),
             };
-            self.step = Some(Step {
-                start_us: at_us,
-                end_us: at_us + self.config.prefill_step_us(step_tokens) + decode_us,
-                kind: StepKind::Prefill { decodes },
-            });
+            self.step =
+                Some(Step { start_us: at_us, end_us: at_us + step_us, kind: StepKind::Prefill { decodes } });
         } else if !self.decoding.is_empty() {
             self.step = Some(Step {
                 start_us: at_us,

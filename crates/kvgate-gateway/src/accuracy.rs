@@ -6,6 +6,10 @@
 //! window (`kvgate_index::IndexAccuracy`), which raises one warning naming the likely cause when
 //! the two disagree persistently (shown in `/workers` as `index_accuracy`).
 //!
+//! The same tap teaches kv_aware its engines' speed ([`Learn`]): a stream's time to first byte
+//! (the engines send nothing before the first token), the prompt and cached tokens its engine
+//! reported, and what the decision predicted, handed to the policy (`Policy::on_answered`).
+//!
 //! A stream carries its usage only when asked (`stream_options.include_usage`): the gateway
 //! asks on the client's behalf ([`ask_for_usage`]) and leaves that chunk out again.
 
@@ -68,6 +72,39 @@ impl Probe {
     }
 }
 
+/// What kv_aware's decision predicted for a streamed request, to learn from its answer.
+#[derive(Clone)]
+pub(crate) struct Learn {
+    pub(crate) policy: Arc<dyn kvgate_policy::Policy>,
+    pub(crate) worker: u32,
+    pub(crate) predicted: kvgate_policy::PredictedTtft,
+    /// The prompt's tokens as the gateway counted them (when the engine does not say).
+    pub(crate) prompt_tokens: u32,
+}
+
+impl std::fmt::Debug for Learn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Learn").field("worker", &self.worker).field("predicted", &self.predicted).finish()
+    }
+}
+
+impl Learn {
+    /// Hands the answer to the policy: its time to first token `ttft_s` and the engine's usage
+    /// (an answer whose usage did not say what was cached teaches nothing).
+    fn answered(self, usage: Option<EngineUsage>, ttft_s: f64) {
+        let Some(usage) = usage else { return };
+        let Some(cached_tokens) = usage.cached_tokens else { return };
+        let prompt_tokens = usage.prompt_tokens.filter(|&n| n > 0).unwrap_or(self.prompt_tokens);
+        self.policy.on_answered(&kvgate_policy::Answered {
+            worker: self.worker,
+            predicted: self.predicted,
+            prompt_tokens,
+            cached_tokens: cached_tokens.min(prompt_tokens),
+            ttft_s,
+        });
+    }
+}
+
 /// A streamed OpenAI request's body asking for the final usage chunk (`None`: not a JSON
 /// object, left as it is): `stream_options.include_usage` set, by the one body editor (put
 /// first, the rest byte for byte, when the client set no `stream_options`).
@@ -91,12 +128,15 @@ pub(crate) struct UsageTap {
     reader: Reader,
     /// The prediction to compare with, and the worker it was made for.
     probe: Option<(Probe, Arc<Worker>)>,
+    /// kv_aware's prediction, to learn from (streams only).
+    learn: Option<Learn>,
 }
 
 impl UsageTap {
     /// Leaves the closed loop's prediction out: the answer is not the predicted worker's.
     pub(crate) fn forget_probe(&mut self) {
         self.probe = None;
+        self.learn = None;
     }
 
     /// Whether the answer passes changed (the usage chunk the gateway asked for left out).
@@ -112,7 +152,12 @@ impl UsageTap {
         } else {
             Reader::Whole(Some(BytesMut::new()))
         };
-        UsageTap { reader, probe }
+        UsageTap { reader, probe, learn: None }
+    }
+
+    /// Also hands the answer to kv_aware to learn from (`learn`: a stream's prediction).
+    pub(crate) fn learning(self, learn: Option<Learn>) -> Self {
+        UsageTap { learn, ..self }
     }
 
     /// One data frame of the answer; returns what to pass on.
@@ -132,9 +177,13 @@ impl UsageTap {
         }
     }
 
-    /// The answer ended: records the sample; returns what a stream still held (to pass on) and
-    /// the answer's usage.
-    pub(crate) fn finish(&mut self, metrics: &Metrics) -> (Bytes, Option<EngineUsage>) {
+    /// The answer ended: records the sample (and, with its time to first byte `first_byte_s`,
+    /// teaches kv_aware); returns what a stream still held (to pass on) and the answer's usage.
+    pub(crate) fn finish(
+        &mut self,
+        metrics: &Metrics,
+        first_byte_s: Option<f64>,
+    ) -> (Bytes, Option<EngineUsage>) {
         let (rest, usage) = match &mut self.reader {
             Reader::Stream(stream) => {
                 let rest = stream.finish();
@@ -146,6 +195,9 @@ impl UsageTap {
         };
         if let Some((probe, worker)) = self.probe.take() {
             record(metrics, &worker, probe, usage);
+        }
+        if let (Some(learn), Some(ttft_s)) = (self.learn.take(), first_byte_s) {
+            learn.answered(usage, ttft_s);
         }
         (rest, usage)
     }

@@ -195,7 +195,8 @@ pub struct PoolSeries {
 }
 
 /// The `term` label of `kvgate_predicted_ttft_seconds`.
-const PREDICTED_TERMS: [&str; 8] = kvgate_policy::PredictedTtft::TERMS;
+const PREDICTED_TERMS: [&str; kvgate_policy::PredictedTtft::TERMS.len()] =
+    kvgate_policy::PredictedTtft::TERMS;
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
     registry.register(Box::new(metric.clone())).expect("metric names are unique and valid");

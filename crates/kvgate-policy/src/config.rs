@@ -167,8 +167,10 @@ pub struct PolicyConfig {
     /// kv_aware: learn the engines' prefill and decode rates from their load reports (between
     /// two reports with prefill queued, what each computed over the interval; with none queued,
     /// its generation throughput), starting from --kv-aware-prefill-tokens-per-sec and
-    /// --kv-aware-decode-ms-per-request. Counts only the prompts this gateway routed (behind
-    /// several replicas the estimate is low: configure the rates and turn this off).
+    /// --kv-aware-decode-ms-per-request; where the reports say no prefill is queued (vLLM), from
+    /// the streamed answers' measured times to first token; an engine's fixed cost from those
+    /// always. Counts only the prompts this gateway routed (behind several replicas the estimate
+    /// is low: configure the rates and turn this off).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub kv_aware_learn_prefill_rate: bool,
     /// kv_aware: learn a prefill and a decode rate per engine (an unequal fleet's fast engines

@@ -287,6 +287,21 @@ pub struct Routed<'a> {
     pub load_poll_interval_ms: u64,
 }
 
+/// A request the worker a decision chose has answered, for [`Policy::on_answered`]: what the
+/// decision predicted and what the host then measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Answered {
+    pub worker: WorkerId,
+    /// The decision's prediction (kv_aware's; [`Decision::predicted`]).
+    pub predicted: PredictedTtft,
+    /// The prompt's tokens and those the engine reported cached (`usage`).
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    /// The time to first token the host measured, in seconds: from the request's arrival to the
+    /// first byte of a streamed answer.
+    pub ttft_s: f64,
+}
+
 /// Why no worker could be chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum NoRoute {
@@ -318,6 +333,10 @@ pub trait Policy: Send + Sync {
     /// The host sent the request where this policy's [`Policy::decide`] chose: record it (work
     /// routed, the session bound, the next turn taken). Live plans only, once per request sent.
     fn on_routed(&self, _routed: &Routed<'_>) {}
+
+    /// A request sent where this policy decided has answered: what the host measured (kv_aware
+    /// learns its engines' speed from it). Called at most once per request, after `on_routed`.
+    fn on_answered(&self, _answered: &Answered) {}
 
     /// Whether decisions carry a predicted time to first token ([`Decision::predicted`]; only
     /// kv_aware's do): the host weighs a disaggregated request's paths only when both sides'

@@ -8,26 +8,7 @@ use kvgate_protocol::SseData;
 use kvgate_trace::trace::{prompt_text, TraceRequest};
 use serde_json::{json, Value};
 
-/// Which OpenAI-compatible endpoint requests go to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[clap(rename_all = "snake_case")]
-pub enum Endpoint {
-    /// `POST /v1/completions` with the prompt text.
-    #[default]
-    Completions,
-    /// `POST /v1/chat/completions` with the prompt as one user message.
-    Chat,
-}
-
-impl Endpoint {
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::Chat => "/v1/chat/completions",
-        }
-    }
-}
+pub use kvgate_trace::Endpoint;
 
 /// The JSON body of a trace line: streaming, exactly `output_length` tokens, usage in the stream.
 pub fn request_body(request: &TraceRequest, model: &str, endpoint: Endpoint) -> Value {
@@ -40,10 +21,7 @@ pub fn request_body(request: &TraceRequest, model: &str, endpoint: Endpoint) -> 
         "temperature": 0,
         "stream_options": {"include_usage": true},
     });
-    match endpoint {
-        Endpoint::Completions => body["prompt"] = Value::String(text),
-        Endpoint::Chat => body["messages"] = json!([{"role": "user", "content": text}]),
-    }
+    endpoint.put_prompt(&mut body, text);
     body
 }
 

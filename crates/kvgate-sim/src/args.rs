@@ -9,6 +9,7 @@ use kvgate_policy::{OverloadSettings, PolicyConfig, PolicyKind, TenantsConfig};
 use crate::trace::TraceFormat;
 use crate::SimError;
 use kvgate_config::{Checks, FieldError, ValidationErrors};
+use kvgate_trace::Endpoint;
 
 pub mod entry;
 mod fleet;
@@ -59,6 +60,19 @@ pub struct SimArgs {
     /// Engine-model flags (shared with `kvgate mock`).
     #[command(flatten)]
     pub engine: EngineFlags,
+
+    /// Count prompts in this tokenizer's tokens (a Hugging Face tokenizer.json or its folder, with
+    /// the model's chat template), as the real engines behind `kvgate replay` will: each
+    /// request's prompt is the body `kvgate replay --endpoint` sends (the text, or one user
+    /// message rendered with the chat template), tokenized, so the simulated engines compute and
+    /// cache exactly the engines' tokens (default: one token per word, the simulated engines' own
+    /// tokenizer).
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer_path: Option<PathBuf>,
+    /// With --tokenizer-path: the endpoint whose prompt is tokenized, as `kvgate replay
+    /// --endpoint`.
+    #[arg(long, value_enum, default_value_t = Endpoint::Completions)]
+    pub endpoint: Endpoint,
 
     /// Trace timestamps are divided by this (2 = twice the request rate; `--speedup` is an alias,
     /// as in `kvgate replay`).

@@ -55,8 +55,8 @@ pub use report::{
     SWEEP_METRICS,
 };
 pub use sim::{
-    simulate, simulate_outside, AdmissionSetup, Fleet, KvTick, PdOutcome, PdSetup, SimOutcome, SimPool,
-    SimSetup, TtftParts, MAINTAIN_INTERVAL_US,
+    simulate, simulate_outside, AdmissionSetup, Fleet, KvTick, PdOutcome, PdSetup, Prompts, SimOutcome,
+    SimPool, SimSetup, TtftParts, MAINTAIN_INTERVAL_US,
 };
 pub use tenants::TenantMetrics;
 
@@ -69,6 +69,38 @@ pub enum SimError {
     Trace(#[from] TraceError),
     #[error("writing {path}: {message}")]
     Output { path: String, message: String },
+    #[error("--tokenizer-path {path}: {message}")]
+    Tokenizer { path: String, message: String },
+}
+
+/// Each trace request's prompt as the real engines behind `kvgate replay` compute it
+/// (`--tokenizer-path`): the body replay sends for `--endpoint`, rendered and tokenized with the
+/// engines' tokenizer. `None` without the option (the simulated engines' words).
+fn tokenized_prompts(args: &SimArgs, trace: &Trace) -> Result<Option<sim::Prompts>, SimError> {
+    let Some(path) = &args.tokenizer_path else { return Ok(None) };
+    let problem = |message: String| SimError::Tokenizer { path: path.display().to_string(), message };
+    let tokenizer =
+        kvgate_tokenizer::Tokenizer::from_path(path, None).map_err(|error| problem(error.to_string()))?;
+    let mut prompts = Vec::with_capacity(trace.requests.len());
+    for (line, request) in trace.requests.iter().enumerate() {
+        let mut body = serde_json::json!({});
+        args.endpoint.put_prompt(&mut body, trace::prompt_text(request));
+        let tokens = match args.endpoint {
+            kvgate_trace::Endpoint::Completions => {
+                tokenizer.encode_prompt(body["prompt"].as_str().unwrap_or_default())
+            }
+            kvgate_trace::Endpoint::Chat => {
+                let bytes = serde_json::to_vec(&body).expect("a JSON value always serializes");
+                tokenizer.encode_chat_request(&bytes)
+            }
+        };
+        let tokens = tokens.map_err(|error| problem(format!("request {}: {error}", line + 1)))?;
+        if tokens.is_empty() {
+            return Err(problem(format!("request {}: no tokens", line + 1)));
+        }
+        prompts.push(tokens);
+    }
+    Ok(Some(sim::Prompts::new(prompts)))
 }
 
 /// Loads `--trace` and runs every policy (and sweep point) on it. Prints progress on stderr.
@@ -89,7 +121,7 @@ pub fn run_on_trace(args: &SimArgs, trace: &Trace, show_progress: bool) -> Resul
     let pooled_kv_tokens = engines[..fleet.prompt_engines()].iter().map(|e| e.kv_capacity_tokens).sum();
     let pooled_lru = trace.pooled_lru(pooled_kv_tokens);
     let pooled_belady = trace.pooled_belady(pooled_kv_tokens);
-    let setup = sim_setup(args, fleet, engines)?;
+    let setup = sim_setup(args, fleet, engines, &trace)?;
     let times: Vec<f64> = trace.requests.iter().map(|r| r.timestamp_ms).collect();
     let span_ms = times.iter().copied().fold(f64::NEG_INFINITY, f64::max)
         - times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -201,8 +233,10 @@ fn sim_setup(
     args: &SimArgs,
     fleet: Fleet,
     engines: Vec<kvgate_engine::EngineConfig>,
+    trace: &Trace,
 ) -> Result<SimSetup, SimError> {
     Ok(SimSetup {
+        prompts: tokenized_prompts(args, trace)?,
         fleet,
         engine: args.engine_config(),
         engines,
@@ -236,7 +270,7 @@ pub fn run_outside(
     let trace = trace.truncated(args.max_requests);
     let engines: Vec<_> = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
     let pooled_kv_tokens = engines.iter().map(|e| e.kv_capacity_tokens).sum();
-    let setup = sim_setup(args, fleet, engines)?;
+    let setup = sim_setup(args, fleet, engines, &trace)?;
     let outcome = simulate_outside(&trace, &setup, outside, &mut |_, _| {});
     let (metrics, ttft_ms_sorted) = Metrics::from_outcome(
         &outcome,

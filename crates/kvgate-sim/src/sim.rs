@@ -54,6 +54,29 @@ pub struct SimSetup {
     pub admission: AdmissionSetup,
     /// The gateway's per-worker overload protection (`--worker-overload-*`; off by default).
     pub overload: OverloadSettings,
+    /// Each trace request's prompt tokens, by trace index, when they are not the trace's words
+    /// (`--tokenizer-path`: the real engines' tokens).
+    pub prompts: Option<Prompts>,
+}
+
+/// Prompt tokens by trace index (shared by every run of one report).
+#[derive(Clone, PartialEq)]
+pub struct Prompts(std::sync::Arc<Vec<Vec<u32>>>);
+
+impl Prompts {
+    pub fn new(prompts: Vec<Vec<u32>>) -> Prompts {
+        Prompts(std::sync::Arc::new(prompts))
+    }
+
+    pub fn get(&self, trace_index: usize) -> Option<&[u32]> {
+        self.0.get(trace_index).map(Vec::as_slice)
+    }
+}
+
+impl std::fmt::Debug for Prompts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Prompts({} requests)", self.0.len())
+    }
 }
 
 /// The engines and how requests reach them.
@@ -382,10 +405,9 @@ impl<'a> Simulation<'a> {
 
     fn arrive(&mut self, now: u64, id: u64) {
         let request = &self.trace.requests[self.order[id as usize]];
-        let (input_length, output_tokens) = (request.input_length, request.output_length);
         let mut prompt = std::mem::take(&mut self.prompt);
-        prompt.clear();
-        extend_prompt_tokens(request, &mut prompt);
+        let input_length = self.prompt_of(id, &mut prompt);
+        let output_tokens = request.output_length;
         session_key(request, &mut self.session);
         if self.pd.is_some() {
             // Every way a disaggregated request can go unrouted is at its arrival.
@@ -410,6 +432,18 @@ impl<'a> Simulation<'a> {
             return;
         }
         self.submit(now, id, prompt, input_length, output_tokens);
+    }
+
+    /// Request `id`'s prompt tokens into `prompt` (cleared first): the trace's words, or the
+    /// engines' tokens with `--tokenizer-path`. Returns their count.
+    fn prompt_of(&self, id: u64, prompt: &mut Vec<u32>) -> u32 {
+        let index = self.order[id as usize];
+        prompt.clear();
+        match self.setup.prompts.as_ref().and_then(|prompts| prompts.get(index)) {
+            Some(tokens) => prompt.extend_from_slice(tokens),
+            None => extend_prompt_tokens(&self.trace.requests[index], prompt),
+        }
+        u32::try_from(prompt.len()).unwrap_or(u32::MAX)
     }
 
     /// Routes admitted request `id` and submits it to its engine.
@@ -466,10 +500,9 @@ impl<'a> Simulation<'a> {
     /// Routes and submits the admitted waiter `id`.
     fn submit_waiter(&mut self, now: u64, id: u64) {
         let request = &self.trace.requests[self.order[id as usize]];
-        let (input_length, output_tokens) = (request.input_length, request.output_length);
         let mut prompt = std::mem::take(&mut self.prompt);
-        prompt.clear();
-        extend_prompt_tokens(request, &mut prompt);
+        let input_length = self.prompt_of(id, &mut prompt);
+        let output_tokens = request.output_length;
         session_key(request, &mut self.session);
         self.submit(now, id, prompt, input_length, output_tokens);
     }

@@ -3,14 +3,17 @@
 //! built from a line), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents,
 //! bursts, long prompts), the trace's cache references ([`CacheReference`]: infinite ceiling,
 //! pooled LRU, pooled Belady), the one percentile every report uses, when each request is sent
-//! and what its session took ([`SessionSchedule`]: closed-loop sessions). (The reader of a
-//! streamed answer's SSE events at the client is `kvgate_protocol::SseData`.)
+//! and what its session took ([`SessionSchedule`]: closed-loop sessions), and which endpoint a
+//! line is sent to ([`Endpoint`]). (The reader of a streamed answer's SSE events at the client
+//! is `kvgate_protocol::SseData`.)
 
+mod endpoint;
 pub mod generate;
 mod reference;
 mod sessions;
 pub mod trace;
 
+pub use endpoint::Endpoint;
 pub use reference::CacheReference;
 pub use sessions::{SessionFigures, SessionSchedule};
 pub use trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};

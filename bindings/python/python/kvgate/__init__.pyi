@@ -230,9 +230,11 @@ class Gateway:
         kv_aware_learn_prefill_rate: kv_aware: learn the engines' prefill and decode rates from
             their load reports (between two reports with prefill queued, what each computed over
             the interval; with none queued, its generation throughput), starting from --kv-
-            aware-prefill-tokens-per-sec and --kv-aware-decode-ms-per-request. Counts only the
-            prompts this gateway routed (behind several replicas the estimate is low: configure
-            the rates and turn this off)
+            aware-prefill-tokens-per-sec and --kv-aware-decode-ms-per-request; where the reports
+            say no prefill is queued (vLLM), from the streamed answers' measured times to first
+            token; an engine's fixed cost from those always. Counts only the prompts this
+            gateway routed (behind several replicas the estimate is low: configure the rates and
+            turn this off)
         kv_aware_per_engine_rates: kv_aware: learn a prefill and a decode rate per engine (an
             unequal fleet's fast engines are used, its slow ones measured); false predicts every
             engine at one fleet-wide rate (the mean of the engines' estimates), the default:
@@ -718,6 +720,9 @@ def simulate(
     kv_bytes_per_token: int = 131072,
     pd_cost_to_others_weight: float = 1.0,
     pd_kv_hold_secs: float = 300.0,
+    engine_profile: Literal['reference', 'vllm-cpu-tiny'] = 'reference',
+    prefill_base_ms: float | None = None,
+    frontend_latency_ms: float | None = None,
     prefill_tokens_per_sec: float | None = None,
     prefill_chunk_tokens: int | None = None,
     decode_base_ms: float | None = None,
@@ -732,6 +737,8 @@ def simulate(
     cpu_load_tokens_per_sec: float | None = None,
     priority_scheduling: bool = False,
     mixed_batching: bool = False,
+    tokenizer_path: str | os.PathLike[str] | None = None,
+    endpoint: Literal['completions', 'chat'] = 'completions',
     rate_scale: float = 1.0,
     max_requests: int | None = None,
     load_monitor_interval_ms: int = 1000,
@@ -807,9 +814,10 @@ def simulate(
     kv_aware_learn_prefill_rate: kv_aware: learn the engines' prefill and decode rates from
         their load reports (between two reports with prefill queued, what each computed over the
         interval; with none queued, its generation throughput), starting from --kv-aware-
-        prefill-tokens-per-sec and --kv-aware-decode-ms-per-request. Counts only the prompts
-        this gateway routed (behind several replicas the estimate is low: configure the rates
-        and turn this off)
+        prefill-tokens-per-sec and --kv-aware-decode-ms-per-request; where the reports say no
+        prefill is queued (vLLM), from the streamed answers' measured times to first token; an
+        engine's fixed cost from those always. Counts only the prompts this gateway routed
+        (behind several replicas the estimate is low: configure the rates and turn this off)
     kv_aware_per_engine_rates: kv_aware: learn a prefill and a decode rate per engine (an
         unequal fleet's fast engines are used, its slow ones measured); false predicts every
         engine at one fleet-wide rate (the mean of the engines' estimates), the default: per-
@@ -896,6 +904,13 @@ def simulate(
         pair's slot waiting for its KV (SGLang: SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300 by
         default); a pair whose KV is predicted to arrive later (prefill queue and prefill +
         transfer) is not taken, the request is prefilled in place, > 0
+    engine_profile: The engines' parameters before the flags below: `reference` (the routing
+        scenarios' replica) or `vllm-cpu-tiny` (vLLM 0.32's CPU build serving the real-engine
+        harness's tiny model, as measured; see docs/BENCHMARKS.md). Each engine flag given
+        overrides its value
+    prefill_base_ms: Fixed cost of a prefill step (a chunk) in ms [default: 0]
+    frontend_latency_ms: Ms from a request's submission to the engine's scheduler queue: its
+        server's HTTP, tokenization and first token back [default: 0]
     prefill_tokens_per_sec: Uncached prompt tokens prefilled per second [default: 8000]
     prefill_chunk_tokens: Most prompt tokens per prefill step [default: 2048]
     decode_base_ms: Fixed decode step time in ms [default: 6.0]
@@ -921,6 +936,14 @@ def simulate(
     mixed_batching: Carry the running decodes in every step, prefill chunks filling the rest of
         its token budget (vLLM v1's scheduler, SGLang's `--enable-mixed-chunk`); off: a prefill
         step goes before the running decodes and carries none of them (SGLang's default)
+    tokenizer_path: Count prompts in this tokenizer's tokens (a Hugging Face tokenizer.json or
+        its folder, with the model's chat template), as the real engines behind `kvgate replay`
+        will: each request's prompt is the body `kvgate replay --endpoint` sends (the text, or
+        one user message rendered with the chat template), tokenized, so the simulated engines
+        compute and cache exactly the engines' tokens (default: one token per word, the
+        simulated engines' own tokenizer)
+    endpoint: With --tokenizer-path: the endpoint whose prompt is tokenized, as `kvgate replay
+        --endpoint`
     rate_scale: Trace timestamps are divided by this (2 = twice the request rate; `--speedup` is
         an alias, as in `kvgate replay`)
     max_requests: Replay only the first K requests (in arrival order)

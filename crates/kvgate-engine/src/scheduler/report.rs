@@ -39,7 +39,10 @@ impl Engine {
         let load = self.load(0);
         assert!((0.0..=1.0).contains(&load.token_usage), "{load:?}");
         assert!(self.running() <= self.config.max_running_requests as usize);
-        assert_eq!(self.slot_by_id.len(), self.waiting.len() + self.prefilling.len() + self.decoding.len());
+        assert_eq!(
+            self.slot_by_id.len(),
+            self.arriving.len() + self.waiting.len() + self.prefilling.len() + self.decoding.len()
+        );
         for (position, &slot) in self.decoding.iter().enumerate() {
             let phase = self.slots[slot].as_ref().unwrap().phase;
             assert!(matches!(phase, Phase::Decoding { position: p, .. } if p == position));

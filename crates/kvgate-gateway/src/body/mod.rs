@@ -90,6 +90,8 @@ pub struct MeteredBody<S> {
     inner: S,
     tail: RequestTail,
     first_byte_seen: bool,
+    /// Seconds from the request's arrival to the answer's first byte.
+    first_byte_s: Option<f64>,
     /// Why the body was cut, held while the error event goes out first.
     broken: Option<Cut>,
     /// The error event was handed over and one poll has let the connection flush it.
@@ -100,7 +102,15 @@ pub struct MeteredBody<S> {
 
 impl<S: AnswerSource> MeteredBody<S> {
     pub fn new(inner: S, tail: RequestTail) -> Self {
-        Self { inner, tail, first_byte_seen: false, broken: None, flushed: false, ended: false }
+        Self {
+            inner,
+            tail,
+            first_byte_seen: false,
+            first_byte_s: None,
+            broken: None,
+            flushed: false,
+            ended: false,
+        }
     }
 }
 
@@ -192,7 +202,7 @@ impl<S: AnswerSource> Body for MeteredBody<S> {
                     if this.inner.migrated() {
                         tap.forget_probe();
                     }
-                    let (rest, usage) = tap.finish(&this.tail.metrics);
+                    let (rest, usage) = tap.finish(&this.tail.metrics, this.first_byte_s);
                     this.tail.usage = None;
                     settle(&mut this.tail.permit, usage, this.tail.usage_bound);
                     if rest.is_empty() {
@@ -209,6 +219,7 @@ impl<S: AnswerSource> Body for MeteredBody<S> {
             if let Poll::Ready(Some(Ok(_)) | None) = &polled {
                 this.first_byte_seen = true;
                 let elapsed = this.tail.started.elapsed().as_secs_f64();
+                this.first_byte_s = Some(elapsed);
                 this.tail.metrics.ttfb(this.tail.endpoint).observe(elapsed);
                 if let Some(span) = &mut this.tail.span {
                     span.first_byte(elapsed);

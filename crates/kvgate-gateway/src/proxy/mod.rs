@@ -232,8 +232,12 @@ where
     // The gateway learns the usage of every stream it needs it of (the closed loop: one routed on
     // token ids; a tenant's tokens-per-minute charge): a client that did not ask for the usage
     // chunk gets it asked for on its behalf, and left out of its answer again.
-    let closed_loop =
-        matches!((shape, &route_request.key), (plan::Shape::Single(_), kvgate_policy::RoutingKey::Tokens(_)));
+    // kv_aware learns its engines' speed from the streams' times to first token and usage.
+    let closed_loop = match (shape, &route_request.key) {
+        (plan::Shape::Single(_), kvgate_policy::RoutingKey::Tokens(_)) => true,
+        (plan::Shape::Single(pool), _) => pool.policy.predicts(),
+        _ => false,
+    };
     let asked = match matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
         && fields.stream == Some(true)
         && !fields.asks_usage()
@@ -419,6 +423,7 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
         }
         Probe { tenant: Some(ex.tenant.to_string()), ..probe }
     });
+    let learn = pick.learn(ex.request);
     let prompt = pick.in_flight_prompt(ex.request, ex.namespace);
     let result =
         attempt(ex.state, &pick.worker, ex.path_and_query, ex.headers, ex.body.clone(), prompt).await;
@@ -430,6 +435,7 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
             decision: pick.decision,
             prefill: None,
             probe,
+            learn,
             pd: None,
         })
     };

@@ -76,6 +76,7 @@ fn prefill_served(prefill: &Pick) -> impl FnOnce(http::Response<UpstreamBody>, I
             decision: prefill.decision,
             prefill: None,
             probe: None,
+            learn: None,
             pd: None,
         })
     }
@@ -103,6 +104,7 @@ fn decode_outcome(prefill: Pick, decode: Pick, result: Attempt) -> Outcome {
             decision: decode.decision,
             prefill: Some((prefill.worker, prefill.decision)),
             probe: None,
+            learn: None,
             pd: None,
         })
     };

@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::choose::{Consulted, PoolView};
-use crate::accuracy::Probe;
+use crate::accuracy::{Learn, Probe};
 use crate::error::ApiError;
 use crate::registry::{ModelPool, ModelPools, ModelPrefix};
 use crate::state::AppState;
@@ -321,6 +321,18 @@ impl Pick {
         Some(Probe { model_window, removed_at: self.worker.kv_removed_blocks(), ..probe })
     }
 
+    /// What kv_aware predicted for the request on the chosen worker, for its policy to learn
+    /// from the answer's time to first token (`accuracy::Learn`).
+    pub(super) fn learn(&self, request: &RouteRequest<'_>) -> Option<Learn> {
+        let predicted = self.decision.predicted?;
+        Some(Learn {
+            policy: self.pool.policy.clone(),
+            worker: self.decision.worker,
+            predicted,
+            prompt_tokens: u32::try_from(request.prompt_tokens).unwrap_or(u32::MAX),
+        })
+    }
+
     /// A request routed on the exact index: its prompt's blocks count as held by the chosen
     /// worker until the request ends.
     pub(super) fn in_flight_prompt(
@@ -343,6 +355,9 @@ impl Pick {
 }
 
 /// Where one attempt goes.
+// One plan per attempt, moved once (as kvgate-route's): boxing the pair's picks would add an
+// allocation to every disaggregated request to save a copy of a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum RoutePlan {
     Single(Pick),
     /// A disaggregated pair, and the rule's verdict (`why=always` without --pd-conditional).

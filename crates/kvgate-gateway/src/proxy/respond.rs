@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::{Decision, PdChoice};
 
-use crate::accuracy::{Probe, UsageTap};
+use crate::accuracy::{Learn, Probe, UsageTap};
 use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound, Watched};
 use crate::conn::UpstreamBody;
 use crate::error::ApiError;
@@ -31,6 +31,8 @@ pub(super) struct Served {
     pub prefill: Option<(Arc<Worker>, Decision)>,
     /// What the exact index predicted cached on `worker` (requests routed on token ids).
     pub probe: Option<Probe>,
+    /// What kv_aware predicted for the request, to learn from its time to first token.
+    pub learn: Option<Learn>,
     /// A disaggregated fleet's path for the request, and why (set by the retry loop).
     pub pd: Option<PdChoice>,
 }
@@ -167,7 +169,7 @@ pub(super) fn respond(
     span: &mut Option<RequestSpan>,
 ) -> Response {
     let strip_usage = expect.strip_usage;
-    let Served { response, in_flight, worker, decision, prefill, probe, pd } = served;
+    let Served { response, in_flight, worker, decision, prefill, probe, learn, pd } = served;
     let (mut parts, body) = response.into_parts();
     // Hop-by-hop headers, and the gateway's own namespace: a worker's `x-kvgate-*` never
     // reaches a client (the routing headers below are the gateway's).
@@ -192,8 +194,10 @@ pub(super) fn respond(
     let permit = permit.into_hold();
     // A tenant's token charge is corrected from the answer's usage (successful answers only).
     let settles = parts.status.is_success() && permit.as_ref().is_some_and(|hold| hold.wants_usage());
-    let usage = (probe.is_some() || (strip_usage && event_stream) || settles)
-        .then(|| UsageTap::new(probe, event_stream, strip_usage && event_stream));
+    // Only a stream's first byte is its time to first token.
+    let learn = learn.filter(|_| parts.status.is_success() && event_stream);
+    let usage = (probe.is_some() || learn.is_some() || (strip_usage && event_stream) || settles)
+        .then(|| UsageTap::new(probe, event_stream, strip_usage && event_stream).learning(learn));
     if strip_usage && event_stream {
         // The body the client gets is shorter than the worker's: its length is not known.
         parts.headers.remove(header::CONTENT_LENGTH);

@@ -286,6 +286,11 @@ impl Policy for KvAwarePolicy {
         arrivals.record(now_ms, poll_ms);
     }
 
+    /// The engine's measured time to first token teaches its rates (`rate.rs`).
+    fn on_answered(&self, answered: &crate::Answered) {
+        self.lock().rates.observe_answer(answered.worker, answered);
+    }
+
     fn remove_worker(&self, worker: WorkerId) {
         let mut state = self.lock();
         state.routed.forget(worker);

@@ -30,16 +30,22 @@ pub struct PredictedTtft {
     /// On a decision: the predicted time to first token on the runner-up, the candidate with
     /// the lowest cost after the chosen one (none with a single candidate).
     pub runner_up_s: Option<f64>,
+    /// The engine's fixed cost of any request (its server, a forward pass's overhead, the hop to
+    /// it), learned from measured times to first token (`Rates::base_s`; 0 until learned).
+    pub base_s: f64,
+    /// The rates the terms were computed at, what a measured time to first token is later
+    /// compared with (`EngineRates::observe_answer`).
+    pub rates: Rates,
 }
 
 impl PredictedTtft {
     /// The term names, in the order of [`PredictedTtft::terms`] (route reasons and metrics).
-    pub const TERMS: [&'static str; 8] =
-        ["total", "queue", "prefill", "decode", "kv", "recompute", "stall", "cost"];
+    pub const TERMS: [&'static str; 9] =
+        ["total", "queue", "prefill", "decode", "kv", "recompute", "stall", "cost", "base"];
 
     /// The predicted time to first token.
     pub fn total(&self) -> f64 {
-        self.queue_s + self.prefill_s + self.decode_s + self.kv_s
+        self.queue_s + self.prefill_s + self.decode_s + self.kv_s + self.base_s
     }
 
     /// What kv_aware minimises: the predicted time to first token plus the costs to others.
@@ -48,7 +54,7 @@ impl PredictedTtft {
     }
 
     /// Every term in seconds, named by [`PredictedTtft::TERMS`].
-    pub fn terms(&self) -> [f64; 8] {
+    pub fn terms(&self) -> [f64; 9] {
         [
             self.total(),
             self.queue_s,
@@ -58,6 +64,7 @@ impl PredictedTtft {
             self.recompute_s,
             self.stall_s,
             self.cost(),
+            self.base_s,
         ]
     }
 }
@@ -129,6 +136,8 @@ pub fn predict(settings: &PredictSettings, view: &EngineView) -> PredictedTtft {
         recompute_s: prefill_s * (settings.prefill_cost_weight + settings.queue_cost_weight * behind),
         stall_s: settings.decode_stall_weight * running as f64 * prefill_s,
         runner_up_s: None,
+        base_s: rates.base_s,
+        rates,
     }
 }
 
@@ -165,7 +174,7 @@ mod tests {
             queue_cost_weight: 1.0,
             decode_stall_weight: 0.01,
         };
-        let rates = Rates { prefill_tokens_per_sec: 1_000.0, decode_ms_per_request: 1.0 };
+        let rates = Rates { prefill_tokens_per_sec: 1_000.0, decode_ms_per_request: 1.0, base_s: 0.0 };
         let view = EngineView {
             rates,
             queued: 2_000.0,
@@ -185,6 +194,9 @@ mod tests {
         assert_eq!(p.terms()[0], p.total());
         assert_eq!(p.terms()[7], p.cost());
         let idle = EngineView { queued: 0.0, uncached: 0.0, running: 0, kv_usage: Some(2.0), ..view };
+        let with_base = predict(&settings, &EngineView { rates: Rates { base_s: 0.02, ..rates }, ..view });
+        assert!((with_base.total() - 2.63).abs() < 1e-12, "the fixed cost is in the total");
+        assert!((with_base.cost() - p.cost() - 0.02).abs() < 1e-12 && with_base.terms()[8] == 0.02);
         let clamped = predict(&settings, &idle).kv_s;
         assert!((clamped - 9.9).abs() < 1e-9, "KV usage clamped to 0.99: {clamped}");
     }

@@ -43,14 +43,25 @@
 //!   interval filters they beat the fleet's rate on S6 and stay within 1-2% elsewhere (S5's
 //!   p99 +7%), so they stay opt-in: see docs/BENCHMARKS.md.
 //!
+//! - Measured times to first token ([`EngineRates::observe_answer`], `ttft.rs`): every answer
+//!   the host measured teaches a least-squares fit of `base + tokens / rate + running x
+//!   decode`. Engines whose load reports never say what prefill is queued (vLLM's `/metrics`:
+//!   the reports teach no prefill rate, fleet-wide or, per engine, that engine's) are predicted
+//!   at the fit's rates once it has 8 answers; it converges within 32 (`ttft.rs`'s tests: 10% on
+//!   the rate with 20% noise on each answer). The fit's `base` (what no rate explains: the
+//!   engine's server and a forward pass's fixed cost) is every engine's fixed term.
+//!
 //! Only prompts this host routed are counted as arrivals, so with several gateway replicas in
 //! front of one fleet the estimate is low (the others' prompts are computed too): leave learning
 //! off there, or configure the rate.
+
+mod ttft;
 
 use std::collections::HashMap;
 
 use crate::inflight::RoutedLog;
 use crate::{LoadSample, WorkerId};
+use ttft::{Fitted, TtftFit};
 
 /// The estimate stays within this factor of the configured rate either way.
 const MAX_FACTOR: f64 = 10.0;
@@ -178,13 +189,19 @@ pub struct EngineRates {
     engines: HashMap<WorkerId, Learned>,
     prefill: Fleet,
     decode: Fleet,
+    /// Each engine's answers, and the fleet's (`ttft.rs`).
+    answers: HashMap<WorkerId, TtftFit>,
+    pooled: TtftFit,
 }
 
 /// What the prediction uses for one engine.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Rates {
     pub prefill_tokens_per_sec: f64,
     pub decode_ms_per_request: f64,
+    /// The engine's fixed cost of any request, in seconds (learned from measured times to first
+    /// token; 0 until then).
+    pub base_s: f64,
 }
 
 impl EngineRates {
@@ -196,6 +213,8 @@ impl EngineRates {
             engines: HashMap::new(),
             prefill: Fleet { configured: prefill, used: prefill },
             decode: Fleet { configured: decode, used: decode },
+            answers: HashMap::new(),
+            pooled: TtftFit::default(),
         }
     }
 
@@ -257,12 +276,93 @@ impl EngineRates {
         fleet.used * self.settings.grid_step.powi(steps)
     }
 
-    /// The rates to predict `worker` with.
+    /// The rates to predict `worker` with: from the load reports where they teach the prefill
+    /// rate, else from the measured times to first token once there are enough (module doc).
     pub fn rates(&self, worker: WorkerId) -> Rates {
-        Rates {
+        let reported = Rates {
             prefill_tokens_per_sec: self.rate(worker, &self.prefill, |l| &l.prefill),
             decode_ms_per_request: 1000.0 / self.rate(worker, &self.decode, |l| &l.decode),
+            base_s: 0.0,
+        };
+        if !self.settings.learn {
+            return reported;
         }
+        let Some(fit) = self.answers_of(worker) else { return reported };
+        let configured = self.prefill.configured;
+        let prior = self.prior();
+        if self.reports_teach_prefill(worker) {
+            let rates = Fitted {
+                base_s: 0.0,
+                prefill_tokens_per_sec: reported.prefill_tokens_per_sec,
+                decode_s_per_request: reported.decode_ms_per_request / 1000.0,
+            };
+            return Rates { base_s: fit.base_given(rates).unwrap_or(0.0), ..reported };
+        }
+        match fit.fitted(prior, configured / MAX_FACTOR, configured * MAX_FACTOR) {
+            Some(fitted) => Rates {
+                prefill_tokens_per_sec: fitted.prefill_tokens_per_sec,
+                decode_ms_per_request: fitted.decode_s_per_request * 1000.0,
+                base_s: fitted.base_s,
+            },
+            None => reported,
+        }
+    }
+
+    /// The answers `worker` is predicted from: its own per engine once it has enough, else the
+    /// fleet's.
+    fn answers_of(&self, worker: WorkerId) -> Option<&TtftFit> {
+        let own = self.answers.get(&worker).filter(|fit| fit.samples >= ttft::MIN_SAMPLES);
+        match own {
+            Some(fit) if self.settings.per_engine => Some(fit),
+            _ => (self.pooled.samples >= ttft::MIN_SAMPLES).then_some(&self.pooled),
+        }
+    }
+
+    /// Whether the load reports teach `worker`'s prefill rate: per engine, its own reports
+    /// showed enough busy intervals; fleet-wide, some engine's did.
+    fn reports_teach_prefill(&self, worker: WorkerId) -> bool {
+        let measured =
+            |learned: &Learned| learned.prefill.running.observations >= self.settings.min_observations;
+        match self.settings.per_engine {
+            true => self.engines.get(&worker).is_some_and(measured),
+            false => self.engines.values().any(measured),
+        }
+    }
+
+    /// The configured rates, what the fit of measured times to first token starts from.
+    fn prior(&self) -> Fitted {
+        Fitted {
+            base_s: 0.0,
+            prefill_tokens_per_sec: self.settings.prefill_tokens_per_sec,
+            decode_s_per_request: self.settings.decode_ms_per_request / 1000.0,
+        }
+    }
+
+    /// One answer `worker` gave: the prediction its decision was made on, the prompt and what
+    /// the engine reported cached, and its time to first token as the host measured it.
+    /// Teaches the fit of `worker` and the fleet's (`ttft.rs`).
+    pub fn observe_answer(&mut self, worker: WorkerId, answer: &crate::Answered) {
+        if !self.settings.learn {
+            return;
+        }
+        let used = answer.predicted.rates;
+        if used.prefill_tokens_per_sec.is_nan() || used.prefill_tokens_per_sec <= 0.0 {
+            return;
+        }
+        let ahead = answer.predicted.queue_s * used.prefill_tokens_per_sec;
+        let own = f64::from(answer.prompt_tokens.saturating_sub(answer.cached_tokens));
+        let running = match used.decode_ms_per_request > 0.0 {
+            true => (answer.predicted.decode_s * 1000.0 / used.decode_ms_per_request).round(),
+            false => 0.0,
+        };
+        let configured = self.prefill.configured;
+        let (min, max) = (configured / MAX_FACTOR, configured * MAX_FACTOR);
+        let prior = self.prior();
+        let fit = self.answers.entry(worker).or_default();
+        let current = fit.fitted(prior, min, max);
+        fit.observe(ahead + own, running, answer.ttft_s, current);
+        let current = self.pooled.fitted(prior, min, max);
+        self.pooled.observe(ahead + own, running, answer.ttft_s, current);
     }
 
     /// Whether [`EngineRates::observe`] would learn from `report` (a report of `worker` newer
@@ -330,6 +430,7 @@ impl EngineRates {
 
     pub fn forget(&mut self, worker: WorkerId) {
         self.engines.remove(&worker);
+        self.answers.remove(&worker);
     }
 }
 

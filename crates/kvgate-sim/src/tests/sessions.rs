@@ -22,8 +22,8 @@ fn outcome(args: &SimArgs, trace: &Trace) -> SimOutcome {
     let runs = args.runs().unwrap();
     let fleet = args.fleet().unwrap();
     let engines = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
-    let setup = crate::sim_setup(args, fleet, engines).unwrap();
     let trace = trace.truncated(args.max_requests);
+    let setup = crate::sim_setup(args, fleet, engines, &trace).unwrap();
     simulate_one(&trace, &setup, &runs[0].policy, &mut |_, _| {})
 }
 

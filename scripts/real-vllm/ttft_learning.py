@@ -1,0 +1,123 @@
+"""Does kv_aware's predicted time to first token converge to the real engines'? Sends streamed
+chat requests through a kvgate gateway running `--policy kv_aware --expose-routing-headers`
+(e.g. scripts/real-vllm/up.sh), new conversations of varied lengths and follow-up turns of
+earlier ones (their prefix cached), and compares each answer's `x-kvgate-predicted-ttft` total
+with the time to its first streamed byte as measured here. Prints one line per request and, per
+window of requests, the median of predicted / measured and the share within 20%.
+
+    python3 ttft_learning.py --url http://127.0.0.1:30000 [--requests 64] [--concurrency 1]
+        [--json out.json]
+
+Only the standard library; talks to the given 127.0.0.1 URL only. Bounded: --requests requests,
+each with a 120 s timeout.
+"""
+
+import argparse
+import http.client
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.parse
+
+MODEL = "tiny-llama"
+SYLLABLES = ["ka", "lo", "mi", "ner", "tu", "sa", "vel", "do", "ri", "pan", "qu", "zen", "fo", "bi"]
+
+
+def words(rng, n):
+    return " ".join("".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(n))
+
+
+def send(url, messages):
+    parsed = urllib.parse.urlparse(url)
+    assert parsed.hostname in ("127.0.0.1", "localhost"), "loopback only"
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
+    body = json.dumps({
+        "model": MODEL, "messages": messages, "max_tokens": 8, "stream": True,
+        "stream_options": {"include_usage": True},
+    })
+    sent = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    response = conn.getresponse()
+    header = response.getheader("x-kvgate-predicted-ttft") or ""
+    first = response.read1(65536)
+    ttft = time.perf_counter() - sent
+    rest = first + response.read()
+    conn.close()
+    usage = {}
+    for line in rest.decode(errors="replace").splitlines():
+        if line.startswith("data: {") and '"usage"' in line:
+            usage = json.loads(line[6:]).get("usage") or usage
+    terms = dict(t.split("=", 1) for t in header.split("; ") if "=" in t)
+    predicted = float(terms["total"].rstrip("ms")) / 1e3 if "total" in terms else None
+    return {
+        "status": response.status, "predicted_s": predicted, "measured_s": ttft,
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        "terms": terms,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:30000")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    conversations = []
+    plans = []
+    for _ in range(args.requests):
+        if conversations and rng.random() < 0.4:
+            conv = rng.choice(conversations)
+            conv.append({"role": "assistant", "content": words(rng, 8)})
+            conv.append({"role": "user", "content": words(rng, rng.randint(10, 60))})
+        else:
+            conv = [{"role": "system", "content": words(rng, rng.randint(20, 900))},
+                    {"role": "user", "content": words(rng, rng.randint(10, 60))}]
+            conversations.append(conv)
+        plans.append([dict(m) for m in conv])
+    results = [None] * len(plans)
+    lock = threading.Lock()
+    next_index = [0]
+
+    def worker():
+        while True:
+            with lock:
+                i = next_index[0]
+                next_index[0] += 1
+            if i >= len(plans):
+                return
+            results[i] = send(args.url, plans[i])
+            r = results[i]
+            ratio = r["predicted_s"] / r["measured_s"] if r["predicted_s"] else float("nan")
+            print(f"{i:3d} prompt {r['prompt_tokens']} cached {r['cached_tokens']} predicted "
+                  f"{(r['predicted_s'] or 0) * 1e3:7.1f} ms measured {r['measured_s'] * 1e3:7.1f} ms "
+                  f"ratio {ratio:.2f}", flush=True)
+
+    threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("\nwindow | median predicted/measured | within 20%")
+    summary = []
+    for start in range(0, len(results), args.window):
+        chunk = [r for r in results[start:start + args.window] if r and r["predicted_s"]]
+        ratios = [r["predicted_s"] / r["measured_s"] for r in chunk]
+        if not ratios:
+            continue
+        within = sum(abs(x - 1) <= 0.2 for x in ratios) / len(ratios)
+        summary.append({"first": start, "median_ratio": statistics.median(ratios), "within_20": within})
+        print(f"{start:3d}-{start + len(ratios) - 1:3d} | {statistics.median(ratios):.2f} | {within * 100:.0f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"requests": results, "windows": summary}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
