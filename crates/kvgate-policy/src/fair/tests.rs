@@ -149,7 +149,10 @@ proptest! {
         bound in 0..3000u64,
     ) {
         for (_, smallest, tag) in run(&steps, bound) {
-            prop_assert!(tag - smallest <= bound as f64, "tag {tag} vs smallest {smallest}, bound {bound}");
+            // In the queue's own arithmetic (the limit is the smallest tag plus the bound): the
+            // difference of two tags may round past the bound when the sum does not (a saved case:
+            // 1521.3333333333335 - 1022.3333333333334 = 499.0000000000001, bound 499).
+            prop_assert!(tag <= smallest + bound as f64, "tag {tag} vs smallest {smallest}, bound {bound}");
         }
         let strict: Vec<u64> = {
             let mut queue: FairQueue<u64> = FairQueue::default();
