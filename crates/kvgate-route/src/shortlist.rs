@@ -99,12 +99,28 @@ pub(crate) fn shortlist(offer: Vec<Candidate>, search: &Search<'_>, rng: &mut dy
     let mut least_queued = Smallest::new(COLDEST);
     let mut busiest: Option<(u64, u64, usize)> = None;
     let mut stale = None;
-    let has_holders = search.prefix.is_some_and(|prefix| prefix.best() > 0);
+    // The prefix's holders by tenant id, walked beside an offer in id order (a host's usual
+    // order; a binary search where it is not).
+    let entries: Vec<(WorkerId, usize)> = search
+        .prefix
+        .filter(|prefix| prefix.best() > 0)
+        .map(|prefix| prefix.iter().map(|(id, _)| (id, prefix.credited(id))).collect())
+        .unwrap_or_default();
+    let (mut next_entry, mut last_id) = (0, WorkerId::MIN);
     for (at, candidate) in offer.iter().enumerate() {
         let tie = tie(candidate.id, seed);
-        if has_holders {
-            let credited = search.prefix.map_or(0, |prefix| prefix.credited(candidate.id));
-            if credited > 0 {
+        if !entries.is_empty() {
+            // The cursor stands at the first holder not below `last_id`: it serves any id from there.
+            let credited = if candidate.id >= last_id {
+                last_id = candidate.id;
+                while entries.get(next_entry).is_some_and(|&(id, _)| id < candidate.id) {
+                    next_entry += 1;
+                }
+                entries.get(next_entry).filter(|&&(id, _)| id == candidate.id).map(|&(_, credited)| credited)
+            } else {
+                entries.binary_search_by_key(&candidate.id, |&(id, _)| id).ok().map(|i| entries[i].1)
+            };
+            if let Some(credited) = credited.filter(|&credited| credited > 0) {
                 holders.offer((std::cmp::Reverse(credited), candidate.in_flight, tie), at);
             }
         }
@@ -121,16 +137,13 @@ pub(crate) fn shortlist(offer: Vec<Candidate>, search: &Search<'_>, rng: &mut dy
             busiest = Some((candidate.in_flight, tie, at));
         }
     }
-    let mut keep = vec![false; n];
-    let kept = holders.positions().chain(least.positions());
-    let kept = kept.chain(coldest.positions()).chain(least_queued.positions());
-    for at in kept.chain(busiest.map(|(_, _, at)| at)).chain(stale) {
-        keep[at] = true;
-    }
-    for _ in 0..SAMPLED {
-        keep[rng.random_range(0..n)] = true;
-    }
-    offer.into_iter().zip(keep).filter_map(|(candidate, keep)| keep.then_some(candidate)).collect()
+    let mut kept: Vec<usize> = holders.positions().chain(least.positions()).collect();
+    kept.extend(coldest.positions().chain(least_queued.positions()));
+    kept.extend(busiest.map(|(_, _, at)| at).into_iter().chain(stale));
+    kept.extend((0..SAMPLED).map(|_| rng.random_range(0..n)));
+    kept.sort_unstable();
+    kept.dedup();
+    kept.into_iter().map(|at| offer[at]).collect()
 }
 
 #[cfg(test)]
