@@ -209,4 +209,34 @@ mod tests {
         let second = shortlist(offer, &search(None), &mut rng);
         assert_ne!(first, second);
     }
+
+    /// The prompt's holders are kept whatever the offer's order (in id order, walked beside the
+    /// match; reversed, each looked up), although every one is busier than the least loaded.
+    #[test]
+    fn keeps_the_holders_in_any_order_of_the_offer() {
+        use kvgate_index::{ApproxIndex, PrefixIndex, PromptKey};
+        let tree = ApproxIndex::new(kvgate_policy::PolicyConfig::default().tree_settings());
+        let prompt = PromptKey::Text("a long shared prompt the holders hold");
+        for holder in [17, 2500, 4321] {
+            tree.route(prompt, 1, &mut |_| Some(holder));
+        }
+        let mut matched = PrefixMatch::default();
+        tree.route(prompt, 2, &mut |prefix| {
+            matched = prefix.clone();
+            None
+        });
+        let mut offer = pool(5000);
+        for holder in [17, 2500, 4321] {
+            offer[holder].in_flight = 99;
+        }
+        for reversed in [false, true] {
+            if reversed {
+                offer.reverse();
+            }
+            let kept = shortlist(offer.clone(), &search(Some(&matched)), &mut SmallRng::seed_from_u64(4));
+            for holder in [17, 2500, 4321] {
+                assert!(kept.iter().any(|c| c.id == holder), "{holder} (reversed: {reversed})");
+            }
+        }
+    }
 }
