@@ -74,7 +74,12 @@ impl Pool for Fleet {
         IndexMode { mode: PrefixIndexMode::Auto, has_kv_events: false }
     }
 
-    fn prefix_index(&self, _kind: IndexKind, planning: Planning, _request: &RouteRequest<'_>) -> TreeView<'_> {
+    fn prefix_index(
+        &self,
+        _kind: IndexKind,
+        planning: Planning,
+        _request: &RouteRequest<'_>,
+    ) -> TreeView<'_> {
         match planning {
             Planning::Live => TreeView::Learning(&self.tree),
             Planning::DryRun => TreeView::ReadOnly(ReadOnlyTree(&self.tree)),
@@ -186,7 +191,8 @@ impl Bench {
             }
             _ => {
                 let rate = |d: &Decision| d.matches.map_or(0.0, |m| m.chosen_match_rate);
-                rate(chosen) >= rate(whole) && (rate(chosen) > rate(whole) || in_flight(chosen) <= in_flight(whole))
+                rate(chosen) >= rate(whole)
+                    && (rate(chosen) > rate(whole) || in_flight(chosen) <= in_flight(whole))
             }
         }
     }
@@ -202,8 +208,7 @@ fn main() {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
-    let calls: usize =
-        std::env::var("KVGATE_BENCH_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
+    let calls: usize = std::env::var("KVGATE_BENCH_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
     println!(
         "| policy | workers | plan p50 | plan p99 | whole-pool decide p50 | p99 | plan / whole p50 | as good |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|"

@@ -22,7 +22,7 @@ use kvgate_policy::{fresh_load, Candidate, WorkerId};
 use rand::{Rng, RngCore};
 
 /// Pools of more candidates than this are shortlisted (for a policy that shortlists).
-pub const SHORTLIST_ABOVE: usize = 64;
+pub const SHORTLIST_ABOVE: usize = 256;
 /// Best holders of the prompt's prefix kept.
 const HOLDERS: usize = 16;
 /// Least loaded kept (in flight, KV usage, queued prefill).
@@ -202,8 +202,7 @@ mod tests {
 
     #[test]
     fn ties_rotate_between_decisions() {
-        let offer: Vec<Candidate> =
-            (0..1000).map(|id| Candidate { id, in_flight: 0, load: None }).collect();
+        let offer: Vec<Candidate> = (0..1000).map(|id| Candidate { id, in_flight: 0, load: None }).collect();
         let mut rng = SmallRng::seed_from_u64(3);
         let first = shortlist(offer.clone(), &search(None), &mut rng);
         let second = shortlist(offer, &search(None), &mut rng);

@@ -331,7 +331,8 @@ fn a_large_pool_is_decided_on_a_shortlist_as_well_as_on_the_whole_pool() {
         let in_flight: Vec<u64> = (0..n).map(|i| (i * 7 % 5) as u64).collect();
         let loads: Vec<(u64, u64)> = (0..n).map(|i| ((i * 3 % 4) as u64, (i % 6) as u64)).collect();
         let pool = TestPool::new(kind, 0, &in_flight).with_loads(&loads);
-        let turn = |c: usize, t: usize| format!("{} conversation {c} turn {t} ", "shared system prompt ".repeat(8));
+        let turn =
+            |c: usize, t: usize| format!("{} conversation {c} turn {t} ", "shared system prompt ".repeat(8));
         let single = Pools::Single(&pool);
         let mut rng = SmallRng::seed_from_u64(5);
         for c in 0..2 * n {
@@ -344,12 +345,24 @@ fn a_large_pool_is_decided_on_a_shortlist_as_well_as_on_the_whole_pool() {
             let text = format!("{}and more", turn(c, 0));
             let request = request(&text, 220);
             let tree = ReadOnlyTree(&pool.tree);
-            let mut ctx =
-                SelectContext { now_ms: NOW, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: Some(&tree) };
-            let whole = pool.policy.decide(&request, Candidates::new(&pool.workers).unwrap(), &mut ctx).unwrap();
+            let mut ctx = SelectContext {
+                now_ms: NOW,
+                load_poll_interval_ms: 1000,
+                rng: &mut rng,
+                prefix_index: Some(&tree),
+            };
+            let whole =
+                pool.policy.decide(&request, Candidates::new(&pool.workers).unwrap(), &mut ctx).unwrap();
             let mut ctx = context(&mut rng, OFF, Planning::DryRun);
-            let Ok(RoutePlan::Single(pick)) = single.plan(&request, &[], None, &mut ctx) else { panic!("a plan") };
-            assert!(pick.candidates.len() < 80 && pick.pool_size == n, "{}: {}", kind.as_str(), pick.candidates.len());
+            let Ok(RoutePlan::Single(pick)) = single.plan(&request, &[], None, &mut ctx) else {
+                panic!("a plan")
+            };
+            assert!(
+                pick.candidates.len() < 80 && pick.pool_size == n,
+                "{}: {}",
+                kind.as_str(),
+                pick.candidates.len()
+            );
             let chosen = &pick.decision;
             if kind == PolicyKind::KvAware {
                 let cost = |d: &kvgate_policy::Decision| d.predicted.expect("predicted").cost();
