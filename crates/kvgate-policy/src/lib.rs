@@ -35,6 +35,7 @@ pub use config::{
 };
 pub use consistent_hashing::ConsistentHashingPolicy;
 pub use fair::{FairQueue, PriorityClass, LOCALITY_WINDOW};
+pub use inflight::fresh_load;
 pub use kv_aware::{KvAwarePolicy, PredictedTtft};
 pub use kvgate_config::{FieldError, ValidationErrors};
 pub use kvgate_index::{IndexKind, PrefixIndex, PromptKey};
@@ -83,21 +84,39 @@ pub struct Candidate {
 /// The candidates of one decision: never empty. The host builds them once per decision
 /// ([`Candidates::new`] refuses an empty list with [`NoRoute::NoCandidates`]), so no policy
 /// checks for, or can be called with, an empty pool. Derefs to the slice.
+///
+/// In a large pool the host may offer a shortlist ([`Candidates::shortlisted`], for a policy
+/// whose [`Policy::shortlists`] says the decision keeps): the candidates that can matter, out of
+/// a pool of [`Candidates::pool_size`] workers, which a policy dividing something over the whole
+/// pool (kv_aware's arrivals per engine) divides by.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Candidates<'a>(&'a [Candidate]);
+pub struct Candidates<'a> {
+    list: &'a [Candidate],
+    pool_size: usize,
+}
 
 impl<'a> Candidates<'a> {
     /// The candidates, or `NoCandidates` when there are none.
     pub fn new(candidates: &'a [Candidate]) -> Result<Self, NoRoute> {
+        Self::shortlisted(candidates, candidates.len())
+    }
+
+    /// A shortlist of a pool of `pool_size` routable workers (at least as many as the list).
+    pub fn shortlisted(candidates: &'a [Candidate], pool_size: usize) -> Result<Self, NoRoute> {
         if candidates.is_empty() {
             Err(NoRoute::NoCandidates)
         } else {
-            Ok(Self(candidates))
+            Ok(Self { list: candidates, pool_size: pool_size.max(candidates.len()) })
         }
     }
 
     pub fn as_slice(self) -> &'a [Candidate] {
-        self.0
+        self.list
+    }
+
+    /// The routable workers the candidates were chosen from (their number when all are offered).
+    pub fn pool_size(self) -> usize {
+        self.pool_size
     }
 }
 
@@ -105,7 +124,7 @@ impl std::ops::Deref for Candidates<'_> {
     type Target = [Candidate];
 
     fn deref(&self) -> &[Candidate] {
-        self.0
+        self.list
     }
 }
 
@@ -342,6 +361,15 @@ pub trait Policy: Send + Sync {
     /// kv_aware's do): the host weighs a disaggregated request's paths only when both sides'
     /// policies predict.
     fn predicts(&self) -> bool {
+        false
+    }
+
+    /// Whether a decision on a shortlist of a large pool (the prefix's best holders, the least
+    /// loaded, the coldest, the busiest, a random few: `kvgate_route`'s candidate search) is the
+    /// decision on the whole pool, or as good: a policy whose choice is a holder or a least loaded
+    /// engine by pool-wide terms it can see on the shortlist. `false` (the default): every
+    /// routable worker is offered (ring and rotation policies, whose state spans the pool).
+    fn shortlists(&self) -> bool {
         false
     }
 

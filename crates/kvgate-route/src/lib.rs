@@ -15,6 +15,7 @@
 
 mod pick;
 mod plan;
+mod shortlist;
 
 #[cfg(test)]
 mod tests;
@@ -26,6 +27,7 @@ use kvgate_policy::{
 use rand::RngCore;
 
 pub use pick::pick;
+pub use shortlist::SHORTLIST_ABOVE;
 
 /// One pool of workers (one model's regular workers, or one side of a disaggregated fleet) as
 /// its host keeps it: what the plan reads.
@@ -151,6 +153,9 @@ pub struct Pick<'r, I> {
     pub candidates: Vec<Candidate>,
     /// Candidates the overload protection left out of the decision.
     pub left_out: usize,
+    /// The routable workers the candidates were chosen from: more than `candidates` when a large
+    /// pool was shortlisted ([`SHORTLIST_ABOVE`]).
+    pub pool_size: usize,
     /// The index the decision consulted (`None`: the worker the request named, no decision).
     pub index: Option<I>,
     pub now_ms: u64,
@@ -228,7 +233,9 @@ impl<I> Pick<'_, I> {
         if self.index.is_none() {
             return;
         }
-        let Ok(candidates) = kvgate_policy::Candidates::new(&self.candidates) else { return };
+        let Ok(candidates) = kvgate_policy::Candidates::shortlisted(&self.candidates, self.pool_size) else {
+            return;
+        };
         policy.on_routed(&kvgate_policy::Routed {
             request: &self.request,
             candidates,

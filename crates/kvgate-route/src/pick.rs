@@ -3,12 +3,13 @@
 //! (`kvgate_index::choose_index`), and the pool's policy decision on them. A worker the request
 //! names, where it serves, is taken as it is (no decision).
 
-use kvgate_index::{choose_index, IndexInputs};
+use kvgate_index::{choose_index, IndexInputs, PrefixIndex, PrefixMatch};
 use kvgate_policy::{
     admit_under_overload, Admitted, Candidates, Decision, Reason, RouteRequest, RoutingKey, SelectContext,
     WorkerId,
 };
 
+use crate::shortlist::{shortlist, Search, SHORTLIST_ABOVE};
 use crate::{NoPlan, Pick, PlanContext, Planning, Pool, Side};
 
 /// The worker `pool`'s policy chooses for `request` among the routable workers not in `tried`
@@ -31,6 +32,7 @@ pub fn pick<'p, 'r, P: Pool>(
             request: *request,
             candidates: Vec::new(),
             left_out: 0,
+            pool_size: 0,
             index: None,
             now_ms,
             load_poll_interval_ms,
@@ -52,9 +54,28 @@ pub fn pick<'p, 'r, P: Pool>(
         key_is_tokens: matches!(request.key, RoutingKey::Tokens(_)),
         events_flowing: offer.events_flowing,
     });
+    // A large pool is shortlisted for a policy whose decision keeps on the candidates that can
+    // matter: the prompt's best holders (one read-only match first), the least loaded, the
+    // coldest, the busiest, a few at random.
+    let pool_size = candidates.len();
+    let candidates = if pool_size > SHORTLIST_ABOVE && pool.policy().shortlists() {
+        let holders = request.key.prompt().map(|key| {
+            let mut matched = PrefixMatch::default();
+            pool.prefix_index(kind, Planning::DryRun, request).route(key, now_ms, &mut |prefix| {
+                matched = prefix.clone();
+                None
+            });
+            matched
+        });
+        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms };
+        shortlist(candidates, &search, &mut *ctx.rng)
+    } else {
+        candidates
+    };
     let index = pool.prefix_index(kind, ctx.planning, request);
     let decision = {
-        let candidates = Candidates::new(&candidates).map_err(|_| NoPlan::NoWorker { side })?;
+        let candidates =
+            Candidates::shortlisted(&candidates, pool_size).map_err(|_| NoPlan::NoWorker { side })?;
         let mut select =
             SelectContext { now_ms, load_poll_interval_ms, rng: &mut *ctx.rng, prefix_index: Some(&index) };
         pool.policy().decide(request, candidates, &mut select).map_err(|_| NoPlan::NoWorker { side })?
@@ -64,6 +85,7 @@ pub fn pick<'p, 'r, P: Pool>(
         request: *request,
         candidates,
         left_out,
+        pool_size,
         index: Some(index),
         now_ms,
         load_poll_interval_ms,

@@ -317,3 +317,63 @@ fn prompt_len(request: &RouteRequest<'_>) -> usize {
         _ => 0,
     }
 }
+
+/// A pool above the shortlist's size, 600 workers with mixed fresh loads and in-flight counts,
+/// its tree warm with two conversations per worker: for each later turn, the live plan (on a
+/// shortlist) chooses as well as the policy on the whole pool: cache_aware the same credited
+/// prefix and no more in flight, kv_aware no higher predicted cost. And the plan says what pool
+/// it shortlisted.
+#[test]
+fn a_large_pool_is_decided_on_a_shortlist_as_well_as_on_the_whole_pool() {
+    use kvgate_policy::{Candidates, SelectContext};
+    for kind in [PolicyKind::CacheAware, PolicyKind::KvAware] {
+        let n = 600;
+        let in_flight: Vec<u64> = (0..n).map(|i| (i * 7 % 5) as u64).collect();
+        let loads: Vec<(u64, u64)> = (0..n).map(|i| ((i * 3 % 4) as u64, (i % 6) as u64)).collect();
+        let pool = TestPool::new(kind, 0, &in_flight).with_loads(&loads);
+        let turn =
+            |c: usize, t: usize| format!("{} conversation {c} turn {t} ", "shared system prompt ".repeat(8));
+        let single = Pools::Single(&pool);
+        let mut rng = SmallRng::seed_from_u64(5);
+        for c in 0..2 * n {
+            let text = turn(c, 0);
+            let mut ctx = context(&mut rng, OFF, Planning::Live);
+            let plan = single.plan(&request(&text, 200), &[], None, &mut ctx).expect("a plan");
+            plan.on_routed(&single);
+        }
+        for c in (0..2 * n).step_by(13) {
+            let text = format!("{}and more", turn(c, 0));
+            let request = request(&text, 220);
+            let tree = ReadOnlyTree(&pool.tree);
+            let mut ctx = SelectContext {
+                now_ms: NOW,
+                load_poll_interval_ms: 1000,
+                rng: &mut rng,
+                prefix_index: Some(&tree),
+            };
+            let whole =
+                pool.policy.decide(&request, Candidates::new(&pool.workers).unwrap(), &mut ctx).unwrap();
+            let mut ctx = context(&mut rng, OFF, Planning::DryRun);
+            let Ok(RoutePlan::Single(pick)) = single.plan(&request, &[], None, &mut ctx) else {
+                panic!("a plan")
+            };
+            assert!(
+                pick.candidates.len() < 80 && pick.pool_size == n,
+                "{}: {}",
+                kind.as_str(),
+                pick.candidates.len()
+            );
+            let chosen = &pick.decision;
+            if kind == PolicyKind::KvAware {
+                let cost = |d: &kvgate_policy::Decision| d.predicted.expect("predicted").cost();
+                assert!(cost(chosen) <= cost(&whole) * (1.0 + 1e-9), "{c}: {chosen:?} vs {whole:?}");
+            } else {
+                let rate = |d: &kvgate_policy::Decision| d.matches.expect("matched").chosen_match_rate;
+                let in_flight = |d: &kvgate_policy::Decision| in_flight[d.worker as usize];
+                assert_eq!(rate(chosen), rate(&whole), "{c}: {chosen:?} vs {whole:?}");
+                assert!(in_flight(chosen) <= in_flight(&whole), "{c}: {chosen:?} vs {whole:?}");
+                assert_eq!(chosen.reason, whole.reason);
+            }
+        }
+    }
+}

@@ -273,6 +273,13 @@ impl Policy for CacheAwarePolicy {
         true
     }
 
+    /// A hit goes to a best holder, a miss to the least loaded or coldest eligible engine, and
+    /// the imbalance terms read the pool's extremes: all on the shortlist. `smallest_tree` reads
+    /// every engine's holdings, so it is offered the whole pool.
+    fn shortlists(&self) -> bool {
+        !matches!(self.settings.miss_strategy, MissStrategy::SmallestTree)
+    }
+
     fn decide(
         &self,
         request: &RouteRequest<'_>,

@@ -152,7 +152,7 @@ impl KvAwarePolicy {
     fn score(
         &self,
         request: &RouteRequest<'_>,
-        candidates: &[Candidate],
+        candidates: Candidates<'_>,
         prefix: &PrefixMatch,
         state: View<'_>,
         now_ms: u64,
@@ -161,7 +161,7 @@ impl KvAwarePolicy {
         let s = &self.settings;
         let routed = state.routed;
         let loads: Vec<_> = candidates.iter().map(|c| fresh_load(c, now_ms, poll_ms)).collect();
-        let kv_known = kv_usable(candidates, now_ms, poll_ms);
+        let kv_known = kv_usable(&candidates, now_ms, poll_ms);
         let kv: Vec<Option<f64>> = candidates
             .iter()
             .zip(&loads)
@@ -176,7 +176,7 @@ impl KvAwarePolicy {
             .collect();
         let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
         let prompt = request.prompt_tokens as f64;
-        let arrivals_per_sec = state.arrivals.per_sec(now_ms, poll_ms) / candidates.len() as f64;
+        let arrivals_per_sec = state.arrivals.per_sec(now_ms, poll_ms) / candidates.pool_size() as f64;
         let mut scored = candidates
             .iter()
             .enumerate()
@@ -244,6 +244,12 @@ impl Policy for KvAwarePolicy {
     }
 
     fn predicts(&self) -> bool {
+        true
+    }
+
+    /// The cheapest predicted engine is a holder of the prompt or an engine with little queued;
+    /// the shortlist keeps both and the pool's size for the arrivals per engine.
+    fn shortlists(&self) -> bool {
         true
     }
 
@@ -338,7 +344,7 @@ impl KvAwarePolicy {
         let rng = &mut *ctx.rng;
         let mut outcome: Option<(usize, PredictedTtft, f64, Option<MatchInfo>, Reason)> = None;
         let mut decide = |prefix: &PrefixMatch| {
-            let scored = self.score(request, &candidates, prefix, state, now_ms, poll_ms);
+            let scored = self.score(request, candidates, prefix, state, now_ms, poll_ms);
             let chosen = self.choose(&candidates, &scored, rng);
             let query_len = prefix.query_len();
             let matches = (query_len > 0).then(|| {
