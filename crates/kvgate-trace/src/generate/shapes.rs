@@ -1,7 +1,7 @@
 //! The shapes: chat sessions (the background of `hot-docs`, all of `bursts`, the interactive
 //! tenants of `tenants-flood`), hot shared documents asked in bursts, a stream of distinct long
-//! documents asked again later, a tenant flooding questions on long documents, and a fixed set of conversations
-//! carried on by a few clients.
+//! documents asked again later, a tenant flooding questions on long documents, and a fixed set
+//! of conversations carried on by a few clients.
 
 use rand::rngs::StdRng;
 use rand::Rng;

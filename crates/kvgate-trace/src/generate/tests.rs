@@ -254,7 +254,10 @@ fn conversations_are_n_chats_of_t_turns_carried_on_by_c_clients() {
             let (before, after) = (pair[0], pair[1]);
             let grown = after.input_length - before.input_length;
             assert!(grown > before.output_length, "the answer and a question");
-            assert_eq!(after.hash_ids[..before.hash_ids.len() - 1], before.hash_ids[..before.hash_ids.len() - 1]);
+            assert_eq!(
+                after.hash_ids[..before.hash_ids.len() - 1],
+                before.hash_ids[..before.hash_ids.len() - 1]
+            );
         }
     }
 }
