@@ -11,17 +11,22 @@
 # Targets: kvgate round_robin, least_load, cache_aware, kv_aware (each `kvgate launch` on the
 # engines' KV events and tokenizer, as the README says), and SMG 1.13's cache_aware (`pip install
 # smg==1.13.0` in its own venv under $KVGATE_VLLM_HOME, launched as its users do).
-# Workloads (kvgate trace gen, fixed seeds, scaled to two tiny CPU engines: one trace word is about
-# 8 of the model's tokens):
-#   conversation: chat sessions (bursts shape at a constant load), each its own context;
+# Workloads (kvgate trace gen, fixed seeds, scaled to two tiny CPU engines: one trace word is
+# about 6.5 of the model's tokens):
+#   conversation: issue 39's shape, 20 chats x 10 turns carried on by 4 closed-loop clients
+#     (`--shape conversations`: 4 requests in flight at most, every chat live to its last turn),
+#     each chat its own system prompt; its working set (the chats' final prompts, ~80,000 model
+#     tokens) is more than one engine's cache and about the fleet's (KV_BLOCKS below);
 #   agentic: agents' tool loops (agentic shape), applications' tool prompts shared.
 # Writes OUT_DIR/<workload>/run<i>/<target>.json (replay reports, with the load average before
 # and after), OUT_DIR/<workload>/sim.json, and OUT_DIR/summary.md (bench_summary.py).
 #
 # Environment: RUNS (3), TARGETS (round_robin least_load cache_aware kv_aware smg), WORKLOADS
 # (conversation agentic), KVGATE_BIN (target/release/kvgate, built if missing), DURATION_SECS
-# (trace seconds of arrivals: 90), SIM (1: run kvgate sim too). Loopback only; the engines and
-# gateways it starts are stopped on exit (by process group).
+# (agentic: trace seconds of arrivals, 60), KV_BLOCKS (each engine's KV cache in 32-token blocks,
+# vLLM's `--num-gpu-blocks-override`: 1152, i.e. 36,864 tokens; empty: the whole 1 GiB, 262,144
+# tokens), SIM (1: run kvgate sim too). Loopback only; the engines and gateways it starts are
+# stopped on exit (by process group).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -30,7 +35,12 @@ out="$(mkdir -p "${1:-/tmp/kvgate-real-bench}" && cd "${1:-/tmp/kvgate-real-benc
 runs=${RUNS:-3}
 read -r -a targets <<<"${TARGETS:-round_robin least_load cache_aware kv_aware smg}"
 read -r -a workloads <<<"${WORKLOADS:-conversation agentic}"
-duration=${DURATION_SECS:-90}
+duration=${DURATION_SECS:-60}
+kv_blocks=${KV_BLOCKS-1152}
+block_size=32
+kv_tokens=$(( ${kv_blocks:-8192} * block_size ))
+engine_flags=()
+[ -n "$kv_blocks" ] && engine_flags=(--num-gpu-blocks-override "$kv_blocks")
 kvgate="${KVGATE_BIN:-$root/target/release/kvgate}"
 if [ ! -x "$kvgate" ]; then
   (cd "$root" && cargo build --release --bin kvgate)
@@ -57,12 +67,11 @@ wait_http() { # URL SECONDS
 }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
-# The traces (seeded; trace words, ~8 model tokens each).
+# The traces (seeded; trace words, ~6.5 model tokens each).
 mkdir -p "$out/traces"
-"$kvgate" trace gen --shape bursts --seed 1 --duration-secs "$duration" --low-load 0.5 --high-load 0.5 \
-  --capacity-tokens-per-sec 4000 --system-prompts 1000 --system-prompt-tokens 512 --session-max-turns 5 \
-  --think-secs 1 --user-min-tokens 16 --user-max-tokens 48 --output-min-tokens 8 --output-max-tokens 24 \
-  --out "$out/traces/conversation.jsonl"
+"$kvgate" trace gen --shape conversations --seed 1 --conversations 20 --session-max-turns 10 --clients 4 \
+  --system-prompt-tokens 128 --user-min-tokens 16 --user-max-tokens 48 --output-min-tokens 8 --output-max-tokens 24 \
+  --think-secs 0.5 --out "$out/traces/conversation.jsonl"
 "$kvgate" trace gen --shape agentic --seed 1 --duration-secs "$duration" --load 0.5 \
   --capacity-tokens-per-sec 4000 --apps 4 --tool-prompt-min-tokens 512 --tool-prompt-max-tokens 512 \
   --calls-min 2 --calls-max 6 --user-min-tokens 16 --user-max-tokens 48 --context-max-tokens 900 \
@@ -71,15 +80,16 @@ mkdir -p "$out/traces"
   --out "$out/traces/agentic.jsonl"
 
 # Two engines with vLLM's default flags (serve.sh adds only the harness's: loopback, block 32,
-# prefix caching, cached-token details, KV events). Dev mode serves /reset_prefix_cache.
+# prefix caching, cached-token details, KV events; and the cache size). Dev mode serves
+# /reset_prefix_cache.
 for i in 0 1; do
   VLLM_SERVER_DEV_MODE=1 setsid "$here/serve.sh" "$model_dir" "${engine_ports[$i]}" "${event_ports[$i]}" "${replay_ports[$i]}" \
-    >"$out/engine-$i.log" 2>&1 &
+    "${engine_flags[@]}" >"$out/engine-$i.log" 2>&1 &
   groups+=($!)
 done
 for port in "${engine_ports[@]}"; do wait_http "http://127.0.0.1:$port/health" 300; done
 workers=(http://127.0.0.1:${engine_ports[0]} http://127.0.0.1:${engine_ports[1]})
-echo "engines up (load $(load))" >&2
+echo "engines up, KV $kv_tokens tokens each (load $(load))" >&2
 
 reset_caches() {
   for url in "${workers[@]}"; do
@@ -130,7 +140,7 @@ for workload in "${workloads[@]}"; do
       start_target "$target" "$dir/$target.log"
       before=$(load)
       "$kvgate" replay --trace "$trace" --url "http://127.0.0.1:$gateway_port" --label "$target" \
-        --endpoint chat --model tiny-llama --fleet-kv-tokens 524288 --json "$dir/$target.replay.json" \
+        --endpoint chat --model tiny-llama --fleet-kv-tokens $((2 * kv_tokens)) --json "$dir/$target.replay.json" \
         >"$dir/$target.txt"
       after=$(load)
       if [ "$target" != smg ]; then
@@ -153,7 +163,7 @@ print(f\"TTFT mean {r['ttft_mean_ms']:.1f} ms p50 {r['ttft_p50_ms']:.1f} p99 {r[
   if [ "${SIM:-1}" = 1 ]; then
     sim_policies=$(printf '%s\n' "${targets[@]}" | grep -v '^smg$' | paste -sd, -)
     "$kvgate" sim --trace "$trace" --workers 2 --engine-profile vllm-cpu-tiny \
-      --tokenizer-path "$model_dir" --endpoint chat --policies "$sim_policies" \
+      --kv-capacity-tokens "$kv_tokens" --tokenizer-path "$model_dir" --endpoint chat --policies "$sim_policies" \
       --json "$out/$workload/sim.json" >"$out/$workload/sim.md"
   fi
 done

@@ -8,10 +8,18 @@ What it measures, each on requests of random token ids (nothing cached unless on
   up to twice the step budget, fitted as `overhead + steps x chunk_base + N / rate` (steps =
   ceil(N / budget)); the engine's own `vllm:request_prefill_time_seconds` beside it;
 - a warm prompt (the same prompt again: all but its last block cached);
+- 256 new tokens after a cached prefix of 0-6,144 tokens (whether a step's cost grows with the
+  context its tokens attend to);
 - decode: B streams at once (short prompts, 48 tokens each, ignore_eos), the step time as the
   median gap between a stream's tokens, fitted as `base + per_request x B`;
-- the step budget (`vllm:iteration_tokens_total`: tokens per step of one long prompt) and
-  preemptions (`vllm:num_preemptions_total`) over the run;
+- preemptions (`vllm:num_preemptions_total`) over the run. The step budget is not measured
+  here: it is `--budget`, vLLM's `max_num_batched_tokens`, 2,048 by default for the CPU build's
+  API server (vllm/engine/arg_utils.py, `get_batch_defaults`: `OPENAI_API_SERVER: 2048 *
+  world_size` on CPU, chunked prefill on). `vllm:iteration_tokens_total` cannot tell it: it is
+  observed per batch of outputs the API server processes, and a prompt's computed tokens are
+  counted there at once with its first token (vllm/v1/metrics/stats.py,
+  `IterationStats.update_from_output`), so a 4,096-token prompt prefilled in two 2,048-token
+  steps shows as one observation of 4,097 tokens;
 - what the engine reports: its /metrics families and a usage object.
 
 Only the standard library; talks to the given 127.0.0.1 URL only. Timing on a shared machine is
@@ -174,6 +182,28 @@ def measure_warm(engine, rng, n, reps):
     return {"prompt_tokens": n, "cached_tokens": cached, "ttft_ms": round(ttft * 1e3, 1)}
 
 
+def measure_context(engine, rng, contexts, new_tokens, reps):
+    """The time to first token of `new_tokens` uncached tokens after a cached prefix of C
+    tokens, for C in `contexts`: whether a prefill step's cost grows with the context its tokens
+    attend to (a per-token rate alone says it does not)."""
+    rows = []
+    for context in contexts:
+        ttfts = []
+        for _ in range(reps):
+            prefix = random_prompt(rng, context)
+            if context:
+                engine.stream(prefix, 1)
+            times, usage = engine.stream(prefix + random_prompt(rng, new_tokens), 1)
+            ttfts.append(times[0])
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        ttft = statistics.median(ttfts)
+        rows.append({"context_tokens": context, "cached_tokens": cached, "new_tokens": new_tokens,
+                     "ttft_ms": round(ttft * 1e3, 1), "load": round(load_average(), 2)})
+        print(f"context {context:>5} ({cached} cached) + {new_tokens} new: TTFT {ttft * 1e3:7.1f} ms, "
+              f"load {load_average():.2f}", flush=True)
+    return rows
+
+
 def measure_decode(engine, rng, batches, tokens, reps):
     rows = []
     for batch in batches:
@@ -213,7 +243,7 @@ def main():
     parser.add_argument("--url", default="http://127.0.0.1:8001")
     parser.add_argument("--json")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--budget", type=int, default=2048, help="the engine's max_num_batched_tokens")
+    parser.add_argument("--budget", type=int, default=2048, help="the engine's max_num_batched_tokens (vLLM's CPU default for its API server: 2048)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
@@ -228,12 +258,7 @@ def main():
     print(f"prefill fit: overhead {overhead * 1e3:.1f} ms + {chunk * 1e3:.1f} ms per step + "
           f"{1 / per_token:.0f} tokens/s", flush=True)
     warm = measure_warm(engine, rng, 1024, args.reps)
-    before, _ = engine.metrics()
-    engine.stream(random_prompt(rng, 2 * args.budget), 1)
-    after, _ = engine.metrics()
-    steps = delta(before, after, "vllm:iteration_tokens_total_count")
-    step_tokens = delta(before, after, "vllm:iteration_tokens_total_sum")
-    print(f"one prompt of {2 * args.budget}: {steps:.0f} steps, {step_tokens:.0f} tokens", flush=True)
+    contexts = measure_context(engine, rng, [0, 1024, 2048, 4096, 6144], 256, args.reps)
     batches = [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16, 32]
     decode_rows = measure_decode(engine, rng, batches, 48, args.reps)
     base, per_request = fit_line([r["batch"] for r in decode_rows], [r["step_ms"] for r in decode_rows])
@@ -247,7 +272,8 @@ def main():
         "prefill_fit": {"overhead_ms": overhead * 1e3, "chunk_base_ms": chunk * 1e3,
                         "tokens_per_sec": 1 / per_token},
         "warm": warm,
-        "budget_probe": {"prompt_tokens": 2 * args.budget, "steps": steps, "tokens": step_tokens},
+        "budget": args.budget,
+        "context": contexts,
         "decode": decode_rows,
         "decode_fit": {"base_ms": base, "per_request_ms": per_request},
         "preemptions": delta(started_metrics, final, "vllm:num_preemptions_total"),

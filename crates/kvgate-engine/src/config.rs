@@ -19,6 +19,11 @@ pub struct EngineConfig {
     /// `prefill_tokens_per_sec` (a step that also carries decodes pays the larger of this and
     /// `decode_base_ms` once).
     pub prefill_base_ms: f64,
+    /// Nanoseconds per (new token, context token) pair of a prefill step: attention's cost,
+    /// which grows with the context each new token attends to (its prompt's cached prefix and
+    /// earlier chunks, and the tokens before it in its own chunk). 0: a step's cost is its
+    /// token count alone (what GPUs show at these lengths); vLLM's CPU build pays it visibly.
+    pub prefill_context_ns: f64,
     /// Fixed cost of one decode step, in milliseconds.
     pub decode_base_ms: f64,
     /// Added cost of one decode step per request in the batch, in milliseconds.
@@ -65,6 +70,7 @@ impl Default for EngineConfig {
             prefill_tokens_per_sec: 8000.0,
             prefill_chunk_tokens: 2048,
             prefill_base_ms: 0.0,
+            prefill_context_ns: 0.0,
             decode_base_ms: 6.0,
             decode_per_request_ms: 0.35,
             max_running_requests: 256,
@@ -90,6 +96,7 @@ impl EngineConfig {
         checks.in_range("prefill_tokens_per_sec", self.prefill_tokens_per_sec, Range::POSITIVE);
         checks.at_least("prefill_chunk_tokens", self.prefill_chunk_tokens.into(), 1);
         checks.in_range("prefill_base_ms", self.prefill_base_ms, Range::NON_NEGATIVE);
+        checks.in_range("prefill_context_ns", self.prefill_context_ns, Range::NON_NEGATIVE);
         checks.in_range("decode_base_ms", self.decode_base_ms, Range::NON_NEGATIVE);
         checks.in_range("decode_per_request_ms", self.decode_per_request_ms, Range::NON_NEGATIVE);
         checks.at_least("max_running_requests", self.max_running_requests.into(), 1);
@@ -118,6 +125,7 @@ impl EngineConfig {
         EngineConfig {
             prefill_tokens_per_sec: self.prefill_tokens_per_sec * speed,
             prefill_base_ms: self.prefill_base_ms / speed,
+            prefill_context_ns: self.prefill_context_ns / speed,
             decode_base_ms: self.decode_base_ms / speed,
             decode_per_request_ms: self.decode_per_request_ms / speed,
             ..self
@@ -159,6 +167,25 @@ impl EngineConfig {
         duration_us((fixed_ms + work_ms) * 1e3)
     }
 
+    /// Attention's added time, in microseconds, for a step whose new tokens attend to `pairs`
+    /// (new token, context token) pairs in all (see [`EngineConfig::prefill_context_ns`]).
+    pub fn context_us(&self, pairs: u64) -> u64 {
+        let micros = pairs as f64 * self.prefill_context_ns / 1e3;
+        if micros.is_finite() && micros > 0.0 {
+            micros.round() as u64
+        } else {
+            0
+        }
+    }
+
+    /// The (new token, context token) pairs of computing `tokens` prompt tokens after `context`
+    /// tokens already in the KV cache: each new token attends to the context and to the new
+    /// tokens before it (and itself).
+    pub fn context_pairs(context: u32, tokens: u32) -> u64 {
+        let (context, tokens) = (u64::from(context), u64::from(tokens));
+        tokens * context + tokens * (tokens + 1) / 2
+    }
+
     /// The front end's latency in microseconds.
     pub fn frontend_latency_us(&self) -> u64 {
         if self.frontend_latency_ms.is_finite() && self.frontend_latency_ms > 0.0 {
@@ -193,6 +220,17 @@ mod tests {
         assert_eq!(config.capacity_blocks(), 16_384);
         assert_eq!(config.prefill_step_us(2048), 256_000);
         assert_eq!(config.decode_step_us(10), 9_500);
+        assert_eq!(config.context_us(1_000_000), 0, "no context cost by default");
+    }
+
+    #[test]
+    fn context_cost_counts_every_new_token_against_what_it_attends_to() {
+        assert_eq!(EngineConfig::context_pairs(0, 4), 4 + 3 + 2 + 1);
+        assert_eq!(EngineConfig::context_pairs(1000, 2), 2 * 1000 + 3);
+        let config = EngineConfig { prefill_context_ns: 25.0, ..EngineConfig::default() };
+        // 256 new tokens after 4,096 cached: 1,081,472 pairs at 25 ns.
+        assert_eq!(config.context_us(EngineConfig::context_pairs(4096, 256)), 27_037);
+        assert_eq!(config.clone().scaled(2.0).context_us(1_000_000), 12_500);
     }
 
     #[test]

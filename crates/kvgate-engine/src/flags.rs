@@ -16,6 +16,10 @@ pub struct EngineFlags {
     /// Fixed cost of a prefill step (a chunk) in ms [default: 0].
     #[arg(long)]
     pub prefill_base_ms: Option<f64>,
+    /// Ns per (new token, context token) pair of a prefill step: attention's cost, growing with
+    /// the context each new token attends to [default: 0].
+    #[arg(long)]
+    pub prefill_context_ns: Option<f64>,
     /// Ms from a request's submission to the engine's scheduler queue: its server's HTTP,
     /// tokenization and first token back [default: 0].
     #[arg(long)]
@@ -80,6 +84,7 @@ impl EngineFlags {
         let default = self.engine_profile.config();
         EngineConfig {
             prefill_base_ms: self.prefill_base_ms.unwrap_or(default.prefill_base_ms),
+            prefill_context_ns: self.prefill_context_ns.unwrap_or(default.prefill_context_ns),
             frontend_latency_ms: self.frontend_latency_ms.unwrap_or(default.frontend_latency_ms),
             prefill_tokens_per_sec: self.prefill_tokens_per_sec.unwrap_or(default.prefill_tokens_per_sec),
             prefill_chunk_tokens: self.prefill_chunk_tokens.unwrap_or(default.prefill_chunk_tokens),

@@ -14,12 +14,15 @@
 //!   chunking). A request's first token is emitted at the end of the step completing its prefill;
 //!   it then needs `output_tokens - 1` decode steps. A prefill step may have a fixed cost
 //!   (`prefill_base_ms`, a forward pass's overhead); with `mixed_batching` the running decodes
-//!   ride in every prefill step (vLLM v1), which pays the larger fixed cost once.
+//!   ride in every prefill step (vLLM v1), which pays the larger fixed cost once; with
+//!   `prefill_context_ns` a step also pays attention's cost, per (new token, context token)
+//!   pair, so new tokens after a long cached prefix cost more (vLLM's CPU build shows it).
 //! - **Front end.** `frontend_latency_ms` delays each request's entry into the scheduler's queue
 //!   (the engine's HTTP server, tokenization, the hop to its engine core and back), a constant
 //!   every client-side time to first token includes.
 //! - **Profiles.** [`EngineProfile`] names measured parameter sets (`--engine-profile`):
-//!   `vllm-cpu-tiny` reproduces vLLM's CPU build on the real-engine harness's tiny model.
+//!   `vllm-cpu-tiny` reproduces two of vLLM's CPU-build engines sharing 2 cores on the
+//!   real-engine harness's tiny model.
 //! - **KV cache.** Capacity is counted in blocks of `block_size` tokens. A request reserves
 //!   `ceil((prompt + output) / block_size)` blocks at admission, minus the full prompt blocks
 //!   already in the prefix cache (matched by chained block hash, see [`block_hash`]). Admission is

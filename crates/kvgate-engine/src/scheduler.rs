@@ -478,7 +478,7 @@ impl Engine {
         let mut budget = self.prefill_budget();
         if !self.prefilling.is_empty() && budget > 0 {
             self.prefill_work.clear();
-            let mut step_tokens = 0u64;
+            let (mut step_tokens, mut step_pairs) = (0u64, 0u64);
             for &slot in &self.prefilling {
                 let request = self.slots[slot].as_ref().expect("prefilling slots are live");
                 let Phase::Prefilling { remaining } = request.phase else {
@@ -488,6 +488,8 @@ impl Engine {
                 self.prefill_work.push(PrefillChunk { slot, id: request.id, tokens });
                 budget -= tokens;
                 step_tokens += u64::from(tokens);
+                let context = request.prompt_len.saturating_sub(remaining);
+                step_pairs += EngineConfig::context_pairs(context, tokens);
                 if budget == 0 {
                     break;
                 }
@@ -496,7 +498,7 @@ impl Engine {
             let step_us = match decodes {
                 true => self.config.mixed_step_us(step_tokens, self.decoding.len()),
                 false => self.config.prefill_step_us(step_tokens),
-            };
+            } + self.config.context_us(step_pairs);
             self.step =
                 Some(Step { start_us: at_us, end_us: at_us + step_us, kind: StepKind::Prefill { decodes } });
         } else if !self.decoding.is_empty() {

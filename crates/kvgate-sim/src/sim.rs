@@ -554,7 +554,10 @@ impl<'a> Simulation<'a> {
                         let uncached = stats.prompt_tokens.saturating_sub(stats.cached_tokens)
                             + config.load_work_tokens(stats.offloaded_tokens);
                         let prefill_us = stats.first_token_us.saturating_sub(stats.admitted_us);
-                        let prefill_own_us = config.prefill_step_us(uncached.into()).min(prefill_us);
+                        let context = stats.prompt_tokens.saturating_sub(uncached);
+                        let own_us = config.prefill_step_us(uncached.into())
+                            + config.context_us(EngineConfig::context_pairs(context, uncached));
+                        let prefill_own_us = own_us.min(prefill_us);
                         self.outcome.ttft_parts.push(TtftParts {
                             gateway_wait_us: submitted_us - stats.arrival_us,
                             engine_wait_us: stats.admitted_us.saturating_sub(submitted_us),

@@ -6,7 +6,8 @@
 //! `tenants-flood` (interactive tenants' chat sessions beside one tenant flooding long prompts),
 //! `agentic` (agents' tool loops on their applications' long tool prompts), `rollouts` (RL
 //! training steps: batches of prompts, each sampled n times at once, long reasoning outputs) and
-//! `reasoning` (questions on popular shared contexts with long reasoning answers).
+//! `reasoning` (questions on popular shared contexts with long reasoning answers) and
+//! `conversations` (a fixed number of chats of a fixed length, carried on by a few clients).
 //!
 //! Chat sessions and agents' tool loops are written as sessions (`session_id`, and `think_ms`
 //! on every later turn: the think or tool time after the previous answer), so the replayers send
@@ -61,6 +62,13 @@ pub enum Shape {
     /// Reasoning on shared contexts (S11): questions on one of `--docs` contexts (popularity
     /// skewed) at `--load`, each answered at reasoning length (`--reasoning-*`).
     Reasoning,
+    /// A fixed conversation workload, closed loop: `--conversations` chats of exactly
+    /// `--session-max-turns` turns, each its own `--system-prompt-tokens` system prompt, held by
+    /// `--clients` clients; a client carries its conversations on in rotation (turn 1 of each,
+    /// then turn 2 of each, ...), one request in flight, `--think-secs` (exponential) after each
+    /// answer. So `--clients` requests are in flight at once and every conversation stays live to
+    /// its last turn (issue 39's 20 conversations x 10 turns at concurrency 4).
+    Conversations,
 }
 
 /// Options of `kvgate trace gen`. Each shape reads the options its help names; the others are
@@ -91,7 +99,7 @@ pub struct GenArgs {
     /// Tokens of each shared system prompt.
     #[arg(long, default_value_t = 1024)]
     pub system_prompt_tokens: u32,
-    /// Most turns of a chat session (uniform in 1..=N).
+    /// Most turns of a chat session (uniform in 1..=N); conversations: every conversation's turns.
     #[arg(long, default_value_t = 6)]
     pub session_max_turns: u32,
     /// Mean seconds between a session's turns (exponential).
@@ -160,6 +168,13 @@ pub struct GenArgs {
     /// long-prompts: mean seconds from a document's ask to its next one (exponential).
     #[arg(long, default_value_t = 60.0)]
     pub reask_secs: f64,
+    /// conversations: the conversations (each its own system prompt).
+    #[arg(long, default_value_t = 20)]
+    pub conversations: u32,
+    /// conversations: the clients, each with one request in flight at most; conversation i
+    /// belongs to client i mod N. A client is the trace's session (`session_id` `client-K`).
+    #[arg(long, default_value_t = 4)]
+    pub clients: u32,
     /// Write no session fields (`session_id`, `think_ms`): every request is sent at its
     /// timestamp (open loop), as in traces written before sessions existed.
     #[arg(long)]
@@ -286,6 +301,8 @@ impl GenArgs {
             ("system_prompts", self.system_prompts as u64),
             ("system_prompt_tokens", self.system_prompt_tokens.into()),
             ("session_max_turns", self.session_max_turns.into()),
+            ("conversations", self.conversations.into()),
+            ("clients", self.clients.into()),
             ("user_min_tokens", self.user_min_tokens.into()),
             ("output_min_tokens", self.output_min_tokens.into()),
             ("docs", self.docs as u64),
@@ -351,6 +368,7 @@ pub fn generate(args: &GenArgs) -> Result<Trace, GenError> {
         Shape::Agentic => agents::agentic(args, &mut rng),
         Shape::Rollouts => agents::rollouts(args, &mut rng),
         Shape::Reasoning => agents::reasoning(args, &mut rng),
+        Shape::Conversations => shapes::conversations(args, &mut rng),
     };
     if args.open_loop {
         for request in &mut requests {

@@ -1,6 +1,7 @@
 //! The shapes: chat sessions (the background of `hot-docs`, all of `bursts`, the interactive
 //! tenants of `tenants-flood`), hot shared documents asked in bursts, a stream of distinct long
-//! documents asked again later, and a tenant flooding questions on long documents.
+//! documents asked again later, a tenant flooding questions on long documents, and a fixed set
+//! of conversations carried on by a few clients.
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -152,6 +153,46 @@ pub(super) fn bursts(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
     let sessions = Sessions::new(args, &mut blocks);
     let load_at = |t: f64| if t % period < args.low_secs { args.low_load } else { args.high_load };
     sessions.poisson(args, rng, &mut blocks, load_at, &mut out);
+    out
+}
+
+/// `conversations`: `conversations` chats of `session_max_turns` turns, each its own system
+/// prompt (`system_prompt_tokens`, not rounded to whole blocks: nothing shares it), dealt to
+/// `clients` clients (conversation i to client i mod `clients`). A client is one closed-loop
+/// session: it sends turn 1 of each of its conversations, then turn 2 of each, and so on, each
+/// request `think_secs` (exponential) after the previous answer, from time 0.
+pub(super) fn conversations(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
+    let mut blocks = Blocks::default();
+    let mut out = Vec::new();
+    let clients = args.clients.max(1);
+    // Each chat: its client, its context so far, and the length of its last answer.
+    let mut chats: Vec<(u32, Context, u32)> = (0..args.conversations)
+        .map(|i| {
+            let first = args.system_prompt_tokens + uniform(rng, args.user_min_tokens, args.user_max_tokens);
+            (i % clients, Context::fresh(first, &mut blocks), 0)
+        })
+        .collect();
+    for client in 0..clients {
+        let session = format!("client-{}", client + 1);
+        let mut at_s = 0.0;
+        let mut think_s = None;
+        for turn in 0..args.session_max_turns {
+            for (_, context, answer) in chats.iter_mut().filter(|(owner, _, _)| *owner == client) {
+                if turn > 0 {
+                    let question = uniform(rng, args.user_min_tokens, args.user_max_tokens);
+                    context.extend(*answer + question, &mut blocks);
+                }
+                *answer = uniform(rng, args.output_min_tokens, args.output_max_tokens);
+                let mut request = context.request(at_s * 1000.0, *answer);
+                request.session_id = Some(session.clone());
+                request.think_ms = think_s.map(|s| s * 1000.0);
+                out.push(request);
+                let think = exponential(rng, args.think_secs);
+                at_s += think;
+                think_s = Some(think);
+            }
+        }
+    }
     out
 }
 

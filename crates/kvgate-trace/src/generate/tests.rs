@@ -36,6 +36,7 @@ fn the_same_seed_gives_the_same_trace_and_it_parses_back() {
         Shape::Agentic,
         Shape::Rollouts,
         Shape::Reasoning,
+        Shape::Conversations,
     ];
     for shape in shapes {
         // Agents' sessions and reasoning contexts are long: more of them, so that seeds differ.
@@ -208,6 +209,57 @@ fn chat_turns_name_their_session_and_think_time_and_open_loop_leaves_them_out() 
     assert!(open.requests.iter().all(|r| r.session_id.is_none() && r.think_ms.is_none()));
     let strip = |r: &TraceRequest| TraceRequest { session_id: None, think_ms: None, ..r.clone() };
     assert_eq!(open.requests, trace.requests.iter().map(strip).collect::<Vec<_>>());
+}
+
+/// `conversations`: exactly N chats of T turns, dealt to C clients (the sessions), each client
+/// rotating through its chats one request at a time; a chat's later turn extends its previous
+/// one by the answer and a question, and no two chats share a block.
+#[test]
+fn conversations_are_n_chats_of_t_turns_carried_on_by_c_clients() {
+    let trace = generate(&args(
+        Shape::Conversations,
+        &[
+            ("conversations", "20"),
+            ("session-max-turns", "10"),
+            ("clients", "4"),
+            ("system-prompt-tokens", "100"),
+            ("user-min-tokens", "10"),
+            ("user-max-tokens", "20"),
+            ("output-min-tokens", "5"),
+            ("output-max-tokens", "10"),
+        ],
+    ))
+    .unwrap();
+    assert_eq!(trace.requests.len(), 200);
+    let clients = sessions(&trace);
+    assert_eq!(clients.len(), 4);
+    let mut chats: std::collections::BTreeMap<u64, Vec<&TraceRequest>> = Default::default();
+    for turns in clients.values() {
+        assert_eq!(turns.len(), 50);
+        assert_eq!(turns[0].think_ms, None);
+        for (i, turn) in turns.iter().enumerate() {
+            // Turn 1 of each of the client's five chats, then turn 2 of each, ...
+            assert_eq!(i >= 5, turn.input_length > 100 + 20, "{i}: {}", turn.input_length);
+            chats.entry(turn.hash_ids[0]).or_default().push(turn);
+        }
+        for pair in turns.windows(2) {
+            let think_ms = pair[1].think_ms.expect("a later request's think time");
+            assert!((pair[1].timestamp_ms - pair[0].timestamp_ms - think_ms).abs() < 1e-6);
+        }
+    }
+    assert_eq!(chats.len(), 20, "every chat starts with its own block");
+    for turns in chats.values() {
+        assert_eq!(turns.len(), 10);
+        for pair in turns.windows(2) {
+            let (before, after) = (pair[0], pair[1]);
+            let grown = after.input_length - before.input_length;
+            assert!(grown > before.output_length, "the answer and a question");
+            assert_eq!(
+                after.hash_ids[..before.hash_ids.len() - 1],
+                before.hash_ids[..before.hash_ids.len() - 1]
+            );
+        }
+    }
 }
 
 /// Agents' sessions: each call resends the previous call's whole prompt plus its answer and a
