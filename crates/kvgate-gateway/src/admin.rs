@@ -10,12 +10,12 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::auth::check_admin_key;
-use crate::config::KvEventsSource;
-use crate::error::ApiError;
 use crate::registry::NewWorker;
 use crate::state::SharedState;
 use crate::worker::{CircuitState, Worker};
+use kvgate_gateway_core::auth::check_admin_key;
+use kvgate_gateway_core::config::KvEventsSource;
+use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::role::WorkerRole;
 
 pub async fn health() -> impl IntoResponse {

@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 
-use crate::error::ApiError;
 use crate::state::SharedState;
+use kvgate_gateway_core::error::ApiError;
 
 /// The `Access-Control-Allow-Origin` value for a request with these headers: its origin when it
 /// is one of `allowed` (or `allowed` has `*`: then `*`); `None` without an allowed origin.

@@ -9,10 +9,10 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 
 use crate::load_snapshot::LoadSnapshot;
-use crate::metrics::Metrics;
 use crate::registry::Registry;
-use crate::upstream::HealthCheck;
 use crate::worker::{CircuitState, Worker};
+use kvgate_gateway_core::metrics::Metrics;
+use kvgate_gateway_core::upstream::HealthCheck;
 
 /// What the health loop is built from.
 pub struct HealthLoop {

@@ -9,9 +9,6 @@ use std::path::{Path, PathBuf};
 /// The gateway's layers, bottom first. A module may use modules of its own layer or of a lower
 /// one, never of a higher one.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaf types", &["auth", "backoff", "clock", "error", "tenant", "worker_url"]),
-    ("configuration", &["config"]),
-    ("plumbing", &["conn", "decisions", "metrics", "otel", "own_address", "tls", "upstream"]),
     ("registry", &["index_health", "load_snapshot", "registry", "worker"]),
     ("request parts", &["accuracy", "body", "tokenize"]),
     (

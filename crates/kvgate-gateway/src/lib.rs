@@ -2,26 +2,9 @@
 //! chosen by a `kvgate-policy` policy, and owns everything with I/O around that choice: the worker
 //! registry, health checks, retries, circuit breakers and metrics.
 
-// The modules by layer, bottom first: each uses only its own layer and those below it
-// (`layers.rs` checks it, see ARCHITECTURE.md).
-// Leaf types.
-mod auth;
-mod backoff;
-mod clock;
-mod cors;
-mod error;
-mod tenant;
-mod worker_url;
-// Configuration.
-mod config;
-// Plumbing: metrics, TLS, the proxy's connections, the background loops' client.
-mod conn;
-mod decisions;
-mod metrics;
-mod otel;
-mod own_address;
-mod tls;
-mod upstream;
+// The leaf types, the configuration and the plumbing are `kvgate-gateway-core`'s. The modules
+// here by layer, bottom first: each uses only its own layer and those below it (`layers.rs`
+// checks it, see ARCHITECTURE.md).
 // Workers, the registry and the load snapshot.
 mod index_health;
 mod load_snapshot;
@@ -46,6 +29,7 @@ mod registration;
 // The assembled state.
 mod state;
 // The request path.
+mod cors;
 mod proxy;
 // The edge: admin endpoints, the accept loop, start and stop.
 mod admin;
@@ -57,14 +41,14 @@ mod server;
 #[cfg(test)]
 mod layers;
 
-pub use config::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
-pub use config::{GatewayConfig, GatewayConfigBuilder};
-pub use config::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
-pub use error::ApiError;
+pub use kvgate_gateway_core::config::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
+pub use kvgate_gateway_core::config::{GatewayConfig, GatewayConfigBuilder};
+pub use kvgate_gateway_core::config::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
+pub use kvgate_gateway_core::error::ApiError;
+pub use kvgate_gateway_core::tenant::ForwardPriority;
+pub use kvgate_gateway_core::worker_url::normalize_url;
 pub use kvgate_protocol::Endpoint;
 pub use kvgate_protocol::{PdProtocol, WorkerRole};
 pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};
 pub use state::{AppState, SharedState};
-pub use tenant::ForwardPriority;
 pub use worker::CircuitState;
-pub use worker_url::normalize_url;

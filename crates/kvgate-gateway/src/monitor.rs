@@ -13,12 +13,12 @@ use kvgate_policy::{LoadSample, WorkerId};
 use prometheus::IntCounterVec;
 use tokio::sync::watch;
 
-use crate::clock::Clock;
 use crate::load_snapshot::LoadSnapshot;
-use crate::metrics::LoadMetrics;
 use crate::registry::Registry;
-use crate::upstream::{get, GetError, HttpClient, Keep};
 use crate::worker::Worker;
+use kvgate_gateway_core::clock::Clock;
+use kvgate_gateway_core::metrics::LoadMetrics;
+use kvgate_gateway_core::upstream::{get, GetError, HttpClient, Keep};
 use kvgate_protocol::loads::{parse_sglang, parse_vllm, LoadReport};
 
 /// Where a worker's loads come from, learned on first contact.
@@ -256,9 +256,9 @@ mod tests {
     use kvgate_policy::PolicyConfig;
 
     use super::*;
-    use crate::metrics::Metrics;
     use crate::registry::NewWorker;
     use crate::worker::CircuitSettings;
+    use kvgate_gateway_core::metrics::Metrics;
 
     /// The snapshot is built from its parts alone: a registry, the load snapshot and a clock.
     #[test]

@@ -5,14 +5,14 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
-use crate::config::KvEventsSource;
-use crate::error::ApiError;
 use crate::kv_events::KvEvents;
 use crate::load_snapshot::LoadSnapshot;
 use crate::registry::{NewWorker, Registry, RegistryError};
-use crate::upstream::HealthCheck;
 use crate::worker::Worker;
-use crate::worker_url::{normalize_url, AllowList};
+use kvgate_gateway_core::config::KvEventsSource;
+use kvgate_gateway_core::error::ApiError;
+use kvgate_gateway_core::upstream::HealthCheck;
+use kvgate_gateway_core::worker_url::{normalize_url, AllowList};
 
 /// The gateway's own listeners, which are never workers (routing to them would loop).
 #[derive(Clone, Debug)]
@@ -200,7 +200,7 @@ impl Registration {
         if self.allow.allows_name(bare) {
             return true;
         }
-        let resolved = crate::own_address::resolve(host, port).await;
+        let resolved = kvgate_gateway_core::own_address::resolve(host, port).await;
         !resolved.is_empty() && resolved.iter().all(|address| self.allow.allows_ip(address.ip()))
     }
 }
@@ -214,7 +214,7 @@ impl OwnAddress {
             .flatten()
             .copied()
             .collect();
-        crate::own_address::leads_to_gateway(url, &listeners).await
+        kvgate_gateway_core::own_address::leads_to_gateway(url, &listeners).await
     }
 }
 

@@ -10,10 +10,10 @@ use arc_swap::ArcSwap;
 use kvgate_index::{ApproxIndex, BlockIndex, InFlightBlocks, PeerBlocks};
 use kvgate_policy::{build_policy, Policy, PolicyConfig, PolicyKind};
 
-use crate::config::KvEventsSource;
-use crate::metrics::{Metrics, PoolSeries};
 use crate::worker::{CircuitSettings, Worker};
-use crate::worker_url::normalize_url;
+use kvgate_gateway_core::config::KvEventsSource;
+use kvgate_gateway_core::metrics::{Metrics, PoolSeries};
+use kvgate_gateway_core::worker_url::normalize_url;
 use kvgate_protocol::role::WorkerRole;
 
 /// The workers of one role serving one model, and their policy and prefix indexes.

@@ -14,10 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin;
 use crate::alignment::{Alignment, AlignmentSettings};
-use crate::clock::Clock;
-use crate::config::GatewayConfig;
 use crate::discovery::{Discovery, DiscoverySettings};
-use crate::error::ApiError;
 use crate::fleet_view::{self, FleetView};
 use crate::health::HealthLoop;
 use crate::kv_map::KvMapTask;
@@ -27,6 +24,9 @@ use crate::proxy;
 use crate::registry::{NewWorker, Registry};
 use crate::replica_sync::SyncSettings;
 use crate::state::{AppState, SharedState};
+use kvgate_gateway_core::clock::Clock;
+use kvgate_gateway_core::config::GatewayConfig;
+use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::role::WorkerRole;
 
@@ -283,7 +283,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     }
 
     if state.tokenization.is_none()
-        && state.config.kv_events_endpoints.iter().any(|e| e != crate::config::NO_ENDPOINT)
+        && state.config.kv_events_endpoints.iter().any(|e| e != kvgate_gateway_core::config::NO_ENDPOINT)
     {
         tracing::warn!(
             "KV events are configured but no tokenizer (--tokenizer-path): only requests that carry \
@@ -471,7 +471,7 @@ fn spawn_background(
 
 /// Reloading `--client-api-keys-file`: the keys, the tenants' series, the reload counter.
 struct KeyReload {
-    clients: Arc<crate::auth::Clients>,
+    clients: Arc<kvgate_gateway_core::auth::Clients>,
     admission: Arc<crate::admission::Admission>,
     reloads: prometheus::IntCounterVec,
 }

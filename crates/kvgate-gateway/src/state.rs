@@ -11,22 +11,22 @@ use http::HeaderValue;
 use kvgate_tokenizer::{Tokenizer, TokenizerOptions};
 
 use crate::admission::{Admission, Limits};
-use crate::auth::Clients;
-use crate::clock::Clock;
-use crate::config::GatewayConfig;
-use crate::decisions::DecisionLog;
 use crate::kv_events::{KvEventLimits, KvEvents};
 use crate::kv_map::KvMap;
 use crate::load_snapshot::LoadSnapshot;
-use crate::metrics::Metrics;
-use crate::otel::Traces;
 use crate::registration::{OwnAddress, Registration};
 use crate::registry::Registry;
 use crate::replica_sync::{ReplicaSync, SyncLimits};
 use crate::tokenize::Tokenization;
-use crate::upstream::{build_client, HealthCheck, HttpClient};
 use crate::worker::CircuitSettings;
-use crate::worker_url::AllowList;
+use kvgate_gateway_core::auth::Clients;
+use kvgate_gateway_core::clock::Clock;
+use kvgate_gateway_core::config::GatewayConfig;
+use kvgate_gateway_core::decisions::DecisionLog;
+use kvgate_gateway_core::metrics::Metrics;
+use kvgate_gateway_core::otel::Traces;
+use kvgate_gateway_core::upstream::{build_client, HealthCheck, HttpClient};
+use kvgate_gateway_core::worker_url::AllowList;
 
 pub struct AppState {
     pub config: GatewayConfig,
@@ -133,7 +133,7 @@ impl AppState {
             })),
             None => None,
         };
-        let upstream_tls = crate::tls::upstream_connector(&config)?;
+        let upstream_tls = kvgate_gateway_core::tls::upstream_connector(&config)?;
         let client = build_client(upstream_tls.clone());
         let replica_sync = match (&config.replica_sync_redis_url, &config.replica_sync_secret) {
             (Some(_), Some(secret)) => {
@@ -231,7 +231,7 @@ impl AppState {
             metrics,
             client,
             health_check,
-            listener_tls: crate::tls::listener_acceptor(&config)?,
+            listener_tls: kvgate_gateway_core::tls::listener_acceptor(&config)?,
             upstream_tls,
             loads,
             clock: Clock::start(),

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kvgate_tokenizer::{Tokenizer, TokenizerError};
 
-use crate::metrics::Metrics;
 use crate::registry::ModelPool;
+use kvgate_gateway_core::metrics::Metrics;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::request::{estimate_tokens, OwnedKey, RequestFields};
 

@@ -9,11 +9,11 @@ use kvgate_index::{AccuracyChange, AccuracySample, AccuracySettings, Disagreemen
 use kvgate_policy::WorkerId;
 use serde::Serialize;
 
-use crate::config::KvEventsSource;
-use crate::conn::ConnPool;
-use crate::decisions::RoutedTally;
 use crate::index_health::IndexHealth;
-use crate::metrics::WorkerSeries;
+use kvgate_gateway_core::config::KvEventsSource;
+use kvgate_gateway_core::conn::ConnPool;
+use kvgate_gateway_core::decisions::RoutedTally;
+use kvgate_gateway_core::metrics::WorkerSeries;
 use kvgate_protocol::role::WorkerRole;
 
 /// Circuit breaker states, as exported in metrics (0, 1, 2) and /workers.
@@ -506,7 +506,7 @@ mod tests {
     fn health_thresholds() {
         let settings =
             CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::ZERO };
-        let series = crate::metrics::Metrics::new().worker_series("http://127.0.0.1:1");
+        let series = kvgate_gateway_core::metrics::Metrics::new().worker_series("http://127.0.0.1:1");
         let worker =
             Worker::new(0, "http://127.0.0.1:1".into(), Some("m".into()), true, settings, series, None);
         assert_eq!(worker.record_health(false, 2, 2), None);

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::body::{AdmissionHold, Used};
-use crate::config::TenantsConfig;
-use crate::error::ApiError;
 use crate::kv_map::KvMap;
-use crate::metrics::AdmissionMetrics;
-use crate::tenant::{PriorityClass, DEFAULT_TENANT};
 use bucket::Bucket;
+use kvgate_gateway_core::config::TenantsConfig;
+use kvgate_gateway_core::error::ApiError;
+use kvgate_gateway_core::metrics::AdmissionMetrics;
+use kvgate_gateway_core::tenant::{PriorityClass, DEFAULT_TENANT};
 use kvgate_policy::{ClassSlots, FairQueue};
 use quota::{TenantCharge, TenantQuotas};
 

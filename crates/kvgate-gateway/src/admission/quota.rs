@@ -15,8 +15,8 @@ use lru::LruCache;
 
 use super::bucket::Bucket;
 use crate::body::Used;
-use crate::config::{TenantLimits, TenantsConfig};
-pub use crate::tenant::{OverQuota, Quota};
+use kvgate_gateway_core::config::{TenantLimits, TenantsConfig};
+pub use kvgate_gateway_core::tenant::{OverQuota, Quota};
 
 /// Most tenants whose buckets and counts are kept at once.
 pub(super) const MAX_TRACKED_TENANTS: usize = 16384;

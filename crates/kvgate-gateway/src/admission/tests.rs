@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::metrics::Metrics;
+use kvgate_gateway_core::metrics::Metrics;
 
 fn admission(max_concurrent: usize, queue_size: usize, tenants: &str) -> Arc<Admission> {
     admission_with_bound(max_concurrent, queue_size, tenants, 0)
@@ -206,7 +206,10 @@ async fn over_quota_is_refused_before_queueing_and_refused_requests_are_refunded
     let _second = admission.admit(ticket("t", PriorityClass::Normal, 1)).await.unwrap();
     match admission.admit(ticket("t", PriorityClass::Normal, 1)).await {
         Err(ApiError::OverQuota { tenant, over }) => {
-            assert_eq!((tenant.as_str(), over.quota), ("t", crate::tenant::Quota::RequestsPerMinute));
+            assert_eq!(
+                (tenant.as_str(), over.quota),
+                ("t", kvgate_gateway_core::tenant::Quota::RequestsPerMinute)
+            );
             assert!(over.retry_after.is_some());
         }
         other => panic!("{:?}", other.map(|_| ())),

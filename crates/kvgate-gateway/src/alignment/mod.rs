@@ -27,13 +27,13 @@ use kvgate_index::{IndexRepair, Verdict};
 use kvgate_policy::WorkerId;
 use tokio::sync::watch;
 
-use crate::clock::Clock;
 use crate::kv_map::KvMap;
-use crate::metrics::Metrics;
 use crate::registry::{ModelPool, PoolSnapshot, Registry};
 use crate::tokenize::Tokenization;
-use crate::upstream::HttpClient;
 use crate::worker::Worker;
+use kvgate_gateway_core::clock::Clock;
+use kvgate_gateway_core::metrics::Metrics;
+use kvgate_gateway_core::upstream::HttpClient;
 use kvgate_protocol::role::WorkerRole;
 use probe::Prober;
 use repair::{Finding, Source};

@@ -9,8 +9,8 @@
 
 use kvgate_index::IndexRepair;
 
-use crate::metrics::AlignmentMetrics;
 use crate::worker::Worker;
+use kvgate_gateway_core::metrics::AlignmentMetrics;
 
 /// What found the index wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -19,10 +19,10 @@ use kvgate_index::InFlightPrompt;
 pub use watch::{AnswerSource, BodyWatch, Cut, Watched};
 
 use crate::accuracy::UsageTap;
-use crate::metrics::Metrics;
-use crate::otel::RequestSpan;
 use crate::registry::ModelPrefix;
 use crate::worker::Worker;
+use kvgate_gateway_core::metrics::Metrics;
+use kvgate_gateway_core::otel::RequestSpan;
 use kvgate_protocol::endpoint::Endpoint;
 
 /// Marks a request in flight on a worker; dropping it ends the request.
@@ -153,7 +153,7 @@ fn error_event(worker: &str, cut: &Cut) -> Bytes {
         Cut::Deadline(_) => format!("the stream from the worker {worker} was cut: {cut}"),
         _ => format!("the worker {worker} failed mid-stream: {cut}"),
     };
-    let body = crate::error::error_body(&message, "upstream_error", "upstream_stream_broken");
+    let body = kvgate_gateway_core::error::error_body(&message, "upstream_error", "upstream_stream_broken");
     Bytes::from(format!("data: {body}\n\n"))
 }
 

@@ -15,8 +15,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::InFlight;
-use crate::conn::UpstreamBody;
 use crate::worker::Worker;
+use kvgate_gateway_core::conn::UpstreamBody;
 
 /// What a response body reads from.
 pub trait AnswerSource: Body<Data = Bytes, Error = Cut> + Send + Unpin + 'static {

@@ -17,9 +17,9 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tokio::sync::watch as signal;
 
-use crate::error::ApiError;
 use crate::registration::Registration;
 use crate::registry::NewWorker;
+use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::role::WorkerRole;
 use pod::{pod_key, pod_target, PodTarget};
 use reconcile::{Action, Reconciler};

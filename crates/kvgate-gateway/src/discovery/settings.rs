@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::pod::PodRules;
-use crate::config::{label_selector, GatewayConfig};
+use kvgate_gateway_core::config::{label_selector, GatewayConfig};
 use kvgate_protocol::role::WorkerRole;
 
 /// What discovery watches and how pods become workers.

@@ -20,14 +20,14 @@ use prometheus::core::Collector;
 use prometheus::IntCounterVec;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::check_admin_browser;
-use crate::clock::Clock;
-use crate::decisions::{DecisionLog, TallyView};
 use crate::kv_map::{KvMap, KvMapView};
 use crate::load_snapshot::LoadSnapshot;
-use crate::metrics::Metrics;
 use crate::registry::{ModelPool, Registry};
 use crate::worker::{CircuitState, Worker};
+use kvgate_gateway_core::auth::check_admin_browser;
+use kvgate_gateway_core::clock::Clock;
+use kvgate_gateway_core::decisions::{DecisionLog, TallyView};
+use kvgate_gateway_core::metrics::Metrics;
 use rates::{RateHistory, Totals};
 
 /// The page: inline CSS and JS, no external asset, no build step.

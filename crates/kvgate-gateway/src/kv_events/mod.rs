@@ -10,9 +10,9 @@ use std::sync::Arc;
 use prometheus::IntCounterVec;
 
 use crate::load_snapshot::LoadSnapshot;
-use crate::metrics::KvEventsMetrics;
 use crate::registry::Registry;
 use crate::worker::Worker;
+use kvgate_gateway_core::metrics::KvEventsMetrics;
 
 /// What the subscriptions are built from: the registry (to find a worker's exact index once its
 /// model is known), the load snapshot (an engine's reported KV capacity bounds its blocks),

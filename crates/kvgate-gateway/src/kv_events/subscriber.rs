@@ -20,12 +20,12 @@ use zeromq::{
 };
 
 use super::KvEventLimits;
-use crate::backoff::Backoff;
-use crate::config::RankEndpoints;
 use crate::load_snapshot::LoadSnapshot;
-use crate::metrics::KvEventsMetrics;
 use crate::registry::Registry;
 use crate::worker::Worker;
+use kvgate_gateway_core::backoff::Backoff;
+use kvgate_gateway_core::config::RankEndpoints;
+use kvgate_gateway_core::metrics::KvEventsMetrics;
 
 /// How long one replay (request to end marker) may take.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -27,11 +27,11 @@ use kvgate_index::CensusOptions;
 use kvgate_policy::TenantsConfig;
 use tokio::sync::watch;
 
-use crate::clock::Clock;
-use crate::metrics::Metrics;
 use crate::registry::{ModelPool, Registry};
 use history::{History, Totals};
 use hot::HotTable;
+use kvgate_gateway_core::clock::Clock;
+use kvgate_gateway_core::metrics::Metrics;
 use tenants::TenantPrompts;
 pub use view::{EngineKv, HolderView, HotPrefix, KvMapView, PoolKv, TenantKv};
 
@@ -249,9 +249,10 @@ impl KvMapTask {
         distinct: f64,
     ) -> Vec<TenantKv> {
         let decay = (-(CENSUS_MS as f64) / hot::HALF_LIFE_MS * std::f64::consts::LN_2).exp();
-        for (tenant, total) in
-            crate::metrics::counter_by_label(&self.metrics.admission.tenant_cached_tokens, "tenant")
-        {
+        for (tenant, total) in kvgate_gateway_core::metrics::counter_by_label(
+            &self.metrics.admission.tenant_cached_tokens,
+            "tenant",
+        ) {
             let (last, recent) = tables.cached.entry(tenant).or_default();
             *recent = *recent * decay + total.saturating_sub(*last) as f64;
             *last = total;

@@ -15,12 +15,12 @@ use kvgate_index::InFlightPrompt;
 
 use super::respond::{Failure, Outcome, Served};
 use crate::body::InFlight;
-use crate::conn::{self, SendError, UpstreamBody};
-use crate::error::ApiError;
 use crate::registry::ModelPrefix;
 use crate::state::AppState;
-use crate::upstream::is_hop_by_hop;
 use crate::worker::Worker;
+use kvgate_gateway_core::conn::{self, SendError, UpstreamBody};
+use kvgate_gateway_core::error::ApiError;
+use kvgate_gateway_core::upstream::is_hop_by_hop;
 use kvgate_protocol::edit::{edit_body, EditError, FieldEdit};
 use kvgate_protocol::role::WorkerRole;
 
@@ -298,8 +298,8 @@ mod tests {
     use std::time::Duration;
 
     use super::{edited, with_dp_rank, AttemptError, AttemptErrorKind, ErrorSource, RetryType};
-    use crate::error::ApiError;
     use crate::proxy::respond::{Failure, Outcome};
+    use kvgate_gateway_core::error::ApiError;
     use kvgate_protocol::role::WorkerRole;
 
     /// `check(kind, source, retry, label, outcome)`: one row of the classification every path uses.

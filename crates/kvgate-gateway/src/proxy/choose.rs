@@ -15,11 +15,11 @@ use kvgate_index::{
 use kvgate_policy::{Candidate, Decision, PdPath, Policy, PrefixIndex, RouteRequest, RoutingKey, WorkerId};
 use kvgate_route::{IndexMode, Offer, Planning};
 
-use crate::decisions::DecisionRecord;
 use crate::registry::ModelPool;
 use crate::replica_sync::Routed as PeerRouted;
 use crate::state::AppState;
 use crate::worker::Worker;
+use kvgate_gateway_core::decisions::DecisionRecord;
 
 /// One of the request's pools, for one plan.
 pub(super) struct PoolView<'a> {

@@ -26,11 +26,11 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::accuracy::Probe;
 use crate::admission::Ticket;
-use crate::backoff::Backoff;
-use crate::error::ApiError;
-use crate::otel::{RequestSpan, TRACEPARENT};
 use crate::state::AppState;
 use attempt::{attempt, Attempt};
+use kvgate_gateway_core::backoff::Backoff;
+use kvgate_gateway_core::error::ApiError;
+use kvgate_gateway_core::otel::{RequestSpan, TRACEPARENT};
 use kvgate_protocol::edit::FieldEdit;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::headers;

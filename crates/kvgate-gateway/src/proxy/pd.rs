@@ -22,10 +22,10 @@ use super::attempt::{attempt, edited, Attempt, AttemptError, AttemptErrorKind};
 use super::plan::Pick;
 use super::respond::{Failure, Outcome, Served};
 use crate::body::InFlight;
-use crate::conn::UpstreamBody;
-use crate::error::ApiError;
 use crate::state::AppState;
-use crate::upstream::{drain_limited, read_limited, GetError};
+use kvgate_gateway_core::conn::UpstreamBody;
+use kvgate_gateway_core::error::ApiError;
+use kvgate_gateway_core::upstream::{drain_limited, read_limited, GetError};
 use kvgate_protocol::role::WorkerRole;
 
 /// What every exchange of one request shares.

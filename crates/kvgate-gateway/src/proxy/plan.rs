@@ -15,10 +15,10 @@ use rand::SeedableRng;
 
 use super::choose::{Consulted, PoolView};
 use crate::accuracy::{Learn, Probe};
-use crate::error::ApiError;
 use crate::registry::{ModelPool, ModelPools, ModelPrefix};
 use crate::state::AppState;
 use crate::worker::Worker;
+use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::endpoint::Endpoint;
 
 /// The pools a request is planned on.
@@ -74,9 +74,9 @@ impl Shape {
         // `URL` or, for one data-parallel rank (`--dp-aware`), `URL@RANK`.
         let named = value.to_str().ok().and_then(|name| match name.rsplit_once('@') {
             Some((url, rank)) if rank.parse::<u32>().is_ok() => {
-                crate::worker_url::normalize_url(url).ok().map(|url| format!("{url}@{rank}"))
+                kvgate_gateway_core::worker_url::normalize_url(url).ok().map(|url| format!("{url}@{rank}"))
             }
-            _ => crate::worker_url::normalize_url(name).ok(),
+            _ => kvgate_gateway_core::worker_url::normalize_url(name).ok(),
         });
         let pools: Vec<&Arc<ModelPool>> = match self {
             Shape::Single(pool) => vec![pool],

@@ -9,9 +9,9 @@ use kvgate_index::Namespace;
 use kvgate_policy::{RouteRequest, RoutingKey};
 
 use super::plan::Shape;
-use crate::error::ApiError;
 use crate::registry::ModelPools;
 use crate::state::AppState;
+use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::request::{OwnedKey, RequestFields};
 

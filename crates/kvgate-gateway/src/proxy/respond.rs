@@ -11,12 +11,12 @@ use kvgate_policy::{Decision, PdChoice};
 
 use crate::accuracy::{Learn, Probe, UsageTap};
 use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound, Watched};
-use crate::conn::UpstreamBody;
-use crate::error::ApiError;
-use crate::otel::RequestSpan;
 use crate::state::AppState;
-use crate::upstream::is_hop_by_hop;
 use crate::worker::Worker;
+use kvgate_gateway_core::conn::UpstreamBody;
+use kvgate_gateway_core::error::ApiError;
+use kvgate_gateway_core::otel::RequestSpan;
+use kvgate_gateway_core::upstream::is_hop_by_hop;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::headers;
 

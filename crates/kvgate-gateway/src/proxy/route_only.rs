@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 
 use super::plan::{Pick, RoutePlan};
 use super::prepare::prepare;
-use crate::error::ApiError;
 use crate::state::SharedState;
+use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::request::RequestFields;
 
@@ -67,7 +67,7 @@ async fn decide(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Value, ApiError> {
-    crate::auth::check_admin_key(state.config.admin_api_key.as_deref(), headers)?;
+    kvgate_gateway_core::auth::check_admin_key(state.config.admin_api_key.as_deref(), headers)?;
     if body.len() > state.config.max_payload_size {
         return Err(ApiError::PayloadTooLarge(state.config.max_payload_size));
     }

@@ -23,7 +23,7 @@ pub use session::{run, SyncSettings};
 pub use wire::Routed;
 use wire::Seal;
 
-use crate::metrics::ReplicaSyncMetrics;
+use kvgate_gateway_core::metrics::ReplicaSyncMetrics;
 
 /// Routing records waiting to be published; beyond this they are dropped (and counted).
 const QUEUE: usize = 4096;

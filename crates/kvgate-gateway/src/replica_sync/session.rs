@@ -1,7 +1,7 @@
 //! The sync task: connect to Redis (a connection to publish on, one subscribed to the channel),
 //! publish queued routing records in batches and this replica's in-flight counts every interval,
 //! apply the peers' messages; when Redis is lost, warn, drop the peers' in-flight counts (the
-//! replica routes on its own) and reconnect with backoff (`crate::backoff`, with jitter).
+//! replica routes on its own) and reconnect with backoff (`kvgate_gateway_core::backoff`, with jitter).
 //!
 //! A peer's message is applied only when its tag verifies with the shared secret, it is recent
 //! (`--replica-sync-max-age-ms`) and numbered after the last one of its sender; at most
@@ -18,8 +18,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::wire::{Message, OpenError, Routed};
 use super::ReplicaSync;
-use crate::backoff::Backoff;
 use crate::registry::Registry;
+use kvgate_gateway_core::backoff::Backoff;
 
 /// Most routing records in one published message.
 const BATCH: usize = 256;

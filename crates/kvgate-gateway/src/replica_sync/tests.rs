@@ -10,9 +10,9 @@ use std::time::Duration;
 use super::session::{apply, expire, unix_ms, Peers};
 use super::wire::{Message, Routed, Seal};
 use super::{ReplicaSync, SyncLimits};
-use crate::metrics::Metrics;
 use crate::registry::{NewWorker, Registry};
 use crate::worker::CircuitSettings;
+use kvgate_gateway_core::metrics::Metrics;
 use kvgate_protocol::role::WorkerRole;
 
 const SECRET: &[u8] = b"the deployment's shared secret";

@@ -22,10 +22,10 @@ use rand::{Rng, SeedableRng};
 
 use super::super::choose::PoolView;
 use crate::body::InFlight;
-use crate::config::GatewayConfig;
 use crate::registry::{ModelPool, NewWorker};
 use crate::state::AppState;
 use crate::worker::Worker;
+use kvgate_gateway_core::config::GatewayConfig;
 use kvgate_protocol::role::WorkerRole;
 
 const POLL_MS: u64 = 500;

@@ -114,6 +114,10 @@ impl ClientKeys {
         self.keys.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     /// Every tenant a key names.
     pub fn tenants(&self) -> impl Iterator<Item = &str> {
         self.keys.iter().map(|key| key.tenant.as_str())

@@ -54,7 +54,7 @@ fn reaches(address: SocketAddr, listener: SocketAddr) -> bool {
 }
 
 /// Whether `ip` is one of this machine's addresses: only those can be bound (nothing is sent).
-pub(crate) fn is_local(ip: IpAddr) -> bool {
+pub fn is_local(ip: IpAddr) -> bool {
     std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
-pub(crate) struct Backoff {
+pub struct Backoff {
     builder: ExponentialBuilder,
     delays: ExponentialBackoff,
     max: Duration,
@@ -17,7 +17,7 @@ pub(crate) struct Backoff {
 impl Backoff {
     /// Delays of `first`, `2 first`, `4 first`, ... up to `max`, each scaled by a random factor
     /// in `[0.5, 1)`. A `first` above `max` starts at `max`.
-    pub(crate) fn new(first: Duration, max: Duration) -> Backoff {
+    pub fn new(first: Duration, max: Duration) -> Backoff {
         let first = first.min(max);
         // backon's jitter adds a random share in [0, 1) of the current delay: from half of each
         // bound, a delay d comes out in [d/2, d).
@@ -30,13 +30,13 @@ impl Backoff {
     }
 
     /// The wait before the next attempt.
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         // Never `None`: there is no limit on the number of attempts.
         self.delays.next().unwrap_or(self.max)
     }
 
     /// Starts over from the first delay (after a connection that held).
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.delays = self.builder.build();
     }
 }

@@ -587,8 +587,7 @@ impl Metrics {
         self.oversized_answers.with_label_values(&[source]).inc();
     }
 
-    /// The count of `count_oversized(source)`.
-    #[cfg(test)]
+    /// The count of `count_oversized(source)` (the subsystems' tests read it).
     pub fn count_oversized_value(&self, source: &str) -> u64 {
         self.oversized_answers.with_label_values(&[source]).get()
     }

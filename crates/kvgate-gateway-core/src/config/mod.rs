@@ -532,7 +532,7 @@ pub struct GatewayConfig {
 }
 
 /// Most `--io-threads`.
-pub(crate) const MAX_IO_THREADS: usize = 1024;
+pub const MAX_IO_THREADS: usize = 1024;
 
 impl GatewayConfig {
     /// How many I/O threads serve client connections (`--io-threads`, by default one per core);
