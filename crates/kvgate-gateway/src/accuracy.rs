@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use kvgate_index::{AccuracyChange, AccuracySample, BlockIndex, Namespace, PrefixMatch, PromptHashes};
 
-use crate::worker::{ModelAccuracy, Worker};
+use kvgate_fleet::worker::{ModelAccuracy, Worker};
 use kvgate_gateway_core::metrics::Metrics;
 use kvgate_protocol::edit::{edit_body, FieldEdit};
 use kvgate_protocol::usage::{usage_of_body, EngineUsage, StreamUsage};

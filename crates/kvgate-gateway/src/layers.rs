@@ -9,13 +9,8 @@ use std::path::{Path, PathBuf};
 /// The gateway's layers, bottom first. A module may use modules of its own layer or of a lower
 /// one, never of a higher one.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("registry", &["index_health", "load_snapshot", "registry", "worker"]),
-    ("request parts", &["accuracy", "body", "tokenize"]),
-    (
-        "subsystems",
-        &["admission", "alignment", "fleet_view", "health", "kv_events", "kv_map", "monitor", "replica_sync"],
-    ),
-    ("fleet", &["discovery", "registration"]),
+    ("request parts", &["accuracy", "body"]),
+    ("subsystems", &["admission", "alignment", "fleet_view", "kv_map", "replica_sync"]),
     ("state", &["state"]),
     ("proxy", &["cors", "proxy"]),
     ("edge", &["admin", "browser_guard", "listen", "metrics_listener", "server"]),

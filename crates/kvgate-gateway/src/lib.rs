@@ -2,30 +2,19 @@
 //! chosen by a `kvgate-policy` policy, and owns everything with I/O around that choice: the worker
 //! registry, health checks, retries, circuit breakers and metrics.
 
-// The leaf types, the configuration and the plumbing are `kvgate-gateway-core`'s. The modules
-// here by layer, bottom first: each uses only its own layer and those below it (`layers.rs`
-// checks it, see ARCHITECTURE.md).
-// Workers, the registry and the load snapshot.
-mod index_health;
-mod load_snapshot;
-mod registry;
-mod worker;
+// The leaf types, the configuration and the plumbing are `kvgate-gateway-core`'s; the workers,
+// the registry and the loops that keep it current are `kvgate-fleet`'s. The modules here by
+// layer, bottom first: each uses only its own layer and those below it (`layers.rs` checks it,
+// see ARCHITECTURE.md).
 // Request parts.
 mod accuracy;
 mod body;
-mod tokenize;
 // Subsystems, each built from the narrow parts it needs.
 mod admission;
 mod alignment;
 mod fleet_view;
-mod health;
-mod kv_events;
 mod kv_map;
-mod monitor;
 mod replica_sync;
-// The fleet: registering and removing workers, and the discovery that drives it.
-mod discovery;
-mod registration;
 // The assembled state.
 mod state;
 // The request path.
@@ -41,6 +30,7 @@ mod server;
 #[cfg(test)]
 mod layers;
 
+pub use kvgate_fleet::worker::CircuitState;
 pub use kvgate_gateway_core::config::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
 pub use kvgate_gateway_core::config::{GatewayConfig, GatewayConfigBuilder};
 pub use kvgate_gateway_core::config::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
@@ -51,4 +41,3 @@ pub use kvgate_protocol::Endpoint;
 pub use kvgate_protocol::{PdProtocol, WorkerRole};
 pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};
 pub use state::{AppState, SharedState};
-pub use worker::CircuitState;

@@ -14,16 +14,16 @@ use tokio::task::JoinHandle;
 
 use crate::admin;
 use crate::alignment::{Alignment, AlignmentSettings};
-use crate::discovery::{Discovery, DiscoverySettings};
 use crate::fleet_view::{self, FleetView};
-use crate::health::HealthLoop;
 use crate::kv_map::KvMapTask;
 use crate::listen::{self, Surface};
-use crate::monitor::LoadMonitor;
 use crate::proxy;
-use crate::registry::{NewWorker, Registry};
 use crate::replica_sync::SyncSettings;
 use crate::state::{AppState, SharedState};
+use kvgate_fleet::discovery::{Discovery, DiscoverySettings};
+use kvgate_fleet::health::HealthLoop;
+use kvgate_fleet::monitor::LoadMonitor;
+use kvgate_fleet::registry::{NewWorker, Registry};
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::config::GatewayConfig;
 use kvgate_gateway_core::error::ApiError;
@@ -464,7 +464,12 @@ fn spawn_background(
             events: state.metrics.discovery_events.clone(),
             pd_disaggregation: config.pd_disaggregation,
         };
-        background.push(tokio::spawn(crate::discovery::run(discovery, client, settings, shutdown.clone())));
+        background.push(tokio::spawn(kvgate_fleet::discovery::run(
+            discovery,
+            client,
+            settings,
+            shutdown.clone(),
+        )));
     }
     background
 }

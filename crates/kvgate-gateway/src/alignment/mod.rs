@@ -28,9 +28,9 @@ use kvgate_policy::WorkerId;
 use tokio::sync::watch;
 
 use crate::kv_map::KvMap;
-use crate::registry::{ModelPool, PoolSnapshot, Registry};
-use crate::tokenize::Tokenization;
-use crate::worker::Worker;
+use kvgate_fleet::registry::{ModelPool, PoolSnapshot, Registry};
+use kvgate_fleet::tokenize::Tokenization;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::metrics::Metrics;
 use kvgate_gateway_core::upstream::HttpClient;

@@ -20,11 +20,11 @@ use kvgate_tokenizer::Tokenizer;
 
 use super::canary::{self, COMPLETION_TOKENS};
 use crate::accuracy::Probe;
-use crate::index_health::{FormReport, ProbeReport, SentinelPrompt, SentinelReport};
 use crate::kv_map::KvMap;
-use crate::registry::ModelPool;
-use crate::tokenize::Tokenization;
-use crate::worker::Worker;
+use kvgate_fleet::index_health::{FormReport, ProbeReport, SentinelPrompt, SentinelReport};
+use kvgate_fleet::registry::ModelPool;
+use kvgate_fleet::tokenize::Tokenization;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::metrics::Metrics;
 use kvgate_gateway_core::upstream::{read_limited, HttpClient};
 use kvgate_protocol::endpoint::Endpoint;
@@ -222,7 +222,7 @@ impl Prober<'_> {
         let bytes = Bytes::from(serde_json::to_vec(body).map_err(|e| e.to_string())?);
         let fields = RequestFields::parse(&bytes)?;
         let tokenization = Some(&**self.tokenization);
-        let (key, _) = crate::tokenize::routing_key(
+        let (key, _) = kvgate_fleet::tokenize::routing_key(
             tokenization,
             self.metrics,
             self.max_chars,

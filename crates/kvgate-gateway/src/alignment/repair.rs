@@ -9,7 +9,7 @@
 
 use kvgate_index::IndexRepair;
 
-use crate::worker::Worker;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::metrics::AlignmentMetrics;
 
 /// What found the index wrong.

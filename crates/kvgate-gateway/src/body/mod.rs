@@ -19,8 +19,8 @@ use kvgate_index::InFlightPrompt;
 pub use watch::{AnswerSource, BodyWatch, Cut, Watched};
 
 use crate::accuracy::UsageTap;
-use crate::registry::ModelPrefix;
-use crate::worker::Worker;
+use kvgate_fleet::registry::ModelPrefix;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::metrics::Metrics;
 use kvgate_gateway_core::otel::RequestSpan;
 use kvgate_protocol::endpoint::Endpoint;

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::InFlight;
-use crate::worker::Worker;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::conn::UpstreamBody;
 
 /// What a response body reads from.

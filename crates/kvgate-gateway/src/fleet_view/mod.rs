@@ -21,9 +21,9 @@ use prometheus::IntCounterVec;
 use serde::{Deserialize, Serialize};
 
 use crate::kv_map::{KvMap, KvMapView};
-use crate::load_snapshot::LoadSnapshot;
-use crate::registry::{ModelPool, Registry};
-use crate::worker::{CircuitState, Worker};
+use kvgate_fleet::load_snapshot::LoadSnapshot;
+use kvgate_fleet::registry::{ModelPool, Registry};
+use kvgate_fleet::worker::{CircuitState, Worker};
 use kvgate_gateway_core::auth::check_admin_browser;
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::decisions::{DecisionLog, TallyView};

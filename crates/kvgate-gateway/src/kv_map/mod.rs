@@ -27,9 +27,9 @@ use kvgate_index::CensusOptions;
 use kvgate_policy::TenantsConfig;
 use tokio::sync::watch;
 
-use crate::registry::{ModelPool, Registry};
 use history::{History, Totals};
 use hot::HotTable;
+use kvgate_fleet::registry::{ModelPool, Registry};
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::metrics::Metrics;
 use tenants::TenantPrompts;

@@ -15,9 +15,9 @@ use kvgate_index::InFlightPrompt;
 
 use super::respond::{Failure, Outcome, Served};
 use crate::body::InFlight;
-use crate::registry::ModelPrefix;
 use crate::state::AppState;
-use crate::worker::Worker;
+use kvgate_fleet::registry::ModelPrefix;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::conn::{self, SendError, UpstreamBody};
 use kvgate_gateway_core::error::ApiError;
 use kvgate_gateway_core::upstream::is_hop_by_hop;

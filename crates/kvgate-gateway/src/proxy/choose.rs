@@ -15,10 +15,10 @@ use kvgate_index::{
 use kvgate_policy::{Candidate, Decision, PdPath, Policy, PrefixIndex, RouteRequest, RoutingKey, WorkerId};
 use kvgate_route::{IndexMode, Offer, Planning};
 
-use crate::registry::ModelPool;
 use crate::replica_sync::Routed as PeerRouted;
 use crate::state::AppState;
-use crate::worker::Worker;
+use kvgate_fleet::registry::ModelPool;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::decisions::DecisionRecord;
 
 /// One of the request's pools, for one plan.

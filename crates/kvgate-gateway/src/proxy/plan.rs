@@ -15,9 +15,9 @@ use rand::SeedableRng;
 
 use super::choose::{Consulted, PoolView};
 use crate::accuracy::{Learn, Probe};
-use crate::registry::{ModelPool, ModelPools, ModelPrefix};
 use crate::state::AppState;
-use crate::worker::Worker;
+use kvgate_fleet::registry::{ModelPool, ModelPools, ModelPrefix};
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::endpoint::Endpoint;
 

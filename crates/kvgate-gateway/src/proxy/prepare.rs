@@ -9,8 +9,8 @@ use kvgate_index::Namespace;
 use kvgate_policy::{RouteRequest, RoutingKey};
 
 use super::plan::Shape;
-use crate::registry::ModelPools;
 use crate::state::AppState;
+use kvgate_fleet::registry::ModelPools;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::request::{OwnedKey, RequestFields};
@@ -61,8 +61,16 @@ pub(super) async fn prepare<'a>(
         let tokenization = state.tokenization.as_deref();
         let max_chars = state.config.max_tokenize_chars;
         let pool = shape.key_pool();
-        crate::tokenize::routing_key(tokenization, &state.metrics, max_chars, pool, endpoint, fields, body)
-            .await
+        kvgate_fleet::tokenize::routing_key(
+            tokenization,
+            &state.metrics,
+            max_chars,
+            pool,
+            endpoint,
+            fields,
+            body,
+        )
+        .await
     } else {
         (OwnedKey::None, 0)
     };

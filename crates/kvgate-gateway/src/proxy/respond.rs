@@ -12,7 +12,7 @@ use kvgate_policy::{Decision, PdChoice};
 use crate::accuracy::{Learn, Probe, UsageTap};
 use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound, Watched};
 use crate::state::AppState;
-use crate::worker::Worker;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::conn::UpstreamBody;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_gateway_core::otel::RequestSpan;

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::wire::{Message, OpenError, Routed};
 use super::ReplicaSync;
-use crate::registry::Registry;
+use kvgate_fleet::registry::Registry;
 use kvgate_gateway_core::backoff::Backoff;
 
 /// Most routing records in one published message.

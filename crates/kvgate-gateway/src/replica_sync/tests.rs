@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::session::{apply, expire, unix_ms, Peers};
 use super::wire::{Message, Routed, Seal};
 use super::{ReplicaSync, SyncLimits};
-use crate::registry::{NewWorker, Registry};
-use crate::worker::CircuitSettings;
+use kvgate_fleet::registry::{NewWorker, Registry};
+use kvgate_fleet::worker::CircuitSettings;
 use kvgate_gateway_core::metrics::Metrics;
 use kvgate_protocol::role::WorkerRole;
 

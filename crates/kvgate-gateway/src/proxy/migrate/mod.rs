@@ -28,7 +28,7 @@ use super::plan::RoutePlan;
 use super::respond::{Failure, Outcome, Served};
 use crate::body::{AnswerSource, BodyWatch, Cut, InFlight, Watched};
 use crate::state::AppState;
-use crate::worker::Worker;
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::conn::UpstreamBody;
 use kvgate_protocol::edit::FieldEdit;
 use kvgate_protocol::endpoint::Endpoint;

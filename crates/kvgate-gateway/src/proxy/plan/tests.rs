@@ -22,9 +22,9 @@ use rand::{Rng, SeedableRng};
 
 use super::super::choose::PoolView;
 use crate::body::InFlight;
-use crate::registry::{ModelPool, NewWorker};
 use crate::state::AppState;
-use crate::worker::Worker;
+use kvgate_fleet::registry::{ModelPool, NewWorker};
+use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::config::GatewayConfig;
 use kvgate_protocol::role::WorkerRole;
 

@@ -26,10 +26,10 @@ use kvgate_protocol::request::{estimate_tokens, OwnedKey, RequestFields};
 /// Inputs (a chat body or a prompt's text) up to this many bytes are tokenized on the request's
 /// own thread: at most a few tens of microseconds (docs/BENCHMARKS.md, "Tokenization in the
 /// request path"), less than a hand-off to the pool.
-pub(crate) const INLINE_BYTES: usize = 2048;
+pub const INLINE_BYTES: usize = 2048;
 
 /// The tokenizer and its pool.
-pub(crate) struct Tokenization {
+pub struct Tokenization {
     tokenizer: Arc<Tokenizer>,
     pool: rayon::ThreadPool,
     /// Inputs handed to the pool and not finished (running or queued).
@@ -56,7 +56,7 @@ enum Skipped {
 }
 
 impl Tokenization {
-    pub(crate) fn new(
+    pub fn new(
         tokenizer: Tokenizer,
         threads: usize,
         queue: usize,
@@ -78,12 +78,12 @@ impl Tokenization {
         })
     }
 
-    pub(crate) fn tokenizer(&self) -> &Tokenizer {
+    pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
 
     /// The tokenizer, for work off the I/O threads (`spawn_blocking`).
-    pub(crate) fn shared_tokenizer(&self) -> Arc<Tokenizer> {
+    pub fn shared_tokenizer(&self) -> Arc<Tokenizer> {
         self.tokenizer.clone()
     }
 
@@ -157,7 +157,7 @@ fn first_chars_of_key(key: OwnedKey<'_>, max_chars: usize) -> OwnedKey<'_> {
 /// when the model's workers publish KV events, the policy matches against the exact index, and
 /// a tokenizer is configured; a request the tokenizer cannot handle (or the busy pool does not
 /// take) is routed on its text (never refused).
-pub(crate) async fn routing_key<'a>(
+pub async fn routing_key<'a>(
     tokenization: Option<&Tokenization>,
     metrics: &Metrics,
     max_chars: usize,

@@ -307,7 +307,7 @@ impl Worker {
         self.kv_removed_blocks.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn add_kv_removed_blocks(&self, blocks: u64) {
+    pub fn add_kv_removed_blocks(&self, blocks: u64) {
         self.kv_removed_blocks.fetch_add(blocks, Ordering::Relaxed);
     }
 
@@ -315,13 +315,13 @@ impl Worker {
         self.kv_live.iter().filter(|live| live.load(Ordering::Relaxed)).count()
     }
 
-    pub(crate) fn set_kv_live(&self, rank: u32, live: bool) {
+    pub fn set_kv_live(&self, rank: u32, live: bool) {
         if let Some(flag) = self.kv_live.get(rank as usize) {
             flag.store(live, Ordering::Relaxed);
         }
     }
 
-    pub(crate) fn set_kv_tasks(&self, tasks: Vec<tokio::task::AbortHandle>) {
+    pub fn set_kv_tasks(&self, tasks: Vec<tokio::task::AbortHandle>) {
         *self.kv_tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
     }
 

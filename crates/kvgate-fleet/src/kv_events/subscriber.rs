@@ -46,16 +46,16 @@ const UNREACHABLE_EVERY: Duration = Duration::from_secs(300);
 /// At most one warning per subscription this often; the rest are counted.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-pub(crate) struct RankSubscription {
-    pub(crate) registry: Arc<Registry>,
-    pub(crate) loads: Arc<LoadSnapshot>,
-    pub(crate) metrics: KvEventsMetrics,
-    pub(crate) oversized: IntCounterVec,
-    pub(crate) limits: KvEventLimits,
-    pub(crate) worker: Arc<Worker>,
-    pub(crate) rank: u32,
-    pub(crate) endpoints: RankEndpoints,
-    pub(crate) topic: String,
+pub struct RankSubscription {
+    pub registry: Arc<Registry>,
+    pub loads: Arc<LoadSnapshot>,
+    pub metrics: KvEventsMetrics,
+    pub oversized: IntCounterVec,
+    pub limits: KvEventLimits,
+    pub worker: Arc<Worker>,
+    pub rank: u32,
+    pub endpoints: RankEndpoints,
+    pub topic: String,
 }
 
 /// The state of a running subscription.
@@ -68,7 +68,7 @@ struct Live {
 }
 
 impl RankSubscription {
-    pub(crate) async fn run(self) {
+    pub async fn run(self) {
         self.zero_series();
         let Some(index) = self.wait_for_index().await else { return };
         let cache = CacheBlocks::new(index, CacheId { worker: self.worker.id, rank: self.rank });
