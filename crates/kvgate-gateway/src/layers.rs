@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 /// The gateway's layers, bottom first. A module may use modules of its own layer or of a lower
 /// one, never of a higher one.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("request parts", &["accuracy", "body"]),
-    ("subsystems", &["admission", "alignment", "fleet_view", "kv_map", "replica_sync"]),
+    ("request parts", &["body"]),
+    ("subsystems", &["admission", "replica_sync"]),
     ("state", &["state"]),
     ("proxy", &["cors", "proxy"]),
     ("edge", &["admin", "browser_guard", "listen", "metrics_listener", "server"]),

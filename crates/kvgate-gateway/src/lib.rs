@@ -3,17 +3,14 @@
 //! registry, health checks, retries, circuit breakers and metrics.
 
 // The leaf types, the configuration and the plumbing are `kvgate-gateway-core`'s; the workers,
-// the registry and the loops that keep it current are `kvgate-fleet`'s. The modules here by
+// the registry and the loops that keep it current are `kvgate-fleet`'s; the closed loop, the KV
+// map, the fleet view and the alignment probe are `kvgate-observe`'s. The modules here by
 // layer, bottom first: each uses only its own layer and those below it (`layers.rs` checks it,
 // see ARCHITECTURE.md).
 // Request parts.
-mod accuracy;
 mod body;
 // Subsystems, each built from the narrow parts it needs.
 mod admission;
-mod alignment;
-mod fleet_view;
-mod kv_map;
 mod replica_sync;
 // The assembled state.
 mod state;

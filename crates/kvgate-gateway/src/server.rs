@@ -13,9 +13,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin;
-use crate::alignment::{Alignment, AlignmentSettings};
-use crate::fleet_view::{self, FleetView};
-use crate::kv_map::KvMapTask;
 use crate::listen::{self, Surface};
 use crate::proxy;
 use crate::replica_sync::SyncSettings;
@@ -27,6 +24,9 @@ use kvgate_fleet::registry::{NewWorker, Registry};
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::config::GatewayConfig;
 use kvgate_gateway_core::error::ApiError;
+use kvgate_observe::alignment::{Alignment, AlignmentSettings};
+use kvgate_observe::fleet_view::{self, FleetView};
+use kvgate_observe::kv_map::KvMapTask;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::role::WorkerRole;
 

@@ -11,7 +11,6 @@ use http::HeaderValue;
 use kvgate_tokenizer::{Tokenizer, TokenizerOptions};
 
 use crate::admission::{Admission, Limits};
-use crate::kv_map::KvMap;
 use crate::replica_sync::{ReplicaSync, SyncLimits};
 use kvgate_fleet::kv_events::{KvEventLimits, KvEvents};
 use kvgate_fleet::load_snapshot::LoadSnapshot;
@@ -27,6 +26,7 @@ use kvgate_gateway_core::metrics::Metrics;
 use kvgate_gateway_core::otel::Traces;
 use kvgate_gateway_core::upstream::{build_client, HealthCheck, HttpClient};
 use kvgate_gateway_core::worker_url::AllowList;
+use kvgate_observe::kv_map::KvMap;
 
 pub struct AppState {
     pub config: GatewayConfig,

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::body::{AdmissionHold, Used};
-use crate::kv_map::KvMap;
 use bucket::Bucket;
 use kvgate_gateway_core::config::TenantsConfig;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_gateway_core::metrics::AdmissionMetrics;
 use kvgate_gateway_core::tenant::{PriorityClass, DEFAULT_TENANT};
+use kvgate_observe::kv_map::KvMap;
 use kvgate_policy::{ClassSlots, FairQueue};
 use quota::{TenantCharge, TenantQuotas};
 

@@ -18,11 +18,11 @@ use kvgate_index::InFlightPrompt;
 
 pub use watch::{AnswerSource, BodyWatch, Cut, Watched};
 
-use crate::accuracy::UsageTap;
 use kvgate_fleet::registry::ModelPrefix;
 use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::metrics::Metrics;
 use kvgate_gateway_core::otel::RequestSpan;
+use kvgate_observe::accuracy::UsageTap;
 use kvgate_protocol::endpoint::Endpoint;
 
 /// Marks a request in flight on a worker; dropping it ends the request.

@@ -24,13 +24,13 @@ use bytes::Bytes;
 use http::header;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::accuracy::Probe;
 use crate::admission::Ticket;
 use crate::state::AppState;
 use attempt::{attempt, Attempt};
 use kvgate_gateway_core::backoff::Backoff;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_gateway_core::otel::{RequestSpan, TRACEPARENT};
+use kvgate_observe::accuracy::Probe;
 use kvgate_protocol::edit::FieldEdit;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::headers;
@@ -243,7 +243,7 @@ where
         && !fields.asks_usage()
         && (closed_loop || permit.wants_usage())
     {
-        true => crate::accuracy::ask_for_usage(&forwarded),
+        true => kvgate_observe::accuracy::ask_for_usage(&forwarded),
         false => None,
     };
     // What goes to the engines of the client's headers: not the gateway's own (`x-kvgate-*`,

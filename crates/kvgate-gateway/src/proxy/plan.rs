@@ -14,11 +14,11 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::choose::{Consulted, PoolView};
-use crate::accuracy::{Learn, Probe};
 use crate::state::AppState;
 use kvgate_fleet::registry::{ModelPool, ModelPools, ModelPrefix};
 use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::error::ApiError;
+use kvgate_observe::accuracy::{Learn, Probe};
 use kvgate_protocol::endpoint::Endpoint;
 
 /// The pools a request is planned on.

@@ -9,7 +9,6 @@ use axum::response::{IntoResponse, Response};
 use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::{Decision, PdChoice};
 
-use crate::accuracy::{Learn, Probe, UsageTap};
 use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound, Watched};
 use crate::state::AppState;
 use kvgate_fleet::worker::Worker;
@@ -17,6 +16,7 @@ use kvgate_gateway_core::conn::UpstreamBody;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_gateway_core::otel::RequestSpan;
 use kvgate_gateway_core::upstream::is_hop_by_hop;
+use kvgate_observe::accuracy::{Learn, Probe, UsageTap};
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::headers;
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use kvgate_index::Census;
 
 /// Blocks not used for this long no longer count as the tenant's.
-pub(crate) const RECENT_MS: u64 = 300_000;
+pub const RECENT_MS: u64 = 300_000;
 /// Most distinct sampled blocks kept per tenant (the least recently used go first).
 const MAX_HASHES_PER_TENANT: usize = 32_768;
 /// Most tenants tracked (the least recently seen goes first).
@@ -37,13 +37,13 @@ impl Recent {
 
 /// Every tracked tenant's recently used blocks.
 #[derive(Debug, Default)]
-pub(crate) struct TenantPrompts {
+pub struct TenantPrompts {
     tenants: HashMap<String, Recent>,
 }
 
 /// One tenant's part of the fleet's KV.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Occupancy {
+pub struct Occupancy {
     /// Tokens of its recent prompts the engines hold (each distinct block once).
     pub tokens: f64,
     /// Of the fleet's distinct cached tokens.
@@ -52,7 +52,7 @@ pub(crate) struct Occupancy {
 
 impl TenantPrompts {
     /// A request of `tenant` at `now_ms` whose prompt's sampled block hashes are `hashes`.
-    pub(crate) fn add(&mut self, tenant: &str, now_ms: u64, hashes: Vec<u64>) {
+    pub fn add(&mut self, tenant: &str, now_ms: u64, hashes: Vec<u64>) {
         if !self.tenants.contains_key(tenant) && self.tenants.len() >= MAX_TENANTS {
             if let Some(oldest) =
                 self.tenants.iter().min_by_key(|(_, recent)| recent.last_ms).map(|(t, _)| t.clone())
@@ -69,7 +69,7 @@ impl TenantPrompts {
     }
 
     /// Forgets blocks unused for [`RECENT_MS`] and tenants left with none.
-    pub(crate) fn expire(&mut self, now_ms: u64) {
+    pub fn expire(&mut self, now_ms: u64) {
         for recent in self.tenants.values_mut() {
             recent.used.retain(|_, at| now_ms.saturating_sub(*at) <= RECENT_MS);
         }
@@ -78,7 +78,7 @@ impl TenantPrompts {
 
     /// Each tenant's occupancy against `census` (its distinct sampled blocks the engines hold,
     /// scaled by the sample).
-    pub(crate) fn occupancy(&self, census: &Census) -> Vec<(String, Occupancy)> {
+    pub fn occupancy(&self, census: &Census) -> Vec<(String, Occupancy)> {
         let distinct = census.distinct_blocks();
         let mut all: Vec<(String, Occupancy)> = self
             .tenants

@@ -10,9 +10,9 @@ use prometheus::{HistogramVec, IntCounterVec};
 use serde::Serialize;
 
 /// Milliseconds between two points.
-pub(crate) const STEP_MS: u64 = 5_000;
+pub const STEP_MS: u64 = 5_000;
 /// Points kept (ten minutes).
-pub(crate) const POINTS: usize = 120;
+pub const POINTS: usize = 120;
 
 /// One step of the plots.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -29,7 +29,7 @@ pub struct HistoryPoint {
 
 /// The counters' totals at one instant.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct Totals {
+pub struct Totals {
     cached: u64,
     prompt: u64,
     /// The latency histogram summed over endpoints: count, sum (s), cumulative buckets.
@@ -39,7 +39,7 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
-    pub(crate) fn read(cached: &IntCounterVec, prompt: &IntCounterVec, ttfb: &HistogramVec) -> Totals {
+    pub fn read(cached: &IntCounterVec, prompt: &IntCounterVec, ttfb: &HistogramVec) -> Totals {
         let sum_counter = |family: &IntCounterVec| {
             family
                 .collect()
@@ -71,7 +71,7 @@ impl Totals {
 
 /// The points so far and the totals of the last one.
 #[derive(Debug, Default)]
-pub(crate) struct History {
+pub struct History {
     points: VecDeque<HistoryPoint>,
     last: Option<Totals>,
 }
@@ -79,7 +79,7 @@ pub(crate) struct History {
 impl History {
     /// Adds the point ending at `at_ms` with the counters' `now` totals (the first call only
     /// starts the series).
-    pub(crate) fn step(&mut self, at_ms: u64, now: Totals) {
+    pub fn step(&mut self, at_ms: u64, now: Totals) {
         if let Some(last) = self.last.replace(now.clone()) {
             let prompt = now.prompt.saturating_sub(last.prompt);
             let cached = now.cached.saturating_sub(last.cached);
@@ -99,7 +99,7 @@ impl History {
         }
     }
 
-    pub(crate) fn points(&self) -> Vec<HistoryPoint> {
+    pub fn points(&self) -> Vec<HistoryPoint> {
         self.points.iter().copied().collect()
     }
 }

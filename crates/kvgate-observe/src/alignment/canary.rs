@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 /// Tokens of the completion's prompt: 8 blocks of 16, 4 of 32.
-pub(crate) const COMPLETION_TOKENS: usize = 128;
+pub const COMPLETION_TOKENS: usize = 128;
 
 /// Words the completion is filled with: short and common, most of them one token in any
 /// vocabulary, so the fill can end on the exact length.
@@ -23,18 +23,14 @@ const QUESTION: &str = "Which worker holds the prefix of this conversation, and 
     blocks, then answer with the count alone.";
 
 /// A salt of `bits` (random, from the caller): two words no client sends.
-pub(crate) fn salt(bits: u64) -> String {
+pub fn salt(bits: u64) -> String {
     format!("kvgate-probe {bits:016x}")
 }
 
 /// The completion prompt after `salt`, filled word by word towards `target` tokens as
 /// `encode` counts them (`None`: it could not); returns the text and its length. Stops short
 /// when no word fits the last tokens (the length is then whatever it reached).
-pub(crate) fn fill(
-    salt: &str,
-    target: usize,
-    encode: impl Fn(&str) -> Option<usize>,
-) -> Option<(String, usize)> {
+pub fn fill(salt: &str, target: usize, encode: impl Fn(&str) -> Option<usize>) -> Option<(String, usize)> {
     let mut text = salt.to_string();
     let mut length = encode(&text)?;
     let mut next = 0;
@@ -53,12 +49,12 @@ pub(crate) fn fill(
 }
 
 /// The completion request's body.
-pub(crate) fn completion_body(model: &str, prompt: &str, dp_rank: Option<u32>) -> Value {
+pub fn completion_body(model: &str, prompt: &str, dp_rank: Option<u32>) -> Value {
     with_rank(json!({"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}), dp_rank)
 }
 
 /// The chat request's body, its system message after `salt`.
-pub(crate) fn chat_body(model: &str, salt: &str, dp_rank: Option<u32>) -> Value {
+pub fn chat_body(model: &str, salt: &str, dp_rank: Option<u32>) -> Value {
     let messages = json!([
         {"role": "system", "content": format!("{salt} {SYSTEM}")},
         {"role": "user", "content": QUESTION},

@@ -28,25 +28,25 @@ const MAX_READ_BODY: usize = 1 << 20;
 
 /// What the index predicted for one request on the worker it was sent to.
 #[derive(Clone, Debug)]
-pub(crate) struct Probe {
-    pub(crate) prompt_tokens: u32,
+pub struct Probe {
+    pub prompt_tokens: u32,
     /// Leading prompt tokens the exact index says the worker's engine holds (any tier).
-    pub(crate) predicted: u32,
+    pub predicted: u32,
     /// The decision was made on the exact index (the engines' events flowed).
-    pub(crate) exact: bool,
+    pub exact: bool,
     /// The model's window (every worker's answers), once the pool is known.
-    pub(crate) model_window: Option<Arc<ModelAccuracy>>,
+    pub model_window: Option<Arc<ModelAccuracy>>,
     /// The worker's count of removed KV blocks when the prediction was made: blocks removed
     /// before the answer may be what the engine no longer served.
-    pub(crate) removed_at: u64,
+    pub removed_at: u64,
     /// The request's tenant (its metric label), whose cached tokens are counted.
-    pub(crate) tenant: Option<String>,
+    pub tenant: Option<String>,
 }
 
 impl Probe {
     /// The prediction for `tokens` (in `namespace`; `hashes`: their block hashes, when the
     /// decision computed them) on `worker` from the model's exact index.
-    pub(crate) fn predict(
+    pub fn predict(
         index: &BlockIndex,
         tokens: &[u32],
         namespace: Namespace<'_>,
@@ -74,12 +74,12 @@ impl Probe {
 
 /// What kv_aware's decision predicted for a streamed request, to learn from its answer.
 #[derive(Clone)]
-pub(crate) struct Learn {
-    pub(crate) policy: Arc<dyn kvgate_policy::Policy>,
-    pub(crate) worker: u32,
-    pub(crate) predicted: kvgate_policy::PredictedTtft,
+pub struct Learn {
+    pub policy: Arc<dyn kvgate_policy::Policy>,
+    pub worker: u32,
+    pub predicted: kvgate_policy::PredictedTtft,
     /// The prompt's tokens as the gateway counted them (when the engine does not say).
-    pub(crate) prompt_tokens: u32,
+    pub prompt_tokens: u32,
 }
 
 impl std::fmt::Debug for Learn {
@@ -108,7 +108,7 @@ impl Learn {
 /// A streamed OpenAI request's body asking for the final usage chunk (`None`: not a JSON
 /// object, left as it is): `stream_options.include_usage` set, by the one body editor (put
 /// first, the rest byte for byte, when the client set no `stream_options`).
-pub(crate) fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
+pub fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
     edit_body(body, &[FieldEdit::SetIn("stream_options", "include_usage", serde_json::Value::Bool(true))])
         .ok()
 }
@@ -124,7 +124,7 @@ enum Reader {
 /// Reads one answer's usage as it passes (and leaves the injected usage chunk out of a stream);
 /// at its end, records the closed loop's sample.
 #[derive(Debug)]
-pub(crate) struct UsageTap {
+pub struct UsageTap {
     reader: Reader,
     /// The prediction to compare with, and the worker it was made for.
     probe: Option<(Probe, Arc<Worker>)>,
@@ -134,19 +134,19 @@ pub(crate) struct UsageTap {
 
 impl UsageTap {
     /// Leaves the closed loop's prediction out: the answer is not the predicted worker's.
-    pub(crate) fn forget_probe(&mut self) {
+    pub fn forget_probe(&mut self) {
         self.probe = None;
         self.learn = None;
     }
 
     /// Whether the answer passes changed (the usage chunk the gateway asked for left out).
-    pub(crate) fn rewrites(&self) -> bool {
+    pub fn rewrites(&self) -> bool {
         matches!(&self.reader, Reader::Stream(stream) if stream.strips())
     }
 
     /// A tap on an answer: `stream` for an event stream, `strip` when the gateway asked for the
     /// usage chunk on the client's behalf.
-    pub(crate) fn new(probe: Option<(Probe, Arc<Worker>)>, stream: bool, strip: bool) -> Self {
+    pub fn new(probe: Option<(Probe, Arc<Worker>)>, stream: bool, strip: bool) -> Self {
         let reader = if stream {
             Reader::Stream(StreamUsage::new(strip))
         } else {
@@ -156,12 +156,12 @@ impl UsageTap {
     }
 
     /// Also hands the answer to kv_aware to learn from (`learn`: a stream's prediction).
-    pub(crate) fn learning(self, learn: Option<Learn>) -> Self {
+    pub fn learning(self, learn: Option<Learn>) -> Self {
         UsageTap { learn, ..self }
     }
 
     /// One data frame of the answer; returns what to pass on.
-    pub(crate) fn on_frame(&mut self, data: Bytes) -> Bytes {
+    pub fn on_frame(&mut self, data: Bytes) -> Bytes {
         match &mut self.reader {
             Reader::Stream(stream) => stream.on_frame(data),
             Reader::Whole(collected) => {
@@ -179,11 +179,7 @@ impl UsageTap {
 
     /// The answer ended: records the sample (and, with its time to first byte `first_byte_s`,
     /// teaches kv_aware); returns what a stream still held (to pass on) and the answer's usage.
-    pub(crate) fn finish(
-        &mut self,
-        metrics: &Metrics,
-        first_byte_s: Option<f64>,
-    ) -> (Bytes, Option<EngineUsage>) {
+    pub fn finish(&mut self, metrics: &Metrics, first_byte_s: Option<f64>) -> (Bytes, Option<EngineUsage>) {
         let (rest, usage) = match &mut self.reader {
             Reader::Stream(stream) => {
                 let rest = stream.finish();
@@ -205,7 +201,7 @@ impl UsageTap {
     /// The body was dropped before its end was polled (a whole body of known length is done
     /// once its bytes are written; a client that went away): records the sample when the
     /// answer's usage was read, never a guess from half an answer. Returns that usage.
-    pub(crate) fn dropped(&mut self, metrics: &Metrics) -> Option<EngineUsage> {
+    pub fn dropped(&mut self, metrics: &Metrics) -> Option<EngineUsage> {
         let usage = match &mut self.reader {
             Reader::Stream(stream) => stream.usage(),
             Reader::Whole(collected) => collected.take().and_then(|body| usage_of_body(&body)),
@@ -219,7 +215,7 @@ impl UsageTap {
 
 /// Adds one answered request to the worker's series and window, and logs a disagreement raised
 /// or cleared by it.
-pub(crate) fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<EngineUsage>) {
+pub fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<EngineUsage>) {
     let model = worker.model().unwrap_or("");
     let cached = usage.and_then(|usage| usage.cached_tokens);
     // Evicted after routing: the engine served less than predicted and its caches lost blocks

@@ -8,16 +8,16 @@
 use std::collections::HashMap;
 
 /// Hits halve every this many milliseconds.
-pub(crate) const HALF_LIFE_MS: f64 = 300_000.0;
+pub const HALF_LIFE_MS: f64 = 300_000.0;
 /// Most prefixes kept per model.
-pub(crate) const MAX_ENTRIES: usize = 4_096;
+pub const MAX_ENTRIES: usize = 4_096;
 
 /// A ranked prefix: its last block's content hash, its entry, its hits now.
-pub(crate) type Ranked = (u64, HotEntry, f64);
+pub type Ranked = (u64, HotEntry, f64);
 
 /// One prefix's hits.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct HotEntry {
+pub struct HotEntry {
     /// Its length in blocks.
     pub blocks: u32,
     /// Decayed hits as of `at_ms`.
@@ -29,7 +29,7 @@ pub(crate) struct HotEntry {
 
 impl HotEntry {
     /// The hits decayed to `now_ms`.
-    pub(crate) fn hits_at(&self, now_ms: u64) -> f64 {
+    pub fn hits_at(&self, now_ms: u64) -> f64 {
         self.hits * decay(now_ms.saturating_sub(self.at_ms))
     }
 }
@@ -40,21 +40,21 @@ fn decay(elapsed_ms: u64) -> f64 {
 
 /// The depths (in blocks) a hit of `served` blocks is counted at: powers of two below it, and
 /// itself.
-pub(crate) fn sampled_depths(served: u32) -> impl Iterator<Item = u32> {
+pub fn sampled_depths(served: u32) -> impl Iterator<Item = u32> {
     let powers = (0..32).map(|shift| 1u32 << shift).take_while(move |&depth| depth < served);
     powers.chain((served > 0).then_some(served))
 }
 
 /// One model's table.
 #[derive(Debug, Default)]
-pub(crate) struct HotTable {
+pub struct HotTable {
     entries: HashMap<u64, HotEntry>,
 }
 
 impl HotTable {
     /// One request's hit: `chain` is its served part's (depth in blocks, content hash) at the
     /// sampled depths, shortest first.
-    pub(crate) fn hit(&mut self, chain: &[(u32, u64)], now_ms: u64) {
+    pub fn hit(&mut self, chain: &[(u32, u64)], now_ms: u64) {
         let mut parent = None;
         for &(blocks, hash) in chain {
             let entry =
@@ -78,12 +78,7 @@ impl HotTable {
 
     /// The `n` hottest prefixes by `score(hits, blocks)`, each the longest of its chain with
     /// that many hits (a prefix whose longer one has 90% of its hits is that longer one).
-    pub(crate) fn top(
-        &self,
-        n: usize,
-        now_ms: u64,
-        score: impl Fn(f64, u32) -> f64,
-    ) -> Vec<(u64, HotEntry, f64)> {
+    pub fn top(&self, n: usize, now_ms: u64, score: impl Fn(f64, u32) -> f64) -> Vec<(u64, HotEntry, f64)> {
         let mut longest_child: HashMap<u64, f64> = HashMap::new();
         for entry in self.entries.values() {
             if let Some(parent) = entry.parent {
@@ -107,7 +102,7 @@ impl HotTable {
     }
 
     #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.entries.len()
     }
 }

@@ -36,7 +36,7 @@ use tenants::TenantPrompts;
 pub use view::{EngineKv, HolderView, HotPrefix, KvMapView, PoolKv, TenantKv};
 
 /// Between two censuses (and two points of the plots).
-pub(crate) const CENSUS_MS: u64 = history::STEP_MS;
+pub const CENSUS_MS: u64 = history::STEP_MS;
 /// Records kept between two drains (a second's worth at 4,000 requests/s).
 const MAX_RECORDS: usize = 4_096;
 /// Distinct blocks counted exactly up to this many per pool, on a sample past it.
@@ -134,9 +134,9 @@ impl KvMap {
         self.view.load_full()
     }
 
-    /// Sets the tenants' shares as the task would: (tenant, share, over its `max_kv_share`).
-    #[cfg(test)]
-    pub(crate) fn set_shares(&self, shares: impl IntoIterator<Item = (String, f64, bool)>) {
+    /// Sets the tenants' shares: (tenant, share, over its `max_kv_share`). The task sets them
+    /// every census; admission's tests set them directly.
+    pub fn set_shares(&self, shares: impl IntoIterator<Item = (String, f64, bool)>) {
         let shares = shares.into_iter().map(|(tenant, share, over)| (tenant, (share, over))).collect();
         self.shares.store(Arc::new(shares));
     }
@@ -234,8 +234,7 @@ impl KvMapTask {
         }
         self.map.sample_modulus.store(modulus, Ordering::Relaxed);
         let tenants = self.tenants_kv(tables, &occupied, distinct_total);
-        let shares = tenants.iter().map(|t| (t.tenant.clone(), (t.kv_share, t.over_share))).collect();
-        self.map.shares.store(Arc::new(shares));
+        self.map.set_shares(tenants.iter().map(|t| (t.tenant.clone(), t.kv_share, t.over_share)));
         let history =
             view::HistoryView { step_secs: CENSUS_MS as f64 / 1e3, points: tables.history.points() };
         self.map.view.store(Arc::new(KvMapView { at_ms: now_ms, pools, tenants, history }));
