@@ -4,13 +4,13 @@
 
 // The leaf types, the configuration and the plumbing are `kvgate-gateway-core`'s; the workers,
 // the registry and the loops that keep it current are `kvgate-fleet`'s; the closed loop, the KV
-// map, the fleet view and the alignment probe are `kvgate-observe`'s. The modules here by
+// map, the fleet view and the alignment probe are `kvgate-observe`'s; admission is
+// `kvgate-admission`'s. The modules here by
 // layer, bottom first: each uses only its own layer and those below it (`layers.rs` checks it,
 // see ARCHITECTURE.md).
 // Request parts.
 mod body;
-// Subsystems, each built from the narrow parts it needs.
-mod admission;
+// A subsystem, built from the narrow parts it needs.
 mod replica_sync;
 // The assembled state.
 mod state;

@@ -477,7 +477,7 @@ fn spawn_background(
 /// Reloading `--client-api-keys-file`: the keys, the tenants' series, the reload counter.
 struct KeyReload {
     clients: Arc<kvgate_gateway_core::auth::Clients>,
-    admission: Arc<crate::admission::Admission>,
+    admission: Arc<kvgate_admission::admission::Admission>,
     reloads: prometheus::IntCounterVec,
 }
 

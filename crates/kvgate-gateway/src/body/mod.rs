@@ -18,6 +18,7 @@ use kvgate_index::InFlightPrompt;
 
 pub use watch::{AnswerSource, BodyWatch, Cut, Watched};
 
+use kvgate_admission::admission::{AdmissionHold, Used};
 use kvgate_fleet::registry::ModelPrefix;
 use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::metrics::Metrics;
@@ -50,22 +51,6 @@ impl Drop for InFlight {
             prefix.in_flight.remove(prompt);
         }
     }
-}
-
-/// What an answer used, as its engine reported it, bounded by what the request could use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Used {
-    pub prompt: u64,
-    pub completion: u64,
-}
-
-/// What admission holds for a request until its answer ends (a concurrency slot, its tenant's
-/// share), dropped with the body; told the tokens the answer really used, when the engine said.
-pub trait AdmissionHold: Send + Sync {
-    /// Whether the answer's usage is wanted (the hold corrects a charge with it).
-    fn wants_usage(&self) -> bool;
-    /// The answer's prompt and output tokens.
-    fn used(&mut self, used: Used);
 }
 
 /// Everything that must live exactly as long as the response body.

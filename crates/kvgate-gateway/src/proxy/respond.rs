@@ -103,7 +103,7 @@ pub(super) fn failure_response(
     endpoint: Endpoint,
     started: Instant,
     failure: Failure,
-    permit: crate::admission::Permit,
+    permit: kvgate_admission::admission::Permit,
     expect: Expect,
     span: &mut Option<RequestSpan>,
 ) -> Response {
@@ -164,7 +164,7 @@ pub(super) fn respond(
     endpoint: Endpoint,
     started: Instant,
     served: Served,
-    permit: crate::admission::Permit,
+    permit: kvgate_admission::admission::Permit,
     expect: Expect,
     span: &mut Option<RequestSpan>,
 ) -> Response {

@@ -13,6 +13,7 @@
 //! and no queue, is refused with 429; one that waited its full time gets 408.
 
 mod bucket;
+mod hold;
 mod quota;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::body::{AdmissionHold, Used};
 use bucket::Bucket;
+pub use hold::{AdmissionHold, Used};
 use kvgate_gateway_core::config::TenantsConfig;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_gateway_core::metrics::AdmissionMetrics;

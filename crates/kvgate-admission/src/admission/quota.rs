@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 
 use super::bucket::Bucket;
-use crate::body::Used;
+use super::Used;
 use kvgate_gateway_core::config::{TenantLimits, TenantsConfig};
 pub use kvgate_gateway_core::tenant::{OverQuota, Quota};
 
