@@ -10,13 +10,13 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::state::SharedState;
 use kvgate_fleet::registry::NewWorker;
 use kvgate_fleet::worker::{CircuitState, Worker};
 use kvgate_gateway_core::auth::check_admin_key;
 use kvgate_gateway_core::config::KvEventsSource;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::role::WorkerRole;
+use kvgate_proxy::state::SharedState;
 
 pub async fn health() -> impl IntoResponse {
     Json(json!({"status": "ok"}))

@@ -17,8 +17,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, Method};
 
-use crate::state::SharedState;
 use kvgate_gateway_core::error::ApiError;
+use kvgate_proxy::state::SharedState;
 
 /// The middleware on every admin route.
 pub(crate) async fn guard(State(state): State<SharedState>, request: Request, next: Next) -> Response {

@@ -14,9 +14,6 @@ use tokio::task::JoinHandle;
 
 use crate::admin;
 use crate::listen::{self, Surface};
-use crate::proxy;
-use crate::replica_sync::SyncSettings;
-use crate::state::{AppState, SharedState};
 use kvgate_fleet::discovery::{Discovery, DiscoverySettings};
 use kvgate_fleet::health::HealthLoop;
 use kvgate_fleet::monitor::LoadMonitor;
@@ -29,6 +26,9 @@ use kvgate_observe::fleet_view::{self, FleetView};
 use kvgate_observe::kv_map::KvMapTask;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::role::WorkerRole;
+use kvgate_proxy::proxy;
+use kvgate_proxy::replica_sync::SyncSettings;
+use kvgate_proxy::state::{AppState, SharedState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -183,7 +183,7 @@ pub fn router(state: SharedState) -> Router {
         router = router.route(
             endpoint.path(),
             post(move |state, request| proxy::handle(state, endpoint, request))
-                .options(crate::cors::preflight),
+                .options(kvgate_proxy::cors::preflight),
         );
     }
     not_found(router).with_state(state)
@@ -451,7 +451,7 @@ fn spawn_background(
             channel: config.replica_sync_channel.clone(),
             interval_ms: config.replica_sync_interval_ms,
         };
-        background.push(tokio::spawn(crate::replica_sync::run(
+        background.push(tokio::spawn(kvgate_proxy::replica_sync::run(
             sync.clone(),
             state.registry.clone(),
             settings,

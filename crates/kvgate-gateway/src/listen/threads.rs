@@ -14,7 +14,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::{connection_slots, serve, Surface};
-use crate::state::SharedState;
+use kvgate_proxy::state::SharedState;
 
 /// Backlog of each listener (tokio's default for `TcpListener::bind`).
 const BACKLOG: u32 = 1024;

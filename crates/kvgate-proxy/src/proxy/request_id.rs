@@ -24,7 +24,7 @@ pub(super) fn take(names: &[HeaderName], headers: &mut HeaderMap) -> Option<Head
 }
 
 /// The configured header names, parsed (validation refused invalid ones).
-pub(crate) fn header_names(names: &[String]) -> Vec<HeaderName> {
+pub fn header_names(names: &[String]) -> Vec<HeaderName> {
     names.iter().filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok()).collect()
 }
 

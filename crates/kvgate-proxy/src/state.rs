@@ -55,7 +55,7 @@ pub struct AppState {
     pub routing_key_header: http::HeaderName,
     /// Turns requests into the engines' token ids, for the exact index (when configured), on
     /// threads of its own.
-    pub(crate) tokenization: Option<Arc<Tokenization>>,
+    pub tokenization: Option<Arc<Tokenization>>,
     /// This gateway's random id in the `x-kvgate-via` hop header (loop detection).
     pub instance: HeaderValue,
     /// The address the gateway listens on (set once bound): never registered as a worker.

@@ -13,7 +13,7 @@ mod plan;
 mod prepare;
 mod request_id;
 mod respond;
-pub(crate) mod route_only;
+pub mod route_only;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -12,7 +12,7 @@ use kvgate_gateway_core::error::ApiError;
 
 /// The `Access-Control-Allow-Origin` value for a request with these headers: its origin when it
 /// is one of `allowed` (or `allowed` has `*`: then `*`); `None` without an allowed origin.
-pub(crate) fn allow_origin(allowed: &[String], headers: &HeaderMap) -> Option<HeaderValue> {
+pub fn allow_origin(allowed: &[String], headers: &HeaderMap) -> Option<HeaderValue> {
     if allowed.is_empty() {
         return None;
     }
@@ -25,14 +25,14 @@ pub(crate) fn allow_origin(allowed: &[String], headers: &HeaderMap) -> Option<He
 }
 
 /// Adds the CORS headers of an allowed origin to a response.
-pub(crate) fn decorate(response: &mut Response, origin: HeaderValue) {
+pub fn decorate(response: &mut Response, origin: HeaderValue) {
     let headers = response.headers_mut();
     headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     headers.append(header::VARY, HeaderValue::from_static("origin"));
 }
 
 /// `OPTIONS` on a proxied path: the preflight answer for an allowed origin (204), else 403.
-pub(crate) async fn preflight(State(state): State<SharedState>, headers: HeaderMap) -> Response {
+pub async fn preflight(State(state): State<SharedState>, headers: HeaderMap) -> Response {
     let Some(origin) = allow_origin(&state.config.cors_allowed_origins, &headers) else {
         return ApiError::Forbidden("CORS: the request's origin is not in --cors-allowed-origins".into())
             .into_response();
