@@ -10,6 +10,7 @@
 // stop.
 mod admin;
 mod browser_guard;
+mod inspect;
 mod listen;
 mod metrics_listener;
 mod server;
@@ -23,5 +24,4 @@ pub use kvgate_gateway_core::tenant::ForwardPriority;
 pub use kvgate_gateway_core::worker_url::normalize_url;
 pub use kvgate_protocol::Endpoint;
 pub use kvgate_protocol::{PdProtocol, WorkerRole};
-pub use kvgate_proxy::state::{AppState, SharedState};
 pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};

@@ -47,7 +47,7 @@ pub struct GatewayHandle {
     pub admin_addr: Option<SocketAddr>,
     /// The metrics listener's address, with `--prometheus-port`.
     pub metrics_addr: Option<SocketAddr>,
-    pub state: SharedState,
+    pub(crate) state: SharedState,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
