@@ -1,6 +1,7 @@
 //! kvgate-gateway: the HTTP gateway. It proxies OpenAI-compatible requests to engine workers
-//! chosen by a `kvgate-policy` policy, and owns everything with I/O around that choice: the worker
-//! registry, health checks, retries, circuit breakers and metrics.
+//! chosen by a `kvgate-policy` policy; this crate assembles the gateway's crates (the worker
+//! registry, health checks, admission, retries, circuit breakers and metrics live below it) and
+//! keeps the edge: the listeners, the admin API, start and stop.
 
 // The gateway's layers are crates, bottom first: `kvgate-gateway-core` (leaf types, the
 // configuration, the plumbing), `kvgate-fleet` (workers, the registry, the loops that keep it
