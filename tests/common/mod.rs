@@ -334,12 +334,44 @@ pub async fn kv_events_fleet(count: usize) -> kvgate_mock::MockFleet {
     .await
 }
 
+/// The gateway's workers as `GET /workers` lists them (each worker's `id`, `url`, `model_id`,
+/// `healthy`, `in_flight`, `circuit_state`, `kv_events`, ...).
+pub async fn workers(gw: &GatewayHandle) -> Vec<serde_json::Value> {
+    workers_with_key(gw, None).await
+}
+
+/// As [`workers`], sending `key` as the admin key the gateway requires.
+pub async fn workers_with_key(gw: &GatewayHandle, key: Option<&str>) -> Vec<serde_json::Value> {
+    let mut request = client().get(format!("{}/workers", gw.admin_url()));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let answer = json_answer(request).await;
+    answer["workers"].as_array().unwrap_or_else(|| panic!("GET /workers lists workers: {answer}")).clone()
+}
+
+/// Whether a worker of `GET /workers` is healthy.
+pub fn healthy(worker: &serde_json::Value) -> bool {
+    worker["healthy"] == true
+}
+
+/// Whether a worker of `GET /workers` takes requests: healthy, its model known, its circuit
+/// not open.
+pub fn routable(worker: &serde_json::Value) -> bool {
+    healthy(worker) && !worker["model_id"].is_null() && worker["circuit_state"] != "open"
+}
+
+/// Whether every rank's KV events of a worker of `GET /workers` flow into the exact index.
+pub fn kv_events_flowing(worker: &serde_json::Value) -> bool {
+    worker["kv_events"]["flowing"] == true
+}
+
 /// Waits up to 10 s until the gateway has workers and every one's KV events flow
 /// (subscribed and replayed).
 pub async fn wait_kv_events_flowing(gw: &GatewayHandle) {
     let flowing = eventually(10.0, async || {
-        let snapshot = gw.state.registry.snapshot();
-        !snapshot.workers.is_empty() && snapshot.workers.iter().all(|w| w.kv_events_flowing())
+        let workers = workers(gw).await;
+        !workers.is_empty() && workers.iter().all(kv_events_flowing)
     })
     .await;
     assert!(flowing, "every worker's KV events flow within 10 s");

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use kvgate_gateway::GatewayConfig;
 use serde_json::{json, Value};
 
-use crate::common::{chat, client, config, dead_url, gateway, upstream};
+use crate::common::{chat, client, config, dead_url, gateway, upstream, workers, workers_with_key};
 
 async fn post_worker(base: &str, key: Option<&str>, body: Value) -> (u16, Value) {
     let mut request = client().post(format!("{base}/workers")).json(&body);
@@ -86,7 +86,7 @@ async fn with_a_key_every_listener_requires_it() {
             assert_eq!(res.status(), 401, "{base}{path}");
         }
     }
-    assert!(gw.state.registry.snapshot().workers.is_empty());
+    assert!(workers_with_key(&gw, Some("operator-key")).await.is_empty());
     let (status, _) =
         post_worker(&gw.url(), Some("operator-key"), json!({"url": attacker.url, "model_id": "m"})).await;
     assert_eq!(status, 201);
@@ -145,7 +145,7 @@ async fn registrations_are_capped_and_confined() {
         assert_eq!(status, 409, "{body}");
         assert!(body["error"]["message"].as_str().unwrap().contains("--max-workers"), "{body}");
     }
-    assert_eq!(gw.state.registry.snapshot().workers.len(), 3);
+    assert_eq!(workers(&gw).await.len(), 3);
     gw.shutdown().await;
 }
 
@@ -203,7 +203,7 @@ async fn a_web_page_cannot_drive_the_admin_api() {
             .json(&json!({"url": attacker.url, "model_id": "m"}));
         assert_eq!(request.send().await.unwrap().status(), 403, "{method} {path} for Host attacker.example");
     }
-    assert!(gw.state.registry.snapshot().workers.is_empty(), "no page registered a worker");
+    assert!(workers(&gw).await.is_empty(), "no page registered a worker");
     // The operator's own tools: no Origin (curl), or the page the listener serves itself.
     let port = gw.admin_addr.unwrap().port();
     let same_origin = format!("http://127.0.0.1:{port}");

@@ -41,16 +41,15 @@ async fn an_event_past_the_engine_capacity_is_refused_alone() {
     assert_eq!(wait_metric(&gw, refused, 1.0).await, 1.0);
     // The next events within the bound are applied: the subscription survived.
     publisher.publish(batch(&[block_stored(&[1, 2], None, &[7, 8, 9, 10], 2)])).await;
-    let snapshot = gw.state.registry.snapshot();
-    let pool = snapshot.models.get("m").and_then(|pools| pools.regular.clone()).unwrap();
-    let id = snapshot.workers[0].id;
+    let index = gw.exact_index("m").unwrap();
+    let id = gw.worker_id(&worker.url).unwrap();
     let applied = eventually(5.0, async || {
         let mut matched = PrefixMatch::default();
-        pool.prefix.exact.overlap(&[7, 8, 9, 10], kvgate_index::Namespace::BASE, &mut matched);
+        index.overlap(&[7, 8, 9, 10], kvgate_index::Namespace::BASE, &mut matched);
         matched.best() == 4
     })
     .await;
     assert!(applied, "a batch after the refused ones is applied");
-    assert!(pool.prefix.exact.worker_blocks(id) <= 1000, "the cache holds at most its bound");
+    assert!(index.worker_blocks(id) <= 1000, "the cache holds at most its bound");
     gw.shutdown().await;
 }

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use crate::common::{chat, client, config, gateway};
+use crate::common::{chat, client, config, gateway, workers};
 
 /// Forwards every connection on a free loopback port to `target`.
 async fn forwarder(target: std::net::SocketAddr) -> String {
@@ -79,6 +79,6 @@ async fn the_metrics_listener_is_the_gateways_own_address_too() {
         assert_eq!(status, 400, "{url}: {body}");
         assert!(body["error"]["message"].as_str().unwrap().contains("own address"), "{body}");
     }
-    assert!(gw.state.registry.snapshot().workers.is_empty());
+    assert!(workers(&gw).await.is_empty());
     gw.shutdown().await;
 }

@@ -58,7 +58,7 @@ async fn forged_flooding_and_oversized_sync_messages_change_nothing() {
         assert_eq!(wait_metric(gw, unsigned, 2001.0).await, 2001.0);
         let oversized = "kvgate_oversized_answers_total{source=\"replica_sync\"}";
         assert_eq!(wait_metric(gw, oversized, 1.0).await, 1.0);
-        let claimed = gw.state.replica_sync.as_ref().unwrap().peer_in_flight();
+        let claimed = gw.peer_in_flight();
         assert_eq!(claimed.get(&worker.url), None, "no request counts in flight on the worker: {claimed:?}");
         // Still exactly one peer (a flood of replica ids added none).
         assert_eq!(wait_metric(gw, "kvgate_replica_sync_peers", 1.0).await, 1.0, "still one peer");

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use kvgate_policy::PolicyKind;
 use serde_json::json;
 
-use crate::common::{client, config, gateway};
+use crate::common::{client, config, gateway, healthy, json_answer, workers};
 use crate::flood::flood;
 use crate::wait_metric;
 
@@ -28,8 +28,11 @@ async fn endless_model_and_health_answers_are_cut_at_the_bound() {
     assert_eq!(res.unwrap().status(), 201, "registered; its model is retried by the health loop");
     assert!(wait_metric(&gw, "kvgate_oversized_answers_total{source=\"models\"}", 2.0).await >= 2.0);
     assert!(wait_metric(&gw, "kvgate_oversized_answers_total{source=\"health\"}", 2.0).await >= 2.0);
-    let worker = gw.state.registry.snapshot().workers[0].clone();
-    assert!(worker.model().is_none() && !worker.is_healthy(), "nothing learned from an oversized answer");
+    let worker = workers(&gw).await[0].clone();
+    assert!(
+        worker["model_id"].is_null() && !healthy(&worker),
+        "nothing learned from an oversized answer: {worker}"
+    );
     let sent = hostile.sent.load(Ordering::Relaxed);
     assert!(sent < SENT_AT_MOST, "the worker pushed {sent} bytes: the gateway kept reading");
     gw.shutdown().await;
@@ -46,7 +49,8 @@ async fn endless_load_answers_are_cut_at_the_bound() {
     assert!(wait_metric(&gw, "kvgate_oversized_answers_total{source=\"loads\"}", 4.0).await >= 4.0);
     let sent = hostile.sent.load(Ordering::Relaxed);
     assert!(sent < SENT_AT_MOST * 4, "the worker pushed {sent} bytes: the gateway kept reading");
-    assert!(gw.state.loads.load().is_empty(), "no sample from an oversized answer");
+    let loads = json_answer(client().get(format!("{}/get_loads", gw.url()))).await;
+    assert_eq!(loads["loads"], json!([]), "no sample from an oversized answer");
     // The worker stays routable: its loads are unknown, not its health.
     let res = client()
         .post(format!("{}/v1/chat/completions", gw.url()))

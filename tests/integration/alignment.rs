@@ -107,14 +107,13 @@ async fn wait_indexed(gw: &GatewayHandle, fleet: &MockFleet, c: usize, turns: us
         .collect();
     let tokens = kvgate_engine::tokenize(&kvgate_protocol::render_chat(&pairs));
     let indexed = eventually(5.0, async || {
-        let snapshot = gw.state.registry.snapshot();
-        let Some(pool) = snapshot.models.get(MODEL).and_then(|pools| pools.regular.clone()) else {
+        let Some(index) = gw.exact_index(MODEL) else {
             return false;
         };
         let mut matched = kvgate_index::PrefixMatch::default();
-        pool.prefix.exact.overlap(&tokens, kvgate_index::Namespace::BASE, &mut matched);
+        index.overlap(&tokens, kvgate_index::Namespace::BASE, &mut matched);
         fleet.urls().iter().enumerate().all(|(i, url)| {
-            let id = snapshot.find(url).unwrap().id;
+            let id = gw.worker_id(url).unwrap();
             matched.matched(id) >= fleet.cached_prefix_tokens(i, &tokens)
         })
     })

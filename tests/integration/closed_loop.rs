@@ -75,12 +75,12 @@ fn prompt_tokens(conversation: usize, turns: usize) -> Vec<u32> {
 /// store events travel after its answer; a next turn sent before they arrive would be
 /// predicted without them, which is the events' latency, not the index being wrong).
 async fn wait_indexed(gw: &GatewayHandle, fleet: &MockFleet, tokens: &[u32]) {
-    let index = gw.state.registry.snapshot().models[MODEL].regular.clone().unwrap().prefix.exact.clone();
+    let index = gw.exact_index(MODEL).unwrap();
     let indexed = eventually(5.0, async || {
         let mut matched = kvgate_index::PrefixMatch::default();
         index.overlap(tokens, kvgate_index::Namespace::BASE, &mut matched);
         fleet.urls().iter().enumerate().all(|(i, url)| {
-            let id = gw.state.registry.snapshot().find(url).unwrap().id;
+            let id = gw.worker_id(url).unwrap();
             matched.matched(id) >= fleet.cached_prefix_tokens(i, tokens)
         })
     })

@@ -25,8 +25,8 @@ async fn fleet_gateway(fleet: &MockFleet) -> GatewayHandle {
     cfg.admin_port = Some(0);
     let gw = gateway(cfg).await;
     let flowing = eventually(10.0, async || {
-        let workers = gw.state.registry.snapshot().workers.clone();
-        !workers.is_empty() && workers.iter().all(|w| w.kv_events_flowing() && w.is_healthy())
+        let workers = common::workers(&gw).await;
+        !workers.is_empty() && workers.iter().all(|w| common::kv_events_flowing(w) && common::healthy(w))
     })
     .await;
     assert!(flowing, "every worker healthy with its KV events flowing within 10 s");
@@ -248,9 +248,7 @@ async fn kv_aware_decisions_show_their_predicted_terms() {
     cfg.routing.policy = kvgate_policy::PolicyKind::KvAware;
     cfg.load_monitor_interval_ms = 100;
     let gw = gateway(cfg).await;
-    assert!(
-        eventually(10.0, async || gw.state.registry.snapshot().workers.iter().all(|w| w.is_healthy())).await
-    );
+    assert!(eventually(10.0, async || common::workers(&gw).await.iter().all(common::healthy)).await);
     for c in 0..3 {
         send(&gw, &chat(c, 1)).await;
     }

@@ -163,8 +163,7 @@ async fn every_dashboard_query_names_a_series_the_gateway_exports() {
     cfg.max_concurrent_requests = Some(4);
     let gw = gateway(cfg).await;
     let ready = eventually(10.0, async || {
-        let workers = gw.state.registry.snapshot().workers.clone();
-        workers.iter().all(|w| w.is_healthy() && w.kv_events_flowing())
+        common::workers(&gw).await.iter().all(|w| common::healthy(w) && common::kv_events_flowing(w))
     })
     .await;
     assert!(ready, "the engines are healthy and their events flow");

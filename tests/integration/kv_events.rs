@@ -55,20 +55,11 @@ fn index_of(gw: &GatewayHandle) -> Arc<BlockIndex> {
 }
 
 fn model_index(gw: &GatewayHandle, model: &str) -> Arc<BlockIndex> {
-    gw.state
-        .registry
-        .snapshot()
-        .models
-        .get(model)
-        .and_then(|pools| pools.regular.clone())
-        .expect("the model's pool")
-        .prefix
-        .exact
-        .clone()
+    gw.exact_index(model).expect("the model's pool")
 }
 
 fn worker_id(gw: &GatewayHandle, url: &str) -> u32 {
-    gw.state.registry.snapshot().find(url).expect("a registered worker").id
+    gw.worker_id(url).expect("a registered worker")
 }
 
 /// Sends a completion straight to an engine (so the gateway only sees its events).
@@ -307,8 +298,7 @@ async fn two_gateways_fed_the_same_streams_hold_the_same_index() {
     assert_in_sync(&second, &fleet, &sent).await;
     // Worker ids are each gateway's own: compare the dumps by worker URL.
     let by_url = |gw: &GatewayHandle| {
-        let snapshot = gw.state.registry.snapshot();
-        let url_of = |id: u32| snapshot.workers.iter().find(|w| w.id == id).map(|w| w.url.clone());
+        let url_of = |id: u32| fleet.urls().into_iter().find(|url| gw.worker_id(url) == Some(id));
         index_of(gw)
             .dump()
             .into_iter()
@@ -415,8 +405,12 @@ async fn without_events_from_every_worker_auto_uses_the_tree() {
     cfg.kv_events_replay_endpoints[1] = "-".into();
     let gw = gateway(cfg).await;
     let with_events = fleet.urls()[0].clone();
-    let flowing =
-        async || gw.state.registry.snapshot().find(&with_events).is_some_and(|w| w.kv_events_flowing());
+    let flowing = async || {
+        common::workers(&gw)
+            .await
+            .iter()
+            .any(|w| w["url"] == with_events.as_str() && common::kv_events_flowing(w))
+    };
     assert!(eventually(10.0, flowing).await);
     let body = json!({"model": MODEL, "prompt": prompt(1, 20), "max_tokens": 1});
     let res = client().post(format!("{}/v1/completions", gw.url())).json(&body).send().await.unwrap();
@@ -685,11 +679,9 @@ async fn a_prompt_in_flight_counts_as_held_until_its_request_ends() {
         async move { client().post(url).json(&body).send().await.unwrap() }
     });
     // Wait until the first request is in flight on some worker.
-    assert!(
-        eventually(5.0, async || gw.state.registry.snapshot().workers.iter().any(|w| w.in_flight() > 0))
-            .await
-    );
-    let busy = gw.state.registry.snapshot().workers.iter().find(|w| w.in_flight() > 0).unwrap().url.clone();
+    let busy = async || common::workers(&gw).await.into_iter().find(|w| w["in_flight"].as_u64() > Some(0));
+    assert!(eventually(5.0, async || busy().await.is_some()).await);
+    let busy = busy().await.unwrap()["url"].as_str().unwrap().to_string();
     let second = client().post(&url).json(&body).send().await.unwrap();
     let first = first.await.unwrap();
     let first_worker = first.headers()["x-kvgate-worker"].to_str().unwrap().to_string();

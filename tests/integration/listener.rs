@@ -63,7 +63,7 @@ async fn read_response(stream: &mut TcpStream) -> String {
 }
 
 fn metric(gw: &kvgate_gateway::GatewayHandle, name: &str) -> Option<f64> {
-    gw.state.metrics.render().lines().find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+    gw.render_metrics().lines().find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
 }
 
 #[tokio::test]

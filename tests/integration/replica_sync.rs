@@ -88,12 +88,8 @@ async fn complete(gw: &GatewayHandle, prompt: &str) -> reqwest::StatusCode {
 
 async fn wait_ready(gw: &GatewayHandle, workers: usize) {
     let ready = eventually(10.0, async || {
-        let snapshot = gw.state.registry.snapshot();
-        snapshot
-            .models
-            .get(MODEL)
-            .and_then(|p| p.regular.as_ref())
-            .is_some_and(|p| p.workers.len() == workers)
+        let listed = common::workers(gw).await;
+        listed.iter().filter(|w| w["model_id"] == MODEL && w["worker_type"] == "regular").count() == workers
     })
     .await;
     assert!(ready, "the gateway knows its {workers} workers within 10 s");
@@ -197,12 +193,11 @@ async fn peers_requests_in_flight_count_in_the_candidates() {
         assert_eq!(response.status(), 200);
         held.push(response);
     }
-    let sync = b.state.replica_sync.clone().expect("replica sync is on");
-    let seen = eventually(10.0, async || sync.peer_in_flight().get(&upstream.url) == Some(&3)).await;
-    assert!(seen, "replica b counts replica a's 3 requests in flight: {:?}", sync.peer_in_flight());
+    let seen = eventually(10.0, async || b.peer_in_flight().get(&upstream.url) == Some(&3)).await;
+    assert!(seen, "replica b counts replica a's 3 requests in flight: {:?}", b.peer_in_flight());
     upstream.release.notify_waiters();
     drop(held);
-    let gone = eventually(10.0, async || sync.peer_in_flight().get(&upstream.url).is_none()).await;
+    let gone = eventually(10.0, async || b.peer_in_flight().get(&upstream.url).is_none()).await;
     assert!(gone, "finished requests leave the peers' count");
     for gw in replicas {
         gw.shutdown().await;

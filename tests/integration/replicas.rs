@@ -58,18 +58,22 @@ fn sequence(sessions: usize, turns: usize) -> Vec<String> {
 
 /// Whether every replica's exact index holds exactly what the engines cache for `prompts`, and
 /// no replica has a request in flight.
-fn converged(replicas: &[GatewayHandle], fleet: &MockFleet, prompts: &[Vec<u32>]) -> Result<(), String> {
+async fn converged(
+    replicas: &[GatewayHandle],
+    fleet: &MockFleet,
+    prompts: &[Vec<u32>],
+) -> Result<(), String> {
     for (r, gw) in replicas.iter().enumerate() {
-        let snapshot = gw.state.registry.snapshot();
-        if let Some(busy) = snapshot.workers.iter().find(|w| w.in_flight() > 0) {
-            return Err(format!("replica {r} has a request in flight on {}", busy.url));
+        let workers = common::workers_with_key(gw, Some("admin")).await;
+        if let Some(busy) = workers.iter().find(|w| w["in_flight"].as_u64() > Some(0)) {
+            return Err(format!("replica {r} has a request in flight on {}", busy["url"]));
         }
-        let pool = snapshot.models.get(MODEL).and_then(|p| p.regular.clone()).ok_or("no pool yet")?;
+        let index = gw.exact_index(MODEL).ok_or("no pool yet")?;
         for prompt in prompts {
             let mut matched = PrefixMatch::default();
-            pool.prefix.exact.overlap(prompt, kvgate_index::Namespace::BASE, &mut matched);
+            index.overlap(prompt, kvgate_index::Namespace::BASE, &mut matched);
             for (engine, url) in fleet.urls().iter().enumerate() {
-                let id = snapshot.find(url).ok_or("a worker is missing")?.id;
+                let id = gw.worker_id(url).ok_or("a worker is missing")?;
                 let (cached, indexed) = (fleet.cached_prefix_tokens(engine, prompt), matched.matched(id));
                 if cached != indexed {
                     return Err(format!(
@@ -85,7 +89,7 @@ fn converged(replicas: &[GatewayHandle], fleet: &MockFleet, prompts: &[Vec<u32>]
 async fn wait_converged(replicas: &[GatewayHandle], fleet: &MockFleet, prompts: &[Vec<u32>]) {
     let mut last = Ok(());
     let done = eventually(10.0, async || {
-        last = converged(replicas, fleet, prompts);
+        last = converged(replicas, fleet, prompts).await;
         last.is_ok()
     })
     .await;
@@ -94,8 +98,8 @@ async fn wait_converged(replicas: &[GatewayHandle], fleet: &MockFleet, prompts: 
 
 async fn wait_flowing(gw: &GatewayHandle) {
     let flowing = eventually(10.0, async || {
-        let snapshot = gw.state.registry.snapshot();
-        snapshot.workers.len() == ENGINES && snapshot.workers.iter().all(|w| w.kv_events_flowing())
+        let workers = common::workers_with_key(gw, Some("admin")).await;
+        workers.len() == ENGINES && workers.iter().all(common::kv_events_flowing)
     })
     .await;
     assert!(flowing, "every engine's KV events flow within 10 s");
@@ -185,12 +189,8 @@ async fn the_dry_run_needs_the_admin_key_and_records_nothing() {
     let res = client().post(&url).json(&body).send().await.unwrap();
     assert_eq!(res.status(), 401);
     let ready = eventually(10.0, async || {
-        gw.state
-            .registry
-            .snapshot()
-            .models
-            .get(MODEL)
-            .is_some_and(|p| p.regular.as_ref().is_some_and(|p| p.workers.len() == ENGINES))
+        let workers = common::workers_with_key(&gw, Some("admin")).await;
+        workers.iter().filter(|w| w["model_id"] == MODEL && w["worker_type"] == "regular").count() == ENGINES
     })
     .await;
     assert!(ready);

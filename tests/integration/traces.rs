@@ -81,9 +81,7 @@ async fn request_spans_reach_an_otlp_receiver_with_the_route_and_traceparent_rea
     cfg.routing.policy = kvgate_policy::PolicyKind::KvAware;
     cfg.otlp_traces_endpoint = Some(otlp.clone());
     let gw = gateway(cfg).await;
-    assert!(
-        eventually(10.0, async || gw.state.registry.snapshot().workers.iter().all(|w| w.is_healthy())).await
-    );
+    assert!(eventually(10.0, async || common::workers(&gw).await.iter().all(common::healthy)).await);
     // The span names the exact index only once every worker's events flow.
     common::wait_kv_events_flowing(&gw).await;
     for n in 0..3 {
@@ -124,16 +122,7 @@ async fn request_spans_reach_an_otlp_receiver_with_the_route_and_traceparent_rea
     let mut cfg = common::config(vec![failing.url.clone(), healthy.url.clone()]);
     cfg.otlp_traces_endpoint = Some(otlp);
     let gw = gateway(cfg).await;
-    assert!(
-        eventually(10.0, async || gw
-            .state
-            .registry
-            .snapshot()
-            .workers
-            .iter()
-            .all(|w| w.is_routable(std::time::Instant::now())))
-        .await
-    );
+    assert!(eventually(10.0, async || common::workers(&gw).await.iter().all(common::routable)).await);
     for _ in 0..2 {
         // Round robin: one of the two starts on the failing worker.
         let res = client()
@@ -206,11 +195,8 @@ async fn exports_a_collector_refuses_or_never_gets_are_counted_with_their_spans(
         let mut cfg = common::config(vec![worker.url.clone()]);
         cfg.otlp_traces_endpoint = Some(endpoint);
         let gw = gateway(cfg).await;
-        let routable = eventually(10.0, async || {
-            let workers = gw.state.registry.snapshot().workers.clone();
-            workers.iter().all(|w| w.is_routable(std::time::Instant::now()))
-        })
-        .await;
+        let routable =
+            eventually(10.0, async || common::workers(&gw).await.iter().all(common::routable)).await;
         assert!(routable, "{what}: the worker is routable");
         for _ in 0..3 {
             let res = client()

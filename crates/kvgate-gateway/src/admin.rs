@@ -10,13 +10,13 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::auth::check_admin_key;
-use crate::config::KvEventsSource;
-use crate::error::ApiError;
-use crate::registry::NewWorker;
-use crate::state::SharedState;
-use crate::worker::{CircuitState, Worker};
+use kvgate_fleet::registry::NewWorker;
+use kvgate_fleet::worker::{CircuitState, Worker};
+use kvgate_gateway_core::auth::check_admin_key;
+use kvgate_gateway_core::config::KvEventsSource;
+use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::role::WorkerRole;
+use kvgate_proxy::state::SharedState;
 
 pub async fn health() -> impl IntoResponse {
     Json(json!({"status": "ok"}))
@@ -48,7 +48,12 @@ pub async fn models(State(state): State<SharedState>) -> impl IntoResponse {
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
-    crate::monitor::update_age_gauges(&state.registry, &state.loads, state.clock, &state.metrics.loads);
+    kvgate_fleet::monitor::update_age_gauges(
+        &state.registry,
+        &state.loads,
+        state.clock,
+        &state.metrics.loads,
+    );
     for pools in state.registry.snapshot().models.values() {
         let with_events: Vec<_> = pools.all().filter(|pool| pool.has_kv_events).collect();
         if !with_events.is_empty() {
@@ -61,7 +66,7 @@ pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
 
 /// `GET /get_loads`: the load monitor's snapshot, with each entry's age.
 pub async fn get_loads(State(state): State<SharedState>) -> impl IntoResponse {
-    Json(crate::monitor::snapshot_json(&state.registry, &state.loads, state.clock))
+    Json(kvgate_fleet::monitor::snapshot_json(&state.registry, &state.loads, state.clock))
 }
 
 #[derive(Serialize)]
@@ -123,7 +128,7 @@ pub struct DisagreementInfo {
 #[derive(Serialize)]
 pub struct AlignmentInfo {
     #[serde(flatten)]
-    pub report: Option<crate::index_health::ProbeReport>,
+    pub report: Option<kvgate_fleet::index_health::ProbeReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advice: Option<&'static str>,
     pub quarantined: bool,

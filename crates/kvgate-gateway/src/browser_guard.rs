@@ -17,8 +17,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, Method};
 
-use crate::error::ApiError;
-use crate::state::SharedState;
+use kvgate_gateway_core::error::ApiError;
+use kvgate_proxy::state::SharedState;
 
 /// The middleware on every admin route.
 pub(crate) async fn guard(State(state): State<SharedState>, request: Request, next: Next) -> Response {
@@ -123,7 +123,7 @@ fn own_name(host: &str, names: &Names<'_>) -> bool {
     let ip = ip.to_canonical();
     ip == bound
         || (ip.is_loopback() && local_bind)
-        || (bound.is_unspecified() && crate::own_address::is_local(ip))
+        || (bound.is_unspecified() && kvgate_gateway_core::own_address::is_local(ip))
 }
 
 #[cfg(test)]

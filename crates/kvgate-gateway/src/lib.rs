@@ -1,70 +1,28 @@
 //! kvgate-gateway: the HTTP gateway. It proxies OpenAI-compatible requests to engine workers
-//! chosen by a `kvgate-policy` policy, and owns everything with I/O around that choice: the worker
-//! registry, health checks, retries, circuit breakers and metrics.
+//! chosen by a `kvgate-policy` policy; this crate assembles the gateway's crates (the worker
+//! registry, health checks, admission, retries, circuit breakers and metrics live below it) and
+//! keeps the edge: the listeners, the admin API, start and stop.
 
-// The modules by layer, bottom first: each uses only its own layer and those below it
-// (`layers.rs` checks it, see ARCHITECTURE.md).
-// Leaf types.
-mod auth;
-mod backoff;
-mod clock;
-mod cors;
-mod error;
-mod tenant;
-mod worker_url;
-// Configuration.
-mod config;
-// Plumbing: metrics, TLS, the proxy's connections, the background loops' client.
-mod conn;
-mod decisions;
-mod metrics;
-mod otel;
-mod own_address;
-mod tls;
-mod upstream;
-// Workers, the registry and the load snapshot.
-mod index_health;
-mod load_snapshot;
-mod registry;
-mod worker;
-// Request parts.
-mod accuracy;
-mod body;
-mod tokenize;
-// Subsystems, each built from the narrow parts it needs.
-mod admission;
-mod alignment;
-mod fleet_view;
-mod health;
-mod kv_events;
-mod kv_map;
-mod monitor;
-mod replica_sync;
-// The fleet: registering and removing workers, and the discovery that drives it.
-mod discovery;
-mod registration;
-// The assembled state.
-mod state;
-// The request path.
-mod proxy;
-// The edge: admin endpoints, the accept loop, start and stop.
+// The gateway's layers are crates, bottom first: `kvgate-gateway-core` (leaf types, the
+// configuration, the plumbing), `kvgate-fleet` (workers, the registry, the loops that keep it
+// current), `kvgate-observe` (the closed loop, the KV map, the fleet view, the alignment probe),
+// `kvgate-admission`, `kvgate-proxy` (the assembled state and the request path). Cargo keeps
+// their arrows one way. This crate is the edge: the admin endpoints, the accept loop, start and
+// stop.
 mod admin;
 mod browser_guard;
+mod inspect;
 mod listen;
 mod metrics_listener;
 mod server;
 
-#[cfg(test)]
-mod layers;
-
-pub use config::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
-pub use config::{GatewayConfig, GatewayConfigBuilder};
-pub use config::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
-pub use error::ApiError;
+pub use kvgate_fleet::worker::CircuitState;
+pub use kvgate_gateway_core::config::{ClassSettings, PriorityClass, TenantLimits, TenantsConfig};
+pub use kvgate_gateway_core::config::{GatewayConfig, GatewayConfigBuilder};
+pub use kvgate_gateway_core::config::{KvEventsSource, RankEndpoints, NO_ENDPOINT};
+pub use kvgate_gateway_core::error::ApiError;
+pub use kvgate_gateway_core::tenant::ForwardPriority;
+pub use kvgate_gateway_core::worker_url::normalize_url;
 pub use kvgate_protocol::Endpoint;
 pub use kvgate_protocol::{PdProtocol, WorkerRole};
 pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};
-pub use state::{AppState, SharedState};
-pub use tenant::ForwardPriority;
-pub use worker::CircuitState;
-pub use worker_url::normalize_url;

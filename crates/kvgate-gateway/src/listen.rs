@@ -30,9 +30,9 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 use self::limits::{with_deadlines, Activity, ActivityIo, ClientLimits, GuardedBody};
-use crate::proxy;
-use crate::state::SharedState;
 use kvgate_protocol::endpoint::Endpoint;
+use kvgate_proxy::proxy;
+use kvgate_proxy::state::SharedState;
 
 /// At most one warning per this interval while connections are refused at the limit.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);

@@ -11,9 +11,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin;
-use crate::config::GatewayConfig;
 use crate::listen::{self, Surface};
-use crate::state::SharedState;
+use kvgate_gateway_core::config::GatewayConfig;
+use kvgate_proxy::state::SharedState;
 
 /// Connections the metrics listener takes at once (scrapers are few).
 const METRICS_CONNECTIONS: usize = 64;

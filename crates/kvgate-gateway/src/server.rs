@@ -13,22 +13,22 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin;
-use crate::alignment::{Alignment, AlignmentSettings};
-use crate::clock::Clock;
-use crate::config::GatewayConfig;
-use crate::discovery::{Discovery, DiscoverySettings};
-use crate::error::ApiError;
-use crate::fleet_view::{self, FleetView};
-use crate::health::HealthLoop;
-use crate::kv_map::KvMapTask;
 use crate::listen::{self, Surface};
-use crate::monitor::LoadMonitor;
-use crate::proxy;
-use crate::registry::{NewWorker, Registry};
-use crate::replica_sync::SyncSettings;
-use crate::state::{AppState, SharedState};
+use kvgate_fleet::discovery::{Discovery, DiscoverySettings};
+use kvgate_fleet::health::HealthLoop;
+use kvgate_fleet::monitor::LoadMonitor;
+use kvgate_fleet::registry::{NewWorker, Registry};
+use kvgate_gateway_core::clock::Clock;
+use kvgate_gateway_core::config::GatewayConfig;
+use kvgate_gateway_core::error::ApiError;
+use kvgate_observe::alignment::{Alignment, AlignmentSettings};
+use kvgate_observe::fleet_view::{self, FleetView};
+use kvgate_observe::kv_map::KvMapTask;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::role::WorkerRole;
+use kvgate_proxy::proxy;
+use kvgate_proxy::replica_sync::SyncSettings;
+use kvgate_proxy::state::{AppState, SharedState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -47,7 +47,7 @@ pub struct GatewayHandle {
     pub admin_addr: Option<SocketAddr>,
     /// The metrics listener's address, with `--prometheus-port`.
     pub metrics_addr: Option<SocketAddr>,
-    pub state: SharedState,
+    pub(crate) state: SharedState,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<()>,
     background: Vec<JoinHandle<()>>,
@@ -183,7 +183,7 @@ pub fn router(state: SharedState) -> Router {
         router = router.route(
             endpoint.path(),
             post(move |state, request| proxy::handle(state, endpoint, request))
-                .options(crate::cors::preflight),
+                .options(kvgate_proxy::cors::preflight),
         );
     }
     not_found(router).with_state(state)
@@ -283,7 +283,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
     }
 
     if state.tokenization.is_none()
-        && state.config.kv_events_endpoints.iter().any(|e| e != crate::config::NO_ENDPOINT)
+        && state.config.kv_events_endpoints.iter().any(|e| e != kvgate_gateway_core::config::NO_ENDPOINT)
     {
         tracing::warn!(
             "KV events are configured but no tokenizer (--tokenizer-path): only requests that carry \
@@ -451,7 +451,7 @@ fn spawn_background(
             channel: config.replica_sync_channel.clone(),
             interval_ms: config.replica_sync_interval_ms,
         };
-        background.push(tokio::spawn(crate::replica_sync::run(
+        background.push(tokio::spawn(kvgate_proxy::replica_sync::run(
             sync.clone(),
             state.registry.clone(),
             settings,
@@ -464,15 +464,20 @@ fn spawn_background(
             events: state.metrics.discovery_events.clone(),
             pd_disaggregation: config.pd_disaggregation,
         };
-        background.push(tokio::spawn(crate::discovery::run(discovery, client, settings, shutdown.clone())));
+        background.push(tokio::spawn(kvgate_fleet::discovery::run(
+            discovery,
+            client,
+            settings,
+            shutdown.clone(),
+        )));
     }
     background
 }
 
 /// Reloading `--client-api-keys-file`: the keys, the tenants' series, the reload counter.
 struct KeyReload {
-    clients: Arc<crate::auth::Clients>,
-    admission: Arc<crate::admission::Admission>,
+    clients: Arc<kvgate_gateway_core::auth::Clients>,
+    admission: Arc<kvgate_admission::admission::Admission>,
     reloads: prometheus::IntCounterVec,
 }
 

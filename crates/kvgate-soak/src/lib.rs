@@ -369,8 +369,7 @@ async fn run(args: &SoakArgs) -> Result<SoakReport, SoakError> {
     tokio::time::sleep(Duration::from_secs_f64(args.idle_secs)).await;
     let requests = collected.records.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
     let after = resources::sample("after", started.elapsed().as_secs_f64(), requests, RECORD_BYTES);
-    let pooled_upstream_idle: usize =
-        gateway.state.registry.snapshot().workers.iter().map(|worker| worker.conns.idle_count()).sum();
+    let pooled_upstream_idle = gateway.idle_upstream_connections();
     let engine_ids = engines.soak_ids();
     gateway.shutdown().await;
     engines.shutdown().await;

@@ -21,7 +21,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use crate::config::GatewayConfig;
+use kvgate_gateway_core::config::GatewayConfig;
 
 /// The two client deadlines, from the configuration.
 #[derive(Clone, Copy, Debug)]

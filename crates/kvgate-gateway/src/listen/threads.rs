@@ -14,7 +14,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::{connection_slots, serve, Surface};
-use crate::state::SharedState;
+use kvgate_proxy::state::SharedState;
 
 /// Backlog of each listener (tokio's default for `TcpListener::bind`).
 const BACKLOG: u32 = 1024;
@@ -60,7 +60,7 @@ pub fn spawn_io_threads(
         let (state, router, stop, slots) = (state.clone(), router.clone(), stop.clone(), slots.clone());
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         std::thread::Builder::new().name(format!("kvgate-io-{index}")).spawn(move || {
-            crate::conn::use_shard(index + 1);
+            kvgate_gateway_core::conn::use_shard(index + 1);
             runtime.block_on(async move {
                 let listener = match TcpListener::from_std(listener) {
                     Ok(listener) => listener,

@@ -1,0 +1,298 @@
+//! The load monitor: polls every routable worker's engine load concurrently on an interval, only
+//! while some policy consumes loads, and publishes an immutable snapshot (worker → sample) that
+//! the request path reads without locks. Each worker's entry is published as soon as it arrives,
+//! so a hung worker delays nobody else.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+use kvgate_policy::{LoadSample, WorkerId};
+use prometheus::IntCounterVec;
+use tokio::sync::watch;
+
+use crate::load_snapshot::LoadSnapshot;
+use crate::registry::Registry;
+use crate::worker::Worker;
+use kvgate_gateway_core::clock::Clock;
+use kvgate_gateway_core::metrics::LoadMetrics;
+use kvgate_gateway_core::upstream::{get, GetError, HttpClient, Keep};
+use kvgate_protocol::loads::{parse_sglang, parse_vllm, LoadReport};
+
+/// Where a worker's loads come from, learned on first contact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    Sglang,
+    Vllm,
+}
+
+/// What the load monitor is built from.
+pub struct LoadMonitor {
+    pub registry: Arc<Registry>,
+    /// Where it publishes (and how often it polls: `poll_interval_ms`).
+    pub loads: Arc<LoadSnapshot>,
+    pub client: HttpClient,
+    /// The workers' API key (`--api-key`).
+    pub bearer: Option<String>,
+    /// A poll never waits longer than a health check would.
+    pub health_timeout: Duration,
+    pub clock: Clock,
+    pub metrics: LoadMetrics,
+    /// Largest load answer read (`--max-probe-answer-bytes`); past it the poll fails.
+    pub max_answer_bytes: usize,
+    /// `kvgate_oversized_answers_total{source}`.
+    pub oversized: IntCounterVec,
+    /// Poll whatever the policies need (per-worker overload protection reads every pool's loads).
+    pub always_poll: bool,
+}
+
+impl LoadMonitor {
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let interval = Duration::from_millis(self.loads.poll_interval_ms);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let sources: Arc<Mutex<HashMap<WorkerId, Source>>> = Arc::default();
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            poll_once(&self, &sources, interval).await;
+        }
+    }
+}
+
+/// One round: drop entries of workers that left, then poll every routable worker concurrently.
+async fn poll_once(
+    monitor: &LoadMonitor,
+    sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
+    interval: Duration,
+) {
+    let polling = monitor.always_poll || monitor.registry.policies_need_loads();
+    monitor.loads.set_active(polling);
+    let now = Instant::now();
+    let snapshot = monitor.registry.snapshot();
+    let routable: Vec<Arc<Worker>> = if polling {
+        snapshot.workers.iter().filter(|w| w.is_routable(now)).cloned().collect()
+    } else {
+        Vec::new()
+    };
+    let routable_ids: HashSet<WorkerId> = routable.iter().map(|w| w.id).collect();
+    monitor.loads.retain(&routable_ids);
+    // Removed workers' remembered load formats go too (the map would otherwise grow with churn).
+    let registered: HashSet<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
+    sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
+    if routable.is_empty() {
+        return;
+    }
+    // A poll never outlives the interval, and never waits longer than a health check would.
+    let timeout = interval.min(monitor.health_timeout).max(Duration::from_millis(50));
+    let mut pending: FuturesUnordered<_> =
+        routable.iter().map(|worker| poll_worker(monitor, sources, worker, timeout)).collect();
+    // Answers are published as they arrive, a burst at a time: one copy of the snapshot per
+    // burst (not per worker, which made a round quadratic in the fleet size), and a hung worker
+    // still delays nobody.
+    let mut arrived = Vec::new();
+    while let Some(answer) = pending.next().await {
+        arrived.extend(answer);
+        while let Some(Some(answer)) = pending.next().now_or_never() {
+            arrived.extend(answer);
+        }
+        publish(monitor, &mut arrived);
+    }
+}
+
+/// Publish the samples that arrived, except those of workers removed meanwhile.
+fn publish(monitor: &LoadMonitor, arrived: &mut Vec<(WorkerId, LoadSample)>) {
+    if arrived.is_empty() {
+        return;
+    }
+    let registered: HashSet<WorkerId> = monitor.registry.snapshot().workers.iter().map(|w| w.id).collect();
+    monitor.loads.publish(arrived, &registered);
+    arrived.clear();
+}
+
+async fn poll_worker(
+    monitor: &LoadMonitor,
+    sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
+    worker: &Arc<Worker>,
+    timeout: Duration,
+) -> Option<(WorkerId, LoadSample)> {
+    let known = sources.lock().unwrap_or_else(|p| p.into_inner()).get(&worker.id).copied();
+    let started = Instant::now();
+    // Stamped when the poll is sent: requests routed while it is in flight may or may not be in
+    // the engine's answer, and the in-flight correction counts everything routed from here on.
+    let sent_at_ms = monitor.clock.now_ms();
+    let result = match known {
+        Some(source) => fetch(monitor, worker, source, timeout).await,
+        None => match fetch(monitor, worker, Source::Sglang, timeout).await {
+            Ok(sample) => {
+                remember(sources, worker.id, Source::Sglang);
+                Ok(sample)
+            }
+            Err(sglang_error) => match fetch(monitor, worker, Source::Vllm, timeout).await {
+                Ok(sample) => {
+                    remember(sources, worker.id, Source::Vllm);
+                    Ok(sample)
+                }
+                Err(vllm_error) => Err(format!("{sglang_error}; {vllm_error}")),
+            },
+        },
+    };
+    monitor.metrics.poll_duration.observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok(mut sample) => {
+            sample.fetched_at_ms = sent_at_ms;
+            Some((worker.id, sample))
+        }
+        Err(error) => {
+            worker.series.write(|url| monitor.metrics.poll_failures.with_label_values(&[url]).inc());
+            tracing::debug!(worker = %worker.url, %error, "load poll failed");
+            None
+        }
+    }
+}
+
+fn remember(sources: &Arc<Mutex<HashMap<WorkerId, Source>>>, id: WorkerId, source: Source) {
+    sources.lock().unwrap_or_else(|p| p.into_inner()).insert(id, source);
+}
+
+async fn fetch(
+    monitor: &LoadMonitor,
+    worker: &Worker,
+    source: Source,
+    timeout: Duration,
+) -> Result<LoadSample, String> {
+    let path = match source {
+        Source::Sglang => "/v1/loads",
+        Source::Vllm => "/metrics",
+    };
+    let bearer = monitor.bearer.as_deref();
+    let url = format!("{}{path}", worker.address);
+    let limit = monitor.max_answer_bytes;
+    let (status, body) = match get(&monitor.client, &url, bearer, timeout, limit, Keep::Body).await {
+        Ok(answer) => answer,
+        Err(error @ GetError::Oversized { .. }) => {
+            monitor.oversized.with_label_values(&["loads"]).inc();
+            return Err(error.to_string());
+        }
+        Err(GetError::Failed(error)) => return Err(error),
+    };
+    if !status.is_success() {
+        return Err(format!("GET {path} answered {status}"));
+    }
+    let report = match source {
+        Source::Sglang => parse_sglang(&body, worker.dp_rank)?,
+        Source::Vllm => parse_vllm(&String::from_utf8_lossy(&body))?,
+    };
+    Ok(sample_of(report))
+}
+
+/// The policy's load sample of an engine's report (`fetched_at_ms` left for the caller).
+fn sample_of(report: LoadReport) -> LoadSample {
+    LoadSample {
+        token_usage: report.token_usage,
+        num_running_reqs: report.num_running_reqs,
+        num_waiting_reqs: report.num_waiting_reqs,
+        num_waiting_uncached_tokens: report.num_waiting_uncached_tokens,
+        gen_throughput: report.gen_throughput,
+        max_total_num_tokens: report.max_total_num_tokens,
+        fetched_at_ms: 0,
+    }
+}
+
+/// The snapshot as served at `GET /get_loads`.
+pub fn snapshot_json(registry: &Registry, loads: &LoadSnapshot, clock: Clock) -> serde_json::Value {
+    let now_ms = clock.now_ms();
+    let polling = loads.is_active();
+    let interval_ms = loads.poll_interval_ms;
+    let loads = loads.load();
+    let registry = registry.snapshot();
+    let mut entries: Vec<serde_json::Value> = registry
+        .workers
+        .iter()
+        .filter_map(|w| loads.get(&w.id).map(|l| (w, l)))
+        .map(|(worker, load)| {
+            serde_json::json!({
+                "worker": worker.url,
+                "model_id": worker.model(),
+                "age_ms": now_ms.saturating_sub(load.fetched_at_ms),
+                "token_usage": load.token_usage,
+                "num_running_reqs": load.num_running_reqs,
+                "num_waiting_reqs": load.num_waiting_reqs,
+                "num_waiting_uncached_tokens": load.num_waiting_uncached_tokens,
+                "max_total_num_tokens": load.max_total_num_tokens,
+                "gen_throughput": load.gen_throughput,
+            })
+        })
+        .collect();
+    entries.sort_by(|a, b| a["worker"].as_str().cmp(&b["worker"].as_str()));
+    serde_json::json!({
+        "polling": polling,
+        "interval_ms": interval_ms,
+        "loads": entries,
+    })
+}
+
+/// Refresh the per-worker snapshot-age gauges (called when /metrics is scraped).
+pub fn update_age_gauges(registry: &Registry, loads: &LoadSnapshot, clock: Clock, metrics: &LoadMetrics) {
+    let now_ms = clock.now_ms();
+    let loads = loads.load();
+    metrics.snapshot_age.reset();
+    for worker in &registry.snapshot().workers {
+        if let Some(load) = loads.get(&worker.id) {
+            let age = now_ms.saturating_sub(load.fetched_at_ms) as f64 / 1000.0;
+            worker.series.write(|url| metrics.snapshot_age.with_label_values(&[url]).set(age));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use kvgate_policy::PolicyConfig;
+
+    use super::*;
+    use crate::registry::NewWorker;
+    use crate::worker::CircuitSettings;
+    use kvgate_gateway_core::metrics::Metrics;
+
+    /// The snapshot is built from its parts alone: a registry, the load snapshot and a clock.
+    #[test]
+    fn get_loads_lists_registered_workers_and_forgets_removed_ones() {
+        let circuit = CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::ZERO };
+        let registry = Registry::new(
+            PolicyConfig::default(),
+            BTreeMap::new(),
+            [None, None],
+            circuit,
+            Arc::new(Metrics::new()),
+            16,
+            100,
+        );
+        let new = |url: &str| NewWorker { url: url.into(), model: Some("m".into()), ..NewWorker::default() };
+        let a = registry.add(new("http://127.0.0.1:1"), true).unwrap();
+        let b = registry.add(new("http://127.0.0.1:2"), true).unwrap();
+        let loads = LoadSnapshot::new(1000);
+        let sample = LoadSample { token_usage: 0.5, ..LoadSample::default() };
+        let registered: HashSet<WorkerId> = [a.id, b.id].into();
+        loads.publish(&[(a.id, sample), (b.id, sample), (99, sample)], &registered);
+        let listed = |loads: &LoadSnapshot| {
+            let json = snapshot_json(&registry, loads, Clock::start());
+            json["loads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["worker"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(&loads), ["http://127.0.0.1:1", "http://127.0.0.1:2"], "99 was never registered");
+        loads.forget(a.id);
+        assert_eq!(listed(&loads), ["http://127.0.0.1:2"]);
+        let json = snapshot_json(&registry, &loads, Clock::start());
+        assert_eq!((json["polling"].as_bool(), json["interval_ms"].as_u64()), (Some(false), Some(1000)));
+    }
+}

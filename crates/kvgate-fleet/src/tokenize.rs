@@ -1,0 +1,219 @@
+//! The routing key of a request for a model whose exact index needs token ids: the request
+//! tokenized as its engine will tokenize it (chat template included), or, when that is not
+//! needed or not possible, the key `request.rs` extracts.
+//!
+//! Tokenizing runs on a bounded pool of its own threads (`--tokenizer-threads`), so a huge
+//! conversation never stalls the I/O threads and the requests they serve; only inputs of at
+//! most [`INLINE_BYTES`] are tokenized inline, where the hand-off would cost more than the work.
+//! An input longer than `--max-tokenize-chars` is tokenized up to that many characters (the
+//! prefix the exact index matches on), and when more than `--tokenizer-queue-size` inputs wait,
+//! a request routes on its text (the approximate tree) instead of waiting. Both are counted in
+//! `kvgate_tokenize_limited_total`. A text key is cut at the same length, so what the tree
+//! records of one request is bounded too.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kvgate_tokenizer::{Tokenizer, TokenizerError};
+
+use crate::registry::ModelPool;
+use kvgate_gateway_core::metrics::Metrics;
+use kvgate_protocol::endpoint::Endpoint;
+use kvgate_protocol::request::{estimate_tokens, OwnedKey, RequestFields};
+
+/// Inputs (a chat body or a prompt's text) up to this many bytes are tokenized on the request's
+/// own thread: at most a few tens of microseconds (docs/BENCHMARKS.md, "Tokenization in the
+/// request path"), less than a hand-off to the pool.
+pub const INLINE_BYTES: usize = 2048;
+
+/// The tokenizer and its pool.
+pub struct Tokenization {
+    tokenizer: Arc<Tokenizer>,
+    pool: rayon::ThreadPool,
+    /// Inputs handed to the pool and not finished (running or queued).
+    pending: Arc<AtomicUsize>,
+    /// Most pending inputs: the threads plus the queue.
+    capacity: usize,
+    max_chars: usize,
+    metrics: Arc<Metrics>,
+}
+
+/// One input to tokenize, owned so that it can cross to the pool.
+enum Input {
+    /// A raw `/v1/chat/completions` body.
+    Chat(Bytes),
+    /// A completion prompt (at most `max_chars` characters of it).
+    Prompt(String),
+}
+
+/// Why a request was not tokenized.
+enum Skipped {
+    /// The pool's queue is full.
+    Busy,
+    Failed(TokenizerError),
+}
+
+impl Tokenization {
+    pub fn new(
+        tokenizer: Tokenizer,
+        threads: usize,
+        queue: usize,
+        max_chars: usize,
+        metrics: Arc<Metrics>,
+    ) -> Result<Tokenization, String> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|index| format!("kvgate-tokenize-{index}"))
+            .build()
+            .map_err(|e| format!("starting the tokenizer threads: {e}"))?;
+        Ok(Tokenization {
+            tokenizer: Arc::new(tokenizer),
+            pool,
+            pending: Arc::default(),
+            capacity: threads + queue,
+            max_chars,
+            metrics,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The tokenizer, for work off the I/O threads (`spawn_blocking`).
+    pub fn shared_tokenizer(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
+    }
+
+    /// Token ids of `input` (its first `--max-tokenize-chars` characters), inline when it is
+    /// small, else on the pool; returns whether it was cut.
+    async fn encode(&self, input: Input) -> Result<(Vec<u32>, bool), Skipped> {
+        let size = match &input {
+            Input::Chat(body) => body.len(),
+            Input::Prompt(text) => text.len(),
+        };
+        if size <= INLINE_BYTES {
+            return encode(&self.tokenizer, input, self.max_chars).map_err(Skipped::Failed);
+        }
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= self.capacity {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            return Err(Skipped::Busy);
+        }
+        self.metrics.tokenizer_pending.inc();
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let (tokenizer, pending, metrics) =
+            (self.tokenizer.clone(), self.pending.clone(), self.metrics.clone());
+        let max_chars = self.max_chars;
+        self.pool.spawn(move || {
+            let result = encode(&tokenizer, input, max_chars);
+            pending.fetch_sub(1, Ordering::AcqRel);
+            metrics.tokenizer_pending.dec();
+            let _ = done.send(result); // the request may have gone
+        });
+        match answer.await {
+            Ok(result) => result.map_err(Skipped::Failed),
+            Err(_) => Err(Skipped::Busy), // the pool dropped the job (shutting down)
+        }
+    }
+}
+
+/// The ids of `input`'s first `max_chars` characters, and whether it was cut there.
+fn encode(tokenizer: &Tokenizer, input: Input, max_chars: usize) -> Result<(Vec<u32>, bool), TokenizerError> {
+    match input {
+        Input::Chat(body) if body.len() > max_chars => {
+            Ok((tokenizer.encode_chat_request_prefix(&body, max_chars)?, true))
+        }
+        Input::Chat(body) => Ok((tokenizer.encode_chat_request(&body)?, false)),
+        Input::Prompt(text) => Ok((tokenizer.encode_prompt(&text)?, false)),
+    }
+}
+
+/// `text`'s first `max_chars` characters, and whether that cut it.
+fn first_chars(text: &str, max_chars: usize) -> (&str, bool) {
+    match text.char_indices().nth(max_chars) {
+        Some((end, _)) => (&text[..end], true),
+        None => (text, false),
+    }
+}
+
+/// A text key cut to its first `max_chars` characters (what the approximate tree records of
+/// one request is bounded too).
+fn first_chars_of_key(key: OwnedKey<'_>, max_chars: usize) -> OwnedKey<'_> {
+    match key {
+        OwnedKey::Text(Cow::Borrowed(text)) => OwnedKey::Text(Cow::Borrowed(first_chars(text, max_chars).0)),
+        OwnedKey::Text(Cow::Owned(mut text)) => {
+            let end = first_chars(&text, max_chars).0.len();
+            text.truncate(end);
+            OwnedKey::Text(Cow::Owned(text))
+        }
+        other => other,
+    }
+}
+
+/// The key a prefix-aware policy matches `fields` on (at most `max_chars` characters of the
+/// prompt, `--max-tokenize-chars`), and the prompt's estimated length in tokens. Tokenizes only
+/// when the model's workers publish KV events, the policy matches against the exact index, and
+/// a tokenizer is configured; a request the tokenizer cannot handle (or the busy pool does not
+/// take) is routed on its text (never refused).
+pub async fn routing_key<'a>(
+    tokenization: Option<&Tokenization>,
+    metrics: &Metrics,
+    max_chars: usize,
+    pool: &ModelPool,
+    endpoint: Endpoint,
+    fields: &'a RequestFields<'a>,
+    body: &Bytes,
+) -> (OwnedKey<'a>, u64) {
+    let text_key = || {
+        let key = fields.routing_key();
+        let tokens = estimate_tokens(&key);
+        (first_chars_of_key(key, max_chars), tokens)
+    };
+    let tokenization = match tokenization {
+        Some(tokenization) if pool.has_kv_events && pool.config.uses_exact_index() => tokenization,
+        _ => return text_key(),
+    };
+    // The input, its size in bytes, and whether it is cut already.
+    let (input, size, cut) = match endpoint {
+        Endpoint::ChatCompletions if fields.input_ids.is_none() => {
+            (Input::Chat(body.clone()), body.len(), false)
+        }
+        Endpoint::Completions | Endpoint::Generate => match fields.routing_key() {
+            OwnedKey::Text(text) => {
+                let (prefix, cut) = first_chars(&text, tokenization.max_chars);
+                (Input::Prompt(prefix.to_string()), text.len(), cut)
+            }
+            other => {
+                let tokens = estimate_tokens(&other);
+                return (other, tokens);
+            }
+        },
+        _ => return text_key(),
+    };
+    let limited = |reason: &str| {
+        metrics.tokenize_limited.with_label_values(&[endpoint.label(), reason]).inc();
+    };
+    match tokenization.encode(input).await {
+        Ok((ids, encoded_cut)) => {
+            let cut = cut || encoded_cut;
+            let mut tokens = ids.len() as u64;
+            if cut {
+                limited("prefix");
+                // The whole prompt's length, about, for the policies that weigh it.
+                tokens = tokens.max((size as u64).div_ceil(4));
+            }
+            (OwnedKey::Tokens(Cow::Owned(ids)), tokens)
+        }
+        Err(Skipped::Busy) => {
+            limited("queue_full");
+            text_key()
+        }
+        Err(Skipped::Failed(error)) => {
+            metrics.tokenize_failures.with_label_values(&[endpoint.label()]).inc();
+            tracing::debug!(endpoint = endpoint.label(), %error, "could not tokenize; routing on the text");
+            text_key()
+        }
+    }
+}
