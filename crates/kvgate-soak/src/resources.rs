@@ -81,11 +81,17 @@ mod tests {
     fn this_process_has_memory_and_descriptors() {
         let before = sample("before", 0.0, 0, 0);
         assert!(before.rss_kb > 0 && before.fds >= 3, "{before:?}");
-        let spin = std::time::Instant::now();
-        while spin.elapsed() < std::time::Duration::from_millis(50) {
-            std::hint::black_box(());
+        // Spin until the kernel's CPU-time counter (10 ms ticks) moves, with a deadline: on a
+        // loaded machine 50 ms of wall time may hold less than one tick of this thread's CPU.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut later = sample("later", 0.0, 1024, 56);
+        while later.cpu_secs <= before.cpu_secs && std::time::Instant::now() < deadline {
+            let spin = std::time::Instant::now();
+            while spin.elapsed() < std::time::Duration::from_millis(20) {
+                std::hint::black_box(());
+            }
+            later = sample("later", 0.0, 1024, 56);
         }
-        let later = sample("later", 0.0, 1024, 56);
         assert!(later.cpu_secs > before.cpu_secs || cfg!(not(target_os = "linux")));
         assert_eq!(later.bookkeeping_kb, 128);
     }
