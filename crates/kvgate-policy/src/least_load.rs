@@ -297,6 +297,36 @@ mod tests {
         assert!((2.0..2.1).contains(&waits[0]), "4,000 tokens at the default 2,000 a second: {waits:?}");
     }
 
+    #[test]
+    fn a_long_prompt_needs_what_a_request_holds_not_its_whole_length_in_kv() {
+        // least_load has no prefix index: a 60,000-token prompt (an agent's context, mostly
+        // cached where its session ran) is not kept off an engine with 30,000 tokens of KV free
+        // and nothing waiting, nor made to wait there for KV; its prompt counts as prefill.
+        let policy = LeastLoadPolicy::new(SETTINGS);
+        let mut pool = candidates(&[0, 0]);
+        for (candidate, usage) in pool.iter_mut().zip([0.7, 0.1]) {
+            candidate.load = Some(LoadSample {
+                token_usage: usage,
+                num_running_reqs: 8,
+                gen_throughput: 2000.0,
+                max_total_num_tokens: 100_000,
+                fetched_at_ms: 1000,
+                ..LoadSample::default()
+            });
+        }
+        let mut rng = ctx_rng(6);
+        let ctx =
+            SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
+        let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: 60_000, session: None };
+        let waits = policy.expected_waits(&request, &pool, &policy.lock(), &ctx);
+        assert!(waits.iter().all(|w| w.admits), "{waits:?}");
+        // Only the KV-pressure term tells them apart: 0.15 x 0.7 / 0.3 against 0.15 x 0.1 / 0.9.
+        assert!(
+            (waits[0].wait_s - 0.35).abs() < 1e-9 && (waits[1].wait_s - 0.15 / 9.0).abs() < 1e-9,
+            "{waits:?}"
+        );
+    }
+
     proptest::proptest! {
         /// least_load never picks an engine whose KV is full with requests waiting while another
         /// engine has room for the request, whatever the queues and throughputs say, through a
