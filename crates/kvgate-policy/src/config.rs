@@ -156,7 +156,8 @@ pub struct PolicyConfig {
     /// least_load: prompt tokens assumed for a request whose size is unknown, > 0.
     #[arg(long, default_value_t = 1024.0)]
     pub least_load_mean_prefill_tokens: f64,
-    /// least_load: tokens/s assumed when an engine reports no throughput, > 0.
+    /// least_load: tokens/s assumed when an engine reports less (or no) generation throughput:
+    /// it is prefilling or nearly idle, not slow, > 0.
     #[arg(long, default_value_t = 2000.0)]
     pub least_load_default_throughput: f64,
 

@@ -1,17 +1,21 @@
 //! `least_load`: route to the worker with the least expected wait, never to one that cannot admit
-//! the request (its KV taken, requests waiting for it) while another can. The wait is
+//! a request (its KV taken, requests waiting for it) while another can. The wait is
 //! `(queued uncached tokens + prompt tokens routed since) / throughput + w * k / (1 - k)`, where
 //! k is the KV usage plus the prompt tokens routed since over the capacity (clamped below 1) and
-//! throughput the engine's reported generation throughput (or a default), plus the wait for KV
-//! ([`crate::kv_wait`]): what the requests waiting there and routed there since need, with this
-//! one, beyond the free KV, over the rate running requests free it. Between load samples the
+//! throughput the engine's reported generation throughput, never below the default (an engine
+//! generating almost nothing is prefilling or nearly idle, not slow: one reporting 1 token/s
+//! would otherwise look 2,000 times slower than one reporting none), plus the wait for KV
+//! ([`crate::kv_wait`]): what the requests waiting there and routed there since need, with a
+//! request's, beyond the free KV, over the rate running requests free it. The request's own
+//! prompt counts in the prefill term only: least_load has no prefix index, so the whole prompt
+//! is not what it needs in KV where much of it is cached (an agent's context, a shared
+//! document), and an engine's KV wait is the same for every request. Between load samples the
 //! requests routed since count, each with its prompt and a running request's KV (in-flight
 //! correction): a burst of samples of one prompt is work for the engine (KV and decode) even
 //! though it is one prefill. The samples of one prompt (the whole prompt's hash) routed to a
-//! worker count their prompt once there (queued prefill and KV), and a further sample needs no
-//! prompt KV where its prompt went in the last poll intervals: a group is no longer taken for
-//! sixteen prompts to compute, and spreads once an engine cannot admit it. Without a fresh sample, in-flight requests count as the mean prompt
-//! size each.
+//! worker count their prompt once there (queued prefill and KV): a group is no longer taken for
+//! sixteen prompts to compute, and spreads once an engine cannot admit more. Without a fresh
+//! sample, in-flight requests count as the mean prompt size each.
 
 use std::sync::Mutex;
 
@@ -37,8 +41,9 @@ pub struct LeastLoadPolicy {
     routed: Mutex<RoutedLog>,
 }
 
-/// How many poll intervals a prompt routed to a worker counts as held there.
-const HOLDS_POLLS: u64 = 4;
+/// How many poll intervals a routing is remembered (the in-flight correction counts it until the
+/// worker's next load sample).
+const KEEP_POLLS: u64 = 4;
 
 /// Expected waits closer than this many seconds are a tie.
 const WAIT_TIE_SECS: f64 = 1e-4;
@@ -73,7 +78,7 @@ impl LeastLoadPolicy {
     /// Expected wait of `request` on each candidate.
     pub fn expected_waits(
         &self,
-        request: &RouteRequest<'_>,
+        _request: &RouteRequest<'_>,
         candidates: &[Candidate],
         routed: &RoutedLog,
         ctx: &SelectContext<'_>,
@@ -83,11 +88,6 @@ impl LeastLoadPolicy {
             candidates.iter().map(|c| fresh_load(c, ctx.now_ms, ctx.load_poll_interval_ms)).collect();
         let per_request = kv_per_request(loads.iter().flatten()).unwrap_or(s.mean_prefill_tokens);
         let freed_share = kv_freed_share(loads.iter().flatten());
-        let prompt = self.prompt_tokens(request);
-        // Requests with this prompt routed to a candidate a moment ago: it computes and holds
-        // the prompt once for all of them.
-        let hash = prompt_key(request);
-        let recent_ms = ctx.now_ms.saturating_sub(ctx.load_poll_interval_ms.saturating_mul(HOLDS_POLLS));
         let views: Vec<Option<KvView>> = candidates
             .iter()
             .zip(&loads)
@@ -111,8 +111,7 @@ impl LeastLoadPolicy {
                 Some(load) => {
                     let since: Sent = routed.sent_since(c.id, load.fetched_at_ms);
                     let tokens = load.num_waiting_uncached_tokens as f64 + since.tokens;
-                    let throughput =
-                        if load.gen_throughput > 0.0 { load.gen_throughput } else { s.default_throughput };
+                    let throughput = load.gen_throughput.max(s.default_throughput);
                     let mut k = load.token_usage;
                     if load.max_total_num_tokens > 0 {
                         k += since.tokens / load.max_total_num_tokens as f64;
@@ -120,8 +119,7 @@ impl LeastLoadPolicy {
                     let k = k.clamp(0.0, 0.99);
                     let (kv_wait, admits) = match view {
                         Some(view) => {
-                            let holds = hash.is_some_and(|h| routed.holds(c.id, h, recent_ms));
-                            let need = view.need(if holds { 0.0 } else { prompt });
+                            let need = view.need(0.0);
                             (view.wait_s(need), view.admits(need))
                         }
                         None => (0.0, true),
@@ -173,7 +171,7 @@ impl Policy for LeastLoadPolicy {
     /// mean prompt when unknown) as queued prefill, and itself as a request taking KV.
     fn on_routed(&self, routed: &Routed<'_>) {
         let sent = Sent { requests: 1.0, tokens: self.prompt_tokens(routed.request) };
-        let keep_ms = routed.load_poll_interval_ms.saturating_mul(HOLDS_POLLS);
+        let keep_ms = routed.load_poll_interval_ms.saturating_mul(KEEP_POLLS);
         let prompt = prompt_key(routed.request);
         self.lock().record_prompt(routed.decision.worker, routed.now_ms, sent, prompt, keep_ms);
     }
@@ -251,7 +249,7 @@ mod tests {
         }
         let prompt: Vec<u32> = (0..8000).collect();
         let burst = |key| {
-            let policy = LeastLoadPolicy::new(SETTINGS);
+            let policy = LeastLoadPolicy::new(LeastLoadSettings { default_throughput: 1000.0, ..SETTINGS });
             let mut rng = ctx_rng(4);
             let mut ctx = SelectContext {
                 now_ms: 1200,
@@ -273,6 +271,60 @@ mod tests {
         // Without the prompt's identity, sixteen prompts of 8,000 tokens.
         let unknown = burst(crate::RoutingKey::None);
         assert!(unknown > 60.0, "{unknown}");
+    }
+
+    #[test]
+    fn an_engine_generating_almost_nothing_is_not_taken_for_a_slow_one() {
+        // Three engines with the same queue: one reports no throughput, one 1 token/s (busy
+        // with prefill, or nearly idle), one 500. Each looks as fast as the default says, not
+        // 2,000 times slower for reporting 1 instead of 0; a faster one above the default wins.
+        let policy = LeastLoadPolicy::new(SETTINGS);
+        let mut pool = candidates(&[0, 0, 0, 0]);
+        for (candidate, gen) in pool.iter_mut().zip([0.0, 1.0, 500.0, 4000.0]) {
+            candidate.load = Some(LoadSample { gen_throughput: gen, ..sample(4000, 0.2).unwrap() });
+        }
+        let mut rng = ctx_rng(5);
+        let ctx =
+            SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
+        let waits: Vec<f64> = policy
+            .expected_waits(&RouteRequest::EMPTY, &pool, &policy.lock(), &ctx)
+            .iter()
+            .map(|w| w.wait_s)
+            .collect();
+        assert_eq!(waits[0], waits[1]);
+        assert_eq!(waits[0], waits[2]);
+        assert!(waits[3] < waits[0], "{waits:?}");
+        assert!((2.0..2.1).contains(&waits[0]), "4,000 tokens at the default 2,000 a second: {waits:?}");
+    }
+
+    #[test]
+    fn a_long_prompt_needs_what_a_request_holds_not_its_whole_length_in_kv() {
+        // least_load has no prefix index: a 60,000-token prompt (an agent's context, mostly
+        // cached where its session ran) is not kept off an engine with 30,000 tokens of KV free
+        // and nothing waiting, nor made to wait there for KV; its prompt counts as prefill.
+        let policy = LeastLoadPolicy::new(SETTINGS);
+        let mut pool = candidates(&[0, 0]);
+        for (candidate, usage) in pool.iter_mut().zip([0.7, 0.1]) {
+            candidate.load = Some(LoadSample {
+                token_usage: usage,
+                num_running_reqs: 8,
+                gen_throughput: 2000.0,
+                max_total_num_tokens: 100_000,
+                fetched_at_ms: 1000,
+                ..LoadSample::default()
+            });
+        }
+        let mut rng = ctx_rng(6);
+        let ctx =
+            SelectContext { now_ms: 1000, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
+        let request = RouteRequest { key: crate::RoutingKey::None, prompt_tokens: 60_000, session: None };
+        let waits = policy.expected_waits(&request, &pool, &policy.lock(), &ctx);
+        assert!(waits.iter().all(|w| w.admits), "{waits:?}");
+        // Only the KV-pressure term tells them apart: 0.15 x 0.7 / 0.3 against 0.15 x 0.1 / 0.9.
+        assert!(
+            (waits[0].wait_s - 0.35).abs() < 1e-9 && (waits[1].wait_s - 0.15 / 9.0).abs() < 1e-9,
+            "{waits:?}"
+        );
     }
 
     proptest::proptest! {

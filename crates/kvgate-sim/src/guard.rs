@@ -50,6 +50,11 @@ pub struct GuardArgs {
     /// Simulations run at once (default: the machine's cores).
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Run the scenarios at full size (the documented commands' traces: give the whole
+    /// conversation trace with --conversation-trace) instead of the guard's; with --update and
+    /// --baseline, a file of full-size figures to compare later runs with.
+    #[arg(long)]
+    pub full_size: bool,
 }
 
 /// The figures guarded, of one policy on one scenario. Latencies in ms of virtual time.
@@ -282,14 +287,15 @@ fn rounded(value: f64) -> f64 {
     (value * 1e4).round() / 1e4
 }
 
-/// Runs `policies` on `scenario` at the guard's size: its trace size and each policy's figures.
+/// Runs `policies` on `scenario` at the guard's size (or its full size): its trace size and each policy's figures.
 fn measure(
     scenario: &Scenario,
     conversation: Option<&Trace>,
     policies: &[&str],
     seed: u64,
+    full_size: bool,
 ) -> Result<ScenarioBaseline, GuardError> {
-    let trace = scenario.trace(conversation, seed, true).map_err(GuardError::Options)?;
+    let trace = scenario.trace(conversation, seed, !full_size).map_err(GuardError::Options)?;
     let args = scenario.sim_args(policies, seed);
     let report = run_on_trace(&args, &trace, false)?;
     let policies = report
@@ -369,7 +375,8 @@ pub fn run(args: &GuardArgs) -> Result<GuardReport, GuardError> {
                 let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(&(s, policy)) = jobs.get(index) else { break };
                 let started = std::time::Instant::now();
-                let result = measure(scenarios[s], conversation.as_ref(), &[policy], args.seed);
+                let result =
+                    measure(scenarios[s], conversation.as_ref(), &[policy], args.seed, args.full_size);
                 eprintln!(
                     "routing guard: {} {policy}: {:.1} s",
                     scenarios[s].id,
