@@ -25,6 +25,7 @@ pub use rate::{EngineRates, RateSettings, Rates};
 use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
 use crate::inflight::{fresh_load, RoutedLog};
+use crate::kv_wait::{kv_freed_share, kv_per_request, KvView};
 use crate::pick::pick_min_by;
 use crate::{
     Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext,
@@ -147,6 +148,25 @@ fn apply_wait_margin(scored: &mut [Scored], margin: f64, slack_s: f64) {
     }
 }
 
+/// Seconds a request with `uncached` prompt tokens on `candidate` waits there for KV
+/// ([`KvView`]): 0 without a usable report. KV is freed at least as fast as the engine decodes
+/// a full batch (its decode rate, `1000 / decode_ms_per_request` tokens a second).
+fn kv_wait_s(
+    candidate: &Candidate,
+    load: Option<&crate::LoadSample>,
+    routed: &RoutedLog,
+    per_request: f64,
+    freed_share: Option<f64>,
+    rates: Rates,
+    uncached: f64,
+) -> f64 {
+    let Some(load) = load else { return 0.0 };
+    let floor = 1000.0 / rates.decode_ms_per_request.max(1e-3);
+    let since = routed.sent_since(candidate.id, load.fetched_at_ms);
+    KvView::of(load, since, per_request, freed_share, floor)
+        .map_or(0.0, |view| view.wait_s(view.need(uncached)))
+}
+
 impl KvAwarePolicy {
     /// Scores every candidate for a request of `prompt_tokens` tokens given the overlap `prefix`.
     fn score(
@@ -174,6 +194,10 @@ impl KvAwarePolicy {
                 Some(usage.clamp(0.0, 1.0))
             })
             .collect();
+        // The wait for KV, from the same usable snapshot as the KV terms: what a request holds
+        // and the share of KV in use freed per second, over the pool's fresh reports.
+        let per_request = kv_per_request(loads.iter().flatten()).unwrap_or(0.0);
+        let freed_share = kv_freed_share(loads.iter().flatten());
         let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
         let prompt = request.prompt_tokens as f64;
         let arrivals_per_sec = state.arrivals.per_sec(now_ms, poll_ms) / candidates.pool_size() as f64;
@@ -193,7 +217,24 @@ impl KvAwarePolicy {
                     queued_tokens(c, loads[i].as_ref(), routed, now_ms, rates.prefill_tokens_per_sec);
                 let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
                 let uncached = (prompt - matched).max(0.0);
-                let view = EngineView { rates, queued, uncached, running, kv_usage: kv[i], arrivals_per_sec };
+                let kv_wait_s = kv_wait_s(
+                    c,
+                    loads[i].as_ref().filter(|_| kv_known),
+                    routed,
+                    per_request,
+                    freed_share,
+                    rates,
+                    uncached,
+                );
+                let view = EngineView {
+                    rates,
+                    queued,
+                    uncached,
+                    running,
+                    kv_usage: kv[i],
+                    arrivals_per_sec,
+                    kv_wait_s,
+                };
                 let predicted = predict(&s.predict, &view);
                 let allowed = !below_exists || kv[i].is_none_or(|k| k <= s.overload);
                 Scored { predicted, uncached, allowed, waits_too_long: false }
