@@ -208,6 +208,9 @@ mod tests {
         let with_base = predict(&settings, &EngineView { rates: Rates { base_s: 0.02, ..rates }, ..view });
         assert!((with_base.total() - 2.63).abs() < 1e-12, "the fixed cost is in the total");
         assert!((with_base.cost() - p.cost() - 0.02).abs() < 1e-12 && with_base.terms()[8] == 0.02);
+        let waiting = predict(&settings, &EngineView { kv_wait_s: 30.0, ..view });
+        assert!((waiting.total() - p.total() - 30.0).abs() < 1e-12, "the wait for KV is in the total");
+        assert!((waiting.cost() - p.cost() - 30.0).abs() < 1e-12 && waiting.terms()[9] == 30.0);
         let clamped = predict(&settings, &idle).kv_s;
         assert!((clamped - 9.9).abs() < 1e-9, "KV usage clamped to 0.99: {clamped}");
     }
