@@ -70,6 +70,20 @@ pub fn kv_per_request<'a>(loads: impl IntoIterator<Item = &'a LoadSample>) -> Op
     (running > 0 && used > 0.0).then(|| used / running as f64)
 }
 
+/// Whether the requests waiting on the engine of `load` wait for KV rather than for prefill: they
+/// need more than the free KV, each what the engine's running requests hold on average (its KV in
+/// use over its running requests). Its queued prefill then drains only as running requests
+/// finish, not at the prefill rate. `false` when the report does not say (no capacity, nothing
+/// waiting or running).
+pub fn waits_for_kv(load: &LoadSample) -> bool {
+    if load.max_total_num_tokens == 0 || !load.token_usage.is_finite() || load.num_waiting_reqs == 0 {
+        return false;
+    }
+    let own = LoadSample { gen_throughput: 0.0, ..*load };
+    let Some(per_request) = kv_per_request([&own]) else { return false };
+    KvView::of(load, Sent::default(), per_request, None, 1.0).is_some_and(|view| !view.admits(0.0))
+}
+
 impl KvView {
     /// The engine's KV from its fresh report `load`, what was routed there since (`since`, its
     /// tokens already the uncached estimate), `per_request` (see [`kv_per_request`]), the pool's
@@ -195,6 +209,18 @@ mod tests {
         let busy = KvView::of(&busy, Sent::default(), 10_000.0, share, 500.0).unwrap();
         assert_eq!(idle.shortfall(idle.need(0.0)), busy.shortfall(busy.need(0.0)));
         assert_eq!(idle.wait_s(idle.need(0.0)), busy.wait_s(busy.need(0.0)));
+    }
+
+    #[test]
+    fn waiting_requests_wait_for_kv_when_what_they_need_exceeds_the_free_kv() {
+        // 90,000 in use by 30 running: 3,000 each. Three waiting need 9,000 of the 10,000 free.
+        assert!(!waits_for_kv(&load(0.9, 30, 3, 1_000.0)));
+        // Four need 12,000.
+        assert!(waits_for_kv(&load(0.9, 30, 4, 1_000.0)));
+        // Nothing waiting, nothing running, or no capacity: the report does not say.
+        assert!(!waits_for_kv(&load(1.0, 30, 0, 1_000.0)));
+        assert!(!waits_for_kv(&load(1.0, 0, 5, 1_000.0)));
+        assert!(!waits_for_kv(&LoadSample { max_total_num_tokens: 0, ..load(1.0, 30, 5, 1.0) }));
     }
 
     #[test]

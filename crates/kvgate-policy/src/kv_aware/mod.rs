@@ -2,7 +2,11 @@
 //! soonest, counting what its prefill costs everyone else. The prediction ([`predict`]) adds the
 //! prefill work queued on the engine, the request's own uncached tokens there (prompt minus the
 //! prefix that engine holds, from the host's prefix index: exact when the engines' KV events
-//! flow, else the approximate tree), over the prefill rate, plus decode and KV-pressure terms.
+//! flow, else the approximate tree), over the prefill rate, plus decode and KV-pressure terms,
+//! and the wait for KV ([`crate::kv_wait`]): on an engine whose KV is taken (by answers being
+//! decoded, say) a request waits until running requests free what the requests ahead of it and
+//! it need, however little prefill is queued there. So an agent's session stays with the engine
+//! holding its context unless waiting there costs more than recomputing the context elsewhere.
 //! The cost minimised is that prediction plus `kv_aware_prefill_cost_weight` times the
 //! request's own prefill time: recomputing a prefix another engine holds delays every request
 //! queued behind it, takes engine time from decoding, and duplicates the prefix in a second
@@ -25,6 +29,7 @@ pub use rate::{EngineRates, RateSettings, Rates};
 use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
 use crate::inflight::{fresh_load, RoutedLog};
+use crate::kv_wait::{kv_freed_share, kv_per_request, waits_for_kv, KvView};
 use crate::pick::pick_min_by;
 use crate::{
     Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext,
@@ -147,6 +152,34 @@ fn apply_wait_margin(scored: &mut [Scored], margin: f64, slack_s: f64) {
     }
 }
 
+/// Seconds a request with `uncached` prompt tokens on `candidate` waits there for KV
+/// ([`KvView`]): 0 without a usable report. KV is freed at least as fast as the engine decodes
+/// a full batch (its decode rate, `1000 / decode_ms_per_request` tokens a second). The requests
+/// routed there since the report count at what a running request holds only when the report
+/// shows its waiting requests already waiting for KV ([`waits_for_kv`]): there they queue behind
+/// them. On an engine with room they are admitted as they come, holding their uncached prompt
+/// (their answers' KV grows over their decode), and the running requests' mean, weighted to the
+/// long answers still running, would make a burst of cached prompts look as if it filled every
+/// engine it went to (S10: 80 s of predicted wait on every engine for 3 s of real one).
+fn kv_wait_s(
+    candidate: &Candidate,
+    load: Option<&crate::LoadSample>,
+    routed: &RoutedLog,
+    per_request: f64,
+    freed_share: Option<f64>,
+    rates: Rates,
+    uncached: f64,
+) -> f64 {
+    let Some(load) = load else { return 0.0 };
+    let floor = 1000.0 / rates.decode_ms_per_request.max(1e-3);
+    let mut since = routed.sent_since(candidate.id, load.fetched_at_ms);
+    if !waits_for_kv(load) {
+        since.requests = 0.0;
+    }
+    KvView::of(load, since, per_request, freed_share, floor)
+        .map_or(0.0, |view| view.wait_s(view.need(uncached)))
+}
+
 impl KvAwarePolicy {
     /// Scores every candidate for a request of `prompt_tokens` tokens given the overlap `prefix`.
     fn score(
@@ -174,6 +207,10 @@ impl KvAwarePolicy {
                 Some(usage.clamp(0.0, 1.0))
             })
             .collect();
+        // The wait for KV, from the same usable snapshot as the KV terms: what a request holds
+        // and the share of KV in use freed per second, over the pool's fresh reports.
+        let per_request = kv_per_request(loads.iter().flatten()).unwrap_or(0.0);
+        let freed_share = kv_freed_share(loads.iter().flatten());
         let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
         let prompt = request.prompt_tokens as f64;
         let arrivals_per_sec = state.arrivals.per_sec(now_ms, poll_ms) / candidates.pool_size() as f64;
@@ -193,7 +230,24 @@ impl KvAwarePolicy {
                     queued_tokens(c, loads[i].as_ref(), routed, now_ms, rates.prefill_tokens_per_sec);
                 let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
                 let uncached = (prompt - matched).max(0.0);
-                let view = EngineView { rates, queued, uncached, running, kv_usage: kv[i], arrivals_per_sec };
+                let kv_wait_s = kv_wait_s(
+                    c,
+                    loads[i].as_ref().filter(|_| kv_known),
+                    routed,
+                    per_request,
+                    freed_share,
+                    rates,
+                    uncached,
+                );
+                let view = EngineView {
+                    rates,
+                    queued,
+                    uncached,
+                    running,
+                    kv_usage: kv[i],
+                    arrivals_per_sec,
+                    kv_wait_s,
+                };
                 let predicted = predict(&s.predict, &view);
                 let allowed = !below_exists || kv[i].is_none_or(|k| k <= s.overload);
                 Scored { predicted, uncached, allowed, waits_too_long: false }

@@ -1,7 +1,9 @@
 //! kv_aware's prediction of a request's time to first token on one engine: the prefill work
 //! queued ahead of it (the engine's last report, plus what was routed there since, minus what
 //! the engine has computed since), its own uncached prompt tokens, over the engine's prefill
-//! rate, plus decode and KV-pressure terms.
+//! rate, plus decode and KV-pressure terms, and the wait for KV: on an engine whose KV is taken,
+//! the request is admitted only once running requests have freed what the requests ahead of it
+//! and it need ([`crate::kv_wait`]; no prefill queued says nothing of that wait).
 
 use super::Rates;
 use crate::inflight::RoutedLog;
@@ -36,16 +38,20 @@ pub struct PredictedTtft {
     /// The rates the terms were computed at, what a measured time to first token is later
     /// compared with (`EngineRates::observe_answer`).
     pub rates: Rates,
+    /// The wait for KV: the KV the requests waiting there, those routed there since its report
+    /// and this one need beyond the free KV, over the rate running requests free it
+    /// ([`crate::kv_wait::KvView::wait_s`]; 0 when the engine's KV is unknown).
+    pub kv_wait_s: f64,
 }
 
 impl PredictedTtft {
     /// The term names, in the order of [`PredictedTtft::terms`] (route reasons and metrics).
-    pub const TERMS: [&'static str; 9] =
-        ["total", "queue", "prefill", "decode", "kv", "recompute", "stall", "cost", "base"];
+    pub const TERMS: [&'static str; 10] =
+        ["total", "queue", "prefill", "decode", "kv", "recompute", "stall", "cost", "base", "kv_wait"];
 
     /// The predicted time to first token.
     pub fn total(&self) -> f64 {
-        self.queue_s + self.prefill_s + self.decode_s + self.kv_s + self.base_s
+        self.queue_s + self.prefill_s + self.decode_s + self.kv_s + self.base_s + self.kv_wait_s
     }
 
     /// What kv_aware minimises: the predicted time to first token plus the costs to others.
@@ -54,7 +60,7 @@ impl PredictedTtft {
     }
 
     /// Every term in seconds, named by [`PredictedTtft::TERMS`].
-    pub fn terms(&self) -> [f64; 9] {
+    pub fn terms(&self) -> [f64; 10] {
         [
             self.total(),
             self.queue_s,
@@ -65,6 +71,7 @@ impl PredictedTtft {
             self.stall_s,
             self.cost(),
             self.base_s,
+            self.kv_wait_s,
         ]
     }
 }
@@ -119,11 +126,13 @@ pub struct EngineView {
     pub kv_usage: Option<f64>,
     /// Requests per second arriving at an engine of the pool (the pool's rate over its size).
     pub arrivals_per_sec: f64,
+    /// Seconds the request would wait there for KV (see [`PredictedTtft::kv_wait_s`]).
+    pub kv_wait_s: f64,
 }
 
 /// The predicted time to first token of a request on an engine, and its costs to the others.
 pub fn predict(settings: &PredictSettings, view: &EngineView) -> PredictedTtft {
-    let EngineView { rates, queued, uncached, running, kv_usage, arrivals_per_sec } = *view;
+    let EngineView { rates, queued, uncached, running, kv_usage, arrivals_per_sec, kv_wait_s } = *view;
     let k = kv_usage.unwrap_or(0.0).clamp(0.0, 0.99);
     let rate = rates.prefill_tokens_per_sec;
     let (queue_s, prefill_s) = (queued / rate, uncached / rate);
@@ -138,6 +147,7 @@ pub fn predict(settings: &PredictSettings, view: &EngineView) -> PredictedTtft {
         runner_up_s: None,
         base_s: rates.base_s,
         rates,
+        kv_wait_s,
     }
 }
 
@@ -182,6 +192,7 @@ mod tests {
             running: 10,
             kv_usage: Some(0.5),
             arrivals_per_sec: 0.0,
+            kv_wait_s: 0.0,
         };
         let p = predict(&settings, &view);
         assert_eq!((p.queue_s, p.prefill_s, p.decode_s, p.kv_s), (2.0, 0.5, 0.01, 0.1));
@@ -197,6 +208,9 @@ mod tests {
         let with_base = predict(&settings, &EngineView { rates: Rates { base_s: 0.02, ..rates }, ..view });
         assert!((with_base.total() - 2.63).abs() < 1e-12, "the fixed cost is in the total");
         assert!((with_base.cost() - p.cost() - 0.02).abs() < 1e-12 && with_base.terms()[8] == 0.02);
+        let waiting = predict(&settings, &EngineView { kv_wait_s: 30.0, ..view });
+        assert!((waiting.total() - p.total() - 30.0).abs() < 1e-12, "the wait for KV is in the total");
+        assert!((waiting.cost() - p.cost() - 30.0).abs() < 1e-12 && waiting.terms()[9] == 30.0);
         let clamped = predict(&settings, &idle).kv_s;
         assert!((clamped - 9.9).abs() < 1e-9, "KV usage clamped to 0.99: {clamped}");
     }

@@ -160,9 +160,11 @@ struct Speed {
 
 #[derive(Clone, Copy, Debug)]
 struct Learned {
-    /// The last report seen: when its poll was sent, and the prefill it said was queued.
+    /// The last report seen: when its poll was sent, the prefill it said was queued, and
+    /// whether its waiting requests waited for KV ([`crate::kv_wait::waits_for_kv`]).
     at_ms: u64,
     queued: f64,
+    kv_bound: bool,
     prefill: Speed,
     /// Decode speed as a rate, 1000 / (ms each running request adds to a step), so the grid and
     /// the fleet mean treat it as the prefill rate.
@@ -382,9 +384,11 @@ impl EngineRates {
         let fleet_prefill = self.prefill.used;
         let RateSettings { max_ratio, saturated_intervals, .. } = self.settings;
         let queued = report.num_waiting_uncached_tokens as f64;
+        let kv_bound = crate::kv_wait::waits_for_kv(report);
         let entry = self.engines.entry(worker).or_insert_with(|| Learned {
             at_ms: report.fetched_at_ms,
             queued,
+            kv_bound,
             prefill: Speed::default(),
             decode: Speed::default(),
         });
@@ -395,7 +399,10 @@ impl EngineRates {
         let mut prefill_learned = false;
         let secs = interval_ms as f64 / 1000.0;
         let saturated = !saturated_intervals || entry.queued >= fleet_prefill * secs;
-        if interval_ms >= poll_ms / 2 && entry.queued > 0.0 && queued > 0.0 && saturated {
+        // Prefill queued behind requests waiting for KV drains as running requests finish, not
+        // at the prefill rate: such an interval says nothing of the rate.
+        let prefill_bound = !entry.kv_bound && !kv_bound;
+        if interval_ms >= poll_ms / 2 && entry.queued > 0.0 && queued > 0.0 && saturated && prefill_bound {
             let arrived: f64 = routed
                 .entries(worker)
                 .filter(|&(at, _)| at >= entry.at_ms && at < report.fetched_at_ms)
@@ -420,6 +427,7 @@ impl EngineRates {
         }
         entry.at_ms = report.fetched_at_ms;
         entry.queued = queued;
+        entry.kv_bound = kv_bound;
         if prefill_learned {
             self.refresh(worker, |l| &mut l.prefill, Quantity::Prefill);
         }

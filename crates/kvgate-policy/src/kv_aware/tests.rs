@@ -264,3 +264,75 @@ proptest::proptest! {
         }
     }
 }
+
+/// Candidates 0.. with fresh samples of a 1,000,000-token KV: (KV usage, running, waiting,
+/// tokens generated per second).
+fn kv_pool(samples: &[(f64, u64, u64, f64)]) -> Vec<Candidate> {
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, &(usage, running, waiting, gen))| Candidate {
+            id: i as u32,
+            in_flight: 0,
+            load: Some(LoadSample {
+                token_usage: usage,
+                num_running_reqs: running,
+                num_waiting_reqs: waiting,
+                gen_throughput: gen,
+                max_total_num_tokens: 1_000_000,
+                fetched_at_ms: NOW,
+                ..LoadSample::default()
+            }),
+        })
+        .collect()
+}
+
+/// An agent's session stays with the engine holding its context unless waiting there for KV
+/// costs more than recomputing the context elsewhere (issue 41; S11's holders of popular
+/// contexts). Engine 1 holds the 24,000-token context, its KV 99% taken by 40 running
+/// requests; engine 0 is idle. A request holds 24,222 tokens (the pool's 1,090,000 in use over
+/// 45 running); KV is freed at the decode rate's floor, 2,857 tokens a second.
+#[test]
+fn an_agent_stays_with_its_context_unless_waiting_for_kv_there_costs_more_than_recomputing() {
+    let mut h = Harness::new(config());
+    let context = prompt(5, 24_000);
+    h.index.record(PromptKey::Tokens(&context), 1, NOW);
+    // Nothing waits on the holder: its next finished request frees what this one needs
+    // (14,222 tokens beyond the free 10,000: about 5 s), against 3 s of prefill elsewhere
+    // costed 9x (it delays what queues behind it and duplicates the context).
+    let d = h.route(&context, &kv_pool(&[(0.1, 5, 0, 500.0), (0.99, 40, 0, 2_000.0)]));
+    assert_eq!(d.worker, 1);
+    let p = d.predicted.unwrap();
+    assert!((p.kv_wait_s - 14_222.2 / 2_857.1).abs() < 0.01, "{p:?}");
+    assert!((p.total() - p.queue_s - p.prefill_s - p.decode_s - p.kv_s - p.kv_wait_s).abs() < 1e-9);
+    // Ten requests wait there for KV: 256,444 tokens to free, 90 s. Recomputing is cheaper.
+    let d = h.route(&context, &kv_pool(&[(0.1, 5, 0, 500.0), (0.99, 40, 10, 2_000.0)]));
+    assert_eq!(d.worker, 0);
+    assert_eq!(d.predicted.unwrap().kv_wait_s, 0.0, "the idle engine has room");
+    // A snapshot without the KV capacity never drives the wait.
+    let mut unknown = kv_pool(&[(0.1, 5, 0, 500.0), (0.99, 40, 10, 2_000.0)]);
+    unknown[0].load.as_mut().unwrap().max_total_num_tokens = 0;
+    assert!(h.route(&context, &unknown).predicted.unwrap().kv_wait_s == 0.0);
+}
+
+/// Requests routed to an engine since its report count at what a running request holds only
+/// when the report shows requests already waiting there for KV; on an engine with room they
+/// count their uncached prompt (a burst of cached samples does not look as if it filled it).
+#[test]
+fn requests_routed_since_the_report_queue_for_kv_only_behind_requests_already_waiting() {
+    let mut h = Harness::new(config());
+    let question = prompt(9, 100);
+    h.index.record(PromptKey::Tokens(&question), 0, NOW);
+    // 900,000 in use by 30 running (30,000 each), nothing waiting: 20 cached requests fit.
+    let room = kv_pool(&[(0.9, 30, 0, 2_000.0)]);
+    for _ in 0..20 {
+        assert_eq!(h.route(&question, &room).predicted.unwrap().kv_wait_s, 0.0);
+    }
+    // Four waiting need 120,000 of the 100,000 free: each request routed since queues behind them.
+    let mut h = Harness::new(config());
+    h.index.record(PromptKey::Tokens(&question), 0, NOW);
+    let taken = kv_pool(&[(0.9, 30, 4, 2_000.0)]);
+    let waits: Vec<f64> = (0..3).map(|_| h.route(&question, &taken).predicted.unwrap().kv_wait_s).collect();
+    assert!(waits[0] > 0.0 && waits[1] > waits[0] && waits[2] > waits[1], "{waits:?}");
+    assert!((waits[1] - waits[0] - 30_000.0 / 2_857.1).abs() < 0.01, "{waits:?}");
+}

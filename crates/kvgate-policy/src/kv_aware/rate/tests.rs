@@ -213,3 +213,31 @@ proptest::proptest! {
         proptest::prop_assert!((closer.ln() - own.ln()).abs() <= (estimate.ln() - own.ln()).abs() + 1e-9);
     }
 }
+
+#[test]
+fn an_interval_whose_queue_waits_for_kv_teaches_no_prefill_rate() {
+    // S11's holder of a popular context: its KV full of answers being decoded, its waiting
+    // questions (cached prompts) admitted only as answers finish, so its queued prefill drains
+    // at the rate answers end, not at the prefill rate. Read as prefill, an interval that
+    // computed 1,000 of 51,000 tokens says 2,000 tokens/s, and the fleet's rate collapsed.
+    let kv_bound = |at_ms, queued| LoadSample {
+        token_usage: 0.99,
+        num_running_reqs: 30,
+        num_waiting_reqs: 40,
+        max_total_num_tokens: 262_144,
+        ..report(at_ms, queued)
+    };
+    let mut routed = RoutedLog::default();
+    let mut rates = EngineRates::new(RateSettings { min_observations: 1, ..settings(true) });
+    rates.observe(1, &kv_bound(0, 50_000), &routed, 500);
+    routed.record(1, 250, 1_000.0, 1_000_000);
+    rates.observe(1, &kv_bound(500, 50_000), &routed, 500);
+    assert_eq!(rates.engines[&1].prefill.running.rate(), None);
+    // Nor the interval from the last KV-bound report to one with room.
+    rates.observe(1, &report(1_000, 46_000), &routed, 500);
+    assert_eq!(rates.engines[&1].prefill.running.rate(), None);
+    // Between two reports with room, the rate is learned as before.
+    routed.record(1, 1_250, 0.0, 1_000_000);
+    rates.observe(1, &report(1_500, 42_000), &routed, 500);
+    assert_eq!(rates.engines[&1].prefill.running.rate(), Some(8_000.0));
+}
