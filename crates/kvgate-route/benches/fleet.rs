@@ -9,7 +9,8 @@
 //! more requests in flight (cache_aware), a predicted cost no higher (kv_aware).
 //!
 //! Prints a table (docs/BENCHMARKS.md, "Fleet size"). Env: `KVGATE_BENCH_FLEETS` (default
-//! `10,100,1000,10000`), `KVGATE_BENCH_CALLS` (timed calls per row, default 2000).
+//! `10,100,1000,10000`), `KVGATE_BENCH_CALLS` (timed calls per row, default 2000),
+//! `KVGATE_BENCH_POLICIES` (default `cache_aware,kv_aware`; also `least_load`, `round_robin`).
 
 // Wall-clock timing belongs to the bench, not to the pure core the clippy.toml guards.
 #![allow(clippy::disallowed_types)]
@@ -214,7 +215,10 @@ fn main() {
          |---|---:|---:|---:|---:|---:|---:|---:|"
     );
     let micros = |d: Duration| d.as_secs_f64() * 1e6;
-    for kind in [PolicyKind::CacheAware, PolicyKind::KvAware] {
+    let policies = std::env::var("KVGATE_BENCH_POLICIES").unwrap_or_else(|_| "cache_aware,kv_aware".into());
+    let kinds = [PolicyKind::CacheAware, PolicyKind::KvAware, PolicyKind::LeastLoad, PolicyKind::RoundRobin];
+    for kind in kinds.into_iter().filter(|kind| policies.split(',').any(|name| name.trim() == kind.as_str()))
+    {
         for &n_workers in &fleets {
             let (mut bench, prompts) = Bench::new(kind, n_workers);
             let (mut planned, mut whole, mut as_good) = (Vec::new(), Vec::new(), 0);
@@ -232,15 +236,19 @@ fn main() {
             }
             planned.sort();
             whole.sort();
+            // A policy that decides on the whole pool anyway has no shortlist to judge.
+            let as_good = match bench.fleet.policy.shortlists() {
+                true => format!("{:.1} %", 100.0 * as_good as f64 / calls as f64),
+                false => "-".to_string(),
+            };
             println!(
-                "| {} | {n_workers} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.2} | {:.1} % |",
+                "| {} | {n_workers} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.2} | {as_good} |",
                 kind.as_str(),
                 micros(percentile(&planned, 50.0)),
                 micros(percentile(&planned, 99.0)),
                 micros(percentile(&whole, 50.0)),
                 micros(percentile(&whole, 99.0)),
                 micros(percentile(&planned, 50.0)) / micros(percentile(&whole, 50.0)),
-                100.0 * as_good as f64 / calls as f64,
             );
         }
     }

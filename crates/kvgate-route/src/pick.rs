@@ -3,11 +3,16 @@
 //! (`kvgate_index::choose_index`), and the pool's policy decision on them. A worker the request
 //! names, where it serves, is taken as it is (no decision).
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+
 use kvgate_index::{choose_index, IndexInputs, PrefixIndex, PrefixMatch};
 use kvgate_policy::{
     admit_under_overload, Admitted, Candidates, Decision, Reason, RouteRequest, RoutingKey, SelectContext,
     WorkerId,
 };
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 
 use crate::shortlist::{shortlist, Search, SHORTLIST_ABOVE};
 use crate::{NoPlan, Pick, PlanContext, Planning, Pool, Side};
@@ -93,20 +98,30 @@ pub fn pick<'p, 'r, P: Pool>(
 }
 
 /// `pick` as a dry run, whatever the plan is (a path the plan weighs but may not take): its
-/// decision only.
+/// decision only. Its random draws (a large pool's shortlist, a policy's ties) come from an RNG
+/// of its own, so the plan's RNG is where it was for the live decisions that follow.
 pub(crate) fn preview<P: Pool>(
     pool: &P,
     side: Side,
     request: &RouteRequest<'_>,
     tried: &[WorkerId],
-    ctx: &mut PlanContext<'_>,
+    ctx: &PlanContext<'_>,
 ) -> Option<Decision> {
+    let mut rng = dry_run_rng(ctx.now_ms, side, request, tried);
     let mut dry = PlanContext {
         now_ms: ctx.now_ms,
         load_poll_interval_ms: ctx.load_poll_interval_ms,
         overload: ctx.overload,
         planning: Planning::DryRun,
-        rng: &mut *ctx.rng,
+        rng: &mut rng,
     };
     pick(pool, side, request, tried, None, &mut dry).ok().map(|pick| pick.decision)
+}
+
+/// A dry run's RNG, seeded from what it decides on (the clock, the side, the request's length and
+/// session, the workers tried) rather than drawn from the live RNG, which a draw would advance.
+fn dry_run_rng(now_ms: u64, side: Side, request: &RouteRequest<'_>, tried: &[WorkerId]) -> SmallRng {
+    let mut hasher = DefaultHasher::new();
+    (now_ms, side.as_str(), request.prompt_tokens, request.session, tried).hash(&mut hasher);
+    SmallRng::seed_from_u64(hasher.finish())
 }

@@ -101,7 +101,7 @@ impl<'p, P: Pool> Pools<'p, P> {
         rule: &PdRule,
         request: &RouteRequest<'_>,
         tried: &[WorkerId],
-        ctx: &mut PlanContext<'_>,
+        ctx: &PlanContext<'_>,
     ) -> Option<PdInputs> {
         let Pools::Pair { prefill, decode, .. } = *self else { return None };
         if !(prefill.policy().predicts() && decode.policy().predicts()) {

@@ -377,3 +377,5 @@ fn a_large_pool_is_decided_on_a_shortlist_as_well_as_on_the_whole_pool() {
         }
     }
 }
+
+mod dry_runs;
