@@ -193,7 +193,16 @@ impl KvAwarePolicy {
                     queued_tokens(c, loads[i].as_ref(), routed, now_ms, rates.prefill_tokens_per_sec);
                 let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
                 let uncached = (prompt - matched).max(0.0);
-                let view = EngineView { rates, queued, uncached, running, kv_usage: kv[i], arrivals_per_sec };
+                let context = matched.min(prompt);
+                let view = EngineView {
+                    rates,
+                    queued,
+                    uncached,
+                    context,
+                    running,
+                    kv_usage: kv[i],
+                    arrivals_per_sec,
+                };
                 let predicted = predict(&s.predict, &view);
                 let allowed = !below_exists || kv[i].is_none_or(|k| k <= s.overload);
                 Scored { predicted, uncached, allowed, waits_too_long: false }
