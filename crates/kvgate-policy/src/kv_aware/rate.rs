@@ -44,13 +44,14 @@
 //!   p99 +7%), so they stay opt-in: see docs/BENCHMARKS.md.
 //!
 //! - Measured times to first token ([`EngineRates::observe_answer`], `ttft.rs`): every answer
-//!   the host measured teaches a least-squares fit of `base + tokens / rate + running x
-//!   decode + context x pairs` (pairs: the (new token, context token) pairs of its own prefill,
-//!   a prefill's cost growing with the context it attends to). Engines whose load reports never say what prefill is queued (vLLM's `/metrics`:
-//!   the reports teach no prefill rate, fleet-wide or, per engine, that engine's) are predicted
-//!   at the fit's rates once it has 8 answers; it converges within 32 (`ttft.rs`'s tests: 10% on
-//!   the rate with 20% noise on each answer). The fit's `base` (what no rate explains: the
-//!   engine's server and a forward pass's fixed cost) is every engine's fixed term.
+//!   the host measured teaches a robust least-squares fit of `base + tokens / rate + context x
+//!   pairs + running x decode` (pairs: the (new token, context token) pairs of its own
+//!   prefill, whose cost grows with the context it attends to). Engines whose load reports never
+//!   say what prefill is queued (vLLM's `/metrics`: the reports teach no prefill rate,
+//!   fleet-wide or, per engine, that engine's) are predicted at the fit's rates and context cost
+//!   once it has 8 answers; it converges within 32-64 (`ttft.rs`'s tests: 10% on the rate with
+//!   20% noise on each answer, 15% on each coefficient with 10%). The fit's `base` (what no rate
+//!   explains: the engine's server and a forward pass's fixed cost) is every engine's fixed term.
 //!
 //! Only prompts this host routed are counted as arrivals, so with several gateway replicas in
 //! front of one fleet the estimate is low (the others' prompts are computed too): leave learning
