@@ -34,7 +34,7 @@ fn request(i: u32) -> Answer {
         0 => (f64::from(200 + (i * 7919) % 2900), 0.0),
         _ => (f64::from(50 + (i * 104_729) % 550), f64::from((i * 15_485_863) % 6000)),
     };
-    let ahead = if i % 5 == 0 { f64::from((i * 31) % 1500) } else { 0.0 };
+    let ahead = if i.is_multiple_of(5) { f64::from((i * 31) % 1500) } else { 0.0 };
     let running = f64::from((i.wrapping_mul(2_246_822_519) >> 7) % 12);
     Answer { tokens: ahead + new, pairs: attention_pairs(new, context), running, ttft_s: 0.0 }
 }
