@@ -6,7 +6,13 @@ with the time to its first streamed byte as measured here. Prints one line per r
 window of requests, the median of predicted / measured and the share within 20%.
 
     python3 ttft_learning.py --url http://127.0.0.1:30000 [--requests 64] [--concurrency 1]
-        [--json out.json]
+        [--spread 8] [--json out.json]
+
+Then per phase (requests 1-8 at the configured rates, 9-32, 33-64 learned): the median of
+predicted / measured, the median of predicted over the median of measured, the mean over the
+mean, the share within 20%. With --spread N, N more requests of near-identical cold prompts (the
+same length, new text) and N of one fully cached prompt, one at a time: the share of each group
+within 20% of its own median is what a per-request prediction can reach on this machine.
 
 Only the standard library; talks to the given 127.0.0.1 URL only. Bounded: --requests requests,
 each with a 120 s timeout.
@@ -66,6 +72,7 @@ def main():
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--spread", type=int, default=0)
     parser.add_argument("--json")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -114,9 +121,46 @@ def main():
         within = sum(abs(x - 1) <= 0.2 for x in ratios) / len(ratios)
         summary.append({"first": start, "median_ratio": statistics.median(ratios), "within_20": within})
         print(f"{start:3d}-{start + len(ratios) - 1:3d} | {statistics.median(ratios):.2f} | {within * 100:.0f}%")
+    print("\nrequests | median predicted/measured | median pred / median meas | mean / mean | within 20%")
+    phases = []
+    for first, last in [(1, 8), (9, 32), (33, 64)]:
+        chunk = [r for r in results[first - 1:last] if r and r["predicted_s"]]
+        if not chunk:
+            continue
+        pred = [r["predicted_s"] for r in chunk]
+        meas = [r["measured_s"] for r in chunk]
+        ratios = [p / m for p, m in zip(pred, meas)]
+        row = {"first": first, "last": last, "median_ratio": statistics.median(ratios),
+               "ratio_of_medians": statistics.median(pred) / statistics.median(meas),
+               "mean_over_mean": statistics.mean(pred) / statistics.mean(meas),
+               "within_20": sum(abs(x - 1) <= 0.2 for x in ratios) / len(ratios)}
+        phases.append(row)
+        print(f"{first}-{last} | {row['median_ratio']:.2f} | {row['ratio_of_medians']:.2f} | "
+              f"{row['mean_over_mean']:.2f} | {row['within_20'] * 100:.0f}%")
+    spread = {}
+    if args.spread:
+        cached = plans[0]
+        groups = {"cold": [], "cached": []}
+        for _ in range(args.spread):
+            cold = [{"role": "system", "content": words(rng, 600)},
+                    {"role": "user", "content": words(rng, 30)}]
+            groups["cold"].append(send(args.url, cold))
+            groups["cached"].append(send(args.url, cached))
+        print("\nspread of near-identical answers | prompt tokens | measured ms min / median / max | "
+              "within 20% of their median")
+        for name, rs in groups.items():
+            meas = [r["measured_s"] for r in rs]
+            median = statistics.median(meas)
+            within = sum(abs(m / median - 1) <= 0.2 for m in meas) / len(meas)
+            tokens = sorted(r["prompt_tokens"] or 0 for r in rs)
+            spread[name] = {"measured_s": meas, "within_20_of_median": within,
+                            "prompt_tokens": tokens, "cached_tokens": [r["cached_tokens"] for r in rs]}
+            print(f"{name} | {tokens[0]}-{tokens[-1]} | {min(meas) * 1e3:.0f} / {median * 1e3:.0f} / "
+                  f"{max(meas) * 1e3:.0f} | {within * 100:.0f}%")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"requests": results, "windows": summary}, f, indent=1)
+            json.dump({"requests": results, "windows": summary, "phases": phases, "spread": spread},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -230,6 +230,7 @@ impl KvAwarePolicy {
                     queued_tokens(c, loads[i].as_ref(), routed, now_ms, rates.prefill_tokens_per_sec);
                 let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
                 let uncached = (prompt - matched).max(0.0);
+                let context = matched.min(prompt);
                 let kv_wait_s = kv_wait_s(
                     c,
                     loads[i].as_ref().filter(|_| kv_known),
@@ -243,6 +244,7 @@ impl KvAwarePolicy {
                     rates,
                     queued,
                     uncached,
+                    context,
                     running,
                     kv_usage: kv[i],
                     arrivals_per_sec,

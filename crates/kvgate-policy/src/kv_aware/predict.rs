@@ -5,6 +5,7 @@
 //! the request is admitted only once running requests have freed what the requests ahead of it
 //! and it need ([`crate::kv_wait`]; no prefill queued says nothing of that wait).
 
+use super::rate::attention_pairs;
 use super::Rates;
 use crate::inflight::RoutedLog;
 use crate::{Candidate, LoadSample};
@@ -15,7 +16,8 @@ use crate::{Candidate, LoadSample};
 pub struct PredictedTtft {
     /// Prefill work queued ahead of the request, over the prefill rate.
     pub queue_s: f64,
-    /// The request's own uncached prompt tokens, over the prefill rate.
+    /// The request's own uncached prompt tokens, over the prefill rate, plus their attention
+    /// over the context (`Rates::context_ns_per_pair`, 0 until learned).
     pub prefill_s: f64,
     /// Running requests slowing the engine's steps.
     pub decode_s: f64,
@@ -120,6 +122,8 @@ pub struct EngineView {
     pub queued: f64,
     /// The request's uncached prompt tokens there.
     pub uncached: f64,
+    /// The tokens before them its prefill attends to (its matched prefix there).
+    pub context: f64,
     /// Requests running there.
     pub running: u64,
     /// KV usage, when the snapshot is usable.
@@ -132,10 +136,12 @@ pub struct EngineView {
 
 /// The predicted time to first token of a request on an engine, and its costs to the others.
 pub fn predict(settings: &PredictSettings, view: &EngineView) -> PredictedTtft {
-    let EngineView { rates, queued, uncached, running, kv_usage, arrivals_per_sec, kv_wait_s } = *view;
+    let EngineView { rates, queued, uncached, context, running, kv_usage, arrivals_per_sec, kv_wait_s } =
+        *view;
     let k = kv_usage.unwrap_or(0.0).clamp(0.0, 0.99);
     let rate = rates.prefill_tokens_per_sec;
-    let (queue_s, prefill_s) = (queued / rate, uncached / rate);
+    let attention_s = rates.context_ns_per_pair * 1e-9 * attention_pairs(uncached, context);
+    let (queue_s, prefill_s) = (queued / rate, uncached / rate + attention_s);
     let behind = arrivals_per_sec * (queue_s + prefill_s);
     PredictedTtft {
         queue_s,
@@ -177,6 +183,32 @@ mod tests {
     }
 
     #[test]
+    fn a_learned_context_cost_is_in_the_prefill() {
+        let settings = PredictSettings {
+            kv_pressure_weight: 0.0,
+            prefill_cost_weight: 0.0,
+            queue_cost_weight: 0.0,
+            decode_stall_weight: 0.0,
+        };
+        let rates = Rates { prefill_tokens_per_sec: 1_000.0, context_ns_per_pair: 25.0, ..Rates::default() };
+        let view = EngineView {
+            rates,
+            queued: 0.0,
+            uncached: 256.0,
+            context: 4_096.0,
+            running: 0,
+            kv_usage: None,
+            arrivals_per_sec: 0.0,
+            kv_wait_s: 0.0,
+        };
+        // 256 new tokens attend to 4,096 cached and on average 128 new: 25 ns a pair.
+        let want = 0.256 + 25e-9 * 256.0 * (4_096.0 + 128.0);
+        assert!((predict(&settings, &view).prefill_s - want).abs() < 1e-12);
+        let unlearned = EngineView { rates: Rates { context_ns_per_pair: 0.0, ..rates }, ..view };
+        assert_eq!(predict(&settings, &unlearned).prefill_s, 0.256);
+    }
+
+    #[test]
     fn terms_add_up() {
         let settings = PredictSettings {
             kv_pressure_weight: 0.1,
@@ -184,11 +216,12 @@ mod tests {
             queue_cost_weight: 1.0,
             decode_stall_weight: 0.01,
         };
-        let rates = Rates { prefill_tokens_per_sec: 1_000.0, decode_ms_per_request: 1.0, base_s: 0.0 };
+        let rates = Rates { prefill_tokens_per_sec: 1_000.0, decode_ms_per_request: 1.0, ..Rates::default() };
         let view = EngineView {
             rates,
             queued: 2_000.0,
             uncached: 500.0,
+            context: 0.0,
             running: 10,
             kv_usage: Some(0.5),
             arrivals_per_sec: 0.0,

@@ -44,12 +44,14 @@
 //!   p99 +7%), so they stay opt-in: see docs/BENCHMARKS.md.
 //!
 //! - Measured times to first token ([`EngineRates::observe_answer`], `ttft.rs`): every answer
-//!   the host measured teaches a least-squares fit of `base + tokens / rate + running x
-//!   decode`. Engines whose load reports never say what prefill is queued (vLLM's `/metrics`:
-//!   the reports teach no prefill rate, fleet-wide or, per engine, that engine's) are predicted
-//!   at the fit's rates once it has 8 answers; it converges within 32 (`ttft.rs`'s tests: 10% on
-//!   the rate with 20% noise on each answer). The fit's `base` (what no rate explains: the
-//!   engine's server and a forward pass's fixed cost) is every engine's fixed term.
+//!   the host measured teaches a robust least-squares fit of `base + tokens / rate + context x
+//!   pairs + running x decode` (pairs: the (new token, context token) pairs of its own
+//!   prefill, whose cost grows with the context it attends to). Engines whose load reports never
+//!   say what prefill is queued (vLLM's `/metrics`: the reports teach no prefill rate,
+//!   fleet-wide or, per engine, that engine's) are predicted at the fit's rates and context cost
+//!   once it has 8 answers; it converges within 32-64 (`ttft.rs`'s tests: 10% on the rate with
+//!   20% noise on each answer, 15% on each coefficient with 10%). The fit's `base` (what no rate
+//!   explains: the engine's server and a forward pass's fixed cost) is every engine's fixed term.
 //!
 //! Only prompts this host routed are counted as arrivals, so with several gateway replicas in
 //! front of one fleet the estimate is low (the others' prompts are computed too): leave learning
@@ -61,7 +63,8 @@ use std::collections::HashMap;
 
 use crate::inflight::RoutedLog;
 use crate::{LoadSample, WorkerId};
-use ttft::{Fitted, TtftFit};
+pub use ttft::attention_pairs;
+use ttft::{Answer, Bounds, Fitted, TtftFit};
 
 /// The estimate stays within this factor of the configured rate either way.
 const MAX_FACTOR: f64 = 10.0;
@@ -204,6 +207,9 @@ pub struct Rates {
     /// The engine's fixed cost of any request, in seconds (learned from measured times to first
     /// token; 0 until then).
     pub base_s: f64,
+    /// Nanoseconds each (new token, context token) pair of a prefill adds ([`attention_pairs`];
+    /// learned from measured times to first token, 0 until then).
+    pub context_ns_per_pair: f64,
 }
 
 impl EngineRates {
@@ -285,26 +291,27 @@ impl EngineRates {
             prefill_tokens_per_sec: self.rate(worker, &self.prefill, |l| &l.prefill),
             decode_ms_per_request: 1000.0 / self.rate(worker, &self.decode, |l| &l.decode),
             base_s: 0.0,
+            context_ns_per_pair: 0.0,
         };
         if !self.settings.learn {
             return reported;
         }
         let Some(fit) = self.answers_of(worker) else { return reported };
-        let configured = self.prefill.configured;
-        let prior = self.prior();
         if self.reports_teach_prefill(worker) {
             let rates = Fitted {
                 base_s: 0.0,
                 prefill_tokens_per_sec: reported.prefill_tokens_per_sec,
+                context_s_per_pair: 0.0,
                 decode_s_per_request: reported.decode_ms_per_request / 1000.0,
             };
             return Rates { base_s: fit.base_given(rates).unwrap_or(0.0), ..reported };
         }
-        match fit.fitted(prior, configured / MAX_FACTOR, configured * MAX_FACTOR) {
+        match fit.fitted() {
             Some(fitted) => Rates {
                 prefill_tokens_per_sec: fitted.prefill_tokens_per_sec,
                 decode_ms_per_request: fitted.decode_s_per_request * 1000.0,
                 base_s: fitted.base_s,
+                context_ns_per_pair: fitted.context_s_per_pair * 1e9,
             },
             None => reported,
         }
@@ -331,13 +338,17 @@ impl EngineRates {
         }
     }
 
-    /// The configured rates, what the fit of measured times to first token starts from.
-    fn prior(&self) -> Fitted {
-        Fitted {
+    /// The configured rates, what the fit of measured times to first token is pulled toward
+    /// (no context cost), and the prefill rates it may give.
+    fn bounds(&self) -> Bounds {
+        let prior = Fitted {
             base_s: 0.0,
             prefill_tokens_per_sec: self.settings.prefill_tokens_per_sec,
+            context_s_per_pair: 0.0,
             decode_s_per_request: self.settings.decode_ms_per_request / 1000.0,
-        }
+        };
+        let configured = self.prefill.configured;
+        Bounds { prior, min_rate: configured / MAX_FACTOR, max_rate: configured * MAX_FACTOR }
     }
 
     /// One answer `worker` gave: the prediction its decision was made on, the prompt and what
@@ -353,18 +364,15 @@ impl EngineRates {
         }
         let ahead = answer.predicted.queue_s * used.prefill_tokens_per_sec;
         let own = f64::from(answer.prompt_tokens.saturating_sub(answer.cached_tokens));
+        let pairs = attention_pairs(own, f64::from(answer.cached_tokens.min(answer.prompt_tokens)));
         let running = match used.decode_ms_per_request > 0.0 {
             true => (answer.predicted.decode_s * 1000.0 / used.decode_ms_per_request).round(),
             false => 0.0,
         };
-        let configured = self.prefill.configured;
-        let (min, max) = (configured / MAX_FACTOR, configured * MAX_FACTOR);
-        let prior = self.prior();
-        let fit = self.answers.entry(worker).or_default();
-        let current = fit.fitted(prior, min, max);
-        fit.observe(ahead + own, running, answer.ttft_s, current);
-        let current = self.pooled.fitted(prior, min, max);
-        self.pooled.observe(ahead + own, running, answer.ttft_s, current);
+        let sample = Answer { tokens: ahead + own, pairs, running, ttft_s: answer.ttft_s };
+        let bounds = self.bounds();
+        self.answers.entry(worker).or_default().observe(sample, &bounds);
+        self.pooled.observe(sample, &bounds);
     }
 
     /// Whether [`EngineRates::observe`] would learn from `report` (a report of `worker` newer
