@@ -223,8 +223,8 @@ class Gateway:
             in seconds, > 0
         least_load_mean_prefill_tokens: least_load: prompt tokens assumed for a request whose
             size is unknown, > 0
-        least_load_default_throughput: least_load: tokens/s assumed when an engine reports no
-            throughput, > 0
+        least_load_default_throughput: least_load: tokens/s assumed when an engine reports less
+            (or no) generation throughput: it is prefilling or nearly idle, not slow, > 0
         kv_aware_prefill_tokens_per_sec: kv_aware: prefill tokens per second an engine computes
             (the time-to-first-token prediction's rate), > 0
         kv_aware_learn_prefill_rate: kv_aware: learn the engines' prefill and decode rates from
@@ -722,6 +722,7 @@ def simulate(
     pd_kv_hold_secs: float = 300.0,
     engine_profile: Literal['reference', 'vllm-cpu-tiny'] = 'reference',
     prefill_base_ms: float | None = None,
+    prefill_context_ns: float | None = None,
     frontend_latency_ms: float | None = None,
     prefill_tokens_per_sec: float | None = None,
     prefill_chunk_tokens: int | None = None,
@@ -807,8 +808,8 @@ def simulate(
         seconds, > 0
     least_load_mean_prefill_tokens: least_load: prompt tokens assumed for a request whose size
         is unknown, > 0
-    least_load_default_throughput: least_load: tokens/s assumed when an engine reports no
-        throughput, > 0
+    least_load_default_throughput: least_load: tokens/s assumed when an engine reports less (or
+        no) generation throughput: it is prefilling or nearly idle, not slow, > 0
     kv_aware_prefill_tokens_per_sec: kv_aware: prefill tokens per second an engine computes (the
         time-to-first-token prediction's rate), > 0
     kv_aware_learn_prefill_rate: kv_aware: learn the engines' prefill and decode rates from
@@ -909,6 +910,8 @@ def simulate(
         harness's tiny model, as measured; see docs/BENCHMARKS.md). Each engine flag given
         overrides its value
     prefill_base_ms: Fixed cost of a prefill step (a chunk) in ms [default: 0]
+    prefill_context_ns: Ns per (new token, context token) pair of a prefill step: attention's
+        cost, growing with the context each new token attends to [default: 0]
     frontend_latency_ms: Ms from a request's submission to the engine's scheduler queue: its
         server's HTTP, tokenization and first token back [default: 0]
     prefill_tokens_per_sec: Uncached prompt tokens prefilled per second [default: 8000]
