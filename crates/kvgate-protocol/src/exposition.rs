@@ -29,12 +29,6 @@ impl Sample<'_> {
     pub fn label(&self, name: &str) -> Option<&str> {
         self.labels.iter().find(|(key, _)| *key == name).map(|(_, value)| value.as_ref())
     }
-
-    /// Whether the series has every label of `wanted` with that value (an empty `wanted` matches
-    /// every series).
-    pub fn has_labels(&self, wanted: &[(&str, &str)]) -> bool {
-        wanted.iter().all(|(key, value)| self.label(key) == Some(*value))
-    }
 }
 
 /// Every sample of `text`, in order.
@@ -42,19 +36,44 @@ pub fn samples(text: &str) -> impl Iterator<Item = Sample<'_>> {
     text.lines().filter_map(parse_line)
 }
 
-/// The samples named `name` whose labels include `labels`.
-pub fn series<'a>(text: &'a str, name: &'a str, labels: &'a [(&'a str, &'a str)]) -> impl Iterator<Item = Sample<'a>> {
-    samples(text).filter(move |sample| sample.name == name && sample.has_labels(labels))
+/// A set of series as a query names it: `name` alone, or `name{label="value",...}` for the
+/// series of that name that have those labels (among others). Names are matched whole.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selector<'a> {
+    pub name: &'a str,
+    pub labels: Vec<(&'a str, Cow<'a, str>)>,
 }
 
-/// The sum of the samples named `name` whose labels include `labels` (0 when there is none).
-pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    series(text, name, labels).map(|sample| sample.value).sum()
-}
+impl<'a> Selector<'a> {
+    /// Reads `name` or `name{label="value",...}` (a sample line without its value).
+    pub fn parse(text: &'a str) -> Result<Self, String> {
+        let error = || format!("not a series selector (name{{label=\"value\",...}}): {text:?}");
+        let (name, rest) = read_name(text).ok_or_else(error)?;
+        let mut labels = Vec::new();
+        let rest = match rest.strip_prefix('{') {
+            Some(after_brace) => parse_labels(after_brace, &mut labels).ok_or_else(error)?,
+            None => rest,
+        };
+        if !rest.is_empty() {
+            return Err(error());
+        }
+        Ok(Self { name, labels })
+    }
 
-/// The value of the first sample named `name` whose labels include `labels`, if there is one.
-pub fn find(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    series(text, name, labels).next().map(|sample| sample.value)
+    /// Whether `sample` is one of the selected series.
+    pub fn matches(&self, sample: &Sample) -> bool {
+        sample.name == self.name && self.labels.iter().all(|(key, value)| sample.label(key) == Some(value))
+    }
+
+    /// The sum of the selected series in `text` (0 when it has none).
+    pub fn sum(&self, text: &str) -> f64 {
+        samples(text).filter(|sample| self.matches(sample)).map(|sample| sample.value).sum()
+    }
+
+    /// The value of the first selected series in `text`, if it has one.
+    pub fn first(&self, text: &str) -> Option<f64> {
+        samples(text).find(|sample| self.matches(sample)).map(|sample| sample.value)
+    }
 }
 
 /// One line read as a sample: `None` for a comment, a blank line or a line that does not parse.
@@ -63,14 +82,9 @@ pub fn parse_line(line: &str) -> Option<Sample<'_>> {
     if line.is_empty() || line.starts_with('#') {
         return None;
     }
-    let name_end = line.find(|c: char| !is_name_char(c)).unwrap_or(line.len());
-    let name = &line[..name_end];
-    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-        return None;
-    }
-    let mut rest = &line[name_end..];
+    let (name, mut rest) = read_name(line)?;
     let mut labels = Vec::new();
-    if let Some(after_brace) = rest.trim_start().strip_prefix('{') {
+    if let Some(after_brace) = rest.strip_prefix('{') {
         rest = parse_labels(after_brace, &mut labels)?;
     }
     // The value, then an optional timestamp (integer milliseconds), then nothing.
@@ -88,8 +102,14 @@ pub fn parse_line(line: &str) -> Option<Sample<'_>> {
     Some(Sample { name, labels, value })
 }
 
-fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_' || c == ':'
+/// A metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`) at the start of `text`, and what follows it.
+fn read_name(text: &str) -> Option<(&str, &str)> {
+    let end = text.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(text.len());
+    let name = &text[..end];
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        return None;
+    }
+    Some((name, &text[end..]))
 }
 
 /// Reads `a="x",b="y"}` into `labels`; returns what follows the closing brace.
@@ -166,18 +186,26 @@ mod tests {
         assert_eq!(read[1].labels, vec![("engine", Cow::Borrowed("1"))]);
         assert_eq!((read[2].name, read[2].value), ("plain_total", 25.0));
         assert_eq!(read[3].label("le"), Some("+Inf"));
-        assert_eq!(sum(text, "vllm:num_requests_running", &[]), 7.0);
-        assert_eq!(sum(text, "vllm:num_requests_running", &[("engine", "1")]), 4.0);
-        assert_eq!(find(text, "vllm:num_requests_running", &[("engine", "2")]), None);
-        assert_eq!(find(text, "plain", &[]), None, "a name is matched whole, never as a prefix");
+        let select = |selector| Selector::parse(selector).unwrap();
+        assert_eq!(select("vllm:num_requests_running").sum(text), 7.0);
+        assert_eq!(select(r#"vllm:num_requests_running{engine="1"}"#).sum(text), 4.0);
+        assert_eq!(select(r#"vllm:num_requests_running{engine="2"}"#).first(text), None);
+        assert_eq!(select("plain").first(text), None, "a name is matched whole, never as a prefix");
+        assert_eq!(select(r#"histo_bucket{le="+Inf"}"#).first(text), Some(7.0));
+    }
+
+    #[test]
+    fn a_malformed_selector_is_an_error() {
+        for selector in ["", "a ", "a{", r#"a{b="c""#, r#"a{b="c"} 1"#, "a{b}", "9a"] {
+            assert!(Selector::parse(selector).is_err(), "{selector}");
+        }
     }
 
     #[test]
     fn special_values() {
-        let text = "a NaN\nb +Inf\nc -Inf\n";
-        assert!(find(text, "a", &[]).unwrap().is_nan());
-        assert_eq!(find(text, "b", &[]), Some(f64::INFINITY));
-        assert_eq!(find(text, "c", &[]), Some(f64::NEG_INFINITY));
+        let values: Vec<f64> = samples("a NaN\nb +Inf\nc -Inf\n").map(|sample| sample.value).collect();
+        assert!(values[0].is_nan());
+        assert_eq!(values[1..], [f64::INFINITY, f64::NEG_INFINITY]);
     }
 
     #[test]
