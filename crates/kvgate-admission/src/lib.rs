@@ -1,12 +1,6 @@
 //! kvgate-admission: which proxied request may go now, on `kvgate-observe` (a tenant's share of
 //! the KV cache, for `max_kv_share`).
 //!
-//! `Admission` checks a request's tenant quotas, the gateway-wide rate limit and the concurrency
-//! limit, and queues it (priority classes, then weighted fair queuing on tokens per tenant, bent
-//! toward cache locality) when no slot is free. The `Permit` it hands out becomes an
-//! `AdmissionHold`, which the response body keeps until the answer ends and tells the tokens the
-//! answer really used.
-//!
 //! Admission of proxied requests, in this order: the tenant's quotas (`quota.rs`: requests and
 //! tokens per minute, requests at once; over one: 429 with `Retry-After`), the gateway-wide
 //! token-bucket rate limit (`--rate-limit-tokens-per-second` requests per second, bursts of up
@@ -20,6 +14,9 @@
 //! slots from the classes below it (`kvgate_policy::ClassSlots`), so its requests find one
 //! free while lower classes hold the rest. A request that finds the queue full, or no room
 //! and no queue, is refused with 429; one that waited its full time gets 408.
+//!
+//! The `Permit` admission hands out becomes an `AdmissionHold`, which the response body keeps
+//! until the answer ends and tells the tokens the answer really used.
 
 mod bucket;
 mod hold;
