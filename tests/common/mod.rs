@@ -299,6 +299,34 @@ pub async fn eventually(secs: f64, mut check: impl AsyncFnMut() -> bool) -> bool
     false
 }
 
+/// A chat template other than the engines' (`### role: content` lines), in a directory of its
+/// own that goes with the value.
+pub struct WrongTemplate {
+    dir: std::path::PathBuf,
+    pub path: std::path::PathBuf,
+}
+
+impl WrongTemplate {
+    /// Written under the temporary directory as `kvgate-<tag>-<pid>/wrong.jinja`.
+    pub fn new(tag: &str) -> WrongTemplate {
+        let dir = std::env::temp_dir().join(format!("kvgate-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("wrong.jinja");
+        std::fs::write(
+            &path,
+            "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
+        )
+        .unwrap();
+        WrongTemplate { dir, path }
+    }
+}
+
+impl Drop for WrongTemplate {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The `/metrics` page served at `base_url` (a gateway's or an engine's).
 pub async fn metrics_at(base_url: &str) -> String {
     client().get(format!("{base_url}/metrics")).send().await.unwrap().text().await.unwrap()

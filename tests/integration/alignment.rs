@@ -205,16 +205,9 @@ async fn each_fault_is_named_within_one_interval_of_the_join() {
 
     // A chat template other than the engines': the completion agrees, the chat does not.
     let fleet = kv_events_fleet(1).await;
-    let dir = std::env::temp_dir().join(format!("kvgate-alignment-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join("wrong.jinja");
-    std::fs::write(
-        &template,
-        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
-    )
-    .unwrap();
+    let template = common::WrongTemplate::new("alignment");
     let mut cfg = probing(kv_events_config(&fleet), IndexRepair::Quarantine);
-    cfg.chat_template = Some(template);
+    cfg.chat_template = Some(template.path.clone());
     // The exact index forced: a quarantine still routes the pool on the tree.
     cfg.routing.prefix_index = kvgate_index::PrefixIndexMode::Exact;
     let started = Instant::now();
@@ -226,7 +219,6 @@ async fn each_fault_is_named_within_one_interval_of_the_join() {
     assert_eq!(seen["quarantined"], true, "{seen:#}");
     eprintln!("wrong template named {:.1} s after the join", started.elapsed().as_secs_f64());
     assert_eq!(turn(&gw, 1, 1).await, "approximate", "a quarantined pool routes on the tree");
-    let _ = std::fs::remove_dir_all(&dir);
     gw.shutdown().await;
     fleet.shutdown().await;
 }
@@ -301,17 +293,10 @@ async fn a_restart_without_replay_is_named_and_quarantined_until_a_probe_passes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_loop_disagreement_is_repaired() {
     let fleet = kv_events_fleet(1).await;
-    let dir = std::env::temp_dir().join(format!("kvgate-alignment-loop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join("wrong.jinja");
-    std::fs::write(
-        &template,
-        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
-    )
-    .unwrap();
+    let template = common::WrongTemplate::new("alignment-loop");
     let mut cfg = probing(kv_events_config(&fleet), IndexRepair::Resync);
     cfg.alignment_probe = false;
-    cfg.chat_template = Some(template);
+    cfg.chat_template = Some(template.path.clone());
     let gw = gateway(cfg).await;
     common::wait_kv_events_flowing(&gw).await;
     // 102 answered requests fill the worker's window of 100.
@@ -328,7 +313,6 @@ async fn a_closed_loop_disagreement_is_repaired() {
         "the window was emptied: {worker:#}"
     );
     assert!(worker["alignment"].is_null(), "the probe is off: {worker:#}");
-    let _ = std::fs::remove_dir_all(&dir);
     gw.shutdown().await;
     fleet.shutdown().await;
 }

@@ -147,16 +147,9 @@ async fn with_the_engines_template_the_index_agrees_with_the_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_chat_template_is_detected_and_named() {
     let fleet = kv_events_fleet(1).await;
-    let dir = std::env::temp_dir().join(format!("kvgate-closed-loop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join("wrong.jinja");
-    std::fs::write(
-        &template,
-        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
-    )
-    .unwrap();
+    let template = common::WrongTemplate::new("closed-loop");
     let mut cfg = kv_events_config(&fleet);
-    cfg.chat_template = Some(template);
+    cfg.chat_template = Some(template.path.clone());
     let gw = gateway(cfg).await;
     wait_kv_events_flowing(&gw).await;
     // 100 answered requests fill the window: 34 conversations of 3 turns.
@@ -169,7 +162,6 @@ async fn a_wrong_chat_template_is_detected_and_named() {
     let text = metrics_text(&gw).await;
     assert_eq!(metric(&text, "kvgate_prefix_index_disagreement"), 1.0, "{text}");
     assert_eq!(metric(&text, "kvgate_prefix_predicted_tokens_total"), 0.0, "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
     gw.shutdown().await;
     fleet.shutdown().await;
 }
