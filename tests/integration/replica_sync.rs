@@ -96,7 +96,7 @@ async fn wait_peers(replicas: &[GatewayHandle]) {
     for gw in replicas {
         let mut text = String::new();
         let connected = eventually(10.0, async || {
-            text = metrics_text(&gw).await;
+            text = metrics_text(gw).await;
             metric(&text, "kvgate_replica_sync_connected") == 1.0
                 && metric(&text, "kvgate_replica_sync_peers") == peers
         })
@@ -120,7 +120,7 @@ async fn replay(fleet: &MockFleet, replicas: &[GatewayHandle], prompts: &[String
                 let expected = (total - routed_via[r]) as f64;
                 let mut applied = 0.0;
                 let done = eventually(5.0, async || {
-                    applied = metric(&metrics_text(&gw).await, "kvgate_replica_sync_records_applied_total");
+                    applied = metric(&metrics_text(gw).await, "kvgate_replica_sync_records_applied_total");
                     applied >= expected
                 })
                 .await;
@@ -223,7 +223,7 @@ async fn a_lost_redis_degrades_to_local_routing_and_reconnects() {
     for gw in &replicas {
         let mut text = String::new();
         let down = eventually(10.0, async || {
-            text = metrics_text(&gw).await;
+            text = metrics_text(gw).await;
             metric(&text, "kvgate_replica_sync_connected") == 0.0
         })
         .await;
