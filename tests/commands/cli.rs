@@ -177,10 +177,8 @@ async fn the_demo_routes_on_the_engines_kv_events() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let metrics = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
-        let stored = metrics.lines().any(|line| {
-            line.starts_with("kvgate_kv_index_blocks{")
-                && line.rsplit(' ').next().and_then(|n| n.parse::<f64>().ok()).is_some_and(|n| n > 0.0)
-        });
+        let stored = kvgate_protocol::exposition::samples(&metrics)
+            .any(|sample| sample.name == "kvgate_kv_index_blocks" && sample.value > 0.0);
         if stored {
             break;
         }

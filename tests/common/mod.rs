@@ -25,6 +25,8 @@ pub mod redis;
 #[allow(unused_imports)]
 pub use mock::{mock_fleet, pd_fleet, pd_mock_config};
 
+pub use kvgate_protocol::exposition;
+
 /// How a test upstream behaves; flip fields at run time.
 pub struct Upstream {
     pub name: String,
@@ -297,28 +299,76 @@ pub async fn eventually(secs: f64, mut check: impl AsyncFnMut() -> bool) -> bool
     false
 }
 
-/// The gateway's `/metrics` text.
+/// A chat template other than the engines' (`### role: content` lines), in a directory of its
+/// own that goes with the value.
+pub struct WrongTemplate {
+    dir: std::path::PathBuf,
+    pub path: std::path::PathBuf,
+}
+
+impl WrongTemplate {
+    /// Written under the temporary directory as `kvgate-<tag>-<pid>/wrong.jinja`.
+    pub fn new(tag: &str) -> WrongTemplate {
+        let dir = std::env::temp_dir().join(format!("kvgate-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("wrong.jinja");
+        std::fs::write(
+            &path,
+            "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
+        )
+        .unwrap();
+        WrongTemplate { dir, path }
+    }
+}
+
+impl Drop for WrongTemplate {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The `/metrics` page served at `base_url` (a gateway's or an engine's).
+pub async fn metrics_at(base_url: &str) -> String {
+    client().get(format!("{base_url}/metrics")).send().await.unwrap().text().await.unwrap()
+}
+
+/// The gateway's `/metrics` page.
 pub async fn metrics_text(gw: &GatewayHandle) -> String {
-    client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
+    metrics_at(&gw.url()).await
 }
 
-/// The value of the first metric line starting with `series`, 0 when absent.
-pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0)
+/// The sum of the series `selector` names in a `/metrics` page (`name` or `name{label="value"}`,
+/// read by the gateway's own reader, [`exposition`]), 0 when the page has none. A selector that
+/// does not parse fails the test.
+pub fn metric(text: &str, selector: &str) -> f64 {
+    exposition::Selector::parse(selector).unwrap_or_else(|e| panic!("{e}")).sum(text)
 }
 
-/// Waits up to 5 s until the gateway's `/metrics` has the line `line` (e.g. `kvgate_queue_depth 1`).
-pub async fn metric_line_appears(gw: &GatewayHandle, line: &str) -> bool {
-    let url = format!("{}/metrics", gw.url());
-    eventually(5.0, async || {
-        let text = client().get(&url).send().await.unwrap().text().await.unwrap();
-        text.lines().any(|l| l == line)
+/// Polls the gateway's `/metrics` (10 s at most) until the series `selector` names sum to
+/// `at_least`; returns the last sum.
+pub async fn wait_metric(gw: &GatewayHandle, selector: &str, at_least: f64) -> f64 {
+    let mut value = 0.0;
+    eventually(10.0, async || {
+        value = metric(&metrics_text(gw).await, selector);
+        value >= at_least
     })
-    .await
+    .await;
+    value
+}
+
+/// Waits up to 5 s until the gateway's `/metrics` has the sample `sample` (a series and its
+/// value, e.g. `kvgate_queue_depth 1`).
+pub async fn metric_line_appears(gw: &GatewayHandle, sample: &str) -> bool {
+    let wanted = exposition::parse_line(sample).unwrap_or_else(|| panic!("not a sample line: {sample:?}"));
+    fn label_set<'a>(sample: &exposition::Sample<'a>) -> Vec<(&'a str, std::borrow::Cow<'a, str>)> {
+        let mut labels = sample.labels.clone();
+        labels.sort();
+        labels
+    }
+    let same = |seen: &exposition::Sample| {
+        seen.name == wanted.name && seen.value == wanted.value && label_set(seen) == label_set(&wanted)
+    };
+    eventually(5.0, async || exposition::samples(&metrics_text(gw).await).any(|seen| same(&seen))).await
 }
 
 /// A cache_aware gateway subscribed to every engine of a `kvgate mock` fleet, its KV events and

@@ -39,13 +39,6 @@ async fn has_workers(gw: &GatewayHandle, expected: &[&Arc<Upstream>]) -> bool {
     worker_urls(gw).await == want
 }
 
-async fn metric(gw: &GatewayHandle, series: &str) -> f64 {
-    let text = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
-        .unwrap_or(0.0)
-}
-
 async fn send(gw: &GatewayHandle) -> reqwest::StatusCode {
     client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap().status()
 }
@@ -105,12 +98,12 @@ async fn ready_pods_join_and_leave_without_dropping_requests_in_flight() {
     assert!(eventually(5.0, async || has_workers(&gw, &[&b]).await).await, "a leaves when deleted");
     // A join or leave is counted just after the registry changed: wait for the count too.
     let counted = eventually(5.0, async || {
-        metric(&gw, "kvgate_discovery_events_total{event=\"joined\"}").await >= 3.0
-            && metric(&gw, "kvgate_discovery_events_total{event=\"left\"}").await >= 2.0
+        metric(&metrics_text(&gw).await, "kvgate_discovery_events_total{event=\"joined\"}") >= 3.0
+            && metric(&metrics_text(&gw).await, "kvgate_discovery_events_total{event=\"left\"}") >= 2.0
     });
     assert!(counted.await, "three joins and two leaves counted");
-    assert_eq!(metric(&gw, "kvgate_discovery_events_total{event=\"joined\"}").await, 3.0);
-    assert_eq!(metric(&gw, "kvgate_discovery_events_total{event=\"left\"}").await, 2.0);
+    assert_eq!(metric(&metrics_text(&gw).await, "kvgate_discovery_events_total{event=\"joined\"}"), 3.0);
+    assert_eq!(metric(&metrics_text(&gw).await, "kvgate_discovery_events_total{event=\"left\"}"), 2.0);
     gw.shutdown().await;
 }
 
@@ -138,12 +131,21 @@ async fn a_broken_watch_relists_without_losing_workers() {
         eventually(5.0, async || has_workers(&gw, &[&ups[0], &ups[1]]).await).await,
         "the re-list settles: c leaves"
     );
-    let left =
-        eventually(5.0, async || metric(&gw, "kvgate_discovery_events_total{event=\"left\"}").await >= 1.0);
+    let left = eventually(5.0, async || {
+        metric(&metrics_text(&gw).await, "kvgate_discovery_events_total{event=\"left\"}") >= 1.0
+    });
     assert!(left.await, "c's leave counted");
-    assert_eq!(metric(&gw, "kvgate_discovery_events_total{event=\"left\"}").await, 1.0, "only c left");
-    assert_eq!(metric(&gw, "kvgate_discovery_events_total{event=\"joined\"}").await, 3.0, "none re-joined");
-    assert!(metric(&gw, "kvgate_discovery_events_total{event=\"relist\"}").await >= 2.0);
+    assert_eq!(
+        metric(&metrics_text(&gw).await, "kvgate_discovery_events_total{event=\"left\"}"),
+        1.0,
+        "only c left"
+    );
+    assert_eq!(
+        metric(&metrics_text(&gw).await, "kvgate_discovery_events_total{event=\"joined\"}"),
+        3.0,
+        "none re-joined"
+    );
+    assert!(metric(&metrics_text(&gw).await, "kvgate_discovery_events_total{event=\"relist\"}") >= 2.0);
 
     // The new watch delivers later changes.
     let d = upstream("d", "m").await;

@@ -8,8 +8,7 @@ use kvgate_index::PrefixMatch;
 use kvgate_policy::PolicyKind;
 
 use crate::common::kv_wire::{batch, block_stored, Publisher};
-use crate::common::{config, eventually, gateway, upstream};
-use crate::{metric, metrics, wait_metric};
+use crate::common::{config, eventually, gateway, metric, metrics_text, upstream, wait_metric};
 
 /// A BlockStored event of `blocks` one-token blocks (block size 1 keeps the message small).
 fn huge_event(blocks: u64) -> Vec<u8> {
@@ -30,14 +29,14 @@ async fn an_event_past_the_engine_capacity_is_refused_alone() {
     cfg.kv_index_max_blocks_per_worker = 1000;
     let gw = gateway(cfg).await;
     publisher
-        .wait_subscribed(async || metric(&metrics(&gw).await, "kvgate_kv_events_batches_total") > 0.0)
+        .wait_subscribed(async || metric(&metrics_text(&gw).await, "kvgate_kv_events_batches_total") > 0.0)
         .await;
     // A million blocks, about 14 MB: dropped before decoding.
     publisher.publish(huge_event(1_000_000)).await;
     assert_eq!(wait_metric(&gw, "kvgate_oversized_answers_total{source=\"kv_events\"}", 1.0).await, 1.0);
     // 500,000 blocks in a message under the size bound: decoded, refused by the block bound.
     publisher.publish(huge_event(500_000)).await;
-    let refused = "kvgate_kv_events_refused_total{reason=\"over_capacity\"";
+    let refused = "kvgate_kv_events_refused_total{reason=\"over_capacity\"}";
     assert_eq!(wait_metric(&gw, refused, 1.0).await, 1.0);
     // The next events within the bound are applied: the subscription survived.
     publisher.publish(batch(&[block_stored(&[1, 2], None, &[7, 8, 9, 10], 2)])).await;

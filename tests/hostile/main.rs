@@ -24,29 +24,3 @@ mod series;
 mod stalls;
 mod tokenize;
 mod worker_answers;
-
-use kvgate_gateway::GatewayHandle;
-
-/// The gateway's `/metrics` text.
-pub async fn metrics(gw: &GatewayHandle) -> String {
-    common::client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
-}
-
-/// The sum of the metric lines starting with `series` (0 when absent).
-pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .filter(|line| line.starts_with(series))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls the metrics until `series` reaches `at_least` (10 s at most); returns its value.
-pub async fn wait_metric(gw: &GatewayHandle, series: &str, at_least: f64) -> f64 {
-    let mut value = 0.0;
-    common::eventually(10.0, async || {
-        value = metric(&metrics(gw).await, series);
-        value >= at_least
-    })
-    .await;
-    value
-}

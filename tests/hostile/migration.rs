@@ -22,8 +22,7 @@ use bytes::Bytes;
 use kvgate_gateway::GatewayHandle;
 use serde_json::{json, Value};
 
-use crate::common::{client, config, gateway, mock_fleet};
-use crate::{metric, metrics};
+use crate::common::{client, config, gateway, metric, metrics_text, mock_fleet};
 
 /// A single-engine mock fleet, 50x faster than wall time; `cut_after` kills its streams.
 async fn engine(cut_after: Option<u32>) -> kvgate_mock::MockFleet {
@@ -110,7 +109,7 @@ async fn a_chat_stream_cut_mid_answer_goes_on_on_another_engine_without_a_seam()
             assert!(usages.is_empty(), "no usage chunk the client did not ask for: {events:?}");
         }
     }
-    let text = metrics(&gw).await;
+    let text = metrics_text(&gw).await;
     assert_eq!(migrations(&text, "resumed"), 2.0, "{text}");
     gw.shutdown().await;
     dying.shutdown().await;
@@ -143,7 +142,7 @@ async fn migrations_are_bounded_and_a_stream_that_cannot_be_continued_ends_with_
     two["n"] = json!(2);
     let events = stream(&gw, "/v1/chat/completions", &two, None).await;
     assert!(events.last().unwrap().contains("upstream_stream_broken"), "{events:?}");
-    let text = metrics(&gw).await;
+    let text = metrics_text(&gw).await;
     assert_eq!(migrations(&text, "resumed"), 1.0, "{text}");
     assert_eq!(migrations(&text, "exhausted"), 1.0, "{text}");
     assert_eq!(migrations(&text, "not_resumable"), 1.0, "{text}");
@@ -155,7 +154,7 @@ async fn migrations_are_bounded_and_a_stream_that_cannot_be_continued_ends_with_
     let gw = gateway(cfg).await;
     let events = stream(&gw, "/v1/chat/completions", &chat(16, false), None).await;
     assert!(events.last().unwrap().contains("upstream_stream_broken"), "{events:?}");
-    assert_eq!(migrations(&metrics(&gw).await, "resumed"), 0.0);
+    assert_eq!(migrations(&metrics_text(&gw).await, "resumed"), 0.0);
     gw.shutdown().await;
     for fleet in fleets {
         fleet.shutdown().await;
@@ -275,7 +274,7 @@ async fn a_completion_stream_is_resumed_with_its_prompt_plus_the_text_streamed()
     let marks = healthy.resumed.lock().unwrap().clone();
     assert_eq!(marks, [Some("1".to_string())], "a continuation says it is one (the first move)");
     assert_eq!(dying.resumed.lock().unwrap().clone(), [None], "the request itself does not");
-    let text = metrics(&gw).await;
+    let text = metrics_text(&gw).await;
     let resumed =
         metric(&text, "kvgate_stream_migrations_total{endpoint=\"completions\",result=\"resumed\"}");
     assert_eq!(resumed, 1.0, "{text}");

@@ -7,8 +7,7 @@
 use kvgate_gateway::GatewayHandle;
 
 use crate::common::redis::{publish, Redis};
-use crate::common::{config, gateway, upstream};
-use crate::wait_metric;
+use crate::common::{config, gateway, upstream, wait_metric};
 
 const CHANNEL: &str = "kvgate:replica-sync";
 

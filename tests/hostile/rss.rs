@@ -330,7 +330,7 @@ async fn rss_under_each_attack() {
             publisher
                 .wait_subscribed(async || {
                     let text = client().get(&metrics).send().await.unwrap().text().await.unwrap();
-                    crate::metric(&text, "kvgate_kv_events_batches_total") > 0.0
+                    crate::common::metric(&text, "kvgate_kv_events_batches_total") > 0.0
                 })
                 .await;
             // Over the message bound (dropped undecoded), then under it but over the block bound

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use kvgate_policy::PolicyKind;
 use serde_json::json;
 
-use crate::common::{chat, client, config, eventually, gateway, upstream};
-use crate::metrics;
+use crate::common::{chat, client, config, eventually, gateway, metrics_text, upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_workers_series_go_with_it_whatever_loop_is_in_flight() {
@@ -64,7 +63,7 @@ async fn a_removed_workers_series_go_with_it_whatever_loop_is_in_flight() {
     // Health rounds and polls that were in flight at a removal have ended by now.
     let mut text = String::new();
     let clean = eventually(5.0, async || {
-        text = metrics(&gw).await;
+        text = metrics_text(&gw).await;
         churned.iter().all(|worker| !text.contains(&worker.url))
     })
     .await;

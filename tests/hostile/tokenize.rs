@@ -13,8 +13,7 @@ use bytes::Bytes;
 use kvgate_policy::{PolicyKind, PrefixIndexMode};
 use serde_json::json;
 
-use crate::common::{client, config, dead_url, eventually, gateway, upstream};
-use crate::{metric, metrics};
+use crate::common::{client, config, dead_url, eventually, gateway, metric, metrics_text, upstream};
 
 /// A chat of `messages` turns of about 60 characters each.
 fn conversation(messages: usize) -> Bytes {
@@ -99,6 +98,9 @@ async fn a_small_chat_is_served_beside_ten_thousand_message_chats() {
     // status) while the big ones went through, cut to prefixes.
     assert!(big_sent >= 1, "the attack was under way while the small chats were served");
     let prefixes = "kvgate_tokenize_limited_total{endpoint=\"chat_completions\",reason=\"prefix\"}";
-    assert!(metric(&metrics(&gw).await, prefixes) >= 1.0, "the big conversations were tokenized as prefixes");
+    assert!(
+        metric(&metrics_text(&gw).await, prefixes) >= 1.0,
+        "the big conversations were tokenized as prefixes"
+    );
     gw.shutdown().await;
 }

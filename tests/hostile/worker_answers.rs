@@ -7,9 +7,8 @@ use std::sync::atomic::Ordering;
 use kvgate_policy::PolicyKind;
 use serde_json::json;
 
-use crate::common::{client, config, gateway, healthy, json_answer, workers};
+use crate::common::{client, config, gateway, healthy, json_answer, wait_metric, workers};
 use crate::flood::flood;
-use crate::wait_metric;
 
 /// What the hostile worker would send (bounded so the test is); the gateway stops far earlier.
 const FLOOD: usize = 256 << 20;

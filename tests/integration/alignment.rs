@@ -10,7 +10,8 @@ use crate::common;
 use std::time::Instant;
 
 use common::{
-    client, dead_url, eventually, gateway, kv_events_config, kv_events_fleet, metrics_text, mock_fleet,
+    client, dead_url, eventually, gateway, kv_events_config, kv_events_fleet, metric, metrics_text,
+    mock_fleet,
 };
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_index::IndexRepair;
@@ -60,14 +61,6 @@ async fn concluded(
     .await;
     assert!(reached, "{url}: {outcome} {cause:?} within {secs} s, last seen: {seen:#}");
     (seen, started.elapsed().as_secs_f64())
-}
-
-/// The sum of every line of the family `name`, or of its lines containing `with`.
-fn total(text: &str, name: &str, with: &str) -> f64 {
-    text.lines()
-        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{') && line.contains(with))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// `n` words of conversation `c`, turn `t`.
@@ -148,11 +141,11 @@ async fn a_right_configuration_passes_at_the_join_and_counts_as_no_traffic() {
     assert!(sentinel.await, "{:#}", alignment(&gw, url).await);
     // None of it is traffic: no decision, no closed-loop sample, no hit rate.
     let text = metrics_text(&gw).await;
-    assert!(total(&text, "kvgate_alignment_probes_total", "result=\"passed\"") >= 3.0, "{text}");
-    assert_eq!(total(&text, "kvgate_alignment_failures_total", ""), 0.0);
-    assert_eq!(total(&text, "kvgate_routing_decisions_total", ""), 0.0);
-    assert_eq!(total(&text, "kvgate_prefix_predicted_tokens_total", ""), 0.0);
-    assert_eq!(total(&text, "kvgate_prefix_engine_cached_tokens_total", ""), 0.0);
+    assert!(metric(&text, "kvgate_alignment_probes_total{result=\"passed\"}") >= 3.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_alignment_failures_total"), 0.0);
+    assert_eq!(metric(&text, "kvgate_routing_decisions_total"), 0.0);
+    assert_eq!(metric(&text, "kvgate_prefix_predicted_tokens_total"), 0.0);
+    assert_eq!(metric(&text, "kvgate_prefix_engine_cached_tokens_total"), 0.0);
     assert!(workers(&gw).await.iter().all(|w| w["index_accuracy"].is_null()));
     gw.shutdown().await;
     fleet.shutdown().await;
@@ -192,8 +185,8 @@ async fn each_fault_is_named_within_one_interval_of_the_join() {
     assert!(seen["forms"][0]["refused_shape"].as_u64().unwrap() > 0, "{seen:#}");
     eprintln!("block size named {:.1} s after the join", started.elapsed().as_secs_f64());
     let text = metrics_text(&gw).await;
-    assert_eq!(total(&text, "kvgate_alignment_failures_total", "cause=\"block_size\""), 1.0, "{text}");
-    assert_eq!(total(&text, "kvgate_index_repairs_total", "action=\"warn\""), 1.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_alignment_failures_total{cause=\"block_size\"}"), 1.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_index_repairs_total{action=\"warn\"}"), 1.0, "{text}");
     gw.shutdown().await;
     restated.shutdown().await;
 
@@ -212,16 +205,9 @@ async fn each_fault_is_named_within_one_interval_of_the_join() {
 
     // A chat template other than the engines': the completion agrees, the chat does not.
     let fleet = kv_events_fleet(1).await;
-    let dir = std::env::temp_dir().join(format!("kvgate-alignment-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join("wrong.jinja");
-    std::fs::write(
-        &template,
-        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
-    )
-    .unwrap();
+    let template = common::WrongTemplate::new("alignment");
     let mut cfg = probing(kv_events_config(&fleet), IndexRepair::Quarantine);
-    cfg.chat_template = Some(template);
+    cfg.chat_template = Some(template.path.clone());
     // The exact index forced: a quarantine still routes the pool on the tree.
     cfg.routing.prefix_index = kvgate_index::PrefixIndexMode::Exact;
     let started = Instant::now();
@@ -233,7 +219,6 @@ async fn each_fault_is_named_within_one_interval_of_the_join() {
     assert_eq!(seen["quarantined"], true, "{seen:#}");
     eprintln!("wrong template named {:.1} s after the join", started.elapsed().as_secs_f64());
     assert_eq!(turn(&gw, 1, 1).await, "approximate", "a quarantined pool routes on the tree");
-    let _ = std::fs::remove_dir_all(&dir);
     gw.shutdown().await;
     fleet.shutdown().await;
 }
@@ -271,9 +256,9 @@ async fn restart_repaired(repair: IndexRepair) {
     assert_eq!(seen["quarantined"], false, "{seen:#}");
     let text = metrics_text(&gw).await;
     let action = format!("action=\"{}\"", repair.as_str());
-    assert!(total(&text, "kvgate_index_repairs_total", &action) >= 1.0, "{text}");
+    assert!(metric(&text, &format!("kvgate_index_repairs_total{{{action}}}")) >= 1.0, "{text}");
     if repair == IndexRepair::Quarantine {
-        assert!(total(&text, "kvgate_index_repairs_total", "action=\"release\"") >= 1.0, "{text}");
+        assert!(metric(&text, "kvgate_index_repairs_total{action=\"release\"}") >= 1.0, "{text}");
     }
     // Exact again, and the closed loop agrees.
     for c in 10..34 {
@@ -308,17 +293,10 @@ async fn a_restart_without_replay_is_named_and_quarantined_until_a_probe_passes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_loop_disagreement_is_repaired() {
     let fleet = kv_events_fleet(1).await;
-    let dir = std::env::temp_dir().join(format!("kvgate-alignment-loop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join("wrong.jinja");
-    std::fs::write(
-        &template,
-        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
-    )
-    .unwrap();
+    let template = common::WrongTemplate::new("alignment-loop");
     let mut cfg = probing(kv_events_config(&fleet), IndexRepair::Resync);
     cfg.alignment_probe = false;
-    cfg.chat_template = Some(template);
+    cfg.chat_template = Some(template.path.clone());
     let gw = gateway(cfg).await;
     common::wait_kv_events_flowing(&gw).await;
     // 102 answered requests fill the worker's window of 100.
@@ -335,7 +313,6 @@ async fn a_closed_loop_disagreement_is_repaired() {
         "the window was emptied: {worker:#}"
     );
     assert!(worker["alignment"].is_null(), "the probe is off: {worker:#}");
-    let _ = std::fs::remove_dir_all(&dir);
     gw.shutdown().await;
     fleet.shutdown().await;
 }

@@ -8,7 +8,10 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, eventually, gateway, kv_events_config, kv_events_fleet, wait_kv_events_flowing};
+use common::{
+    client, eventually, gateway, kv_events_config, kv_events_fleet, metric, metrics_text,
+    wait_kv_events_flowing,
+};
 use kvgate_gateway::GatewayHandle;
 use kvgate_mock::MockFleet;
 use serde_json::{json, Value};
@@ -105,18 +108,6 @@ async fn converse(gw: &GatewayHandle, fleet: &MockFleet, conversations: usize, t
     }
 }
 
-async fn metrics(gw: &GatewayHandle) -> String {
-    client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
-}
-
-/// The sum of every line of the family `name` (over models and workers).
-fn total(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn workers(gw: &GatewayHandle) -> Vec<Value> {
     let res = client().get(format!("{}/workers", gw.admin_url())).send().await.unwrap();
     let body: Value = res.json().await.unwrap();
@@ -129,12 +120,12 @@ async fn with_the_engines_template_the_index_agrees_with_the_engine() {
     let gw = gateway(kv_events_config(&fleet)).await;
     wait_kv_events_flowing(&gw).await;
     converse(&gw, &fleet, 20, 4).await;
-    let text = metrics(&gw).await;
-    let predicted = total(&text, "kvgate_prefix_predicted_tokens_total");
-    let cached = total(&text, "kvgate_prefix_engine_cached_tokens_total");
+    let text = metrics_text(&gw).await;
+    let predicted = metric(&text, "kvgate_prefix_predicted_tokens_total");
+    let cached = metric(&text, "kvgate_prefix_engine_cached_tokens_total");
     assert!(cached > 1000.0, "the engines served cached tokens: {text}");
     assert!((predicted - cached).abs() <= 0.01 * cached, "predicted {predicted} vs engine {cached}");
-    assert_eq!(total(&text, "kvgate_prefix_cached_tokens_difference_ratio_count"), 80.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_prefix_cached_tokens_difference_ratio_count"), 80.0, "{text}");
     let workers = workers(&gw).await;
     let requests: u64 = workers.iter().map(|w| w["index_accuracy"]["requests"].as_u64().unwrap_or(0)).sum();
     assert_eq!(requests, 80, "{workers:?}");
@@ -156,16 +147,9 @@ async fn with_the_engines_template_the_index_agrees_with_the_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_chat_template_is_detected_and_named() {
     let fleet = kv_events_fleet(1).await;
-    let dir = std::env::temp_dir().join(format!("kvgate-closed-loop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join("wrong.jinja");
-    std::fs::write(
-        &template,
-        "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:",
-    )
-    .unwrap();
+    let template = common::WrongTemplate::new("closed-loop");
     let mut cfg = kv_events_config(&fleet);
-    cfg.chat_template = Some(template);
+    cfg.chat_template = Some(template.path.clone());
     let gw = gateway(cfg).await;
     wait_kv_events_flowing(&gw).await;
     // 100 answered requests fill the window: 34 conversations of 3 turns.
@@ -175,10 +159,9 @@ async fn a_wrong_chat_template_is_detected_and_named() {
     assert_eq!(disagreement["cause"], "tokenizer_or_template", "{workers:?}");
     assert!(disagreement["error_share"].as_f64().unwrap() > 0.1, "{workers:?}");
     assert!(disagreement["advice"].as_str().unwrap().contains("--chat-template"));
-    let text = metrics(&gw).await;
-    assert_eq!(total(&text, "kvgate_prefix_index_disagreement"), 1.0, "{text}");
-    assert_eq!(total(&text, "kvgate_prefix_predicted_tokens_total"), 0.0, "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let text = metrics_text(&gw).await;
+    assert_eq!(metric(&text, "kvgate_prefix_index_disagreement"), 1.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_prefix_predicted_tokens_total"), 0.0, "{text}");
     gw.shutdown().await;
     fleet.shutdown().await;
 }
@@ -243,7 +226,7 @@ async fn a_template_that_differs_after_a_shared_start_is_detected() {
             }
         }
         let worker = workers(&gw).await.remove(0);
-        let text = metrics(&gw).await;
+        let text = metrics_text(&gw).await;
         let _ = std::fs::remove_dir_all(&dir);
         gw.shutdown().await;
         fleet.shutdown().await;
@@ -253,7 +236,7 @@ async fn a_template_that_differs_after_a_shared_start_is_detected() {
     let (right, text) = run(None).await;
     assert!(right["index_accuracy"]["disagreement"].is_null(), "{right}");
     assert_eq!(right["index_accuracy"]["missed_share"], 0.0, "{right}");
-    assert_eq!(total(&text, "kvgate_prefix_missed_cached_tokens_total"), 0.0);
+    assert_eq!(metric(&text, "kvgate_prefix_missed_cached_tokens_total"), 0.0);
     // The system prompt as the engines render it, the rest otherwise.
     let template = "{% for m in messages %}{% if m.role == 'system' %}<|system|> {{ m.content }} \
                     {% else %}### {{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}<|assistant|>";
@@ -265,9 +248,9 @@ async fn a_template_that_differs_after_a_shared_start_is_detected() {
     assert!(disagreement["wrong_share"].as_f64().unwrap() <= 0.25, "under the old bound: {wrong}");
     assert!(disagreement["missed_share"].as_f64().unwrap() > 0.10, "{wrong}");
     assert!(disagreement["advice"].as_str().unwrap().contains("chat template"), "{wrong}");
-    assert!(total(&text, "kvgate_prefix_predicted_tokens_total") > 0.0, "the shared start is matched");
-    assert!(total(&text, "kvgate_prefix_missed_cached_tokens_total") > 1000.0, "{text}");
-    assert_eq!(total(&text, "kvgate_prefix_index_disagreement"), 1.0);
+    assert!(metric(&text, "kvgate_prefix_predicted_tokens_total") > 0.0, "the shared start is matched");
+    assert!(metric(&text, "kvgate_prefix_missed_cached_tokens_total") > 1000.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_prefix_index_disagreement"), 1.0);
 }
 
 /// Under KV pressure (a cache of 512 tokens, four conversations at once), blocks a decision
@@ -304,8 +287,8 @@ async fn eviction_after_routing_is_counted_apart_and_raises_nothing() {
     let accuracy = &workers[0]["index_accuracy"];
     assert_eq!(accuracy["requests"], 100, "{accuracy}");
     assert!(accuracy["disagreement"].is_null(), "{accuracy}");
-    let text = metrics(&gw).await;
-    assert!(total(&text, "kvgate_prefix_evicted_after_routing_requests_total") > 0.0, "{text}");
+    let text = metrics_text(&gw).await;
+    assert!(metric(&text, "kvgate_prefix_evicted_after_routing_requests_total") > 0.0, "{text}");
     gw.shutdown().await;
     fleet.shutdown().await;
 }

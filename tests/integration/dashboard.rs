@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{client, eventually, gateway, kv_events_config, kv_events_fleet};
+use common::{client, eventually, exposition, gateway, kv_events_config, kv_events_fleet, metrics_text};
 use kvgate_gateway::GatewayHandle;
 use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
 use serde_json::{json, Value};
@@ -233,11 +233,10 @@ async fn the_fleet_maps_its_kv_hot_prefixes_tenants_and_history() {
         let share = tenant(name)["kv_share"].as_f64().unwrap();
         assert!(share > 0.0 && share <= 1.0, "{name}: {tenants:#?}");
     }
-    let text = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
-    assert!(
-        text.lines().any(|l| l.starts_with("kvgate_tenant_cached_tokens_total{tenant=\"chat\"}")),
-        "{text}"
-    );
+    let text = metrics_text(&gw).await;
+    let chat_series =
+        exposition::Selector::parse(r#"kvgate_tenant_cached_tokens_total{tenant="chat"}"#).unwrap();
+    assert!(chat_series.first(&text).is_some(), "{text}");
     gw.shutdown().await;
 }
 

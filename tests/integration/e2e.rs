@@ -5,7 +5,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, config, gateway};
+use common::{client, config, gateway, metrics_text};
 use kvgate_mock::{spawn_fleet, MockArgs};
 use kvgate_policy::{PolicyConfig, PolicyKind};
 use serde_json::{json, Value};
@@ -84,7 +84,7 @@ async fn a_stream_cut_after_bytes_reached_the_client_is_not_retried() {
     let body = tokio::time::timeout(Duration::from_secs(10), res.text()).await.unwrap();
     // Either the client sees the cut as an error, or a body without the final [DONE].
     assert!(body.map_or(true, |text| !text.contains("[DONE]")));
-    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    let metrics = metrics_text(&gw).await;
     assert!(
         !metrics.contains("kvgate_retries_total{"),
         "no retry after bytes reached the client:\n{metrics}"

@@ -108,7 +108,7 @@ async fn dead_worker_is_retried_elsewhere_without_client_error() {
         assert_eq!(res.status(), 200);
     }
     assert_eq!(live.requests.load(Ordering::SeqCst), 10);
-    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    let metrics = metrics_text(&gw).await;
     assert!(metrics.contains("kvgate_retries_total{endpoint=\"chat_completions\"}"), "{metrics}");
     gw.shutdown().await;
 }
@@ -507,7 +507,7 @@ async fn every_worker_unreachable_is_502_after_trying_each_once() {
     let res =
         client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
     expect_error(res, 502, "upstream_unreachable").await;
-    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    let metrics = metrics_text(&gw).await;
     assert!(
         metrics.contains("kvgate_retries_total{endpoint=\"chat_completions\"} 2"),
         "three workers, two retries"

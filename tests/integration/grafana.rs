@@ -9,7 +9,7 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{client, eventually, gateway, kv_events_config};
+use common::{client, eventually, gateway, kv_events_config, metrics_text};
 use futures_util::StreamExt;
 use kvgate_mock::{spawn_fleet, MockArgs};
 use serde_json::{json, Value};
@@ -205,11 +205,8 @@ async fn every_dashboard_query_names_a_series_the_gateway_exports() {
     assert!(statuses.contains(&200), "{statuses:?}");
 
     let exported = async || -> BTreeSet<String> {
-        let text = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
-        text.lines()
-            .filter(|line| !line.starts_with('#') && !line.is_empty())
-            .map(|line| line.split(['{', ' ']).next().unwrap_or("").to_string())
-            .collect()
+        let text = metrics_text(&gw).await;
+        kvgate_protocol::exposition::samples(&text).map(|sample| sample.name.to_string()).collect()
     };
     let mut missing = Vec::new();
     let mut names = BTreeSet::new();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::kv_wire::block_stored;
-use common::{client, config, eventually, gateway, metric, wait_kv_events_flowing};
+use common::{client, config, eventually, gateway, metric, metrics_text, wait_kv_events_flowing};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_index::{BlockIndex, PrefixMatch};
 use kvgate_mock::{spawn_fleet, KvEventEncoding, MockArgs, MockFleet};
@@ -104,10 +104,6 @@ async fn assert_in_sync(gw: &GatewayHandle, fleet: &MockFleet, prompts: &[Vec<u3
     assert!(synced, "the index matches the engines within 5 s: {last:?}");
 }
 
-async fn metrics(gw: &GatewayHandle) -> String {
-    client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_follows_stores_and_evictions_in_every_engine_format() {
     for encoding in [KvEventEncoding::Vllm033, KvEventEncoding::Vllm010, KvEventEncoding::Sglang05] {
@@ -126,7 +122,7 @@ async fn the_index_follows_stores_and_evictions_in_every_engine_format() {
         let evicted =
             sent.iter().filter(|p| fleet.cached_prefix_tokens(0, p) + fleet.cached_prefix_tokens(1, p) == 0);
         assert!(evicted.count() > 0, "{encoding:?}: some prompts were evicted");
-        let text = metrics(&gw).await;
+        let text = metrics_text(&gw).await;
         assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 0.0, "{encoding:?}");
         assert!(metric(&text, "kvgate_kv_events_batches_total") > 0.0, "{text}");
         gw.shutdown().await;
@@ -157,12 +153,12 @@ async fn a_lost_batch_is_recovered_through_replay() {
     // The subscriber counts a gap after its replay reached the index.
     let mut text = String::new();
     let counted = eventually(5.0, async || {
-        text = metrics(&gw).await;
-        metric(&text, "kvgate_kv_events_gaps_total{recovery=\"replay\"") >= 1.0
+        text = metrics_text(&gw).await;
+        metric(&text, "kvgate_kv_events_gaps_total{recovery=\"replay\"}") >= 1.0
     })
     .await;
     assert!(counted, "{text}");
-    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 0.0);
+    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\"}"), 0.0);
     gw.shutdown().await;
     fleet.shutdown().await;
 }
@@ -185,8 +181,8 @@ async fn a_gateway_started_after_the_fleet_served_learns_its_holdings_through_re
     let gw = gateway(gateway_config(&fleet)).await;
     wait_kv_events_flowing(&gw).await;
     assert_in_sync(&gw, &fleet, &sent).await;
-    let text = metrics(&gw).await;
-    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 0.0, "{text}");
+    let text = metrics_text(&gw).await;
+    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\"}"), 0.0, "{text}");
     assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 0.0, "{text}");
     gw.shutdown().await;
     fleet.shutdown().await;
@@ -223,12 +219,12 @@ async fn without_replay_a_gap_clears_the_workers_entries() {
     // The gap is counted once the batch after it is applied, not before.
     let mut text = String::new();
     let counted = eventually(5.0, async || {
-        text = metrics(&gw).await;
-        metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\"") >= 1.0
+        text = metrics_text(&gw).await;
+        metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\"}") >= 1.0
     })
     .await;
     assert!(counted, "{text}");
-    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\""), 1.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_gaps_total{recovery=\"cleared\"}"), 1.0, "{text}");
     gw.shutdown().await;
     fleet.shutdown().await;
 }
@@ -383,7 +379,7 @@ async fn requests_route_on_the_exact_index_and_say_so() {
             assert_eq!(res.headers()["x-kvgate-worker"], fleet.urls()[2].as_str());
         }
     }
-    let text = metrics(&gw).await;
+    let text = metrics_text(&gw).await;
     assert_eq!(
         metric(
             &text,
@@ -515,7 +511,7 @@ impl Publisher {
     async fn wait_subscribed(&mut self, gw: &GatewayHandle) {
         for _ in 0..100 {
             self.publish(batch(&all_blocks_cleared())).await;
-            if metric(&metrics(gw).await, "kvgate_kv_events_batches_total") > 0.0 {
+            if metric(&metrics_text(gw).await, "kvgate_kv_events_batches_total") > 0.0 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -560,10 +556,10 @@ async fn malformed_messages_are_counted_and_survived() {
     })
     .await;
     assert!(applied, "the batches after the garbage were applied");
-    let text = metrics(&gw).await;
+    let text = metrics_text(&gw).await;
     assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 3.0, "{text}");
-    assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"malformed\""), 1.0, "{text}");
-    assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"unknown_event\""), 1.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"malformed\"}"), 1.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_refused_total{reason=\"unknown_event\"}"), 1.0, "{text}");
     let res =
         client().post(format!("{}/v1/completions", gw.url())).json(&json!({"prompt": "hi"})).send().await;
     assert_eq!(res.unwrap().status(), 200, "the gateway still serves");
@@ -594,7 +590,8 @@ async fn gateway_tokenization_matches_the_engine_side_reference() {
     cfg.expose_routing_headers = true;
     let gw = gateway(cfg).await;
     publisher.wait_subscribed(&gw).await;
-    let chosen_sum = async || metric(&metrics(&gw).await, "kvgate_prefix_match_rate_sum{kind=\"chosen\"");
+    let chosen_sum =
+        async || metric(&metrics_text(&gw).await, "kvgate_prefix_match_rate_sum{kind=\"chosen\"}");
     let mut checked = 0;
     let mut next_hash = 1u64;
     for case in reference["cases"].as_array().unwrap() {
@@ -645,7 +642,7 @@ async fn gateway_tokenization_matches_the_engine_side_reference() {
         checked += 1;
     }
     assert!(checked >= 10, "{checked} reference cases checked");
-    let text = metrics(&gw).await;
+    let text = metrics_text(&gw).await;
     assert_eq!(metric(&text, "kvgate_tokenize_failures_total"), 0.0, "{text}");
     gw.shutdown().await;
 }

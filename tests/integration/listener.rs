@@ -62,8 +62,9 @@ async fn read_response(stream: &mut TcpStream) -> String {
     head
 }
 
-fn metric(gw: &kvgate_gateway::GatewayHandle, name: &str) -> Option<f64> {
-    gw.render_metrics().lines().find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+/// The gateway's `kvgate_client_connections`, read from what `/metrics` would serve.
+fn client_connections(gw: &kvgate_gateway::GatewayHandle) -> Option<f64> {
+    exposition::Selector::parse("kvgate_client_connections").unwrap().first(&gw.render_metrics())
 }
 
 #[tokio::test]
@@ -173,13 +174,13 @@ async fn connections_beyond_max_connections_are_closed() {
         idle.push(TcpStream::connect(gw.addr).await.unwrap());
     }
     assert!(
-        eventually(2.0, async || metric(&gw, "kvgate_client_connections") == Some(4.0)).await,
+        eventually(2.0, async || client_connections(&gw) == Some(4.0)).await,
         "the four idle connections are counted"
     );
     let mut fifth = TcpStream::connect(gw.addr).await.unwrap();
     let closed = closed_within(&mut fifth, Instant::now(), Duration::from_secs(2)).await;
     assert!(closed.is_some(), "a fifth connection is closed at once while four are open");
-    assert_eq!(metric(&gw, "kvgate_client_connections"), Some(4.0));
+    assert_eq!(client_connections(&gw), Some(4.0));
 
     drop(idle);
     let client = client();
@@ -191,7 +192,7 @@ async fn connections_beyond_max_connections_are_closed() {
         .await,
         "requests are served again once the idle connections closed"
     );
-    assert!(eventually(2.0, async || metric(&gw, "kvgate_client_connections") == Some(1.0)).await);
+    assert!(eventually(2.0, async || client_connections(&gw) == Some(1.0)).await);
     gw.shutdown().await;
 }
 

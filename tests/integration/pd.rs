@@ -41,10 +41,6 @@ pub(crate) fn last_body(up: &Upstream) -> Value {
     up.bodies.lock().unwrap().last().cloned().expect("the upstream saw a request")
 }
 
-pub(crate) async fn metrics(gw: &kvgate_gateway::GatewayHandle) -> String {
-    client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap()
-}
-
 #[tokio::test]
 async fn sglang_both_sides_see_the_same_room_and_the_decode_answer_streams_back() {
     let p = upstream("p", "m").await;
@@ -77,7 +73,7 @@ async fn sglang_both_sides_see_the_same_room_and_the_decode_answer_streams_back(
     assert_ne!(pb2["bootstrap_room"], pb["bootstrap_room"]);
 
     // Per-role metrics, and roles in GET /workers.
-    let text = metrics(&gw).await;
+    let text = metrics_text(&gw).await;
     assert!(text.contains(r#"kvgate_pd_requests_total{role="prefill",status="200"} 2"#), "{text}");
     assert!(text.contains(r#"kvgate_pd_requests_total{role="decode",status="200"} 2"#), "{text}");
     assert!(text.contains(
@@ -169,7 +165,7 @@ async fn a_failing_prefill_worker_gives_a_new_pair_and_never_leaves_the_decode_s
         let error: Value = response.json().await.unwrap();
         assert!(error["error"]["message"].as_str().is_some(), "{error}");
         assert!(eventually(5.0, async || d.active.load(Ordering::SeqCst) == 0).await, "{protocol:?}");
-        let text = metrics(&gw).await;
+        let text = metrics_text(&gw).await;
         assert!(text.contains(r#"kvgate_pd_requests_total{role="prefill",status="503"}"#), "{text}");
         gw.shutdown().await;
     }
@@ -262,7 +258,7 @@ async fn each_side_has_its_own_policy_and_the_prefill_overload_trigger_reads_the
     }
     assert_eq!(decode_workers.len(), 2, "the decode side's round_robin spreads");
     assert_eq!(hot.requests.load(Ordering::SeqCst), 0);
-    let text = metrics(&gw).await;
+    let text = metrics_text(&gw).await;
     assert!(text.contains(r#"kvgate_pd_decisions_total{index="approximate",model="m",path="pair",reason="imbalance_overload",role="prefill"} 4"#), "{text}");
     assert!(
         text.contains(

@@ -25,7 +25,7 @@ use kvgate_gateway::{GatewayConfig, PdProtocol};
 use kvgate_policy::PolicyKind;
 use serde_json::{json, Value};
 
-use super::pd::{last_body, metrics, pd_config, post};
+use super::pd::{last_body, pd_config, post};
 
 /// A conditional PD gateway config, cache_aware on both sides (the decode side's tree knows
 /// which decode engine holds which conversation).
@@ -70,14 +70,8 @@ fn has_pd_fields(body: &Value) -> bool {
 }
 
 /// The `kvgate_pd_decisions_total` series of `role` on `path`, summed.
-fn decisions(text: &str, role: &str, path: &str) -> u64 {
-    text.lines()
-        .filter(|line| line.starts_with("kvgate_pd_decisions_total{"))
-        .filter(|line| {
-            line.contains(&format!(r#"path="{path}""#)) && line.contains(&format!(r#"role="{role}""#))
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+fn decisions(text: &str, role: &str, path: &str) -> f64 {
+    metric(text, &format!(r#"kvgate_pd_decisions_total{{path="{path}",role="{role}"}}"#))
 }
 
 #[tokio::test]
@@ -156,11 +150,11 @@ async fn a_conversation_coming_back_is_prefilled_in_place_on_its_decode_holder_a
         assert_eq!(planned["prefill"]["worker"], p.url.as_str(), "{planned}");
 
         // Each decision counted on its path; the dry runs are not.
-        let text = metrics(&gw).await;
-        assert_eq!(decisions(&text, "decode", "in_place"), 2, "{text}");
-        assert_eq!(decisions(&text, "decode", "pair"), 2, "{text}");
-        assert_eq!(decisions(&text, "prefill", "pair"), 2, "{text}");
-        assert_eq!(decisions(&text, "prefill", "in_place"), 0, "{text}");
+        let text = metrics_text(&gw).await;
+        assert_eq!(decisions(&text, "decode", "in_place"), 2.0, "{text}");
+        assert_eq!(decisions(&text, "decode", "pair"), 2.0, "{text}");
+        assert_eq!(decisions(&text, "prefill", "pair"), 2.0, "{text}");
+        assert_eq!(decisions(&text, "prefill", "in_place"), 0.0, "{text}");
         gw.shutdown().await;
     }
 }

@@ -19,18 +19,10 @@ use kvgate_gateway::PdProtocol;
 use kvgate_policy::PolicyKind;
 use serde_json::Value;
 
-use super::pd::{metrics, post};
+use super::pd::post;
 // A first turn of about 5,000 tokens (`long_turn_of`) is long and new: the rule sends it
 // through a pair.
 use super::pd_conditional::{conditional, long_turn_of as long_turn, pd_path};
-
-/// `kvgate_pd_transfer_fallbacks_total`, summed over models.
-fn fallbacks(text: &str) -> u64 {
-    text.lines()
-        .filter(|line| line.starts_with("kvgate_pd_transfer_fallbacks_total{"))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
 
 #[tokio::test]
 async fn a_decode_engine_that_never_gets_its_kv_prefills_the_request_in_place_in_both_protocols() {
@@ -55,7 +47,11 @@ async fn a_decode_engine_that_never_gets_its_kv_prefills_the_request_in_place_in
             let what = format!("{protocol:?}, fallback {fallback}");
             if !fallback {
                 assert_eq!(response.status(), 502, "{what}: the failed transfer is the answer");
-                assert_eq!(fallbacks(&metrics(&gw).await), 0, "{what}");
+                assert_eq!(
+                    metric(&metrics_text(&gw).await, "kvgate_pd_transfer_fallbacks_total"),
+                    0.0,
+                    "{what}"
+                );
             } else {
                 assert_eq!(response.status(), 200, "{what}");
                 let path = pd_path(&response);
@@ -63,7 +59,11 @@ async fn a_decode_engine_that_never_gets_its_kv_prefills_the_request_in_place_in
                 assert_eq!(response.headers()["x-kvgate-worker"], decode.urls()[0].as_str(), "{what}");
                 let answer: Value = response.json().await.unwrap();
                 assert_eq!(answer["usage"]["completion_tokens"], 8, "{what}: {answer}");
-                assert_eq!(fallbacks(&metrics(&gw).await), 1, "{what}");
+                assert_eq!(
+                    metric(&metrics_text(&gw).await, "kvgate_pd_transfer_fallbacks_total"),
+                    1.0,
+                    "{what}"
+                );
             }
             gw.shutdown().await;
             prefill.shutdown().await;
@@ -91,7 +91,11 @@ async fn the_fallback_is_taken_once_and_a_503_is_a_plain_retry() {
         assert!(p.requests.load(Ordering::SeqCst) <= 1, "{protocol:?}");
         let path = pd_path(&response);
         assert!(path.starts_with("in_place; why=transfer_failed; "), "{protocol:?}: {path}");
-        assert_eq!(fallbacks(&metrics(&gw).await), 1, "{protocol:?}");
+        assert_eq!(
+            metric(&metrics_text(&gw).await, "kvgate_pd_transfer_fallbacks_total"),
+            1.0,
+            "{protocol:?}"
+        );
         gw.shutdown().await;
 
         // A 503 (overloaded, unhealthy) is no failed transfer: in place would not help there.
@@ -105,7 +109,11 @@ async fn the_fallback_is_taken_once_and_a_503_is_a_plain_retry() {
         let response = post(&gw, &long_turn("m", "mike")).await;
         assert_eq!(response.status(), 503, "{protocol:?}");
         assert_eq!(d.requests.load(Ordering::SeqCst), 1, "{protocol:?}");
-        assert_eq!(fallbacks(&metrics(&gw).await), 0, "{protocol:?}");
+        assert_eq!(
+            metric(&metrics_text(&gw).await, "kvgate_pd_transfer_fallbacks_total"),
+            0.0,
+            "{protocol:?}"
+        );
         gw.shutdown().await;
     }
 }

@@ -100,7 +100,7 @@ async fn a_bounded_queue_waits_for_a_slot_then_refuses() {
     let _ = held.text().await;
     let admitted = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
     assert_eq!(admitted.status(), 200);
-    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    let metrics = metrics_text(&gw).await;
     assert!(metrics.contains(r#"kvgate_admission_rejected_total{reason="queue_full"} 1"#), "{metrics}");
     assert!(metrics.contains(r#"kvgate_admission_rejected_total{reason="queue_timeout"} 1"#));
     gw.shutdown().await;

@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client, eventually, gateway};
+use common::{client, eventually, gateway, metrics_text};
 use kvgate_gateway::{GatewayConfig, GatewayHandle};
 use kvgate_index::PrefixMatch;
 use kvgate_mock::{spawn_fleet, MockArgs, MockFleet};
@@ -203,7 +203,7 @@ async fn the_dry_run_needs_the_admin_key_and_records_nothing() {
         assert_eq!(again["reason"], "cache_miss", "a dry run teaches the tree nothing: {again}");
         assert_eq!(again["worker"], first["worker"], "the tie-break is a function of the prompt");
     }
-    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
+    let metrics = metrics_text(&gw).await;
     assert!(!metrics.contains("kvgate_routing_decisions_total{"), "dry runs are not counted:\n{metrics}");
     let bad =
         client().post(format!("{url}?endpoint=nope")).bearer_auth("admin").json(&body).send().await.unwrap();

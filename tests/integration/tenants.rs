@@ -10,20 +10,15 @@ use std::time::Duration;
 use kvgate_gateway::{GatewayHandle, TenantsConfig};
 use serde_json::{json, Value};
 
-use crate::common::{chat, client, config, gateway, metric_line_appears, upstream};
+use crate::common::{chat, client, config, gateway, metric, metric_line_appears, metrics_text, upstream};
 
 fn tenants(config: Value) -> TenantsConfig {
     serde_json::from_value(config).unwrap()
 }
 
 /// `kvgate_tenant_requests_total` of `tenant` (every class), from `/metrics`.
-async fn admitted(gw: &GatewayHandle, tenant: &str) -> u64 {
-    let text = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
-    let label = format!("tenant=\"{tenant}\"");
-    text.lines()
-        .filter(|line| line.starts_with("kvgate_tenant_requests_total{") && line.contains(&label))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+async fn admitted(gw: &GatewayHandle, tenant: &str) -> f64 {
+    metric(&metrics_text(gw).await, &format!(r#"kvgate_tenant_requests_total{{tenant="{tenant}"}}"#))
 }
 
 async fn post(gw: &GatewayHandle, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
@@ -43,14 +38,14 @@ async fn identity_is_the_key_else_the_header_else_user_else_default() {
     let mut body = chat("m");
     body["user"] = json!("from-user");
     assert_eq!(post(&gw, &body, &[("x-kvgate-tenant", "from-header")]).await.status(), 200);
-    assert_eq!(admitted(&gw, "from-header").await, 1);
+    assert_eq!(admitted(&gw, "from-header").await, 1.0);
     assert_eq!(post(&gw, &body, &[]).await.status(), 200);
-    assert_eq!(admitted(&gw, "from-user").await, 1);
+    assert_eq!(admitted(&gw, "from-user").await, 1.0);
     assert_eq!(post(&gw, &chat("m"), &[]).await.status(), 200);
-    assert_eq!(admitted(&gw, "default").await, 1);
+    assert_eq!(admitted(&gw, "default").await, 1.0);
     // A tenant no `tenants:` entry or key names is counted as `other` (bounded labels).
     assert_eq!(post(&gw, &chat("m"), &[("x-kvgate-tenant", "someone-else")]).await.status(), 200);
-    assert_eq!(admitted(&gw, "other").await, 1);
+    assert_eq!(admitted(&gw, "other").await, 1.0);
     let refused = post(&gw, &chat("m"), &[("x-kvgate-priority", "urgent")]).await;
     assert_eq!(refused.status(), 400);
     gw.shutdown().await;
@@ -62,11 +57,11 @@ async fn identity_is_the_key_else_the_header_else_user_else_default() {
     let gw = gateway(cfg).await;
     let keyed = [("authorization", "Bearer sk-1"), ("x-kvgate-tenant", "from-header")];
     assert_eq!(post(&gw, &body, &keyed).await.status(), 200);
-    assert_eq!(admitted(&gw, "from-key").await, 1);
+    assert_eq!(admitted(&gw, "from-key").await, 1.0);
     let plain = [("authorization", "Bearer sk-plain"), ("x-kvgate-tenant", "from-header")];
     assert_eq!(post(&gw, &body, &plain).await.status(), 200);
-    assert_eq!(admitted(&gw, "default").await, 1);
-    assert_eq!(admitted(&gw, "from-header").await + admitted(&gw, "from-user").await, 0);
+    assert_eq!(admitted(&gw, "default").await, 1.0);
+    assert_eq!(admitted(&gw, "from-header").await + admitted(&gw, "from-user").await, 0.0);
     assert_eq!(post(&gw, &body, &[("x-kvgate-tenant", "from-header")]).await.status(), 401);
     gw.shutdown().await;
 }
@@ -122,17 +117,14 @@ async fn each_quota_answers_429_with_retry_after() {
     assert!(
         crate::common::eventually(5.0, async || post(&gw, &chat("m"), &conc).await.status() == 200).await
     );
-    let metrics = client().get(format!("{}/metrics", gw.url())).send().await.unwrap().text().await.unwrap();
-    for (tenant, reason, count) in
-        [("rpm", "requests_per_minute", 1), ("tpm", "tokens_per_minute", 2), ("conc", "max_concurrent", 1)]
-    {
-        let found = metrics.lines().any(|line| {
-            line.starts_with("kvgate_tenant_rejected_total{")
-                && line.contains(&format!("tenant=\"{tenant}\""))
-                && line.contains(&format!("reason=\"{reason}\""))
-                && line.ends_with(&format!(" {count}"))
-        });
-        assert!(found, "{tenant} {reason} {count}:\n{metrics}");
+    let metrics = metrics_text(&gw).await;
+    for (tenant, reason, count) in [
+        ("rpm", "requests_per_minute", 1.0),
+        ("tpm", "tokens_per_minute", 2.0),
+        ("conc", "max_concurrent", 1.0),
+    ] {
+        let rejected = format!(r#"kvgate_tenant_rejected_total{{reason="{reason}",tenant="{tenant}"}}"#);
+        assert_eq!(metric(&metrics, &rejected), count, "{tenant} {reason}:\n{metrics}");
     }
     gw.shutdown().await;
 }

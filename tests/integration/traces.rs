@@ -216,7 +216,7 @@ async fn exports_a_collector_refuses_or_never_gets_are_counted_with_their_spans(
         })
         .await;
         assert!(counted, "{what}: the failed exports and their 3 spans are counted:\n{text}");
-        assert_eq!(metric(&text, "kvgate_otlp_spans_exported_total "), 0.0, "{what}");
+        assert_eq!(metric(&text, "kvgate_otlp_spans_exported_total"), 0.0, "{what}");
         assert_eq!(metric(&text, r#"kvgate_otlp_spans_dropped_total{reason="queue_full"}"#), 0.0, "{what}");
         gw.shutdown().await;
     }

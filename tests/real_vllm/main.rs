@@ -171,15 +171,9 @@ async fn converse(url: String, seeds: impl Iterator<Item = usize>, words_per_tur
 
 async fn no_event_refused(gw: &GatewayHandle) {
     let text = metrics_text(gw).await;
-    let sum = |name: &str| {
-        text.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
-    assert!(sum("kvgate_kv_events_batches_total") > 0.0, "{text}");
-    assert_eq!(sum("kvgate_kv_events_malformed_total"), 0.0, "every message decodes");
-    assert_eq!(sum("kvgate_kv_events_refused_total"), 0.0, "no event refused");
+    assert!(metric(&text, "kvgate_kv_events_batches_total") > 0.0, "{text}");
+    assert_eq!(metric(&text, "kvgate_kv_events_malformed_total"), 0.0, "every message decodes");
+    assert_eq!(metric(&text, "kvgate_kv_events_refused_total"), 0.0, "no event refused");
     assert_eq!(metric(&text, "kvgate_tokenize_failures_total"), 0.0);
 }
 

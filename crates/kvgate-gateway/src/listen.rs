@@ -31,7 +31,6 @@ use tower::ServiceExt;
 
 use self::limits::{with_deadlines, Activity, ActivityIo, ClientLimits, GuardedBody};
 use kvgate_protocol::endpoint::Endpoint;
-use kvgate_proxy::proxy;
 use kvgate_proxy::state::SharedState;
 
 /// At most one warning per this interval while connections are refused at the limit.
@@ -68,7 +67,7 @@ impl hyper::service::Service<Request<Incoming>> for GatewayService {
             if let Some(endpoint) = Endpoint::from_path(request.uri().path()) {
                 let state = self.state.clone();
                 return Box::pin(async move {
-                    let response = proxy::serve(state, endpoint, request).await;
+                    let response = kvgate_proxy::serve(state, endpoint, request).await;
                     Ok(response.map(|body| GuardedBody::new(body, guard)))
                 });
             }

@@ -26,7 +26,6 @@ use kvgate_observe::fleet_view::{self, FleetView};
 use kvgate_observe::kv_map::KvMapTask;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::role::WorkerRole;
-use kvgate_proxy::proxy;
 use kvgate_proxy::replica_sync::SyncSettings;
 use kvgate_proxy::state::{AppState, SharedState};
 
@@ -123,7 +122,7 @@ fn admin_routes(router: Router<SharedState>, state: &SharedState) -> Router<Shar
     let admin = Router::new()
         .route("/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/workers/{*url}", delete(admin::remove_worker))
-        .route("/v1/route", post(proxy::route_only::route))
+        .route("/v1/route", post(kvgate_proxy::route_only::route))
         .merge(fleet_routes(state))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), crate::browser_guard::guard));
     router.merge(admin)
@@ -182,7 +181,7 @@ pub fn router(state: SharedState) -> Router {
     for endpoint in Endpoint::ALL {
         router = router.route(
             endpoint.path(),
-            post(move |state, request| proxy::handle(state, endpoint, request))
+            post(move |state, request| kvgate_proxy::handle(state, endpoint, request))
                 .options(kvgate_proxy::cors::preflight),
         );
     }
@@ -477,7 +476,7 @@ fn spawn_background(
 /// Reloading `--client-api-keys-file`: the keys, the tenants' series, the reload counter.
 struct KeyReload {
     clients: Arc<kvgate_gateway_core::auth::Clients>,
-    admission: Arc<kvgate_admission::admission::Admission>,
+    admission: Arc<kvgate_admission::Admission>,
     reloads: prometheus::IntCounterVec,
 }
 

@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{spawn, words, Harness};
+use kvgate_protocol::exposition::Selector;
 use serde_json::{json, Value};
 
 /// Polls `/v1/loads` (at most 100 times, 20 ms apart) until `accept` holds; returns that load.
@@ -20,13 +21,11 @@ async fn wait_for_load(harness: &Harness, accept: impl Fn(&Value) -> bool) -> Va
     panic!("load never matched; last: {last}");
 }
 
+/// The mock's series `name` of its model, read as the gateway reads an engine's `/metrics`.
 fn metric(text: &str, name: &str) -> f64 {
-    let prefix = format!("{name}{{model_name=\"mock-model\"}} ");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("{name} missing in {text}"))
-        .parse()
-        .unwrap()
+    let selector = format!(r#"{name}{{model_name="mock-model"}}"#);
+    let series = Selector::parse(&selector).unwrap();
+    series.first(text).unwrap_or_else(|| panic!("{selector} missing in {text}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,21 +12,17 @@
 // Wall-clock timing belongs to the bench harness, not to the pure core the clippy.toml guards.
 #![allow(clippy::disallowed_types)]
 
+mod common;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use common::{prompt, request, tick, CONVERSATIONS_PER_WORKER, NOW_MS};
 use criterion::{BenchmarkId, Criterion};
 use kvgate_index::ApproxIndex;
-use kvgate_policy::{
-    build_policy, Candidate, Candidates, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest, Routed,
-    RoutingKey, SelectContext,
-};
+use kvgate_policy::{Candidate, Candidates, Policy, PolicyKind, Routed, SelectContext};
 use kvgate_trace::percentile;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
-const NOW_MS: u64 = 1_000_000;
-const CONVERSATIONS_PER_WORKER: usize = 4;
 
 /// A policy over `n_workers` workers with a warm index, and the prompts to route.
 struct Fleet {
@@ -38,63 +34,23 @@ struct Fleet {
     now_ms: u64,
 }
 
-fn prompt(conversation: usize, turn: usize) -> String {
-    let mut text = format!("system prompt {} ", conversation % 16).repeat(40);
-    for t in 0..=turn {
-        text.push_str(&format!("user {conversation} turn {t}: tell me about topic {} please. ", t * 7));
-    }
-    text
-}
-
 impl Fleet {
     fn new(kind: PolicyKind, n_workers: usize) -> Self {
-        let config = PolicyConfig { policy: kind, ..PolicyConfig::default() };
-        let policy = build_policy(&config);
-        for worker in 0..n_workers {
-            policy.add_worker(worker as u32, &format!("http://127.0.0.1:{}", 20000 + worker));
-        }
-        let mut rng = SmallRng::seed_from_u64(7);
-        let candidates: Vec<Candidate> = (0..n_workers)
-            .map(|worker| Candidate {
-                id: worker as u32,
-                in_flight: rng.random_range(0..4),
-                load: Some(LoadSample {
-                    token_usage: rng.random_range(0.1..0.6),
-                    num_running_reqs: rng.random_range(0..8),
-                    num_waiting_reqs: 0,
-                    num_waiting_uncached_tokens: rng.random_range(0..2000),
-                    gen_throughput: 1000.0,
-                    max_total_num_tokens: 100_000,
-                    fetched_at_ms: NOW_MS - 200,
-                }),
-            })
-            .collect();
+        let (config, policy, candidates, rng) = common::fleet(kind, n_workers);
         let index = ApproxIndex::new(config.tree_settings());
-        let conversations = n_workers * CONVERSATIONS_PER_WORKER;
         let mut fleet = Fleet { policy, index, candidates, prompts: Vec::new(), rng, now_ms: NOW_MS };
-        for conversation in 0..conversations {
+        for conversation in 0..n_workers * CONVERSATIONS_PER_WORKER {
             for turn in 0..3 {
-                let text = prompt(conversation, turn);
-                fleet.decide(&text);
-                if turn == 2 {
-                    fleet.prompts.push(prompt(conversation, 3));
-                }
+                fleet.decide(&prompt(conversation, turn));
             }
+            fleet.prompts.push(prompt(conversation, 3));
         }
         fleet
     }
 
     fn decide(&mut self, text: &str) -> u32 {
-        self.now_ms += 1;
-        if self.now_ms.is_multiple_of(1000) {
-            for candidate in &mut self.candidates {
-                if let Some(load) = &mut candidate.load {
-                    load.fetched_at_ms = self.now_ms;
-                }
-            }
-        }
-        let request =
-            RouteRequest { key: RoutingKey::Text(text), prompt_tokens: text.len() as u64 / 4, session: None };
+        tick(&mut self.now_ms, &mut self.candidates);
+        let request = request(text);
         let mut ctx = SelectContext {
             now_ms: self.now_ms,
             load_poll_interval_ms: 1000,

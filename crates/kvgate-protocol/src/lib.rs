@@ -6,6 +6,7 @@
 //! - [`endpoint`]: the generation endpoints' paths;
 //! - [`usage`]: what an answer says of its prompt (tokens, cached tokens), whole or streamed;
 //! - [`loads`]: the engines' load reports (SGLang's `/v1/loads`, vLLM's `/metrics`);
+//! - [`exposition`]: the Prometheus text format read, the one reader of a `/metrics` page;
 //! - [`transfer`]: the prefill/decode KV-transfer fields (SGLang's bootstrap fields, vLLM's
 //!   `kv_transfer_params`);
 //! - [`role`]: a worker's role in a disaggregated fleet and the PD protocols;
@@ -17,6 +18,7 @@
 
 pub mod edit;
 pub mod endpoint;
+pub mod exposition;
 pub mod headers;
 pub mod loads;
 pub mod request;

@@ -7,6 +7,8 @@ use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
+use crate::exposition;
+
 /// What an engine's load report says, as the gateway reads it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LoadReport {
@@ -104,77 +106,37 @@ pub fn render_sglang(timestamp: &str, ranks: &[SglangRankLoad]) -> serde_json::V
     })
 }
 
-/// The value of label `name` in a Prometheus label set `a="x",b="y"` (no escapes in numbers).
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
-    let mut rest = labels;
-    while let Some(at) = rest.find(name) {
-        let before = rest[..at].chars().next_back();
-        let after = &rest[at + name.len()..];
-        if matches!(before, None | Some(',') | Some(' ')) {
-            if let Some(value) = after.strip_prefix("=\"") {
-                return value.split('"').next();
-            }
-        }
-        rest = after;
-    }
-    None
-}
-
-/// Parse vLLM's Prometheus text. Unknown lines, comments, labels and timestamps are tolerated;
-/// several series of one metric (e.g. per engine) are averaged for usage and summed for counts.
-/// The KV capacity comes from `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`).
+/// Parse vLLM's Prometheus text ([`crate::exposition`]). Unknown series, comments and lines that
+/// do not parse are passed over; several series of one metric (e.g. per engine) are averaged for
+/// usage and summed for counts. The KV capacity comes from `vllm:cache_config_info`
+/// (`num_gpu_blocks` x `block_size`).
 pub fn parse_vllm(text: &str) -> Result<LoadReport, String> {
     let (mut usage_sum, mut usage_n) = (0.0, 0u32);
     let (mut running, mut waiting) = (0.0, 0.0);
     let mut capacity = 0u64;
-    let mut seen_any = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (name, rest) = match line.find(['{', ' ']) {
-            Some(i) => line.split_at(i),
-            None => continue,
-        };
-        let (labels, after_labels) = match rest.strip_prefix('{') {
-            Some(labels) => match labels.rfind('}') {
-                Some(end) => (&labels[..end], &labels[end + 1..]),
-                None => continue,
-            },
-            None => ("", rest),
-        };
-        if name == "vllm:cache_config_info" {
-            let number = |key: &str| label(labels, key).and_then(|v| v.parse::<u64>().ok());
+    for sample in exposition::samples(text) {
+        if sample.name == "vllm:cache_config_info" {
+            let number = |key: &str| sample.label(key).and_then(|v| v.parse::<u64>().ok());
             if let (Some(blocks), Some(block_size)) = (number("num_gpu_blocks"), number("block_size")) {
                 capacity += blocks.saturating_mul(block_size);
             }
             continue;
         }
-        let Some(value) = after_labels.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else {
-            continue;
-        };
+        let value = sample.value;
         if !value.is_finite() {
             continue;
         }
-        match name {
+        match sample.name {
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
                 usage_sum += value;
                 usage_n += 1;
-                seen_any = true;
             }
-            "vllm:num_requests_running" => {
-                running += value;
-                seen_any = true;
-            }
-            "vllm:num_requests_waiting" => {
-                waiting += value;
-                seen_any = true;
-            }
+            "vllm:num_requests_running" => running += value,
+            "vllm:num_requests_waiting" => waiting += value,
             _ => {}
         }
     }
-    if !seen_any || usage_n == 0 {
+    if usage_n == 0 {
         return Err("no vllm:kv_cache_usage_perc in /metrics".into());
     }
     Ok(LoadReport {
@@ -347,9 +309,6 @@ mod tests {
         assert_eq!(parse_vllm(text).unwrap().max_total_num_tokens, 32_768);
         let no_blocks = "vllm:kv_cache_usage_perc 0.5\nvllm:cache_config_info{block_size=\"16\"} 1.0\n";
         assert_eq!(parse_vllm(no_blocks).unwrap().max_total_num_tokens, 0, "unknown capacity stays 0");
-        assert_eq!(label("a=\"1\",ba=\"2\"", "a"), Some("1"));
-        assert_eq!(label("ba=\"2\", a=\"3\"", "a"), Some("3"));
-        assert_eq!(label("ba=\"2\"", "a"), None);
     }
 
     #[test]

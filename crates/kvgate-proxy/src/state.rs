@@ -11,7 +11,7 @@ use http::HeaderValue;
 use kvgate_tokenizer::{Tokenizer, TokenizerOptions};
 
 use crate::replica_sync::{ReplicaSync, SyncLimits};
-use kvgate_admission::admission::{Admission, Limits};
+use kvgate_admission::{Admission, Limits};
 use kvgate_fleet::kv_events::{KvEventLimits, KvEvents};
 use kvgate_fleet::load_snapshot::LoadSnapshot;
 use kvgate_fleet::registration::{OwnAddress, Registration};

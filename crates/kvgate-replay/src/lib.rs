@@ -1,7 +1,7 @@
 //! kvgate-replay: `kvgate replay`, which sends a trace as real streaming HTTP requests to any OpenAI-compatible endpoint at its recorded (scaled) times and measures what the client sees.
 //!
 //! Each trace line becomes the same prompt the simulator routes on, as text
-//! ([`kvgate_trace::trace::prompt_text`]), sent with `"stream": true`, `"max_tokens"` =
+//! ([`kvgate_trace::prompt_text`]), sent with `"stream": true`, `"max_tokens"` =
 //! `output_length`, `"ignore_eos": true` and `"stream_options": {"include_usage": true}`. TTFT is
 //! the time from sending to the first SSE `data:` event, end-to-end the time to `data: [DONE]`;
 //! the cache hit rate comes from `usage.prompt_tokens_details.cached_tokens` of the final usage
@@ -30,8 +30,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
-use kvgate_trace::trace::{Trace, TraceFormat};
 use kvgate_trace::SessionSchedule;
+use kvgate_trace::{Trace, TraceFormat};
 
 pub use error::ReplayError;
 pub use report::{json_all, markdown_all, ReplayReport};

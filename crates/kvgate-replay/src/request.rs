@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use kvgate_protocol::usage::usage_of_body;
 use kvgate_protocol::SseData;
-use kvgate_trace::trace::{prompt_text, TraceRequest};
+use kvgate_trace::{prompt_text, TraceRequest};
 use serde_json::{json, Value};
 
 pub use kvgate_trace::Endpoint;

@@ -70,7 +70,7 @@ async fn replays_a_trace_against_a_simulated_engine_and_sees_cached_prefixes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_endpoint_max_requests_and_concurrency_limit() {
     let fleet = spawn_fleet(fast_engines()).await.unwrap();
-    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let mut args = ReplayArgs::new("inline", fleet.urls()[0].clone());
     args.endpoint = Endpoint::Chat;
     args.model = Some("mock-model".to_string());
@@ -95,7 +95,7 @@ async fn chat_endpoint_max_requests_and_concurrency_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_counted_not_fatal() {
     let fleet = spawn_fleet(MockArgs { fail_rate: 1.0, ..fast_engines() }).await.unwrap();
-    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let mut args = ReplayArgs::new("inline", fleet.urls()[0].clone());
     args.rate_scale = 100.0;
     let report = run_on_trace(&args, &trace).await.unwrap();
@@ -112,7 +112,7 @@ async fn the_deadline_bounds_the_run() {
     // Nothing listens on this port's accept queue in time: a listener that never answers.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let mut args = ReplayArgs::new("inline", url);
     args.model = Some("m".to_string());
     args.rate_scale = 1000.0;
@@ -231,7 +231,7 @@ async fn compares_two_gateways_in_one_run_with_cold_caches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushing_between_targets_keeps_the_second_run_from_reusing_the_first_runs_cache() {
     let fleet = spawn_fleet(fast_engines()).await.unwrap();
-    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let url = fleet.urls()[0].clone();
     let mut args = ReplayArgs::new("inline", url.clone());
     args.url.push(url.clone());
@@ -256,7 +256,7 @@ async fn flushing_between_targets_keeps_the_second_run_from_reusing_the_first_ru
 
 #[tokio::test]
 async fn a_failed_flush_is_a_clear_error() {
-    let trace = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let trace = kvgate_trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     // A port nothing listens on.
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -315,7 +315,7 @@ const SESSIONS: &str = r#"{"timestamp": 0, "input_length": 600, "output_length":
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trace_with_sessions_replays_closed_loop_and_reports_their_makespans() {
     let fleet = spawn_fleet(fast_engines()).await.unwrap();
-    let trace = kvgate_trace::trace::Trace::parse_mooncake(SESSIONS.as_bytes()).unwrap();
+    let trace = kvgate_trace::Trace::parse_mooncake(SESSIONS.as_bytes()).unwrap();
     let mut args = ReplayArgs::new("inline", fleet.urls()[0].clone());
     args.model = Some("mock-model".to_string());
     let report = run_on_trace(&args, &trace).await.unwrap();
@@ -335,7 +335,7 @@ async fn a_trace_with_sessions_replays_closed_loop_and_reports_their_makespans()
     assert!(markdown.contains("\n| session makespan p99 (ms) |"), "{markdown}");
     assert!(report.to_json().contains("\"makespan_p99_ms\""));
     // Without sessions: no session rows.
-    let open = kvgate_trace::trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
+    let open = kvgate_trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
     let report = run_on_trace(&args, &open).await.unwrap();
     assert!(report.sessions.is_none() && !report.markdown().contains("session"));
     fleet.shutdown().await;

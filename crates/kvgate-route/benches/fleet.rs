@@ -15,118 +15,31 @@
 // Wall-clock timing belongs to the bench, not to the pure core the clippy.toml guards.
 #![allow(clippy::disallowed_types)]
 
+#[path = "../../kvgate-policy/benches/common/mod.rs"]
+mod common;
+
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate_index::{ApproxIndex, IndexKind, IndexView, PrefixIndex, PrefixIndexMode, ReadOnlyTree};
-use kvgate_policy::{
-    build_policy, Candidate, Candidates, Decision, LoadSample, OverloadSettings, Policy, PolicyConfig,
-    PolicyKind, RouteRequest, RoutingKey, SelectContext, WorkerId,
-};
-use kvgate_route::{IndexMode, Offer, PlanContext, Planning, Pool, Pools, RoutePlan};
+use common::{prompt, request, CONVERSATIONS_PER_WORKER, NOW_MS};
+use kvgate_index::{ApproxIndex, ReadOnlyTree};
+use kvgate_policy::{Candidates, Decision, OverloadSettings, PolicyKind, SelectContext};
+use kvgate_route::{FixedPool, PlanContext, Planning, Pools, RoutePlan};
+use kvgate_trace::percentile;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
-const NOW_MS: u64 = 1_000_000;
-const CONVERSATIONS_PER_WORKER: usize = 4;
-
-struct Fleet {
-    policy: Arc<dyn Policy>,
-    tree: ApproxIndex,
-    candidates: Vec<Candidate>,
-}
-
-enum TreeView<'a> {
-    Learning(&'a ApproxIndex),
-    ReadOnly(ReadOnlyTree<'a>),
-}
-
-impl IndexView for TreeView<'_> {
-    fn kind(&self) -> IndexKind {
-        IndexKind::Approximate
-    }
-
-    fn with<R>(&self, use_index: impl FnOnce(&dyn PrefixIndex) -> R) -> R {
-        match self {
-            TreeView::Learning(tree) => use_index(*tree),
-            TreeView::ReadOnly(tree) => use_index(tree),
-        }
-    }
-}
-
-impl Pool for Fleet {
-    type Index<'a> = TreeView<'a>;
-
-    fn policy(&self) -> &dyn Policy {
-        &*self.policy
-    }
-
-    fn offer(&self, tried: &[WorkerId]) -> Offer {
-        let candidates = self.candidates.iter().filter(|c| !tried.contains(&c.id)).copied().collect();
-        Offer { candidates, events_flowing: false }
-    }
-
-    fn member(&self, worker: WorkerId) -> Option<bool> {
-        ((worker as usize) < self.candidates.len()).then_some(true)
-    }
-
-    fn index_mode(&self) -> IndexMode {
-        IndexMode { mode: PrefixIndexMode::Auto, has_kv_events: false }
-    }
-
-    fn prefix_index(
-        &self,
-        _kind: IndexKind,
-        planning: Planning,
-        _request: &RouteRequest<'_>,
-    ) -> TreeView<'_> {
-        match planning {
-            Planning::Live => TreeView::Learning(&self.tree),
-            Planning::DryRun => TreeView::ReadOnly(ReadOnlyTree(&self.tree)),
-        }
-    }
-}
-
-fn prompt(conversation: usize, turn: usize) -> String {
-    let mut text = format!("system prompt {} ", conversation % 16).repeat(40);
-    for t in 0..=turn {
-        text.push_str(&format!("user {conversation} turn {t}: tell me about topic {} please. ", t * 7));
-    }
-    text
-}
 
 struct Bench {
-    fleet: Fleet,
+    fleet: FixedPool,
     rng: SmallRng,
     now_ms: u64,
 }
 
 impl Bench {
     fn new(kind: PolicyKind, n_workers: usize) -> (Self, Vec<String>) {
-        let config = PolicyConfig { policy: kind, ..PolicyConfig::default() };
-        let policy = build_policy(&config);
-        for worker in 0..n_workers {
-            policy.add_worker(worker as u32, &format!("http://127.0.0.1:{}", 20000 + worker));
-        }
-        let mut rng = SmallRng::seed_from_u64(7);
-        let candidates = (0..n_workers)
-            .map(|worker| Candidate {
-                id: worker as u32,
-                in_flight: rng.random_range(0..4),
-                load: Some(LoadSample {
-                    token_usage: rng.random_range(0.1..0.6),
-                    num_running_reqs: rng.random_range(0..8),
-                    num_waiting_reqs: 0,
-                    num_waiting_uncached_tokens: rng.random_range(0..2000),
-                    gen_throughput: 1000.0,
-                    max_total_num_tokens: 100_000,
-                    fetched_at_ms: NOW_MS - 200,
-                }),
-            })
-            .collect();
+        let (config, policy, candidates, rng) = common::fleet(kind, n_workers);
         let tree = ApproxIndex::new(config.tree_settings());
-        let mut bench = Bench { fleet: Fleet { policy, tree, candidates }, rng, now_ms: NOW_MS };
+        let fleet = FixedPool { policy, workers: candidates, down: Vec::new(), tree };
+        let mut bench = Bench { fleet, rng, now_ms: NOW_MS };
         let mut prompts = Vec::new();
         for conversation in 0..n_workers * CONVERSATIONS_PER_WORKER {
             for turn in 0..3 {
@@ -139,21 +52,12 @@ impl Bench {
     }
 
     fn tick(&mut self) {
-        self.now_ms += 1;
-        if self.now_ms.is_multiple_of(1000) {
-            for load in self.fleet.candidates.iter_mut().filter_map(|c| c.load.as_mut()) {
-                load.fetched_at_ms = self.now_ms;
-            }
-        }
-    }
-
-    fn request(text: &str) -> RouteRequest<'_> {
-        RouteRequest { key: RoutingKey::Text(text), prompt_tokens: text.len() as u64 / 4, session: None }
+        common::tick(&mut self.now_ms, &mut self.fleet.workers);
     }
 
     /// A live plan, sent: the decision.
     fn plan(&mut self, text: &str) -> Decision {
-        let request = Self::request(text);
+        let request = request(text);
         let mut ctx = PlanContext {
             now_ms: self.now_ms,
             load_poll_interval_ms: 1000,
@@ -170,7 +74,7 @@ impl Bench {
 
     /// The policy's decision on the whole pool, recording nothing (read-only tree).
     fn whole(&mut self, text: &str) -> Decision {
-        let request = Self::request(text);
+        let request = request(text);
         let tree = ReadOnlyTree(&self.fleet.tree);
         let mut ctx = SelectContext {
             now_ms: self.now_ms,
@@ -178,13 +82,13 @@ impl Bench {
             rng: &mut self.rng,
             prefix_index: Some(&tree),
         };
-        let candidates = Candidates::new(&self.fleet.candidates).expect("a fleet");
+        let candidates = Candidates::new(&self.fleet.workers).expect("a fleet");
         self.fleet.policy.decide(&request, candidates, &mut ctx).expect("a decision")
     }
 
     /// Whether `chosen` is as good as `whole` by the policy's own terms.
     fn as_good(&self, kind: PolicyKind, chosen: &Decision, whole: &Decision) -> bool {
-        let in_flight = |d: &Decision| self.fleet.candidates[d.worker as usize].in_flight;
+        let in_flight = |d: &Decision| self.fleet.workers[d.worker as usize].in_flight;
         match kind {
             PolicyKind::KvAware => {
                 let cost = |d: &Decision| d.predicted.map_or(f64::INFINITY, |p| p.cost());
@@ -197,10 +101,6 @@ impl Bench {
             }
         }
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p / 100.0).round() as usize]
 }
 
 fn main() {

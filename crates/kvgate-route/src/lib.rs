@@ -13,6 +13,7 @@
 //! it. A dry run ([`Planning::DryRun`]: `POST /v1/route`, the admission queue's locality score,
 //! a path's prediction) matches on read-only indexes and records nothing anywhere.
 
+mod fixed;
 mod pick;
 mod plan;
 mod shortlist;
@@ -26,6 +27,7 @@ use kvgate_policy::{
 };
 use rand::RngCore;
 
+pub use fixed::{FixedPool, TreeView};
 pub use pick::pick;
 pub use shortlist::SHORTLIST_ABOVE;
 

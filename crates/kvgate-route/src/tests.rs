@@ -2,118 +2,43 @@
 //! conditional rule's order of the sides, kv_aware's prediction across the pair, and a dry run
 //! that records nothing (in the tree or the policy).
 
-use std::sync::Arc;
-
 use expect_test::{expect, Expect};
-use kvgate_index::{ApproxIndex, IndexKind, IndexView, PrefixIndex, PrefixIndexMode, ReadOnlyTree};
+use kvgate_index::{PrefixIndex, ReadOnlyTree};
 use kvgate_policy::{
-    build_policy, Candidate, LoadSample, OverloadSettings, Policy, PolicyConfig, PolicyKind, RouteRequest,
-    RoutingKey, WorkerId,
+    Candidate, LoadSample, OverloadSettings, PolicyConfig, PolicyKind, RouteRequest, RoutingKey, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
-use crate::{IndexMode, NoPlan, Offer, PlanContext, Planning, Pool, Pools, RoutePlan};
+use crate::{FixedPool, NoPlan, PlanContext, Planning, Pools, RoutePlan};
 
-/// A pool of workers `first..first + n` with fixed loads, on an approximate tree.
-struct TestPool {
-    policy: Arc<dyn Policy>,
-    workers: Vec<Candidate>,
-    /// Workers of the pool that are not routable.
-    down: Vec<WorkerId>,
-    tree: ApproxIndex,
+/// Workers `first..` with `in_flight` requests each, no load sample, under `policy`.
+fn fixed_pool(policy: PolicyKind, first: WorkerId, in_flight: &[u64]) -> FixedPool {
+    fixed_pool_with(&PolicyConfig { policy, ..PolicyConfig::default() }, first, in_flight)
 }
 
-impl TestPool {
-    fn new(policy: PolicyKind, first: WorkerId, in_flight: &[u64]) -> TestPool {
-        TestPool::with_config(&PolicyConfig { policy, ..PolicyConfig::default() }, first, in_flight)
-    }
-
-    fn with_config(config: &PolicyConfig, first: WorkerId, in_flight: &[u64]) -> TestPool {
-        let workers = in_flight
-            .iter()
-            .enumerate()
-            .map(|(i, &in_flight)| Candidate { id: first + i as u32, in_flight, load: None })
-            .collect();
-        TestPool {
-            policy: build_policy(config),
-            workers,
-            down: Vec::new(),
-            tree: ApproxIndex::new(config.tree_settings()),
-        }
-    }
-
-    /// Fresh samples: (waiting requests, of 1,000 uncached tokens each; running requests).
-    fn with_loads(mut self, loads: &[(u64, u64)]) -> TestPool {
-        for (worker, &(waiting, running)) in self.workers.iter_mut().zip(loads) {
-            worker.load = Some(LoadSample {
-                num_waiting_reqs: waiting,
-                num_running_reqs: running,
-                num_waiting_uncached_tokens: waiting * 1000,
-                max_total_num_tokens: 1_000_000,
-                fetched_at_ms: NOW,
-                ..LoadSample::default()
-            });
-        }
-        self
-    }
+fn fixed_pool_with(config: &PolicyConfig, first: WorkerId, in_flight: &[u64]) -> FixedPool {
+    let workers = in_flight
+        .iter()
+        .enumerate()
+        .map(|(i, &in_flight)| Candidate { id: first + i as u32, in_flight, load: None })
+        .collect();
+    FixedPool::new(config, workers)
 }
 
-/// The tree, learning or read only.
-enum TreeView<'a> {
-    Learning(&'a ApproxIndex),
-    ReadOnly(ReadOnlyTree<'a>),
-}
-
-impl IndexView for TreeView<'_> {
-    fn kind(&self) -> IndexKind {
-        IndexKind::Approximate
+/// Fresh samples: (waiting requests, of 1,000 uncached tokens each; running requests).
+fn with_loads(mut pool: FixedPool, loads: &[(u64, u64)]) -> FixedPool {
+    for (worker, &(waiting, running)) in pool.workers.iter_mut().zip(loads) {
+        worker.load = Some(LoadSample {
+            num_waiting_reqs: waiting,
+            num_running_reqs: running,
+            num_waiting_uncached_tokens: waiting * 1000,
+            max_total_num_tokens: 1_000_000,
+            fetched_at_ms: NOW,
+            ..LoadSample::default()
+        });
     }
-
-    fn with<R>(&self, use_index: impl FnOnce(&dyn PrefixIndex) -> R) -> R {
-        match self {
-            TreeView::Learning(tree) => use_index(*tree),
-            TreeView::ReadOnly(tree) => use_index(tree),
-        }
-    }
-}
-
-impl Pool for TestPool {
-    type Index<'a> = TreeView<'a>;
-
-    fn policy(&self) -> &dyn Policy {
-        &*self.policy
-    }
-
-    fn offer(&self, tried: &[WorkerId]) -> Offer {
-        let candidates = self
-            .workers
-            .iter()
-            .filter(|c| !tried.contains(&c.id) && !self.down.contains(&c.id))
-            .copied()
-            .collect();
-        Offer { candidates, events_flowing: false }
-    }
-
-    fn member(&self, worker: WorkerId) -> Option<bool> {
-        self.workers.iter().any(|c| c.id == worker).then(|| !self.down.contains(&worker))
-    }
-
-    fn index_mode(&self) -> IndexMode {
-        IndexMode { mode: PrefixIndexMode::Auto, has_kv_events: false }
-    }
-
-    fn prefix_index(
-        &self,
-        _kind: IndexKind,
-        planning: Planning,
-        _request: &RouteRequest<'_>,
-    ) -> TreeView<'_> {
-        match planning {
-            Planning::Live => TreeView::Learning(&self.tree),
-            Planning::DryRun => TreeView::ReadOnly(ReadOnlyTree(&self.tree)),
-        }
-    }
+    pool
 }
 
 const NOW: u64 = 10_000;
@@ -173,7 +98,7 @@ fn ask(text: &str, tokens: u64) -> Ask<'_> {
 }
 
 /// `check(pools, ask, expected)`: the live plan, described.
-fn check(pools: &Pools<'_, TestPool>, ask: Ask<'_>, expected: Expect) {
+fn check(pools: &Pools<'_, FixedPool>, ask: Ask<'_>, expected: Expect) {
     let mut rng = SmallRng::seed_from_u64(1);
     let mut ctx = context(&mut rng, ask.overload, Planning::Live);
     let plan = pools.plan(&request(ask.text, ask.tokens), ask.tried, ask.target, &mut ctx);
@@ -186,7 +111,7 @@ const WAITING_8: OverloadSettings =
 
 #[test]
 fn the_overload_filter_leaves_out_busy_workers_before_any_policy() {
-    let pool = TestPool::new(PolicyKind::RoundRobin, 0, &[0, 0, 0]).with_loads(&[(9, 0), (8, 0), (2, 0)]);
+    let pool = with_loads(fixed_pool(PolicyKind::RoundRobin, 0, &[0, 0, 0]), &[(9, 0), (8, 0), (2, 0)]);
     let single = Pools::Single(&pool);
     check(&single, ask("hi", 10), expect!["single regular=0:round_robin"]);
     check(
@@ -214,8 +139,8 @@ fn the_overload_filter_leaves_out_busy_workers_before_any_policy() {
 
 #[test]
 fn a_named_worker_is_taken_where_it_serves() {
-    let mut prefill = TestPool::new(PolicyKind::LeastLoad, 0, &[0, 0]);
-    let decode = TestPool::new(PolicyKind::LeastLoad, 10, &[3, 1]);
+    let mut prefill = fixed_pool(PolicyKind::LeastLoad, 0, &[0, 0]);
+    let decode = fixed_pool(PolicyKind::LeastLoad, 10, &[3, 1]);
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let pair = Pools::Pair { prefill: &prefill, decode: &decode, rule };
     let short = ask("hi", 10);
@@ -243,8 +168,8 @@ fn a_named_worker_is_taken_where_it_serves() {
 
 #[test]
 fn the_conditional_rule_chooses_the_decode_engine_first() {
-    let prefill = TestPool::new(PolicyKind::LeastLoad, 0, &[2, 0]);
-    let decode = TestPool::new(PolicyKind::LeastLoad, 10, &[0, 5]);
+    let prefill = fixed_pool(PolicyKind::LeastLoad, 0, &[2, 0]);
+    let decode = fixed_pool(PolicyKind::LeastLoad, 10, &[0, 5]);
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let conditional = Pools::Pair { prefill: &prefill, decode: &decode, rule };
     check(&conditional, ask("hi", 100), expect!["in_place decode=10:least_load why=short_uncached"]);
@@ -272,13 +197,13 @@ fn with_kv_aware_on_both_sides_the_prediction_across_the_pair_decides() {
         kv_aware_decode_stall_weight: 0.01,
         ..PolicyConfig::default()
     };
-    let prefill = TestPool::with_config(&stall, 0, &[0, 0]).with_loads(&[(2, 4), (0, 4)]);
-    let decode = TestPool::with_config(&stall, 10, &[0, 0]).with_loads(&[(0, 120), (1, 120)]);
+    let prefill = with_loads(fixed_pool_with(&stall, 0, &[0, 0]), &[(2, 4), (0, 4)]);
+    let decode = with_loads(fixed_pool_with(&stall, 10, &[0, 0]), &[(0, 120), (1, 120)]);
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let pair = Pools::Pair { prefill: &prefill, decode: &decode, rule };
     check(&pair, ask("long", 30_000), expect!["pair prefill=1:kv_aware decode=10:kv_aware why=pair_sooner"]);
     // A prefill side with 5 s of work queued on each engine: in place costs less.
-    let busy = TestPool::with_config(&stall, 0, &[0, 0]).with_loads(&[(40, 4), (40, 4)]);
+    let busy = with_loads(fixed_pool_with(&stall, 0, &[0, 0]), &[(40, 4), (40, 4)]);
     let pair = Pools::Pair { prefill: &busy, decode: &decode, rule };
     check(&pair, ask("long", 30_000), expect!["in_place decode=10:kv_aware why=in_place_sooner"]);
 }
@@ -286,12 +211,12 @@ fn with_kv_aware_on_both_sides_the_prediction_across_the_pair_decides() {
 #[test]
 fn a_dry_run_records_nothing_and_a_sent_plan_is_recorded() {
     let prompt = request("a long system prompt, then a question", 10);
-    let plan_as = |pools: &Pools<'_, TestPool>, planning| {
+    let plan_as = |pools: &Pools<'_, FixedPool>, planning| {
         let mut rng = SmallRng::seed_from_u64(1);
         describe(&pools.plan(&prompt, &[], None, &mut context(&mut rng, OFF, planning)))
     };
     // The tree learns a live decision, never a dry run's.
-    let pool = TestPool::new(PolicyKind::CacheAware, 0, &[3, 0, 3]);
+    let pool = fixed_pool(PolicyKind::CacheAware, 0, &[3, 0, 3]);
     let cache_aware = Pools::Single(&pool);
     for _ in 0..5 {
         assert_eq!(plan_as(&cache_aware, Planning::DryRun), "single regular=1:cache_miss");
@@ -301,7 +226,7 @@ fn a_dry_run_records_nothing_and_a_sent_plan_is_recorded() {
     assert_eq!(pool.tree.tenant_size(1), prompt_len(&prompt));
     assert_eq!(plan_as(&cache_aware, Planning::DryRun), "single regular=1:cache_hit");
     // The policy records a plan when it is sent, not when it is made.
-    let pool = TestPool::new(PolicyKind::RoundRobin, 0, &[0, 0, 0]);
+    let pool = fixed_pool(PolicyKind::RoundRobin, 0, &[0, 0, 0]);
     let round_robin = Pools::Single(&pool);
     let mut rng = SmallRng::seed_from_u64(1);
     let live =
@@ -330,7 +255,7 @@ fn a_large_pool_is_decided_on_a_shortlist_as_well_as_on_the_whole_pool() {
         let n = 600;
         let in_flight: Vec<u64> = (0..n).map(|i| (i * 7 % 5) as u64).collect();
         let loads: Vec<(u64, u64)> = (0..n).map(|i| ((i * 3 % 4) as u64, (i % 6) as u64)).collect();
-        let pool = TestPool::new(kind, 0, &in_flight).with_loads(&loads);
+        let pool = with_loads(fixed_pool(kind, 0, &in_flight), &loads);
         let turn =
             |c: usize, t: usize| format!("{} conversation {c} turn {t} ", "shared system prompt ".repeat(8));
         let single = Pools::Single(&pool);

@@ -8,7 +8,7 @@
 use anyhow::Context;
 use clap::Parser;
 use kvgate_sim::scenarios::{built_in_policies, scenario};
-use kvgate_sim::trace::{Trace, TraceFormat};
+use kvgate_trace::{Trace, TraceFormat};
 
 #[derive(Parser)]
 struct Command {

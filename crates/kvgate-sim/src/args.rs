@@ -6,10 +6,10 @@ use clap::ValueEnum;
 use kvgate_engine::{EngineConfig, EngineFlags};
 use kvgate_policy::{OverloadSettings, PolicyConfig, PolicyKind, TenantsConfig};
 
-use crate::trace::TraceFormat;
 use crate::SimError;
 use kvgate_config::{Checks, FieldError, ValidationErrors};
 use kvgate_trace::Endpoint;
+use kvgate_trace::TraceFormat;
 
 pub mod entry;
 mod fleet;

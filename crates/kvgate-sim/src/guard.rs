@@ -15,8 +15,8 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::scenarios::{built_in_policies, scenario, Scenario, SCENARIOS};
-use crate::trace::{Trace, TraceFormat};
 use crate::{run_on_trace, SimError};
+use kvgate_trace::{Trace, TraceFormat};
 
 /// Options of `routing-guard`.
 #[derive(clap::Parser, Clone, Debug, PartialEq)]

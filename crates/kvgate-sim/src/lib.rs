@@ -46,7 +46,6 @@ use std::time::{Duration, Instant};
 
 pub use args::{entry, policy_config, Override, RunSpec, SimArgs};
 pub use kvgate_config::{FieldError, ValidationErrors};
-pub use kvgate_trace::trace;
 pub use kvgate_trace::{percentile, CacheReference};
 pub use kvgate_trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
 pub use outside::{OutsideCandidate, OutsidePolicy, OutsideRequest};
@@ -84,7 +83,7 @@ fn tokenized_prompts(args: &SimArgs, trace: &Trace) -> Result<Option<sim::Prompt
     let mut prompts = Vec::with_capacity(trace.requests.len());
     for (line, request) in trace.requests.iter().enumerate() {
         let mut body = serde_json::json!({});
-        args.endpoint.put_prompt(&mut body, trace::prompt_text(request));
+        args.endpoint.put_prompt(&mut body, kvgate_trace::prompt_text(request));
         let tokens = match args.endpoint {
             kvgate_trace::Endpoint::Completions => {
                 tokenizer.encode_prompt(body["prompt"].as_str().unwrap_or_default())

@@ -8,8 +8,8 @@ use clap::{Parser, ValueEnum};
 use kvgate_policy::PolicyKind;
 use kvgate_trace::generate::{generate, GenArgs};
 
-use crate::trace::Trace;
 use crate::SimArgs;
+use kvgate_trace::Trace;
 
 /// Where a scenario's trace comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,8 +29,8 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::outside::{OutsidePolicy, OutsideRequest};
-use crate::trace::{extend_prompt_tokens, Trace};
 pub use admission::AdmissionSetup;
+use kvgate_trace::{extend_prompt_tokens, Trace};
 pub use pd::{PdOutcome, PdSetup};
 pub use pool::SimPool;
 
@@ -282,7 +282,7 @@ pub type KvSink<'a> = &'a mut dyn FnMut(usize, &KvEventBatch);
 /// `session_id` (what `kvgate replay` sends as the routing key), else its conversation, i.e. the
 /// first prefix block after the trace's shared first block (the conversation trace's turns of one
 /// conversation share their leading blocks; the first block is a system prompt common to all).
-fn session_key(request: &crate::trace::TraceRequest, into: &mut String) {
+fn session_key(request: &kvgate_trace::TraceRequest, into: &mut String) {
     use std::fmt::Write;
     into.clear();
     if let Some(session) = &request.session_id {

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::report::SimReport;
 use crate::sim::{SimOutcome, TtftParts};
-use crate::trace::Trace;
+use kvgate_trace::Trace;
 
 /// One tenant's figures. Latencies in milliseconds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

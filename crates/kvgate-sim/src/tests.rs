@@ -1,7 +1,7 @@
 //! End-to-end tests of the simulator on small hand-made traces: determinism, prefix affinity, TTFT accounting, sweeps, outputs.
 
-use crate::trace::{Trace, TraceRequest};
 use crate::{run, run_on_trace, write_outputs, SimArgs, SimError, SimReport};
+use kvgate_trace::{Trace, TraceRequest};
 
 fn request(timestamp_ms: f64, input_length: u32, output_length: u32, hash_ids: &[u64]) -> TraceRequest {
     TraceRequest {

@@ -1,6 +1,6 @@
 //! kvgate-trace: what the load tools (`kvgate sim`, `kvgate replay`, `kvgate soak`) share without
-//! pulling in one another: workload traces ([`trace`]: Mooncake jsonl, the prompt tokens and text
-//! built from a line), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents,
+//! pulling in one another: workload traces ([`Trace`]: Mooncake jsonl; [`prompt_tokens`] and
+//! [`prompt_text`]: a line's prompt), the seeded generators of `kvgate trace gen` ([`generate`]: hot documents,
 //! bursts, long prompts), the trace's cache references ([`CacheReference`]: infinite ceiling,
 //! pooled LRU, pooled Belady), the one percentile every report uses, when each request is sent
 //! and what its session took ([`SessionSchedule`]: closed-loop sessions), and which endpoint a
@@ -11,12 +11,15 @@ mod endpoint;
 pub mod generate;
 mod reference;
 mod sessions;
-pub mod trace;
+mod trace;
 
 pub use endpoint::Endpoint;
 pub use reference::CacheReference;
 pub use sessions::{SessionFigures, SessionSchedule};
-pub use trace::{CacheCeiling, Trace, TraceError, TraceFormat, TraceRequest};
+pub use trace::{
+    block_word, extend_prompt_tokens, prompt_text, prompt_tokens, CacheCeiling, Trace, TraceError,
+    TraceFormat, TraceRequest, MOONCAKE_BLOCK_TOKENS,
+};
 
 /// The nearest-rank `p`th percentile of sorted values, `p` in percent (50 for the median): the
 /// smallest value with at least `p`% of the values at or below it. The default (0) when empty.

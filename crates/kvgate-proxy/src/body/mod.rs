@@ -18,7 +18,7 @@ use kvgate_index::InFlightPrompt;
 
 pub use watch::{AnswerSource, BodyWatch, Cut, Watched};
 
-use kvgate_admission::admission::{AdmissionHold, Used};
+use kvgate_admission::{AdmissionHold, Used};
 use kvgate_fleet::registry::ModelPrefix;
 use kvgate_fleet::worker::Worker;
 use kvgate_gateway_core::metrics::Metrics;

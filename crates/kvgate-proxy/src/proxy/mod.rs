@@ -26,7 +26,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::state::AppState;
 use attempt::{attempt, Attempt};
-use kvgate_admission::admission::Ticket;
+use kvgate_admission::Ticket;
 use kvgate_gateway_core::backoff::Backoff;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_gateway_core::otel::{RequestSpan, TRACEPARENT};

@@ -103,7 +103,7 @@ pub(super) fn failure_response(
     endpoint: Endpoint,
     started: Instant,
     failure: Failure,
-    permit: kvgate_admission::admission::Permit,
+    permit: kvgate_admission::Permit,
     expect: Expect,
     span: &mut Option<RequestSpan>,
 ) -> Response {
@@ -164,7 +164,7 @@ pub(super) fn respond(
     endpoint: Endpoint,
     started: Instant,
     served: Served,
-    permit: kvgate_admission::admission::Permit,
+    permit: kvgate_admission::Permit,
     expect: Expect,
     span: &mut Option<RequestSpan>,
 ) -> Response {

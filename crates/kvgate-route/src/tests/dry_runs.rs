@@ -42,11 +42,11 @@ fn prompt_text(prompt: u8) -> String {
 }
 
 /// A side of `WORKERS` kv_aware workers from `first`, with mixed fresh loads.
-fn side(first: WorkerId) -> TestPool {
+fn side(first: WorkerId) -> FixedPool {
     let config = PolicyConfig { policy: PolicyKind::KvAware, ..PolicyConfig::default() };
     let in_flight: Vec<u64> = (0..WORKERS).map(|i| (i * 7 % 5) as u64).collect();
     let loads: Vec<(u64, u64)> = (0..WORKERS).map(|i| ((i * 3 % 4) as u64, (i % 6) as u64)).collect();
-    TestPool::with_config(&config, first, &in_flight).with_loads(&loads)
+    with_loads(fixed_pool_with(&config, first, &in_flight), &loads)
 }
 
 /// The live plans of `steps` on a fresh kv_aware pair under the conditional rule, each sent,

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use kvgate_policy::{ClassSlots, FairQueue, PriorityClass, TenantsConfig};
 use serde::Serialize;
 
-use crate::trace::TraceRequest;
+use kvgate_trace::TraceRequest;
 
 /// How requests are admitted.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

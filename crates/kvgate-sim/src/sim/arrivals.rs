@@ -8,7 +8,7 @@
 use kvgate_trace::SessionSchedule;
 
 use super::{Event, Simulation};
-use crate::trace::Trace;
+use kvgate_trace::Trace;
 
 /// The arrival side of a simulation.
 pub(super) struct Arrivals {

@@ -4,7 +4,7 @@
 //! over the bound (counted unrouted).
 
 use super::{args, request, simulate};
-use crate::trace::Trace;
+use kvgate_trace::Trace;
 
 /// A burst of 120 requests on one shared prefix, 2 ms apart: cache_aware keeps it on the
 /// engine that holds the prefix, whose queue grows.

@@ -1,8 +1,8 @@
 //! Prefill/decode disaggregated fleets (`--prefill-workers`, `--decode-workers`): every request completes, TTFT is prefill + KV transfer + one decode step, decode engines never prefill, runs are deterministic.
 
 use super::{args, mixed_trace, request, shared_prefix_trace, simulate};
-use crate::trace::Trace;
 use crate::SimArgs;
+use kvgate_trace::Trace;
 
 fn pd_args(policies: &str, prefill_workers: usize, decode_workers: usize) -> SimArgs {
     let mut args = args(policies, 8);

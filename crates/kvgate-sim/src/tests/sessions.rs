@@ -6,8 +6,8 @@ use proptest::prelude::*;
 
 use super::{args, request, simulate};
 use crate::sim::{simulate as simulate_one, SimOutcome};
-use crate::trace::{Trace, TraceRequest};
 use crate::SimArgs;
+use kvgate_trace::{Trace, TraceRequest};
 
 fn turn(timestamp_ms: f64, session: &str, think_ms: Option<f64>, hash_ids: &[u64]) -> TraceRequest {
     TraceRequest {

@@ -6,19 +6,11 @@
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::context::{exponential, log_normal, uniform, Blocks, Context, Popularity};
+use super::context::{
+    documents, exponential, log_normal, mean, uniform, whole_blocks, Blocks, Context, Popularity,
+};
 use super::GenArgs;
-use crate::trace::{TraceRequest, MOONCAKE_BLOCK_TOKENS};
-
-/// Whole blocks of at least `tokens` tokens (a shared prefix stays whole for all to share).
-fn whole_blocks(tokens: u32) -> u32 {
-    let block = MOONCAKE_BLOCK_TOKENS as u32;
-    tokens.div_ceil(block).max(1) * block
-}
-
-fn mean(low: u32, high: u32) -> f64 {
-    (f64::from(low) + f64::from(high.max(low))) / 2.0
-}
+use crate::trace::TraceRequest;
 
 /// Prompts of distinct contexts drawn by popularity: their mean length in tokens.
 fn popular_mean(contexts: &[Context], popularity: &Popularity) -> f64 {
@@ -70,10 +62,7 @@ pub(super) fn agentic(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
                 break;
             }
             let answer = uniform(rng, args.output_min_tokens, args.output_max_tokens);
-            let mut request = context.request(at_s * 1000.0, answer);
-            request.session_id = Some(session.clone());
-            request.think_ms = tool_s.map(|s: f64| s * 1000.0);
-            out.push(request);
+            out.push(context.session_request(at_s, answer, &session, tool_s));
             let tool = rng.random_range(args.tool_min_secs..=args.tool_max_secs);
             let result = uniform(rng, args.tool_result_min_tokens, args.tool_result_max_tokens);
             context.extend(answer + result, &mut blocks);
@@ -130,11 +119,7 @@ pub(super) fn rollouts(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
 pub(super) fn reasoning(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
     let mut blocks = Blocks::default();
     let mut out = Vec::new();
-    let docs: Vec<Context> = (0..args.docs)
-        .map(|_| {
-            Context::fresh(whole_blocks(uniform(rng, args.doc_min_tokens, args.doc_max_tokens)), &mut blocks)
-        })
-        .collect();
+    let docs = documents(args.docs, (args.doc_min_tokens, args.doc_max_tokens), rng, &mut blocks);
     let popularity = Popularity::new(docs.len(), args.popularity_skew);
     let per_question = popular_mean(&docs, &popularity) + mean(50, args.question_max_tokens);
     let rate = args.load * args.capacity_tokens_per_sec / per_question;

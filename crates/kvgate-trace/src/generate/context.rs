@@ -80,6 +80,43 @@ impl Context {
             ..TraceRequest::default()
         }
     }
+
+    /// A closed-loop session's request: sent at `at_s` by `session`, `think_s` after the
+    /// previous answer (`None` for the session's first).
+    pub(super) fn session_request(
+        &self,
+        at_s: f64,
+        output_length: u32,
+        session: &str,
+        think_s: Option<f64>,
+    ) -> TraceRequest {
+        TraceRequest {
+            session_id: Some(session.to_string()),
+            think_ms: think_s.map(|s| s * 1000.0),
+            ..self.request(at_s * 1000.0, output_length)
+        }
+    }
+}
+
+/// Whole blocks of at least `tokens` tokens (a shared prefix stays whole for all to share).
+pub(super) fn whole_blocks(tokens: u32) -> u32 {
+    let block = MOONCAKE_BLOCK_TOKENS as u32;
+    tokens.div_ceil(block).max(1) * block
+}
+
+/// The mean of [`uniform`]`(low, high)`.
+pub(super) fn mean(low: u32, high: u32) -> f64 {
+    (f64::from(low) + f64::from(high.max(low))) / 2.0
+}
+
+/// `count` shared documents of `low..=high` tokens each, in whole blocks.
+pub(super) fn documents(
+    count: usize,
+    (low, high): (u32, u32),
+    rng: &mut StdRng,
+    blocks: &mut Blocks,
+) -> Vec<Context> {
+    (0..count).map(|_| Context::fresh(whole_blocks(uniform(rng, low, high)), blocks)).collect()
 }
 
 /// Uniform in `low..=high`.

@@ -6,19 +6,9 @@
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::context::{exponential, log_uniform, uniform, Blocks, Context};
+use super::context::{documents, exponential, log_uniform, mean, uniform, whole_blocks, Blocks, Context};
 use super::GenArgs;
-use crate::trace::{TraceRequest, MOONCAKE_BLOCK_TOKENS};
-
-/// Whole blocks of at least `tokens` tokens.
-fn whole_blocks(tokens: u32) -> u32 {
-    let block = MOONCAKE_BLOCK_TOKENS as u32;
-    tokens.div_ceil(block).max(1) * block
-}
-
-fn mean(low: u32, high: u32) -> f64 {
-    (f64::from(low) + f64::from(high)) / 2.0
-}
+use crate::trace::TraceRequest;
 
 /// Chat sessions: each picks one of the shared system prompts, then asks
 /// `1..=session_max_turns` questions `think_secs` apart (exponential), each turn's prompt the
@@ -79,10 +69,7 @@ impl Sessions {
                 return;
             }
             answer = uniform(rng, args.output_min_tokens, args.output_max_tokens);
-            let mut request = context.request(at_s * 1000.0, answer);
-            request.session_id = Some(session.clone());
-            request.think_ms = think_s.map(|s| s * 1000.0);
-            out.push(request);
+            out.push(context.session_request(at_s, answer, &session, think_s));
         }
     }
 
@@ -122,11 +109,7 @@ impl Sessions {
 pub(super) fn hot_docs(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceRequest> {
     let mut blocks = Blocks::default();
     let mut out = Vec::new();
-    let docs: Vec<Context> = (0..args.docs)
-        .map(|_| {
-            Context::fresh(whole_blocks(uniform(rng, args.doc_min_tokens, args.doc_max_tokens)), &mut blocks)
-        })
-        .collect();
+    let docs = documents(args.docs, (args.doc_min_tokens, args.doc_max_tokens), rng, &mut blocks);
     for doc in &docs {
         let mut t = exponential(rng, args.burst_interval_secs);
         while t <= args.duration_secs {
@@ -183,10 +166,7 @@ pub(super) fn conversations(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceReques
                     context.extend(*answer + question, &mut blocks);
                 }
                 *answer = uniform(rng, args.output_min_tokens, args.output_max_tokens);
-                let mut request = context.request(at_s * 1000.0, *answer);
-                request.session_id = Some(session.clone());
-                request.think_ms = think_s.map(|s| s * 1000.0);
-                out.push(request);
+                out.push(context.session_request(at_s, *answer, &session, think_s));
                 let think = exponential(rng, args.think_secs);
                 at_s += think;
                 think_s = Some(think);
@@ -251,11 +231,7 @@ pub(super) fn tenants_flood(args: &GenArgs, rng: &mut StdRng) -> Vec<TraceReques
     if rate <= 0.0 {
         return out;
     }
-    let docs: Vec<Context> = (0..args.docs)
-        .map(|_| {
-            Context::fresh(whole_blocks(uniform(rng, args.doc_min_tokens, args.doc_max_tokens)), &mut blocks)
-        })
-        .collect();
+    let docs = documents(args.docs, (args.doc_min_tokens, args.doc_max_tokens), rng, &mut blocks);
     let mut t = exponential(rng, 1.0 / rate);
     while t <= args.duration_secs {
         let doc = &docs[rng.random_range(0..docs.len())];
