@@ -148,6 +148,26 @@ pub struct AdmissionMetrics {
     pub client_keys_reloads: IntCounterVec,
 }
 
+/// One tenant label's series for one class, resolved once (`kvgate_admission` keeps them per
+/// label): what every admitted request touches, without hashing labels or allocating.
+#[derive(Clone, Debug)]
+pub struct TenantClassSeries {
+    pub queue_wait: Histogram,
+    pub requests: IntCounter,
+    pub tokens: IntCounter,
+}
+
+impl AdmissionMetrics {
+    /// The series of tenant label `tenant` and class `class`.
+    pub fn tenant_class_series(&self, tenant: &str, class: &str) -> TenantClassSeries {
+        TenantClassSeries {
+            queue_wait: self.tenant_queue_wait.with_label_values(&[tenant, class]),
+            requests: self.tenant_requests.with_label_values(&[tenant, class]),
+            tokens: self.tenant_tokens.with_label_values(&[tenant, class]),
+        }
+    }
+}
+
 /// One worker's series: those its requests touch, resolved when it is registered, and every
 /// other one labelled by its URL, made only through [`WorkerSeries::write`]. Once the worker is
 /// removed ([`Metrics::remove_worker`]) nothing writes its series again, whatever loop still
