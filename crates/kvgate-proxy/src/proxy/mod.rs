@@ -381,11 +381,14 @@ where
 }
 
 /// The client's headers an engine may see: the gateway's own (`Clients::is_gateway_header`)
-/// are left out, but for the hop header (`x-kvgate-via`), which each attempt extends.
+/// are left out, but for the hop header (`x-kvgate-via`), which each attempt extends; so are
+/// the connection's own and the client's credentials (`attempt::forwarded`).
 fn upstream_headers(state: &AppState, headers: &http::HeaderMap) -> http::HeaderMap {
+    let forward_credentials = attempt::forwards_credentials(state);
     let mut kept = http::HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
-        if *name == headers::VIA || !state.clients.is_gateway_header(name) {
+        let ours = *name != headers::VIA && state.clients.is_gateway_header(name);
+        if !ours && attempt::forwarded(name, forward_credentials) {
             kept.append(name.clone(), value.clone());
         }
     }
