@@ -22,8 +22,9 @@ mod bucket;
 mod hold;
 mod quota;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -32,7 +33,7 @@ use bucket::Bucket;
 pub use hold::{AdmissionHold, Used};
 use kvgate_gateway_core::config::TenantsConfig;
 use kvgate_gateway_core::error::ApiError;
-use kvgate_gateway_core::metrics::AdmissionMetrics;
+use kvgate_gateway_core::metrics::{AdmissionMetrics, TenantClassSeries};
 use kvgate_gateway_core::tenant::{PriorityClass, DEFAULT_TENANT};
 use kvgate_observe::kv_map::KvMap;
 use kvgate_policy::{ClassSlots, FairQueue};
@@ -197,8 +198,28 @@ pub struct Limits {
 
 /// The `tenant` label of the per-tenant series: the tenants named in `tenants:` or by a client
 /// key, and `default`; every other tenant is counted as `other`, so the series stay bounded
-/// whatever clients put in a header.
-struct TenantLabels(std::sync::RwLock<std::collections::HashSet<String>>);
+/// whatever clients put in a header. Each label's series are resolved once per class and kept
+/// with it, so admitting a request hashes no label and allocates nothing.
+struct TenantLabels {
+    named: std::sync::RwLock<HashMap<String, Arc<TenantSeries>>>,
+    other: Arc<TenantSeries>,
+}
+
+/// One tenant label and its series, by class (made on the class's first request).
+pub struct TenantSeries {
+    label: Arc<str>,
+    classes: [OnceLock<TenantClassSeries>; 3],
+}
+
+impl TenantSeries {
+    fn new(label: &str) -> Arc<Self> {
+        Arc::new(Self { label: label.into(), classes: Default::default() })
+    }
+
+    fn of(&self, class: PriorityClass, metrics: &AdmissionMetrics) -> &TenantClassSeries {
+        self.classes[class.rank()].get_or_init(|| metrics.tenant_class_series(&self.label, class.as_str()))
+    }
+}
 
 /// Most distinct tenant labels.
 const MAX_TENANT_LABELS: usize = 1000;
@@ -206,25 +227,24 @@ const OTHER_TENANTS: &str = "other";
 
 impl TenantLabels {
     fn new<'a>(names: impl Iterator<Item = &'a str>) -> Self {
-        let labels = TenantLabels(Default::default());
+        let labels = TenantLabels { named: Default::default(), other: TenantSeries::new(OTHER_TENANTS) };
         labels.extend(names);
         labels
     }
 
     fn extend<'a>(&self, names: impl Iterator<Item = &'a str>) {
-        let mut set = self.0.write().unwrap_or_else(|p| p.into_inner());
-        set.insert(DEFAULT_TENANT.to_string());
-        for name in names {
-            if set.len() >= MAX_TENANT_LABELS {
+        let mut named = self.named.write().unwrap_or_else(|p| p.into_inner());
+        for name in std::iter::once(DEFAULT_TENANT).chain(names) {
+            if named.len() >= MAX_TENANT_LABELS {
                 break;
             }
-            set.insert(name.to_string());
+            named.entry(name.to_string()).or_insert_with(|| TenantSeries::new(name));
         }
     }
 
-    fn label(&self, tenant: &str) -> String {
-        let set = self.0.read().unwrap_or_else(|p| p.into_inner());
-        if set.contains(tenant) { tenant } else { OTHER_TENANTS }.to_string()
+    fn series(&self, tenant: &str) -> Arc<TenantSeries> {
+        let named = self.named.read().unwrap_or_else(|p| p.into_inner());
+        named.get(tenant).unwrap_or(&self.other).clone()
     }
 }
 
@@ -267,8 +287,8 @@ impl Admission {
 
     /// The `tenant` label of `tenant`'s series (the tenants named in `tenants:` or by a client
     /// key, and `default`; `other` for the rest).
-    pub fn tenant_label(&self, tenant: &str) -> String {
-        self.labels.label(tenant)
+    pub fn tenant_label(&self, tenant: &str) -> Arc<str> {
+        self.labels.series(tenant).label.clone()
     }
 
     /// Tenants named by client keys get series of their own too.
@@ -355,25 +375,25 @@ impl Admission {
         ticket: Ticket<'_>,
         locality: impl FnOnce() -> u64,
     ) -> Result<Permit, ApiError> {
-        let tenant = self.labels.label(ticket.tenant);
+        let series = self.labels.series(ticket.tenant);
+        let tenant: &str = &series.label;
         let class = ticket.class.as_str();
         let cost = quota::Cost { tokens: ticket.tokens, open_ended: ticket.open_ended };
         let charge = match self.tenants.take_cost(ticket.tenant, cost, Instant::now()) {
             Ok(charge) => charge,
             Err(over) => {
-                self.metrics.tenant_rejected.with_label_values(&[&tenant, class, over.quota.as_str()]).inc();
+                self.metrics.tenant_rejected.with_label_values(&[tenant, class, over.quota.as_str()]).inc();
                 return Err(ApiError::OverQuota { tenant: ticket.tenant.to_string(), over });
             }
         };
-        let started = tokio::time::Instant::now();
-        match self.admit_slot(&ticket, &tenant, locality).await {
+        // Nothing can wait without a rate limit or a concurrency limit: no clock read then.
+        let started = (self.bucket.is_some() || self.slots.is_some()).then(tokio::time::Instant::now);
+        match self.admit_slot(&ticket, tenant, locality).await {
             Ok(slot) => {
-                self.metrics
-                    .tenant_queue_wait
-                    .with_label_values(&[&tenant, class])
-                    .observe(started.elapsed().as_secs_f64());
-                self.metrics.tenant_requests.with_label_values(&[&tenant, class]).inc();
-                self.metrics.tenant_tokens.with_label_values(&[&tenant, class]).inc_by(ticket.tokens);
+                let own = series.of(ticket.class, &self.metrics);
+                own.queue_wait.observe(started.map_or(0.0, |started| started.elapsed().as_secs_f64()));
+                own.requests.inc();
+                own.tokens.inc_by(ticket.tokens);
                 Ok(Permit { slot, tenant: charge })
             }
             Err(error) => {

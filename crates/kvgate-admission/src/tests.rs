@@ -288,3 +288,44 @@ async fn within_the_locality_bound_the_cached_waiter_goes_first() {
         assert_eq!([first, second], expected, "bound {bound}");
     }
 }
+
+#[tokio::test]
+async fn each_admitted_request_counts_on_its_tenants_series_and_the_unnamed_as_other() {
+    let metrics = Metrics::new().admission.clone();
+    let limits = Limits {
+        max_concurrent: None,
+        rate_per_sec: None,
+        queue_size: 0,
+        queue_timeout: Duration::from_secs(1),
+        locality_bound: 0,
+    };
+    let tenants = serde_norway::from_str("named: {acme: {}}").unwrap();
+    let admission = Admission::new(limits, tenants, metrics.clone(), Arc::default());
+    for (tenant, class) in [
+        ("acme", PriorityClass::High),
+        ("acme", PriorityClass::High),
+        ("acme", PriorityClass::Low),
+        ("stranger", PriorityClass::Normal),
+        ("default", PriorityClass::Normal),
+    ] {
+        admission.admit(ticket(tenant, class, 10)).await.unwrap();
+    }
+    let requests =
+        |tenant: &str, class: &str| metrics.tenant_requests.with_label_values(&[tenant, class]).get();
+    let tokens = |tenant: &str, class: &str| metrics.tenant_tokens.with_label_values(&[tenant, class]).get();
+    let waits = |tenant: &str, class: &str| {
+        metrics.tenant_queue_wait.with_label_values(&[tenant, class]).get_sample_count()
+    };
+    assert_eq!(
+        [
+            requests("acme", "high"),
+            requests("acme", "low"),
+            requests("other", "normal"),
+            requests("default", "normal")
+        ],
+        [2, 1, 1, 1]
+    );
+    assert_eq!((tokens("acme", "high"), waits("acme", "high"), waits("other", "normal")), (20, 2, 1));
+    assert_eq!(requests("stranger", "normal"), 0, "an unnamed tenant gets no series of its own");
+    assert_eq!((&*admission.tenant_label("acme"), &*admission.tenant_label("stranger")), ("acme", "other"));
+}

@@ -148,6 +148,26 @@ pub struct AdmissionMetrics {
     pub client_keys_reloads: IntCounterVec,
 }
 
+/// One tenant label's series for one class, resolved once (`kvgate_admission` keeps them per
+/// label): what every admitted request touches, without hashing labels or allocating.
+#[derive(Clone, Debug)]
+pub struct TenantClassSeries {
+    pub queue_wait: Histogram,
+    pub requests: IntCounter,
+    pub tokens: IntCounter,
+}
+
+impl AdmissionMetrics {
+    /// The series of tenant label `tenant` and class `class`.
+    pub fn tenant_class_series(&self, tenant: &str, class: &str) -> TenantClassSeries {
+        TenantClassSeries {
+            queue_wait: self.tenant_queue_wait.with_label_values(&[tenant, class]),
+            requests: self.tenant_requests.with_label_values(&[tenant, class]),
+            tokens: self.tenant_tokens.with_label_values(&[tenant, class]),
+        }
+    }
+}
+
 /// One worker's series: those its requests touch, resolved when it is registered, and every
 /// other one labelled by its URL, made only through [`WorkerSeries::write`]. Once the worker is
 /// removed ([`Metrics::remove_worker`]) nothing writes its series again, whatever loop still
@@ -161,9 +181,35 @@ pub struct WorkerSeries {
     ok_requests: [OnceLock<IntCounter>; Endpoint::ALL.len()],
     /// False once the worker is removed: writers hold it shared, removal exclusively.
     live: RwLock<bool>,
+    /// The closed loop's series of the worker, each made on its first use.
+    pub closed_loop: ClosedLoopSeries,
+}
+
+/// One worker's `kvgate_prefix_*{model, worker}` series the closed loop writes on every answer it
+/// reads, each resolved once ([`WorkerSeries::resolved`]) instead of by label per answer.
+#[derive(Debug, Default)]
+pub struct ClosedLoopSeries {
+    pub predicted_tokens: OnceLock<IntCounter>,
+    pub evicted_after_routing_tokens: OnceLock<IntCounter>,
+    pub evicted_after_routing_requests: OnceLock<IntCounter>,
+    pub prompt_tokens: OnceLock<IntCounter>,
+    pub engine_cached_tokens: OnceLock<IntCounter>,
+    pub missed_cached_tokens: OnceLock<IntCounter>,
+    pub cached_difference: OnceLock<Histogram>,
 }
 
 impl WorkerSeries {
+    /// The series in `slot`, made by `make` with the worker's URL on first use; `None` when it
+    /// was not made before the worker was removed (a series resolved earlier is detached by the
+    /// removal: nobody exports it).
+    pub fn resolved<'s, T>(&self, slot: &'s OnceLock<T>, make: impl FnOnce(&str) -> T) -> Option<&'s T> {
+        if let Some(series) = slot.get() {
+            return Some(series);
+        }
+        let live = self.live.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        (*live).then(|| slot.get_or_init(|| make(&self.url)))
+    }
+
     /// Runs `write` with the worker's URL (the `worker` label), unless the worker was removed.
     pub fn write(&self, write: impl FnOnce(&str)) {
         let live = self.live.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -511,6 +557,7 @@ impl Metrics {
             in_flight: self.in_flight.with_label_values(&[url]),
             ok_requests: Default::default(),
             live: RwLock::new(true),
+            closed_loop: ClosedLoopSeries::default(),
         }
     }
 

@@ -13,10 +13,11 @@
 //! A stream carries its usage only when asked (`stream_options.include_usage`): the gateway
 //! asks on the client's behalf ([`ask_for_usage`]) and leaves that chunk out again.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 use kvgate_index::{AccuracyChange, AccuracySample, BlockIndex, Namespace, PrefixMatch, PromptHashes};
+use prometheus::{IntCounter, IntCounterVec};
 
 use kvgate_fleet::worker::{ModelAccuracy, Worker};
 use kvgate_gateway_core::metrics::Metrics;
@@ -231,25 +232,38 @@ pub fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<En
     // The engine's own prompt length where it says (a wrong template changes the gateway's).
     let prompt_tokens =
         usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(probe.prompt_tokens);
-    // Written through the worker's series: none is made again once it is removed.
-    worker.series.write(|url| {
-        let labels = [model, url];
-        metrics.prefix_predicted_tokens.with_label_values(&labels).inc_by(u64::from(probe.predicted));
-        metrics.prefix_evicted_after_routing_tokens.with_label_values(&labels).inc_by(u64::from(evicted));
-        if evicted > 0 {
-            metrics.prefix_evicted_after_routing_requests.with_label_values(&labels).inc();
+    // Written through the worker's series, each resolved once: none is made again once the
+    // worker is removed.
+    let series = &worker.series;
+    let own = &series.closed_loop;
+    let add = |slot: &OnceLock<IntCounter>, family: &IntCounterVec, by: u32| {
+        if let Some(counter) = series.resolved(slot, |url| family.with_label_values(&[model, url])) {
+            counter.inc_by(u64::from(by));
         }
-        metrics.prefix_prompt_tokens.with_label_values(&labels).inc_by(u64::from(prompt_tokens));
-        if let Some(cached) = cached {
-            metrics.prefix_engine_cached_tokens.with_label_values(&labels).inc_by(u64::from(cached));
-            let missed = cached.saturating_sub(probe.predicted);
-            metrics.prefix_missed_cached_tokens.with_label_values(&labels).inc_by(u64::from(missed));
-            if prompt_tokens > 0 {
-                let difference = (f64::from(cached) - f64::from(probe.predicted)) / f64::from(prompt_tokens);
-                metrics.prefix_cached_difference.with_label_values(&labels).observe(difference);
+    };
+    add(&own.predicted_tokens, &metrics.prefix_predicted_tokens, probe.predicted);
+    add(&own.evicted_after_routing_tokens, &metrics.prefix_evicted_after_routing_tokens, evicted);
+    if evicted > 0 {
+        add(&own.evicted_after_routing_requests, &metrics.prefix_evicted_after_routing_requests, 1);
+    }
+    add(&own.prompt_tokens, &metrics.prefix_prompt_tokens, prompt_tokens);
+    if let Some(cached) = cached {
+        add(&own.engine_cached_tokens, &metrics.prefix_engine_cached_tokens, cached);
+        add(
+            &own.missed_cached_tokens,
+            &metrics.prefix_missed_cached_tokens,
+            cached.saturating_sub(probe.predicted),
+        );
+        if prompt_tokens > 0 {
+            let difference = (f64::from(cached) - f64::from(probe.predicted)) / f64::from(prompt_tokens);
+            let family = &metrics.prefix_cached_difference;
+            if let Some(histogram) =
+                series.resolved(&own.cached_difference, |url| family.with_label_values(&[model, url]))
+            {
+                histogram.observe(difference);
             }
         }
-    });
+    }
     if let (Some(tenant), Some(cached)) = (&probe.tenant, cached) {
         metrics.admission.tenant_cached_tokens.with_label_values(&[tenant]).inc_by(u64::from(cached));
     }

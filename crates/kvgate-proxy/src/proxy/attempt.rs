@@ -177,15 +177,9 @@ pub(super) async fn attempt(
             return failed(AttemptErrorKind::Request(error));
         }
     };
+    // Filtered once per request (`proxy::upstream_headers`): each attempt copies them whole.
+    *upstream.headers_mut() = client_headers.clone();
     let headers = upstream.headers_mut();
-    let forward_credentials = state.config.forward_client_auth
-        && state.config.client_api_keys.is_empty()
-        && state.config.client_api_keys_file.is_none();
-    for (name, value) in client_headers {
-        if forwarded(name, forward_credentials) {
-            headers.append(name.clone(), value.clone());
-        }
-    }
     if let Some(token) = &state.api_key_header {
         headers.insert(header::AUTHORIZATION, token.clone());
     }
@@ -205,7 +199,6 @@ pub(super) async fn attempt(
     let head_timeout = state.ttfb_timeout.map_or(state.request_timeout, |t| t.min(state.request_timeout));
     let sent =
         tokio::time::timeout(head_timeout, conn::send(&worker.conns, upstream, &state.upstream_tls)).await;
-    let now = Instant::now();
     match sent {
         Ok(Ok(response)) => {
             let status = response.status();
@@ -214,7 +207,7 @@ pub(super) async fn attempt(
                 StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
             ) || (worker.role == WorkerRole::Prefill && status.is_server_error());
             if status.is_server_error() {
-                record_failure(state, worker, "status", now);
+                record_failure(state, worker, "status");
             } else if worker.circuit.record_success() {
                 worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(0));
             }
@@ -224,19 +217,19 @@ pub(super) async fn attempt(
             Attempt::Answered(response, in_flight)
         }
         Ok(Err(SendError::Connect(message))) => {
-            record_failure(state, worker, "connect", now);
+            record_failure(state, worker, "connect");
             let message = format!("{}: {message}", worker.url);
             tracing::debug!(worker = %worker.url, %message, "connect failed, will retry elsewhere");
             failed(AttemptErrorKind::Connect(message))
         }
         Ok(Err(SendError::Exchange(error))) => {
-            record_failure(state, worker, "connect", now);
+            record_failure(state, worker, "connect");
             let message = format!("{}: {}", worker.url, error_chain(&error));
             tracing::debug!(worker = %worker.url, %message, "the exchange broke before an answer, will retry elsewhere");
             failed(AttemptErrorKind::Exchange(message))
         }
         Err(_) => {
-            record_failure(state, worker, "timeout", now);
+            record_failure(state, worker, "timeout");
             if head_timeout < state.request_timeout {
                 tracing::debug!(worker = %worker.url, "no response head in time, will try elsewhere");
                 return failed(AttemptErrorKind::SlowHead(head_timeout));
@@ -244,6 +237,14 @@ pub(super) async fn attempt(
             failed(AttemptErrorKind::Timeout(state.request_timeout))
         }
     }
+}
+
+/// Whether the client's credentials go to workers: with `--forward-client-auth`, and never
+/// when the gateway checks them itself with `--client-api-keys`.
+pub(super) fn forwards_credentials(state: &AppState) -> bool {
+    state.config.forward_client_auth
+        && state.config.client_api_keys.is_empty()
+        && state.config.client_api_keys_file.is_none()
 }
 
 /// The client's credentials: forwarded to workers only with `--forward-client-auth` (and never
@@ -255,7 +256,7 @@ fn is_credential(name: &http::HeaderName) -> bool {
 /// Whether a client's header goes to the worker: not the connection's own (hop-by-hop, `host`,
 /// `content-length`: the body is re-framed, `expect`: the body was read already), and the
 /// client's credentials only when told to.
-fn forwarded(name: &http::HeaderName, forward_credentials: bool) -> bool {
+pub(super) fn forwarded(name: &http::HeaderName, forward_credentials: bool) -> bool {
     !is_hop_by_hop(name)
         && name != header::HOST
         && name != header::CONTENT_LENGTH
@@ -263,7 +264,10 @@ fn forwarded(name: &http::HeaderName, forward_credentials: bool) -> bool {
         && (forward_credentials || !is_credential(name))
 }
 
-pub(super) fn record_failure(state: &AppState, worker: &Worker, kind: &str, now: Instant) {
+/// A failed attempt on the worker's series and circuit breaker (the clock read here: the
+/// successful exchange reads none).
+pub(super) fn record_failure(state: &AppState, worker: &Worker, kind: &str) {
+    let now = Instant::now();
     worker.series.write(|url| state.metrics.upstream_failures.with_label_values(&[url, kind]).inc());
     if worker.circuit.record_failure(now) {
         tracing::warn!(worker = %worker.url, "circuit opened after consecutive failures");

@@ -140,13 +140,15 @@ impl IndexView for Consulted<'_> {
 
 /// One pick of a live plan the gateway sends: counted (decision metrics by path, workers the
 /// overload protection left out), and, when its policy decided it, recorded (the worker's
-/// counts, the decision log, the peers told of a choice made on the tree).
+/// counts, the decision log at the plan's time `now_ms`, the peers told of a choice made on the
+/// tree).
 pub(super) fn record_sent(
     state: &AppState,
     pool: &ModelPool,
     worker: &Worker,
     pick: &mut kvgate_route::Pick<'_, Consulted<'_>>,
     path: PdPath,
+    now_ms: u64,
 ) {
     let decision: &Decision = &pick.decision;
     if pick.left_out > 0 {
@@ -155,11 +157,7 @@ pub(super) fn record_sent(
     state.metrics.count_decision(&pool.model, pool.role, &pool.series, decision, path);
     let Some(consulted) = &mut pick.index else { return };
     worker.routed.record(decision);
-    state.decisions.record(DecisionRecord {
-        at_ms: state.clock.now_ms(),
-        role: pool.role,
-        decision: *decision,
-    });
+    state.decisions.record(DecisionRecord { at_ms: now_ms, role: pool.role, decision: *decision });
     if let (Some(sync), Some(blocks)) = (&state.replica_sync, consulted.peers.take()) {
         if decision.index == Some(IndexKind::Approximate) && !blocks.hashes.is_empty() {
             sync.publish(PeerRouted {

@@ -250,7 +250,8 @@ where
     // the tenant and priority headers); the hop header is chained by each attempt.
     let upstream_headers = upstream_headers(state, &parts.headers);
     let max_output = fields.max_output_tokens();
-    let tenant = state.admission.tenant_label(&identity.tenant);
+    let tenant_label = state.admission.tenant_label(&identity.tenant);
+    let tenant: &str = &tenant_label;
     let expect = Expect {
         strip_usage: asked.is_some(),
         body_bytes: bytes.len() as u64,
@@ -263,7 +264,7 @@ where
             (&upstream_headers, &parts.headers),
             &fields,
             &forwarded,
-            (state.config.forward_priority.value(identity.class), &tenant),
+            (state.config.forward_priority.value(identity.class), tenant),
         ),
     };
     let body = asked.unwrap_or(forwarded);
@@ -283,7 +284,7 @@ where
         body: &body,
         request: &route_request,
         namespace: prepared.namespace,
-        tenant: &tenant,
+        tenant,
     };
 
     let retries_allowed = if state.config.disable_retries { 0 } else { state.config.retry_max_retries };
@@ -380,11 +381,14 @@ where
 }
 
 /// The client's headers an engine may see: the gateway's own (`Clients::is_gateway_header`)
-/// are left out, but for the hop header (`x-kvgate-via`), which each attempt extends.
+/// are left out, but for the hop header (`x-kvgate-via`), which each attempt extends; so are
+/// the connection's own and the client's credentials (`attempt::forwarded`).
 fn upstream_headers(state: &AppState, headers: &http::HeaderMap) -> http::HeaderMap {
+    let forward_credentials = attempt::forwards_credentials(state);
     let mut kept = http::HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
-        if *name == headers::VIA || !state.clients.is_gateway_header(name) {
+        let ours = *name != headers::VIA && state.clients.is_gateway_header(name);
+        if !ours && attempt::forwarded(name, forward_credentials) {
             kept.append(name.clone(), value.clone());
         }
     }

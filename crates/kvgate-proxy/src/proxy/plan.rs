@@ -177,7 +177,8 @@ impl Shape {
             if planning == Planning::Live {
                 plan.on_routed(pools);
             }
-            self.adopt(state, plan, planning)
+            let now_ms = ctx.now_ms;
+            self.adopt(state, plan, planning, now_ms)
         })
     }
 
@@ -207,8 +208,9 @@ impl Shape {
         state: &AppState,
         plan: kvgate_route::RoutePlan<'_, Consulted<'_>>,
         planning: Planning,
+        now_ms: u64,
     ) -> Result<RoutePlan, ApiError> {
-        let live = planning == Planning::Live;
+        let live = (planning == Planning::Live).then_some(now_ms);
         let adopt = |side, pick, path| Pick::adopt(state, self.pool(side), pick, path, live);
         Ok(match plan {
             kvgate_route::RoutePlan::Single(pick) => {
@@ -288,19 +290,20 @@ pub(super) struct Pick {
 
 impl Pick {
     /// The gateway's pick of a route plan's pick on `pool`: its worker, and the prompt's hashes
-    /// the decision computed; when `live`, counted by `path` and recorded (`choose::record_sent`).
+    /// the decision computed; when `live` (the plan's time, in the gateway's milliseconds),
+    /// counted by `path` and recorded (`choose::record_sent`).
     fn adopt(
         state: &AppState,
         pool: &Arc<ModelPool>,
         mut pick: kvgate_route::Pick<'_, Consulted<'_>>,
         path: PdPath,
-        live: bool,
+        live: Option<u64>,
     ) -> Result<Pick, ApiError> {
         let worker = pool.workers.iter().find(|w| w.id == pick.decision.worker).ok_or_else(|| {
             ApiError::NoHealthyWorker(format!(" for model `{}`: the chosen worker left", pool.model))
         })?;
-        if live {
-            super::choose::record_sent(state, pool, worker, &mut pick, path);
+        if let Some(now_ms) = live {
+            super::choose::record_sent(state, pool, worker, &mut pick, path, now_ms);
         }
         let hashes = pick.index.and_then(|consulted| consulted.hashes);
         Ok(Pick { worker: worker.clone(), decision: pick.decision, pool: pool.clone(), hashes })

@@ -17,7 +17,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
@@ -223,7 +222,7 @@ impl Relay {
                 return Some(cut);
             }
         };
-        super::attempt::record_failure(&resume.state, self.current.worker(), "stream", Instant::now());
+        super::attempt::record_failure(&resume.state, self.current.worker(), "stream");
         tracing::debug!(worker = self.current.worker_url(), %cut, tokens, "a stream moves to another engine");
         self.migrations += 1;
         self.partial.clear();
