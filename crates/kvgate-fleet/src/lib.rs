@@ -13,6 +13,7 @@ pub mod index_health;
 pub mod kv_events;
 pub mod load_snapshot;
 pub mod monitor;
+pub mod poll_schedule;
 pub mod registration;
 pub mod registry;
 pub mod tokenize;
