@@ -76,9 +76,18 @@ impl HealthLoop {
         let mut due = Vec::new();
         for worker in &snapshot.workers {
             let answers = worker.answers();
+            // A worker out of its steady state (unhealthy, its model unknown, its circuit open or
+            // half-open) is probed every interval: a half-open circuit closes at its next passed
+            // probe, not after a back-off.
+            let steady = worker.is_healthy()
+                && worker.model().is_some()
+                && worker.circuit.state(now) == CircuitState::Closed;
+            if !steady {
+                schedule.hurry(worker.id);
+            }
             match schedule.due(worker.id, answers, now) {
                 Due::NotYet => {}
-                Due::Active if worker.is_healthy() && worker.model().is_some() => {
+                Due::Active if steady => {
                     worker.record_health(true, self.failure_threshold, self.success_threshold);
                     schedule.polled(worker.id, answers, true, now);
                 }

@@ -108,20 +108,28 @@ async fn poll_due(
     }
     // A poll never outlives the interval, and never waits longer than a health check would.
     let timeout = interval.min(monitor.health_timeout).max(Duration::from_millis(50));
+    // A routable worker without a sample (just added, healthy again, its circuit closed again)
+    // is polled within an interval whatever its back-off: a policy has no load to read for it.
+    let published = monitor.loads.load();
     let mut pending: FuturesUnordered<_> = snapshot
         .workers
         .iter()
         .filter_map(|worker| {
             let mark = worker.requests_begun();
+            let routable = worker.is_routable(now);
+            if routable && !published.contains_key(&worker.id) {
+                schedule.hurry(worker.id);
+            }
             match schedule.due(worker.id, mark, now) {
                 Due::NotYet => None,
-                _ if !worker.is_routable(now) => None,
+                _ if !routable => None,
                 due => Some(
                     poll_worker(monitor, sources, worker, timeout).map(move |answer| (answer, mark, due)),
                 ),
             }
         })
         .collect();
+    drop(published);
     // Answers are published as they arrive, a burst at a time: one copy of the snapshot per
     // burst (not per worker, which made a round quadratic in the fleet size), and a hung worker
     // still delays nobody.

@@ -82,6 +82,15 @@ impl PollSchedule {
         entry.next = now + interval * (1u32 << entry.backoff);
     }
 
+    /// Worker `id` needs attention (unhealthy, its circuit not closed, no load sample): its
+    /// back-off is dropped, so it is due one interval after its last poll whatever its mark.
+    pub fn hurry(&mut self, id: WorkerId) {
+        if let Some(entry) = self.entries.get_mut(&id) {
+            entry.backoff = 0;
+            entry.next = entry.next.min(entry.soon);
+        }
+    }
+
     /// A poll of worker `id` started (it is not due again until `polled`).
     pub fn started(&mut self, id: WorkerId) {
         if let Some(entry) = self.entries.get_mut(&id) {
@@ -145,6 +154,30 @@ mod tests {
         // backing off again.
         assert_eq!(poll_times(20, &[], &[9]), [0, 2, 6, 9, 10, 12, 16]);
         assert_eq!(poll_times(20, &[], &[1]), [0, 1, 2, 4, 8, 16]);
+    }
+
+    #[test]
+    fn a_hurried_worker_is_due_one_interval_after_its_last_poll_whatever_its_back_off() {
+        let start = Instant::now();
+        let mut schedule = PollSchedule::new(SECOND, 3);
+        let at = |seconds: u32| start + SECOND * seconds;
+        assert_eq!(schedule.due(0, 0, at(1)), Due::Quiet, "first seen at 1 s, spread to 1 s (id 0)");
+        for second in [1, 3, 7] {
+            assert_eq!(schedule.due(0, 0, at(second)), Due::Quiet);
+            schedule.polled(0, 0, true, at(second));
+        }
+        // Backed off to 8 s after the poll at 7 s: not due at 8 s...
+        assert_eq!(schedule.due(0, 0, at(8)), Due::NotYet);
+        // ... unless it needs attention (its circuit opened, its sample went).
+        schedule.hurry(0);
+        assert_eq!(schedule.due(0, 0, at(8)), Due::Quiet);
+        schedule.polled(0, 0, true, at(8));
+        assert_eq!(schedule.due(0, 0, at(9)), Due::NotYet, "backing off again from its first step");
+        assert_eq!(schedule.due(0, 0, at(10)), Due::Quiet);
+        // A poll under way is not due twice, hurried or not.
+        schedule.started(0);
+        schedule.hurry(0);
+        assert_eq!(schedule.due(0, 0, at(20)), Due::NotYet);
     }
 
     #[test]
