@@ -28,6 +28,46 @@ async fn sequential_requests_reuse_one_upstream_connection() {
 }
 
 #[tokio::test]
+async fn health_probes_load_polls_and_requests_share_the_workers_connection() {
+    // One keep-alive connection serves a worker's proxied requests and the gateway's own GETs
+    // (a 10,000-worker fleet otherwise needs two descriptors a worker). Registration's probes,
+    // before the worker has connections of its own, go over one that is not kept.
+    let up = upstream("a", "m").await;
+    let kv_aware = kvgate_policy::PolicyConfig {
+        policy: kvgate_policy::PolicyKind::KvAware,
+        ..kvgate_policy::PolicyConfig::default()
+    };
+    let mut cfg = config(vec![up.url.clone()]);
+    cfg.routing = kv_aware;
+    cfg.load_monitor_interval_ms = 50;
+    cfg.io_threads = Some(0);
+    let gw = gateway(cfg).await;
+    let registration: Vec<_> = up.background_peers.lock().unwrap().drain().collect();
+    assert!(registration.len() <= 1, "{registration:?}");
+    let polled =
+        async || up.loads_polls.load(Ordering::SeqCst) >= 2 && up.health_checks.load(Ordering::SeqCst) >= 2;
+    assert!(eventually(5.0, polled).await);
+    for _ in 0..5 {
+        let res =
+            client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        res.bytes().await.unwrap();
+    }
+    // The connection that carried the requests carries the next probes and polls (most
+    // recently used first); one the gateway's GETs open while another is busy is a second, at
+    // most.
+    let shared = async || {
+        let background = up.background_peers.lock().unwrap().clone();
+        up.peers.lock().unwrap().iter().any(|peer| background.contains(peer))
+    };
+    assert!(eventually(5.0, shared).await, "{:?} {:?}", up.peers, up.background_peers);
+    let all: std::collections::HashSet<_> =
+        up.peers.lock().unwrap().union(&up.background_peers.lock().unwrap()).copied().collect();
+    assert!(all.len() <= 2, "{all:?}");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
 async fn concurrent_requests_open_connections_then_reuse_them() {
     let up = upstream("a", "m").await;
     up.delay_ms.store(20, Ordering::SeqCst);

@@ -16,7 +16,7 @@ use crate::poll_schedule::{Due, PollSchedule};
 use crate::registry::Registry;
 use crate::worker::{CircuitState, Worker};
 use kvgate_gateway_core::metrics::Metrics;
-use kvgate_gateway_core::upstream::HealthCheck;
+use kvgate_gateway_core::upstream::{HealthCheck, Via};
 
 /// What the health loop is built from.
 pub struct HealthLoop {
@@ -140,7 +140,7 @@ impl HealthLoop {
     async fn check_worker(&self, worker: &Arc<Worker>) -> (bool, bool) {
         let mut learned = false;
         if worker.model().is_none() {
-            if let Ok(served) = self.check.discover_model(&worker.address).await {
+            if let Ok(served) = self.check.discover_model(Via::Worker(&worker.conns)).await {
                 tracing::info!(worker = %worker.url, model = %served.id, "learned the worker's model");
                 if let Some(len) = served.max_model_len {
                     worker.set_max_model_len(len);
@@ -151,7 +151,7 @@ impl HealthLoop {
         if self.probes_disabled {
             return (learned, worker.model().is_some());
         }
-        let passed = self.check.probe(&worker.address).await;
+        let passed = self.check.probe(Via::Worker(&worker.conns)).await;
         // Active half-open probing: a worker whose circuit waits half-open may get no request for a
         // long time (e.g. its prefixes are cached elsewhere); a passed probe closes it.
         // An open one turns half-open at the first passing probe (a restarted engine need not wait

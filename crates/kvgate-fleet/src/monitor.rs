@@ -20,7 +20,7 @@ use crate::registry::Registry;
 use crate::worker::Worker;
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::metrics::LoadMetrics;
-use kvgate_gateway_core::upstream::{get, GetError, HttpClient, Keep};
+use kvgate_gateway_core::upstream::{get, GetError, Keep, Upstream, Via};
 use kvgate_protocol::loads::{parse_sglang, parse_vllm, LoadReport};
 
 /// Where a worker's loads come from, learned on first contact.
@@ -35,7 +35,8 @@ pub struct LoadMonitor {
     pub registry: Arc<Registry>,
     /// Where it publishes (and how often it polls: `poll_interval_ms`).
     pub loads: Arc<LoadSnapshot>,
-    pub client: HttpClient,
+    /// A worker is polled over its own connections (`Via::Worker`).
+    pub upstream: Upstream,
     /// The workers' API key (`--api-key`).
     pub bearer: Option<String>,
     /// A poll never waits longer than a health check would.
@@ -245,9 +246,8 @@ async fn fetch(
         Source::Vllm => "/metrics",
     };
     let bearer = monitor.bearer.as_deref();
-    let url = format!("{}{path}", worker.address);
-    let limit = monitor.max_answer_bytes;
-    let (status, body) = match get(&monitor.client, &url, bearer, timeout, limit, Keep::Body).await {
+    let (limit, via) = (monitor.max_answer_bytes, Via::Worker(&worker.conns));
+    let (status, body) = match get(&monitor.upstream, via, path, bearer, timeout, limit, Keep::Body).await {
         Ok(answer) => answer,
         Err(error @ GetError::Oversized { .. }) => {
             monitor.oversized.with_label_values(&["loads"]).inc();
