@@ -143,9 +143,23 @@ impl ConnPool {
         }
     }
 
+    /// An idle connection: the thread's own shard's first (most recently used first), else one
+    /// another thread left. An I/O thread only takes the shared runtime's (shard 0: the health
+    /// probes' and load polls'), which then stays with it, so the I/O threads' connections stay
+    /// on their own reactors; the shared runtime takes any. A worker whose only traffic is the
+    /// gateway's own GETs and a request now and then so keeps one connection, not one per thread
+    /// (at 10,000 workers the descriptors run out otherwise). A connection used on another
+    /// thread than the one it was opened on works the same, its readiness waking this one.
     fn checkout(&self, now: Instant) -> Option<Box<UpstreamConn>> {
+        let own = current_shard();
+        let others = if own == 0 { 1..SHARDS } else { 0..1 };
+        std::iter::once(own).chain(others).find_map(|shard| self.checkout_from(shard, now))
+    }
+
+    fn checkout_from(&self, shard: usize, now: Instant) -> Option<Box<UpstreamConn>> {
         loop {
-            let Idle { mut conn, since } = self.shard().pop()?;
+            let Idle { mut conn, since } =
+                self.idle[shard].lock().unwrap_or_else(|p| p.into_inner()).pop()?;
             if now.saturating_duration_since(since) < IDLE_TIMEOUT && conn.is_reusable() {
                 return Some(conn);
             }
