@@ -56,7 +56,7 @@ impl HealthLoop {
             tokio::select! {
                 _ = interval.tick() => {
                     round = round.wrapping_add(1);
-                    let due = self.start_due(&mut schedule, round % TICKS_PER_INTERVAL == 0);
+                    let due = self.start_due(&mut schedule, round.is_multiple_of(TICKS_PER_INTERVAL));
                     if !due.is_empty() {
                         batches.push(self.check_batch(due));
                     }

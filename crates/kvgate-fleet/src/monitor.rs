@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::load_snapshot::LoadSnapshot;
 use crate::poll_schedule::{Due, PollSchedule};
-use crate::registry::Registry;
+use crate::registry::{PoolSnapshot, Registry};
 use crate::worker::Worker;
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::metrics::LoadMetrics;
@@ -67,23 +67,26 @@ impl LoadMonitor {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let sources: Arc<Mutex<HashMap<WorkerId, Source>>> = Arc::default();
         let mut schedule = PollSchedule::new(interval, MAX_BACKOFF);
+        let mut registered = Registered::default();
         for tick in 0u32.. {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            poll_due(&self, &sources, &mut schedule, interval, tick % TICKS_PER_INTERVAL == 0).await;
+            let full_round = tick.is_multiple_of(TICKS_PER_INTERVAL);
+            poll_due(&self, &sources, &mut schedule, &mut registered, interval, full_round).await;
         }
     }
 }
 
 /// One tick. Once an interval (`full_round`): drop entries of workers that left or are not
-/// routable, and carry forward the samples of quiet workers. Then poll the routable workers
-/// due, concurrently.
+/// routable (every entry while no policy reads loads), and carry forward the samples of quiet
+/// workers. Then poll the routable workers due, concurrently.
 async fn poll_due(
     monitor: &LoadMonitor,
     sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
     schedule: &mut PollSchedule,
+    registered: &mut Registered,
     interval: Duration,
     full_round: bool,
 ) {
@@ -91,7 +94,7 @@ async fn poll_due(
     monitor.loads.set_active(polling);
     let now = Instant::now();
     let snapshot = monitor.registry.snapshot();
-    if full_round || !polling {
+    if full_round {
         let routable: HashSet<WorkerId> = if polling {
             snapshot.workers.iter().filter(|w| w.is_routable(now)).map(|w| w.id).collect()
         } else {
@@ -99,10 +102,12 @@ async fn poll_due(
         };
         monitor.loads.retain(&routable);
         // Removed workers' remembered load formats go too (the map would otherwise grow with churn).
-        let registered: HashSet<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
+        let registered = registered.current(&monitor.registry);
         sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
-        schedule.retain(&registered);
-        carry_forward(monitor, schedule, &snapshot.workers, &registered);
+        schedule.retain(registered);
+        if polling {
+            carry_forward(monitor, schedule, &snapshot.workers, registered);
+        }
     }
     if !polling {
         return;
@@ -148,7 +153,7 @@ async fn poll_due(
             arrived.extend(sample.map(|sample| (id, sample)));
         }
         drop(published);
-        publish(monitor, &mut arrived);
+        publish(monitor, registered, &mut arrived);
     }
 }
 
@@ -180,13 +185,32 @@ fn carry_forward(
     }
 }
 
+/// The registered workers' ids, built again only when the registry published a new snapshot
+/// (at 10,000 workers, building the set for every burst of answers was most of the monitor's
+/// idle CPU).
+#[derive(Default)]
+struct Registered {
+    snapshot: Option<Arc<PoolSnapshot>>,
+    ids: HashSet<WorkerId>,
+}
+
+impl Registered {
+    fn current(&mut self, registry: &Registry) -> &HashSet<WorkerId> {
+        let snapshot = registry.snapshot();
+        if !self.snapshot.as_ref().is_some_and(|known| Arc::ptr_eq(known, &snapshot)) {
+            self.ids = snapshot.workers.iter().map(|w| w.id).collect();
+            self.snapshot = Some(snapshot);
+        }
+        &self.ids
+    }
+}
+
 /// Publish the samples that arrived, except those of workers removed meanwhile.
-fn publish(monitor: &LoadMonitor, arrived: &mut Vec<(WorkerId, LoadSample)>) {
+fn publish(monitor: &LoadMonitor, registered: &mut Registered, arrived: &mut Vec<(WorkerId, LoadSample)>) {
     if arrived.is_empty() {
         return;
     }
-    let registered: HashSet<WorkerId> = monitor.registry.snapshot().workers.iter().map(|w| w.id).collect();
-    monitor.loads.publish(arrived, &registered);
+    monitor.loads.publish(arrived, registered.current(&monitor.registry));
     arrived.clear();
 }
 
