@@ -6,11 +6,14 @@
 # /proc/PID/stat over IDLE_SECS: CPU time, not wall time, so a loaded machine does not inflate
 # it) and its resident memory (VmRSS, and per worker over the smallest size's), then sends
 # REQUESTS requests (default: one per worker, each its own conversation, 8 at a time) and counts
-# the answers and the workers that served them. Loopback only. Prints a markdown table.
+# the answers and the workers that served them, and the gateway's open descriptors idle and after
+# the requests (one connection a worker is the aim). Loopback only. Prints a markdown table.
 #
 #   scripts/fleet_size.sh [POLICY ...]        (default: cache_aware kv_aware)
 #   env: KVGATE (binary, default target/release/kvgate), SIZES ("10 100 1000 10000"),
-#        IDLE_SECS (30), REQUESTS (default N), PER_MOCK (2500), PORT (19500: below the ephemeral
+#        IDLE_SECS (30), SETTLE_SECS (5: after the last worker turned healthy, before the idle
+#        CPU is measured; the poll back-offs settle within 7 health intervals), REQUESTS (default
+#        N), PER_MOCK (2500), PORT (19500: below the ephemeral
 #        port range, where the engines' own ports come from), OUT (/tmp/fleet_size)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,7 @@ policies=("$@"); [ ${#policies[@]} -gt 0 ] || policies=(cache_aware kv_aware)
 kvgate=${KVGATE:-target/release/kvgate}
 sizes=${SIZES:-10 100 1000 10000}
 idle=${IDLE_SECS:-30}
+settle=${SETTLE_SECS:-5}
 per_mock=${PER_MOCK:-2500}
 port=${PORT:-19500}
 out=${OUT:-/tmp/fleet_size}
@@ -30,13 +34,14 @@ trap cleanup EXIT
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+fds() { ls "/proc/$1/fd" | wc -l; }
 healthy_workers() {
   curl -s --noproxy '*' "http://127.0.0.1:$port/readiness" \
     | python3 -c 'import json,sys; print(json.load(sys.stdin).get("healthy_workers", 0))' 2>/dev/null || echo 0
 }
 
-echo "| policy | workers | registered and healthy in | idle gateway CPU | gateway RSS | per worker | mock RSS | requests ok | workers served |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| policy | workers | registered and healthy in | idle gateway CPU | gateway RSS | per worker | mock RSS | descriptors idle / after | requests ok | workers served |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for policy in "${policies[@]}"; do
   base_rss=""; base_n=""
   for n in $sizes; do
@@ -66,12 +71,13 @@ for policy in "${policies[@]}"; do
       sleep 0.2
     done
     registered=$(python3 -c "print(f'{$(date +%s.%N) - $started:.1f} s')")
-    sleep 5 # the first load polls and health rounds settle
+    sleep "$settle" # the first load polls and health rounds settle
     before=$(cpu_ticks "$gateway")
     sleep "$idle"
     after=$(cpu_ticks "$gateway")
     cpu=$(python3 -c "print(f'{100 * ($after - $before) / $ticks / $idle:.2f} %')")
     rss=$(rss_kib "$gateway")
+    fds_idle=$(fds "$gateway")
     mock_rss=0; for mock in "${mocks[@]}"; do mock_rss=$((mock_rss + $(rss_kib "$mock"))); done
     [ -n "$base_rss" ] || { base_rss=$rss; base_n=$n; }
     per_worker=$(python3 -c "d = $n - $base_n; print(f'{($rss - $base_rss) / d:.0f} KiB' if d else '-')")
@@ -82,8 +88,9 @@ for policy in "${policies[@]}"; do
       -d '{"model":"mock-model","messages":[{"role":"user","content":"{} hello"}]}' \
       > "$out/answers-$policy-$n.txt" 2>/dev/null || true
     ok=$(grep -c '^HTTP/1.1 200' "$out/answers-$policy-$n.txt" || true)
+    fds_after=$(fds "$gateway")
     served=$(grep -i '^x-kvgate-worker:' "$out/answers-$policy-$n.txt" | sort -u | wc -l)
-    echo "| $policy | $n ($healthy healthy) | $registered | $cpu | $((rss / 1024)) MiB | $per_worker | $((mock_rss / 1024)) MiB | $ok/$requests | $served |"
+    echo "| $policy | $n ($healthy healthy) | $registered | $cpu | $((rss / 1024)) MiB | $per_worker | $((mock_rss / 1024)) MiB | $fds_idle / $fds_after | $ok/$requests | $served |"
     cleanup
     sleep 1
   done

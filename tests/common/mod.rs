@@ -58,6 +58,8 @@ pub struct Upstream {
     pub metrics_body: std::sync::Mutex<String>,
     /// Client addresses (one per TCP connection) that carried proxied requests.
     pub peers: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
+    /// Client addresses that carried `GET /health` or `GET /v1/loads`.
+    pub background_peers: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
     /// Bodies of the proxied requests received, in order.
     pub bodies: std::sync::Mutex<Vec<serde_json::Value>>,
     /// When set, streaming answers break (connection error) after the first chunk.
@@ -95,8 +97,9 @@ pub fn sglang_loads(token_usage: f64, running: u64, waiting_tokens: u64) -> Stri
     .to_string()
 }
 
-async fn loads(State(up): State<Arc<Upstream>>) -> Response {
+async fn loads(State(up): State<Arc<Upstream>>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Response {
     up.loads_polls.fetch_add(1, Ordering::SeqCst);
+    up.background_peers.lock().unwrap().insert(peer);
     let delay = up.loads_delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay as u64)).await;
@@ -170,8 +173,9 @@ async fn answer(
     ([("content-type", "application/json")], echo.to_string()).into_response()
 }
 
-async fn health(State(up): State<Arc<Upstream>>) -> StatusCode {
+async fn health(State(up): State<Arc<Upstream>>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> StatusCode {
     up.health_checks.fetch_add(1, Ordering::SeqCst);
+    up.background_peers.lock().unwrap().insert(peer);
     let delay = up.health_delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay as u64)).await;
@@ -216,6 +220,7 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
         loads_polls: AtomicUsize::new(0),
         metrics_body: std::sync::Mutex::new(String::new()),
         peers: std::sync::Mutex::new(Default::default()),
+        background_peers: std::sync::Mutex::new(Default::default()),
         bodies: std::sync::Mutex::new(Vec::new()),
         cut_stream: AtomicBool::new(false),
         active: AtomicUsize::new(0),

@@ -13,7 +13,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 #[tokio::test]
 async fn sequential_requests_reuse_one_upstream_connection() {
     let up = upstream("a", "m").await;
-    let gw = gateway(config(vec![up.url.clone()])).await;
+    // No health probe in flight to take the connection when a request comes (they share it).
+    let mut cfg = config(vec![up.url.clone()]);
+    cfg.disable_health_check = true;
+    let gw = gateway(cfg).await;
     let client = client();
     for i in 0..20 {
         let mut body = chat("m");
@@ -25,6 +28,51 @@ async fn sequential_requests_reuse_one_upstream_connection() {
     assert_eq!(up.requests.load(Ordering::SeqCst), 20);
     assert_eq!(up.peers.lock().unwrap().len(), 1, "every request should ride the same kept-alive connection");
     gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn health_probes_load_polls_and_requests_share_the_workers_connection() {
+    // One keep-alive connection serves a worker's proxied requests and the gateway's own GETs
+    // (a 10,000-worker fleet otherwise needs two descriptors a worker), whether client
+    // connections are served on the shared runtime (0) or on I/O threads (2: a thread takes the
+    // shared runtime's idle connection when it has none of its own). Registration's probes,
+    // before the worker has connections of its own, go over one that is not kept.
+    for io_threads in [0, 2] {
+        let up = upstream("a", "m").await;
+        let kv_aware = kvgate_policy::PolicyConfig {
+            policy: kvgate_policy::PolicyKind::KvAware,
+            ..kvgate_policy::PolicyConfig::default()
+        };
+        let mut cfg = config(vec![up.url.clone()]);
+        cfg.routing = kv_aware;
+        cfg.load_monitor_interval_ms = 50;
+        cfg.io_threads = Some(io_threads);
+        let gw = gateway(cfg).await;
+        let registration: Vec<_> = up.background_peers.lock().unwrap().drain().collect();
+        assert!(registration.len() <= 1, "{registration:?}");
+        let polled = async || {
+            up.loads_polls.load(Ordering::SeqCst) >= 2 && up.health_checks.load(Ordering::SeqCst) >= 2
+        };
+        assert!(eventually(5.0, polled).await);
+        for _ in 0..5 {
+            let url = format!("{}/v1/chat/completions", gw.url());
+            let res = client().post(url).json(&chat("m")).send().await.unwrap();
+            assert_eq!(res.status(), 200);
+            res.bytes().await.unwrap();
+        }
+        // The connection that carried the requests carries the next probes and polls (most
+        // recently used first); one the gateway's GETs open while another is busy is a second,
+        // at most.
+        let shared = async || {
+            let background = up.background_peers.lock().unwrap().clone();
+            up.peers.lock().unwrap().iter().any(|peer| background.contains(peer))
+        };
+        assert!(eventually(5.0, shared).await, "{io_threads}: {:?} {:?}", up.peers, up.background_peers);
+        let all: std::collections::HashSet<_> =
+            up.peers.lock().unwrap().union(&up.background_peers.lock().unwrap()).copied().collect();
+        assert!(all.len() <= 2, "{io_threads}: {all:?}");
+        gw.shutdown().await;
+    }
 }
 
 #[tokio::test]
@@ -43,7 +91,8 @@ async fn concurrent_requests_open_connections_then_reuse_them() {
         }
     }
     let peers = up.peers.lock().unwrap().len();
-    assert!((1..=8).contains(&peers), "24 requests, at most 8 at a time, used {peers} connections");
+    // Eight requests and a health probe (the gateway's own GETs share the connections) at most.
+    assert!((1..=9).contains(&peers), "24 requests, at most 8 at a time, used {peers} connections");
     gw.shutdown().await;
 }
 
@@ -71,10 +120,12 @@ async fn both_serving_modes_proxy_and_reuse_their_upstream_connections() {
         });
         futures_util::future::join_all(sends).await;
         assert_eq!(up.requests.load(Ordering::SeqCst), 30, "io_threads {io_threads}");
+        // The gateway's own health probes share the worker's connections: one in flight when
+        // the six requests come holds a seventh, which carries requests afterwards.
         let peers = up.peers.lock().unwrap().len();
         assert!(
-            (1..=6).contains(&peers),
-            "io_threads {io_threads}: 30 requests, 6 at a time, {peers} connections"
+            (1..=7).contains(&peers),
+            "io_threads {io_threads}: 30 requests, 6 at a time (and a probe), {peers} connections"
         );
         gw.shutdown().await;
     }

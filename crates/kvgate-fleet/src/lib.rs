@@ -3,7 +3,8 @@
 //! The workers (`worker`: health counters, in-flight count, circuit breaker; `index_health`: a
 //! worker's alignment state), the registry of pools (`registry`) with each pool's tokenization
 //! (`tokenize`), the engines' last loads (`load_snapshot`), and the loops that keep them current:
-//! health checks (`health`), the load monitor (`monitor`), the KV-event subscriptions
+//! health checks (`health`), the load monitor (`monitor`), the schedule both poll on
+//! (`poll_schedule`), the KV-event subscriptions
 //! (`kv_events`), registration (`registration`) and Kubernetes discovery (`discovery`). Nothing here
 //! knows a request path or the gateway's assembled state.
 
@@ -13,6 +14,7 @@ pub mod index_health;
 pub mod kv_events;
 pub mod load_snapshot;
 pub mod monitor;
+pub mod poll_schedule;
 pub mod registration;
 pub mod registry;
 pub mod tokenize;

@@ -1,5 +1,6 @@
-//! The load monitor: polls every routable worker's engine load concurrently on an interval, only
-//! while some policy consumes loads, and publishes an immutable snapshot (worker → sample) that
+//! The load monitor: polls every routable worker's engine load on an interval (spread over it,
+//! less often while an engine's answers repeat and nothing is routed to it), only while some
+//! policy consumes loads, and publishes an immutable snapshot (worker → sample) that
 //! the request path reads without locks. Each worker's entry is published as soon as it arrives,
 //! so a hung worker delays nobody else.
 
@@ -14,11 +15,12 @@ use prometheus::IntCounterVec;
 use tokio::sync::watch;
 
 use crate::load_snapshot::LoadSnapshot;
-use crate::registry::Registry;
+use crate::poll_schedule::{Due, PollSchedule};
+use crate::registry::{PoolSnapshot, Registry};
 use crate::worker::Worker;
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::metrics::LoadMetrics;
-use kvgate_gateway_core::upstream::{get, GetError, HttpClient, Keep};
+use kvgate_gateway_core::upstream::{get, GetError, Keep, Upstream, Via};
 use kvgate_protocol::loads::{parse_sglang, parse_vllm, LoadReport};
 
 /// Where a worker's loads come from, learned on first contact.
@@ -33,7 +35,8 @@ pub struct LoadMonitor {
     pub registry: Arc<Registry>,
     /// Where it publishes (and how often it polls: `poll_interval_ms`).
     pub loads: Arc<LoadSnapshot>,
-    pub client: HttpClient,
+    /// A worker is polled over its own connections (`Via::Worker`).
+    pub upstream: Upstream,
     /// The workers' API key (`--api-key`).
     pub bearer: Option<String>,
     /// A poll never waits longer than a health check would.
@@ -48,69 +51,166 @@ pub struct LoadMonitor {
     pub always_poll: bool,
 }
 
+/// Ticks per interval: each polls the workers then due, so polls spread over the interval.
+const TICKS_PER_INTERVAL: u32 = 10;
+/// An engine whose answers repeat while nothing is routed to it is polled less often, at most
+/// 2^3 = 8 intervals apart; its sample is carried forward meanwhile (nothing this gateway sent
+/// can have changed it), and it is polled one interval after its last poll once a request goes
+/// to it.
+const MAX_BACKOFF: u32 = 3;
+
 impl LoadMonitor {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let interval = Duration::from_millis(self.loads.poll_interval_ms);
-        let mut ticker = tokio::time::interval(interval);
+        let mut ticker =
+            tokio::time::interval((interval / TICKS_PER_INTERVAL).max(Duration::from_millis(10)));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let sources: Arc<Mutex<HashMap<WorkerId, Source>>> = Arc::default();
-        loop {
+        let mut schedule = PollSchedule::new(interval, MAX_BACKOFF);
+        let mut registered = Registered::default();
+        for tick in 0u32.. {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            poll_once(&self, &sources, interval).await;
+            let full_round = tick.is_multiple_of(TICKS_PER_INTERVAL);
+            poll_due(&self, &sources, &mut schedule, &mut registered, interval, full_round).await;
         }
     }
 }
 
-/// One round: drop entries of workers that left, then poll every routable worker concurrently.
-async fn poll_once(
+/// One tick. Once an interval (`full_round`): drop entries of workers that left or are not
+/// routable (every entry while no policy reads loads), and carry forward the samples of quiet
+/// workers. Then poll the routable workers due, concurrently.
+async fn poll_due(
     monitor: &LoadMonitor,
     sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
+    schedule: &mut PollSchedule,
+    registered: &mut Registered,
     interval: Duration,
+    full_round: bool,
 ) {
     let polling = monitor.always_poll || monitor.registry.policies_need_loads();
     monitor.loads.set_active(polling);
     let now = Instant::now();
     let snapshot = monitor.registry.snapshot();
-    let routable: Vec<Arc<Worker>> = if polling {
-        snapshot.workers.iter().filter(|w| w.is_routable(now)).cloned().collect()
-    } else {
-        Vec::new()
-    };
-    let routable_ids: HashSet<WorkerId> = routable.iter().map(|w| w.id).collect();
-    monitor.loads.retain(&routable_ids);
-    // Removed workers' remembered load formats go too (the map would otherwise grow with churn).
-    let registered: HashSet<WorkerId> = snapshot.workers.iter().map(|w| w.id).collect();
-    sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
-    if routable.is_empty() {
+    if full_round {
+        let routable: HashSet<WorkerId> = if polling {
+            snapshot.workers.iter().filter(|w| w.is_routable(now)).map(|w| w.id).collect()
+        } else {
+            HashSet::new()
+        };
+        monitor.loads.retain(&routable);
+        // Removed workers' remembered load formats go too (the map would otherwise grow with churn).
+        let registered = registered.current(&monitor.registry);
+        sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
+        schedule.retain(registered);
+        if polling {
+            carry_forward(monitor, schedule, &snapshot.workers, registered);
+        }
+    }
+    if !polling {
         return;
     }
     // A poll never outlives the interval, and never waits longer than a health check would.
     let timeout = interval.min(monitor.health_timeout).max(Duration::from_millis(50));
-    let mut pending: FuturesUnordered<_> =
-        routable.iter().map(|worker| poll_worker(monitor, sources, worker, timeout)).collect();
+    // A routable worker without a sample (just added, healthy again, its circuit closed again)
+    // is polled within an interval whatever its back-off: a policy has no load to read for it.
+    let published = monitor.loads.load();
+    let mut pending: FuturesUnordered<_> = snapshot
+        .workers
+        .iter()
+        .filter_map(|worker| {
+            let mark = worker.requests_begun();
+            let routable = worker.is_routable(now);
+            if routable && !published.contains_key(&worker.id) {
+                schedule.hurry(worker.id);
+            }
+            match schedule.due(worker.id, mark, now) {
+                Due::NotYet => None,
+                _ if !routable => None,
+                due => Some(
+                    poll_worker(monitor, sources, worker, timeout).map(move |answer| (answer, mark, due)),
+                ),
+            }
+        })
+        .collect();
+    drop(published);
     // Answers are published as they arrive, a burst at a time: one copy of the snapshot per
     // burst (not per worker, which made a round quadratic in the fleet size), and a hung worker
     // still delays nobody.
     let mut arrived = Vec::new();
     while let Some(answer) = pending.next().await {
-        arrived.extend(answer);
+        let mut answers = vec![answer];
         while let Some(Some(answer)) = pending.next().now_or_never() {
-            arrived.extend(answer);
+            answers.push(answer);
         }
-        publish(monitor, &mut arrived);
+        let (published, now) = (monitor.loads.load(), Instant::now());
+        for ((id, sample), mark, due) in answers {
+            let unchanged = due == Due::Quiet
+                && sample.zip(published.get(&id)).is_some_and(|(new, old)| same_load(&new, old));
+            schedule.polled(id, mark, unchanged, now);
+            arrived.extend(sample.map(|sample| (id, sample)));
+        }
+        drop(published);
+        publish(monitor, registered, &mut arrived);
+    }
+}
+
+/// Whether two samples say the same but for when they were taken.
+fn same_load(new: &LoadSample, old: &LoadSample) -> bool {
+    LoadSample { fetched_at_ms: 0, ..*new } == LoadSample { fetched_at_ms: 0, ..*old }
+}
+
+/// The samples of quiet workers (backed off, nothing routed to them since their last poll)
+/// stamped now: what they last answered still holds as far as this gateway knows, and a sample
+/// read as fresh keeps them in the policies' load terms.
+fn carry_forward(
+    monitor: &LoadMonitor,
+    schedule: &PollSchedule,
+    workers: &[Arc<Worker>],
+    registered: &HashSet<WorkerId>,
+) {
+    let now_ms = monitor.clock.now_ms();
+    let published = monitor.loads.load();
+    let carried: Vec<(WorkerId, LoadSample)> = workers
+        .iter()
+        .filter(|worker| schedule.quiet_since_last_poll(worker.id, worker.requests_begun()))
+        .filter_map(|worker| published.get(&worker.id).map(|sample| (worker.id, *sample)))
+        .map(|(id, sample)| (id, LoadSample { fetched_at_ms: now_ms.max(sample.fetched_at_ms), ..sample }))
+        .collect();
+    drop(published);
+    if !carried.is_empty() {
+        monitor.loads.publish(&carried, registered);
+    }
+}
+
+/// The registered workers' ids, built again only when the registry published a new snapshot
+/// (at 10,000 workers, building the set for every burst of answers was most of the monitor's
+/// idle CPU).
+#[derive(Default)]
+struct Registered {
+    snapshot: Option<Arc<PoolSnapshot>>,
+    ids: HashSet<WorkerId>,
+}
+
+impl Registered {
+    fn current(&mut self, registry: &Registry) -> &HashSet<WorkerId> {
+        let snapshot = registry.snapshot();
+        if !self.snapshot.as_ref().is_some_and(|known| Arc::ptr_eq(known, &snapshot)) {
+            self.ids = snapshot.workers.iter().map(|w| w.id).collect();
+            self.snapshot = Some(snapshot);
+        }
+        &self.ids
     }
 }
 
 /// Publish the samples that arrived, except those of workers removed meanwhile.
-fn publish(monitor: &LoadMonitor, arrived: &mut Vec<(WorkerId, LoadSample)>) {
+fn publish(monitor: &LoadMonitor, registered: &mut Registered, arrived: &mut Vec<(WorkerId, LoadSample)>) {
     if arrived.is_empty() {
         return;
     }
-    let registered: HashSet<WorkerId> = monitor.registry.snapshot().workers.iter().map(|w| w.id).collect();
-    monitor.loads.publish(arrived, &registered);
+    monitor.loads.publish(arrived, registered.current(&monitor.registry));
     arrived.clear();
 }
 
@@ -119,7 +219,7 @@ async fn poll_worker(
     sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
     worker: &Arc<Worker>,
     timeout: Duration,
-) -> Option<(WorkerId, LoadSample)> {
+) -> (WorkerId, Option<LoadSample>) {
     let known = sources.lock().unwrap_or_else(|p| p.into_inner()).get(&worker.id).copied();
     let started = Instant::now();
     // Stamped when the poll is sent: requests routed while it is in flight may or may not be in
@@ -145,12 +245,12 @@ async fn poll_worker(
     match result {
         Ok(mut sample) => {
             sample.fetched_at_ms = sent_at_ms;
-            Some((worker.id, sample))
+            (worker.id, Some(sample))
         }
         Err(error) => {
             worker.series.write(|url| monitor.metrics.poll_failures.with_label_values(&[url]).inc());
             tracing::debug!(worker = %worker.url, %error, "load poll failed");
-            None
+            (worker.id, None)
         }
     }
 }
@@ -170,9 +270,8 @@ async fn fetch(
         Source::Vllm => "/metrics",
     };
     let bearer = monitor.bearer.as_deref();
-    let url = format!("{}{path}", worker.address);
-    let limit = monitor.max_answer_bytes;
-    let (status, body) = match get(&monitor.client, &url, bearer, timeout, limit, Keep::Body).await {
+    let (limit, via) = (monitor.max_answer_bytes, Via::Worker(&worker.conns));
+    let (status, body) = match get(&monitor.upstream, via, path, bearer, timeout, limit, Keep::Body).await {
         Ok(answer) => answer,
         Err(error @ GetError::Oversized { .. }) => {
             monitor.oversized.with_label_values(&["loads"]).inc();

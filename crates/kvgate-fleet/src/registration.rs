@@ -11,7 +11,7 @@ use crate::registry::{NewWorker, Registry, RegistryError};
 use crate::worker::Worker;
 use kvgate_gateway_core::config::KvEventsSource;
 use kvgate_gateway_core::error::ApiError;
-use kvgate_gateway_core::upstream::HealthCheck;
+use kvgate_gateway_core::upstream::{HealthCheck, Via};
 use kvgate_gateway_core::worker_url::{normalize_url, AllowList};
 
 /// The gateway's own listeners, which are never workers (routing to them would loop).
@@ -95,7 +95,7 @@ impl Registration {
         }
         let (model, max_model_len) = match new.model.take() {
             Some(model) => (Some(model), None),
-            None => match self.check.discover_model(&url).await {
+            None => match self.check.discover_model(Via::Client(&url)).await {
                 Ok(served) => (Some(served.id), served.max_model_len),
                 Err(error) => {
                     tracing::warn!(worker = %url, %error, "could not learn the worker's model yet; will retry");
@@ -103,7 +103,7 @@ impl Registration {
                 }
             },
         };
-        let healthy = self.probes_disabled || self.check.probe(&url).await;
+        let healthy = self.probes_disabled || self.check.probe(Via::Client(&url)).await;
         let worker = self.registry.add(NewWorker { url, model, ..new }, healthy).map_err(|e| match e {
             RegistryError::InvalidUrl(message) => ApiError::BadRequest(message),
             RegistryError::Duplicate(url) => {

@@ -182,6 +182,11 @@ pub struct Worker {
     consecutive_health_failures: AtomicU32,
     consecutive_health_successes: AtomicU32,
     in_flight: AtomicU64,
+    /// Requests sent to it, ever (the load monitor polls a worker sooner once this moves).
+    requests_begun: AtomicU64,
+    /// Answers it gave to proxied requests that were not server errors, ever: passive health
+    /// (the health loop need not probe a worker that answered since its last probe).
+    answers: AtomicU64,
     pub circuit: CircuitBreaker,
     pub series: WorkerSeries,
     /// Keep-alive connections to this worker for proxied requests.
@@ -227,6 +232,8 @@ impl Worker {
             consecutive_health_failures: AtomicU32::new(0),
             consecutive_health_successes: AtomicU32::new(0),
             in_flight: AtomicU64::new(0),
+            requests_begun: AtomicU64::new(0),
+            answers: AtomicU64::new(0),
             circuit: CircuitBreaker::new(circuit),
             series,
             conns: Arc::new(ConnPool::new(&url)),
@@ -369,6 +376,22 @@ impl Worker {
 
     pub fn begin_request(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.requests_begun.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests sent to it so far.
+    pub fn requests_begun(&self) -> u64 {
+        self.requests_begun.load(Ordering::Relaxed)
+    }
+
+    /// It answered a proxied request (with anything but a server error).
+    pub fn record_answer(&self) {
+        self.answers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Answers to proxied requests so far.
+    pub fn answers(&self) -> u64 {
+        self.answers.load(Ordering::Relaxed)
     }
 
     pub fn end_request(&self) {

@@ -71,6 +71,8 @@ pub enum SendError {
 pub struct UpstreamConn {
     sender: http1::SendRequest<Full<Bytes>>,
     driver: Driver,
+    /// The pool shard it goes back to (`ConnPool::checkout`).
+    home: usize,
 }
 
 impl UpstreamConn {
@@ -130,10 +132,6 @@ impl ConnPool {
         self.idle.iter().map(|shard| shard.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
     }
 
-    fn shard(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        self.idle[current_shard()].lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The request target on this worker for a client's path and query.
     pub fn target(&self, path_and_query: &str) -> Result<http::Uri, http::uri::InvalidUri> {
         if self.prefix.is_empty() {
@@ -143,9 +141,28 @@ impl ConnPool {
         }
     }
 
+    /// An idle connection: the thread's own shard's first (most recently used first), else one
+    /// another thread left. An I/O thread only takes the shared runtime's (shard 0: the health
+    /// probes' and load polls'), which then stays with it; the shared runtime borrows any and
+    /// gives it back to its shard. So a worker whose only traffic is the gateway's own GETs and
+    /// a request now and then keeps one connection, not one per thread (at 10,000 workers the
+    /// descriptors run out otherwise), and an I/O thread's connections stay with it. A
+    /// connection used on another thread than the one that opened it works the same, its
+    /// readiness waking this one.
     fn checkout(&self, now: Instant) -> Option<Box<UpstreamConn>> {
+        let own = current_shard();
+        let others = if own == 0 { 1..SHARDS } else { 0..1 };
+        let (shard, mut conn) = std::iter::once(own)
+            .chain(others)
+            .find_map(|shard| Some((shard, self.checkout_from(shard, now)?)))?;
+        conn.home = if own == 0 { shard } else { own };
+        Some(conn)
+    }
+
+    fn checkout_from(&self, shard: usize, now: Instant) -> Option<Box<UpstreamConn>> {
         loop {
-            let Idle { mut conn, since } = self.shard().pop()?;
+            let Idle { mut conn, since } =
+                self.idle[shard].lock().unwrap_or_else(|p| p.into_inner()).pop()?;
             if now.saturating_duration_since(since) < IDLE_TIMEOUT && conn.is_reusable() {
                 return Some(conn);
             }
@@ -156,7 +173,7 @@ impl ConnPool {
         if !conn.is_reusable() {
             return;
         }
-        let mut idle = self.shard();
+        let mut idle = self.idle[conn.home].lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < MAX_IDLE {
             idle.push(Idle { conn, since: Instant::now() });
         }
@@ -190,7 +207,7 @@ impl ConnPool {
             .await
             .map_err(|error| SendError::Connect(format!("handshake with {}: {error}", self.addr)))?;
         // Boxed once per connection: requests then move a pointer, not the connection state.
-        Ok(Box::new(UpstreamConn { sender, driver }))
+        Ok(Box::new(UpstreamConn { sender, driver, home: current_shard() }))
     }
 }
 

@@ -1,10 +1,13 @@
-//! The pooled HTTP client of the background loops (health checks, model discovery, load polls)
-//! and their small GET helpers. Proxied requests use `conn.rs` instead. Both reach `https://`
-//! workers with the same TLS settings (`tls.rs`).
+//! The background GETs (health checks, model discovery, load polls) and their small helpers. A
+//! registered worker is asked over its own keep-alive connections (`conn.rs`), the ones its
+//! proxied requests use, so an idle fleet holds one connection a worker, not one per purpose; a
+//! worker not registered yet (registration's probes) through the background client, which keeps
+//! no connection. Both reach `https://` workers with the same TLS settings (`tls.rs`).
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,17 +20,27 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus::IntCounterVec;
 use tokio_rustls::TlsConnector;
 
+use crate::conn::{self, ConnPool, SendError};
 use crate::tls::{self, WorkerStream};
 
 pub type HttpClient = Client<WorkerConnector, Full<Bytes>>;
 
-/// One client for the background loops: keep-alive pooled connections, TCP_NODELAY, TLS for
-/// `https://` workers.
+/// The client of workers not registered yet (registration's probes) and of the alignment probes:
+/// TCP_NODELAY, TLS for `https://` workers, and no idle connection kept (a registered worker's
+/// GETs go over its own connections, `Via::Worker`: a connection kept here would be a second one
+/// to the same worker, and at 10,000 workers the descriptors run out).
 pub fn build_client(tls: TlsConnector) -> HttpClient {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .build(WorkerConnector { tls })
+    Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(WorkerConnector { tls })
+}
+
+/// Where a background GET goes.
+#[derive(Clone, Copy)]
+pub enum Via<'a> {
+    /// A registered worker's own keep-alive connections, shared with the requests proxied to it
+    /// (the pool's shard of the calling thread: the main runtime's).
+    Worker(&'a Arc<ConnPool>),
+    /// The background client, to the worker at this base URL (`http[s]://host:port[/prefix]`).
+    Client(&'a str),
 }
 
 /// Opens the client's connections: plain TCP for `http://` URLs, TLS for `https://`.
@@ -177,29 +190,45 @@ pub enum Keep {
     Status,
 }
 
-/// GET `url` with a deadline; returns the status and the body, read up to `limit` bytes
-/// (`Keep::Status`: read and dropped, an empty body is returned).
+/// GET `path` of a worker with a deadline; returns the status and the body, read up to `limit`
+/// bytes (`Keep::Status`: read and dropped, an empty body is returned). A `Via::Worker`
+/// connection goes back to its pool once the answer is read to its end.
 pub async fn get(
-    client: &HttpClient,
-    url: &str,
+    upstream: &Upstream,
+    via: Via<'_>,
+    path: &str,
     bearer: Option<&str>,
     timeout: Duration,
     limit: usize,
     keep: Keep,
 ) -> Result<(StatusCode, Bytes), GetError> {
-    let mut builder = Request::get(url);
+    let failed = |error: String| GetError::Failed(error);
+    let target = match via {
+        Via::Worker(pool) => pool.target(path).map_err(|e| failed(e.to_string()))?,
+        Via::Client(base) => {
+            format!("{base}{path}").parse().map_err(|e: http::uri::InvalidUri| failed(e.to_string()))?
+        }
+    };
+    let mut builder = Request::get(target);
     if let Some(token) = bearer {
         builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
     }
-    let request = builder.body(Full::new(Bytes::new())).map_err(|e| GetError::Failed(e.to_string()))?;
+    let request = builder.body(Full::new(Bytes::new())).map_err(|e| failed(e.to_string()))?;
     let exchange = async {
-        let response = client.request(request).await.map_err(|e| GetError::Failed(e.to_string()))?;
-        let status = response.status();
-        let body = match keep {
-            Keep::Body => read_limited(response.into_body(), limit).await?,
-            Keep::Status => {
-                drain_limited(response.into_body(), limit).await?;
-                Bytes::new()
+        let (status, body) = match via {
+            Via::Worker(pool) => {
+                let response =
+                    conn::send(pool, request, &upstream.tls).await.map_err(|error| match error {
+                        SendError::Connect(error) => failed(error),
+                        SendError::Exchange(error) => failed(error.to_string()),
+                    })?;
+                let status = response.status();
+                (status, read_answer(response.into_body(), limit, keep).await?)
+            }
+            Via::Client(_) => {
+                let response = upstream.client.request(request).await.map_err(|e| failed(e.to_string()))?;
+                let status = response.status();
+                (status, read_answer(response.into_body(), limit, keep).await?)
             }
         };
         Ok::<_, GetError>((status, body))
@@ -207,6 +236,26 @@ pub async fn get(
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| GetError::Failed(format!("no answer within {:.1} s", timeout.as_secs_f64())))?
+}
+
+/// An answer's body as `keep` says (read to its end either way, so its connection can be reused).
+async fn read_answer<B>(body: B, limit: usize, keep: Keep) -> Result<Bytes, GetError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    match keep {
+        Keep::Body => read_limited(body, limit).await,
+        Keep::Status => drain_limited(body, limit).await.map(|()| Bytes::new()),
+    }
+}
+
+/// How the background loops reach workers: the client of workers not registered yet, and the TLS
+/// settings a registered worker's own connections are opened with.
+#[derive(Clone)]
+pub struct Upstream {
+    pub client: HttpClient,
+    pub tls: TlsConnector,
 }
 
 /// What a worker's `GET /v1/models` says of the model it serves (its first entry).
@@ -219,14 +268,13 @@ pub struct ServedModel {
 
 /// Ask a worker which model it serves (`GET /v1/models`, first entry).
 pub async fn discover_model(
-    client: &HttpClient,
-    worker_url: &str,
+    upstream: &Upstream,
+    via: Via<'_>,
     bearer: Option<&str>,
     timeout: Duration,
     limit: usize,
 ) -> Result<ServedModel, GetError> {
-    let url = format!("{worker_url}/v1/models");
-    let (status, body) = get(client, &url, bearer, timeout, limit, Keep::Body).await?;
+    let (status, body) = get(upstream, via, "/v1/models", bearer, timeout, limit, Keep::Body).await?;
     let failed = |message: String| GetError::Failed(message);
     if !status.is_success() {
         return Err(failed(format!("GET /v1/models answered {status}")));
@@ -244,12 +292,12 @@ pub async fn discover_model(
 }
 
 /// Health probes and model discovery, as registration and the health loop run them: the
-/// background client, the workers' key (`--api-key`), the health endpoint, the deadline and the
+/// way to the workers, the workers' key (`--api-key`), the health endpoint, the deadline and the
 /// largest answer read (`--max-probe-answer-bytes`; past it the probe fails, counted in
 /// `oversized`).
 #[derive(Clone)]
 pub struct HealthCheck {
-    pub client: HttpClient,
+    pub upstream: Upstream,
     /// The path probed (`--health-check-endpoint`).
     pub endpoint: String,
     pub bearer: Option<String>,
@@ -262,10 +310,9 @@ pub struct HealthCheck {
 impl HealthCheck {
     /// One health check: 2xx from the health endpoint within the timeout, with an answer no
     /// larger than the bound.
-    pub async fn probe(&self, url: &str) -> bool {
-        let target = format!("{url}{}", self.endpoint);
-        let bearer = self.bearer.as_deref();
-        match get(&self.client, &target, bearer, self.timeout, self.max_answer_bytes, Keep::Status).await {
+    pub async fn probe(&self, via: Via<'_>) -> bool {
+        let (bearer, limit) = (self.bearer.as_deref(), self.max_answer_bytes);
+        match get(&self.upstream, via, &self.endpoint, bearer, self.timeout, limit, Keep::Status).await {
             Ok((status, _)) => status.is_success(),
             Err(GetError::Oversized { .. }) => {
                 self.oversized.with_label_values(&["health"]).inc();
@@ -276,9 +323,9 @@ impl HealthCheck {
     }
 
     /// The model the worker serves (`GET /v1/models`).
-    pub async fn discover_model(&self, url: &str) -> Result<ServedModel, GetError> {
+    pub async fn discover_model(&self, via: Via<'_>) -> Result<ServedModel, GetError> {
         let bearer = self.bearer.as_deref();
-        let learned = discover_model(&self.client, url, bearer, self.timeout, self.max_answer_bytes).await;
+        let learned = discover_model(&self.upstream, via, bearer, self.timeout, self.max_answer_bytes).await;
         if let Err(GetError::Oversized { .. }) = learned {
             self.oversized.with_label_values(&["models"]).inc();
         }
@@ -293,8 +340,8 @@ impl HealthCheck {
         let limit = self.max_answer_bytes.max(1 << 20);
         let mut answer = None;
         for path in ["/server_info", "/get_server_info"] {
-            let target = format!("{url}{path}");
-            let (status, body) = get(&self.client, &target, bearer, self.timeout, limit, Keep::Body)
+            let via = Via::Client(url);
+            let (status, body) = get(&self.upstream, via, path, bearer, self.timeout, limit, Keep::Body)
                 .await
                 .map_err(|error| format!("GET {path}: {error}"))?;
             if status == http::StatusCode::NOT_FOUND {

@@ -393,7 +393,7 @@ fn spawn_background(
     let monitor = LoadMonitor {
         registry: state.registry.clone(),
         loads: state.loads.clone(),
-        client: state.client.clone(),
+        upstream: state.health_check.upstream.clone(),
         bearer: config.api_key.clone(),
         health_timeout: state.health_check.timeout,
         clock: state.clock,

@@ -24,7 +24,7 @@ use kvgate_gateway_core::config::GatewayConfig;
 use kvgate_gateway_core::decisions::DecisionLog;
 use kvgate_gateway_core::metrics::Metrics;
 use kvgate_gateway_core::otel::Traces;
-use kvgate_gateway_core::upstream::{build_client, HealthCheck, HttpClient};
+use kvgate_gateway_core::upstream::{build_client, HealthCheck, HttpClient, Upstream};
 use kvgate_gateway_core::worker_url::AllowList;
 use kvgate_observe::kv_map::KvMap;
 
@@ -166,7 +166,7 @@ impl AppState {
         ));
         let loads = Arc::new(LoadSnapshot::new(config.load_poll_interval_ms()));
         let health_check = HealthCheck {
-            client: client.clone(),
+            upstream: Upstream { client: client.clone(), tls: upstream_tls.clone() },
             endpoint: config.health_check_endpoint.clone(),
             bearer: config.api_key.clone(),
             timeout: Duration::from_secs_f64(config.health_check_timeout_secs),

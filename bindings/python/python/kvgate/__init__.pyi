@@ -413,7 +413,10 @@ class Gateway:
             approximate tree until a probe of the worker passes; `warn` only logs it. Every
             action is logged with its cause and counted in kvgate_index_repairs_total
         load_monitor_interval_ms: Milliseconds between engine load polls (used only while a
-            policy consumes loads); the same flag as `kvgate sim`'s
+            policy consumes loads); the same flag as `kvgate sim`'s. The gateway polls a worker
+            that is sent requests every interval, one whose answers repeat while nothing is
+            routed to it up to 8 intervals apart (its last answer carried forward), and spreads
+            first polls over the interval
         load_monitor_interval: Deprecated spelling of the load poll interval, in seconds; when
             given it wins over --load-monitor-interval-ms
         request_timeout_secs: Deadline for a worker's response headers, in seconds
@@ -470,7 +473,11 @@ class Gateway:
         max_prefill_answer_bytes: Largest prefill answer of a disaggregated pair read, in bytes
             (vLLM: parsed for its kv_transfer_params; SGLang: drained); past it the prefill side
             failed
-        health_check_interval_secs: Seconds between health checks of each worker
+        health_check_interval_secs: Seconds between health checks of each worker. A worker that
+            keeps passing is checked up to 4 intervals apart, one that answered proxied requests
+            since its last check passes without one (passive health), and one unhealthy or whose
+            circuit is open or half-open is checked every interval; checks are spread over the
+            interval
         health_check_timeout_secs: Timeout of one health check, in seconds
         health_check_endpoint: Path probed on each worker
         health_failure_threshold: Consecutive failed checks that mark a healthy worker unhealthy

@@ -161,7 +161,9 @@ pub struct GatewayConfig {
     pub index_repair: kvgate_index::IndexRepair,
 
     /// Milliseconds between engine load polls (used only while a policy consumes loads); the
-    /// same flag as `kvgate sim`'s.
+    /// same flag as `kvgate sim`'s. The gateway polls a worker that is sent requests every
+    /// interval, one whose answers repeat while nothing is routed to it up to 8 intervals apart
+    /// (its last answer carried forward), and spreads first polls over the interval.
     #[arg(long, default_value_t = 1000)]
     pub load_monitor_interval_ms: u64,
     /// Deprecated spelling of the load poll interval, in seconds; when given it wins over
@@ -255,7 +257,10 @@ pub struct GatewayConfig {
     #[arg(long, default_value_t = 16 * 1024 * 1024, value_name = "BYTES")]
     pub max_prefill_answer_bytes: usize,
 
-    /// Seconds between health checks of each worker.
+    /// Seconds between health checks of each worker. A worker that keeps passing is checked up
+    /// to 4 intervals apart, one that answered proxied requests since its last check passes
+    /// without one (passive health), and one unhealthy or whose circuit is open or half-open is
+    /// checked every interval; checks are spread over the interval.
     #[arg(long, default_value_t = 10.0)]
     pub health_check_interval_secs: f64,
     /// Timeout of one health check, in seconds.

@@ -208,8 +208,11 @@ pub(super) async fn attempt(
             ) || (worker.role == WorkerRole::Prefill && status.is_server_error());
             if status.is_server_error() {
                 record_failure(state, worker, "status");
-            } else if worker.circuit.record_success() {
-                worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(0));
+            } else {
+                worker.record_answer();
+                if worker.circuit.record_success() {
+                    worker.series.write(|url| state.metrics.circuit_state.with_label_values(&[url]).set(0));
+                }
             }
             if no_clients {
                 return failed(AttemptErrorKind::Status(response, in_flight));
