@@ -92,6 +92,14 @@ impl RoutedLog {
         sent
     }
 
+    /// Whether a request with the whole prompt of hash `prompt` was routed to `worker` at or
+    /// after `since_ms` (and is still remembered).
+    pub fn holds_prompt(&self, worker: WorkerId, prompt: u64, since_ms: u64) -> bool {
+        self.routed
+            .get(&worker)
+            .is_some_and(|queue| queue.iter().any(|e| e.at_ms >= since_ms && e.prompt == Some(prompt)))
+    }
+
     /// Every remembered `(routed at, tokens)` of `worker`, oldest first.
     pub fn entries(&self, worker: WorkerId) -> impl Iterator<Item = (u64, f64)> + '_ {
         self.routed.get(&worker).into_iter().flat_map(|queue| queue.iter().map(|e| (e.at_ms, e.tokens)))
@@ -147,6 +155,7 @@ mod tests {
         log.record(1, 140, 300.0, 1000);
         assert_eq!(log.sent_since(1, 0), Sent { requests: 5.0, tokens: 9_800.0 });
         assert_eq!(log.sent_since(1, 115), Sent { requests: 3.0, tokens: 9_800.0 });
+        assert!(log.holds_prompt(1, 7, 120) && !log.holds_prompt(1, 7, 121) && !log.holds_prompt(2, 7, 0));
         log.record(1, 2_000, 1.0, 1000);
         assert_eq!(log.sent_since(1, 0), Sent { requests: 1.0, tokens: 1.0 }, "forgotten after keep_ms");
     }

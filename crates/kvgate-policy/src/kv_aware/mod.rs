@@ -28,13 +28,17 @@ pub use rate::{EngineRates, RateSettings, Rates};
 
 use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
-use crate::inflight::{fresh_load, RoutedLog};
+use crate::hashing::prompt_key;
+use crate::inflight::{fresh_load, RoutedLog, Sent};
 use crate::kv_wait::{kv_freed_share, kv_per_request, waits_for_kv, KvView};
 use crate::pick::pick_min_by;
 use crate::{
     Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext,
     WorkerId,
 };
+
+/// Load-poll intervals the requests routed to each worker are remembered for.
+const ROUTED_POLLS: u64 = 4;
 
 /// Predictions closer than this many seconds are a tie (broken by in-flight count, then at random).
 const TIE_SECS: f64 = 1e-4;
@@ -136,6 +140,30 @@ struct Scored {
     waits_too_long: bool,
 }
 
+/// The share of the KV in use freed per second on the engine of `load`: the pool's least rate
+/// (`pool`, tokens generated over KV in use, [`kv_freed_share`]) or, on an engine not waiting
+/// for KV, the share of its running requests it finishes per second (`finished_per_sec`, from
+/// its reports, `EngineRates::finished_per_sec_of`) when larger. A finished request frees all it
+/// held, its prompt and its answer, not only the tokens it generated: on S10 and S7 the pool's
+/// rate predicted the wait for KV of requests routed since the report 3-8x too long (70 s for
+/// 11 s measured), so a burst of samples left the engine holding their prompt to recompute it
+/// elsewhere. An engine whose requests already wait for KV keeps the pool's rate: its finished
+/// requests' KV goes to those waiting first (measured: its own rate there made S2 and S3 TTFT
+/// mean 6-7% worse).
+fn freed_share_of(
+    load: Option<&crate::LoadSample>,
+    finished_per_sec: Option<f64>,
+    pool: Option<f64>,
+) -> Option<f64> {
+    let own = load
+        .filter(|load| load.num_running_reqs > 0 && !waits_for_kv(load))
+        .and_then(|load| Some(finished_per_sec? / load.num_running_reqs as f64));
+    match (pool, own) {
+        (Some(pool), Some(own)) => Some(pool.max(own)),
+        (pool, own) => pool.or(own),
+    }
+}
+
 /// Keeps out every allowed candidate whose queued prefill alone exceeds `margin` x the best
 /// predicted time to first token among the allowed plus `slack_s`. The best one always stays
 /// (its queue is part of its own prediction), so some candidate stays allowed.
@@ -155,12 +183,11 @@ fn apply_wait_margin(scored: &mut [Scored], margin: f64, slack_s: f64) {
 /// Seconds a request with `uncached` prompt tokens on `candidate` waits there for KV
 /// ([`KvView`]): 0 without a usable report. KV is freed at least as fast as the engine decodes
 /// a full batch (its decode rate, `1000 / decode_ms_per_request` tokens a second). The requests
-/// routed there since the report count at what a running request holds only when the report
-/// shows its waiting requests already waiting for KV ([`waits_for_kv`]): there they queue behind
-/// them. On an engine with room they are admitted as they come, holding their uncached prompt
-/// (their answers' KV grows over their decode), and the running requests' mean, weighted to the
-/// long answers still running, would make a burst of cached prompts look as if it filled every
-/// engine it went to (S10: 80 s of predicted wait on every engine for 3 s of real one).
+/// routed there since the report count at what a running request holds (or their uncached
+/// prompt when larger): each takes KV for its answer, even a sample of a prompt held there
+/// (S10: counted only when the report showed requests waiting for KV, a burst of samples of
+/// one prompt went to its holder, 150 in flight there with its report at 71% KV, and waited
+/// 48 s for KV predicted at 0).
 fn kv_wait_s(
     candidate: &Candidate,
     load: Option<&crate::LoadSample>,
@@ -172,10 +199,7 @@ fn kv_wait_s(
 ) -> f64 {
     let Some(load) = load else { return 0.0 };
     let floor = 1000.0 / rates.decode_ms_per_request.max(1e-3);
-    let mut since = routed.sent_since(candidate.id, load.fetched_at_ms);
-    if !waits_for_kv(load) {
-        since.requests = 0.0;
-    }
+    let since = routed.sent_since(candidate.id, load.fetched_at_ms);
     KvView::of(load, since, per_request, freed_share, floor)
         .map_or(0.0, |view| view.wait_s(view.need(uncached)))
 }
@@ -213,6 +237,8 @@ impl KvAwarePolicy {
         let freed_share = kv_freed_share(loads.iter().flatten());
         let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
         let prompt = request.prompt_tokens as f64;
+        let whole_prompt = prompt_key(request);
+        let recent_ms = now_ms.saturating_sub(poll_ms.saturating_mul(ROUTED_POLLS));
         let arrivals_per_sec = state.arrivals.per_sec(now_ms, poll_ms) / candidates.pool_size() as f64;
         let mut scored = candidates
             .iter()
@@ -229,8 +255,16 @@ impl KvAwarePolicy {
                 let queued =
                     queued_tokens(c, loads[i].as_ref(), routed, now_ms, rates.prefill_tokens_per_sec);
                 let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
+                // A prompt routed there moments ago (a sample of the same prompt) is computed
+                // there once, ahead of this one, though the engine has not reported it yet: on
+                // the exact index the samples of one prompt looked uncached everywhere and
+                // spread over the pool, each computing the prompt (S10).
+                let pending = whole_prompt.is_some_and(|hash| routed.holds_prompt(c.id, hash, recent_ms));
+                let matched = if pending { prompt } else { matched };
                 let uncached = (prompt - matched).max(0.0);
                 let context = matched.min(prompt);
+                let freed_share =
+                    freed_share_of(loads[i].as_ref(), state.rates.finished_per_sec_of(c.id), freed_share);
                 let kv_wait_s = kv_wait_s(
                     c,
                     loads[i].as_ref().filter(|_| kv_known),
@@ -344,7 +378,9 @@ impl Policy for KvAwarePolicy {
         let State { routed: log, rates, arrivals } = &mut *state;
         observe_reports(rates, &routed.candidates, log, now_ms, poll_ms);
         let uncached = routed.decision.uncached_tokens.unwrap_or(0.0);
-        log.record(routed.decision.worker, now_ms, uncached, poll_ms.saturating_mul(4));
+        let sent = Sent { requests: 1.0, tokens: uncached };
+        let prompt = prompt_key(routed.request);
+        log.record_prompt(routed.decision.worker, now_ms, sent, prompt, poll_ms.saturating_mul(ROUTED_POLLS));
         arrivals.record(now_ms, poll_ms);
     }
 

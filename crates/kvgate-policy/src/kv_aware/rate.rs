@@ -168,6 +168,11 @@ struct Learned {
     at_ms: u64,
     queued: f64,
     kv_bound: bool,
+    /// Requests running or waiting at the last report.
+    in_system: f64,
+    /// Requests finished per second: those routed there between two reports less the growth
+    /// of its running and waiting requests.
+    finished: Running,
     prefill: Speed,
     /// Decode speed as a rate, 1000 / (ms each running request adds to a step), so the grid and
     /// the fleet mean treat it as the prefill rate.
@@ -352,8 +357,9 @@ impl EngineRates {
     }
 
     /// One answer `worker` gave: the prediction its decision was made on, the prompt and what
-    /// the engine reported cached, and its time to first token as the host measured it.
-    /// Teaches the fit of `worker` and the fleet's (`ttft.rs`).
+    /// the engine reported cached, and its time to first token as the host measured it, less
+    /// the wait for KV the decision predicted (`PredictedTtft::kv_wait_s`). Teaches the fit of
+    /// `worker` and the fleet's (`ttft.rs`).
     pub fn observe_answer(&mut self, worker: WorkerId, answer: &crate::Answered) {
         if !self.settings.learn {
             return;
@@ -369,7 +375,11 @@ impl EngineRates {
             true => (answer.predicted.decode_s * 1000.0 / used.decode_ms_per_request).round(),
             false => 0.0,
         };
-        let sample = Answer { tokens: ahead + own, pairs, running, ttft_s: answer.ttft_s };
+        // The wait for KV the decision predicted is no prefill: left in, the fit would read an
+        // engine whose requests queue for KV as a slow one (an answer the prediction says was
+        // all wait teaches nothing).
+        let ttft_s = answer.ttft_s - answer.predicted.kv_wait_s.max(0.0);
+        let sample = Answer { tokens: ahead + own, pairs, running, ttft_s };
         let bounds = self.bounds();
         self.answers.entry(worker).or_default().observe(sample, &bounds);
         self.pooled.observe(sample, &bounds);
@@ -393,10 +403,13 @@ impl EngineRates {
         let RateSettings { max_ratio, saturated_intervals, .. } = self.settings;
         let queued = report.num_waiting_uncached_tokens as f64;
         let kv_bound = crate::kv_wait::waits_for_kv(report);
+        let in_system = (report.num_running_reqs + report.num_waiting_reqs) as f64;
         let entry = self.engines.entry(worker).or_insert_with(|| Learned {
             at_ms: report.fetched_at_ms,
             queued,
             kv_bound,
+            in_system,
+            finished: Running::default(),
             prefill: Speed::default(),
             decode: Speed::default(),
         });
@@ -426,6 +439,12 @@ impl EngineRates {
                 prefill_learned = true;
             }
         }
+        if interval_ms >= poll_ms / 2 {
+            let routed_between = routed.sent_since(worker, entry.at_ms).requests
+                - routed.sent_since(worker, report.fetched_at_ms).requests;
+            let finished = (routed_between + entry.in_system - in_system).max(0.0);
+            entry.finished.observe(finished, secs, smoothing);
+        }
         let mut decode_learned = false;
         if queued == 0.0 && report.num_running_reqs >= MIN_DECODE_BATCH && report.gen_throughput > 0.0 {
             // A step of b running requests produces b tokens, so each request adds 1000 /
@@ -436,12 +455,18 @@ impl EngineRates {
         entry.at_ms = report.fetched_at_ms;
         entry.queued = queued;
         entry.kv_bound = kv_bound;
+        entry.in_system = in_system;
         if prefill_learned {
             self.refresh(worker, |l| &mut l.prefill, Quantity::Prefill);
         }
         if decode_learned {
             self.refresh(worker, |l| &mut l.decode, Quantity::Decode);
         }
+    }
+
+    /// Requests `worker` finishes per second, from its reports.
+    pub fn finished_per_sec_of(&self, worker: WorkerId) -> Option<f64> {
+        self.engines.get(&worker).and_then(|learned| learned.finished.rate())
     }
 
     pub fn forget(&mut self, worker: WorkerId) {

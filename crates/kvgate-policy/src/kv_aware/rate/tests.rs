@@ -241,3 +241,57 @@ fn an_interval_whose_queue_waits_for_kv_teaches_no_prefill_rate() {
     rates.observe(1, &report(1_500, 42_000), &routed, 500);
     assert_eq!(rates.engines[&1].prefill.running.rate(), Some(8_000.0));
 }
+
+#[test]
+fn the_predicted_wait_for_kv_is_not_learned_as_prefill() {
+    // An engine whose reports teach no prefill rate (vLLM's): every answer waited 5 s for KV,
+    // then computed its prompt at 8,000 tokens/s.
+    let learn = |predicted_wait_s: f64| {
+        let mut rates = EngineRates::new(settings(false));
+        let used = Rates { prefill_tokens_per_sec: 8_000.0, decode_ms_per_request: 0.35, ..Rates::default() };
+        for i in 0..32u32 {
+            let prompt = 2_000 + 500 * i;
+            let answer = crate::Answered {
+                worker: 1,
+                predicted: crate::kv_aware::PredictedTtft {
+                    kv_wait_s: predicted_wait_s,
+                    rates: used,
+                    ..Default::default()
+                },
+                prompt_tokens: prompt,
+                cached_tokens: 0,
+                ttft_s: 5.0 + f64::from(prompt) / 8_000.0,
+            };
+            rates.observe_answer(1, &answer);
+        }
+        rates.rates(1)
+    };
+    let learned = learn(5.0);
+    assert!(learned.base_s < 0.05, "the predicted wait is not a fixed cost: {learned:?}");
+    assert!((learned.prefill_tokens_per_sec - 8_000.0).abs() < 400.0, "{learned:?}");
+    // Left in (a wait the decision did not predict), the wait is learned as prefill: the engine
+    // looks four times slower than it is.
+    let unpredicted = learn(0.0);
+    assert!(unpredicted.prefill_tokens_per_sec < 4_000.0, "{unpredicted:?}");
+}
+
+#[test]
+fn requests_finished_are_those_routed_less_the_growth_of_running_and_waiting() {
+    let mut rates = EngineRates::new(settings(false));
+    let mut routed = RoutedLog::default();
+    let at = |at_ms, running, waiting| LoadSample {
+        fetched_at_ms: at_ms,
+        num_running_reqs: running,
+        num_waiting_reqs: waiting,
+        ..LoadSample::default()
+    };
+    rates.observe(1, &at(1_000, 8, 2), &routed, 1_000);
+    assert_eq!(rates.finished_per_sec_of(1), None, "one report says nothing");
+    // Five routed in the second; running and waiting grew by two: three finished.
+    for ms in [1_100, 1_300, 1_500, 1_700, 1_900] {
+        routed.record(1, ms, 100.0, 10_000);
+    }
+    rates.observe(1, &at(2_000, 11, 1), &routed, 1_000);
+    assert_eq!(rates.finished_per_sec_of(1), Some(3.0));
+    assert_eq!(rates.finished_per_sec_of(2), None);
+}
