@@ -188,7 +188,7 @@ where
         ))
     })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
-    // A client's KV-transfer fields never reach an engine, on any path (`transfer_fields.rs`).
+    // A client's KV-transfer fields never reach an engine, on any path (`kvgate_protocol::transfer`).
     let forwarded = match fields.carries_transfer_fields() {
         true => attempt::edited(
             &bytes,
