@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use kvgate_config::error_chain;
 use kvgate_protocol::SseData;
 use kvgate_words::splitmix64;
+
+use crate::engines::Streaming;
 use serde_json::{json, Value};
 
 /// Words the prompts are made of.
@@ -187,10 +189,12 @@ pub(crate) async fn send(
     soak_id: &str,
     request: &PlannedRequest,
     deadline: Duration,
+    streaming: &Streaming,
 ) -> Observed {
     let started = Instant::now();
     let mut seen = Seen::default();
-    let exchange = exchange(client, url, soak_id, request.stream, request.body.clone(), started, &mut seen);
+    let body = request.body.clone();
+    let exchange = exchange(client, url, soak_id, request.stream, body, started, &mut seen, streaming);
     let (cause, detail) = match tokio::time::timeout(deadline, exchange).await {
         Ok(result) => result,
         Err(_) => (Cause::Hang, Some(format!("no complete answer within {:.0} s", deadline.as_secs_f64()))),
@@ -268,6 +272,7 @@ async fn exchange(
     body: Vec<u8>,
     started: Instant,
     seen: &mut Seen,
+    streaming: &Streaming,
 ) -> (Cause, Option<String>) {
     let sent = client
         .post(url)
@@ -305,6 +310,8 @@ async fn exchange(
             Err(error) => (Cause::BrokenBody, Some(error_chain(&error))),
         };
     }
+    // Open on its engine until it ends (or the deadline drops it).
+    let _open = seen.worker.as_deref().and_then(|worker| streaming.begin(worker));
     let mut events = SseData::default();
     loop {
         match response.chunk().await {
