@@ -418,6 +418,19 @@ pub async fn workers_with_key(gw: &GatewayHandle, key: Option<&str>) -> Vec<serd
     answer["workers"].as_array().unwrap_or_else(|| panic!("GET /workers lists workers: {answer}")).clone()
 }
 
+/// Waits (at most 10 s) until the gateway lists `count` workers, each routable: a probe or a
+/// model discovery at registration can outlast its timeout on a loaded machine, and the health
+/// loop then makes the worker routable a moment later.
+pub async fn wait_routable(gw: &GatewayHandle, count: usize) {
+    let mut seen = Vec::new();
+    let ready = eventually(10.0, async || {
+        seen = workers(gw).await;
+        seen.len() == count && seen.iter().all(routable)
+    })
+    .await;
+    assert!(ready, "{count} routable workers within 10 s: {seen:?}");
+}
+
 /// Whether a worker of `GET /workers` is healthy.
 pub fn healthy(worker: &serde_json::Value) -> bool {
     worker["healthy"] == true
