@@ -193,8 +193,7 @@ pub(crate) async fn send(
 ) -> Observed {
     let started = Instant::now();
     let mut seen = Seen::default();
-    let body = request.body.clone();
-    let exchange = exchange(client, url, soak_id, request.stream, body, started, &mut seen, streaming);
+    let exchange = exchange(client, url, soak_id, request, started, &mut seen, streaming);
     let (cause, detail) = match tokio::time::timeout(deadline, exchange).await {
         Ok(result) => result,
         Err(_) => (Cause::Hang, Some(format!("no complete answer within {:.0} s", deadline.as_secs_f64()))),
@@ -268,17 +267,17 @@ async fn exchange(
     client: &reqwest::Client,
     url: &str,
     soak_id: &str,
-    stream: bool,
-    body: Vec<u8>,
+    request: &PlannedRequest,
     started: Instant,
     seen: &mut Seen,
     streaming: &Streaming,
 ) -> (Cause, Option<String>) {
+    let stream = request.stream;
     let sent = client
         .post(url)
         .header("content-type", "application/json")
         .header(kvgate_mock::SOAK_ID_HEADER, soak_id)
-        .body(body)
+        .body(request.body.clone())
         .send()
         .await;
     let mut response = match sent {
