@@ -109,7 +109,8 @@ pub struct SoakArgs {
     /// Engines killed outright during the steady phase (each restarted --kill-down-secs later):
     /// one (the last engine, at --kill-at-secs), or several at even intervals over the phase,
     /// rotating over the engines. Streams cut by a kill move to another engine
-    /// (`--migrate-streams`); the report's migration line counts them.
+    /// (`--migrate-streams`); the report's migration line counts them. With streamed traffic a
+    /// kill waits (at most 3 s) for a stream open on its engine.
     #[arg(long, default_value_t = 1)]
     pub kills: usize,
     /// Seconds the killed engine stays down before it restarts on its port.
