@@ -199,6 +199,10 @@ pub async fn upstream(name: &str, model: &str) -> Arc<Upstream> {
 
 /// Start an upstream on a given loopback address.
 pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
+    if let Ok(held) = addr.parse::<SocketAddr>() {
+        // A dead URL's port comes back to life here.
+        DEAD_PORTS.lock().unwrap_or_else(|p| p.into_inner()).remove(&held);
+    }
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let up = Arc::new(Upstream {
@@ -242,11 +246,20 @@ pub async fn upstream_on(name: &str, model: &str, addr: &str) -> Arc<Upstream> {
     up
 }
 
-/// A loopback URL where nothing listens.
+/// The ports [`dead_url`] handed out, each held by a socket bound without listening (and without
+/// `SO_REUSEADDR`): a connection there is refused, and no bind of this process or another is
+/// given the port while it is held, so two calls never return one address (a second
+/// registration of it would be refused as already registered) and no other test's server comes
+/// to answer there. [`upstream_on`] lets one go to serve on it.
+static DEAD_PORTS: std::sync::Mutex<std::collections::BTreeMap<SocketAddr, tokio::net::TcpSocket>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// A loopback URL where nothing listens, distinct from every other this process was given.
 pub async fn dead_url() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = socket.local_addr().unwrap();
+    DEAD_PORTS.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, socket);
     format!("http://{addr}")
 }
 
@@ -403,6 +416,19 @@ pub async fn workers_with_key(gw: &GatewayHandle, key: Option<&str>) -> Vec<serd
     }
     let answer = json_answer(request).await;
     answer["workers"].as_array().unwrap_or_else(|| panic!("GET /workers lists workers: {answer}")).clone()
+}
+
+/// Waits (at most 10 s) until the gateway lists `count` workers, each routable: a probe or a
+/// model discovery at registration can outlast its timeout on a loaded machine, and the health
+/// loop then makes the worker routable a moment later.
+pub async fn wait_routable(gw: &GatewayHandle, count: usize) {
+    let mut seen = Vec::new();
+    let ready = eventually(10.0, async || {
+        seen = workers(gw).await;
+        seen.len() == count && seen.iter().all(routable)
+    })
+    .await;
+    assert!(ready, "{count} routable workers within 10 s: {seen:?}");
 }
 
 /// Whether a worker of `GET /workers` is healthy.

@@ -268,21 +268,19 @@ async fn eviction_after_routing_is_counted_apart_and_raises_nothing() {
     .await;
     let gw = gateway(kv_events_config(&fleet)).await;
     wait_kv_events_flowing(&gw).await;
-    let lanes: Vec<_> = (0..4)
-        .map(|lane| {
-            let url = gw.url();
-            tokio::spawn(async move {
-                for conversation in (0..8).map(|i| 100 + lane + 4 * i) {
-                    for turn in 1..=4 {
-                        send_turn_to(&url, conversation, turn, 0).await;
-                    }
-                }
-            })
-        })
-        .collect();
-    for lane in lanes {
-        lane.await.unwrap();
-    }
+    // Four lanes at once; each sends a conversation's next turn once the engine's stores of the
+    // last one reached the index (before them the engine would serve more than the index
+    // predicts: the events' latency, which a loaded machine stretches, not an eviction).
+    let (gateway, engines) = (&gw, &fleet);
+    let lanes = (0..4).map(|lane| async move {
+        for conversation in (0..8).map(|i| 100 + lane + 4 * i) {
+            for turn in 1..=4 {
+                send_turn(gateway, conversation, turn, 0).await;
+                wait_indexed(gateway, engines, &prompt_tokens(conversation, turn)).await;
+            }
+        }
+    });
+    futures_util::future::join_all(lanes).await;
     let workers = workers(&gw).await;
     let accuracy = &workers[0]["index_accuracy"];
     assert_eq!(accuracy["requests"], 100, "{accuracy}");

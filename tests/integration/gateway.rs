@@ -120,7 +120,10 @@ async fn status_503_is_retried_on_another_worker_once() {
     let good = upstream("good", "m").await;
     let mut cfg = config(vec![bad.url.clone(), good.url.clone()]);
     cfg.disable_health_check = true;
+    // Without health checks nothing retries a model discovery that timed out at registration.
+    cfg.health_check_timeout_secs = 5.0;
     let gw = gateway(cfg).await;
+    common::wait_routable(&gw, 2).await;
     for _ in 0..4 {
         let res =
             client().post(format!("{}/v1/chat/completions", gw.url())).json(&chat("m")).send().await.unwrap();
@@ -133,6 +136,8 @@ async fn status_503_is_retried_on_another_worker_once() {
     let mut cfg = config(vec![bad.url.clone()]);
     cfg.disable_retries = true;
     let gw2 = gateway(cfg).await;
+    // Its 503 must be the worker's: the gateway's own (no routable worker yet) is another answer.
+    common::wait_routable(&gw2, 1).await;
     let res =
         client().post(format!("{}/v1/chat/completions", gw2.url())).json(&chat("m")).send().await.unwrap();
     assert_eq!(res.status(), 503);

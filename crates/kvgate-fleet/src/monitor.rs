@@ -21,7 +21,7 @@ use crate::worker::Worker;
 use kvgate_gateway_core::clock::Clock;
 use kvgate_gateway_core::metrics::LoadMetrics;
 use kvgate_gateway_core::upstream::{get, GetError, Keep, Upstream, Via};
-use kvgate_protocol::loads::{parse_sglang, parse_vllm, LoadReport};
+use kvgate_protocol::loads::{parse_sglang, parse_vllm};
 
 /// Where a worker's loads come from, learned on first contact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,23 +282,9 @@ async fn fetch(
     if !status.is_success() {
         return Err(format!("GET {path} answered {status}"));
     }
-    let report = match source {
-        Source::Sglang => parse_sglang(&body, worker.dp_rank)?,
-        Source::Vllm => parse_vllm(&String::from_utf8_lossy(&body))?,
-    };
-    Ok(sample_of(report))
-}
-
-/// The policy's load sample of an engine's report (`fetched_at_ms` left for the caller).
-fn sample_of(report: LoadReport) -> LoadSample {
-    LoadSample {
-        token_usage: report.token_usage,
-        num_running_reqs: report.num_running_reqs,
-        num_waiting_reqs: report.num_waiting_reqs,
-        num_waiting_uncached_tokens: report.num_waiting_uncached_tokens,
-        gen_throughput: report.gen_throughput,
-        max_total_num_tokens: report.max_total_num_tokens,
-        fetched_at_ms: 0,
+    match source {
+        Source::Sglang => parse_sglang(&body, worker.dp_rank),
+        Source::Vllm => parse_vllm(&String::from_utf8_lossy(&body)),
     }
 }
 

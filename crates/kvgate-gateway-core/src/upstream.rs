@@ -123,27 +123,19 @@ where
     /// Smaller chunks are gathered into one of this size first (so tiny chunks cost no more
     /// than their bytes).
     const GATHER: usize = 16 * 1024;
-    let mut body = std::pin::pin!(body);
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut small = bytes::BytesMut::new();
-    let mut read = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| GetError::Failed(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            read = read.saturating_add(data.len());
-            if read > limit {
-                return Err(GetError::Oversized { limit });
-            }
-            if data.len() >= GATHER && small.is_empty() {
-                chunks.push(data);
-            } else {
-                small.extend_from_slice(&data);
-                if small.len() >= GATHER {
-                    chunks.push(small.split().freeze());
-                }
+    let read = each_chunk(body, limit, |data| {
+        if data.len() >= GATHER && small.is_empty() {
+            chunks.push(data);
+        } else {
+            small.extend_from_slice(&data);
+            if small.len() >= GATHER {
+                chunks.push(small.split().freeze());
             }
         }
-    }
+    })
+    .await?;
     if !small.is_empty() {
         chunks.push(small.freeze());
     }
@@ -167,6 +159,17 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    each_chunk(body, limit, drop).await.map(drop)
+}
+
+/// The one reading loop of [`read_limited`] and [`drain_limited`]: each data chunk of `body` to
+/// `chunk` until the end (the bytes read, returned) or until they pass `limit` (`Oversized`, and
+/// the chunk past it is not handed on).
+async fn each_chunk<B>(body: B, limit: usize, mut chunk: impl FnMut(Bytes)) -> Result<usize, GetError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
     let mut body = std::pin::pin!(body);
     let mut read = 0usize;
     while let Some(frame) = body.frame().await {
@@ -176,9 +179,10 @@ where
             if read > limit {
                 return Err(GetError::Oversized { limit });
             }
+            chunk(data);
         }
     }
-    Ok(())
+    Ok(read)
 }
 
 /// What to do with an answer's body.

@@ -39,6 +39,9 @@ pub use inflight::fresh_load;
 pub use kv_aware::{KvAwarePolicy, PredictedTtft};
 pub use kvgate_config::{FieldError, ValidationErrors};
 pub use kvgate_index::{IndexKind, PrefixIndex, PromptKey};
+/// The last load a worker's engine reported, as the load monitor publishes it: the wire's own
+/// type, so a report goes from the engine to a policy without a copy of its fields.
+pub use kvgate_protocol::LoadSample;
 pub use least_load::{LeastLoadPolicy, LeastLoadSettings};
 pub use manual::{AssignmentMode, ManualPolicy};
 pub use overload::{admit as admit_under_overload, Admitted, OverloadSettings};
@@ -54,22 +57,6 @@ use rand::RngCore;
 
 /// A worker as the host knows it. Ids are assigned by the host and never reused while it runs.
 pub type WorkerId = u32;
-
-/// The last load a worker's engine reported, as published by the load monitor.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LoadSample {
-    /// Fraction of KV capacity held by running and waiting requests, 0..1.
-    pub token_usage: f64,
-    pub num_running_reqs: u64,
-    pub num_waiting_reqs: u64,
-    pub num_waiting_uncached_tokens: u64,
-    /// Generated tokens per second, as the engine reports it (0 when unknown).
-    pub gen_throughput: f64,
-    /// KV capacity in tokens (0 when unknown).
-    pub max_total_num_tokens: u64,
-    /// When the poll that fetched the sample was sent, on the host's millisecond clock.
-    pub fetched_at_ms: u64,
-}
 
 /// One routable worker offered to a policy: healthy, circuit closed, serving the request's model.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -29,7 +29,7 @@ pub mod usage;
 
 pub use edit::{edit_body, EditError, FieldEdit};
 pub use endpoint::Endpoint;
-pub use loads::LoadReport;
+pub use loads::LoadSample;
 pub use request::{render_chat, ChatTurn, RequestFields};
 pub use role::{PdProtocol, WorkerRole};
 pub use sse::SseData;

@@ -1,6 +1,7 @@
 //! The engines' load reports, read and written: SGLang's `GET /v1/loads` JSON (several DP ranks
 //! averaged for usage, summed for counts) and vLLM's Prometheus text at `GET /metrics`. The
-//! gateway reads them into a [`LoadReport`] ([`parse_sglang`], [`parse_vllm`]); the simulated
+//! gateway reads them into a [`LoadSample`] ([`parse_sglang`], [`parse_vllm`]), the one type of
+//! a worker's load from the wire to the policies (`kvgate-policy` re-exports it); the simulated
 //! engines write them ([`render_sglang`], [`render_metrics`]).
 
 use std::fmt::Write;
@@ -9,19 +10,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::exposition;
 
-/// What an engine's load report says, as the gateway reads it.
+/// What an engine's load report says, and when it was fetched: as the gateway reads it, as the
+/// load monitor publishes it and as a policy sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LoadReport {
-    /// KV-cache usage, 0..=1.
+pub struct LoadSample {
+    /// Fraction of KV capacity held by running and waiting requests, 0..=1.
     pub token_usage: f64,
     pub num_running_reqs: u64,
     pub num_waiting_reqs: u64,
     /// Prompt tokens of the waiting requests not found in the cache (SGLang only).
     pub num_waiting_uncached_tokens: u64,
-    /// Output tokens per second (SGLang only).
+    /// Generated tokens per second, as the engine reports it (SGLang only; 0 when unknown).
     pub gen_throughput: f64,
-    /// The KV capacity in tokens (0: unknown).
+    /// KV capacity in tokens (0 when unknown).
     pub max_total_num_tokens: u64,
+    /// When the poll that fetched the sample was sent, on the host's millisecond clock: not on
+    /// the wire, so 0 as parsed, stamped by the reader (the gateway's load monitor, the
+    /// simulator's).
+    pub fetched_at_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -51,7 +57,7 @@ fn count(value: f64) -> u64 {
 
 /// Parse SGLang's `/v1/loads`: the engine's load (every rank's), or with `rank` (a worker that
 /// is one data-parallel rank, `--dp-aware`) that rank's entry alone.
-pub fn parse_sglang(body: &[u8], rank: Option<u32>) -> Result<LoadReport, String> {
+pub fn parse_sglang(body: &[u8], rank: Option<u32>) -> Result<LoadSample, String> {
     let mut parsed: SglangLoads =
         serde_json::from_slice(body).map_err(|e| format!("invalid /v1/loads JSON: {e}"))?;
     if let Some(rank) = rank {
@@ -69,13 +75,14 @@ pub fn parse_sglang(body: &[u8], rank: Option<u32>) -> Result<LoadReport, String
     if !(0.0..=1.5).contains(&usage) {
         return Err(format!("/v1/loads token_usage {usage} is out of range"));
     }
-    Ok(LoadReport {
+    Ok(LoadSample {
         token_usage: usage.clamp(0.0, 1.0),
         num_running_reqs: count(sum(|r| r.num_running_reqs)),
         num_waiting_reqs: count(sum(|r| r.num_waiting_reqs)),
         num_waiting_uncached_tokens: count(sum(|r| r.num_waiting_uncached_tokens)),
         gen_throughput: sum(|r| r.gen_throughput).max(0.0),
         max_total_num_tokens: count(sum(|r| r.max_total_num_tokens)),
+        fetched_at_ms: 0,
     })
 }
 
@@ -110,7 +117,7 @@ pub fn render_sglang(timestamp: &str, ranks: &[SglangRankLoad]) -> serde_json::V
 /// do not parse are passed over; several series of one metric (e.g. per engine) are averaged for
 /// usage and summed for counts. The KV capacity comes from `vllm:cache_config_info`
 /// (`num_gpu_blocks` x `block_size`).
-pub fn parse_vllm(text: &str) -> Result<LoadReport, String> {
+pub fn parse_vllm(text: &str) -> Result<LoadSample, String> {
     let (mut usage_sum, mut usage_n) = (0.0, 0u32);
     let (mut running, mut waiting) = (0.0, 0.0);
     let mut capacity = 0u64;
@@ -139,12 +146,12 @@ pub fn parse_vllm(text: &str) -> Result<LoadReport, String> {
     if usage_n == 0 {
         return Err("no vllm:kv_cache_usage_perc in /metrics".into());
     }
-    Ok(LoadReport {
+    Ok(LoadSample {
         token_usage: (usage_sum / usage_n as f64).clamp(0.0, 1.0),
         num_running_reqs: count(running),
         num_waiting_reqs: count(waiting),
         max_total_num_tokens: capacity,
-        ..LoadReport::default()
+        ..LoadSample::default()
     })
 }
 

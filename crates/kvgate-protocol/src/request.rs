@@ -57,7 +57,7 @@ pub struct RequestFields<'a> {
     /// The choices asked for (OpenAI's `n`; SGLang's `sampling_params.n`).
     #[serde(default)]
     n: Option<serde_json::Value>,
-    /// The KV-transfer fields (`transfer_fields.rs`), only noticed: a client's are taken out.
+    /// The KV-transfer fields (`transfer/`), only noticed: a client's are taken out.
     #[serde(default)]
     bootstrap_host: Option<serde::de::IgnoredAny>,
     #[serde(default)]

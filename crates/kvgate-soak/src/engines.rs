@@ -3,6 +3,7 @@
 //! through the gateway's `/workers` API, and the engines' soak id counts, kept across restarts.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kvgate_mock::{MockArgs, MockError, MockFleet, SoakIdLog, SoakIdSeen};
@@ -12,6 +13,42 @@ use crate::SoakError;
 
 /// Tries to bind a killed engine's port again before giving up.
 const RESTART_ATTEMPTS: u32 = 20;
+/// How long a kill waits past its time for a stream to be open on its engine (none may be at
+/// that instant, on a slow or loaded machine): a kill is there to cut streams mid-answer.
+const KILL_WAITS_FOR_A_STREAM: Duration = Duration::from_secs(3);
+
+/// The streams whose answer has begun and not ended, by the engine answering them (the
+/// gateway's `x-kvgate-worker`): what a kill waits for.
+pub(crate) struct Streaming {
+    urls: Vec<String>,
+    open: Vec<AtomicUsize>,
+}
+
+impl Streaming {
+    pub(crate) fn new(urls: &[String]) -> Self {
+        Self { urls: urls.to_vec(), open: urls.iter().map(|_| AtomicUsize::new(0)).collect() }
+    }
+
+    /// A stream from `worker` began; it counts as open until the guard is dropped.
+    pub(crate) fn begin(&self, worker: &str) -> Option<OpenStream<'_>> {
+        let counter = &self.open[self.urls.iter().position(|url| url == worker)?];
+        counter.fetch_add(1, Ordering::Relaxed);
+        Some(OpenStream(counter))
+    }
+
+    fn any_open(&self, worker_idx: usize) -> bool {
+        self.open.get(worker_idx).is_some_and(|open| open.load(Ordering::Relaxed) > 0)
+    }
+}
+
+/// One open stream of [`Streaming`].
+pub(crate) struct OpenStream<'a>(&'a AtomicUsize);
+
+impl Drop for OpenStream<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 pub(crate) struct Engines {
     template: MockArgs,
@@ -153,18 +190,35 @@ pub(crate) struct ChurnEvent {
     pub result: String,
 }
 
-/// Runs the schedule against the gateway's admin API at `gateway_url` from `started`.
+/// Runs the schedule against the gateway's admin API at `gateway_url` from `started`. A kill
+/// waits (at most [`KILL_WAITS_FOR_A_STREAM`]) for a stream to be open on its engine when
+/// `streams` are sent, and its restart keeps the down time after it.
 pub(crate) async fn churn(
     engines: &mut Engines,
     gateway_url: &str,
     model: &str,
     events: Vec<(f64, Action, usize)>,
     started: Instant,
+    streams: Option<&Streaming>,
 ) -> Vec<ChurnEvent> {
     let client = reqwest::Client::new();
     let mut done = Vec::new();
+    // How late each engine's kill came, so its restart comes as late.
+    let mut kill_delay: HashMap<usize, Duration> = HashMap::new();
     for (at, action, worker_idx) in events {
-        tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
+        let delay = match action {
+            Action::Restart => kill_delay.remove(&worker_idx).unwrap_or_default(),
+            _ => Duration::ZERO,
+        };
+        let due = started + Duration::from_secs_f64(at) + delay;
+        tokio::time::sleep_until(due.into()).await;
+        if let (Action::Kill, Some(streams)) = (action, streams) {
+            let limit = Instant::now() + KILL_WAITS_FOR_A_STREAM;
+            while !streams.any_open(worker_idx) && Instant::now() < limit {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            kill_delay.insert(worker_idx, due.elapsed());
+        }
         let url = engines.urls()[worker_idx].clone();
         let result = match action {
             Action::Remove => {

@@ -23,7 +23,7 @@ use kvgate_gateway::GatewayConfig;
 use kvgate_mock::MockArgs;
 use kvgate_policy::PolicyConfig;
 
-use engines::Engines;
+use engines::{Engines, Streaming};
 pub use error::SoakError;
 use report::{FdCheck, Incident, IncidentKind, Phase, Record, RunData, SoakReport};
 use resources::Sample;
@@ -109,7 +109,8 @@ pub struct SoakArgs {
     /// Engines killed outright during the steady phase (each restarted --kill-down-secs later):
     /// one (the last engine, at --kill-at-secs), or several at even intervals over the phase,
     /// rotating over the engines. Streams cut by a kill move to another engine
-    /// (`--migrate-streams`); the report's migration line counts them.
+    /// (`--migrate-streams`); the report's migration line counts them. With streamed traffic a
+    /// kill waits (at most 3 s) for a stream open on its engine.
     #[arg(long, default_value_t = 1)]
     pub kills: usize,
     /// Seconds the killed engine stays down before it restarts on its port.
@@ -298,6 +299,8 @@ struct Shared {
     url: String,
     id_prefix: String,
     worker_urls: Vec<String>,
+    /// The streams open on each engine, for the kills.
+    streaming: Streaming,
     seed: u64,
     stream_fraction: f64,
     deadline: Duration,
@@ -326,6 +329,7 @@ async fn run(args: &SoakArgs) -> Result<SoakReport, SoakError> {
         url: format!("{}/v1/chat/completions", gateway.url()),
         id_prefix: format!("soak{}-", args.seed),
         worker_urls: worker_urls.clone(),
+        streaming: Streaming::new(&worker_urls),
         seed: args.seed,
         stream_fraction: args.stream_fraction,
         deadline: Duration::from_secs_f64(args.deadline_secs),
@@ -347,9 +351,12 @@ async fn run(args: &SoakArgs) -> Result<SoakReport, SoakError> {
     );
     let admin_url = gateway.admin_url();
     let started = shared.started;
+    let churn_shared = shared.clone();
     let churn = tokio::spawn(async move {
         let mut engines = engines;
-        let done = engines::churn(&mut engines, &admin_url, MODEL, events, started).await;
+        let streams = (churn_shared.stream_fraction > 0.0).then_some(&churn_shared.streaming);
+        let done = engines::churn(&mut engines, &admin_url, MODEL, events, started, streams).await;
+        drop(churn_shared);
         (engines, done)
     });
     let (stop_sampler, stopped) = tokio::sync::watch::channel(false);
@@ -483,7 +490,9 @@ async fn request(shared: Arc<Shared>, n: u64, phase: Phase) {
     let planned = traffic::plan_request(shared.seed, n, MODEL, shared.stream_fraction);
     let stream = planned.stream;
     let soak_id = format!("{}{n}", shared.id_prefix);
-    let observed = traffic::send(&shared.client, &shared.url, &soak_id, &planned, shared.deadline).await;
+    let observed =
+        traffic::send(&shared.client, &shared.url, &soak_id, &planned, shared.deadline, &shared.streaming)
+            .await;
     let outcome = observed.cause.outcome();
     // A whole stream must be the uncut answer: a chunk repeated or lost across engines shows.
     let wrong_text = stream && outcome == Outcome::Succeeded && observed.text != planned.expected_answer();

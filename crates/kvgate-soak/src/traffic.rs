@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use kvgate_config::error_chain;
 use kvgate_protocol::SseData;
 use kvgate_words::splitmix64;
+
+use crate::engines::Streaming;
 use serde_json::{json, Value};
 
 /// Words the prompts are made of.
@@ -187,10 +189,11 @@ pub(crate) async fn send(
     soak_id: &str,
     request: &PlannedRequest,
     deadline: Duration,
+    streaming: &Streaming,
 ) -> Observed {
     let started = Instant::now();
     let mut seen = Seen::default();
-    let exchange = exchange(client, url, soak_id, request.stream, request.body.clone(), started, &mut seen);
+    let exchange = exchange(client, url, soak_id, request, started, &mut seen, streaming);
     let (cause, detail) = match tokio::time::timeout(deadline, exchange).await {
         Ok(result) => result,
         Err(_) => (Cause::Hang, Some(format!("no complete answer within {:.0} s", deadline.as_secs_f64()))),
@@ -264,16 +267,17 @@ async fn exchange(
     client: &reqwest::Client,
     url: &str,
     soak_id: &str,
-    stream: bool,
-    body: Vec<u8>,
+    request: &PlannedRequest,
     started: Instant,
     seen: &mut Seen,
+    streaming: &Streaming,
 ) -> (Cause, Option<String>) {
+    let stream = request.stream;
     let sent = client
         .post(url)
         .header("content-type", "application/json")
         .header(kvgate_mock::SOAK_ID_HEADER, soak_id)
-        .body(body)
+        .body(request.body.clone())
         .send()
         .await;
     let mut response = match sent {
@@ -305,6 +309,8 @@ async fn exchange(
             Err(error) => (Cause::BrokenBody, Some(error_chain(&error))),
         };
     }
+    // Open on its engine until it ends (or the deadline drops it).
+    let _open = seen.worker.as_deref().and_then(|worker| streaming.begin(worker));
     let mut events = SseData::default();
     loop {
         match response.chunk().await {

@@ -13,7 +13,7 @@ use http_body_util::Full;
 use kvgate_config::error_chain;
 use kvgate_index::InFlightPrompt;
 
-use super::respond::{Failure, Outcome, Served};
+use super::outcome::{Failure, Outcome, Served};
 use crate::body::InFlight;
 use crate::state::AppState;
 use kvgate_fleet::registry::ModelPrefix;
@@ -305,7 +305,7 @@ mod tests {
     use std::time::Duration;
 
     use super::{edited, with_dp_rank, AttemptError, AttemptErrorKind, ErrorSource, RetryType};
-    use crate::proxy::respond::{Failure, Outcome};
+    use crate::proxy::outcome::{Failure, Outcome};
     use kvgate_gateway_core::error::ApiError;
     use kvgate_protocol::role::WorkerRole;
 

@@ -8,6 +8,7 @@
 mod attempt;
 mod choose;
 mod migrate;
+mod outcome;
 mod pd;
 mod plan;
 mod prepare;
@@ -36,9 +37,10 @@ use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::headers;
 use kvgate_protocol::request::RequestFields;
 use kvgate_protocol::role::PdProtocol;
+use outcome::{Failure, Outcome, Served};
 use plan::RoutePlan;
 use prepare::prepare;
-use respond::{failure_response, respond, Expect, Failure, Outcome, Served};
+use respond::{failure_response, respond, Expect};
 
 /// Most gateways one request may pass through.
 const MAX_HOPS: usize = 8;
@@ -188,7 +190,7 @@ where
         ))
     })??;
     let fields = RequestFields::parse(&bytes).map_err(ApiError::BadRequest)?;
-    // A client's KV-transfer fields never reach an engine, on any path (`transfer_fields.rs`).
+    // A client's KV-transfer fields never reach an engine, on any path (`kvgate_protocol::transfer`).
     let forwarded = match fields.carries_transfer_fields() {
         true => attempt::edited(
             &bytes,

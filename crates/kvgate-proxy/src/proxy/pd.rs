@@ -19,8 +19,8 @@ use kvgate_protocol::transfer;
 use rand::Rng;
 
 use super::attempt::{attempt, edited, Attempt, AttemptError, AttemptErrorKind};
+use super::outcome::{Failure, Outcome, Served};
 use super::plan::Pick;
-use super::respond::{Failure, Outcome, Served};
 use crate::body::InFlight;
 use crate::state::AppState;
 use kvgate_gateway_core::conn::UpstreamBody;

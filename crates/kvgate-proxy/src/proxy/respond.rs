@@ -9,33 +9,16 @@ use axum::response::{IntoResponse, Response};
 use http::{header, HeaderName, HeaderValue};
 use kvgate_policy::{Decision, PdChoice};
 
-use crate::body::{BodyWatch, InFlight, MeteredBody, RequestTail, UsageBound, Watched};
+use super::outcome::{Failure, Served};
+use crate::body::{BodyWatch, MeteredBody, RequestTail, UsageBound, Watched};
 use crate::state::AppState;
 use kvgate_fleet::worker::Worker;
-use kvgate_gateway_core::conn::UpstreamBody;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_gateway_core::otel::RequestSpan;
 use kvgate_gateway_core::upstream::is_hop_by_hop;
-use kvgate_observe::accuracy::{Learn, Probe, UsageTap};
+use kvgate_observe::accuracy::UsageTap;
 use kvgate_protocol::endpoint::Endpoint;
 use kvgate_protocol::headers;
-
-/// A worker's answer on its way to the client.
-pub(super) struct Served {
-    pub response: http::Response<UpstreamBody>,
-    pub in_flight: InFlight,
-    /// The worker whose answer this is (the decode side of a pair).
-    pub worker: Arc<Worker>,
-    pub decision: Decision,
-    /// The prefill side of a disaggregated pair.
-    pub prefill: Option<(Arc<Worker>, Decision)>,
-    /// What the exact index predicted cached on `worker` (requests routed on token ids).
-    pub probe: Option<Probe>,
-    /// What kv_aware predicted for the request, to learn from its time to first token.
-    pub learn: Option<Learn>,
-    /// A disaggregated fleet's path for the request, and why (set by the retry loop).
-    pub pd: Option<PdChoice>,
-}
 
 /// A model's context when its engine did not say (`max_model_len`): what an open-ended answer's
 /// usage is bounded by.
@@ -64,38 +47,6 @@ impl Expect {
             .unwrap_or_else(|| worker.max_model_len().map_or(UNKNOWN_CONTEXT_TOKENS, u64::from));
         UsageBound { prompt: self.body_bytes, completion: per_choice.saturating_mul(self.choices.max(1)) }
     }
-}
-
-/// What a failed attempt left, returned to the client when no retry is possible.
-pub(super) enum Failure {
-    /// An error answer, not yet read: passed through as is.
-    Response(Box<Served>),
-    /// No worker could be reached.
-    Unreachable(String),
-    /// No worker sent its response head in time.
-    TimedOut(f64),
-}
-
-impl Failure {
-    /// What failed, as the trace names it.
-    pub(super) fn kind(&self) -> &'static str {
-        match self {
-            Failure::Response(_) => "status",
-            Failure::Unreachable(_) => "connect",
-            Failure::TimedOut(_) => "timeout",
-        }
-    }
-}
-
-/// The outcome of executing one route plan.
-pub(super) enum Outcome {
-    Done(Box<Served>),
-    /// Nothing reached the client: try again without the failed worker.
-    Retry {
-        failure: Failure,
-        failed: u32,
-    },
-    Fatal(ApiError),
 }
 
 pub(super) fn failure_response(

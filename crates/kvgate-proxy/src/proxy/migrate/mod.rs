@@ -23,8 +23,8 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use serde_json::{Map, Value};
 
+use super::outcome::{Failure, Outcome, Served};
 use super::plan::RoutePlan;
-use super::respond::{Failure, Outcome, Served};
 use crate::body::{AnswerSource, BodyWatch, Cut, InFlight, Watched};
 use crate::state::AppState;
 use kvgate_fleet::worker::Worker;
