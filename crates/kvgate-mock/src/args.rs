@@ -2,8 +2,7 @@
 
 use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
 use kvgate_engine::{EngineConfig, EngineFlags};
-
-use crate::pd::WorkerRole;
+use kvgate_protocol::WorkerRole;
 
 /// How each simulated engine answers.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]

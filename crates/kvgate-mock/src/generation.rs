@@ -12,9 +12,10 @@ use kvgate_engine::{splitmix64, EngineOutput, RequestStats};
 use kvgate_protocol::sse::{data_event, DONE};
 use kvgate_protocol::usage::WrittenUsage;
 
+use crate::api_error::ApiError;
 use crate::driver::{RequestStream, Submission};
 use crate::pd::PdPlan;
-use crate::server::{ApiError, AppState};
+use crate::state::AppState;
 
 /// Words of the generated text, picked deterministically from the prompt.
 const VOCAB: [&str; 32] = [

@@ -8,6 +8,7 @@ use tokio::task::JoinHandle;
 
 use crate::args::{worker_port, MockArgs};
 use crate::driver::EngineClock;
+use crate::error::MockError;
 use crate::kv_publisher::{KvEventFaults, KvPublisher, PublishOptions};
 use crate::kv_replay::{Framing, ReplayBuffer, ReplayServer};
 
@@ -31,7 +32,7 @@ pub(crate) async fn start(
     worker_idx: usize,
     clock: EngineClock,
     stop: &watch::Receiver<bool>,
-) -> Result<Option<WorkerKvEvents>, crate::MockError> {
+) -> Result<Option<WorkerKvEvents>, MockError> {
     let Some(base) = args.kv_events_base_port else { return Ok(None) };
     let publisher = KvPublisher::bind(&args.host, worker_port(base, worker_idx)).await?;
     let replay = match args.kv_events_replay_base_port {
@@ -59,9 +60,4 @@ pub(crate) async fn start(
     };
     tasks.push(publisher.spawn(options, clock, receiver, stop.clone()));
     Ok(Some(WorkerKvEvents { batches, endpoint, replay_endpoint, faults, buffer, tasks }))
-}
-
-/// Resolves once `stop` is true (or its sender is gone).
-pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stopped| *stopped).await;
 }

@@ -11,9 +11,10 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 use crate::args::KvEventEncoding;
 use crate::driver::EngineClock;
-use crate::kv_events::stopped;
+use crate::error::MockError;
 use crate::kv_replay::ReplayBuffer;
 use crate::kv_wire::encode;
+use crate::shutdown::stopped;
 
 /// Fault injection: lost messages (batches that are numbered and buffered but not sent on PUB),
 /// and stores that state another block size than the engine's.
@@ -84,12 +85,12 @@ pub(crate) struct KvPublisher {
 
 impl KvPublisher {
     /// Binds a PUB socket on `host:port` (port 0 picks a free one).
-    pub(crate) async fn bind(host: &str, port: u16) -> Result<Self, crate::MockError> {
+    pub(crate) async fn bind(host: &str, port: u16) -> Result<Self, MockError> {
         let mut socket = PubSocket::new();
         let endpoint = socket
             .bind(&format!("tcp://{host}:{port}"))
             .await
-            .map_err(|e| crate::MockError::bind(format!("the KV event publisher on {host}:{port}"), e))?;
+            .map_err(|e| MockError::bind(format!("the KV event publisher on {host}:{port}"), e))?;
         Ok(Self { socket, endpoint: endpoint.to_string() })
     }
 

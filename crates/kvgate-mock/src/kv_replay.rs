@@ -12,7 +12,8 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::kv_events::stopped;
+use crate::error::MockError;
+use crate::shutdown::stopped;
 use bytes::Bytes;
 use kvgate_kv_events::WireFormat;
 use tokio::sync::watch;
@@ -114,12 +115,12 @@ pub(crate) struct Framing {
 
 impl ReplayServer {
     /// Binds a ROUTER socket on `host:port` (port 0 picks a free one).
-    pub(crate) async fn bind(host: &str, port: u16) -> Result<Self, crate::MockError> {
+    pub(crate) async fn bind(host: &str, port: u16) -> Result<Self, MockError> {
         let mut socket = RouterSocket::new();
         let endpoint = socket
             .bind(&format!("tcp://{host}:{port}"))
             .await
-            .map_err(|e| crate::MockError::bind(format!("the KV event replay socket on {host}:{port}"), e))?;
+            .map_err(|e| MockError::bind(format!("the KV event replay socket on {host}:{port}"), e))?;
         Ok(Self { socket, endpoint: endpoint.to_string() })
     }
 

@@ -64,8 +64,10 @@
 //! (`MockFleet::soak_id_log` gives a handle that outlives the fleet). `kvgate soak` uses them to
 //! find requests the gateway sent twice. Requests without the header cost one header lookup.
 
+mod api_error;
 mod args;
 mod canned;
+mod canned_bodies;
 mod driver;
 mod error;
 mod generation;
@@ -78,7 +80,10 @@ mod openai;
 mod pd;
 mod server;
 mod sglang;
+mod shutdown;
+mod soak_counting;
 mod soak_ids;
+mod state;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,7 +103,7 @@ use args::worker_port;
 use driver::{EngineClock, EngineHandle};
 use kv_publisher::KvEventFaults;
 use pd::{KvRooms, PdContext, PdTiming, PrefillSide};
-use server::{AppState, ServeOptions};
+use state::{AppState, ServeOptions};
 
 /// How long `MockFleet::shutdown` waits for open connections before dropping them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);

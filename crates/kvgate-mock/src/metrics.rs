@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use kvgate_engine::EngineLoad;
 use kvgate_protocol::loads::{render_metrics, CacheConfig, EngineMetrics};
 
-use crate::server::AppState;
+use crate::state::AppState;
 
 pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let load = state.engine.as_ref().map(|engine| (engine.load(), engine.block_size()));

@@ -12,9 +12,10 @@ use kvgate_protocol::usage::meta_info_usage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::api_error::{parse_json, ApiError};
 use crate::driver::unix_now_secs;
 use crate::generation::{respond, GenerationParams, Outcome, ResponseFormat};
-use crate::server::{parse_json, ApiError, AppState};
+use crate::state::AppState;
 use kvgate_protocol::sse::{data_event, DONE};
 
 #[derive(Deserialize)]

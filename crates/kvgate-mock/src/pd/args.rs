@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use kvgate_config::{Checks, FieldError, Range};
 
-use crate::args::MockArgs;
+use crate::args::{EngineKind, MockArgs};
 
 /// The prefill/decode disaggregation role of every engine of one fleet.
 pub use kvgate_protocol::WorkerRole;
@@ -45,7 +45,7 @@ fn wall_duration(secs: f64) -> Duration {
 impl MockArgs {
     /// Problems with the prefill/decode flags.
     pub(crate) fn pd_problems(&self, checks: &mut Checks) {
-        if self.role != WorkerRole::Regular && self.engine != crate::EngineKind::Realistic {
+        if self.role != WorkerRole::Regular && self.engine != EngineKind::Realistic {
             checks.push(FieldError::new("role", "prefill and decode need --engine realistic"));
         }
         if self.bootstrap_base_port.is_some() && self.role != WorkerRole::Prefill {
@@ -61,7 +61,6 @@ impl MockArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::EngineKind;
 
     fn pd_problems(args: &MockArgs) -> Vec<FieldError> {
         let mut checks = Checks::new();

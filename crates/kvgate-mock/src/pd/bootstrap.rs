@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::rooms::{KvRooms, PullRefusal};
-use crate::kv_events::stopped;
+use crate::shutdown::stopped;
 
 /// The body of a successful pull.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]

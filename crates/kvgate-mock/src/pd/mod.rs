@@ -27,9 +27,9 @@ pub use args::WorkerRole;
 pub(crate) use bootstrap::router as bootstrap_router;
 pub(crate) use rooms::KvRooms;
 
+use crate::api_error::ApiError;
 use crate::driver::EngineHandle;
-use crate::kv_events::stopped;
-use crate::server::ApiError;
+use crate::shutdown::stopped;
 use kvgate_protocol::transfer::{self, KvSource, PdRequest, RemotePrefill};
 use rooms::{HeldKv, RoomTicket};
 

@@ -8,10 +8,10 @@ use tokio::sync::watch;
 
 use kvgate_protocol::transfer::KvSource;
 
+use super::args::PdTiming;
 use super::bootstrap::PulledKv;
-use super::PdTiming;
-use crate::kv_events::stopped;
-use crate::server::ApiError;
+use crate::api_error::ApiError;
+use crate::shutdown::stopped;
 
 /// Added to the decode side's wait, so that a prefill engine's own verdict at the end of the
 /// same hold timeout (an unknown room, a prefill still running) arrives first.

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::PdTiming;
+use super::args::PdTiming;
+use crate::api_error::ApiError;
 use crate::driver::EngineHandle;
-use crate::kv_events::stopped;
-use crate::server::ApiError;
+use crate::shutdown::stopped;
 
 /// The held KV a pull takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
