@@ -13,7 +13,8 @@
 //!
 //! Prints a table (docs/BENCHMARKS.md, "Fleet size"). Env: `KVGATE_BENCH_FLEETS` (default
 //! `10,100,1000,10000`), `KVGATE_BENCH_CALLS` (timed calls per row, default 2000),
-//! `KVGATE_BENCH_POLICIES` (default `cache_aware,kv_aware`; also `least_load`, `round_robin`).
+//! `KVGATE_BENCH_POLICIES` (default `cache_aware,kv_aware`; also `least_load`, `round_robin`),
+//! `KVGATE_BENCH_KV_LEARN=0` (kv_aware without its rate learner).
 
 // Wall-clock timing belongs to the bench, not to the pure core the clippy.toml guards.
 #![allow(clippy::disallowed_types)]

@@ -34,8 +34,12 @@ fn usable(candidate: &Candidate) -> Option<&LoadSample> {
 /// `(in flight, KV usage, queued)`: the least-loaded order's key.
 pub(crate) type LeastKey = (u64, u64, u64);
 
+/// A worker's keys in the least-loaded, coldest (usage, in flight) and least-queued (queued, in
+/// flight) orders.
+pub(crate) type Keys = (LeastKey, (u64, u64), (u64, u64));
+
 /// The keys of `candidate` in the three load orders, as a search keys it while its sample is fresh.
-pub(crate) fn keys(candidate: &Candidate) -> (LeastKey, (u64, u64), (u64, u64)) {
+pub(crate) fn keys(candidate: &Candidate) -> Keys {
     let usage = usable(candidate).map_or(0, |load| float_key(load.token_usage));
     let queued = usable(candidate).map_or(0, |load| load.num_waiting_uncached_tokens);
     let in_flight = candidate.in_flight;
@@ -43,7 +47,7 @@ pub(crate) fn keys(candidate: &Candidate) -> (LeastKey, (u64, u64), (u64, u64)) 
 }
 
 /// The keys of a worker whose sample is stale: as if it had none.
-pub(crate) fn stale_keys(in_flight: u64) -> (LeastKey, (u64, u64), (u64, u64)) {
+pub(crate) fn stale_keys(in_flight: u64) -> Keys {
     ((in_flight, 0, 0), (0, in_flight), (0, in_flight))
 }
 

@@ -10,7 +10,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::*;
-use crate::order::keys;
+use crate::order::{keys, Keys, LeastKey};
 use crate::shortlist::shortlist;
 use crate::{FixedPool, PlanContext, Planning, Pool, Pools, RoutePlan};
 use kvgate_index::{PrefixIndex, PromptKey, ReadOnlyTree};
@@ -87,7 +87,7 @@ fn pool(case: &Case) -> FixedPool {
 }
 
 /// Every key of the one pass, with a stale sample keyed as none.
-fn key_of(c: &Candidate) -> ((u64, u64, u64), (u64, u64), (u64, u64)) {
+fn key_of(c: &Candidate) -> Keys {
     match fresh_load(c, NOW, 1000) {
         Some(_) => keys(c),
         None => crate::order::stale_keys(c.in_flight),
@@ -101,7 +101,8 @@ fn key_of(c: &Candidate) -> ((u64, u64, u64), (u64, u64), (u64, u64)) {
 fn check_holds(candidates: &[Candidate], found: &[Candidate], holders: &[u32], what: &str) {
     let ids: Vec<WorkerId> = found.iter().map(|c| c.id).collect();
     assert!(found.iter().all(|c| candidates.contains(c)), "{what}: only candidates");
-    let orders: [(usize, fn(&Candidate) -> (u64, u64, u64)); 3] = [
+    type KeyOf = fn(&Candidate) -> LeastKey;
+    let orders: [(usize, KeyOf); 3] = [
         (LEAST_LOADED, |c| key_of(c).0),
         (COLDEST, |c| {
             let (a, b) = key_of(c).1;
