@@ -1,7 +1,8 @@
 //! One pool's decision for one attempt, in its four steps: the candidates (routable, not tried),
 //! less those the overload protection leaves out, the prefix index the decision matches on
 //! (`kvgate_index::choose_index`), and the pool's policy decision on them. A worker the request
-//! names, where it serves, is taken as it is (no decision).
+//! names, where it serves, is taken as it is (no decision). A large pool's candidates are a
+//! shortlist: found on the load order its host keeps, else by one pass over its offer.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
