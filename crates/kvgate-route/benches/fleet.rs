@@ -3,14 +3,18 @@
 //! kv_aware over 10, 100, 1,000 and 10,000 workers: with a warm approximate prefix index (four
 //! conversations per worker, three turns each routed before timing) and a fresh load sample per
 //! worker, the clock advancing 1 ms per decision and every sample refreshed once a simulated
-//! second. Above `SHORTLIST_ABOVE` workers the plan decides on a shortlist; beside each timed
-//! plan the policy decides on the whole pool (a dry run, on the read-only tree) for the ratio of
-//! the two and for how often the shortlist's choice is as good: the same prefix credited and no
-//! more requests in flight (cache_aware), a predicted cost no higher (kv_aware).
+//! second. Above `SHORTLIST_ABOVE` workers the plan decides on a shortlist, found on the pool's
+//! kept load order (`LoadOrder`, brought up to date when the samples are refreshed, outside the
+//! timed calls) on odd calls and by one pass over the offer of every worker on even calls, the
+//! two paths side by side on one pool. Beside each timed plan the policy decides on the whole
+//! pool (a dry run, on the read-only tree) for the ratio and for how often the shortlist's choice
+//! is as good: the same prefix credited and no more requests in flight (cache_aware), a
+//! predicted cost no higher (kv_aware).
 //!
 //! Prints a table (docs/BENCHMARKS.md, "Fleet size"). Env: `KVGATE_BENCH_FLEETS` (default
 //! `10,100,1000,10000`), `KVGATE_BENCH_CALLS` (timed calls per row, default 2000),
-//! `KVGATE_BENCH_POLICIES` (default `cache_aware,kv_aware`; also `least_load`, `round_robin`).
+//! `KVGATE_BENCH_POLICIES` (default `cache_aware,kv_aware`; also `least_load`, `round_robin`),
+//! `KVGATE_BENCH_KV_LEARN=0` (kv_aware without its rate learner).
 
 // Wall-clock timing belongs to the bench, not to the pure core the clippy.toml guards.
 #![allow(clippy::disallowed_types)]
@@ -38,7 +42,8 @@ impl Bench {
     fn new(kind: PolicyKind, n_workers: usize) -> (Self, Vec<String>) {
         let (config, policy, candidates, rng) = common::fleet(kind, n_workers);
         let tree = ApproxIndex::new(config.tree_settings());
-        let fleet = FixedPool { policy, workers: candidates, down: Vec::new(), tree };
+        let mut fleet = FixedPool::with_tree(policy, candidates, tree);
+        fleet.keep_order();
         let mut bench = Bench { fleet, rng, now_ms: NOW_MS };
         let mut prompts = Vec::new();
         for conversation in 0..n_workers * CONVERSATIONS_PER_WORKER {
@@ -51,8 +56,12 @@ impl Bench {
         (bench, prompts)
     }
 
+    /// One millisecond on; the refreshed samples published to the kept order too.
     fn tick(&mut self) {
         common::tick(&mut self.now_ms, &mut self.fleet.workers);
+        if self.now_ms.is_multiple_of(1000) {
+            self.fleet.keep_order();
+        }
     }
 
     /// A live plan, sent: the decision.
@@ -111,8 +120,8 @@ fn main() {
         .collect();
     let calls: usize = std::env::var("KVGATE_BENCH_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
     println!(
-        "| policy | workers | plan p50 | plan p99 | whole-pool decide p50 | p99 | plan / whole p50 | as good |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|"
+        "| policy | workers | kept order p50 | p99 | offer p50 | p99 | whole-pool decide p50 | p99 | as good (order) | as good (offer) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     let micros = |d: Duration| d.as_secs_f64() * 1e6;
     let policies = std::env::var("KVGATE_BENCH_POLICIES").unwrap_or_else(|_| "cache_aware,kv_aware".into());
@@ -121,7 +130,8 @@ fn main() {
     {
         for &n_workers in &fleets {
             let (mut bench, prompts) = Bench::new(kind, n_workers);
-            let (mut planned, mut whole, mut as_good) = (Vec::new(), Vec::new(), 0);
+            let (mut on_order, mut on_offer, mut whole) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut good_order, mut good_offer) = (0, 0);
             for call in 0..calls {
                 let text = &prompts[call * 7919 % prompts.len()];
                 // The whole pool first, on the state the plan then decides on.
@@ -129,26 +139,35 @@ fn main() {
                 let started = Instant::now();
                 let on_whole = black_box(bench.whole(text));
                 whole.push(started.elapsed());
+                let read_order = call % 2 == 1;
+                bench.fleet.read_order = read_order;
                 let started = Instant::now();
                 let chosen = black_box(bench.plan(text));
-                planned.push(started.elapsed());
-                as_good += usize::from(bench.as_good(kind, &chosen, &on_whole));
+                let good = usize::from(bench.as_good(kind, &chosen, &on_whole));
+                match read_order {
+                    true => (on_order.push(started.elapsed()), good_order += good),
+                    false => (on_offer.push(started.elapsed()), good_offer += good),
+                };
             }
-            planned.sort();
-            whole.sort();
+            for times in [&mut on_order, &mut on_offer, &mut whole] {
+                times.sort();
+            }
             // A policy that decides on the whole pool anyway has no shortlist to judge.
-            let as_good = match bench.fleet.policy.shortlists() {
-                true => format!("{:.1} %", 100.0 * as_good as f64 / calls as f64),
+            let share = |good: usize, of: &[Duration]| match bench.fleet.policy.shortlists() {
+                true => format!("{:.1} %", 100.0 * good as f64 / of.len().max(1) as f64),
                 false => "-".to_string(),
             };
             println!(
-                "| {} | {n_workers} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.2} | {as_good} |",
+                "| {} | {n_workers} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {} | {} |",
                 kind.as_str(),
-                micros(percentile(&planned, 50.0)),
-                micros(percentile(&planned, 99.0)),
+                micros(percentile(&on_order, 50.0)),
+                micros(percentile(&on_order, 99.0)),
+                micros(percentile(&on_offer, 50.0)),
+                micros(percentile(&on_offer, 99.0)),
                 micros(percentile(&whole, 50.0)),
                 micros(percentile(&whole, 99.0)),
-                micros(percentile(&planned, 50.0)) / micros(percentile(&whole, 50.0)),
+                share(good_order, &on_order),
+                share(good_offer, &on_offer),
             );
         }
     }

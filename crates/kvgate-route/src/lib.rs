@@ -14,6 +14,8 @@
 //! a path's prediction) matches on read-only indexes and records nothing anywhere.
 
 mod fixed;
+mod order;
+mod ordered;
 mod pick;
 mod plan;
 mod shortlist;
@@ -28,6 +30,8 @@ use kvgate_policy::{
 use rand::RngCore;
 
 pub use fixed::{FixedPool, TreeView};
+pub use order::LoadOrder;
+pub use ordered::STALE_KEPT;
 pub use pick::pick;
 pub use shortlist::SHORTLIST_ABOVE;
 
@@ -49,6 +53,14 @@ pub trait Pool {
     /// Whether `worker` is one of the pool's: `Some(routable now)`, `None` when it is not.
     fn member(&self, worker: WorkerId) -> Option<bool>;
 
+    /// For a pool whose host keeps a [`LoadOrder`] of its workers (updated as their loads
+    /// change): runs `search` on it and returns true. A large pool's candidate search then reads
+    /// the order instead of an offer of every worker. `false` (the default): no order is kept,
+    /// the plan takes the offer.
+    fn with_order(&self, _search: &mut dyn FnMut(KeptOrder<'_>)) -> bool {
+        false
+    }
+
     /// The pool's `prefix_index` mode and whether some worker of it publishes KV events.
     fn index_mode(&self) -> IndexMode;
 
@@ -67,6 +79,19 @@ pub trait Pool {
 pub struct Offer {
     pub candidates: Vec<Candidate>,
     /// Every candidate's KV events flow (the exact index is current for all of them).
+    pub events_flowing: bool,
+}
+
+/// A pool's kept order, as its host hands it to the candidate search.
+#[derive(Clone, Copy)]
+pub struct KeptOrder<'a> {
+    pub order: &'a LoadOrder,
+    /// A worker as a candidate if it is routable now (its requests in flight and load sample as
+    /// the decision is to see them), else `None`.
+    pub lookup: &'a dyn Fn(WorkerId) -> Option<Candidate>,
+    /// The pool's routable workers, tried or not.
+    pub routable: usize,
+    /// Every routable worker's KV events flow (the exact index is current for all of them).
     pub events_flowing: bool,
 }
 

@@ -1,19 +1,21 @@
 //! One pool's decision for one attempt, in its four steps: the candidates (routable, not tried),
 //! less those the overload protection leaves out, the prefix index the decision matches on
 //! (`kvgate_index::choose_index`), and the pool's policy decision on them. A worker the request
-//! names, where it serves, is taken as it is (no decision).
+//! names, where it serves, is taken as it is (no decision). A large pool's candidates are a
+//! shortlist: found on the load order its host keeps, else by one pass over its offer.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
-use kvgate_index::{choose_index, IndexInputs, PrefixIndex, PrefixMatch};
+use kvgate_index::{choose_index, IndexInputs, IndexKind, PrefixIndex, PrefixMatch};
 use kvgate_policy::{
-    admit_under_overload, Admitted, Candidates, Decision, Reason, RouteRequest, RoutingKey, SelectContext,
-    WorkerId,
+    admit_under_overload, Admitted, Candidate, Candidates, Decision, Reason, RouteRequest, RoutingKey,
+    SelectContext, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
+use crate::ordered::shortlist_ordered;
 use crate::shortlist::{shortlist, Search, SHORTLIST_ABOVE};
 use crate::{NoPlan, Pick, PlanContext, Planning, Pool, Side};
 
@@ -43,39 +45,9 @@ pub fn pick<'p, 'r, P: Pool>(
             load_poll_interval_ms,
         });
     }
-    let offer = pool.offer(tried);
-    let offered = offer.candidates.len();
-    let candidates =
-        match admit_under_overload(&offer.candidates, &ctx.overload, now_ms, load_poll_interval_ms) {
-            Admitted::All => offer.candidates,
-            Admitted::Only(kept) => kept,
-            Admitted::Shed => return Err(NoPlan::Shed { side }),
-        };
-    let left_out = offered - candidates.len();
-    let mode = pool.index_mode();
-    let kind = choose_index(&IndexInputs {
-        mode: mode.mode,
-        has_kv_events: mode.has_kv_events,
-        key_is_tokens: matches!(request.key, RoutingKey::Tokens(_)),
-        events_flowing: offer.events_flowing,
-    });
-    // A large pool is shortlisted for a policy whose decision keeps on the candidates that can
-    // matter: the prompt's best holders (one read-only match first), the least loaded, the
-    // coldest, the busiest, a few at random.
-    let pool_size = candidates.len();
-    let candidates = if pool_size > SHORTLIST_ABOVE && pool.policy().shortlists() {
-        let holders = request.key.prompt().map(|key| {
-            let mut matched = PrefixMatch::default();
-            pool.prefix_index(kind, Planning::DryRun, request).route(key, now_ms, &mut |prefix| {
-                matched = prefix.clone();
-                None
-            });
-            matched
-        });
-        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms };
-        shortlist(candidates, &search, &mut *ctx.rng)
-    } else {
-        candidates
+    let (candidates, left_out, pool_size, kind) = match ordered(pool, request, tried, ctx) {
+        Some(found) => found,
+        None => offered(pool, side, request, tried, ctx)?,
     };
     let index = pool.prefix_index(kind, ctx.planning, request);
     let decision = {
@@ -94,6 +66,104 @@ pub fn pick<'p, 'r, P: Pool>(
         index: Some(index),
         now_ms,
         load_poll_interval_ms,
+    })
+}
+
+/// The candidates a large pool whose host keeps a load order offers (a shortlist found on the
+/// order: [`crate::ordered`]), with those left out (none), the routable workers they were found
+/// among and the index to match on; `None` when the plan takes the offer instead: a small pool,
+/// no order kept, a policy that does not shortlist, or the overload protection on (it looks at
+/// every candidate to know whether all are overloaded).
+fn ordered<P: Pool>(
+    pool: &P,
+    request: &RouteRequest<'_>,
+    tried: &[WorkerId],
+    ctx: &mut PlanContext<'_>,
+) -> Option<(Vec<Candidate>, usize, usize, IndexKind)> {
+    if ctx.overload.enabled() || !pool.policy().shortlists() {
+        return None;
+    }
+    let (now_ms, load_poll_interval_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
+    let mut found = None;
+    let kept = pool.with_order(&mut |kept| {
+        let mut tried_routable: Vec<WorkerId> =
+            tried.iter().copied().filter(|&id| pool.member(id) == Some(true)).collect();
+        tried_routable.sort_unstable();
+        tried_routable.dedup();
+        let tried_routable = tried_routable.len();
+        let pool_size = kept.routable.saturating_sub(tried_routable);
+        if pool_size <= SHORTLIST_ABOVE {
+            return;
+        }
+        let kind = index_kind(pool, request, kept.events_flowing);
+        let holders = holders(pool, kind, request, now_ms);
+        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms };
+        let candidates = shortlist_ordered(kept.order, kept.lookup, tried, &search, &mut *ctx.rng);
+        found = Some((candidates, 0, pool_size, kind));
+    });
+    found.filter(|_| kept)
+}
+
+/// The candidates of the pool's offer, less those the overload protection leaves out (a large
+/// pool's shortlist of them for a policy that shortlists), with how many it left out, the
+/// routable workers they were chosen among and the index to match on.
+fn offered<P: Pool>(
+    pool: &P,
+    side: Side,
+    request: &RouteRequest<'_>,
+    tried: &[WorkerId],
+    ctx: &mut PlanContext<'_>,
+) -> Result<(Vec<Candidate>, usize, usize, IndexKind), NoPlan> {
+    let (now_ms, load_poll_interval_ms) = (ctx.now_ms, ctx.load_poll_interval_ms);
+    let offer = pool.offer(tried);
+    let offered = offer.candidates.len();
+    let candidates =
+        match admit_under_overload(&offer.candidates, &ctx.overload, now_ms, load_poll_interval_ms) {
+            Admitted::All => offer.candidates,
+            Admitted::Only(kept) => kept,
+            Admitted::Shed => return Err(NoPlan::Shed { side }),
+        };
+    let left_out = offered - candidates.len();
+    let kind = index_kind(pool, request, offer.events_flowing);
+    // A large pool is shortlisted for a policy whose decision keeps on the candidates that can
+    // matter: the prompt's best holders (one read-only match first), the least loaded, the
+    // coldest, the busiest, a few at random.
+    let pool_size = candidates.len();
+    let candidates = if pool_size > SHORTLIST_ABOVE && pool.policy().shortlists() {
+        let holders = holders(pool, kind, request, now_ms);
+        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms };
+        shortlist(candidates, &search, &mut *ctx.rng)
+    } else {
+        candidates
+    };
+    Ok((candidates, left_out, pool_size, kind))
+}
+
+/// The index a decision on `pool` matches `request` on.
+fn index_kind<P: Pool>(pool: &P, request: &RouteRequest<'_>, events_flowing: bool) -> IndexKind {
+    let mode = pool.index_mode();
+    choose_index(&IndexInputs {
+        mode: mode.mode,
+        has_kv_events: mode.has_kv_events,
+        key_is_tokens: matches!(request.key, RoutingKey::Tokens(_)),
+        events_flowing,
+    })
+}
+
+/// The prompt's holders on the decision's index, from a read-only match (`None`: no prompt).
+fn holders<P: Pool>(
+    pool: &P,
+    kind: IndexKind,
+    request: &RouteRequest<'_>,
+    now_ms: u64,
+) -> Option<PrefixMatch> {
+    request.key.prompt().map(|key| {
+        let mut matched = PrefixMatch::default();
+        pool.prefix_index(kind, Planning::DryRun, request).route(key, now_ms, &mut |prefix| {
+            matched = prefix.clone();
+            None
+        });
+        matched
     })
 }
 

@@ -24,13 +24,13 @@ use rand::{Rng, RngCore};
 /// Pools of more candidates than this are shortlisted (for a policy that shortlists).
 pub const SHORTLIST_ABOVE: usize = 256;
 /// Best holders of the prompt's prefix kept.
-const HOLDERS: usize = 16;
+pub(crate) const HOLDERS: usize = 16;
 /// Least loaded kept (in flight, KV usage, queued prefill).
-const LEAST_LOADED: usize = 16;
+pub(crate) const LEAST_LOADED: usize = 16;
 /// Coldest by KV usage kept, and least queued prefill tokens kept.
-const COLDEST: usize = 8;
+pub(crate) const COLDEST: usize = 8;
 /// Candidates drawn at random from the whole offer.
-const SAMPLED: usize = 4;
+pub(crate) const SAMPLED: usize = 4;
 
 /// What the search needs of the decision besides the offer.
 pub(crate) struct Search<'m> {
@@ -41,7 +41,7 @@ pub(crate) struct Search<'m> {
 }
 
 /// The `k` smallest keys seen, with their positions (the worst replaced in place).
-struct Smallest<K> {
+pub(crate) struct Smallest<K> {
     k: usize,
     kept: Vec<(K, usize)>,
     /// Position in `kept` of its largest key, once full.
@@ -49,11 +49,11 @@ struct Smallest<K> {
 }
 
 impl<K: PartialOrd + Copy> Smallest<K> {
-    fn new(k: usize) -> Self {
+    pub(crate) fn new(k: usize) -> Self {
         Self { k, kept: Vec::with_capacity(k), worst: 0 }
     }
 
-    fn offer(&mut self, key: K, at: usize) {
+    pub(crate) fn offer(&mut self, key: K, at: usize) {
         if self.kept.len() < self.k {
             self.kept.push((key, at));
             if self.kept.len() == self.k {
@@ -75,13 +75,13 @@ impl<K: PartialOrd + Copy> Smallest<K> {
         self.worst = worst;
     }
 
-    fn positions(&self) -> impl Iterator<Item = usize> + '_ {
+    pub(crate) fn positions(&self) -> impl Iterator<Item = usize> + '_ {
         self.kept.iter().map(|&(_, at)| at)
     }
 }
 
 /// A candidate's place in this decision's random order of ties.
-fn tie(id: WorkerId, seed: u64) -> u64 {
+pub(crate) fn tie(id: WorkerId, seed: u64) -> u64 {
     (u64::from(id) ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29)
 }
 

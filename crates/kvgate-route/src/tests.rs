@@ -246,16 +246,22 @@ fn prompt_len(request: &RouteRequest<'_>) -> usize {
 /// A pool above the shortlist's size, 600 workers with mixed fresh loads and in-flight counts,
 /// its tree warm with two conversations per worker: for each later turn, the live plan (on a
 /// shortlist) chooses as well as the policy on the whole pool: cache_aware the same credited
-/// prefix and no more in flight, kv_aware no higher predicted cost. And the plan says what pool
-/// it shortlisted.
+/// prefix and no more in flight, kv_aware no higher predicted cost; on the offer's one pass and
+/// on a kept load order alike. And the plan says what pool it shortlisted.
 #[test]
 fn a_large_pool_is_decided_on_a_shortlist_as_well_as_on_the_whole_pool() {
     use kvgate_policy::{Candidates, SelectContext};
-    for kind in [PolicyKind::CacheAware, PolicyKind::KvAware] {
+    let kept_or_not = [false, true].into_iter();
+    for (kind, keep_order) in
+        kept_or_not.flat_map(|keep| [(PolicyKind::CacheAware, keep), (PolicyKind::KvAware, keep)])
+    {
         let n = 600;
         let in_flight: Vec<u64> = (0..n).map(|i| (i * 7 % 5) as u64).collect();
         let loads: Vec<(u64, u64)> = (0..n).map(|i| ((i * 3 % 4) as u64, (i % 6) as u64)).collect();
-        let pool = with_loads(fixed_pool(kind, 0, &in_flight), &loads);
+        let mut pool = with_loads(fixed_pool(kind, 0, &in_flight), &loads);
+        if keep_order {
+            pool.keep_order();
+        }
         let turn =
             |c: usize, t: usize| format!("{} conversation {c} turn {t} ", "shared system prompt ".repeat(8));
         let single = Pools::Single(&pool);

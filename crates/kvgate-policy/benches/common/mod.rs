@@ -17,12 +17,14 @@ pub const NOW_MS: u64 = 1_000_000;
 pub const CONVERSATIONS_PER_WORKER: usize = 4;
 
 /// The policy `kind` over workers `0..n_workers`, their candidates, and the RNG the decisions
-/// go on drawing from (seed 7).
+/// go on drawing from (seed 7). Env: `KVGATE_BENCH_KV_LEARN=0` turns kv_aware's rate learner off.
 pub fn fleet(
     kind: PolicyKind,
     n_workers: usize,
 ) -> (PolicyConfig, Arc<dyn Policy>, Vec<Candidate>, SmallRng) {
-    let config = PolicyConfig { policy: kind, ..PolicyConfig::default() };
+    // `KVGATE_BENCH_KV_LEARN=0`: kv_aware without its rate learner (what the learner costs).
+    let learn = std::env::var("KVGATE_BENCH_KV_LEARN").map_or(true, |learn| learn != "0");
+    let config = PolicyConfig { policy: kind, kv_aware_learn_prefill_rate: learn, ..PolicyConfig::default() };
     let policy = build_policy(&config);
     for worker in 0..n_workers {
         policy.add_worker(worker as u32, &format!("http://127.0.0.1:{}", 20000 + worker));

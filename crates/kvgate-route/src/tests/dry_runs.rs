@@ -41,19 +41,25 @@ fn prompt_text(prompt: u8) -> String {
     )
 }
 
-/// A side of `WORKERS` kv_aware workers from `first`, with mixed fresh loads.
-fn side(first: WorkerId) -> FixedPool {
+/// A side of `WORKERS` kv_aware workers from `first`, with mixed fresh loads (and a kept load
+/// order when `keep_order`).
+fn side(first: WorkerId, keep_order: bool) -> FixedPool {
     let config = PolicyConfig { policy: PolicyKind::KvAware, ..PolicyConfig::default() };
     let in_flight: Vec<u64> = (0..WORKERS).map(|i| (i * 7 % 5) as u64).collect();
     let loads: Vec<(u64, u64)> = (0..WORKERS).map(|i| ((i * 3 % 4) as u64, (i % 6) as u64)).collect();
-    with_loads(fixed_pool_with(&config, first, &in_flight), &loads)
+    let mut side = with_loads(fixed_pool_with(&config, first, &in_flight), &loads);
+    if keep_order {
+        side.keep_order();
+    }
+    side
 }
 
 /// The live plans of `steps` on a fresh kv_aware pair under the conditional rule, each sent,
 /// with each step's dry runs (on the decode side or the prefill side) made first when
-/// `dry_runs`, all on the one RNG.
-fn live_plans(steps: &[Step], dry_runs: bool) -> Vec<String> {
-    let (prefill, decode) = (side(0), side(1_000));
+/// `dry_runs`, all on the one RNG; the candidates found by one pass over the offer, or on each
+/// side's kept load order (`keep_order`).
+fn live_plans(steps: &[Step], dry_runs: bool, keep_order: bool) -> Vec<String> {
+    let (prefill, decode) = (side(0, keep_order), side(1_000, keep_order));
     let rule = PolicyConfig { pd_conditional: true, ..PolicyConfig::default() }.pd_rule();
     let pair = Pools::Pair { prefill: &prefill, decode: &decode, rule };
     let prompts: Vec<String> = (0..6).map(prompt_text).collect();
@@ -82,6 +88,8 @@ proptest! {
 
     #[test]
     fn dry_runs_on_a_large_pair_change_no_live_plan(steps in proptest::collection::vec(step(), 1..12)) {
-        prop_assert_eq!(live_plans(&steps, false), live_plans(&steps, true));
+        for keep_order in [false, true] {
+            prop_assert_eq!(live_plans(&steps, false, keep_order), live_plans(&steps, true, keep_order));
+        }
     }
 }

@@ -1,0 +1,123 @@
+//! The candidate search on a pool's kept [`LoadOrder`]: the same shortlist as the one pass over
+//! an offer ([`crate::shortlist`]), found without looking at every worker. The prompt's best
+//! holders come from the prefix match; the least loaded, the coldest and the least queued from
+//! the front of their orders; the busiest from the back; samples gone stale from the front of
+//! the oldest-sample order (keyed again as the one pass keys them: no load); a few at random.
+//! What it looks at grows with the holders and with the workers it skips (tried, not routable
+//! now), not with the pool.
+//!
+//! Same as the one pass: wherever the pool's keys are distinct and at most [`STALE_KEPT`]
+//! samples are stale, the shortlists' holders, least loaded, coldest, least queued and busiest
+//! are the same workers (`tests::the_kept_order_finds_what_the_one_pass_finds`); among equal keys
+//! each picks its own rotation.
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
+
+use kvgate_index::PrefixMatch;
+use kvgate_policy::{fresh_load, Candidate, WorkerId};
+use rand::RngCore;
+
+use crate::order::{stale_keys, LoadOrder};
+use crate::shortlist::{tie, Search, Smallest, COLDEST, HOLDERS, LEAST_LOADED, SAMPLED};
+
+/// Workers whose sample went stale kept as candidates of the search (keyed with no load).
+pub const STALE_KEPT: usize = 8;
+
+/// The shortlist of the workers of `order` that `lookup` finds routable now and that are not
+/// in `tried`, in id order. `lookup` gives a worker's candidate as the decision is to see it.
+pub(crate) fn shortlist_ordered(
+    order: &LoadOrder,
+    lookup: &dyn Fn(WorkerId) -> Option<Candidate>,
+    tried: &[WorkerId],
+    search: &Search<'_>,
+    rng: &mut dyn RngCore,
+) -> Vec<Candidate> {
+    let (now_ms, interval_ms) = (search.now_ms, search.load_poll_interval_ms);
+    let seed = rng.next_u64();
+    let start = seed as WorkerId;
+    // Each worker looked at is looked up once: `None` when it is not a candidate now.
+    let mut seen: HashMap<WorkerId, Option<Candidate>> = HashMap::new();
+    let mut look = |id: WorkerId| -> Option<Candidate> {
+        *seen.entry(id).or_insert_with(|| lookup(id).filter(|c| c.id == id && !tried.contains(&id)))
+    };
+    let went_stale = |c: &Candidate| {
+        c.load.is_some_and(|load| load.token_usage.is_finite())
+            && fresh_load(c, now_ms, interval_ms).is_none()
+    };
+    let stale_before = now_ms.saturating_sub(interval_ms.saturating_mul(3));
+    let stale: Vec<Candidate> = order
+        .fetched_before(stale_before)
+        .filter_map(|id| look(id).filter(went_stale))
+        .take(STALE_KEPT)
+        .collect();
+    let mut kept: Vec<WorkerId> = stale.first().map(|c| c.id).into_iter().collect();
+
+    let mut holders = Smallest::new(HOLDERS);
+    for (id, credited) in holder_credits(search.prefix) {
+        if let Some(c) = look(id) {
+            holders.offer((Reverse(credited), c.in_flight, tie(id, seed)), id as usize);
+        }
+    }
+    kept.extend(holders.positions().map(|at| at as WorkerId));
+
+    let mut fresh = |id: WorkerId| look(id).is_some_and(|c| !went_stale(&c));
+    let rekeyed = |pick: fn(&Candidate) -> (u64, u64, u64)| {
+        let mut keyed: Vec<((u64, u64, u64), WorkerId)> = stale.iter().map(|c| (pick(c), c.id)).collect();
+        keyed.sort_unstable();
+        keyed
+    };
+    let least = order.least_loaded(LEAST_LOADED, start, &mut fresh);
+    kept.extend(merged(least, rekeyed(|c| stale_keys(c.in_flight).0), LEAST_LOADED));
+    let coldest = order.coldest(COLDEST, start, &mut fresh);
+    let stale_coldest = rekeyed(|c| pad(stale_keys(c.in_flight).1));
+    kept.extend(merged(coldest.into_iter().map(|(k, id)| (pad(k), id)).collect(), stale_coldest, COLDEST));
+    let queued = order.least_queued(COLDEST, start, &mut fresh);
+    let stale_queued = rekeyed(|c| pad(stale_keys(c.in_flight).2));
+    kept.extend(merged(queued.into_iter().map(|(k, id)| (pad(k), id)).collect(), stale_queued, COLDEST));
+    let mut any = |id: WorkerId| look(id).is_some();
+    kept.extend(order.busiest(&mut any));
+    for _ in 0..SAMPLED {
+        // A draw that falls on a worker tried or not routable draws again, a few times.
+        if let Some(id) = (0..4).filter_map(|_| order.random(rng)).find(|&id| look(id).is_some()) {
+            kept.push(id);
+        }
+    }
+    kept.sort_unstable();
+    kept.dedup();
+    kept.into_iter().filter_map(&mut look).collect()
+}
+
+/// A two-part key as the three-part keys it merges with.
+fn pad((a, b): (u64, u64)) -> (u64, u64, u64) {
+    (a, b, 0)
+}
+
+/// The `k` smallest of two lists each sorted by key.
+fn merged<K: Ord + Copy>(
+    walked: Vec<(K, WorkerId)>,
+    stale: Vec<(K, WorkerId)>,
+    k: usize,
+) -> impl Iterator<Item = WorkerId> {
+    let mut both = walked;
+    both.extend(stale);
+    both.sort_by_key(|&(key, _)| key);
+    both.into_iter().take(k).map(|(_, id)| id)
+}
+
+/// The prompt's holders and the tokens each is credited with (none without a match).
+fn holder_credits(prefix: Option<&PrefixMatch>) -> Vec<(WorkerId, usize)> {
+    prefix
+        .filter(|prefix| prefix.best() > 0)
+        .map(|prefix| {
+            prefix
+                .iter()
+                .map(|(id, _)| (id, prefix.credited(id)))
+                .filter(|&(_, credited)| credited > 0)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;
