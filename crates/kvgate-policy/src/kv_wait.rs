@@ -57,6 +57,24 @@ pub fn kv_freed_share<'a>(loads: impl IntoIterator<Item = &'a LoadSample>) -> Op
     (used > 0.0 && generated > 0.0).then(|| generated / used)
 }
 
+/// The share of its running requests an engine of the pool finishes per second: the requests
+/// finished per second over the running ones, summed over `engines` (each its fresh report and
+/// its learned finishing rate; `None` when none runs a request or none has a rate). A full
+/// engine holds `capacity / per_request` requests, so it frees this share of its capacity a
+/// second (Little's law: a request frees all it holds when it finishes).
+pub fn kv_finished_share<'a>(
+    engines: impl IntoIterator<Item = (&'a LoadSample, Option<f64>)>,
+) -> Option<f64> {
+    let (mut running, mut finished) = (0.0, 0.0);
+    for (load, finished_per_sec) in engines {
+        if let Some(rate) = finished_per_sec.filter(|rate| rate.is_finite() && *rate > 0.0) {
+            running += load.num_running_reqs as f64;
+            finished += rate;
+        }
+    }
+    (running > 0.0 && finished > 0.0).then(|| finished / running)
+}
+
 /// What the pool's fresh reports say a running request holds: their KV in use over their
 /// running requests (`None` when no report shows a running request).
 pub fn kv_per_request<'a>(loads: impl IntoIterator<Item = &'a LoadSample>) -> Option<f64> {
