@@ -23,7 +23,11 @@
 //!   it freed KV a hundred times slower than a busy one, and the busy one would get the burst).
 //!   Engines busy with prefill generate almost nothing for a while (prefill goes first), which
 //!   says nothing of how fast their requests will finish: the rate is never taken below the
-//!   fallback throughput;
+//!   fallback throughput. Where the finishing rates are learned (kv_aware,
+//!   [`kv_finished_share`]), the share of the pool's running requests finished per second is
+//!   the better estimate (a finished request frees its prompt and its answer: the tokens
+//!   generated alone predicted the wait 3-12x too long wherever KV ran short), the tokens
+//!   generated its lower bound;
 //! - the wait is the KV the requests ahead and this one need beyond the free KV, over that rate.
 
 use crate::inflight::Sent;

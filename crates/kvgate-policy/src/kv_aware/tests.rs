@@ -365,9 +365,9 @@ fn kv_is_freed_as_fast_as_the_pool_finishes_requests() {
     assert_eq!(pool_freed_share(None, None), None);
 }
 
-/// While every holder of the prompt waits for KV, an engine that admits the request now is not
-/// charged for duplicating the prefix (the queue behind its prefill still is); a holder that
-/// admits it now keeps the charge everywhere.
+/// While every holder of the prompt waits for KV, an engine that admits the request now (no
+/// wait for KV, no prefill queued) is not charged for duplicating the prefix (the queue behind
+/// its prefill still is); a holder that admits it now keeps the charge everywhere.
 #[test]
 fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
     let settings = PredictSettings {
@@ -388,10 +388,17 @@ fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
         waits_too_long: false,
     };
     let recompute = |scored: &[Scored]| scored.iter().map(|s| s.predicted.recompute_s).collect::<Vec<_>>();
-    // Two holders waiting 20 and 30 s; a free engine and a busy one without the prefix.
-    let mut all = vec![scored(20.0, 0.1), scored(30.0, 0.1), scored(0.0, 4.0), scored(5.0, 4.0)];
-    relieve_waiting_holders(&mut all, [100, 100, 0, 0].into_iter(), settings);
-    assert_eq!(recompute(&all), vec![1.0, 1.0, 8.0, 40.0], "only the free engine's copy is free of charge");
+    // Two holders waiting 20 and 30 s; without the prefix, a free engine, one waiting for KV
+    // and one with prefill queued.
+    let mut queued = scored(0.0, 4.0);
+    queued.predicted.queue_s = 2.0;
+    let mut all = vec![scored(20.0, 0.1), scored(30.0, 0.1), scored(0.0, 4.0), scored(5.0, 4.0), queued];
+    relieve_waiting_holders(&mut all, [100, 100, 0, 0, 0].into_iter(), settings);
+    assert_eq!(
+        recompute(&all),
+        vec![1.0, 1.0, 8.0, 40.0, 40.0],
+        "only the free engine's copy is free of charge"
+    );
     let mut one_admits = vec![scored(20.0, 0.1), scored(0.0, 0.1), scored(0.0, 4.0)];
     relieve_waiting_holders(&mut one_admits, [100, 100, 0].into_iter(), settings);
     assert_eq!(recompute(&one_admits), vec![1.0, 1.0, 40.0]);
