@@ -23,7 +23,11 @@
 //!   it freed KV a hundred times slower than a busy one, and the busy one would get the burst).
 //!   Engines busy with prefill generate almost nothing for a while (prefill goes first), which
 //!   says nothing of how fast their requests will finish: the rate is never taken below the
-//!   fallback throughput;
+//!   fallback throughput. Where the finishing rates are learned (kv_aware,
+//!   [`kv_finished_share`]), the share of the pool's running requests finished per second is
+//!   the better estimate (a finished request frees its prompt and its answer: the tokens
+//!   generated alone predicted the wait 3-12x too long wherever KV ran short), the tokens
+//!   generated its lower bound;
 //! - the wait is the KV the requests ahead and this one need beyond the free KV, over that rate.
 
 use crate::inflight::Sent;
@@ -55,6 +59,24 @@ pub fn kv_freed_share<'a>(loads: impl IntoIterator<Item = &'a LoadSample>) -> Op
         }
     }
     (used > 0.0 && generated > 0.0).then(|| generated / used)
+}
+
+/// The share of its running requests an engine of the pool finishes per second: the requests
+/// finished per second over the running ones, summed over `engines` (each its fresh report and
+/// its learned finishing rate; `None` when none runs a request or none has a rate). A full
+/// engine holds `capacity / per_request` requests, so it frees this share of its capacity a
+/// second (Little's law: a request frees all it holds when it finishes).
+pub fn kv_finished_share<'a>(
+    engines: impl IntoIterator<Item = (&'a LoadSample, Option<f64>)>,
+) -> Option<f64> {
+    let (mut running, mut finished) = (0.0, 0.0);
+    for (load, finished_per_sec) in engines {
+        if let Some(rate) = finished_per_sec.filter(|rate| rate.is_finite() && *rate > 0.0) {
+            running += load.num_running_reqs as f64;
+            finished += rate;
+        }
+    }
+    (running > 0.0 && finished > 0.0).then(|| finished / running)
 }
 
 /// What the pool's fresh reports say a running request holds: their KV in use over their

@@ -30,7 +30,7 @@ use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
 use crate::hashing::prompt_key;
 use crate::inflight::{fresh_load, RoutedLog, Sent};
-use crate::kv_wait::{kv_freed_share, kv_per_request, waits_for_kv, KvView};
+use crate::kv_wait::{kv_finished_share, kv_freed_share, kv_per_request, KvView};
 use crate::pick::pick_min_by;
 use crate::{
     Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext,
@@ -140,30 +140,6 @@ struct Scored {
     waits_too_long: bool,
 }
 
-/// The share of the KV in use freed per second on the engine of `load`: the pool's least rate
-/// (`pool`, tokens generated over KV in use, [`kv_freed_share`]) or, on an engine not waiting
-/// for KV, the share of its running requests it finishes per second (`finished_per_sec`, from
-/// its reports, `EngineRates::finished_per_sec_of`) when larger. A finished request frees all it
-/// held, its prompt and its answer, not only the tokens it generated: on S10 and S7 the pool's
-/// rate predicted the wait for KV of requests routed since the report 3-8x too long (70 s for
-/// 11 s measured), so a burst of samples left the engine holding their prompt to recompute it
-/// elsewhere. An engine whose requests already wait for KV keeps the pool's rate: its finished
-/// requests' KV goes to those waiting first (measured: its own rate there made S2 and S3 TTFT
-/// mean 6-7% worse).
-fn freed_share_of(
-    load: Option<&crate::LoadSample>,
-    finished_per_sec: Option<f64>,
-    pool: Option<f64>,
-) -> Option<f64> {
-    let own = load
-        .filter(|load| load.num_running_reqs > 0 && !waits_for_kv(load))
-        .and_then(|load| Some(finished_per_sec? / load.num_running_reqs as f64));
-    match (pool, own) {
-        (Some(pool), Some(own)) => Some(pool.max(own)),
-        (pool, own) => pool.or(own),
-    }
-}
-
 /// Keeps out every allowed candidate whose queued prefill alone exceeds `margin` x the best
 /// predicted time to first token among the allowed plus `slack_s`. The best one always stays
 /// (its queue is part of its own prediction), so some candidate stays allowed.
@@ -187,7 +163,7 @@ fn apply_wait_margin(scored: &mut [Scored], margin: f64, slack_s: f64) {
 /// prompt when larger): each takes KV for its answer, even a sample of a prompt held there
 /// (S10: counted only when the report showed requests waiting for KV, a burst of samples of
 /// one prompt went to its holder, 150 in flight there with its report at 71% KV, and waited
-/// 48 s for KV predicted at 0).
+/// 48 s for KV predicted at 0). `freed_share` is [`pool_freed_share`].
 fn kv_wait_s(
     candidate: &Candidate,
     load: Option<&crate::LoadSample>,
@@ -202,6 +178,51 @@ fn kv_wait_s(
     let since = routed.sent_since(candidate.id, load.fetched_at_ms);
     KvView::of(load, since, per_request, freed_share, floor)
         .map_or(0.0, |view| view.wait_s(view.need(uncached)))
+}
+
+/// The share of a full engine's KV freed per second: the share of the pool's running requests
+/// finished per second ([`kv_finished_share`]: a finished request frees all it held, its prompt
+/// and its answer), or the tokens generated over the KV in use ([`kv_freed_share`], a lower
+/// bound: a request holds at least its answer) when larger. Measured decision by decision
+/// (each candidate's predicted wait beside the wait the request then got), the lower bound
+/// alone predicted the wait for KV 3-12x too long wherever KV ran short (S7: 61 s for 10 s, S2
+/// and S3: 118 and 155 s too long on average), so requests left the engine holding their
+/// prefix to recompute it elsewhere; the finished share brings the bias within 10-25%.
+fn pool_freed_share(generated: Option<f64>, finished: Option<f64>) -> Option<f64> {
+    match (generated, finished) {
+        (Some(generated), Some(finished)) => Some(generated.max(finished)),
+        (generated, finished) => generated.or(finished),
+    }
+}
+
+/// When every holder of the most of the prompt waits for KV, recomputing the prefix on an
+/// engine that admits it now (no wait for KV, no prefill queued ahead) takes no cache another
+/// request needs: the copy relieves the holders, which is what the KV they wait for cannot do.
+/// Such a candidate is not charged the duplicate's cost (`prefill_cost_weight` x its prefill;
+/// the cost of the requests that will queue behind its prefill stays). S11 (contexts of
+/// 12K-40K tokens, KV-bound holders beside idle engines) held its questions on the holders
+/// only while the wait there was predicted 2-3x too long; predicted right, a 35K-token context
+/// elsewhere cost 97 s against 32 s of predicted TTFT at the holder, and the questions waited
+/// there 27 s on average. An engine with prefill queued does not admit the request now: relieved
+/// too, S2's conversations (every engine backlogged) lost 12% of their cache hits (8.4% of the
+/// prompt tokens against 9.5%).
+fn relieve_waiting_holders(
+    scored: &mut [Scored],
+    matched: impl Iterator<Item = usize>,
+    settings: PredictSettings,
+) {
+    let matched: Vec<usize> = matched.collect();
+    let most = matched.iter().copied().max().unwrap_or(0);
+    let holders = || (0..scored.len()).filter(|&i| matched[i] == most);
+    if most == 0 || !holders().all(|i| scored[i].predicted.kv_wait_s > 0.0) {
+        return;
+    }
+    for (held, candidate) in matched.iter().zip(scored.iter_mut()) {
+        let p = &mut candidate.predicted;
+        if *held < most && p.kv_wait_s == 0.0 && p.queue_s <= 0.0 {
+            p.recompute_s = (p.recompute_s - p.prefill_s * settings.prefill_cost_weight).max(0.0);
+        }
+    }
 }
 
 impl KvAwarePolicy {
@@ -234,7 +255,12 @@ impl KvAwarePolicy {
         // The wait for KV, from the same usable snapshot as the KV terms: what a request holds
         // and the share of KV in use freed per second, over the pool's fresh reports.
         let per_request = kv_per_request(loads.iter().flatten()).unwrap_or(0.0);
-        let freed_share = kv_freed_share(loads.iter().flatten());
+        let finished = candidates
+            .iter()
+            .zip(&loads)
+            .filter_map(|(c, load)| load.as_ref().map(|load| (load, state.rates.finished_per_sec_of(c.id))));
+        let freed_share =
+            pool_freed_share(kv_freed_share(loads.iter().flatten()), kv_finished_share(finished));
         let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
         let prompt = request.prompt_tokens as f64;
         let whole_prompt = prompt_key(request);
@@ -263,8 +289,6 @@ impl KvAwarePolicy {
                 let matched = if pending { prompt } else { matched };
                 let uncached = (prompt - matched).max(0.0);
                 let context = matched.min(prompt);
-                let freed_share =
-                    freed_share_of(loads[i].as_ref(), state.rates.finished_per_sec_of(c.id), freed_share);
                 let kv_wait_s = kv_wait_s(
                     c,
                     loads[i].as_ref().filter(|_| kv_known),
@@ -289,6 +313,7 @@ impl KvAwarePolicy {
                 Scored { predicted, uncached, allowed, waits_too_long: false }
             })
             .collect::<Vec<_>>();
+        relieve_waiting_holders(&mut scored, candidates.iter().map(|c| prefix.matched(c.id)), s.predict);
         apply_wait_margin(&mut scored, s.wait_margin, s.wait_slack_s);
         scored
     }

@@ -289,23 +289,26 @@ fn kv_pool(samples: &[(f64, u64, u64, f64)]) -> Vec<Candidate> {
 
 /// An agent's session stays with the engine holding its context unless waiting there for KV
 /// costs more than recomputing the context elsewhere (issue 41; S11's holders of popular
-/// contexts). Engine 1 holds the 24,000-token context, its KV 99% taken by 40 running
-/// requests; engine 0 is idle. A request holds 24,222 tokens (the pool's 1,090,000 in use over
-/// 45 running); KV is freed at the decode rate's floor, 2,857 tokens a second.
+/// contexts). Engine 1 holds the 80,000-token context (10 s of prefill elsewhere), its KV 90%
+/// taken by 40 running requests; engine 0 is idle. A request holds 22,222 tokens (the pool's
+/// 1,000,000 in use over 45 running); KV is freed at the decode rate's floor, 2,857 tokens a
+/// second. While the holder waits for KV, a copy of the context on the idle engine is charged
+/// its prefill and what queues behind it, not the duplicate (`relieve_waiting_holders`).
 #[test]
 fn an_agent_stays_with_its_context_unless_waiting_for_kv_there_costs_more_than_recomputing() {
     let mut h = Harness::new(config());
-    let context = prompt(5, 24_000);
+    let context = prompt(5, 80_000);
     h.index.record(PromptKey::Tokens(&context), 1, NOW);
-    // Nothing waits on the holder: its next finished request frees what this one needs
-    // (14,222 tokens beyond the free 10,000: about 5 s), against 3 s of prefill elsewhere
-    // costed 9x (it delays what queues behind it and duplicates the context).
-    let d = h.route(&context, &kv_pool(&[(0.1, 5, 0, 500.0), (0.99, 40, 0, 2_000.0)]));
+    // Four wait on the holder: with this one they need 11,111 tokens beyond the free 100,000
+    // (3.9 s), against 10 s of prefill elsewhere.
+    let d = h.route(&context, &kv_pool(&[(0.1, 5, 0, 500.0), (0.9, 40, 4, 2_000.0)]));
     assert_eq!(d.worker, 1);
     let p = d.predicted.unwrap();
-    assert!((p.kv_wait_s - 14_222.2 / 2_857.1).abs() < 0.01, "{p:?}");
+    assert!((p.kv_wait_s - 11_111.1 / 2_857.1).abs() < 0.01, "{p:?}");
     assert!((p.total() - p.queue_s - p.prefill_s - p.decode_s - p.kv_s - p.kv_wait_s).abs() < 1e-9);
     // Ten requests wait there for KV: 256,444 tokens to free, 90 s. Recomputing is cheaper.
+    let mut h = Harness::new(config());
+    h.index.record(PromptKey::Tokens(&context), 1, NOW);
     let d = h.route(&context, &kv_pool(&[(0.1, 5, 0, 500.0), (0.99, 40, 10, 2_000.0)]));
     assert_eq!(d.worker, 0);
     assert_eq!(d.predicted.unwrap().kv_wait_s, 0.0, "the idle engine has room");
@@ -338,24 +341,70 @@ fn requests_routed_since_the_report_take_kv_on_every_engine() {
     assert!((waits[1] - waits[0] - 30_000.0 / 2_857.1).abs() < 0.01, "{waits:?}");
 }
 
-/// An engine with room frees the KV its running requests hold as fast as it finishes them
-/// (each frees its prompt and its answer), when that beats the pool's least rate; an engine
-/// whose requests already wait for KV keeps the pool's rate.
+/// A full engine frees the KV its running requests hold as fast as the pool finishes them
+/// (each frees its prompt and its answer), when that beats the tokens generated over the KV in
+/// use (a lower bound); either alone when the other is unknown.
 #[test]
-fn an_engine_with_room_frees_kv_as_fast_as_it_finishes_requests() {
-    let report = |waiting| LoadSample {
+fn kv_is_freed_as_fast_as_the_pool_finishes_requests() {
+    let report = |running| LoadSample {
         token_usage: 0.9,
-        num_running_reqs: 30,
-        num_waiting_reqs: waiting,
+        num_running_reqs: running,
         max_total_num_tokens: 1_000_000,
         ..LoadSample::default()
     };
-    // Three of its 30 running requests finish a second: a tenth of its KV in use.
-    assert_eq!(freed_share_of(Some(&report(0)), Some(3.0), Some(0.01)), Some(0.1));
-    assert_eq!(freed_share_of(Some(&report(0)), Some(0.1), Some(0.01)), Some(0.01), "never below the pool's");
-    assert_eq!(freed_share_of(Some(&report(4)), Some(3.0), Some(0.01)), Some(0.01), "waiting for KV");
-    assert_eq!(freed_share_of(Some(&report(0)), None, Some(0.01)), Some(0.01), "not measured yet");
-    assert_eq!(freed_share_of(None, Some(3.0), None), None);
+    let (busy, quiet) = (report(30), report(10));
+    // 3 + 1 of their 40 running requests finish a second: a tenth.
+    let finished = crate::kv_wait::kv_finished_share([(&busy, Some(3.0)), (&quiet, Some(1.0))]);
+    assert_eq!(finished, Some(0.1));
+    assert_eq!(crate::kv_wait::kv_finished_share([(&busy, None), (&quiet, Some(1.0))]), Some(0.1));
+    assert_eq!(crate::kv_wait::kv_finished_share([(&busy, None)]), None, "not measured yet");
+    assert_eq!(pool_freed_share(Some(0.01), finished), Some(0.1));
+    assert_eq!(pool_freed_share(Some(0.2), finished), Some(0.2), "never below the tokens generated");
+    assert_eq!(pool_freed_share(Some(0.01), None), Some(0.01));
+    assert_eq!(pool_freed_share(None, finished), Some(0.1));
+    assert_eq!(pool_freed_share(None, None), None);
+}
+
+/// While every holder of the prompt waits for KV, an engine that admits the request now (no
+/// wait for KV, no prefill queued) is not charged for duplicating the prefix (the queue behind
+/// its prefill still is); a holder that admits it now keeps the charge everywhere.
+#[test]
+fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
+    let settings = PredictSettings {
+        kv_pressure_weight: 0.0,
+        prefill_cost_weight: 8.0,
+        queue_cost_weight: 1.0,
+        decode_stall_weight: 0.0,
+    };
+    let scored = |kv_wait_s: f64, prefill_s: f64| Scored {
+        predicted: PredictedTtft {
+            prefill_s,
+            kv_wait_s,
+            recompute_s: prefill_s * 10.0,
+            ..PredictedTtft::default()
+        },
+        uncached: 0.0,
+        allowed: true,
+        waits_too_long: false,
+    };
+    let recompute = |scored: &[Scored]| scored.iter().map(|s| s.predicted.recompute_s).collect::<Vec<_>>();
+    // Two holders waiting 20 and 30 s; without the prefix, a free engine, one waiting for KV
+    // and one with prefill queued.
+    let mut queued = scored(0.0, 4.0);
+    queued.predicted.queue_s = 2.0;
+    let mut all = vec![scored(20.0, 0.1), scored(30.0, 0.1), scored(0.0, 4.0), scored(5.0, 4.0), queued];
+    relieve_waiting_holders(&mut all, [100, 100, 0, 0, 0].into_iter(), settings);
+    assert_eq!(
+        recompute(&all),
+        vec![1.0, 1.0, 8.0, 40.0, 40.0],
+        "only the free engine's copy is free of charge"
+    );
+    let mut one_admits = vec![scored(20.0, 0.1), scored(0.0, 0.1), scored(0.0, 4.0)];
+    relieve_waiting_holders(&mut one_admits, [100, 100, 0].into_iter(), settings);
+    assert_eq!(recompute(&one_admits), vec![1.0, 1.0, 40.0]);
+    let mut nobody_holds = vec![scored(20.0, 4.0), scored(0.0, 4.0)];
+    relieve_waiting_holders(&mut nobody_holds, [0, 0].into_iter(), settings);
+    assert_eq!(recompute(&nobody_holds), vec![40.0, 40.0]);
 }
 
 /// The samples of one prompt routed at once stay together: the prompt routed to an engine
