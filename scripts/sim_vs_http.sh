@@ -76,8 +76,8 @@ print(' '.join([
   '--eviction-interval', str(120 / s),
   # The simulator routes on the whole prompt; the gateway on its first --max-tokenize-chars
   # characters (262,144 by default: about 26K tokens of the traces' words, where S9's agent
-  # contexts reach 110K). Whole prompts here, as in the simulator (docs/BENCHMARKS.md, "S9
-  # and S10 over HTTP").
+  # contexts reach 110K). Whole prompts here, as in the simulator (docs/BENCHMARKS.md, S9
+  # and S10 over HTTP).
   '--max-tokenize-chars', str(4 << 20),
 ]))")
 
