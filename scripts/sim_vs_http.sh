@@ -21,7 +21,8 @@
 # multiplies: use TIME_SCALE=2 there (docs/BENCHMARKS.md, "S5 and S6").
 #
 #   env: KVGATE (binary, default target/release/kvgate), TRACE, TIME_SCALE (10),
-#        OUT (/tmp/sim_vs_http), PAUSE_SECS (5)
+#        OUT (/tmp/sim_vs_http), PAUSE_SECS (5), GATEWAY_FLAGS (more `kvgate launch` flags for
+#        every gateway, e.g. `--index-repair warn`: gateway-only settings the simulator has not)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scenario=${1:?S1..S11}; shift
@@ -73,6 +74,11 @@ print(' '.join([
   '--least-load-default-throughput', str(2000 * s),
   '--least-load-kv-pressure-weight', str(0.15 / s),
   '--eviction-interval', str(120 / s),
+  # The simulator routes on the whole prompt; the gateway on its first --max-tokenize-chars
+  # characters (262,144 by default: about 26K tokens of the traces' words, where S9's agent
+  # contexts reach 110K). Whole prompts here, as in the simulator (docs/BENCHMARKS.md, S9
+  # and S10 over HTTP).
+  '--max-tokenize-chars', str(4 << 20),
 ]))")
 
 pids=()
@@ -105,16 +111,22 @@ for entry in "${entries[@]}"; do
     name=${override%%=*}
     flags+=("--${name//_/-}" "${override#*=}")
   done
-  # shellcheck disable=SC2086 # $scaled is a list of flags; later flags (the entry's) win.
+  # shellcheck disable=SC2086 # $scaled and GATEWAY_FLAGS are lists of flags; later flags (the entry's) win.
   "$kvgate" launch --port $port --worker-urls "${workers[@]}" \
     --kv-events-endpoints "${events[@]}" --kv-events-replay-endpoints "${replays[@]}" \
-    --mock-tokenizer --log-level warn $scaled "${flags[@]}" > "$out/gateway-${label// /_}.log" 2>&1 &
+    --mock-tokenizer --log-level warn $scaled ${GATEWAY_FLAGS:-} "${flags[@]}" > "$out/gateway-${label// /_}.log" 2>&1 &
   gateway=$!; pids+=($gateway)
   sleep 3
   json="$out/http-${#jsons[@]}.json"; jsons+=("$json")
   "$kvgate" replay --trace "$trace" --url "http://127.0.0.1:$port" --label "$label" --speedup "$speedup" \
     "${limit[@]}" --flush-cache-urls "${workers[@]}" --pause-secs "${PAUSE_SECS:-5}" \
     --fleet-kv-tokens "$fleet_kv" --json "$json" | tee -a "$out/http.md"
+  # What each side saw, for reading a gap: the gateway's decisions (route reasons) and each
+  # engine's counters (prefix-cache queries and hits: where the prompt tokens were computed).
+  curl -s "http://127.0.0.1:$port/metrics" > "$out/gateway-${label// /_}.metrics" || true
+  for url in "${workers[@]}"; do
+    curl -s "$url/metrics" | sed "s|^|$url |"
+  done > "$out/engines-${label// /_}.metrics" || true
   kill "$gateway" 2>/dev/null || true; wait "$gateway" 2>/dev/null || true
   port=$((port + 2)) # the port after each --port is its admin listener
 done
@@ -142,4 +154,16 @@ for report in http:
     cells = [f"{m[k] * scale:,.0f} / {s[k]:,.0f} = {m[k] * scale / s[k]:.2f}" for k in keys]
     cells.append(f"{100 * m['cache_hit_rate']:.1f}% / {100 * s['cache_hit_rate']:.1f}%")
     print(f"| {label} | " + " | ".join(cells) + " |")
+# Closed-loop traces: the sessions' makespans (first send to last answer), same scaling.
+sessions = [(r["label"], r.get("sessions"), runs[r["label"]].get("sessions")) for r in http]
+if any(h and s for _, h, s in sessions):
+    keys = ["makespan_mean_ms", "makespan_p50_ms", "makespan_p99_ms"]
+    print()
+    print("| policy | sessions HTTP / sim | " + " | ".join(f"session {k[:-3]} HTTP / sim" for k in keys) + " |")
+    print("| --- |" + " ---: |" * (len(keys) + 1))
+    for label, h, s in sessions:
+        if h and s:
+            cells = [f"{h['sessions']} / {s['sessions']}"]
+            cells += [f"{h[k] * scale:,.0f} / {s[k]:,.0f} = {h[k] * scale / s[k]:.2f}" for k in keys]
+            print(f"| {label} | " + " | ".join(cells) + " |")
 PY

@@ -30,7 +30,13 @@ const MAX_READ_BODY: usize = 1 << 20;
 /// What the index predicted for one request on the worker it was sent to.
 #[derive(Clone, Debug)]
 pub struct Probe {
+    /// The prompt tokens the prediction covers: the whole prompt, or its first
+    /// `--max-tokenize-chars` characters' tokens when `cut`.
     pub prompt_tokens: u32,
+    /// The request was routed on the start of a longer prompt (`--max-tokenize-chars`): what
+    /// the engine serves cached beyond `prompt_tokens` is out of the index's sight by design,
+    /// not an index fault, so the closed loop compares the routed prefix alone.
+    pub cut: bool,
     /// Leading prompt tokens the exact index says the worker's engine holds (any tier).
     pub predicted: u32,
     /// The decision was made on the exact index (the engines' events flowed).
@@ -64,6 +70,7 @@ impl Probe {
         let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Probe {
             prompt_tokens: clamp(tokens.len()),
+            cut: false,
             predicted: clamp(matched.matched(worker)),
             exact,
             model_window: None,
@@ -214,6 +221,22 @@ impl UsageTap {
     }
 }
 
+/// The prompt tokens and the engine's cached tokens the closed loop compares with the
+/// prediction: the engine's own prompt length where it says (a wrong template changes the
+/// gateway's) and all it served cached; for a request routed on the start of a longer prompt
+/// (`cut`), that start alone, and what the engine served cached within it (an agent's 100K-token
+/// context past `--max-tokenize-chars` is served from the cache the index cannot see; counting
+/// it as missed would call a healthy index wrong).
+fn compared(probe: &Probe, usage: Option<EngineUsage>) -> (u32, Option<u32>) {
+    let cached = usage.and_then(|usage| usage.cached_tokens);
+    if probe.cut {
+        return (probe.prompt_tokens, cached.map(|cached| cached.min(probe.prompt_tokens)));
+    }
+    let prompt_tokens =
+        usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(probe.prompt_tokens);
+    (prompt_tokens, cached)
+}
+
 /// Adds one answered request to the worker's series and window, and logs a disagreement raised
 /// or cleared by it.
 pub fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<EngineUsage>) {
@@ -229,9 +252,7 @@ pub fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<En
         }
         _ => 0,
     };
-    // The engine's own prompt length where it says (a wrong template changes the gateway's).
-    let prompt_tokens =
-        usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(probe.prompt_tokens);
+    let (prompt_tokens, compared) = compared(&probe, usage);
     // Written through the worker's series, each resolved once: none is made again once the
     // worker is removed.
     let series = &worker.series;
@@ -246,9 +267,14 @@ pub fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<En
     if evicted > 0 {
         add(&own.evicted_after_routing_requests, &metrics.prefix_evicted_after_routing_requests, 1);
     }
-    add(&own.prompt_tokens, &metrics.prefix_prompt_tokens, prompt_tokens);
+    // The counters keep the engine's own figures (the whole prompt, all it served cached).
+    let engine_prompt =
+        usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(prompt_tokens);
+    add(&own.prompt_tokens, &metrics.prefix_prompt_tokens, engine_prompt);
     if let Some(cached) = cached {
         add(&own.engine_cached_tokens, &metrics.prefix_engine_cached_tokens, cached);
+    }
+    if let Some(cached) = compared {
         add(
             &own.missed_cached_tokens,
             &metrics.prefix_missed_cached_tokens,
@@ -270,7 +296,7 @@ pub fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<En
     let sample = AccuracySample {
         prompt_tokens,
         predicted: probe.predicted - evicted,
-        engine_cached: cached,
+        engine_cached: compared,
         exact: probe.exact,
     };
     match worker.record_accuracy(sample) {
@@ -328,6 +354,45 @@ pub fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<En
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvgate_index::{AccuracySettings, IndexAccuracy, LikelyCause};
+
+    fn probe(prompt_tokens: u32, predicted: u32, cut: bool) -> Probe {
+        Probe { prompt_tokens, cut, predicted, exact: true, model_window: None, removed_at: 0, tenant: None }
+    }
+
+    fn usage(prompt_tokens: u32, cached_tokens: u32) -> Option<EngineUsage> {
+        Some(EngineUsage {
+            prompt_tokens: Some(prompt_tokens),
+            cached_tokens: Some(cached_tokens),
+            completion_tokens: Some(1),
+        })
+    }
+
+    /// An agent's turn: a 100K-token context routed on its first 26K tokens (what
+    /// `--max-tokenize-chars` 262,144 leaves of the trace words), the index predicting all of
+    /// them cached and the engine serving 99K. The window compares the routed start (no
+    /// disagreement); the same answers on a prompt that was not cut are the engine serving what
+    /// the index misses, and raise one.
+    #[test]
+    fn a_cut_prompt_is_compared_on_its_routed_start() {
+        assert_eq!(compared(&probe(26_000, 25_984, true), usage(100_000, 99_000)), (26_000, Some(26_000)));
+        assert_eq!(compared(&probe(26_000, 25_984, true), usage(100_000, 10_000)), (26_000, Some(10_000)));
+        assert_eq!(compared(&probe(1_000, 990, false), usage(1_003, 1_000)), (1_003, Some(1_000)));
+        assert_eq!(compared(&probe(1_000, 990, true), None), (1_000, None));
+        for (cut, raised) in [(true, None), (false, Some(LikelyCause::IndexUnderclaims))] {
+            let mut accuracy = IndexAccuracy::new(AccuracySettings::default());
+            let mut cause = None;
+            for _ in 0..AccuracySettings::default().window {
+                let (prompt_tokens, engine_cached) =
+                    compared(&probe(26_000, 25_984, cut), usage(100_000, 99_000));
+                let sample = AccuracySample { prompt_tokens, predicted: 25_984, engine_cached, exact: true };
+                if let Some(AccuracyChange::Raised(disagreement)) = accuracy.record(sample) {
+                    cause = Some(disagreement.cause);
+                }
+            }
+            assert_eq!(cause, raised, "cut: {cut}");
+        }
+    }
 
     #[test]
     fn the_usage_chunk_is_asked_for_first_and_the_rest_kept_byte_for_byte() {

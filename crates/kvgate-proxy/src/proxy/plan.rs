@@ -321,7 +321,9 @@ impl Pick {
         let probe =
             Probe::predict(index, tokens, namespace, self.hashes.as_ref(), self.decision.worker, exact);
         let model_window = Some(self.pool.prefix.accuracy.clone());
-        Some(Probe { model_window, removed_at: self.worker.kv_removed_blocks(), ..probe })
+        // Routed on the start of a longer prompt: its estimated length is past the tokens.
+        let cut = request.prompt_tokens > tokens.len() as u64;
+        Some(Probe { model_window, removed_at: self.worker.kv_removed_blocks(), cut, ..probe })
     }
 
     /// What kv_aware predicted for the request on the chosen worker, for its policy to learn
