@@ -300,7 +300,7 @@ async fn wait_queued(url: &str, waiting: u64) {
 /// (`kvgate_prefix_evicted_after_routing_*`) and raises no disagreement over a full window.
 ///
 /// Each round orders it: conversations' first turns cached and indexed; a blocker that holds the
-/// engine's one running slot; behind it a request whose 31 blocks evict everything cached; behind
+/// engine's one running slot; behind it a request taking all 32 blocks (evicting everything); behind
 /// that the conversations' second turns, routed while the index still holds their first turns.
 /// The engine serves them nothing cached. Every claim in the window is such a request: without
 /// counting them apart, all of them would be wrong and a disagreement raised.
@@ -315,9 +315,9 @@ async fn eviction_after_routing_is_counted_apart_and_raises_nothing() {
         args.force_max_tokens = true;
         args.engine_flags.kv_capacity_tokens = Some(512);
         args.engine_flags.max_running_requests = Some(1);
-        // Model time at wall speed, 12 ms a decode step: the blocker's 80 tokens hold the slot
-        // about a second while the test queues the rest behind it, and the evictor's 24 tokens
-        // give its removal events some 300 ms to reach the gateway before a doomed turn answers.
+        // Model time at wall speed, 12 ms a decode step: the blocker's 100 tokens hold the slot
+        // 1.2 s while the test queues the rest behind it, and the evictor's 40 tokens give its
+        // removal events half a second to reach the gateway before a doomed turn answers.
         args.engine_flags.decode_base_ms = Some(12.0);
     })
     .await;
@@ -335,10 +335,10 @@ async fn eviction_after_routing_is_counted_apart_and_raises_nothing() {
             send_turn(&gw, conversation, 1, 0).await;
             wait_indexed(&gw, &fleet, &prompt_tokens(conversation, 1)).await;
         }
-        let blocker = send_words(&gw, format!("blocker{round}"), 20, 80);
+        let blocker = send_words(&gw, format!("blocker{round}"), 20, 100);
         let queued = async {
             wait_queued(engine, 0).await;
-            let evictor = send_words(&gw, format!("evictor{round}"), 460, 24);
+            let evictor = send_words(&gw, format!("evictor{round}"), 460, 40);
             let doomed = async {
                 wait_queued(engine, 1).await;
                 let turns = conversations.iter().map(|&conversation| send_turn(&gw, conversation, 2, 0));
