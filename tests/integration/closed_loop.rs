@@ -201,6 +201,10 @@ async fn a_template_that_differs_after_a_shared_start_is_detected() {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let mut cfg = kv_events_config(&fleet);
+        // The closed loop alone (as in the test above): the probe's quarantine would empty the
+        // window on a machine slow enough for the run to outlast it.
+        cfg.alignment_probe = false;
+        cfg.index_repair = kvgate_index::IndexRepair::Warn;
         if let Some(template) = template {
             let path = dir.join("template.jinja");
             std::fs::write(&path, template).unwrap();
