@@ -339,7 +339,42 @@ async fn a_closed_loop_disagreement_is_repaired() {
         worker["index_accuracy"]["requests"].as_u64().unwrap_or(0) < 100,
         "the window was emptied: {worker:#}"
     );
+    // Its disagreement went with it: /workers and the gauge agree.
+    assert!(worker["index_accuracy"]["disagreement"].is_null(), "{worker:#}");
+    let text = metrics_text(&gw).await;
+    assert_eq!(metric(&text, "kvgate_prefix_index_disagreement"), 0.0, "{text}");
     assert!(worker["alignment"].is_null(), "the probe is off: {worker:#}");
+    gw.shutdown().await;
+    fleet.shutdown().await;
+}
+
+/// A quarantine sets a worker's holdings aside for routing, not for the closed loop: the exact
+/// index still follows its engine's events and predicts each answer, so the wrong chat template
+/// the probe quarantined the worker for is raised by the closed loop as that once the window
+/// fills again, not as events that do not flow because the tree decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarantined_worker_s_window_names_the_fault_it_still_sees() {
+    let fleet = kv_events_fleet(1).await;
+    let template = common::WrongTemplate::new("alignment-quarantined");
+    let mut cfg = probing(kv_events_config(&fleet), IndexRepair::Quarantine);
+    cfg.chat_template = Some(template.path.clone());
+    let gw = gateway(cfg).await;
+    let url = &fleet.urls()[0];
+    let (seen, _) = concluded(&gw, url, "failed", Some("template_or_content_format"), INTERVAL + SLACK).await;
+    assert_eq!(seen["quarantined"], true, "{seen:#}");
+    // 102 answers, each decided on the tree: the quarantine holds (no probe passes on this
+    // template, and a repeated finding empties nothing).
+    for c in 0..34 {
+        for turns in 1..=3 {
+            assert_eq!(turn(&gw, c, turns).await, "approximate", "quarantined");
+        }
+    }
+    let worker = workers(&gw).await.remove(0);
+    let accuracy = &worker["index_accuracy"];
+    assert_eq!(accuracy["requests"], 100, "{worker:#}");
+    assert_eq!(accuracy["disagreement"]["cause"], "tokenizer_or_template", "{worker:#}");
+    let text = metrics_text(&gw).await;
+    assert_eq!(metric(&text, "kvgate_prefix_index_disagreement"), 1.0, "{text}");
     gw.shutdown().await;
     fleet.shutdown().await;
 }

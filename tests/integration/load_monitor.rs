@@ -138,11 +138,14 @@ async fn share_of_idle(policy: PolicyKind) -> usize {
     let idle = upstream("idle", "m").await;
     *busy.loads_body.lock().unwrap() = sglang_loads(0.9, 200, 50_000);
     *idle.loads_body.lock().unwrap() = sglang_loads(0.05, 1, 0);
-    let gw = gateway(with_policy(
+    let mut cfg = with_policy(
         vec![busy.url.clone(), idle.url.clone()],
         PolicyConfig { policy, ..PolicyConfig::default() },
-    ))
-    .await;
+    );
+    // A sample is fresh for three intervals: at 50 ms a starved runtime (a loaded CI machine) lets
+    // both go stale between two polls, and a policy rightly routes blind on in-flight counts.
+    cfg.load_monitor_interval_ms = 1000;
+    let gw = gateway(cfg).await;
     let gw_url = gw.url();
     assert!(
         eventually(5.0, async || {

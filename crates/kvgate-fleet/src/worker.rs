@@ -290,10 +290,12 @@ impl Worker {
     }
 
     /// Empties the closed loop's window (its index was repaired: what it said was about the
-    /// holdings that went).
-    pub fn reset_accuracy(&self) {
+    /// holdings that went); returns whether a disagreement was in force (it goes with them).
+    pub fn reset_accuracy(&self) -> bool {
         let mut accuracy = self.accuracy.lock().unwrap_or_else(|p| p.into_inner());
+        let raised = accuracy.disagreement().is_some();
         *accuracy = IndexAccuracy::new(AccuracySettings::default());
+        raised
     }
 
     /// Whether its KV events flow and its holdings are trusted for routing (not quarantined).

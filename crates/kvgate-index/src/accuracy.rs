@@ -17,7 +17,8 @@ pub struct AccuracySample {
     pub prompt_tokens: u32,
     pub predicted: u32,
     pub engine_cached: Option<u32>,
-    /// The exact index decided (the engines' events flowed for every candidate).
+    /// The worker's engine's events flowed into the exact index the prediction came from (false:
+    /// the index knew nothing of that engine's cache).
     pub exact: bool,
 }
 
@@ -72,7 +73,8 @@ impl Default for AccuracySettings {
 pub enum LikelyCause {
     /// The engine's answers carry no cached-token count.
     EngineReportsNothing,
-    /// The index decided without the engines' events (the approximate tree).
+    /// The predictions were made without the worker's engine's events (its subscription not
+    /// flowing).
     EventsNotFlowing,
     /// The index matched nothing where the engine served cached tokens: the gateway's token ids
     /// differ from the engine's from the start.
@@ -102,8 +104,8 @@ impl LikelyCause {
                  (SGLang's OpenAI API: --enable-cache-report)"
             }
             LikelyCause::EventsNotFlowing => {
-                "the engines' KV events are not flowing, so the approximate tree decided: check \
-                 --kv-events-endpoints and the engines' --kv-events-config"
+                "the engines' KV events are not flowing, so the index knows nothing of their caches: \
+                 check --kv-events-endpoints and the engines' --kv-events-config"
             }
             LikelyCause::TokenizerOrTemplate => {
                 "the index matches none of what the engine caches: the gateway's tokenizer or chat \

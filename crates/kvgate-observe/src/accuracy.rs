@@ -39,7 +39,7 @@ pub struct Probe {
     pub cut: bool,
     /// Leading prompt tokens the exact index says the worker's engine holds (any tier).
     pub predicted: u32,
-    /// The decision was made on the exact index (the engines' events flowed).
+    /// The worker's KV events flowed into the exact index the prediction came from.
     pub exact: bool,
     /// The model's window (every worker's answers), once the pool is known.
     pub model_window: Option<Arc<ModelAccuracy>>,

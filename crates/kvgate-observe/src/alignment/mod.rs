@@ -144,7 +144,7 @@ impl Alignment {
         let advice = "the closed loop's predicted and engine-reported cached tokens disagree (see its \
                       warning and /workers' index_accuracy)";
         let finding = Finding { worker, model, source: Source::ClosedLoop, cause, advice };
-        repair::repair(&finding, self.settings.repair, &self.metrics.alignment);
+        repair::repair(&finding, self.settings.repair, &self.metrics);
         worker.index_health.request_probe();
     }
 
@@ -186,7 +186,7 @@ impl Alignment {
                     cause: cause.as_str(),
                     advice: cause.advice(),
                 };
-                let repaired = repair::repair(&finding, self.settings.repair, metrics);
+                let repaired = repair::repair(&finding, self.settings.repair, &self.metrics);
                 let repeated = earlier.and_then(|earlier| earlier.cause()) == Some(cause);
                 repaired && !repeated && self.settings.repair != IndexRepair::Warn
             }

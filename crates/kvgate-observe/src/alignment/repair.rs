@@ -5,12 +5,14 @@
 //! routes on the approximate tree under `--prefix-index auto`) until a probe of it passes;
 //! `warn` only says so. Each action is logged with its cause and counted in
 //! `kvgate_index_repairs_total{model,source,cause,action}`; resync and quarantine also empty the
-//! worker's closed-loop window, since what it measured was about the holdings set aside.
+//! worker's closed-loop window, since what it measured was about the holdings set aside (and a
+//! disagreement it had raised goes with it: `kvgate_prefix_index_disagreement` back to 0, as
+//! `/workers` shows it).
 
 use kvgate_index::IndexRepair;
 
 use kvgate_fleet::worker::Worker;
-use kvgate_gateway_core::metrics::AlignmentMetrics;
+use kvgate_gateway_core::metrics::{AlignmentMetrics, Metrics};
 
 /// What found the index wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,21 +40,22 @@ pub(super) struct Finding<'a> {
 }
 
 /// Acts on a finding; returns whether an action was taken (false: already quarantined).
-pub(super) fn repair(finding: &Finding<'_>, action: IndexRepair, metrics: &AlignmentMetrics) -> bool {
+pub(super) fn repair(finding: &Finding<'_>, action: IndexRepair, all: &Metrics) -> bool {
     let Finding { worker, model, source, cause, advice } = *finding;
+    let metrics = &all.alignment;
     let health = &worker.index_health;
     let taken = match action {
         IndexRepair::Warn => true,
         IndexRepair::Resync => {
             health.request_resync();
-            worker.reset_accuracy();
+            empty_window(worker, model, all);
             true
         }
         IndexRepair::Quarantine => {
             let changed = health.set_quarantined(true);
             if changed {
                 worker.series.write(|url| metrics.quarantined.with_label_values(&[model, url]).set(1));
-                worker.reset_accuracy();
+                empty_window(worker, model, all);
             }
             changed
         }
@@ -80,6 +83,14 @@ pub(super) fn repair(finding: &Finding<'_>, action: IndexRepair, metrics: &Align
         "the worker's KV index does not describe its engine: {advice}; {done}"
     );
     true
+}
+
+/// Empties the worker's closed-loop window; the disagreement it had raised, if any, is no longer
+/// in force (its gauge, left at 1, would never be cleared: only a raised window clears).
+fn empty_window(worker: &Worker, model: &str, metrics: &Metrics) {
+    if worker.reset_accuracy() {
+        worker.series.write(|url| metrics.prefix_index_disagreement.with_label_values(&[model, url]).set(0));
+    }
 }
 
 /// A probe of a quarantined worker passed: its holdings route again.

@@ -316,7 +316,11 @@ impl Pick {
         if !self.pool.has_kv_events {
             return None;
         }
-        let exact = self.decision.index == Some(IndexKind::Exact);
+        // The prediction comes from the exact index whichever index decided: it is the worker's
+        // engine's own view while its events flow (a quarantine routes on the tree, its events
+        // still flowing: the window goes on judging the index, and a wrong template is named as
+        // such, not as events that do not flow).
+        let exact = self.worker.kv_events_flowing();
         let index = &self.pool.prefix.exact;
         let probe =
             Probe::predict(index, tokens, namespace, self.hashes.as_ref(), self.decision.worker, exact);
