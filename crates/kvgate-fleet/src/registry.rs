@@ -114,6 +114,8 @@ pub struct PoolSnapshot {
     pub workers: Vec<Arc<Worker>>,
     /// Pools by model name.
     pub models: BTreeMap<String, ModelPools>,
+    /// Each pooled worker's pool, built on first use.
+    pool_by_worker: OnceLock<HashMap<WorkerId, Arc<ModelPool>>>,
 }
 
 impl PoolSnapshot {
@@ -145,6 +147,30 @@ impl PoolSnapshot {
     /// Every pool of every model.
     pub fn pools(&self) -> impl Iterator<Item = &Arc<ModelPool>> {
         self.models.values().flat_map(ModelPools::all)
+    }
+
+    /// Load reports the load snapshot published (`fetched_at_ms` stamped), told to the policies
+    /// of the workers' pools ([`Policy::on_load_reports`]) at `now_ms`.
+    pub fn tell_load_reports(
+        &self,
+        reports: &[(WorkerId, kvgate_policy::LoadSample)],
+        now_ms: u64,
+        poll_ms: u64,
+    ) {
+        let by_worker = self.pool_by_worker.get_or_init(|| {
+            self.pools().flat_map(|pool| pool.workers.iter().map(move |w| (w.id, pool.clone()))).collect()
+        });
+        let mut groups: Vec<(&Arc<ModelPool>, Vec<(WorkerId, kvgate_policy::LoadSample)>)> = Vec::new();
+        for &(id, sample) in reports {
+            let Some(pool) = by_worker.get(&id) else { continue };
+            match groups.iter_mut().find(|(known, _)| Arc::ptr_eq(known, pool)) {
+                Some((_, group)) => group.push((id, sample)),
+                None => groups.push((pool, vec![(id, sample)])),
+            }
+        }
+        for (pool, group) in groups {
+            pool.policy.on_load_reports(&group, now_ms, poll_ms);
+        }
     }
 }
 
@@ -374,7 +400,11 @@ impl Registry {
             };
             *pools.entry(model).or_default().slot(role) = Some(Arc::new(pool));
         }
-        self.snapshot.store(Arc::new(PoolSnapshot { workers, models: pools }));
+        self.snapshot.store(Arc::new(PoolSnapshot {
+            workers,
+            models: pools,
+            pool_by_worker: OnceLock::new(),
+        }));
     }
 
     /// A pool of more than `ORDER_ABOVE` workers keeps a load order (every worker in it), one of
