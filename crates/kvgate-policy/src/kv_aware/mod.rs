@@ -18,6 +18,7 @@
 mod predict;
 mod rate;
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use kvgate_index::PrefixMatch;
@@ -66,6 +67,9 @@ struct State {
     rates: EngineRates,
     /// When the pool's recent requests were routed.
     arrivals: Arrivals,
+    /// Each engine's latest load report since the last request sent on a shortlist
+    /// ([`Policy::on_load_reports`]), observed when the next one is sent.
+    landed: BTreeMap<WorkerId, crate::LoadSample>,
 }
 
 /// The routing times of the pool's recent requests (the last four load-poll intervals).
@@ -125,6 +129,7 @@ impl KvAwarePolicy {
                     saturated_intervals: config.kv_aware_rate_saturated_intervals,
                 }),
                 arrivals: Arrivals::default(),
+                landed: BTreeMap::new(),
             }),
         }
     }
@@ -400,7 +405,22 @@ impl Policy for KvAwarePolicy {
     fn on_routed(&self, routed: &Routed<'_>) {
         let (now_ms, poll_ms) = (routed.now_ms, routed.load_poll_interval_ms);
         let mut state = self.lock();
-        let State { routed: log, rates, arrivals } = &mut *state;
+        let State { routed: log, rates, arrivals, landed } = &mut *state;
+        // A decision on a shortlist of a large pool: every engine's latest report is observed,
+        // not only the shortlist's (whose reports alone would leave the others pending, and
+        // every decision learning on a copy of every engine's rates). On a whole pool, as
+        // before: the candidates' reports, each engine's latest as the decision saw it.
+        if routed.candidates.pool_size() > routed.candidates.len() {
+            let reports: Vec<Candidate> = std::mem::take(landed)
+                .into_iter()
+                .map(|(id, load)| Candidate { id, in_flight: 0, load: Some(load) })
+                .collect();
+            observe_reports(rates, &reports, log, now_ms, poll_ms);
+        } else {
+            for c in routed.candidates.iter() {
+                landed.remove(&c.id);
+            }
+        }
         observe_reports(rates, &routed.candidates, log, now_ms, poll_ms);
         let uncached = routed.decision.uncached_tokens.unwrap_or(0.0);
         let sent = Sent { requests: 1.0, tokens: uncached };
@@ -409,17 +429,14 @@ impl Policy for KvAwarePolicy {
         arrivals.record(now_ms, poll_ms);
     }
 
-    /// The reports as they land teach the rates (`rate.rs`), once each: a decision then finds
-    /// none pending and reads the rates in place, instead of learning on a copy of every
-    /// engine's (at 10,000 workers most of a decision's time).
-    fn on_load_reports(&self, reports: &[(WorkerId, crate::LoadSample)], now_ms: u64, poll_ms: u64) {
+    /// The reports as they land, kept until the next request sent (each engine's latest): a
+    /// decision on a large pool's shortlist then finds none pending among its candidates (they
+    /// were observed when the last request was sent) and reads the rates in place, instead of
+    /// learning on a copy of every engine's (at 10,000 workers most of a decision's time).
+    fn on_load_reports(&self, reports: &[(WorkerId, crate::LoadSample)], _now_ms: u64, _poll_ms: u64) {
         let mut state = self.lock();
-        let State { routed: log, rates, .. } = &mut *state;
         for &(id, load) in reports {
-            let report = Candidate { id, in_flight: 0, load: Some(load) };
-            if let Some(load) = fresh_load(&report, now_ms, poll_ms) {
-                rates.observe(id, &load, log, poll_ms);
-            }
+            state.landed.insert(id, load);
         }
     }
 
@@ -432,6 +449,7 @@ impl Policy for KvAwarePolicy {
         let mut state = self.lock();
         state.routed.forget(worker);
         state.rates.forget(worker);
+        state.landed.remove(&worker);
     }
 }
 
