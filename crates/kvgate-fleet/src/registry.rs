@@ -107,6 +107,9 @@ struct ModelState {
     order: Option<Arc<PoolOrder>>,
 }
 
+/// Load reports of workers, as published.
+type Reports = Vec<(WorkerId, kvgate_policy::LoadSample)>;
+
 /// An immutable view of the registry.
 #[derive(Default)]
 pub struct PoolSnapshot {
@@ -160,7 +163,7 @@ impl PoolSnapshot {
         let by_worker = self.pool_by_worker.get_or_init(|| {
             self.pools().flat_map(|pool| pool.workers.iter().map(move |w| (w.id, pool.clone()))).collect()
         });
-        let mut groups: Vec<(&Arc<ModelPool>, Vec<(WorkerId, kvgate_policy::LoadSample)>)> = Vec::new();
+        let mut groups: Vec<(&Arc<ModelPool>, Reports)> = Vec::new();
         for &(id, sample) in reports {
             let Some(pool) = by_worker.get(&id) else { continue };
             match groups.iter_mut().find(|(known, _)| Arc::ptr_eq(known, pool)) {

@@ -114,11 +114,9 @@ fn the_order_follows_every_change_of_the_pool() {
             3..=4 if !held.is_empty() => drop(held.swap_remove(rng.random_range(0..held.len()))),
             5 => publish(&state, &[(worker.id, sample(rng.random_range(0..WORKERS), 1_000 + step))]),
             6 => state.loads.forget(worker.id),
-            7 => {
-                // Health lost (the health loop forgets the sample), or regained.
-                if worker.record_health(!worker.is_healthy(), 1, 1) == Some(false) {
-                    state.loads.forget(worker.id);
-                }
+            // Health lost (the health loop forgets the sample), or regained.
+            7 if worker.record_health(!worker.is_healthy(), 1, 1) == Some(false) => {
+                state.loads.forget(worker.id)
             }
             8 => {
                 let routable: HashSet<WorkerId> =
