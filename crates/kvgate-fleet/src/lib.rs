@@ -2,7 +2,7 @@
 //!
 //! The workers (`worker`: health counters, in-flight count, circuit breaker; `index_health`: a
 //! worker's alignment state), the registry of pools (`registry`) with each pool's tokenization
-//! (`tokenize`), the engines' last loads (`load_snapshot`), and the loops that keep them current:
+//! (`tokenize`), a large pool's load order (`pool_order`), the engines' last loads (`load_snapshot`), and the loops that keep them current:
 //! health checks (`health`), the load monitor (`monitor`), the schedule both poll on
 //! (`poll_schedule`), the KV-event subscriptions
 //! (`kv_events`), registration (`registration`) and Kubernetes discovery (`discovery`). Nothing here
@@ -15,6 +15,7 @@ pub mod kv_events;
 pub mod load_snapshot;
 pub mod monitor;
 pub mod poll_schedule;
+pub mod pool_order;
 pub mod registration;
 pub mod registry;
 pub mod tokenize;

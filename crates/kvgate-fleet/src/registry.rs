@@ -1,15 +1,17 @@
 //! The worker registry: the set of workers grouped by model and role (regular, prefill, decode),
 //! each group with its own policy instance and prefix indexes, published as an immutable
-//! snapshot that the request path reads without locks.
+//! snapshot that the request path reads without locks. A large pool keeps a load order of its
+//! workers across snapshots (`pool_order`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use kvgate_index::{ApproxIndex, BlockIndex, InFlightBlocks, PeerBlocks};
-use kvgate_policy::{build_policy, Policy, PolicyConfig, PolicyKind};
+use kvgate_policy::{build_policy, Policy, PolicyConfig, PolicyKind, WorkerId};
 
+use crate::pool_order::{OrderBook, PoolOrder, ORDER_ABOVE};
 use crate::worker::{CircuitSettings, Worker};
 use kvgate_gateway_core::config::KvEventsSource;
 use kvgate_gateway_core::metrics::{Metrics, PoolSeries};
@@ -28,6 +30,23 @@ pub struct ModelPool {
     pub series: PoolSeries,
     /// Whether any of its workers publishes KV events (the exact index can be fed).
     pub has_kv_events: bool,
+    /// Its load order, kept while it has more than `ORDER_ABOVE` workers.
+    pub order: Option<Arc<PoolOrder>>,
+    /// Each worker's place in `workers`, built on first use (a large pool's lookups).
+    by_id: OnceLock<HashMap<WorkerId, usize>>,
+}
+
+impl ModelPool {
+    /// The pool's worker `id`: by a map built once per snapshot for a pool that keeps an order,
+    /// else by a walk over its workers.
+    pub fn worker(&self, id: WorkerId) -> Option<&Arc<Worker>> {
+        if self.order.is_none() {
+            return self.workers.iter().find(|w| w.id == id);
+        }
+        let by_id =
+            self.by_id.get_or_init(|| self.workers.iter().enumerate().map(|(at, w)| (w.id, at)).collect());
+        by_id.get(&id).map(|&at| &self.workers[at])
+    }
 }
 
 /// One model's pools: regular workers, and the two sides of a disaggregated fleet.
@@ -85,7 +104,11 @@ struct ModelState {
     config: Arc<PolicyConfig>,
     policy: Arc<dyn Policy>,
     prefix: Arc<ModelPrefix>,
+    order: Option<Arc<PoolOrder>>,
 }
+
+/// Load reports of workers, as published.
+type Reports = Vec<(WorkerId, kvgate_policy::LoadSample)>;
 
 /// An immutable view of the registry.
 #[derive(Default)]
@@ -94,6 +117,8 @@ pub struct PoolSnapshot {
     pub workers: Vec<Arc<Worker>>,
     /// Pools by model name.
     pub models: BTreeMap<String, ModelPools>,
+    /// Each pooled worker's pool, built on first use.
+    pool_by_worker: OnceLock<HashMap<WorkerId, Arc<ModelPool>>>,
 }
 
 impl PoolSnapshot {
@@ -125,6 +150,30 @@ impl PoolSnapshot {
     /// Every pool of every model.
     pub fn pools(&self) -> impl Iterator<Item = &Arc<ModelPool>> {
         self.models.values().flat_map(ModelPools::all)
+    }
+
+    /// Load reports the load snapshot published (`fetched_at_ms` stamped), told to the policies
+    /// of the workers' pools ([`Policy::on_load_reports`]) at `now_ms`.
+    pub fn tell_load_reports(
+        &self,
+        reports: &[(WorkerId, kvgate_policy::LoadSample)],
+        now_ms: u64,
+        poll_ms: u64,
+    ) {
+        let by_worker = self.pool_by_worker.get_or_init(|| {
+            self.pools().flat_map(|pool| pool.workers.iter().map(move |w| (w.id, pool.clone()))).collect()
+        });
+        let mut groups: Vec<(&Arc<ModelPool>, Reports)> = Vec::new();
+        for &(id, sample) in reports {
+            let Some(pool) = by_worker.get(&id) else { continue };
+            match groups.iter_mut().find(|(known, _)| Arc::ptr_eq(known, pool)) {
+                Some((_, group)) => group.push((id, sample)),
+                None => groups.push((pool, vec![(id, sample)])),
+            }
+        }
+        for (pool, group) in groups {
+            pool.policy.on_load_reports(&group, now_ms, poll_ms);
+        }
     }
 }
 
@@ -175,6 +224,8 @@ pub struct Registry {
     peer_blocks: usize,
     /// Most workers registered at once (`--max-workers`).
     max_workers: usize,
+    /// Which large pool's load order each of its workers is in.
+    orders: Arc<OrderBook>,
 }
 
 impl Registry {
@@ -199,7 +250,14 @@ impl Registry {
             metrics,
             peer_blocks,
             max_workers,
+            orders: Arc::default(),
         }
+    }
+
+    /// The large pools' load orders, for the load snapshot to tell of its changes
+    /// (`LoadSnapshot::with_orders`).
+    pub fn orders(&self) -> Arc<OrderBook> {
+        self.orders.clone()
     }
 
     /// The current snapshot (cheap; no lock).
@@ -269,6 +327,7 @@ impl Registry {
             state.prefix.peers.remove_tenant(removed.id);
         }
         self.publish(&mut models, workers);
+        self.orders.detach(&removed);
         self.metrics.remove_worker(&removed.series);
         removed.conns.clear();
         removed.stop_kv_events();
@@ -324,8 +383,9 @@ impl Registry {
         models.retain(|key, _| grouped.contains_key(key));
         let mut pools: BTreeMap<String, ModelPools> = BTreeMap::new();
         for ((model, role), workers) in grouped {
-            let state =
-                models.entry((model.clone(), role)).or_insert_with(|| self.new_pool(&model, role)).clone();
+            let state = models.entry((model.clone(), role)).or_insert_with(|| self.new_pool(&model, role));
+            self.keep_order(state, &workers);
+            let state = state.clone();
             for worker in &workers {
                 state.policy.add_worker(worker.id, &worker.url);
             }
@@ -338,10 +398,42 @@ impl Registry {
                 policy: state.policy,
                 prefix: state.prefix,
                 series: PoolSeries::default(),
+                order: state.order,
+                by_id: OnceLock::new(),
             };
             *pools.entry(model).or_default().slot(role) = Some(Arc::new(pool));
         }
-        self.snapshot.store(Arc::new(PoolSnapshot { workers, models: pools }));
+        self.snapshot.store(Arc::new(PoolSnapshot {
+            workers,
+            models: pools,
+            pool_by_worker: OnceLock::new(),
+        }));
+    }
+
+    /// A pool of more than `ORDER_ABOVE` workers keeps a load order (every worker in it), one of
+    /// at most half that many drops it; new workers of a pool that keeps one join it.
+    fn keep_order(&self, state: &mut ModelState, workers: &[Arc<Worker>]) {
+        match &state.order {
+            None if workers.len() > ORDER_ABOVE => {
+                let order = Arc::new(PoolOrder::default());
+                for worker in workers {
+                    self.orders.attach(worker, &order);
+                }
+                state.order = Some(order);
+            }
+            Some(_) if workers.len() <= ORDER_ABOVE / 2 => {
+                for worker in workers {
+                    self.orders.detach(worker);
+                }
+                state.order = None;
+            }
+            Some(order) => {
+                for worker in workers.iter().filter(|worker| !worker.is_in(order)) {
+                    self.orders.attach(worker, order);
+                }
+            }
+            None => {}
+        }
     }
 
     /// The policy configuration of `model`'s pool of `role`: the model's options (`models:`,
@@ -378,6 +470,7 @@ impl Registry {
                 })
             },
             config,
+            order: None,
         }
     }
 }

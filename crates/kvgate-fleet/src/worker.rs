@@ -5,11 +5,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use kvgate_index::{AccuracyChange, AccuracySample, AccuracySettings, Disagreement, IndexAccuracy};
 use kvgate_policy::WorkerId;
 use serde::Serialize;
 
 use crate::index_health::IndexHealth;
+use crate::pool_order::PoolOrder;
 use kvgate_gateway_core::config::KvEventsSource;
 use kvgate_gateway_core::conn::ConnPool;
 use kvgate_gateway_core::decisions::RoutedTally;
@@ -206,6 +208,8 @@ pub struct Worker {
     pub routed: RoutedTally,
     /// The alignment probe's last report, its quarantine, the resync signal.
     pub index_health: IndexHealth,
+    /// Its pool's load order, while the pool is large enough to keep one (`pool_order`).
+    order: ArcSwapOption<PoolOrder>,
 }
 
 impl Worker {
@@ -249,6 +253,7 @@ impl Worker {
             accuracy: Mutex::new(IndexAccuracy::new(AccuracySettings::default())),
             routed: RoutedTally::default(),
             index_health: IndexHealth::default(),
+            order: ArcSwapOption::empty(),
         }
     }
 
@@ -364,7 +369,7 @@ impl Worker {
     }
 
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.healthy.load(Ordering::SeqCst)
     }
 
     /// Whether the worker may take new requests at `now`.
@@ -379,6 +384,28 @@ impl Worker {
     pub fn begin_request(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.requests_begun.fetch_add(1, Ordering::Relaxed);
+        self.refresh_order();
+    }
+
+    /// Its pool's load order, if the pool keeps one.
+    pub fn order(&self) -> Option<Arc<PoolOrder>> {
+        self.order.load_full()
+    }
+
+    /// Whether it is kept in `order`.
+    pub fn is_in(&self, order: &Arc<PoolOrder>) -> bool {
+        self.order.load().as_ref().is_some_and(|kept| Arc::ptr_eq(kept, order))
+    }
+
+    pub(crate) fn set_order(&self, order: Option<Arc<PoolOrder>>) {
+        self.order.store(order);
+    }
+
+    /// Moves it in its pool's load order (if any) to its state now.
+    fn refresh_order(&self) {
+        if let Some(order) = &*self.order.load() {
+            order.refresh(self);
+        }
     }
 
     /// Requests sent to it so far.
@@ -398,6 +425,7 @@ impl Worker {
 
     pub fn end_request(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.refresh_order();
     }
 
     /// Apply one health-check result; returns the new health when it changed.
@@ -411,14 +439,14 @@ impl Worker {
             self.consecutive_health_failures.store(0, Ordering::Relaxed);
             let successes = self.consecutive_health_successes.fetch_add(1, Ordering::Relaxed) + 1;
             if !self.is_healthy() && successes >= success_threshold {
-                self.healthy.store(true, Ordering::Relaxed);
+                self.set_healthy(true);
                 return Some(true);
             }
         } else {
             self.consecutive_health_successes.store(0, Ordering::Relaxed);
             let failures = self.consecutive_health_failures.fetch_add(1, Ordering::Relaxed) + 1;
             if self.is_healthy() && failures >= failure_threshold {
-                self.healthy.store(false, Ordering::Relaxed);
+                self.set_healthy(false);
                 return Some(false);
             }
         }
@@ -427,7 +455,10 @@ impl Worker {
 
     /// Force the health state (first probe of a new worker).
     pub fn set_healthy(&self, healthy: bool) {
-        self.healthy.store(healthy, Ordering::Relaxed);
+        // SeqCst with the order's handle (an `ArcSwap`): a worker attached to an order while its
+        // health changes is refreshed by one side or the other after the change.
+        self.healthy.store(healthy, Ordering::SeqCst);
+        self.refresh_order();
     }
 }
 

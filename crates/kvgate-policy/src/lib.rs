@@ -340,6 +340,18 @@ pub trait Policy: Send + Sync {
     /// routed, the session bound, the next turn taken). Live plans only, once per request sent.
     fn on_routed(&self, _routed: &Routed<'_>) {}
 
+    /// Load reports landed (the host's load monitor published them, each stamped with when it
+    /// was fetched): a policy that learns from them does so here, once per report, so that a
+    /// decision reads what it learned instead of learning on a copy. Called by the host for the
+    /// pool's workers' reports as it publishes them, only while it polls loads.
+    fn on_load_reports(
+        &self,
+        _reports: &[(WorkerId, LoadSample)],
+        _now_ms: u64,
+        _load_poll_interval_ms: u64,
+    ) {
+    }
+
     /// A request sent where this policy decided has answered: what the host measured (kv_aware
     /// learns its engines' speed from it). Called at most once per request, after `on_routed`.
     fn on_answered(&self, _answered: &Answered) {}

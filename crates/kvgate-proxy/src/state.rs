@@ -164,7 +164,7 @@ impl AppState {
             config.replica_sync_max_blocks,
             config.max_workers,
         ));
-        let loads = Arc::new(LoadSnapshot::new(config.load_poll_interval_ms()));
+        let loads = Arc::new(LoadSnapshot::with_orders(config.load_poll_interval_ms(), registry.orders()));
         let health_check = HealthCheck {
             upstream: Upstream { client: client.clone(), tls: upstream_tls.clone() },
             endpoint: config.health_check_endpoint.clone(),

@@ -5,7 +5,7 @@
 //! worker, the clock advancing 1 ms per decision and every sample refreshed once a simulated
 //! second. Above `SHORTLIST_ABOVE` workers the plan decides on a shortlist, found on the pool's
 //! kept load order (`LoadOrder`, brought up to date when the samples are refreshed, outside the
-//! timed calls) on odd calls and by one pass over the offer of every worker on even calls, the
+//! timed calls, when the policy is told of the reports too) on odd calls and by one pass over the offer of every worker on even calls, the
 //! two paths side by side on one pool. Beside each timed plan the policy decides on the whole
 //! pool (a dry run, on the read-only tree) for the ratio and for how often the shortlist's choice
 //! is as good: the same prefix credited and no more requests in flight (cache_aware), a
@@ -56,11 +56,16 @@ impl Bench {
         (bench, prompts)
     }
 
-    /// One millisecond on; the refreshed samples published to the kept order too.
+    /// One millisecond on; the refreshed samples published to the kept order too, and told to
+    /// the policy as they land (`Policy::on_load_reports`, as the gateway's load monitor and the
+    /// simulator tell it).
     fn tick(&mut self) {
         common::tick(&mut self.now_ms, &mut self.fleet.workers);
         if self.now_ms.is_multiple_of(1000) {
             self.fleet.keep_order();
+            let reports: Vec<_> =
+                self.fleet.workers.iter().filter_map(|c| c.load.map(|load| (c.id, load))).collect();
+            self.fleet.policy.on_load_reports(&reports, self.now_ms, 1000);
         }
     }
 

@@ -31,6 +31,11 @@ fn usable(candidate: &Candidate) -> Option<&LoadSample> {
     candidate.load.as_ref().filter(|load| load.token_usage.is_finite())
 }
 
+/// When `candidate`'s usable sample was fetched (the oldest-sample order's key).
+fn age(candidate: &Candidate) -> Option<u64> {
+    usable(candidate).map(|load| load.fetched_at_ms)
+}
+
 /// `(in flight, KV usage, queued)`: the least-loaded order's key.
 pub(crate) type LeastKey = (u64, u64, u64);
 
@@ -90,20 +95,40 @@ impl LoadOrder {
         self.workers.get(&worker).map(|(candidate, _)| candidate)
     }
 
-    /// Adds `candidate`'s worker, or moves it to its new keys.
+    /// Adds `candidate`'s worker, or moves it to its new keys. Only the orders whose key changed
+    /// are touched: a sample stamped again with the same load (the load monitor carries a quiet
+    /// engine's sample forward) moves the worker in the oldest-sample order alone.
     pub fn set(&mut self, candidate: Candidate) {
         match self.workers.get(&candidate.id) {
-            Some((old, _)) if *old == candidate => return,
+            Some((old, _)) if *old == candidate => (),
             Some(&(old, at)) => {
-                self.unkey(&old);
                 self.workers.insert(candidate.id, (candidate, at));
+                let ((old_least, old_coldest, old_queued), new) = (keys(&old), keys(&candidate));
+                if (old_least, old_coldest, old_queued) != new {
+                    let id = candidate.id;
+                    self.least.remove(&(old_least, id));
+                    self.coldest.remove(&(old_coldest, id));
+                    self.least_queued.remove(&(old_queued, id));
+                    self.least.insert((new.0, id));
+                    self.coldest.insert((new.1, id));
+                    self.least_queued.insert((new.2, id));
+                }
+                let (old_age, new_age) = (age(&old), age(&candidate));
+                if old_age != new_age {
+                    if let Some(at) = old_age {
+                        self.by_age.remove(&(at, old.id));
+                    }
+                    if let Some(at) = new_age {
+                        self.by_age.insert((at, candidate.id));
+                    }
+                }
             }
             None => {
                 self.workers.insert(candidate.id, (candidate, self.ids.len()));
                 self.ids.push(candidate.id);
+                self.key(&candidate);
             }
         }
-        self.key(&candidate);
     }
 
     /// A request routed to or finished on `worker` (no change for a worker not in the order).
@@ -138,8 +163,8 @@ impl LoadOrder {
         self.least.insert((least, candidate.id));
         self.coldest.insert((coldest, candidate.id));
         self.least_queued.insert((queued, candidate.id));
-        if let Some(load) = usable(candidate) {
-            self.by_age.insert((load.fetched_at_ms, candidate.id));
+        if let Some(at) = age(candidate) {
+            self.by_age.insert((at, candidate.id));
         }
     }
 
@@ -148,8 +173,8 @@ impl LoadOrder {
         self.least.remove(&(least, candidate.id));
         self.coldest.remove(&(coldest, candidate.id));
         self.least_queued.remove(&(queued, candidate.id));
-        if let Some(load) = usable(candidate) {
-            self.by_age.remove(&(load.fetched_at_ms, candidate.id));
+        if let Some(at) = age(candidate) {
+            self.by_age.remove(&(at, candidate.id));
         }
     }
 

@@ -616,6 +616,7 @@ impl<'a> Simulation<'a> {
                 worker,
                 pool::load_sample(&load, now),
                 self.setup.overload.enabled(),
+                self.setup.load_monitor_interval_ms,
             );
             if pool > 0 {
                 if let Some(pd) = &mut self.outcome.pd {

@@ -417,7 +417,7 @@ class Gateway:
         load_monitor_interval_ms: Milliseconds between engine load polls (used only while a
             policy consumes loads); the same flag as `kvgate sim`'s. The gateway polls a worker
             that is sent requests every interval, one whose answers repeat while nothing is
-            routed to it up to 8 intervals apart (its last answer carried forward), and spreads
+            routed to it up to 16 intervals apart (its last answer carried forward), and spreads
             first polls over the interval
         load_monitor_interval: Deprecated spelling of the load poll interval, in seconds; when
             given it wins over --load-monitor-interval-ms

@@ -162,7 +162,7 @@ pub struct GatewayConfig {
 
     /// Milliseconds between engine load polls (used only while a policy consumes loads); the
     /// same flag as `kvgate sim`'s. The gateway polls a worker that is sent requests every
-    /// interval, one whose answers repeat while nothing is routed to it up to 8 intervals apart
+    /// interval, one whose answers repeat while nothing is routed to it up to 16 intervals apart
     /// (its last answer carried forward), and spreads first polls over the interval.
     #[arg(long, default_value_t = 1000)]
     pub load_monitor_interval_ms: u64,

@@ -3,7 +3,8 @@
 //! (the tree or the exact index, as `kvgate_index::choose_index` says; learning for a live plan,
 //! read only for a dry run; merged with the peers' blocks under replica sync). And, for a live
 //! plan the gateway sends, the decisions recorded: metrics, the worker's counts, the decision log,
-//! the peers told of a choice made on the tree.
+//! the peers told of a choice made on the tree. A large pool's candidate search reads the load
+//! order the pool keeps (`kvgate_fleet::pool_order`) instead of an offer of every worker.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,7 +14,7 @@ use kvgate_index::{
     PrefixIndexMode, PromptBlocks, PromptHashes, ReadOnlyTree,
 };
 use kvgate_policy::{Candidate, Decision, PdPath, Policy, PrefixIndex, RouteRequest, RoutingKey, WorkerId};
-use kvgate_route::{IndexMode, Offer, Planning};
+use kvgate_route::{IndexMode, KeptOrder, Offer, Planning};
 
 use crate::replica_sync::Routed as PeerRouted;
 use crate::state::AppState;
@@ -65,7 +66,31 @@ impl kvgate_route::Pool for PoolView<'_> {
     }
 
     fn member(&self, worker: WorkerId) -> Option<bool> {
-        self.pool.workers.iter().find(|w| w.id == worker).map(|w| w.is_routable(Instant::now()))
+        self.pool.worker(worker).map(|w| w.is_routable(Instant::now()))
+    }
+
+    /// A large pool's kept order: its healthy workers (a worker whose circuit is open is counted
+    /// among them, and left out by the lookup), each looked up as the offer would give it. Not
+    /// under replica sync: the order knows this gateway's requests in flight, not the peers'.
+    fn with_order(&self, search: &mut dyn FnMut(KeptOrder<'_>)) -> bool {
+        let Some(order) = &self.pool.order else { return false };
+        if self.state.replica_sync.is_some() {
+            return false;
+        }
+        let now = Instant::now();
+        let loads = self.state.loads.load();
+        let lookup = |id: WorkerId| {
+            let w = self.pool.worker(id).filter(|w| w.is_routable(now))?;
+            Some(Candidate { id, in_flight: w.in_flight(), load: loads.get(&id).copied() })
+        };
+        // Whether every routable worker's KV events flow: a walk over the pool, only when some
+        // worker publishes them (the flag is false at once otherwise).
+        let events_flowing = self.pool.has_kv_events
+            && self.pool.workers.iter().filter(|w| w.is_routable(now)).all(|w| w.kv_events_trusted());
+        order.with(|order| {
+            search(KeptOrder { order, lookup: &lookup, routable: order.len(), events_flowing })
+        });
+        true
     }
 
     /// The pool's `--prefix-index`, except that a pool with a quarantined worker (its holdings

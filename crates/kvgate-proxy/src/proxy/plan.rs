@@ -383,4 +383,6 @@ pub(super) enum RoutePlan {
 }
 
 #[cfg(test)]
+mod large_pool_tests;
+#[cfg(test)]
 mod tests;

@@ -168,10 +168,12 @@ impl SimPool {
     }
 
     /// Publishes `worker`'s load sample to the plan if the policy or the overload protection
-    /// (`overload`: on) reads loads (as the gateway polls only then).
-    pub fn record_load(&mut self, worker: usize, sample: LoadSample, overload: bool) {
+    /// (`overload`: on) reads loads (as the gateway polls only then), and tells the policy of it
+    /// as it lands, as the gateway's load monitor does (`poll_ms`: the polls' interval).
+    pub fn record_load(&mut self, worker: usize, sample: LoadSample, overload: bool, poll_ms: u64) {
         if self.needs_loads || overload {
             self.loads[worker] = Some(sample);
+            self.policy.on_load_reports(&[(worker as WorkerId, sample)], sample.fetched_at_ms, poll_ms);
         }
     }
 }

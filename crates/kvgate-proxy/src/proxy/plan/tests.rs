@@ -191,10 +191,12 @@ fn both(
                 let arrived: Vec<(u32, LoadSample)> =
                     workers.iter().map(|w| w.id).zip(loads.iter().copied()).collect();
                 state.loads.publish(&arrived, &registered);
+                state.registry.snapshot().tell_load_reports(&arrived, step.now_ms, POLL_MS);
             }
             for (pool, sim) in sims.iter_mut().enumerate() {
                 for worker in 0..sim.n_workers() {
-                    sim.record_load(worker, loads[firsts[pool] as usize + worker], overload.enabled());
+                    let sample = loads[firsts[pool] as usize + worker];
+                    sim.record_load(worker, sample, overload.enabled(), POLL_MS);
                 }
             }
         }
