@@ -9,6 +9,7 @@ mod common;
 
 mod alignment;
 mod attempts;
+mod bursts;
 mod closed_loop;
 mod dashboard;
 mod dp_aware;

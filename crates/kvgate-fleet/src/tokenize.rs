@@ -6,14 +6,18 @@
 //! conversation never stalls the I/O threads and the requests they serve; only inputs of at
 //! most [`INLINE_BYTES`] are tokenized inline, where the hand-off would cost more than the work.
 //! An input longer than `--max-tokenize-chars` is tokenized up to that many characters (the
-//! prefix the exact index matches on), and when more than `--tokenizer-queue-size` inputs wait,
-//! a request routes on its text (the approximate tree) instead of waiting. Both are counted in
-//! `kvgate_tokenize_limited_total`. A text key is cut at the same length, so what the tree
-//! records of one request is bounded too.
+//! prefix the exact index matches on). A burst of requests waits in the pool's queue for its
+//! tokens, so it is routed on the exact index like any other; only when more than
+//! `--tokenizer-queue-size` inputs wait, or a request's tokens are not ready within
+//! `--tokenizer-queue-timeout-secs`, does it route on its text (the approximate tree) instead
+//! (an input whose request stopped waiting is skipped when its turn comes). All three are
+//! counted in `kvgate_tokenize_limited_total`. A text key is cut at the same length, so what the
+//! tree records of one request is bounded too.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use kvgate_tokenizer::{Tokenizer, TokenizerError};
@@ -36,6 +40,8 @@ pub struct Tokenization {
     pending: Arc<AtomicUsize>,
     /// Most pending inputs: the threads plus the queue.
     capacity: usize,
+    /// Longest a request waits for its tokens.
+    wait: Duration,
     max_chars: usize,
     metrics: Arc<Metrics>,
 }
@@ -49,17 +55,22 @@ enum Input {
 }
 
 /// Why a request was not tokenized.
+#[derive(Debug)]
 enum Skipped {
-    /// The pool's queue is full.
+    /// The pool's queue is full (or the pool is shutting down).
     Busy,
+    /// Its tokens were not ready within the wait.
+    Late,
     Failed(TokenizerError),
 }
 
 impl Tokenization {
+    /// `threads` tokenizing, up to `queue` inputs waiting for them, a request waiting at most
+    /// `wait` for its tokens.
     pub fn new(
         tokenizer: Tokenizer,
         threads: usize,
-        queue: usize,
+        (queue, wait): (usize, Duration),
         max_chars: usize,
         metrics: Arc<Metrics>,
     ) -> Result<Tokenization, String> {
@@ -72,7 +83,8 @@ impl Tokenization {
             tokenizer: Arc::new(tokenizer),
             pool,
             pending: Arc::default(),
-            capacity: threads + queue,
+            capacity: threads.saturating_add(queue),
+            wait,
             max_chars,
             metrics,
         })
@@ -107,14 +119,18 @@ impl Tokenization {
             (self.tokenizer.clone(), self.pending.clone(), self.metrics.clone());
         let max_chars = self.max_chars;
         self.pool.spawn(move || {
-            let result = encode(&tokenizer, input, max_chars);
+            // A request that stopped waiting (late, or gone) is not tokenized.
+            let result = (!done.is_closed()).then(|| encode(&tokenizer, input, max_chars));
             pending.fetch_sub(1, Ordering::AcqRel);
             metrics.tokenizer_pending.dec();
-            let _ = done.send(result); // the request may have gone
+            if let Some(result) = result {
+                let _ = done.send(result); // the request may have gone meanwhile
+            }
         });
-        match answer.await {
-            Ok(result) => result.map_err(Skipped::Failed),
-            Err(_) => Err(Skipped::Busy), // the pool dropped the job (shutting down)
+        match tokio::time::timeout(self.wait, answer).await {
+            Ok(Ok(result)) => result.map_err(Skipped::Failed),
+            Ok(Err(_)) => Err(Skipped::Busy), // the pool dropped the job (shutting down)
+            Err(_) => Err(Skipped::Late),
         }
     }
 }
@@ -168,7 +184,7 @@ fn first_chars_of_key(key: OwnedKey<'_>, max_chars: usize) -> OwnedKey<'_> {
 /// prompt, `--max-tokenize-chars`), and the prompt's estimated length in tokens. Tokenizes only
 /// when the model's workers publish KV events, the policy matches against the exact index, and
 /// a tokenizer is configured; a request the tokenizer cannot handle (or the busy pool does not
-/// take) is routed on its text (never refused).
+/// take, or does not finish in time) is routed on its text (never refused).
 pub async fn routing_key<'a>(
     tokenization: Option<&Tokenization>,
     metrics: &Metrics,
@@ -222,6 +238,10 @@ pub async fn routing_key<'a>(
             limited("queue_full");
             text_key()
         }
+        Err(Skipped::Late) => {
+            limited("queue_timeout");
+            text_key()
+        }
         Err(Skipped::Failed(error)) => {
             metrics.tokenize_failures.with_label_values(&[endpoint.label()]).inc();
             tracing::debug!(endpoint = endpoint.label(), %error, "could not tokenize; routing on the text");
@@ -232,7 +252,92 @@ pub async fn routing_key<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::first_chars;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use super::{first_chars, Input, Metrics, Skipped, Tokenization, INLINE_BYTES};
+    use kvgate_gateway_core::config::GatewayConfig;
+    use kvgate_tokenizer::Tokenizer;
+
+    /// One tokenizer thread, `queue` inputs waiting, `wait` for tokens; and a gate holding the
+    /// thread busy until it is dropped, so that every input handed to the pool queues.
+    fn held_pool(queue: usize, wait: Duration) -> (std::sync::Arc<Tokenization>, mpsc::Sender<()>) {
+        let metrics = std::sync::Arc::new(Metrics::new());
+        let tokenization = Tokenization::new(Tokenizer::mock(), 1, (queue, wait), 1 << 20, metrics).unwrap();
+        let (gate, held) = mpsc::channel::<()>();
+        tokenization.pool.spawn(move || {
+            let _ = held.recv();
+        });
+        (std::sync::Arc::new(tokenization), gate)
+    }
+
+    /// A prompt of `words` words distinct per `seed`, longer than what is tokenized inline.
+    fn prompt(seed: usize, words: usize) -> String {
+        let text = (0..words).map(|i| format!("s{seed}w{i}")).collect::<Vec<_>>().join(" ");
+        assert!(text.len() > INLINE_BYTES);
+        text
+    }
+
+    /// Polls until `done`, at most 30 s.
+    async fn until(mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "not within 30 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// An RL step's samples arrive at once: 400 requests (the default queue took 64, and S10's
+    /// bursts are ~336) all wait for the one busy tokenizer thread and each gets its own tokens.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_requests_waits_for_its_tokens_in_the_default_queue() {
+        let defaults = GatewayConfig::default();
+        let burst = 400;
+        assert!(defaults.tokenizer_queue_size >= burst);
+        let (tokenization, gate) = held_pool(defaults.tokenizer_queue_size, Duration::from_secs(600));
+        let tasks: Vec<_> = (0..burst)
+            .map(|seed| {
+                let tokenization = tokenization.clone();
+                tokio::spawn(async move { tokenization.encode(Input::Prompt(prompt(seed, 400))).await })
+            })
+            .collect();
+        until(|| tokenization.metrics.tokenizer_pending.get() == burst as i64).await;
+        drop(gate);
+        for (seed, task) in tasks.into_iter().enumerate() {
+            let (ids, cut) = task.await.unwrap().expect("tokenized, not skipped");
+            assert_eq!(
+                (ids, cut),
+                (tokenization.tokenizer.encode_prompt(&prompt(seed, 400)).unwrap(), false)
+            );
+        }
+        until(|| tokenization.pending.load(std::sync::atomic::Ordering::Acquire) == 0).await;
+    }
+
+    /// Past the queue's size a request routes on its text at once, and past its wait it stops
+    /// waiting; its input is then skipped, not tokenized, when the thread comes free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_or_a_late_answer_routes_on_the_text() {
+        let (tokenization, gate) = held_pool(2, Duration::from_millis(200));
+        let tasks: Vec<_> = (0..3)
+            .map(|seed| {
+                let tokenization = tokenization.clone();
+                tokio::spawn(async move { tokenization.encode(Input::Prompt(prompt(seed, 400))).await })
+            })
+            .collect();
+        until(|| tokenization.metrics.tokenizer_pending.get() == 3).await;
+        // One thread and two places, all taken (the gate's job is not counted).
+        let full = tokenization.encode(Input::Prompt(prompt(9, 400))).await;
+        assert!(matches!(full, Err(Skipped::Busy)), "{full:?}");
+        for task in tasks {
+            let late = task.await.unwrap();
+            assert!(matches!(late, Err(Skipped::Late)), "{late:?}");
+        }
+        drop(gate);
+        until(|| tokenization.metrics.tokenizer_pending.get() == 0).await;
+        // The late inputs left the queue: the pool tokenizes again.
+        let (ids, _) = tokenization.encode(Input::Prompt(prompt(1, 400))).await.unwrap();
+        assert_eq!(ids.len(), 400);
+    }
 
     #[test]
     fn a_text_is_cut_after_its_first_characters_not_bytes() {

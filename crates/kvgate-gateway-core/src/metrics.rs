@@ -409,7 +409,7 @@ impl Metrics {
             ),
             tokenize_limited: counter(
                 "kvgate_tokenize_limited_total",
-                "Requests not tokenized whole, by endpoint and reason: prefix (longer than --max-tokenize-chars: routed on the ids of its first characters), queue_full (the tokenizer threads' queue was full: routed on its text).",
+                "Requests not tokenized whole, by endpoint and reason: prefix (longer than --max-tokenize-chars: routed on the ids of its first characters), queue_full (the tokenizer threads' queue was full: routed on its text), queue_timeout (its tokens were not ready within --tokenizer-queue-timeout-secs: routed on its text).",
                 &["endpoint", "reason"],
             ),
             tokenizer_pending: register(

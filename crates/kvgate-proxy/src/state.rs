@@ -117,7 +117,10 @@ impl AppState {
             Some(tokenizer) => Some(Arc::new(Tokenization::new(
                 tokenizer,
                 config.tokenizer_thread_count(),
-                config.tokenizer_queue_size,
+                (
+                    config.tokenizer_queue_size,
+                    Duration::try_from_secs_f64(config.tokenizer_queue_timeout_secs).unwrap_or(Duration::MAX),
+                ),
                 config.max_tokenize_chars,
                 metrics.clone(),
             )?)),

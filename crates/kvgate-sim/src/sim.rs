@@ -305,9 +305,11 @@ impl<'a> Simulation<'a> {
         let arrivals = arrivals::Arrivals::new(trace, &order, setup.rate_scale);
         let arrival_us = (0..order.len()).map(|position| arrivals.schedule.timestamp_us(position)).collect();
         let mut engines = Vec::new();
-        for pool in &pools {
+        let mut pools = pools;
+        for pool in &mut pools {
             for worker in 0..pool.n_workers() {
                 let config = setup.engines.get(pool.first_engine + worker).unwrap_or(&setup.engine);
+                pool.learn_layout(worker, config.block_size);
                 engines.push(Engine::new(EngineConfig {
                     emit_kv_events: pool.wants_kv_events() || outside.is_some() || kv_sink.is_some(),
                     ..config.clone()

@@ -299,6 +299,27 @@ fn exact_and_approximate_indexes_run_side_by_side() {
 }
 
 #[test]
+fn a_burst_before_any_prefill_ends_is_matched_on_the_prompts_in_flight() {
+    // An RL step's samples at once (docs/SCENARIOS.md S10), before any engine has stored a
+    // block: the exact index knows the engines' block size from the start (as the gateway's
+    // does once its alignment probe's canary is stored, at worker join), so the samples after
+    // the first match it in flight, as over the approximate tree, instead of spreading blind.
+    let requests = (0..12).map(|_| request(0.0, 4096, 4, &[0, 1, 2, 3])).collect();
+    let report = simulate(
+        &args("cache_aware:prefix_index=approximate@approx,cache_aware@exact", 8),
+        &Trace { requests },
+    );
+    let count = |run: usize, name: &str| {
+        report.runs[run].decisions.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c)
+    };
+    for run in [0, 1] {
+        assert_eq!(count(run, "cache_hit"), 11, "{:?}", report.runs[run].decisions);
+    }
+    assert_eq!(count(1, "prefix_index=exact"), 12);
+    assert_eq!(report.runs[1].metrics.cache_hit_rate, report.runs[0].metrics.cache_hit_rate);
+}
+
+#[test]
 fn the_exact_index_knows_what_engines_evicted() {
     // Engines that hold one prompt's blocks at a time: after a detour the prefix is gone from
     // the engine, and only the exact index knows it (the tree still sends it home, a phantom hit).
@@ -329,12 +350,14 @@ mod tenants;
 
 #[test]
 fn kv_events_out_writes_every_engines_stream_in_order() {
-    // Round robin over two engines of tiny KV caches: both store, and both evict.
+    // Two engines of tiny KV caches given prompts of their own (so cache_aware, too, spreads
+    // them by load): both store, and both evict.
     let path = std::env::temp_dir().join(format!("kvgate-sim-kv-events-{}.jsonl", std::process::id()));
     let mut args = args("round_robin,cache_aware", 2);
     args.engine.kv_capacity_tokens = Some(4096);
     args.kv_events_out = Some(path.clone());
-    let trace = shared_prefix_trace(20, 50.0);
+    let requests = (0..20u64).map(|i| request(i as f64 * 50.0, 1024, 4, &[2 * i + 7000, 2 * i + 7001]));
+    let trace = Trace { requests: requests.collect() };
     run_on_trace(&args, &trace, false).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::remove_file(&path).unwrap();

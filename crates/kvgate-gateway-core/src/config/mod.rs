@@ -127,10 +127,16 @@ pub struct GatewayConfig {
     /// half the CPU cores, at least one). Inputs of at most 2 KiB are tokenized inline.
     #[arg(long, value_name = "N")]
     pub tokenizer_threads: Option<usize>,
-    /// Inputs waiting for a tokenizer thread beyond the running ones; when it is full a request
-    /// routes on its text (the approximate tree) instead of waiting.
-    #[arg(long, default_value_t = 64)]
+    /// Inputs waiting for a tokenizer thread beyond the running ones: a burst of requests (an RL
+    /// step's samples, hundreds at once) waits here for its tokens and is routed on the exact
+    /// index; when it is full a request routes on its text (the approximate tree) at once.
+    #[arg(long, default_value_t = 4096)]
     pub tokenizer_queue_size: usize,
+    /// Longest a request waits for its tokens (queued, then tokenized), in seconds: past it, it
+    /// routes on its text (the approximate tree) and its input is not tokenized when its turn
+    /// comes, so a tokenizer that cannot keep up delays no request by more than this.
+    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    pub tokenizer_queue_timeout_secs: f64,
     /// Longest prompt routed on, in characters: a longer prompt (or rendered conversation) is
     /// routed on its first this-many characters (tokenized for the exact index, as text for the
     /// approximate tree), so one request costs the tokenizer and the tree a bounded amount.

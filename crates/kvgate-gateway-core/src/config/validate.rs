@@ -65,6 +65,7 @@ impl GatewayConfig {
             ("health_check_timeout_secs", Some(self.health_check_timeout_secs)),
             ("cb_timeout_duration_secs", Some(self.cb_timeout_duration_secs)),
             ("alignment_probe_interval_secs", Some(self.alignment_probe_interval_secs)),
+            ("tokenizer_queue_timeout_secs", Some(self.tokenizer_queue_timeout_secs)),
         ] {
             if let Some(value) = value {
                 checks.in_range(field, value, Range::POSITIVE);

@@ -144,6 +144,32 @@ impl SimPool {
         }
     }
 
+    /// The exact index learns `worker`'s engine's block size before the first request, as the
+    /// gateway's does when the worker joins (its alignment probe's canary: a stored block), so a
+    /// burst arriving before any engine has finished a prefill is matched on the prompts in
+    /// flight instead of routed blind: a block stored and evicted at once, leaving nothing held.
+    pub(super) fn learn_layout(&mut self, worker: usize, block_size: u32) {
+        if let Prefix::Exact { caches, .. } = &mut self.prefix {
+            let canary = u64::MAX; // an engine hash of the canary's one block (its cache's own)
+            let tokens = vec![0; block_size as usize];
+            let gpu = residency(Tier::Gpu);
+            let stored = caches[worker].apply_stored(StoredBlocks {
+                group: 0,
+                block_hashes: &[canary],
+                parent_block_hash: None,
+                token_ids: &tokens,
+                block_size,
+                lookahead: &[],
+                opaque: &[],
+                namespace: Namespace::BASE,
+                residency: gpu,
+            });
+            if stored.is_ok() {
+                caches[worker].apply_removed(0, &[canary], gpu);
+            }
+        }
+    }
+
     /// Applies `worker`'s KV event batches to the exact index; returns how many events it refused.
     pub(super) fn apply_kv_events(&mut self, worker: usize, batches: &[KvEventBatch]) -> u64 {
         let mut refused = 0;
