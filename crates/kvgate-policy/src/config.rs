@@ -216,10 +216,9 @@ pub struct PolicyConfig {
     #[arg(long, default_value_t = 8.0)]
     pub kv_aware_prefill_cost_weight: f64,
     /// kv_aware: weight of the congestion in the recompute cost: the request's own prefill time
-    /// counts once more for each request expected to arrive at the engine before its backlog
-    /// clears (the pool's arrival rate per engine x its queue and this prefill over 1 - its load,
-    /// the arriving prefill work over its rate, at most 0.9), so under a burst a prefix is
-    /// recomputed elsewhere only for a larger gain, >= 0.
+    /// counts once more for each request expected to arrive at the engine before its queue and
+    /// this prefill are done (the pool's arrival rate per engine x that time), so under a burst
+    /// a prefix is recomputed elsewhere only for a larger gain, >= 0.
     #[arg(long, default_value_t = 1.0)]
     pub kv_aware_queue_cost_weight: f64,
     /// kv_aware: weight of (requests running on the engine x the request's own prefill time) in
@@ -240,8 +239,7 @@ pub struct PolicyConfig {
     #[arg(long, default_value_t = 0.35)]
     pub kv_aware_decode_ms_per_request: f64,
     /// kv_aware: weight in seconds of the KV-pressure term k / (1 - k) (k = the engine's KV
-    /// usage), counted only where the wait for KV cannot be computed (no KV capacity
-    /// reported), >= 0.
+    /// usage), >= 0.
     #[arg(long, default_value_t = 0.15)]
     pub kv_aware_kv_pressure_weight: f64,
     /// kv_aware: 0 routes to the lowest predicted time to first token; above 0, samples among

@@ -269,10 +269,9 @@ class Gateway:
             alone
         kv_aware_queue_cost_weight: kv_aware: weight of the congestion in the recompute cost:
             the request's own prefill time counts once more for each request expected to arrive
-            at the engine before its backlog clears (the pool's arrival rate per engine x its
-            queue and this prefill over 1 - its load, the arriving prefill work over its rate,
-            at most 0.9), so under a burst a prefix is recomputed elsewhere only for a larger
-            gain, >= 0
+            at the engine before its queue and this prefill are done (the pool's arrival rate
+            per engine x that time), so under a burst a prefix is recomputed elsewhere only for
+            a larger gain, >= 0
         kv_aware_decode_stall_weight: kv_aware: weight of (requests running on the engine x the
             request's own prefill time) in the cost: an engine prefilling stalls its running
             requests' decode steps, so a long prefill is cheaper where fewer requests decode, >=
@@ -287,8 +286,7 @@ class Gateway:
         kv_aware_decode_ms_per_request: kv_aware: milliseconds each request running on an engine
             adds to a new request's wait, >= 0
         kv_aware_kv_pressure_weight: kv_aware: weight in seconds of the KV-pressure term k / (1
-            - k) (k = the engine's KV usage), counted only where the wait for KV cannot be
-            computed (no KV capacity reported), >= 0
+            - k) (k = the engine's KV usage), >= 0
         router_temperature: kv_aware: 0 routes to the lowest predicted time to first token;
             above 0, samples among candidates with weights exp(-(t - t_best) / (temperature *
             t_best)), >= 0
@@ -859,9 +857,9 @@ def simulate(
         duplicates a cached prefix), >= 0; 0 minimises the predicted time to first token alone
     kv_aware_queue_cost_weight: kv_aware: weight of the congestion in the recompute cost: the
         request's own prefill time counts once more for each request expected to arrive at the
-        engine before its backlog clears (the pool's arrival rate per engine x its queue and
-        this prefill over 1 - its load, the arriving prefill work over its rate, at most 0.9),
-        so under a burst a prefix is recomputed elsewhere only for a larger gain, >= 0
+        engine before its queue and this prefill are done (the pool's arrival rate per engine x
+        that time), so under a burst a prefix is recomputed elsewhere only for a larger gain, >=
+        0
     kv_aware_decode_stall_weight: kv_aware: weight of (requests running on the engine x the
         request's own prefill time) in the cost: an engine prefilling stalls its running
         requests' decode steps, so a long prefill is cheaper where fewer requests decode, >= 0
@@ -874,8 +872,7 @@ def simulate(
     kv_aware_decode_ms_per_request: kv_aware: milliseconds each request running on an engine
         adds to a new request's wait, >= 0
     kv_aware_kv_pressure_weight: kv_aware: weight in seconds of the KV-pressure term k / (1 - k)
-        (k = the engine's KV usage), counted only where the wait for KV cannot be computed (no
-        KV capacity reported), >= 0
+        (k = the engine's KV usage), >= 0
     router_temperature: kv_aware: 0 routes to the lowest predicted time to first token; above 0,
         samples among candidates with weights exp(-(t - t_best) / (temperature * t_best)), >= 0
     prefix_token_count: prefix_hash, consistent_hashing: prompt tokens (characters for text)

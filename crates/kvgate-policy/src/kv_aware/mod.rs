@@ -72,11 +72,10 @@ struct State {
     landed: BTreeMap<WorkerId, crate::LoadSample>,
 }
 
-/// The routing times of the pool's recent requests (the last four load-poll intervals), each
-/// with the uncached prompt tokens it brought its engine.
+/// The routing times of the pool's recent requests (the last four load-poll intervals).
 #[derive(Debug, Default)]
 struct Arrivals {
-    times: std::collections::VecDeque<(u64, f64)>,
+    times: std::collections::VecDeque<u64>,
 }
 
 impl Arrivals {
@@ -84,24 +83,19 @@ impl Arrivals {
         poll_ms.saturating_mul(4).max(1)
     }
 
-    fn record(&mut self, now_ms: u64, poll_ms: u64, uncached: f64) {
+    fn record(&mut self, now_ms: u64, poll_ms: u64) {
         let window = Self::window_ms(poll_ms);
-        while self.times.front().is_some_and(|&(at, _)| at + window < now_ms) {
+        while self.times.front().is_some_and(|&at| at + window < now_ms) {
             self.times.pop_front();
         }
-        self.times.push_back((now_ms, uncached));
+        self.times.push_back(now_ms);
     }
 
-    /// Requests and uncached prompt tokens per second over the window before `now_ms`.
-    fn per_sec(&self, now_ms: u64, poll_ms: u64) -> (f64, f64) {
+    /// Requests per second over the window before `now_ms`.
+    fn per_sec(&self, now_ms: u64, poll_ms: u64) -> f64 {
         let window = Self::window_ms(poll_ms);
-        let (mut requests, mut tokens) = (0.0, 0.0);
-        for &(_, uncached) in self.times.iter().filter(|&&(at, _)| at + window >= now_ms) {
-            requests += 1.0;
-            tokens += uncached;
-        }
-        let per_sec = 1000.0 / window as f64;
-        (requests * per_sec, tokens * per_sec)
+        let recent = self.times.iter().filter(|&&at| at + window >= now_ms).count();
+        recent as f64 * 1000.0 / window as f64
     }
 }
 
@@ -174,10 +168,7 @@ fn apply_wait_margin(scored: &mut [Scored], margin: f64, slack_s: f64) {
 /// prompt when larger): each takes KV for its answer, even a sample of a prompt held there
 /// (S10: counted only when the report showed requests waiting for KV, a burst of samples of
 /// one prompt went to its holder, 150 in flight there with its report at 71% KV, and waited
-/// 48 s for KV predicted at 0). `freed_share` is [`pool_freed_share`] (without one, the decode
-/// rate, a lower bound). `None` when the wait cannot be computed: no usable report, or a report
-/// without the KV capacity; the KV-pressure term then stands in for it
-/// ([`PredictedTtft::kv_s`]).
+/// 48 s for KV predicted at 0). `freed_share` is [`pool_freed_share`].
 fn kv_wait_s(
     candidate: &Candidate,
     load: Option<&crate::LoadSample>,
@@ -186,11 +177,12 @@ fn kv_wait_s(
     freed_share: Option<f64>,
     rates: Rates,
     uncached: f64,
-) -> Option<f64> {
-    let load = load?;
+) -> f64 {
+    let Some(load) = load else { return 0.0 };
     let floor = 1000.0 / rates.decode_ms_per_request.max(1e-3);
     let since = routed.sent_since(candidate.id, load.fetched_at_ms);
-    KvView::of(load, since, per_request, freed_share, floor).map(|view| view.wait_s(view.need(uncached)))
+    KvView::of(load, since, per_request, freed_share, floor)
+        .map_or(0.0, |view| view.wait_s(view.need(uncached)))
 }
 
 /// The share of a full engine's KV freed per second: the share of the pool's running requests
@@ -278,9 +270,7 @@ impl KvAwarePolicy {
         let prompt = request.prompt_tokens as f64;
         let whole_prompt = prompt_key(request);
         let recent_ms = now_ms.saturating_sub(poll_ms.saturating_mul(ROUTED_POLLS));
-        let (requests_per_sec, tokens_per_sec) = state.arrivals.per_sec(now_ms, poll_ms);
-        let pool_size = candidates.pool_size() as f64;
-        let (arrivals_per_sec, work_per_sec) = (requests_per_sec / pool_size, tokens_per_sec / pool_size);
+        let arrivals_per_sec = state.arrivals.per_sec(now_ms, poll_ms) / candidates.pool_size() as f64;
         let mut scored = candidates
             .iter()
             .enumerate()
@@ -321,7 +311,6 @@ impl KvAwarePolicy {
                     running,
                     kv_usage: kv[i],
                     arrivals_per_sec,
-                    work_per_sec,
                     kv_wait_s,
                 };
                 let predicted = predict(&s.predict, &view);
@@ -437,7 +426,7 @@ impl Policy for KvAwarePolicy {
         let sent = Sent { requests: 1.0, tokens: uncached };
         let prompt = prompt_key(routed.request);
         log.record_prompt(routed.decision.worker, now_ms, sent, prompt, poll_ms.saturating_mul(ROUTED_POLLS));
-        arrivals.record(now_ms, poll_ms, uncached);
+        arrivals.record(now_ms, poll_ms);
     }
 
     /// The reports as they land, kept until the next request sent (each engine's latest): a

@@ -1,11 +1,9 @@
 //! kv_aware's prediction of a request's time to first token on one engine: the prefill work
 //! queued ahead of it (the engine's last report, plus what was routed there since, minus what
 //! the engine has computed since), its own uncached prompt tokens, over the engine's prefill
-//! rate, plus a decode term, and the wait for KV: on an engine whose KV is taken, the request is
-//! admitted only once running requests have freed what the requests ahead of it and it need
-//! ([`crate::kv_wait`]; no prefill queued says nothing of that wait). A KV-pressure term stands
-//! in for that wait where it cannot be computed. Its cost to the others counts the requests its
-//! prefill delays: those arriving before the engine's backlog clears.
+//! rate, plus decode and KV-pressure terms, and the wait for KV: on an engine whose KV is taken,
+//! the request is admitted only once running requests have freed what the requests ahead of it
+//! and it need ([`crate::kv_wait`]; no prefill queued says nothing of that wait).
 
 use super::rate::attention_pairs;
 use super::Rates;
@@ -23,17 +21,12 @@ pub struct PredictedTtft {
     pub prefill_s: f64,
     /// Running requests slowing the engine's steps.
     pub decode_s: f64,
-    /// KV pressure: admission waits for blocks when the cache is nearly full. Only where the
-    /// wait for KV cannot be computed (`EngineView::kv_wait_s` is `None`): where it can, that
-    /// wait is the same delay, and counting both overestimated the wait where KV ran short (S7
-    /// seed 1: 31.1 s predicted on average for 9.7 s measured; 16.1 s for 9.3 s without the
-    /// term) and held requests off the engine holding their prefix.
+    /// KV pressure: admission waits for blocks when the cache is nearly full.
     pub kv_s: f64,
     /// Cost, not time to first token: the request's own prefill delays the requests that will
     /// queue behind it and duplicates a prefix held elsewhere: `prefill_s` x
     /// (`--kv-aware-prefill-cost-weight` + `--kv-aware-queue-cost-weight` x the requests
-    /// expected to arrive at the engine before its backlog clears: its queue and this prefill
-    /// over 1 - its load, the busy period they start).
+    /// expected to arrive at the engine before its queue and this prefill are done).
     pub recompute_s: f64,
     /// Cost, not time to first token: the engine's running requests stall while it prefills
     /// (`--kv-aware-decode-stall-weight` x running x `prefill_s`).
@@ -84,11 +77,6 @@ impl PredictedTtft {
         ]
     }
 }
-
-/// The highest load (arriving prefill work over the prefill rate) the busy period behind a
-/// request's prefill is computed at: at or above 1 the queue only grows while the load lasts, and
-/// the requests delayed are those of the next `1 / (1 - MAX_LOAD)` = 10 drain times.
-const MAX_LOAD: f64 = 0.9;
 
 /// The constants of the prediction (the rates are per engine: see `EngineRates`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -142,47 +130,30 @@ pub struct EngineView {
     pub kv_usage: Option<f64>,
     /// Requests per second arriving at an engine of the pool (the pool's rate over its size).
     pub arrivals_per_sec: f64,
-    /// Uncached prompt tokens per second arriving at an engine of the pool: over the prefill
-    /// rate, the share of the engine's time its arrivals' prefill takes (its load).
-    pub work_per_sec: f64,
-    /// Seconds the request would wait there for KV (see [`PredictedTtft::kv_wait_s`]); `None`
-    /// when it cannot be computed (no usable report with the KV capacity, or no rate at which
-    /// the pool frees KV), where the KV-pressure term stands in for it.
-    pub kv_wait_s: Option<f64>,
+    /// Seconds the request would wait there for KV (see [`PredictedTtft::kv_wait_s`]).
+    pub kv_wait_s: f64,
 }
 
 /// The predicted time to first token of a request on an engine, and its costs to the others.
 pub fn predict(settings: &PredictSettings, view: &EngineView) -> PredictedTtft {
-    let EngineView {
-        rates,
-        queued,
-        uncached,
-        context,
-        running,
-        kv_usage,
-        arrivals_per_sec,
-        work_per_sec,
-        kv_wait_s,
-    } = *view;
+    let EngineView { rates, queued, uncached, context, running, kv_usage, arrivals_per_sec, kv_wait_s } =
+        *view;
     let k = kv_usage.unwrap_or(0.0).clamp(0.0, 0.99);
     let rate = rates.prefill_tokens_per_sec;
     let attention_s = rates.context_ns_per_pair * 1e-9 * attention_pairs(uncached, context);
     let (queue_s, prefill_s) = (queued / rate, uncached / rate + attention_s);
-    // Work added to a queue delays every request arriving until the engine is idle again: a
-    // busy period that starts with the queue and this prefill lasts that work over (1 - load).
-    let load = (work_per_sec / rate).clamp(0.0, MAX_LOAD);
-    let behind = arrivals_per_sec * (queue_s + prefill_s) / (1.0 - load);
+    let behind = arrivals_per_sec * (queue_s + prefill_s);
     PredictedTtft {
         queue_s,
         prefill_s,
         decode_s: rates.decode_ms_per_request / 1000.0 * running as f64,
-        kv_s: if kv_wait_s.is_some() { 0.0 } else { settings.kv_pressure_weight * k / (1.0 - k) },
+        kv_s: settings.kv_pressure_weight * k / (1.0 - k),
         recompute_s: prefill_s * (settings.prefill_cost_weight + settings.queue_cost_weight * behind),
         stall_s: settings.decode_stall_weight * running as f64 * prefill_s,
         runner_up_s: None,
         base_s: rates.base_s,
         rates,
-        kv_wait_s: kv_wait_s.unwrap_or(0.0),
+        kv_wait_s,
     }
 }
 
@@ -228,8 +199,7 @@ mod tests {
             running: 0,
             kv_usage: None,
             arrivals_per_sec: 0.0,
-            work_per_sec: 0.0,
-            kv_wait_s: None,
+            kv_wait_s: 0.0,
         };
         // 256 new tokens attend to 4,096 cached and on average 128 new: 25 ns a pair.
         let want = 0.256 + 25e-9 * 256.0 * (4_096.0 + 128.0);
@@ -255,8 +225,7 @@ mod tests {
             running: 10,
             kv_usage: Some(0.5),
             arrivals_per_sec: 0.0,
-            work_per_sec: 0.0,
-            kv_wait_s: None,
+            kv_wait_s: 0.0,
         };
         let p = predict(&settings, &view);
         assert_eq!((p.queue_s, p.prefill_s, p.decode_s, p.kv_s), (2.0, 0.5, 0.01, 0.1));
@@ -266,60 +235,16 @@ mod tests {
         // Two requests a second arrive behind its 2.5 s: 5 more requests delayed by its 0.5 s.
         let busy = predict(&settings, &EngineView { arrivals_per_sec: 2.0, ..view });
         assert_eq!(busy.recompute_s, 0.5 * (8.0 + 5.0));
-        // Arriving prefill work at half the rate: the backlog its 2.5 s start clears in 5 s, and
-        // the 10 requests arriving by then are delayed. At or above the rate, at most 10 drain
-        // times (load 0.9).
-        let loaded = predict(&settings, &EngineView { arrivals_per_sec: 2.0, work_per_sec: 500.0, ..view });
-        assert_eq!(loaded.recompute_s, 0.5 * (8.0 + 10.0));
-        let over = predict(&settings, &EngineView { arrivals_per_sec: 2.0, work_per_sec: 5_000.0, ..view });
-        assert!((over.recompute_s - 0.5 * (8.0 + 50.0)).abs() < 1e-9, "{over:?}");
-        assert_eq!(loaded.total(), busy.total(), "a cost to the others, not a wait of its own");
         assert_eq!(p.terms()[0], p.total());
         assert_eq!(p.terms()[7], p.cost());
         let idle = EngineView { queued: 0.0, uncached: 0.0, running: 0, kv_usage: Some(2.0), ..view };
         let with_base = predict(&settings, &EngineView { rates: Rates { base_s: 0.02, ..rates }, ..view });
         assert!((with_base.total() - 2.63).abs() < 1e-12, "the fixed cost is in the total");
         assert!((with_base.cost() - p.cost() - 0.02).abs() < 1e-12 && with_base.terms()[8] == 0.02);
-        // A computed wait for KV is in the total, in place of the KV-pressure term.
-        let waiting = predict(&settings, &EngineView { kv_wait_s: Some(30.0), ..view });
-        assert_eq!((waiting.kv_s, waiting.kv_wait_s), (0.0, 30.0));
-        assert!(
-            (waiting.total() - (p.total() - 0.1) - 30.0).abs() < 1e-12,
-            "the wait for KV is in the total"
-        );
-        assert!((waiting.cost() - (p.cost() - 0.1) - 30.0).abs() < 1e-12 && waiting.terms()[9] == 30.0);
+        let waiting = predict(&settings, &EngineView { kv_wait_s: 30.0, ..view });
+        assert!((waiting.total() - p.total() - 30.0).abs() < 1e-12, "the wait for KV is in the total");
+        assert!((waiting.cost() - p.cost() - 30.0).abs() < 1e-12 && waiting.terms()[9] == 30.0);
         let clamped = predict(&settings, &idle).kv_s;
         assert!((clamped - 9.9).abs() < 1e-9, "KV usage clamped to 0.99: {clamped}");
-    }
-
-    #[test]
-    fn the_kv_pressure_term_stands_in_only_for_a_wait_that_cannot_be_computed() {
-        let settings = PredictSettings {
-            kv_pressure_weight: 0.5,
-            prefill_cost_weight: 0.0,
-            queue_cost_weight: 0.0,
-            decode_stall_weight: 0.0,
-        };
-        let view = EngineView {
-            rates: Rates { prefill_tokens_per_sec: 1_000.0, ..Rates::default() },
-            queued: 0.0,
-            uncached: 100.0,
-            context: 0.0,
-            running: 4,
-            kv_usage: Some(0.8),
-            arrivals_per_sec: 0.0,
-            work_per_sec: 0.0,
-            kv_wait_s: None,
-        };
-        // No wait computable: 0.5 s x 0.8 / 0.2 of pressure.
-        let unknown = predict(&settings, &view);
-        assert!((unknown.kv_s - 2.0).abs() < 1e-12 && unknown.kv_wait_s == 0.0, "{unknown:?}");
-        // Computable, room now: no wait and no pressure on top of it.
-        let room = predict(&settings, &EngineView { kv_wait_s: Some(0.0), ..view });
-        assert_eq!((room.kv_s, room.kv_wait_s), (0.0, 0.0));
-        // Computable, KV taken: the wait alone, counted once.
-        let taken = predict(&settings, &EngineView { kv_wait_s: Some(3.0), ..view });
-        assert_eq!((taken.kv_s, taken.kv_wait_s), (0.0, 3.0));
-        assert!((taken.total() - unknown.total() - 1.0).abs() < 1e-12);
     }
 }
