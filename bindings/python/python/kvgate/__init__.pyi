@@ -87,7 +87,8 @@ class Gateway:
         chat_template: str | os.PathLike[str] | None = None,
         chat_template_content_format: Literal['auto', 'string', 'openai', 'as_sent'] = 'auto',
         tokenizer_threads: int | None = None,
-        tokenizer_queue_size: int = 64,
+        tokenizer_queue_size: int = 4096,
+        tokenizer_queue_timeout_secs: float = 1.0,
         max_tokenize_chars: int = 262144,
         mock_tokenizer: bool = False,
         alignment_probe: bool = True,
@@ -389,9 +390,14 @@ class Gateway:
         tokenizer_threads: Threads tokenizing requests for the exact index, apart from the I/O
             threads (default: half the CPU cores, at least one). Inputs of at most 2 KiB are
             tokenized inline
-        tokenizer_queue_size: Inputs waiting for a tokenizer thread beyond the running ones;
-            when it is full a request routes on its text (the approximate tree) instead of
-            waiting
+        tokenizer_queue_size: Inputs waiting for a tokenizer thread beyond the running ones: a
+            burst of requests (an RL step's samples, hundreds at once) waits here for its tokens
+            and is routed on the exact index; when it is full a request routes on its text (the
+            approximate tree) at once
+        tokenizer_queue_timeout_secs: Longest a request waits for its tokens (queued, then
+            tokenized), in seconds: past it, it routes on its text (the approximate tree) and
+            its input is not tokenized when its turn comes, so a tokenizer that cannot keep up
+            delays no request by more than this
         max_tokenize_chars: Longest prompt routed on, in characters: a longer prompt (or
             rendered conversation) is routed on its first this-many characters (tokenized for
             the exact index, as text for the approximate tree), so one request costs the
