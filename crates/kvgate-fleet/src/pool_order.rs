@@ -17,10 +17,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kvgate_policy::{Candidate, LoadSample, WorkerId};
 use kvgate_route::LoadOrder;
 
-use crate::worker::Worker;
-
 /// A pool of more workers than this keeps a load order (one of at most half as many drops it).
 pub const ORDER_ABOVE: usize = kvgate_route::SHORTLIST_ABOVE;
+
+/// What an order reads of a worker (under the order's lock) and tells it: the registry's
+/// `Worker` is one; the order does not name it, so the worker may name its order.
+pub trait OrderMember {
+    fn member_id(&self) -> WorkerId;
+    fn member_healthy(&self) -> bool;
+    fn member_in_flight(&self) -> u64;
+    /// The order it is kept in from now on (`None`: none).
+    fn keep_in(&self, order: Option<Arc<PoolOrder>>);
+}
 
 /// One pool's order.
 #[derive(Debug, Default)]
@@ -35,13 +43,14 @@ impl PoolOrder {
 
     /// `worker`'s place as its state is now: in the order with its requests in flight while it is
     /// healthy (its sample kept, none for a worker new to the order), out of it otherwise.
-    pub fn refresh(&self, worker: &Worker) {
+    pub fn refresh(&self, worker: &impl OrderMember) {
         let mut order = self.lock();
-        if worker.is_healthy() {
-            let load = order.get(worker.id).and_then(|known| known.load);
-            order.set(Candidate { id: worker.id, in_flight: worker.in_flight(), load });
+        let id = worker.member_id();
+        if worker.member_healthy() {
+            let load = order.get(id).and_then(|known| known.load);
+            order.set(Candidate { id, in_flight: worker.member_in_flight(), load });
         } else {
-            order.remove(worker.id);
+            order.remove(id);
         }
     }
 
@@ -68,20 +77,22 @@ impl OrderBook {
     }
 
     /// `worker` is kept in `order` from now on (and out of any order it was in).
-    pub(crate) fn attach(&self, worker: &Worker, order: &Arc<PoolOrder>) {
-        let previous = self.lock().insert(worker.id, order.clone());
+    pub(crate) fn attach(&self, worker: &impl OrderMember, order: &Arc<PoolOrder>) {
+        let id = worker.member_id();
+        let previous = self.lock().insert(id, order.clone());
         if let Some(previous) = previous.filter(|previous| !Arc::ptr_eq(previous, order)) {
-            previous.remove(worker.id);
+            previous.remove(id);
         }
-        worker.set_order(Some(order.clone()));
+        worker.keep_in(Some(order.clone()));
         order.refresh(worker);
     }
 
     /// `worker` left its pool, or its pool keeps no order any more.
-    pub(crate) fn detach(&self, worker: &Worker) {
-        worker.set_order(None);
-        if let Some(order) = self.lock().remove(&worker.id) {
-            order.remove(worker.id);
+    pub(crate) fn detach(&self, worker: &impl OrderMember) {
+        worker.keep_in(None);
+        let id = worker.member_id();
+        if let Some(order) = self.lock().remove(&id) {
+            order.remove(id);
         }
     }
 

@@ -327,7 +327,7 @@ impl Registry {
             state.prefix.peers.remove_tenant(removed.id);
         }
         self.publish(&mut models, workers);
-        self.orders.detach(&removed);
+        self.orders.detach(removed.as_ref());
         self.metrics.remove_worker(&removed.series);
         removed.conns.clear();
         removed.stop_kv_events();
@@ -417,19 +417,19 @@ impl Registry {
             None if workers.len() > ORDER_ABOVE => {
                 let order = Arc::new(PoolOrder::default());
                 for worker in workers {
-                    self.orders.attach(worker, &order);
+                    self.orders.attach(worker.as_ref(), &order);
                 }
                 state.order = Some(order);
             }
             Some(_) if workers.len() <= ORDER_ABOVE / 2 => {
                 for worker in workers {
-                    self.orders.detach(worker);
+                    self.orders.detach(worker.as_ref());
                 }
                 state.order = None;
             }
             Some(order) => {
                 for worker in workers.iter().filter(|worker| !worker.is_in(order)) {
-                    self.orders.attach(worker, order);
+                    self.orders.attach(worker.as_ref(), order);
                 }
             }
             None => {}

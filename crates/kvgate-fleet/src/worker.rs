@@ -11,7 +11,7 @@ use kvgate_policy::WorkerId;
 use serde::Serialize;
 
 use crate::index_health::IndexHealth;
-use crate::pool_order::PoolOrder;
+use crate::pool_order::{OrderMember, PoolOrder};
 use kvgate_gateway_core::config::KvEventsSource;
 use kvgate_gateway_core::conn::ConnPool;
 use kvgate_gateway_core::decisions::RoutedTally;
@@ -397,10 +397,6 @@ impl Worker {
         self.order.load().as_ref().is_some_and(|kept| Arc::ptr_eq(kept, order))
     }
 
-    pub(crate) fn set_order(&self, order: Option<Arc<PoolOrder>>) {
-        self.order.store(order);
-    }
-
     /// Moves it in its pool's load order (if any) to its state now.
     fn refresh_order(&self) {
         if let Some(order) = &*self.order.load() {
@@ -459,6 +455,24 @@ impl Worker {
         // health changes is refreshed by one side or the other after the change.
         self.healthy.store(healthy, Ordering::SeqCst);
         self.refresh_order();
+    }
+}
+
+impl OrderMember for Worker {
+    fn member_id(&self) -> WorkerId {
+        self.id
+    }
+
+    fn member_healthy(&self) -> bool {
+        self.is_healthy()
+    }
+
+    fn member_in_flight(&self) -> u64 {
+        self.in_flight()
+    }
+
+    fn keep_in(&self, order: Option<Arc<PoolOrder>>) {
+        self.order.store(order);
     }
 }
 

@@ -8,6 +8,7 @@ use kvgate_policy::{Candidate, LoadSample};
 
 use super::*;
 use crate::worker::CircuitSettings;
+use crate::worker::Worker;
 use kvgate_gateway_core::metrics::Metrics;
 
 fn worker(id: WorkerId) -> Worker {
