@@ -51,10 +51,15 @@ async fn send_turn_to(url: &str, conversation: usize, turns: usize, shape: usize
             body["stream_options"] = json!({"include_usage": true});
         }
     }
+    post_chat(url, &body, 20).await
+}
+
+/// POSTs a chat `body` to `url`, expects a 200 within `secs`, and returns its body.
+async fn post_chat(url: &str, body: &Value, secs: u64) -> String {
     let res = client()
         .post(format!("{url}/v1/chat/completions"))
-        .json(&body)
-        .timeout(Duration::from_secs(20))
+        .json(body)
+        .timeout(Duration::from_secs(secs))
         .send()
         .await
         .unwrap();
@@ -270,15 +275,7 @@ async fn send_words(gw: &GatewayHandle, tag: String, words: usize, max_tokens: u
     let content = (0..words).map(|i| format!("{tag}w{i}")).collect::<Vec<_>>().join(" ");
     let body =
         json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens});
-    let res = client()
-        .post(format!("{}/v1/chat/completions", gw.url()))
-        .json(&body)
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    res.bytes().await.unwrap();
+    post_chat(&gw.url(), &body, 30).await;
 }
 
 /// The engine's running and waiting requests (its SGLang `/v1/loads`).
