@@ -102,7 +102,7 @@ impl Learn {
     fn answered(self, usage: Option<EngineUsage>, ttft_s: f64) {
         let Some(usage) = usage else { return };
         let Some(cached_tokens) = usage.cached_tokens else { return };
-        let prompt_tokens = usage.prompt_tokens.filter(|&n| n > 0).unwrap_or(self.prompt_tokens);
+        let prompt_tokens = engine_prompt_tokens(Some(usage), self.prompt_tokens);
         self.policy.on_answered(&kvgate_policy::Answered {
             worker: self.worker,
             predicted: self.predicted,
@@ -232,9 +232,12 @@ fn compared(probe: &Probe, usage: Option<EngineUsage>) -> (u32, Option<u32>) {
     if probe.cut {
         return (probe.prompt_tokens, cached.map(|cached| cached.min(probe.prompt_tokens)));
     }
-    let prompt_tokens =
-        usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(probe.prompt_tokens);
-    (prompt_tokens, cached)
+    (engine_prompt_tokens(usage, probe.prompt_tokens), cached)
+}
+
+/// The engine's own prompt length where it says one (not 0), else `otherwise`.
+fn engine_prompt_tokens(usage: Option<EngineUsage>, otherwise: u32) -> u32 {
+    usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(otherwise)
 }
 
 /// Adds one answered request to the worker's series and window, and logs a disagreement raised
@@ -268,9 +271,7 @@ pub fn record(metrics: &Metrics, worker: &Worker, probe: Probe, usage: Option<En
         add(&own.evicted_after_routing_requests, &metrics.prefix_evicted_after_routing_requests, 1);
     }
     // The counters keep the engine's own figures (the whole prompt, all it served cached).
-    let engine_prompt =
-        usage.and_then(|usage| usage.prompt_tokens).filter(|&n| n > 0).unwrap_or(prompt_tokens);
-    add(&own.prompt_tokens, &metrics.prefix_prompt_tokens, engine_prompt);
+    add(&own.prompt_tokens, &metrics.prefix_prompt_tokens, engine_prompt_tokens(usage, prompt_tokens));
     if let Some(cached) = cached {
         add(&own.engine_cached_tokens, &metrics.prefix_engine_cached_tokens, cached);
     }
