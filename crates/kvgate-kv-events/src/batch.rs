@@ -6,7 +6,7 @@ use std::io;
 
 use serde::de::{self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::error::{reason, DecodeError, Path};
+use crate::error::{reason, DecodeError, Path, MAX_DEPTH};
 use crate::event::EventSeed;
 use crate::leaf::{self, Checked, Field, Scalar, MAX_PREALLOC};
 use crate::{EventBatch, KvEvent};
@@ -55,11 +55,6 @@ macro_rules! reject_scalars {
 fn wrong_kind<E: de::Error>(expected: &dyn de::Expected, got: &str) -> E {
     E::custom(format_args!("expected {expected}, got {got}"))
 }
-
-/// The msgpack nesting limit handed to rmp-serde. A batch needs 4 levels (batch, events, event,
-/// list); the rest is room for `extra_keys` and future fields. It bounds the recursion an
-/// adversarial payload can cause.
-pub(crate) const MAX_DEPTH: usize = 32;
 
 pub(crate) fn decode(payload: &[u8]) -> Result<EventBatch, DecodeError> {
     let path = Path::default();

@@ -113,6 +113,11 @@ impl Path {
     }
 }
 
+/// The msgpack nesting limit handed to rmp-serde. A batch needs 4 levels (batch, events, event,
+/// list); the rest is room for `extra_keys` and future fields. It bounds the recursion an
+/// adversarial payload can cause.
+pub(crate) const MAX_DEPTH: usize = 32;
+
 /// The reason text for an error from the msgpack layer (ours travel as `Syntax` messages).
 pub(crate) fn reason(err: rmp_serde::decode::Error) -> String {
     use rmp_serde::decode::Error as E;
@@ -121,7 +126,7 @@ pub(crate) fn reason(err: rmp_serde::decode::Error) -> String {
             "unexpected end of payload".to_owned()
         }
         E::TypeMismatch(marker) => format!("invalid msgpack marker {:#04x}", marker.to_u8()),
-        E::DepthLimitExceeded => format!("nested deeper than {} levels", crate::batch::MAX_DEPTH - 1),
+        E::DepthLimitExceeded => format!("nested deeper than {} levels", MAX_DEPTH - 1),
         E::Utf8Error(_) => "a string that is not valid UTF-8".to_owned(),
         E::Syntax(message) => message,
         other => other.to_string(),
