@@ -207,7 +207,9 @@ impl SimReport {
                     writeln!(out, "| {} | {} | {value} | {} |", best.entry, best.metric, setting.join(" "));
             }
         }
-        self.tenants_markdown(&mut out);
+        for run in self.runs.iter().filter(|run| !run.metrics.tenants.is_empty()) {
+            crate::tenants::markdown(&run.label, &run.metrics.tenants, &mut out);
+        }
         out
     }
 

@@ -11,7 +11,6 @@ use std::fmt::Write as _;
 use kvgate_trace::percentile;
 use serde::Serialize;
 
-use crate::report::SimReport;
 use crate::sim::{SimOutcome, TtftParts};
 use kvgate_trace::Trace;
 
@@ -112,52 +111,48 @@ pub fn per_tenant(outcome: &SimOutcome, trace: &Trace, makespan_s: f64) -> Vec<T
         .collect()
 }
 
-impl SimReport {
-    /// The per-tenant tables, one per run that has tenants.
-    pub(crate) fn tenants_markdown(&self, out: &mut String) {
-        for run in self.runs.iter().filter(|run| !run.metrics.tenants.is_empty()) {
-            let _ = writeln!(
-                out,
-                "\nPer tenant, `{}`:\n\n| tenant | completed | share of requests | share of prompt tokens \
-                 | TTFT p50 / p90 / p99 (ms) | mean queueing (ms) | hit rate |\n| --- | ---: | ---: | ---: \
-                 | ---: | ---: | ---: |",
-                run.label
-            );
-            for t in &run.metrics.tenants {
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {:.1}% | {:.1}% | {:.0} / {:.0} / {:.0} | {:.0} | {:.1}% |",
-                    t.tenant,
-                    t.completed,
-                    100.0 * t.request_share,
-                    100.0 * t.prompt_token_share,
-                    t.ttft_p50_ms,
-                    t.ttft_p90_ms,
-                    t.ttft_p99_ms,
-                    t.mean_queue_ms,
-                    100.0 * t.cache_hit_rate
-                );
-            }
-            let _ = writeln!(
-                out,
-                "\nTTFT of the slowest tenth by part (means over the requests at or above the tenant's \
-                 p90), `{}`:\n\n| tenant | gateway queue (ms) | engine queue (ms) | own prefill (ms) \
-                 | others' work in its prefill steps (ms) | decode, first to last token (mean, ms) |\n\
-                 | --- | ---: | ---: | ---: | ---: | ---: |",
-                run.label
-            );
-            for t in &run.metrics.tenants {
-                let _ = writeln!(
-                    out,
-                    "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
-                    t.tenant,
-                    t.tail_gateway_wait_ms,
-                    t.tail_engine_wait_ms,
-                    t.tail_prefill_own_ms,
-                    t.tail_prefill_shared_ms,
-                    t.decode_mean_ms
-                );
-            }
-        }
+/// A run's per-tenant tables (`label` names the run).
+pub(crate) fn markdown(label: &str, tenants: &[TenantMetrics], out: &mut String) {
+    let _ = writeln!(
+        out,
+        "\nPer tenant, `{}`:\n\n| tenant | completed | share of requests | share of prompt tokens \
+         | TTFT p50 / p90 / p99 (ms) | mean queueing (ms) | hit rate |\n| --- | ---: | ---: | ---: \
+         | ---: | ---: | ---: |",
+        label
+    );
+    for t in tenants {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1}% | {:.1}% | {:.0} / {:.0} / {:.0} | {:.0} | {:.1}% |",
+            t.tenant,
+            t.completed,
+            100.0 * t.request_share,
+            100.0 * t.prompt_token_share,
+            t.ttft_p50_ms,
+            t.ttft_p90_ms,
+            t.ttft_p99_ms,
+            t.mean_queue_ms,
+            100.0 * t.cache_hit_rate
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nTTFT of the slowest tenth by part (means over the requests at or above the tenant's \
+         p90), `{}`:\n\n| tenant | gateway queue (ms) | engine queue (ms) | own prefill (ms) \
+         | others' work in its prefill steps (ms) | decode, first to last token (mean, ms) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: |",
+        label
+    );
+    for t in tenants {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            t.tenant,
+            t.tail_gateway_wait_ms,
+            t.tail_engine_wait_ms,
+            t.tail_prefill_own_ms,
+            t.tail_prefill_shared_ms,
+            t.decode_mean_ms
+        );
     }
 }
