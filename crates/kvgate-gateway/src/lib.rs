@@ -25,4 +25,4 @@ pub use kvgate_gateway_core::tenant::ForwardPriority;
 pub use kvgate_gateway_core::worker_url::normalize_url;
 pub use kvgate_protocol::Endpoint;
 pub use kvgate_protocol::{PdProtocol, WorkerRole};
-pub use server::{router, run, shutdown_signal, start, GatewayHandle, StartError};
+pub use server::{run, shutdown_signal, start, GatewayHandle, StartError};

@@ -154,7 +154,7 @@ fn not_found(router: Router<SharedState>) -> Router<SharedState> {
 /// The HTTP routes of the main (traffic) listener: the proxied endpoints, the read-only ones,
 /// and the admin API only with `--admin-api-key` (which it then requires); without a key the
 /// admin paths say where the admin listener is.
-pub fn router(state: SharedState) -> Router {
+pub(crate) fn router(state: SharedState) -> Router {
     let mut router = read_only_routes(Router::new());
     router = match state.config.admin_api_key {
         Some(_) => admin_routes(router, &state),
