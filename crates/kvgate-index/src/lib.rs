@@ -44,6 +44,7 @@ mod matching;
 mod node;
 mod peer;
 mod prefix;
+mod prefix_match;
 mod tree;
 
 #[cfg(test)]
@@ -62,7 +63,6 @@ pub use block::{
     PromptHashes, Residency, StoredBlocks, TierWeights, IN_FLIGHT_RANK, MAX_LAYOUTS, ROOT_HASH,
 };
 pub use choice::{choose_index, IndexInputs, PrefixIndexMode};
-pub use matching::PrefixMatch;
 pub use peer::{
     prompt_blocks, prompt_hash, PeerBlocks, PeerMerged, PromptBlocks, ReadOnlyTree, TEXT_BLOCK_BYTES,
 };
@@ -70,6 +70,7 @@ pub use prefix::{
     ApproxIndex, ExactRecordingTree, IndexKind, IndexView, NamespacedExact, PrefixIndex, PromptKey,
     TreeSettings,
 };
+pub use prefix_match::PrefixMatch;
 pub use tree::RadixTree;
 
 /// Worker id, assigned by the host.

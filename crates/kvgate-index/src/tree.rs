@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::mem::size_of;
 
-use crate::matching::{PrefixMatch, Step};
 use crate::node::{Node, NodeId, TenantEntry, FREE, ROOT};
+use crate::prefix_match::{PrefixMatch, Step};
 use crate::TenantId;
 
 /// Approximate prefix index: a radix tree recording which tenants were sent which key prefixes

@@ -48,7 +48,7 @@ pub use hash::{block_content, content_hash, Adapter, ChainRoot, Namespace, ROOT_
 pub use pending::{InFlightBlocks, InFlightPrompt, IN_FLIGHT_RANK};
 pub use residency::{Residency, TierWeights};
 
-use crate::matching::PrefixMatch;
+use crate::prefix_match::PrefixMatch;
 use crate::TenantId;
 
 /// One engine cache: a worker and, for data-parallel engines, one of its ranks.
