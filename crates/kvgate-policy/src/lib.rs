@@ -372,6 +372,16 @@ pub trait Policy: Send + Sync {
         false
     }
 
+    /// For a large pool's candidate search: up to a few workers the policy predicts cheapest for
+    /// a request whatever its prompt, by terms the search's load orders do not see (kv_aware: its
+    /// predicted queue, what was routed since the reports, its learned rates), cheapest first.
+    /// The search adds them to the shortlist; it asks for those it `accept`s (all, then the
+    /// prompt's holders beyond its best few, whose cost differs from a non-holder's by what they
+    /// hold). None by default.
+    fn favoured(&self, _now_ms: u64, _accept: &dyn Fn(WorkerId) -> bool) -> Vec<WorkerId> {
+        Vec::new()
+    }
+
     /// Whether the policy reads [`Candidate::load`]; the host polls engines only when some policy does.
     fn needs_loads(&self) -> bool {
         false

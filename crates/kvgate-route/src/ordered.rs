@@ -2,7 +2,8 @@
 //! an offer ([`crate::shortlist`]), found without looking at every worker. The prompt's best
 //! holders come from the prefix match; the least loaded, the coldest and the least queued from
 //! the front of their orders; the busiest from the back; samples gone stale from the front of
-//! the oldest-sample order (keyed again as the one pass keys them: no load); a few at random.
+//! the oldest-sample order (keyed again as the one pass keys them: no load); those the policy
+//! names ([`kvgate_policy::Policy::favoured`]); a few at random.
 //! What it looks at grows with the holders and with the workers it skips (tried, not routable
 //! now), not with the pool.
 //!
@@ -60,6 +61,7 @@ pub(crate) fn shortlist_ordered(
         }
     }
     kept.extend(holders.positions().map(|at| at as WorkerId));
+    kept.extend(search.favoured.iter().copied().filter(|&id| look(id).is_some()));
 
     let mut fresh = |id: WorkerId| look(id).is_some_and(|c| !went_stale(&c));
     let rekeyed = |pick: fn(&Candidate) -> (u64, u64, u64)| {

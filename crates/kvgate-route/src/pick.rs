@@ -16,7 +16,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::ordered::shortlist_ordered;
-use crate::shortlist::{shortlist, Search, SHORTLIST_ABOVE};
+use crate::shortlist::{shortlist, Search, HOLDERS, SHORTLIST_ABOVE};
 use crate::{NoPlan, Pick, PlanContext, Planning, Pool, Side};
 
 /// The worker `pool`'s policy chooses for `request` among the routable workers not in `tried`
@@ -97,7 +97,8 @@ fn ordered<P: Pool>(
         }
         let kind = index_kind(pool, request, kept.events_flowing);
         let holders = holders(pool, kind, request, now_ms);
-        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms };
+        let favoured = favoured(pool, now_ms, holders.as_ref());
+        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms, favoured: &favoured };
         let candidates = shortlist_ordered(kept.order, kept.lookup, tried, &search, &mut *ctx.rng);
         found = Some((candidates, 0, pool_size, kind));
     });
@@ -131,7 +132,8 @@ fn offered<P: Pool>(
     let pool_size = candidates.len();
     let candidates = if pool_size > SHORTLIST_ABOVE && pool.policy().shortlists() {
         let holders = holders(pool, kind, request, now_ms);
-        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms };
+        let favoured = favoured(pool, now_ms, holders.as_ref());
+        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms, favoured: &favoured };
         shortlist(candidates, &search, &mut *ctx.rng)
     } else {
         candidates
@@ -148,6 +150,29 @@ fn index_kind<P: Pool>(pool: &P, request: &RouteRequest<'_>, events_flowing: boo
         key_is_tokens: matches!(request.key, RoutingKey::Tokens(_)),
         events_flowing,
     })
+}
+
+/// The workers the pool's policy names for the shortlist, sorted by id: its cheapest, and its
+/// cheapest among the prompt's holders that are not its best few (a holder of the prompt's
+/// opening alone, say, beyond the holders of more: its cost is a non-holder's less what it holds).
+fn favoured<P: Pool>(pool: &P, now_ms: u64, prefix: Option<&PrefixMatch>) -> Vec<WorkerId> {
+    let policy = pool.policy();
+    let mut favoured = policy.favoured(now_ms, &|_| true);
+    if let Some(prefix) = prefix.filter(|prefix| prefix.best() > 0) {
+        let mut credits: Vec<usize> = prefix.iter().map(|(id, _)| prefix.credited(id)).collect();
+        // Holders credited no more than the one after the best `HOLDERS` (kept by the search).
+        if credits.len() > HOLDERS {
+            let (_, &mut below, _) = credits.select_nth_unstable_by(HOLDERS, |a, b| b.cmp(a));
+            let partial = |id: WorkerId| {
+                let credited = prefix.credited(id);
+                credited > 0 && credited <= below
+            };
+            favoured.extend(policy.favoured(now_ms, &partial));
+        }
+    }
+    favoured.sort_unstable();
+    favoured.dedup();
+    favoured
 }
 
 /// The prompt's holders on the decision's index, from a read-only match (`None`: no prompt).

@@ -12,6 +12,8 @@
 //! - the busiest in flight (the count spread's maximum, so the pool's imbalance reads the same),
 //!   and one candidate with no fresh load sample if any (a stale snapshot never drives the KV
 //!   terms, on the shortlist as on the pool);
+//! - the few the policy names as its cheapest whatever the prompt
+//!   ([`kvgate_policy::Policy::favoured`]: kv_aware's predicted queue and learned rates);
 //! - a few at random (power-of-d among the rest).
 //!
 //! Ties are broken by a per-decision random order, so equal workers outside the shortlist are
@@ -38,6 +40,8 @@ pub(crate) struct Search<'m> {
     pub prefix: Option<&'m PrefixMatch>,
     pub now_ms: u64,
     pub load_poll_interval_ms: u64,
+    /// The workers the policy names ([`kvgate_policy::Policy::favoured`]), sorted by id.
+    pub favoured: &'m [WorkerId],
 }
 
 /// The `k` smallest keys seen, with their positions (the worst replaced in place).
@@ -99,6 +103,7 @@ pub(crate) fn shortlist(offer: Vec<Candidate>, search: &Search<'_>, rng: &mut dy
     let mut least_queued = Smallest::new(COLDEST);
     let mut busiest: Option<(u64, u64, usize)> = None;
     let mut stale = None;
+    let mut favoured = Vec::with_capacity(search.favoured.len());
     // The prefix's holders by tenant id, walked beside an offer in id order (a host's usual
     // order; a binary search where it is not).
     let entries: Vec<(WorkerId, usize)> = search
@@ -124,6 +129,9 @@ pub(crate) fn shortlist(offer: Vec<Candidate>, search: &Search<'_>, rng: &mut dy
                 holders.offer((std::cmp::Reverse(credited), candidate.in_flight, tie), at);
             }
         }
+        if !search.favoured.is_empty() && search.favoured.binary_search(&candidate.id).is_ok() {
+            favoured.push(at);
+        }
         let load = fresh_load(candidate, search.now_ms, search.load_poll_interval_ms);
         if load.is_none() && stale.is_none() {
             stale = Some(at);
@@ -139,7 +147,7 @@ pub(crate) fn shortlist(offer: Vec<Candidate>, search: &Search<'_>, rng: &mut dy
     }
     let mut kept: Vec<usize> = holders.positions().chain(least.positions()).collect();
     kept.extend(coldest.positions().chain(least_queued.positions()));
-    kept.extend(busiest.map(|(_, _, at)| at).into_iter().chain(stale));
+    kept.extend(busiest.map(|(_, _, at)| at).into_iter().chain(stale).chain(favoured));
     kept.extend((0..SAMPLED).map(|_| rng.random_range(0..n)));
     kept.sort_unstable();
     kept.dedup();
@@ -154,7 +162,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn search(prefix: Option<&PrefixMatch>) -> Search<'_> {
-        Search { prefix, now_ms: 10_000, load_poll_interval_ms: 1000 }
+        Search { prefix, now_ms: 10_000, load_poll_interval_ms: 1000, favoured: &[] }
     }
 
     fn pool(n: u32) -> Vec<Candidate> {

@@ -15,6 +15,7 @@
 //! while one below exists. With `--router-temperature` above 0 the choice is sampled (softmax of
 //! the costs relative to the best one) instead of the minimum.
 
+mod favoured;
 mod predict;
 mod rate;
 
@@ -70,6 +71,9 @@ struct State {
     /// Each engine's latest load report since the last request sent on a shortlist
     /// ([`Policy::on_load_reports`]), observed when the next one is sent.
     landed: BTreeMap<WorkerId, crate::LoadSample>,
+    /// The engines predicted cheapest for a prompt none holds, kept for a pool decided on
+    /// shortlists ([`Policy::favoured`]).
+    favoured: favoured::Favoured,
 }
 
 /// The routing times of the pool's recent requests (the last four load-poll intervals).
@@ -130,6 +134,7 @@ impl KvAwarePolicy {
                 }),
                 arrivals: Arrivals::default(),
                 landed: BTreeMap::new(),
+                favoured: favoured::Favoured::default(),
             }),
         }
     }
@@ -259,13 +264,23 @@ impl KvAwarePolicy {
             .collect();
         // The wait for KV, from the same usable snapshot as the KV terms: what a request holds
         // and the share of KV in use freed per second, over the pool's fresh reports.
-        let per_request = kv_per_request(loads.iter().flatten()).unwrap_or(0.0);
-        let finished = candidates
-            .iter()
-            .zip(&loads)
-            .filter_map(|(c, load)| load.as_ref().map(|load| (load, state.rates.finished_per_sec_of(c.id))));
-        let freed_share =
-            pool_freed_share(kv_freed_share(loads.iter().flatten()), kv_finished_share(finished));
+        // On a shortlist of a large pool, over every engine's latest report (the shortlist's own,
+        // chosen for being cold or idle, would say a request holds less and waits less).
+        let (per_request, freed_share) = match state.pool_kv {
+            Some(pool) => (
+                pool.per_request.unwrap_or(0.0),
+                pool_freed_share(pool.generated_share, pool.finished_share),
+            ),
+            None => {
+                let finished = candidates.iter().zip(&loads).filter_map(|(c, load)| {
+                    load.as_ref().map(|load| (load, state.rates.finished_per_sec_of(c.id)))
+                });
+                (
+                    kv_per_request(loads.iter().flatten()).unwrap_or(0.0),
+                    pool_freed_share(kv_freed_share(loads.iter().flatten()), kv_finished_share(finished)),
+                )
+            }
+        };
         let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
         let prompt = request.prompt_tokens as f64;
         let whole_prompt = prompt_key(request);
@@ -396,7 +411,9 @@ impl Policy for KvAwarePolicy {
             }
             false => &state.rates,
         };
-        let view = View { routed: &state.routed, rates, arrivals: &state.arrivals };
+        let shortlisted = candidates.pool_size() > candidates.len();
+        let pool_kv = state.favoured.pool_kv().filter(|_| shortlisted);
+        let view = View { routed: &state.routed, rates, arrivals: &state.arrivals, pool_kv };
         Ok(self.decide_on(request, candidates, ctx, view))
     }
 
@@ -405,12 +422,13 @@ impl Policy for KvAwarePolicy {
     fn on_routed(&self, routed: &Routed<'_>) {
         let (now_ms, poll_ms) = (routed.now_ms, routed.load_poll_interval_ms);
         let mut state = self.lock();
-        let State { routed: log, rates, arrivals, landed } = &mut *state;
+        let State { routed: log, rates, arrivals, landed, favoured } = &mut *state;
         // A decision on a shortlist of a large pool: every engine's latest report is observed,
         // not only the shortlist's (whose reports alone would leave the others pending, and
         // every decision learning on a copy of every engine's rates). On a whole pool, as
         // before: the candidates' reports, each engine's latest as the decision saw it.
-        if routed.candidates.pool_size() > routed.candidates.len() {
+        let shortlisted = routed.candidates.pool_size() > routed.candidates.len();
+        if shortlisted {
             let reports: Vec<Candidate> = std::mem::take(landed)
                 .into_iter()
                 .map(|(id, load)| Candidate { id, in_flight: 0, load: Some(load) })
@@ -427,17 +445,39 @@ impl Policy for KvAwarePolicy {
         let prompt = prompt_key(routed.request);
         log.record_prompt(routed.decision.worker, now_ms, sent, prompt, poll_ms.saturating_mul(ROUTED_POLLS));
         arrivals.record(now_ms, poll_ms);
+        let inputs = favoured::Inputs { settings: &self.settings.predict, rates, routed: log };
+        let prompt_tokens = routed.request.prompt_tokens as f64;
+        favoured.routed(routed.decision.worker, prompt_tokens, shortlisted, &inputs);
     }
 
-    /// The reports as they land, kept until the next request sent (each engine's latest): a
-    /// decision on a large pool's shortlist then finds none pending among its candidates (they
-    /// were observed when the last request was sent) and reads the rates in place, instead of
-    /// learning on a copy of every engine's (at 10,000 workers most of a decision's time).
-    fn on_load_reports(&self, reports: &[(WorkerId, crate::LoadSample)], _now_ms: u64, _poll_ms: u64) {
+    /// The reports as they land. On a pool decided on whole, each engine's latest is kept until
+    /// the next request sent, which observes it (the rates learn from the latest report at each
+    /// request). On a pool decided on shortlists, each is observed as it lands (requests are
+    /// sent between most reports there, so the latest at each request is nearly every one), so
+    /// that neither a decision (on a copy of every engine's rates) nor the request sent after a
+    /// burst of reports (observing them all: 10,000 at 10,000 engines) learns them, and the
+    /// engine is keyed again for [`Policy::favoured`].
+    fn on_load_reports(&self, reports: &[(WorkerId, crate::LoadSample)], _now_ms: u64, poll_ms: u64) {
         let mut state = self.lock();
+        let State { routed, rates, landed, favoured, .. } = &mut *state;
         for &(id, load) in reports {
-            state.landed.insert(id, load);
+            let finished = rates.finished_per_sec_of(id);
+            if favoured.kept() {
+                if load.token_usage.is_finite() {
+                    rates.observe(id, &load, routed, poll_ms);
+                }
+            } else {
+                landed.insert(id, load);
+            }
+            let inputs = favoured::Inputs { settings: &self.settings.predict, rates, routed };
+            favoured.report(id, load, finished, &inputs);
         }
+    }
+
+    /// The engines predicted cheapest for a prompt none of them holds (`favoured.rs`), while the
+    /// pool is decided on shortlists.
+    fn favoured(&self, now_ms: u64, accept: &dyn Fn(WorkerId) -> bool) -> Vec<WorkerId> {
+        self.lock().favoured.cheapest(now_ms, favoured::FAVOURED, accept)
     }
 
     /// The engine's measured time to first token teaches its rates (`rate.rs`).
@@ -448,8 +488,10 @@ impl Policy for KvAwarePolicy {
     fn remove_worker(&self, worker: WorkerId) {
         let mut state = self.lock();
         state.routed.forget(worker);
-        state.rates.forget(worker);
         state.landed.remove(&worker);
+        let finished = state.rates.finished_per_sec_of(worker);
+        state.favoured.forget(worker, finished);
+        state.rates.forget(worker);
     }
 }
 
@@ -459,6 +501,8 @@ struct View<'a> {
     routed: &'a RoutedLog,
     rates: &'a EngineRates,
     arrivals: &'a Arrivals,
+    /// The pool's KV terms over every engine's report, on a shortlist of a large pool.
+    pool_kv: Option<favoured::PoolKv>,
 }
 
 /// Every candidate's fresh load report, taken into account by the rate learner (once per report).

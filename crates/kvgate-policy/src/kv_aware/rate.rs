@@ -185,11 +185,42 @@ enum Quantity {
     Decode,
 }
 
-/// The fleet's grid rate of one quantity.
+/// The fleet's grid rate of one quantity, and the engines measured enough to count in its mean.
 #[derive(Clone, Copy, Debug)]
 struct Fleet {
     configured: f64,
     used: f64,
+    /// The measured engines' rates summed, and how many: kept as each engine's speed changes,
+    /// so a refresh does not walk every engine (at 10,000 engines, each report learned walked
+    /// them all).
+    measured_sum: f64,
+    measured: usize,
+}
+
+impl Fleet {
+    fn new(rate: f64) -> Self {
+        Fleet { configured: rate, used: rate, measured_sum: 0.0, measured: 0 }
+    }
+
+    /// `speed`'s part of the measured engines' mean (none before `min` observations).
+    fn part(speed: &Speed, min: u32) -> Option<f64> {
+        speed.running.rate().filter(|_| speed.running.observations >= min)
+    }
+
+    /// One engine's speed changed from `old` to `new` (`None`: it had none, or has none now).
+    fn replace(&mut self, old: Option<f64>, new: Option<f64>) {
+        if let Some(old) = old {
+            self.measured_sum -= old;
+            self.measured -= 1;
+        }
+        if let Some(new) = new {
+            self.measured_sum += new;
+            self.measured += 1;
+        }
+        if self.measured == 0 {
+            self.measured_sum = 0.0;
+        }
+    }
 }
 
 /// The rates to predict with: the configured ones until reports teach otherwise.
@@ -224,8 +255,8 @@ impl EngineRates {
         Self {
             settings,
             engines: HashMap::new(),
-            prefill: Fleet { configured: prefill, used: prefill },
-            decode: Fleet { configured: decode, used: decode },
+            prefill: Fleet::new(prefill),
+            decode: Fleet::new(decode),
             answers: HashMap::new(),
             pooled: TtftFit::default(),
         }
@@ -239,29 +270,29 @@ impl EngineRates {
         let step = self.settings.grid_step;
         let prior = self.settings.prior_observations;
         let fleet = *self.fleet(quantity);
-        let measured: Vec<f64> = self
-            .engines
-            .values_mut()
-            .map(|learned| &*pick(learned))
-            .filter(|speed| speed.running.observations >= min)
-            .filter_map(|speed| speed.running.rate())
-            .collect();
-        if measured.is_empty() {
+        if fleet.measured == 0 {
             return;
         }
         let clamp = |rate: f64| rate.clamp(fleet.configured / MAX_FACTOR, fleet.configured * MAX_FACTOR);
-        let mean = clamp(measured.iter().sum::<f64>() / measured.len() as f64);
+        let mean = clamp(fleet.measured_sum / fleet.measured as f64);
         let used = snap(fleet.used, mean, fleet.configured, step);
         self.fleet(quantity).used = used;
-        for (id, learned) in &mut self.engines {
-            if used != fleet.used || *id == worker {
-                let speed = pick(learned);
-                if let Some(rate) = speed.running.rate().filter(|_| speed.running.observations >= min) {
-                    let estimate = credible(clamp(rate), speed.running.weight, used, prior);
-                    speed.steps = deviation(speed.steps, estimate, used, step);
-                }
+        let deviate = |speed: &mut Speed| {
+            if let Some(rate) = speed.running.rate().filter(|_| speed.running.observations >= min) {
+                let estimate = credible(clamp(rate), speed.running.weight, used, prior);
+                speed.steps = deviation(speed.steps, estimate, used, step);
             }
+        };
+        if used != fleet.used {
+            self.engines.values_mut().for_each(|learned| deviate(pick(learned)));
+        } else if let Some(learned) = self.engines.get_mut(&worker) {
+            deviate(pick(learned));
         }
+    }
+
+    /// The fleet's prefill and decode rates in use (the grid's; they move rarely).
+    pub fn fleet_rates(&self) -> (f64, f64) {
+        (self.prefill.used, self.decode.used)
     }
 
     fn fleet(&mut self, quantity: Quantity) -> &mut Fleet {
@@ -339,7 +370,13 @@ impl EngineRates {
             |learned: &Learned| learned.prefill.running.observations >= self.settings.min_observations;
         match self.settings.per_engine {
             true => self.engines.get(&worker).is_some_and(measured),
-            false => self.engines.values().any(measured),
+            // Some engine measured: with at least one observation required, the engines counted
+            // in the fleet's mean (an observation always has a positive time), without walking
+            // every engine for every candidate of every decision.
+            false => match self.settings.min_observations {
+                0 => !self.engines.is_empty(),
+                _ => self.prefill.measured > 0,
+            },
         }
     }
 
@@ -399,6 +436,7 @@ impl EngineRates {
             return;
         }
         let smoothing = self.settings.smoothing;
+        let min = self.settings.min_observations;
         let fleet_prefill = self.prefill.used;
         let RateSettings { max_ratio, saturated_intervals, .. } = self.settings;
         let queued = report.num_waiting_uncached_tokens as f64;
@@ -435,7 +473,9 @@ impl EngineRates {
                 if max_ratio >= 1.0 {
                     rate = rate.clamp(fleet_prefill / max_ratio, fleet_prefill * max_ratio);
                 }
+                let old = Fleet::part(&entry.prefill, min);
                 entry.prefill.running.observe(rate * secs, secs, smoothing);
+                self.prefill.replace(old, Fleet::part(&entry.prefill, min));
                 prefill_learned = true;
             }
         }
@@ -449,7 +489,9 @@ impl EngineRates {
         if queued == 0.0 && report.num_running_reqs >= MIN_DECODE_BATCH && report.gen_throughput > 0.0 {
             // A step of b running requests produces b tokens, so each request adds 1000 /
             // gen_throughput ms to it: the decode "rate" learned is gen_throughput itself.
+            let old = Fleet::part(&entry.decode, min);
             entry.decode.running.observe(report.gen_throughput, 1.0, smoothing);
+            self.decode.replace(old, Fleet::part(&entry.decode, min));
             decode_learned = true;
         }
         entry.at_ms = report.fetched_at_ms;
@@ -470,7 +512,11 @@ impl EngineRates {
     }
 
     pub fn forget(&mut self, worker: WorkerId) {
-        self.engines.remove(&worker);
+        let min = self.settings.min_observations;
+        if let Some(learned) = self.engines.remove(&worker) {
+            self.prefill.replace(Fleet::part(&learned.prefill, min), None);
+            self.decode.replace(Fleet::part(&learned.decode, min), None);
+        }
         self.answers.remove(&worker);
     }
 }

@@ -149,7 +149,7 @@ proptest! {
             matched = prefix.clone();
             None
         });
-        let search = Search { prefix: Some(&matched), now_ms: NOW, load_poll_interval_ms: 1000 };
+        let search = Search { prefix: Some(&matched), now_ms: NOW, load_poll_interval_ms: 1000, favoured: &[] };
         let mut rng = SmallRng::seed_from_u64(seed);
         let one_pass = shortlist(candidates.clone(), &search, &mut rng);
         check_holds(&candidates, &one_pass, &case.holders, "one pass");
