@@ -15,7 +15,8 @@
 //! shared machine does not inflate). Prints a table (docs/BENCHMARKS.md, "Fleet size"). Env: `KVGATE_BENCH_FLEETS` (default
 //! `10,100,1000,10000`), `KVGATE_BENCH_CALLS` (timed calls per row, default 2000),
 //! `KVGATE_BENCH_POLICIES` (default `cache_aware,kv_aware`; also `least_load`, `round_robin`),
-//! `KVGATE_BENCH_KV_LEARN=0` (kv_aware without its rate learner).
+//! `KVGATE_BENCH_KV_LEARN=0` (kv_aware without its rate learner), `KVGATE_BENCH_WHOLE=0` (no
+//! whole-pool decision beside each plan: the plans alone, for a profile).
 
 // Wall-clock timing belongs to the bench, not to the pure core the clippy.toml guards.
 #![allow(clippy::disallowed_types)]
@@ -137,6 +138,7 @@ fn main() {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
+    let skip_whole = std::env::var("KVGATE_BENCH_WHOLE").is_ok_and(|v| v == "0");
     let calls: usize = std::env::var("KVGATE_BENCH_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
     println!(
         "| policy | workers | kept order p50 | p99 | CPU p50 | CPU p99 | offer p50 | p99 | CPU p50 | CPU p99 | whole-pool decide p50 | p99 | as good (order) | as good (offer) |\n\
@@ -157,14 +159,16 @@ fn main() {
                 // The whole pool first, on the state the plan then decides on.
                 bench.tick();
                 let started = Instant::now();
-                let on_whole = black_box(bench.whole(text));
-                whole.push(started.elapsed());
+                let on_whole = (!skip_whole).then(|| black_box(bench.whole(text)));
+                whole.extend(on_whole.as_ref().map(|_| started.elapsed()));
                 let read_order = call % 2 == 1;
                 bench.fleet.read_order = read_order;
                 let (started, cpu_started) = (Instant::now(), thread_cpu());
                 let chosen = black_box(bench.plan(text));
                 let (wall, cpu) = (started.elapsed(), thread_cpu().saturating_sub(cpu_started));
-                let good = usize::from(bench.as_good(kind, &chosen, &on_whole));
+                let good = on_whole
+                    .as_ref()
+                    .map_or(0, |on_whole| usize::from(bench.as_good(kind, &chosen, on_whole)));
                 match read_order {
                     true => (on_order.push(wall), cpu_order.push(cpu), good_order += good),
                     false => (on_offer.push(wall), cpu_offer.push(cpu), good_offer += good),
@@ -174,7 +178,7 @@ fn main() {
                 times.sort();
             }
             // A policy that decides on the whole pool anyway has no shortlist to judge.
-            let share = |good: usize, of: &[Duration]| match bench.fleet.policy.shortlists() {
+            let share = |good: usize, of: &[Duration]| match bench.fleet.policy.shortlists() && !skip_whole {
                 true => format!("{:.1} %", 100.0 * good as f64 / of.len().max(1) as f64),
                 false => "-".to_string(),
             };

@@ -15,7 +15,6 @@
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
-use kvgate_index::PrefixMatch;
 use kvgate_policy::{fresh_load, Candidate, WorkerId};
 use rand::RngCore;
 
@@ -38,7 +37,7 @@ pub(crate) fn shortlist_ordered(
     let seed = rng.next_u64();
     let start = seed as WorkerId;
     // Each worker looked at is looked up once: `None` when it is not a candidate now.
-    let mut seen: HashMap<WorkerId, Option<Candidate>> = HashMap::new();
+    let mut seen: HashMap<WorkerId, Option<Candidate>> = HashMap::with_capacity(256);
     let mut look = |id: WorkerId| -> Option<Candidate> {
         *seen.entry(id).or_insert_with(|| lookup(id).filter(|c| c.id == id && !tried.contains(&id)))
     };
@@ -55,7 +54,7 @@ pub(crate) fn shortlist_ordered(
     let mut kept: Vec<WorkerId> = stale.first().map(|c| c.id).into_iter().collect();
 
     let mut holders = Smallest::new(HOLDERS);
-    for (id, credited) in holder_credits(search.prefix) {
+    for &(id, credited) in &search.credited {
         if let Some(c) = look(id) {
             holders.offer((Reverse(credited), c.in_flight, tie(id, seed)), id as usize);
         }
@@ -105,20 +104,6 @@ fn merged<K: Ord + Copy>(
     both.extend(stale);
     both.sort_by_key(|&(key, _)| key);
     both.into_iter().take(k).map(|(_, id)| id)
-}
-
-/// The prompt's holders and the tokens each is credited with (none without a match).
-fn holder_credits(prefix: Option<&PrefixMatch>) -> Vec<(WorkerId, usize)> {
-    prefix
-        .filter(|prefix| prefix.best() > 0)
-        .map(|prefix| {
-            prefix
-                .iter()
-                .map(|(id, _)| (id, prefix.credited(id)))
-                .filter(|&(_, credited)| credited > 0)
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

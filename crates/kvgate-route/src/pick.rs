@@ -97,8 +97,8 @@ fn ordered<P: Pool>(
         }
         let kind = index_kind(pool, request, kept.events_flowing);
         let holders = holders(pool, kind, request, now_ms);
-        let favoured = favoured(pool, now_ms, holders.as_ref());
-        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms, favoured: &favoured };
+        let mut search = Search::new(holders.as_ref(), now_ms, load_poll_interval_ms);
+        search.favoured = favoured(pool, request, &search);
         let candidates = shortlist_ordered(kept.order, kept.lookup, tried, &search, &mut *ctx.rng);
         found = Some((candidates, 0, pool_size, kind));
     });
@@ -132,8 +132,8 @@ fn offered<P: Pool>(
     let pool_size = candidates.len();
     let candidates = if pool_size > SHORTLIST_ABOVE && pool.policy().shortlists() {
         let holders = holders(pool, kind, request, now_ms);
-        let favoured = favoured(pool, now_ms, holders.as_ref());
-        let search = Search { prefix: holders.as_ref(), now_ms, load_poll_interval_ms, favoured: &favoured };
+        let mut search = Search::new(holders.as_ref(), now_ms, load_poll_interval_ms);
+        search.favoured = favoured(pool, request, &search);
         shortlist(candidates, &search, &mut *ctx.rng)
     } else {
         candidates
@@ -155,20 +155,20 @@ fn index_kind<P: Pool>(pool: &P, request: &RouteRequest<'_>, events_flowing: boo
 /// The workers the pool's policy names for the shortlist, sorted by id: its cheapest, and its
 /// cheapest among the prompt's holders that are not its best few (a holder of the prompt's
 /// opening alone, say, beyond the holders of more: its cost is a non-holder's less what it holds).
-fn favoured<P: Pool>(pool: &P, now_ms: u64, prefix: Option<&PrefixMatch>) -> Vec<WorkerId> {
+fn favoured<P: Pool>(pool: &P, request: &RouteRequest<'_>, search: &Search<'_>) -> Vec<WorkerId> {
     let policy = pool.policy();
-    let mut favoured = policy.favoured(now_ms, &|_| true);
-    if let Some(prefix) = prefix.filter(|prefix| prefix.best() > 0) {
-        let mut credits: Vec<usize> = prefix.iter().map(|(id, _)| prefix.credited(id)).collect();
+    let (now_ms, prompt) = (search.now_ms, request.prompt_tokens as f64);
+    let mut favoured = policy.favoured(now_ms, prompt, &|_| true);
+    let credited = &search.credited;
+    if let Some(prefix) = search.prefix.filter(|_| credited.len() > HOLDERS) {
         // Holders credited no more than the one after the best `HOLDERS` (kept by the search).
-        if credits.len() > HOLDERS {
-            let (_, &mut below, _) = credits.select_nth_unstable_by(HOLDERS, |a, b| b.cmp(a));
-            let partial = |id: WorkerId| {
-                let credited = prefix.credited(id);
-                credited > 0 && credited <= below
-            };
-            favoured.extend(policy.favoured(now_ms, &partial));
-        }
+        let mut credits: Vec<usize> = credited.iter().map(|&(_, credit)| credit).collect();
+        let (_, &mut below, _) = credits.select_nth_unstable_by(HOLDERS, |a, b| b.cmp(a));
+        let partial: Vec<WorkerId> =
+            credited.iter().filter(|&&(_, credit)| credit <= below).map(|&(id, _)| id).collect();
+        let held = prompt * below as f64 / prefix.query_len().max(1) as f64;
+        let accept = |id: WorkerId| partial.binary_search(&id).is_ok();
+        favoured.extend(policy.favoured(now_ms, (prompt - held).max(0.0), &accept));
     }
     favoured.sort_unstable();
     favoured.dedup();

@@ -38,10 +38,29 @@ pub(crate) const SAMPLED: usize = 4;
 pub(crate) struct Search<'m> {
     /// The prompt's match on the decision's index (`None`: no prompt or no index).
     pub prefix: Option<&'m PrefixMatch>,
+    /// The prompt's holders and the tokens each is credited with, by id (none without a match).
+    pub credited: Vec<(WorkerId, usize)>,
     pub now_ms: u64,
     pub load_poll_interval_ms: u64,
     /// The workers the policy names ([`kvgate_policy::Policy::favoured`]), sorted by id.
-    pub favoured: &'m [WorkerId],
+    pub favoured: Vec<WorkerId>,
+}
+
+impl<'m> Search<'m> {
+    /// The search for a prompt matched as `prefix`: its holders credited once.
+    pub(crate) fn new(prefix: Option<&'m PrefixMatch>, now_ms: u64, load_poll_interval_ms: u64) -> Self {
+        let credited = prefix
+            .filter(|prefix| prefix.best() > 0)
+            .map(|prefix| {
+                prefix
+                    .iter()
+                    .map(|(id, _)| (id, prefix.credited(id)))
+                    .filter(|&(_, credited)| credited > 0)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Search { prefix, credited, now_ms, load_poll_interval_ms, favoured: Vec::new() }
+    }
 }
 
 /// The `k` smallest keys seen, with their positions (the worst replaced in place).
@@ -106,11 +125,7 @@ pub(crate) fn shortlist(offer: Vec<Candidate>, search: &Search<'_>, rng: &mut dy
     let mut favoured = Vec::with_capacity(search.favoured.len());
     // The prefix's holders by tenant id, walked beside an offer in id order (a host's usual
     // order; a binary search where it is not).
-    let entries: Vec<(WorkerId, usize)> = search
-        .prefix
-        .filter(|prefix| prefix.best() > 0)
-        .map(|prefix| prefix.iter().map(|(id, _)| (id, prefix.credited(id))).collect())
-        .unwrap_or_default();
+    let entries = &search.credited;
     let (mut next_entry, mut last_id) = (0, WorkerId::MIN);
     for (at, candidate) in offer.iter().enumerate() {
         let tie = tie(candidate.id, seed);
@@ -162,7 +177,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn search(prefix: Option<&PrefixMatch>) -> Search<'_> {
-        Search { prefix, now_ms: 10_000, load_poll_interval_ms: 1000, favoured: &[] }
+        Search::new(prefix, 10_000, 1000)
     }
 
     fn pool(n: u32) -> Vec<Candidate> {

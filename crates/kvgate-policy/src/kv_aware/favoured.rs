@@ -6,19 +6,23 @@
 //! from them alone (87% of decisions as good at 10,000 workers with every engine's reports
 //! learned).
 //!
-//! Each engine is keyed, when its report lands or a request is routed to it, by two times that do
-//! not move with the clock: when its predicted prefill queue drains (`drained_s`, on the host's
-//! clock in seconds), and its predicted cost once drained for a prompt of the pool's usual length
-//! that it does not hold (`idle_s`: its own prefill at its rates, decode, KV pressure, stall). Its
-//! cost at `now` is then about `max(drained_s, now) - now + idle_s`, so the engines are kept in
-//! two orders, by `drained_s + idle_s` and by `idle_s`, and the cheapest few are found by walking
-//! both fronts until no engine further on can be cheaper (a threshold walk: an engine not reached
-//! has both keys at least the fronts'), at most [`WALK`] steps each.
+//! Each engine is keyed, when its report lands or a request is routed to it, by what does not
+//! move with the clock or the request: when its predicted prefill queue drains (`drained_s`, on
+//! the host's clock in seconds), its predicted cost once drained for a request with nothing to
+//! prefill (`idle_s`: decode, KV pressure, the wait for KV, its fixed cost) and what each uncached
+//! prompt token adds to that cost (`slope_s`: its own prefill at its rate, the recompute and
+//! stall charges, the wait for KV). For a request of `u` uncached tokens its cost at `now` is
+//! about `max(drained_s, now) - now + idle_s + u x slope_s`, so the engines are kept in three
+//! orders, by `drained_s + idle_s`, by `idle_s` and by `slope_s`, and the cheapest few are found
+//! by walking the three fronts until no engine further on can be cheaper (a threshold walk: an
+//! engine not reached has each key at least its order's front), at most [`WALK`] steps each; the
+//! cheapest drained too. The requests arriving behind it and the context's attention (kv_aware's
+//! other terms) are left out of the keys.
 //!
 //! Kept only for a pool decided on shortlists (more than the search's threshold of workers):
 //! small pools are decided on whole and pay nothing here.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use super::predict::{predict, EngineView, PredictSettings};
 use super::rate::EngineRates;
@@ -29,10 +33,6 @@ use crate::{LoadSample, WorkerId};
 pub(super) const FAVOURED: usize = 12;
 /// Steps of each order's walk, at most.
 const WALK: usize = 128;
-/// The usual prompt length is followed as a moving average of this weight per request; the
-/// keys are taken again when it has moved by more than [`REKEY_RATIO`] since they were taken.
-const PROMPT_SMOOTHING: f64 = 0.01;
-const REKEY_RATIO: f64 = 1.5;
 
 /// A non-negative finite time as a key that orders as the time does.
 fn time_key(seconds: f64) -> u64 {
@@ -49,36 +49,36 @@ fn time_key(seconds: f64) -> u64 {
 struct Keyed {
     drained_s: f64,
     idle_s: f64,
+    slope_s: f64,
 }
 
 impl Keyed {
-    fn by_drained(&self, id: WorkerId) -> (u64, WorkerId) {
-        (time_key(self.drained_s + self.idle_s), id)
+    /// The engine's entries in the three orders.
+    fn entries(&self, id: WorkerId) -> [(u64, WorkerId); 3] {
+        [
+            (time_key(self.drained_s + self.idle_s), id),
+            (time_key(self.idle_s), id),
+            (time_key(self.slope_s), id),
+        ]
     }
 
-    fn by_idle(&self, id: WorkerId) -> (u64, WorkerId) {
-        (time_key(self.idle_s), id)
-    }
-
-    /// The predicted cost's order at `now_s` (the cost plus `now_s`).
-    fn at(&self, now_s: f64) -> f64 {
-        self.drained_s.max(now_s) + self.idle_s
+    /// The predicted cost's order at `now_s` for `uncached` tokens (the cost plus `now_s`).
+    fn at(&self, now_s: f64, uncached: f64) -> f64 {
+        self.drained_s.max(now_s) + self.idle_s + uncached * self.slope_s
     }
 }
 
-/// The engines' keys and their two orders.
+/// The engines' keys and their three orders.
 #[derive(Debug, Default)]
 pub(super) struct Favoured {
     /// Each engine's latest report.
     reports: HashMap<WorkerId, LoadSample>,
     keyed: HashMap<WorkerId, Keyed>,
-    by_drained: BTreeSet<(u64, WorkerId)>,
-    by_idle: BTreeSet<(u64, WorkerId)>,
+    /// By `drained_s + idle_s`, by `idle_s` and by `slope_s`, each with the keys (read by the
+    /// walk without a look-up).
+    orders: [BTreeMap<(u64, WorkerId), Keyed>; 3],
     /// Whether the pool is decided on shortlists (the keys are kept only then).
     kept: bool,
-    /// The usual prompt's tokens (a moving average), and the value the keys were taken with.
-    prompt_tokens: f64,
-    keyed_prompt: f64,
     /// The fleet's rates the keys were taken with ([`EngineRates::fleet_rates`]).
     keyed_rates: (f64, f64),
     /// The pool's KV terms over every engine's latest report, for a decision on a shortlist
@@ -141,13 +141,17 @@ impl Favoured {
 
     /// The pool's KV terms over every engine's latest report (`None` while the keys are not kept).
     pub(super) fn pool_kv(&self) -> Option<PoolKv> {
+        self.kept.then(|| self.pool_terms())
+    }
+
+    fn pool_terms(&self) -> PoolKv {
         let p = &self.pool;
-        self.kept.then(|| PoolKv {
+        PoolKv {
             per_request: (p.running > 0.5 && p.used > 0.0).then(|| p.used / p.running),
             generated_share: (p.used > 0.0 && p.generated > 0.0).then(|| p.generated / p.used),
             finished_share: (p.finished_running > 0.5 && p.finished > 0.0)
                 .then(|| p.finished / p.finished_running),
-        })
+        }
     }
 
     /// `worker`'s latest report, `finished` its learned finishing rate before the report was
@@ -168,26 +172,17 @@ impl Favoured {
         }
     }
 
-    /// A request of `prompt_tokens` was routed to `worker` on a pool of `pool_size` routable
-    /// workers, `shortlisted` or not: its keys taken again (every engine's when the pool has
-    /// just become one decided on shortlists, or the fleet's rates or the usual prompt moved).
-    pub(super) fn routed(&mut self, worker: WorkerId, prompt_tokens: f64, shortlisted: bool, inputs: &Inputs<'_>) {
-        self.prompt_tokens = match self.prompt_tokens > 0.0 {
-            true => self.prompt_tokens + PROMPT_SMOOTHING * (prompt_tokens - self.prompt_tokens),
-            false => prompt_tokens,
-        };
+    /// A request was routed to `worker`, `shortlisted` or not: its keys taken again (every
+    /// engine's when the pool has just become one decided on shortlists, or the fleet's rates
+    /// moved).
+    pub(super) fn routed(&mut self, worker: WorkerId, shortlisted: bool, inputs: &Inputs<'_>) {
         if !shortlisted {
             if self.kept {
                 *self = Favoured { reports: std::mem::take(&mut self.reports), ..Favoured::default() };
             }
             return;
         }
-        let moved = |now: f64, then: f64| now > then * REKEY_RATIO || now * REKEY_RATIO < then;
-        let rates = inputs.rates.fleet_rates();
-        if !self.kept
-            || rates != self.keyed_rates
-            || moved(self.prompt_tokens.max(1.0), self.keyed_prompt.max(1.0))
-        {
+        if !self.kept || inputs.rates.fleet_rates() != self.keyed_rates {
             self.kept = true;
             self.rekey_all(inputs);
         } else {
@@ -195,13 +190,11 @@ impl Favoured {
         }
     }
 
-    /// Every engine with a report keyed again.
+    /// Every engine with a report keyed again, and the pool's sums taken again.
     fn rekey_all(&mut self, inputs: &Inputs<'_>) {
-        self.keyed_prompt = self.prompt_tokens;
         self.keyed_rates = inputs.rates.fleet_rates();
         self.keyed.clear();
-        self.by_drained.clear();
-        self.by_idle.clear();
+        self.orders.iter_mut().for_each(BTreeMap::clear);
         self.pool = PoolSums::default();
         let workers: Vec<WorkerId> = self.reports.keys().copied().collect();
         for worker in workers {
@@ -215,17 +208,23 @@ impl Favoured {
 
     /// `worker` keyed again from its report, what was routed there since and its rates.
     pub(super) fn rekey(&mut self, worker: WorkerId, inputs: &Inputs<'_>) {
-        if let Some(old) = self.keyed.remove(&worker) {
-            self.by_drained.remove(&old.by_drained(worker));
-            self.by_idle.remove(&old.by_idle(worker));
-        }
+        self.unkey(worker);
         let Some(load) = self.reports.get(&worker).filter(|load| load.token_usage.is_finite()) else {
             return;
         };
-        let keyed = keys(worker, load, self.keyed_prompt, inputs);
-        self.by_drained.insert(keyed.by_drained(worker));
-        self.by_idle.insert(keyed.by_idle(worker));
+        let keyed = keys(worker, load, inputs, self.pool_terms());
+        for (order, entry) in self.orders.iter_mut().zip(keyed.entries(worker)) {
+            order.insert(entry, keyed);
+        }
         self.keyed.insert(worker, keyed);
+    }
+
+    fn unkey(&mut self, worker: WorkerId) {
+        if let Some(old) = self.keyed.remove(&worker) {
+            for (order, entry) in self.orders.iter_mut().zip(old.entries(worker)) {
+                order.remove(&entry);
+            }
+        }
     }
 
     /// `worker` left the pool; `finished` its learned finishing rate.
@@ -233,75 +232,75 @@ impl Favoured {
         if let Some(old) = self.reports.remove(&worker) {
             self.pool.add(&old, finished, -1.0);
         }
-        if let Some(old) = self.keyed.remove(&worker) {
-            self.by_drained.remove(&old.by_drained(worker));
-            self.by_idle.remove(&old.by_idle(worker));
-        }
+        self.unkey(worker);
     }
 
-    /// Up to `k` engines `accept`ed cheapest at `now_ms` by their keys, cheapest first, then up
-    /// to `k` more cheapest among those whose queue has drained (none while the keys are not
-    /// kept).
-    pub(super) fn cheapest(&self, now_ms: u64, k: usize, accept: &dyn Fn(WorkerId) -> bool) -> Vec<WorkerId> {
+    /// Up to `k` engines `accept`ed cheapest at `now_ms` for a request of `uncached` tokens by
+    /// their keys, cheapest first, then up to `k` more cheapest among those whose queue has
+    /// drained (none while the keys are not kept). With no prefill queued ahead, an engine is not
+    /// charged the duplicate's cost of a prefix every holder waits for KV to serve
+    /// (`relieve_waiting_holders`), so one a little costlier by the keys can be far cheaper.
+    pub(super) fn cheapest(
+        &self,
+        now_ms: u64,
+        uncached: f64,
+        k: usize,
+        accept: &dyn Fn(WorkerId) -> bool,
+    ) -> Vec<WorkerId> {
         if !self.kept || k == 0 {
             return Vec::new();
         }
-        let now_s = now_ms as f64 / 1000.0;
-        let (mut drained, mut idle) = (self.by_drained.iter(), self.by_idle.iter());
-        // The cheapest found so far, cheapest first, and every engine reached.
-        let mut top: Vec<(f64, WorkerId)> = Vec::with_capacity(k + 1);
-        let mut seen: Vec<WorkerId> = Vec::with_capacity(2 * WALK);
+        let (now_s, uncached) = (now_ms as f64 / 1000.0, uncached.max(0.0));
+        let mut walks = self.orders.each_ref().map(|order| order.iter());
+        // The cheapest found so far, cheapest first: of all, and of those drained.
+        let (mut top, mut drained): (Vec<(f64, WorkerId)>, Vec<(f64, WorkerId)>) = (Vec::new(), Vec::new());
+        let keep = |top: &mut Vec<(f64, WorkerId)>, cost: f64, id: WorkerId| {
+            if (top.len() < k || cost < top[k - 1].0) && !top.iter().any(|&(_, kept)| kept == id) {
+                let at = top.partition_point(|&(c, _)| c <= cost);
+                top.insert(at, (cost, id));
+                top.truncate(k);
+            }
+        };
         for _ in 0..WALK {
-            let (a, b) = (drained.next(), idle.next());
-            if a.is_none() && b.is_none() {
+            let fronts = walks.each_mut().map(|walk| walk.next().map(|(&(_, id), keyed)| (id, keyed)));
+            if fronts.iter().all(Option::is_none) {
                 break;
             }
-            for &(_, id) in a.into_iter().chain(b) {
-                let Some(keyed) = self.keyed.get(&id).filter(|_| !seen.contains(&id) && accept(id)) else {
+            for (id, keyed) in fronts.into_iter().flatten() {
+                if !accept(id) {
                     continue;
-                };
-                seen.push(id);
-                let cost = keyed.at(now_s);
-                if top.len() < k || cost < top[k - 1].0 {
-                    let at = top.partition_point(|&(c, _)| c <= cost);
-                    top.insert(at, (cost, id));
-                    top.truncate(k);
+                }
+                let cost = keyed.at(now_s, uncached);
+                keep(&mut top, cost, id);
+                if keyed.drained_s <= now_s {
+                    keep(&mut drained, cost, id);
                 }
             }
-            // An engine not reached has `drained + idle` at least the one front and `idle` at
-            // least the other: its cost is at least the larger bound.
-            let front = |entry: Option<&(u64, WorkerId)>| entry.and_then(|(_, id)| self.keyed.get(id));
-            let bound = match (front(a), front(b)) {
-                (Some(a), Some(b)) => (a.drained_s + a.idle_s).max(now_s + b.idle_s),
-                _ => f64::INFINITY,
-            };
-            if top.len() == k && top[k - 1].0 <= bound {
+            // An engine not reached has each key at least its order's front, and a queue's part
+            // of at least 0: its cost is at least the bound.
+            let [Some((_, a)), Some((_, b)), Some((_, c))] = fronts else { break };
+            let bound = (a.drained_s + a.idle_s).max(now_s + b.idle_s) + uncached * c.slope_s;
+            let done = |top: &Vec<(f64, WorkerId)>| top.len() == k && top[k - 1].0 <= bound;
+            if done(&top) && done(&drained) {
                 break;
             }
         }
         let mut cheapest: Vec<WorkerId> = top.into_iter().map(|(_, id)| id).collect();
-        // And the cheapest of those drained now: with no prefill queued ahead, an engine is not
-        // charged the duplicate's cost of a prefix every holder waits for KV to serve
-        // (`relieve_waiting_holders`), so one a little costlier by the keys can be far cheaper.
-        let drained = self
-            .by_idle
-            .iter()
-            .take(WALK)
-            .map(|&(_, id)| id)
-            .filter(|&id| accept(id) && self.keyed.get(&id).is_some_and(|keyed| keyed.drained_s <= now_s))
-            .filter(|id| !cheapest.contains(id))
-            .take(k)
-            .collect::<Vec<_>>();
-        cheapest.extend(drained);
+        for (_, id) in drained {
+            if !cheapest.contains(&id) {
+                cheapest.push(id);
+            }
+        }
         cheapest
     }
 }
 
-/// `worker`'s keys: when its predicted queue drains and its cost once drained for a prompt of
-/// `prompt_tokens` it does not hold, as kv_aware predicts them ([`predict`]; requests running:
-/// the report's, or those routed there since when more; KV usage: the report's plus what those
-/// take).
-fn keys(worker: WorkerId, load: &LoadSample, prompt_tokens: f64, inputs: &Inputs<'_>) -> Keyed {
+/// `worker`'s keys: when its predicted queue drains, and its cost once drained (as kv_aware
+/// predicts it, [`predict`]; requests running: the report's, or those routed there since when
+/// more; KV usage: the report's plus what those take; the wait for KV on the pool's terms `pool`)
+/// for a request with nothing to prefill and what each uncached token adds (the wait for KV is
+/// not linear in them: its slope over [`SLOPE_TOKENS`]).
+fn keys(worker: WorkerId, load: &LoadSample, inputs: &Inputs<'_>, pool: PoolKv) -> Keyed {
     let rates = inputs.rates.rates(worker);
     let per_ms = rates.prefill_tokens_per_sec.max(1e-9) / 1000.0;
     let (mut queue, mut at_ms) = (load.num_waiting_uncached_tokens as f64, load.fetched_at_ms);
@@ -316,18 +315,38 @@ fn keys(worker: WorkerId, load: &LoadSample, prompt_tokens: f64, inputs: &Inputs
     if load.max_total_num_tokens > 0 {
         usage += since.tokens / load.max_total_num_tokens as f64;
     }
-    let view = EngineView {
-        rates,
-        queued: 0.0,
-        uncached: prompt_tokens,
-        context: 0.0,
-        running,
-        kv_usage: Some(usage.clamp(0.0, 1.0)),
-        arrivals_per_sec: 0.0,
-        kv_wait_s: 0.0,
+    let per_request = pool.per_request.unwrap_or(0.0);
+    let freed_share = super::pool_freed_share(pool.generated_share, pool.finished_share);
+    let candidate = crate::Candidate { id: worker, in_flight: 0, load: Some(*load) };
+    let cost = |uncached: f64| {
+        let kv_wait_s = super::kv_wait_s(
+            &candidate,
+            Some(load),
+            inputs.routed,
+            per_request,
+            freed_share,
+            rates,
+            uncached,
+        );
+        let view = EngineView {
+            rates,
+            queued: 0.0,
+            uncached,
+            context: 0.0,
+            running,
+            kv_usage: Some(usage.clamp(0.0, 1.0)),
+            arrivals_per_sec: 0.0,
+            kv_wait_s,
+        };
+        predict(inputs.settings, &view).cost()
     };
-    Keyed { drained_s, idle_s: predict(inputs.settings, &view).cost() }
+    // Linear in the uncached tokens with no arrivals and no context: the slope from two points.
+    let idle_s = cost(0.0);
+    Keyed { drained_s, idle_s, slope_s: ((cost(SLOPE_TOKENS) - idle_s) / SLOPE_TOKENS).max(0.0) }
 }
+
+/// The uncached tokens the slope of an engine's cost is measured over.
+const SLOPE_TOKENS: f64 = 1000.0;
 
 #[cfg(test)]
 mod tests;

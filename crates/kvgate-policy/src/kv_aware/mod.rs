@@ -267,10 +267,9 @@ impl KvAwarePolicy {
         // On a shortlist of a large pool, over every engine's latest report (the shortlist's own,
         // chosen for being cold or idle, would say a request holds less and waits less).
         let (per_request, freed_share) = match state.pool_kv {
-            Some(pool) => (
-                pool.per_request.unwrap_or(0.0),
-                pool_freed_share(pool.generated_share, pool.finished_share),
-            ),
+            Some(pool) => {
+                (pool.per_request.unwrap_or(0.0), pool_freed_share(pool.generated_share, pool.finished_share))
+            }
             None => {
                 let finished = candidates.iter().zip(&loads).filter_map(|(c, load)| {
                     load.as_ref().map(|load| (load, state.rates.finished_per_sec_of(c.id)))
@@ -446,8 +445,7 @@ impl Policy for KvAwarePolicy {
         log.record_prompt(routed.decision.worker, now_ms, sent, prompt, poll_ms.saturating_mul(ROUTED_POLLS));
         arrivals.record(now_ms, poll_ms);
         let inputs = favoured::Inputs { settings: &self.settings.predict, rates, routed: log };
-        let prompt_tokens = routed.request.prompt_tokens as f64;
-        favoured.routed(routed.decision.worker, prompt_tokens, shortlisted, &inputs);
+        favoured.routed(routed.decision.worker, shortlisted, &inputs);
     }
 
     /// The reports as they land. On a pool decided on whole, each engine's latest is kept until
@@ -476,8 +474,13 @@ impl Policy for KvAwarePolicy {
 
     /// The engines predicted cheapest for a prompt none of them holds (`favoured.rs`), while the
     /// pool is decided on shortlists.
-    fn favoured(&self, now_ms: u64, accept: &dyn Fn(WorkerId) -> bool) -> Vec<WorkerId> {
-        self.lock().favoured.cheapest(now_ms, favoured::FAVOURED, accept)
+    fn favoured(
+        &self,
+        now_ms: u64,
+        uncached_tokens: f64,
+        accept: &dyn Fn(WorkerId) -> bool,
+    ) -> Vec<WorkerId> {
+        self.lock().favoured.cheapest(now_ms, uncached_tokens, favoured::FAVOURED, accept)
     }
 
     /// The engine's measured time to first token teaches its rates (`rate.rs`).

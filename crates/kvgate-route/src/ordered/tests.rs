@@ -29,6 +29,8 @@ struct Case {
     tried: Vec<u32>,
     down: Vec<u32>,
     holders: Vec<u32>,
+    /// The workers the policy names ([`kvgate_policy::Policy::favoured`]).
+    favoured: Vec<u32>,
     kind: PolicyKind,
 }
 
@@ -42,15 +44,21 @@ fn a_case() -> impl Strategy<Value = Case> {
             some(3),
             some(5),
             some(6),
+            some(4),
             prop_oneof![Just(PolicyKind::CacheAware), Just(PolicyKind::KvAware)],
         )
-            .prop_map(move |(in_flight, stale, tried, down, holders, kind)| Case {
+            .prop_map(move |(in_flight, stale, tried, down, holders, mut favoured, kind)| Case {
                 n,
                 in_flight,
                 stale,
                 tried,
                 down,
                 holders,
+                favoured: {
+                    favoured.sort_unstable();
+                    favoured.dedup();
+                    favoured
+                },
                 kind,
             })
     })
@@ -96,7 +104,8 @@ fn key_of(c: &Candidate) -> Keys {
 
 /// What every shortlist of `candidates` (the routable workers not tried) must hold, checked on
 /// `found`: for each order the k smallest keys (ties: as many of the tied key as the k smallest
-/// take), the holders, a busiest worker, a stale one if any; and only candidates.
+/// take), the holders and those the policy names, a busiest worker, a stale one if any; and only
+/// candidates.
 #[track_caller]
 fn check_holds(candidates: &[Candidate], found: &[Candidate], holders: &[u32], what: &str) {
     let ids: Vec<WorkerId> = found.iter().map(|c| c.id).collect();
@@ -149,16 +158,18 @@ proptest! {
             matched = prefix.clone();
             None
         });
-        let search = Search { prefix: Some(&matched), now_ms: NOW, load_poll_interval_ms: 1000, favoured: &[] };
+        let mut search = Search::new(Some(&matched), NOW, 1000);
+        search.favoured = case.favoured.clone();
+        let holders: Vec<u32> = case.holders.iter().chain(&case.favoured).copied().collect();
         let mut rng = SmallRng::seed_from_u64(seed);
         let one_pass = shortlist(candidates.clone(), &search, &mut rng);
-        check_holds(&candidates, &one_pass, &case.holders, "one pass");
+        check_holds(&candidates, &one_pass, &holders, "one pass");
         let mut found = None;
         pool.with_order(&mut |kept| {
             found = Some(shortlist_ordered(kept.order, kept.lookup, &case.tried, &search, &mut rng));
         });
         let found = found.expect("the order is kept");
-        check_holds(&candidates, &found, &case.holders, "kept order");
+        check_holds(&candidates, &found, &holders, "kept order");
         prop_assert!(found.windows(2).all(|w| w[0].id < w[1].id), "in id order");
 
         // The policy on the kept order's shortlist (the plan, a dry run) against the policy on
