@@ -13,7 +13,7 @@ use super::*;
 use crate::order::{keys, Keys, LeastKey};
 use crate::shortlist::shortlist;
 use crate::{FixedPool, PlanContext, Planning, Pool, Pools, RoutePlan};
-use kvgate_index::{PrefixIndex, PromptKey, ReadOnlyTree};
+use kvgate_index::{PrefixIndex, PrefixMatch, PromptKey, ReadOnlyTree};
 use kvgate_policy::{LoadSample, OverloadSettings, PolicyConfig, PolicyKind, RouteRequest, RoutingKey};
 
 const NOW: u64 = 100_000;
