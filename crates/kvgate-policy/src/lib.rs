@@ -375,14 +375,15 @@ pub trait Policy: Send + Sync {
     /// For a large pool's candidate search: up to a few workers the policy predicts cheapest for
     /// a request whatever its prompt, by terms the search's load orders do not see (kv_aware: its
     /// predicted queue, what was routed since the reports, its learned rates), cheapest first.
-    /// The search adds them to the shortlist; it asks for those it `accept`s with the request's
-    /// uncached tokens there (every worker, with the whole prompt; then the prompt's holders
-    /// beyond its best few, with what they do not hold). None by default.
+    /// The search adds them to the shortlist; it asks for those `uncached` gives the request's
+    /// uncached prompt tokens on (`None`: not asked for; at least `least_uncached` on each):
+    /// every worker with the whole prompt, then the prompt's holders beyond its best few with
+    /// what each does not hold. None by default.
     fn favoured(
         &self,
         _now_ms: u64,
-        _uncached_tokens: f64,
-        _accept: &dyn Fn(WorkerId) -> bool,
+        _least_uncached: f64,
+        _uncached: &dyn Fn(WorkerId) -> Option<f64>,
     ) -> Vec<WorkerId> {
         Vec::new()
     }

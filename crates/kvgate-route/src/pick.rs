@@ -158,17 +158,21 @@ fn index_kind<P: Pool>(pool: &P, request: &RouteRequest<'_>, events_flowing: boo
 fn favoured<P: Pool>(pool: &P, request: &RouteRequest<'_>, search: &Search<'_>) -> Vec<WorkerId> {
     let policy = pool.policy();
     let (now_ms, prompt) = (search.now_ms, request.prompt_tokens as f64);
-    let mut favoured = policy.favoured(now_ms, prompt, &|_| true);
+    let mut favoured = policy.favoured(now_ms, prompt, &|_| Some(prompt));
     let credited = &search.credited;
     if let Some(prefix) = search.prefix.filter(|_| credited.len() > HOLDERS) {
-        // Holders credited no more than the one after the best `HOLDERS` (kept by the search).
+        // Holders credited no more than the one after the best `HOLDERS` (kept by the search),
+        // each with what it does not hold.
         let mut credits: Vec<usize> = credited.iter().map(|&(_, credit)| credit).collect();
         let (_, &mut below, _) = credits.select_nth_unstable_by(HOLDERS, |a, b| b.cmp(a));
-        let partial: Vec<WorkerId> =
-            credited.iter().filter(|&&(_, credit)| credit <= below).map(|&(id, _)| id).collect();
-        let held = prompt * below as f64 / prefix.query_len().max(1) as f64;
-        let accept = |id: WorkerId| partial.binary_search(&id).is_ok();
-        favoured.extend(policy.favoured(now_ms, (prompt - held).max(0.0), &accept));
+        let per_token = prompt / prefix.query_len().max(1) as f64;
+        let uncached = |id: WorkerId| {
+            let at = credited.binary_search_by_key(&id, |&(id, _)| id).ok()?;
+            let credit = credited[at].1;
+            (credit <= below).then(|| (prompt - per_token * credit as f64).max(0.0))
+        };
+        let least = (prompt - per_token * below as f64).max(0.0);
+        favoured.extend(policy.favoured(now_ms, least, &uncached));
     }
     favoured.sort_unstable();
     favoured.dedup();

@@ -50,15 +50,19 @@ struct Keyed {
     drained_s: f64,
     idle_s: f64,
     slope_s: f64,
+    /// `slope_s` less the duplicate's charge (`--kv-aware-prefill-cost-weight` x its prefill),
+    /// which a drained engine is not charged while every best holder waits for KV.
+    relieved_slope_s: f64,
 }
 
 impl Keyed {
-    /// The engine's entries in the three orders.
-    fn entries(&self, id: WorkerId) -> [(u64, WorkerId); 3] {
+    /// The engine's entries in the four orders.
+    fn entries(&self, id: WorkerId) -> [(u64, WorkerId); 4] {
         [
             (time_key(self.drained_s + self.idle_s), id),
             (time_key(self.idle_s), id),
             (time_key(self.slope_s), id),
+            (time_key(self.relieved_slope_s), id),
         ]
     }
 
@@ -66,17 +70,22 @@ impl Keyed {
     fn at(&self, now_s: f64, uncached: f64) -> f64 {
         self.drained_s.max(now_s) + self.idle_s + uncached * self.slope_s
     }
+
+    /// The same, drained and relieved of the duplicate's charge.
+    fn relieved(&self, now_s: f64, uncached: f64) -> f64 {
+        now_s + self.idle_s + uncached * self.relieved_slope_s
+    }
 }
 
-/// The engines' keys and their three orders.
+/// The engines' keys and their four orders.
 #[derive(Debug, Default)]
 pub(super) struct Favoured {
     /// Each engine's latest report.
     reports: HashMap<WorkerId, LoadSample>,
     keyed: HashMap<WorkerId, Keyed>,
-    /// By `drained_s + idle_s`, by `idle_s` and by `slope_s`, each with the keys (read by the
-    /// walk without a look-up).
-    orders: [BTreeMap<(u64, WorkerId), Keyed>; 3],
+    /// By `drained_s + idle_s`, by `idle_s`, by `slope_s` and by `relieved_slope_s`, each with
+    /// the keys (read by the walk without a look-up).
+    orders: [BTreeMap<(u64, WorkerId), Keyed>; 4],
     /// Whether the pool is decided on shortlists (the keys are kept only then).
     kept: bool,
     /// The fleet's rates the keys were taken with ([`EngineRates::fleet_rates`]).
@@ -235,24 +244,25 @@ impl Favoured {
         self.unkey(worker);
     }
 
-    /// Up to `k` engines `accept`ed cheapest at `now_ms` for a request of `uncached` tokens by
-    /// their keys, cheapest first, then up to `k` more cheapest among those whose queue has
-    /// drained (none while the keys are not kept). With no prefill queued ahead, an engine is not
+    /// Up to `k` engines cheapest at `now_ms` by their keys for a request of `uncached(id)`
+    /// tokens on each (`None`: not asked for; at least `least_uncached` on every one), cheapest
+    /// first, then up to `k` more cheapest among those whose queue has drained (none while the
+    /// keys are not kept). With no prefill queued ahead, an engine is not
     /// charged the duplicate's cost of a prefix every holder waits for KV to serve
     /// (`relieve_waiting_holders`), so one a little costlier by the keys can be far cheaper.
     pub(super) fn cheapest(
         &self,
         now_ms: u64,
-        uncached: f64,
+        least_uncached: f64,
+        uncached: &dyn Fn(WorkerId) -> Option<f64>,
         k: usize,
-        accept: &dyn Fn(WorkerId) -> bool,
     ) -> Vec<WorkerId> {
         if !self.kept || k == 0 {
             return Vec::new();
         }
-        let (now_s, uncached) = (now_ms as f64 / 1000.0, uncached.max(0.0));
+        let (now_s, least) = (now_ms as f64 / 1000.0, least_uncached.max(0.0));
         let mut walks = self.orders.each_ref().map(|order| order.iter());
-        // The cheapest found so far, cheapest first: of all, and of those drained.
+        // The cheapest found so far, cheapest first: of all, and of those drained (relieved).
         let (mut top, mut drained): (Vec<(f64, WorkerId)>, Vec<(f64, WorkerId)>) = (Vec::new(), Vec::new());
         let keep = |top: &mut Vec<(f64, WorkerId)>, cost: f64, id: WorkerId| {
             if (top.len() < k || cost < top[k - 1].0) && !top.iter().any(|&(_, kept)| kept == id) {
@@ -267,21 +277,20 @@ impl Favoured {
                 break;
             }
             for (id, keyed) in fronts.into_iter().flatten() {
-                if !accept(id) {
-                    continue;
-                }
-                let cost = keyed.at(now_s, uncached);
-                keep(&mut top, cost, id);
+                let Some(tokens) = uncached(id) else { continue };
+                let tokens = tokens.max(least);
+                keep(&mut top, keyed.at(now_s, tokens), id);
                 if keyed.drained_s <= now_s {
-                    keep(&mut drained, cost, id);
+                    keep(&mut drained, keyed.relieved(now_s, tokens), id);
                 }
             }
             // An engine not reached has each key at least its order's front, and a queue's part
             // of at least 0: its cost is at least the bound.
-            let [Some((_, a)), Some((_, b)), Some((_, c))] = fronts else { break };
-            let bound = (a.drained_s + a.idle_s).max(now_s + b.idle_s) + uncached * c.slope_s;
-            let done = |top: &Vec<(f64, WorkerId)>| top.len() == k && top[k - 1].0 <= bound;
-            if done(&top) && done(&drained) {
+            let [Some((_, a)), Some((_, b)), Some((_, c)), Some((_, d))] = fronts else { break };
+            let bound = (a.drained_s + a.idle_s).max(now_s + b.idle_s) + least * c.slope_s;
+            let relieved_bound = now_s + b.idle_s + least * d.relieved_slope_s;
+            let done = |top: &Vec<(f64, WorkerId)>, bound: f64| top.len() == k && top[k - 1].0 <= bound;
+            if done(&top, bound) && done(&drained, relieved_bound) {
                 break;
             }
         }
@@ -342,7 +351,9 @@ fn keys(worker: WorkerId, load: &LoadSample, inputs: &Inputs<'_>, pool: PoolKv) 
     };
     // Linear in the uncached tokens with no arrivals and no context: the slope from two points.
     let idle_s = cost(0.0);
-    Keyed { drained_s, idle_s, slope_s: ((cost(SLOPE_TOKENS) - idle_s) / SLOPE_TOKENS).max(0.0) }
+    let slope_s = ((cost(SLOPE_TOKENS) - idle_s) / SLOPE_TOKENS).max(0.0);
+    let charge = inputs.settings.prefill_cost_weight / rates.prefill_tokens_per_sec.max(1e-9);
+    Keyed { drained_s, idle_s, slope_s, relieved_slope_s: (slope_s - charge).max(0.0) }
 }
 
 /// The uncached tokens the slope of an engine's cost is measured over.

@@ -472,15 +472,15 @@ impl Policy for KvAwarePolicy {
         }
     }
 
-    /// The engines predicted cheapest for a prompt none of them holds (`favoured.rs`), while the
+    /// The engines predicted cheapest for the uncached tokens asked (`favoured.rs`), while the
     /// pool is decided on shortlists.
     fn favoured(
         &self,
         now_ms: u64,
-        uncached_tokens: f64,
-        accept: &dyn Fn(WorkerId) -> bool,
+        least_uncached: f64,
+        uncached: &dyn Fn(WorkerId) -> Option<f64>,
     ) -> Vec<WorkerId> {
-        self.lock().favoured.cheapest(now_ms, uncached_tokens, favoured::FAVOURED, accept)
+        self.lock().favoured.cheapest(now_ms, least_uncached, uncached, favoured::FAVOURED)
     }
 
     /// The engine's measured time to first token teaches its rates (`rate.rs`).

@@ -52,7 +52,10 @@ fn favoured(engines: &[(u64, f64, u64)], rates: &EngineRates, routed: &mut Route
         let inputs = Inputs { settings: &settings, rates, routed };
         favoured.report(id as WorkerId, report(queued, usage, running, 10_000), None, &inputs);
     }
-    assert!(!favoured.kept() && favoured.cheapest(10_000, 300.0, 4, &|_| true).is_empty(), "not kept yet");
+    assert!(
+        !favoured.kept() && favoured.cheapest(10_000, 300.0, &|_| Some(300.0), 4).is_empty(),
+        "not kept yet"
+    );
     routed.record(0, 10_000, 200.0, 4_000);
     let inputs = Inputs { settings: &settings, rates, routed };
     favoured.routed(0, true, &inputs);
@@ -72,19 +75,31 @@ proptest! {
         let favoured = favoured(&engines, &rates, &mut routed);
         let now_ms = 10_000 + later_ms;
         let now_s = now_ms as f64 / 1000.0;
-        let found = favoured.cheapest(now_ms, uncached, 8, &|_| true);
+        let found = favoured.cheapest(now_ms, uncached, &|_| Some(uncached), 8);
         let mut all: Vec<(f64, WorkerId)> =
             favoured.keyed.iter().map(|(&id, k)| (k.at(now_s, uncached), id)).collect();
         all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         let want: Vec<f64> = all.iter().take(8).map(|&(cost, _)| cost).collect();
         let got: Vec<f64> = found.iter().take(8).map(|id| favoured.keyed[id].at(now_s, uncached)).collect();
         prop_assert_eq!(got, want);
-        // And the cheapest drained: the 8 cheapest of those drained at `now`, after.
-        let drained: Vec<f64> = all.iter().filter(|(_, id)| favoured.keyed[id].drained_s <= now_s).take(8).map(|&(c, _)| c).collect();
-        let named: Vec<f64> = found.iter().map(|id| &favoured.keyed[id]).filter(|k| k.drained_s <= now_s).map(|k| k.at(now_s, uncached)).collect();
+        // And the cheapest drained (relieved of the duplicate's charge), after.
+        let mut drained: Vec<f64> = favoured
+            .keyed
+            .values()
+            .filter(|k| k.drained_s <= now_s)
+            .map(|k| k.relieved(now_s, uncached))
+            .collect();
+        drained.sort_by(f64::total_cmp);
+        drained.truncate(8);
+        let named: Vec<f64> = found
+            .iter()
+            .map(|id| &favoured.keyed[id])
+            .filter(|k| k.drained_s <= now_s)
+            .map(|k| k.relieved(now_s, uncached))
+            .collect();
         prop_assert!(drained.iter().all(|cost| named.contains(cost)), "{drained:?} in {named:?}");
         // Those accepted alone when asked for a few (the odd ids).
-        let odd = favoured.cheapest(now_ms, uncached, 8, &|id| id % 2 == 1);
+        let odd = favoured.cheapest(now_ms, uncached, &|id| (id % 2 == 1).then_some(uncached), 8);
         prop_assert!(odd.iter().all(|id| id % 2 == 1));
     }
 }
@@ -97,7 +112,7 @@ fn a_drained_engine_is_named_and_the_pool_terms_are_the_reports_sums() {
     engines[2] = (0, 0.06, 0);
     let (rates, mut routed) = (rates(), RoutedLog::default());
     let favoured = favoured(&engines, &rates, &mut routed);
-    let found = favoured.cheapest(10_000, 300.0, 1, &|_| true);
+    let found = favoured.cheapest(10_000, 300.0, &|_| Some(300.0), 1);
     assert!(found.contains(&2), "{found:?}");
     let pool = favoured.pool_kv().expect("kept");
     let used: f64 = engines.iter().map(|&(_, usage, _)| usage * 100_000.0).sum();
@@ -115,5 +130,5 @@ fn a_pool_decided_on_whole_keeps_no_keys() {
     let inputs = Inputs { settings: &settings, rates: &rates, routed: &routed };
     favoured.routed(3, false, &inputs);
     assert!(!favoured.kept() && favoured.pool_kv().is_none());
-    assert!(favoured.cheapest(10_000, 300.0, 4, &|_| true).is_empty());
+    assert!(favoured.cheapest(10_000, 300.0, &|_| Some(300.0), 4).is_empty());
 }
