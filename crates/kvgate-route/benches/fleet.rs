@@ -177,13 +177,17 @@ fn main() {
             for times in [&mut on_order, &mut on_offer, &mut whole, &mut cpu_order, &mut cpu_offer] {
                 times.sort();
             }
+            let whole_micros = |p: f64| match skip_whole {
+                true => "-".to_string(),
+                false => format!("{:.1} µs", micros(percentile(&whole, p))),
+            };
             // A policy that decides on the whole pool anyway has no shortlist to judge.
             let share = |good: usize, of: &[Duration]| match bench.fleet.policy.shortlists() && !skip_whole {
                 true => format!("{:.1} %", 100.0 * good as f64 / of.len().max(1) as f64),
                 false => "-".to_string(),
             };
             println!(
-                "| {} | {n_workers} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {} | {} |",
+                "| {} | {n_workers} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {} | {} | {} | {} |",
                 kind.as_str(),
                 micros(percentile(&on_order, 50.0)),
                 micros(percentile(&on_order, 99.0)),
@@ -193,8 +197,8 @@ fn main() {
                 micros(percentile(&on_offer, 99.0)),
                 micros(percentile(&cpu_offer, 50.0)),
                 micros(percentile(&cpu_offer, 99.0)),
-                micros(percentile(&whole, 50.0)),
-                micros(percentile(&whole, 99.0)),
+                whole_micros(50.0),
+                whole_micros(99.0),
                 share(good_order, &on_order),
                 share(good_offer, &on_offer),
             );

@@ -77,6 +77,9 @@ impl Keyed {
     }
 }
 
+/// An engine with its cost by the keys.
+type Costed = (f64, WorkerId);
+
 /// The engines' keys and their four orders.
 #[derive(Debug, Default)]
 pub(super) struct Favoured {
@@ -263,8 +266,8 @@ impl Favoured {
         let (now_s, least) = (now_ms as f64 / 1000.0, least_uncached.max(0.0));
         let mut walks = self.orders.each_ref().map(|order| order.iter());
         // The cheapest found so far, cheapest first: of all, and of those drained (relieved).
-        let (mut top, mut drained): (Vec<(f64, WorkerId)>, Vec<(f64, WorkerId)>) = (Vec::new(), Vec::new());
-        let keep = |top: &mut Vec<(f64, WorkerId)>, cost: f64, id: WorkerId| {
+        let (mut top, mut drained): (Vec<Costed>, Vec<Costed>) = (Vec::new(), Vec::new());
+        let keep = |top: &mut Vec<Costed>, cost: f64, id: WorkerId| {
             if (top.len() < k || cost < top[k - 1].0) && !top.iter().any(|&(_, kept)| kept == id) {
                 let at = top.partition_point(|&(c, _)| c <= cost);
                 top.insert(at, (cost, id));
@@ -289,7 +292,7 @@ impl Favoured {
             let [Some((_, a)), Some((_, b)), Some((_, c)), Some((_, d))] = fronts else { break };
             let bound = (a.drained_s + a.idle_s).max(now_s + b.idle_s) + least * c.slope_s;
             let relieved_bound = now_s + b.idle_s + least * d.relieved_slope_s;
-            let done = |top: &Vec<(f64, WorkerId)>, bound: f64| top.len() == k && top[k - 1].0 <= bound;
+            let done = |top: &Vec<Costed>, bound: f64| top.len() == k && top[k - 1].0 <= bound;
             if done(&top, bound) && done(&drained, relieved_bound) {
                 break;
             }
