@@ -98,6 +98,20 @@ where
 {
     let total = schedule.len();
     let first_us = if total == 0 { 0 } else { schedule.timestamp_us(0) };
+    let timed_positions: Vec<usize> = schedule.timed().collect();
+    // Requests prepared ahead of their due time, by position; the open-loop ones before
+    // `timed_prepared` are. Those due within the first LOOKAHEAD are prepared before the clock
+    // starts.
+    let mut prepared: HashMap<usize, Fut> = HashMap::new();
+    let mut timed_prepared = 0usize;
+    let lookahead_us = LOOKAHEAD.as_micros() as u64;
+    while let Some(&position) = timed_positions.get(timed_prepared) {
+        if schedule.timestamp_us(position).saturating_sub(first_us) >= lookahead_us {
+            break;
+        }
+        prepared.insert(position, prepare(position));
+        timed_prepared += 1;
+    }
     let started = Instant::now();
     let at = |us: u64| started + Duration::from_micros(us.saturating_sub(first_us));
     let clock_us = |instant: Instant| first_us + instant.duration_since(started).as_micros() as u64;
@@ -106,10 +120,6 @@ where
     let mut timed = schedule.timed().peekable();
     // Later turns whose previous turn ended: (due, position), soonest first.
     let mut due_turns: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-    // Requests prepared ahead of their due time, by position; `timed` requests up to here are.
-    let mut prepared: HashMap<usize, Fut> = HashMap::new();
-    let mut timed_prepared = 0usize;
-    let timed_positions: Vec<usize> = schedule.timed().collect();
     let mut tasks: JoinSet<(usize, T, Instant, Instant)> = JoinSet::new();
     // Each task's request, for a task that panicked.
     let mut task_positions: HashMap<tokio::task::Id, usize> = HashMap::new();
@@ -125,17 +135,6 @@ where
     };
     let mut last_progress = Instant::now();
     loop {
-        // Prepare the open-loop requests due soon (at least the next one).
-        let horizon = Instant::now() + LOOKAHEAD;
-        while let Some(&position) = timed_positions.get(timed_prepared) {
-            if timed_prepared > 0 && at(schedule.timestamp_us(position)) > horizon {
-                break;
-            }
-            if at(schedule.timestamp_us(position)) < hard_stop {
-                prepared.insert(position, prepare(position));
-            }
-            timed_prepared += 1;
-        }
         let next_timed = timed.peek().map(|&position| (schedule.timestamp_us(position), position));
         let next = match (next_timed, due_turns.peek().map(|Reverse(turn)| *turn)) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -147,11 +146,17 @@ where
             break;
         }
         let due = next.map_or(hard_stop, |(due_us, _)| at(due_us));
-        // The next preparation: the soonest open-loop request not prepared, LOOKAHEAD ahead.
-        let prepare_at = timed_positions
+        // The next preparation: the soonest open-loop request not prepared, LOOKAHEAD ahead of
+        // its due time. One at a time, so that a request due meanwhile is not kept waiting.
+        while timed_positions.get(timed_prepared).is_some_and(|&position| sent_us[position].is_some()) {
+            timed_prepared += 1; // sent before its turn to be prepared came (prepared then)
+        }
+        let prepare_next = timed_positions
             .get(timed_prepared)
-            .map(|&position| at(schedule.timestamp_us(position)).checked_sub(LOOKAHEAD).unwrap_or(started))
-            .filter(|&when| when < due);
+            .copied()
+            .filter(|&position| at(schedule.timestamp_us(position)) < hard_stop);
+        let prepare_at = prepare_next
+            .map(|position| at(schedule.timestamp_us(position)).checked_sub(LOOKAHEAD).unwrap_or(started));
         tokio::select! {
             biased;
             _ = tokio::time::sleep_until(hard_stop) => {
@@ -223,7 +228,11 @@ where
                     due_turns.push(Reverse((due_us, next)));
                 }
             }
-            _ = tokio::time::sleep_until(prepare_at.unwrap_or(hard_stop)), if prepare_at.is_some() => {}
+            _ = tokio::time::sleep_until(prepare_at.unwrap_or(hard_stop)), if prepare_at.is_some() => {
+                let position = prepare_next.expect("a request to prepare");
+                prepared.insert(position, prepare(position));
+                timed_prepared += 1;
+            }
         }
     }
     run.wall = started.elapsed();
