@@ -36,7 +36,9 @@ use kvgate_trace::{Trace, TraceFormat};
 
 pub use error::ReplayError;
 pub use report::{json_all, markdown_all, ReplayReport};
-pub use request::{request_body, send, send_payload, send_with_headers, Endpoint, Observed, RequestError, SseReader};
+pub use request::{
+    request_body, send, send_payload, send_with_headers, Endpoint, Observed, RequestError, SseReader,
+};
 
 /// Options of `kvgate replay`.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
@@ -311,7 +313,8 @@ async fn replay_one(
     let total = trace.requests.len();
     let requests = Arc::new(trace.requests.clone());
     let (client, endpoint) = (client.clone(), args.endpoint);
-    let header_names = [args.tenant_header.clone(), args.priority_header.clone(), args.session_header.clone()];
+    let header_names =
+        [args.tenant_header.clone(), args.priority_header.clone(), args.session_header.clone()];
     let urls = Arc::new(urls);
     // Run ahead of the request's due time (on the sending thread): its body, serialized.
     let prepare = move |position: usize| {

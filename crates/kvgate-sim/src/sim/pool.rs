@@ -5,15 +5,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
+use kvgate_engine::RequestStats;
 use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch, Tier};
 use kvgate_index::{
     choose_index, ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, IndexInputs,
     IndexKind, IndexView, Namespace, PrefixIndex, PrefixIndexMode, ReadOnlyTree, Residency, StoredBlocks,
 };
-use kvgate_engine::RequestStats;
 use kvgate_policy::{
-    build_policy, Answered, Candidate, LoadSample, Policy, PolicyConfig, PolicyKind, PredictedTtft, RouteRequest,
-    WorkerId,
+    build_policy, Answered, Candidate, LoadSample, Policy, PolicyConfig, PolicyKind, PredictedTtft,
+    RouteRequest, WorkerId,
 };
 use kvgate_route::{IndexMode, Offer, Planning};
 
