@@ -27,6 +27,7 @@ mod request;
 mod schedule;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvgate_config::{Checks, FieldError, Range, ValidationErrors};
@@ -35,7 +36,9 @@ use kvgate_trace::{Trace, TraceFormat};
 
 pub use error::ReplayError;
 pub use report::{json_all, markdown_all, ReplayReport};
-pub use request::{request_body, send, send_with_headers, Endpoint, Observed, RequestError, SseReader};
+pub use request::{
+    request_body, send, send_payload, send_with_headers, Endpoint, Observed, RequestError, SseReader,
+};
 
 /// Options of `kvgate replay`.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
@@ -296,6 +299,7 @@ async fn replay_one(
         Some(model) => model.clone(),
         None => discover_model(client, &base_urls[0]).await?,
     };
+    let report_model = model.clone();
     let urls: Vec<String> = base_urls.iter().map(|base| format!("{base}{}", args.endpoint.path())).collect();
     let url = urls.join(",");
     let schedule = SessionSchedule::new(&trace.requests, args.rate_scale);
@@ -307,34 +311,30 @@ async fn replay_one(
     let settings =
         schedule::ScheduleSettings { limit: args.concurrency_limit, deadline, show_progress: true };
     let total = trace.requests.len();
-    let mut sends = 0usize;
-    let run = schedule::run_schedule(
-        &schedule,
-        settings,
-        |position| {
-            let request = trace.requests[position].clone();
-            let url = urls[sends % urls.len()].clone();
-            sends += 1;
-            let (client, model, endpoint) = (client.clone(), model.clone(), args.endpoint);
-            let mut headers = Vec::new();
-            for (name, value) in [
-                (&args.tenant_header, &request.tenant),
-                (&args.priority_header, &request.priority),
-                (&args.session_header, &request.session_id),
-            ] {
-                if let Some(value) = value {
-                    headers.push((name.clone(), value.clone()));
-                }
-            }
-            async move {
-                let body = request::request_body(&request, &model, endpoint);
-                let result = send_with_headers(&client, &url, &body, &headers).await;
-                (request.tenant, result)
-            }
-        },
-        |message| (None, Err(RequestError::Send(message))),
-    )
-    .await;
+    let requests = Arc::new(trace.requests.clone());
+    let (client, endpoint) = (client.clone(), args.endpoint);
+    let header_names =
+        [args.tenant_header.clone(), args.priority_header.clone(), args.session_header.clone()];
+    let urls = Arc::new(urls);
+    // Run ahead of the request's due time (on the sending thread): its body, serialized.
+    let prepare = move |position: usize| {
+        let request = &requests[position];
+        let url = urls[position % urls.len()].clone();
+        let headers: Vec<(String, String)> = header_names
+            .iter()
+            .zip([&request.tenant, &request.priority, &request.session_id])
+            .filter_map(|(name, value)| value.as_ref().map(|value| (name.clone(), value.clone())))
+            .collect();
+        let payload = serde_json::to_vec(&request::request_body(request, &model, endpoint))
+            .expect("a JSON value always serializes");
+        let (client, tenant) = (client.clone(), request.tenant.clone());
+        async move { (tenant, request::send_payload(&client, &url, payload, &headers).await) }
+    };
+    let run = schedule::run_on_sending_thread(schedule, settings, prepare, |message| {
+        (None, Err(RequestError::Send(message)))
+    })
+    .await
+    .map_err(|e| ReplayError::http("starting the sending thread", e))?;
     let sent = run.sent;
     let results: Vec<_> = run.results.into_iter().map(|(_, result)| result).collect();
     let wall = run.wall;
@@ -346,7 +346,7 @@ async fn replay_one(
         label,
         trace: args.trace.display().to_string(),
         url,
-        model,
+        model: report_model,
         endpoint: args.endpoint,
         speedup: args.rate_scale,
         requests_in_trace: total,

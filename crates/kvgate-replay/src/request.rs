@@ -66,6 +66,17 @@ pub async fn send_with_headers(
     headers: &[(String, String)],
 ) -> Result<Observed, RequestError> {
     let payload = serde_json::to_vec(body).expect("a JSON value always serializes");
+    send_payload(client, url, payload, headers).await
+}
+
+/// [`send_with_headers`] with the body already serialized (`kvgate replay` builds it ahead of
+/// the request's due time): the time to first token counts from here.
+pub async fn send_payload(
+    client: &reqwest::Client,
+    url: &str,
+    payload: Vec<u8>,
+    headers: &[(String, String)],
+) -> Result<Observed, RequestError> {
     let started = Instant::now();
     let mut builder =
         client.post(url).header("content-type", "application/json").header("accept", "text/event-stream");

@@ -4,6 +4,15 @@
 //! at most `--concurrency-limit` requests in flight; nothing sent, and nothing waited for, past
 //! the deadline. The sending itself is the caller's (a future per request), so the scheduler is
 //! tested on its own in paused time.
+//!
+//! Keeping time while hundreds of answers stream in: the scheduler prepares each request ahead
+//! of its due time (`prepare(position)`: the caller builds its body then, so that at the due
+//! time only the send is left) and hands the prepared future at its due time to the runtime that
+//! reads the answers (`spawn_on`). `kvgate replay` runs the scheduler on a thread of its own
+//! ([`run_on_sending_thread`]): on the runtime that read the answers, building a burst's bodies
+//! and reading hundreds of streams kept its timer waiting, and the sends of S10's rollouts
+//! went out 50-120 ms late (docs/BENCHMARKS.md, S9 and S10 over HTTP). The delay reported is
+//! measured when each request's future first runs, behind its due time.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -12,9 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvgate_trace::{SessionFigures, SessionSchedule};
+use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+
+/// How far ahead of its due time a request is prepared (its body built).
+const LOOKAHEAD: Duration = Duration::from_millis(200);
 
 /// How the schedule runs.
 #[derive(Clone, Copy, Debug)]
@@ -34,7 +47,7 @@ pub(crate) struct ScheduleSettings {
 pub(crate) struct ScheduleRun<T> {
     pub results: Vec<(usize, T)>,
     pub sent: usize,
-    /// Sum over the sends of how late each was behind its due time.
+    /// Sum over the requests that ran of how late each began behind its due time.
     pub send_delay_total: Duration,
     /// Requests still running at the deadline.
     pub deadline_hits: u64,
@@ -43,12 +56,39 @@ pub(crate) struct ScheduleRun<T> {
     pub sessions: Option<SessionFigures>,
 }
 
-/// Sends every request of `schedule` by `send(position)` at its time; returns once every request
-/// sent has ended, or at the deadline. A request whose future panicked ends as `failed(message)`.
+/// Runs [`run_schedule`] on a thread of its own (a single-threaded runtime that only keeps time
+/// and prepares requests), the requests running on the caller's runtime: a dedicated thread
+/// that sleeps between sends wakes on time however busy the runtime reading the answers is.
+pub(crate) async fn run_on_sending_thread<T, F, Fut>(
+    schedule: SessionSchedule,
+    settings: ScheduleSettings,
+    prepare: F,
+    failed: fn(String) -> T,
+) -> std::io::Result<ScheduleRun<T>>
+where
+    T: Send + 'static,
+    F: FnMut(usize) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let answers = Handle::current();
+    let (done, run) = tokio::sync::oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+    std::thread::Builder::new().name("kvgate-replay-send".into()).spawn(move || {
+        let run = runtime.block_on(run_schedule(&schedule, settings, &answers, prepare, failed));
+        let _ = done.send(run);
+    })?;
+    run.await.map_err(|_| std::io::Error::other("the sending thread ended without a report"))
+}
+
+/// Sends every request of `schedule` at its time: `prepare(position)` ahead of it (within
+/// [`LOOKAHEAD`], a later turn as soon as its time is known), the future it returned spawned on
+/// `spawn_on` at the due time; returns once every request sent has ended, or at the deadline. A
+/// request whose future panicked ends as `failed(message)`.
 pub(crate) async fn run_schedule<T, F, Fut>(
     schedule: &SessionSchedule,
     settings: ScheduleSettings,
-    mut send: F,
+    spawn_on: &Handle,
+    mut prepare: F,
     failed: fn(String) -> T,
 ) -> ScheduleRun<T>
 where
@@ -58,6 +98,20 @@ where
 {
     let total = schedule.len();
     let first_us = if total == 0 { 0 } else { schedule.timestamp_us(0) };
+    let timed_positions: Vec<usize> = schedule.timed().collect();
+    // Requests prepared ahead of their due time, by position; the open-loop ones before
+    // `timed_prepared` are. Those due within the first LOOKAHEAD are prepared before the clock
+    // starts.
+    let mut prepared: HashMap<usize, Fut> = HashMap::new();
+    let mut timed_prepared = 0usize;
+    let lookahead_us = LOOKAHEAD.as_micros() as u64;
+    while let Some(&position) = timed_positions.get(timed_prepared) {
+        if schedule.timestamp_us(position).saturating_sub(first_us) >= lookahead_us {
+            break;
+        }
+        prepared.insert(position, prepare(position));
+        timed_prepared += 1;
+    }
     let started = Instant::now();
     let at = |us: u64| started + Duration::from_micros(us.saturating_sub(first_us));
     let clock_us = |instant: Instant| first_us + instant.duration_since(started).as_micros() as u64;
@@ -66,10 +120,11 @@ where
     let mut timed = schedule.timed().peekable();
     // Later turns whose previous turn ended: (due, position), soonest first.
     let mut due_turns: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-    let mut tasks: JoinSet<(usize, T, Instant)> = JoinSet::new();
+    let mut tasks: JoinSet<(usize, T, Instant, Instant)> = JoinSet::new();
     // Each task's request, for a task that panicked.
     let mut task_positions: HashMap<tokio::task::Id, usize> = HashMap::new();
     let (mut sent_us, mut ended_us) = (vec![None; total], vec![None; total]);
+    let mut due_at: Vec<Option<Instant>> = vec![None; total];
     let mut run = ScheduleRun {
         results: Vec::new(),
         sent: 0,
@@ -91,6 +146,17 @@ where
             break;
         }
         let due = next.map_or(hard_stop, |(due_us, _)| at(due_us));
+        // The next preparation: the soonest open-loop request not prepared, LOOKAHEAD ahead of
+        // its due time. One at a time, so that a request due meanwhile is not kept waiting.
+        while timed_positions.get(timed_prepared).is_some_and(|&position| sent_us[position].is_some()) {
+            timed_prepared += 1; // sent before its turn to be prepared came (prepared then)
+        }
+        let prepare_next = timed_positions
+            .get(timed_prepared)
+            .copied()
+            .filter(|&position| at(schedule.timestamp_us(position)) < hard_stop);
+        let prepare_at = prepare_next
+            .map(|position| at(schedule.timestamp_us(position)).checked_sub(LOOKAHEAD).unwrap_or(started));
         tokio::select! {
             biased;
             _ = tokio::time::sleep_until(hard_stop) => {
@@ -98,24 +164,7 @@ where
                 tasks.abort_all();
                 break;
             }
-            Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                let (position, result, ended) = match joined {
-                    Ok((id, done)) => {
-                        task_positions.remove(&id);
-                        done
-                    }
-                    Err(error) => {
-                        let position = task_positions.remove(&error.id()).expect("a spawned task");
-                        (position, failed(error.to_string()), Instant::now())
-                    }
-                };
-                let ended = clock_us(ended);
-                ended_us[position] = Some(ended);
-                run.results.push((position, result));
-                if let Some(turn) = schedule.next_turn(position, ended) {
-                    due_turns.push(Reverse((turn.1, turn.0)));
-                }
-            }
+            // A request due is sent before answers that ended are counted.
             _ = tokio::time::sleep_until(due), if next.is_some() => {
                 let (due_us, position) = next.expect("a request is due");
                 if next == next_timed {
@@ -127,16 +176,23 @@ where
                     permit = limit.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
                     _ = tokio::time::sleep_until(hard_stop) => continue,
                 };
+                let request = match prepared.remove(&position) {
+                    Some(request) => request,
+                    None => prepare(position),
+                };
                 let now = Instant::now();
-                run.send_delay_total += now.saturating_duration_since(at(due_us));
                 run.sent += 1;
                 sent_us[position] = Some(clock_us(now));
-                let request = send(position);
-                let task = tasks.spawn(async move {
-                    let result = request.await;
-                    drop(permit);
-                    (position, result, Instant::now())
-                });
+                due_at[position] = Some(at(due_us));
+                let task = tasks.spawn_on(
+                    async move {
+                        let begun = Instant::now();
+                        let result = request.await;
+                        drop(permit);
+                        (position, result, begun, Instant::now())
+                    },
+                    spawn_on,
+                );
                 task_positions.insert(task.id(), position);
                 if settings.show_progress && last_progress.elapsed() >= Duration::from_secs(5) {
                     last_progress = Instant::now();
@@ -147,6 +203,35 @@ where
                         started.elapsed().as_secs_f64()
                     );
                 }
+            }
+            Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                let (position, result, ended) = match joined {
+                    Ok((id, (position, result, begun, ended))) => {
+                        task_positions.remove(&id);
+                        if let Some(due) = due_at[position] {
+                            run.send_delay_total += begun.saturating_duration_since(due);
+                        }
+                        (position, result, ended)
+                    }
+                    Err(error) => {
+                        let position = task_positions.remove(&error.id()).expect("a spawned task");
+                        (position, failed(error.to_string()), Instant::now())
+                    }
+                };
+                let ended = clock_us(ended);
+                ended_us[position] = Some(ended);
+                run.results.push((position, result));
+                if let Some((next, due_us)) = schedule.next_turn(position, ended) {
+                    if at(due_us) < hard_stop {
+                        prepared.insert(next, prepare(next));
+                    }
+                    due_turns.push(Reverse((due_us, next)));
+                }
+            }
+            _ = tokio::time::sleep_until(prepare_at.unwrap_or(hard_stop)), if prepare_at.is_some() => {
+                let position = prepare_next.expect("a request to prepare");
+                prepared.insert(position, prepare(position));
+                timed_prepared += 1;
             }
         }
     }

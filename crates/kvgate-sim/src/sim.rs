@@ -233,6 +233,20 @@ pub fn simulate_with_kv_sink<'a>(
     simulation.run(progress)
 }
 
+/// [`simulate`] on a regular fleet of `setup.fleet.n_engines()` engines routed by `policy`
+/// (standing in for the one `config` names; `config` still chooses the prefix index): tests of
+/// what the host tells a policy.
+#[cfg(test)]
+pub(crate) fn simulate_with_policy(
+    trace: &Trace,
+    setup: &SimSetup,
+    config: &PolicyConfig,
+    policy: std::sync::Arc<dyn kvgate_policy::Policy>,
+) -> SimOutcome {
+    let pools = vec![SimPool::with_policy(config, policy, 0, setup.fleet.n_engines())];
+    Simulation::new(trace, setup, pools, None, None).run(&mut |_, _| {})
+}
+
 /// Runs `trace` on a fresh regular fleet of `setup.fleet.n_engines()` engines routed by
 /// `outside` instead of a kvgate policy (see [`crate::outside`]): the engines publish KV events
 /// to it, and it is told of every first token and finish. A disaggregated `setup.fleet` is
@@ -540,6 +554,13 @@ impl<'a> Simulation<'a> {
         for output in outputs.drain(..) {
             match output {
                 EngineOutput::Finished { id, mut stats } => {
+                    // Submitted to the engine, and its arrival at the gateway (before any
+                    // admission queue).
+                    let submitted_us = stats.arrival_us;
+                    if self.pd.is_none() {
+                        stats.arrival_us = stats.arrival_us.min(self.arrival_us[id as usize]);
+                        self.pools[pool].answered(worker, id, &stats);
+                    }
                     self.pools[pool].ended(worker, id);
                     if let Some(outside) = self.outside.as_mut() {
                         outside.finished(worker, id, now);
@@ -549,9 +570,6 @@ impl<'a> Simulation<'a> {
                     } else {
                         self.outcome.prefill_tokens_by_engine[engine] +=
                             u64::from(stats.prompt_tokens.saturating_sub(stats.cached_tokens));
-                        // Its arrival at the gateway, before any admission queue.
-                        let submitted_us = stats.arrival_us;
-                        stats.arrival_us = stats.arrival_us.min(self.arrival_us[id as usize]);
                         let config = self.engines[engine].config();
                         let uncached = stats.prompt_tokens.saturating_sub(stats.cached_tokens)
                             + config.load_work_tokens(stats.offloaded_tokens);

@@ -342,6 +342,7 @@ fn the_exact_index_knows_what_engines_evicted() {
     assert!(believed(1) < 0.1 && believed(0) > 0.4, "tree {} vs exact {}", believed(0), believed(1));
 }
 
+mod answers;
 mod outside;
 mod overload;
 mod pd;

@@ -43,6 +43,7 @@ fn replay(
         run_schedule(
             &schedule,
             settings,
+            &tokio::runtime::Handle::current(),
             |position| {
                 let (seen, answer) = (seen.clone(), Duration::from_millis(answer_ms[position]));
                 async move {

@@ -5,13 +5,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
+use kvgate_engine::RequestStats;
 use kvgate_engine::{EngineLoad, KvEvent, KvEventBatch, Tier};
 use kvgate_index::{
     choose_index, ApproxIndex, BlockIndex, CacheBlocks, CacheId, InFlightBlocks, InFlightPrompt, IndexInputs,
     IndexKind, IndexView, Namespace, PrefixIndex, PrefixIndexMode, ReadOnlyTree, Residency, StoredBlocks,
 };
 use kvgate_policy::{
-    build_policy, Candidate, LoadSample, Policy, PolicyConfig, PolicyKind, RouteRequest, WorkerId,
+    build_policy, Answered, Candidate, LoadSample, Policy, PolicyConfig, PolicyKind, PredictedTtft,
+    RouteRequest, WorkerId,
 };
 use kvgate_route::{IndexMode, Offer, Planning};
 
@@ -43,6 +45,9 @@ pub struct SimPool {
     pub(super) first_engine: usize,
     in_flight: Vec<u64>,
     loads: Vec<Option<LoadSample>>,
+    /// What the decision of each request in flight predicted (kv_aware's), handed to the
+    /// policy with its answer ([`SimPool::answered`]).
+    predicted: HashMap<u64, PredictedTtft>,
 }
 
 impl SimPool {
@@ -51,6 +56,16 @@ impl SimPool {
     /// on them, prompts are token ids and the events always flow, so `prefix_index=auto` is
     /// exact here; else the approximate tree.
     pub fn new(config: &PolicyConfig, first_engine: usize, n_workers: usize) -> SimPool {
+        SimPool::with_policy(config, build_policy(config), first_engine, n_workers)
+    }
+
+    /// [`SimPool::new`] routed by `policy` (built from `config`, or standing in for it).
+    pub(crate) fn with_policy(
+        config: &PolicyConfig,
+        policy: Arc<dyn Policy>,
+        first_engine: usize,
+        n_workers: usize,
+    ) -> SimPool {
         let index = choose_index(&IndexInputs {
             mode: config.prefix_index,
             has_kv_events: config.uses_exact_index(),
@@ -67,7 +82,6 @@ impl SimPool {
         } else {
             Prefix::Approximate(Box::new(ApproxIndex::new(config.tree_settings())))
         };
-        let policy = build_policy(config);
         SimPool {
             needs_loads: policy.needs_loads(),
             prefix_index: config.prefix_index,
@@ -76,6 +90,7 @@ impl SimPool {
             first_engine,
             in_flight: vec![0; n_workers],
             loads: vec![None; n_workers],
+            predicted: HashMap::new(),
         }
     }
 
@@ -134,8 +149,31 @@ impl SimPool {
         }
     }
 
+    /// Request `id`'s decision predicted `predicted` (kv_aware's decisions do): kept until its
+    /// answer ([`SimPool::answered`]).
+    pub(super) fn predicted(&mut self, id: u64, predicted: PredictedTtft) {
+        self.predicted.insert(id, predicted);
+    }
+
+    /// Request `id` finished on `worker` (`stats`: the engine's, its arrival the gateway's): the
+    /// policy learns from the answer what the gateway's usage tap teaches it when a stream ends
+    /// (`kvgate_observe::accuracy::Learn`: the decision's prediction, the prompt and cached
+    /// tokens the engine reported, the time from arrival to the first token). Only requests
+    /// whose decision predicted a time to first token.
+    pub(super) fn answered(&mut self, worker: usize, id: u64, stats: &RequestStats) {
+        let Some(predicted) = self.predicted.remove(&id) else { return };
+        self.policy.on_answered(&Answered {
+            worker: worker as WorkerId,
+            predicted,
+            prompt_tokens: stats.prompt_tokens,
+            cached_tokens: stats.cached_tokens.min(stats.prompt_tokens),
+            ttft_s: stats.ttft_us() as f64 / 1e6,
+        });
+    }
+
     /// Request `id` left `worker`: it no longer counts in flight (nor does its prompt).
     pub fn ended(&mut self, worker: usize, id: u64) {
+        self.predicted.remove(&id);
         self.in_flight[worker] -= 1;
         if let Prefix::Exact { in_flight, prompts, .. } = &mut self.prefix {
             if let Some(prompt) = prompts.remove(&id) {

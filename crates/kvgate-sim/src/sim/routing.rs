@@ -75,6 +75,9 @@ impl Simulation<'_> {
         for (pool, decision, with_prompt) in picks {
             let worker = decision.worker as usize;
             self.pools[pool].routed(worker, id, if with_prompt { prompt } else { &[] });
+            if let Some(predicted) = decision.predicted {
+                self.pools[pool].predicted(id, predicted);
+            }
             self.count_decision(pool, id, &decision);
             sent.workers[pool] = Some(worker);
         }
