@@ -76,10 +76,12 @@ struct State {
     favoured: favoured::Favoured,
 }
 
-/// The routing times of the pool's recent requests (the last four load-poll intervals).
+/// The routing times of the pool's recent requests (the last four load-poll intervals), and
+/// whether each followed a request with the same whole prompt routed moments before to the same
+/// engine (a sample of a prompt sampled n times at once, S10).
 #[derive(Debug, Default)]
 struct Arrivals {
-    times: std::collections::VecDeque<u64>,
+    times: std::collections::VecDeque<(u64, bool)>,
 }
 
 impl Arrivals {
@@ -87,19 +89,35 @@ impl Arrivals {
         poll_ms.saturating_mul(4).max(1)
     }
 
-    fn record(&mut self, now_ms: u64, poll_ms: u64) {
+    fn record(&mut self, now_ms: u64, poll_ms: u64, follower: bool) {
         let window = Self::window_ms(poll_ms);
-        while self.times.front().is_some_and(|&at| at + window < now_ms) {
+        while self.times.front().is_some_and(|&(at, _)| at + window < now_ms) {
             self.times.pop_front();
         }
-        self.times.push_back(now_ms);
+        self.times.push_back((now_ms, follower));
+    }
+
+    fn recent(&self, now_ms: u64, poll_ms: u64) -> impl Iterator<Item = bool> + '_ {
+        let window = Self::window_ms(poll_ms);
+        self.times.iter().filter(move |&&(at, _)| at + window >= now_ms).map(|&(_, follower)| follower)
     }
 
     /// Requests per second over the window before `now_ms`.
     fn per_sec(&self, now_ms: u64, poll_ms: u64) -> f64 {
-        let window = Self::window_ms(poll_ms);
-        let recent = self.times.iter().filter(|&&at| at + window >= now_ms).count();
-        recent as f64 * 1000.0 / window as f64
+        self.recent(now_ms, poll_ms).count() as f64 * 1000.0 / Self::window_ms(poll_ms) as f64
+    }
+
+    /// The requests that followed each leading one to its engine over the window (0 when none
+    /// followed): what a new prompt's decision is expected to place besides itself.
+    fn followers_per_leader(&self, now_ms: u64, poll_ms: u64) -> f64 {
+        let (mut leaders, mut followers) = (0u64, 0u64);
+        for follower in self.recent(now_ms, poll_ms) {
+            match follower {
+                true => followers += 1,
+                false => leaders += 1,
+            }
+        }
+        followers as f64 / leaders.max(1) as f64
     }
 }
 
@@ -148,6 +166,22 @@ struct Scored {
     allowed: bool,
     /// Kept out by the wait margin (its queue alone is too long compared with the best TTFT).
     waits_too_long: bool,
+    /// The requests expected to follow this one wherever it goes (see [`Scored::cost`]).
+    followers: f64,
+}
+
+impl Scored {
+    /// What the choice minimises: the predicted time to first token once for the request and
+    /// once for each request expected to follow it there, plus its costs to the others. The
+    /// first sample of a prompt sampled n times at once (S10's rollouts) decides where its
+    /// n - 1 siblings go (a prompt routed moments ago is computed there once, so they follow
+    /// it), and each of them waits there as long as it does: counted once, its wait was
+    /// outweighed by the cost of recomputing a shared prefix elsewhere, and a task family's
+    /// new prompts queued on the one engine holding the family's prefix, 25K uncached tokens
+    /// (3 s of prefill) in one burst while an engine got none.
+    fn cost(&self) -> f64 {
+        self.predicted.cost() + self.followers * self.predicted.total()
+    }
 }
 
 /// Keeps out every allowed candidate whose queued prefill alone exceeds `margin` x the best
@@ -285,6 +319,14 @@ impl KvAwarePolicy {
         let whole_prompt = prompt_key(request);
         let recent_ms = now_ms.saturating_sub(poll_ms.saturating_mul(ROUTED_POLLS));
         let arrivals_per_sec = state.arrivals.per_sec(now_ms, poll_ms) / candidates.pool_size() as f64;
+        // A request whose whole prompt no candidate was sent moments ago leads: the samples of
+        // its prompt that follow go where it goes.
+        let leads = whole_prompt
+            .is_none_or(|hash| candidates.iter().all(|c| !routed.holds_prompt(c.id, hash, recent_ms)));
+        let followers = match leads && whole_prompt.is_some() {
+            true => state.arrivals.followers_per_leader(now_ms, poll_ms),
+            false => 0.0,
+        };
         let mut scored = candidates
             .iter()
             .enumerate()
@@ -329,7 +371,7 @@ impl KvAwarePolicy {
                 };
                 let predicted = predict(&s.predict, &view);
                 let allowed = !below_exists || kv[i].is_none_or(|k| k <= s.overload);
-                Scored { predicted, uncached, allowed, waits_too_long: false }
+                Scored { predicted, uncached, allowed, waits_too_long: false, followers }
             })
             .collect::<Vec<_>>();
         relieve_waiting_holders(&mut scored, candidates.iter().map(|c| prefix.matched(c.id)), s.predict);
@@ -341,7 +383,7 @@ impl KvAwarePolicy {
     /// at random), or a softmax sample at temperature > 0.
     fn choose(&self, candidates: &[Candidate], scored: &[Scored], rng: &mut dyn rand::RngCore) -> usize {
         let allowed = || (0..candidates.len()).filter(|&i| scored[i].allowed);
-        let cost = |i: usize| scored[i].predicted.cost();
+        let cost = |i: usize| scored[i].cost();
         let temperature = self.settings.temperature;
         if temperature > 0.0 {
             let best = allowed().map(cost).fold(f64::INFINITY, f64::min);
@@ -442,8 +484,10 @@ impl Policy for KvAwarePolicy {
         let uncached = routed.decision.uncached_tokens.unwrap_or(0.0);
         let sent = Sent { requests: 1.0, tokens: uncached };
         let prompt = prompt_key(routed.request);
+        let recent_ms = now_ms.saturating_sub(poll_ms.saturating_mul(ROUTED_POLLS));
+        let follower = prompt.is_some_and(|hash| log.holds_prompt(routed.decision.worker, hash, recent_ms));
         log.record_prompt(routed.decision.worker, now_ms, sent, prompt, poll_ms.saturating_mul(ROUTED_POLLS));
-        arrivals.record(now_ms, poll_ms);
+        arrivals.record(now_ms, poll_ms, follower);
         let inputs = favoured::Inputs { settings: &self.settings.predict, rates, routed: log };
         favoured.routed(routed.decision.worker, shortlisted, &inputs);
     }
@@ -558,9 +602,8 @@ impl KvAwarePolicy {
             // What the decision gave up: the best of the others it could have chosen.
             let runner_up = (0..scored.len())
                 .filter(|&i| i != chosen && scored[i].allowed)
-                .map(|i| scored[i].predicted)
-                .min_by(|a, b| a.cost().total_cmp(&b.cost()))
-                .map(|predicted| predicted.total());
+                .min_by(|&a, &b| scored[a].cost().total_cmp(&scored[b].cost()))
+                .map(|i| scored[i].predicted.total());
             let predicted = PredictedTtft { runner_up_s: runner_up, ..scored[chosen].predicted };
             outcome = Some((chosen, predicted, scored[chosen].uncached, matches, reason));
             Some(candidates[chosen].id)

@@ -386,6 +386,7 @@ fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
         uncached: 0.0,
         allowed: true,
         waits_too_long: false,
+        followers: 0.0,
     };
     let recompute = |scored: &[Scored]| scored.iter().map(|s| s.predicted.recompute_s).collect::<Vec<_>>();
     // Two holders waiting 20 and 30 s; without the prefix, a free engine, one waiting for KV
@@ -429,4 +430,32 @@ fn samples_of_one_prompt_follow_it_before_the_engine_reports_it() {
         let next = route();
         assert_eq!((next.worker, next.uncached_tokens), (first.worker, Some(0.0)));
     }
+}
+
+/// A new prompt's decision places the samples that will follow it too: its predicted wait
+/// counts once per request expected to follow it (the pool's recent followers per leading
+/// request), so a holder of its prefix with a queue loses to an idle engine sooner when whole
+/// groups of samples arrive (S10: a task family's new prompts queued 3 s deep on the one
+/// engine holding the family's prefix while another got none).
+#[test]
+fn a_prompt_sampled_n_times_weighs_its_wait_n_times() {
+    let family = prompt(5, 8_000);
+    let new_prompt: Vec<u32> = family.iter().copied().chain(prompt(6, 1_000)).collect();
+    // Engine 2 holds the family's prefix behind 3 s of queued prefill; 0 and 1 are idle.
+    let candidates = pool(&[(0, 0.1), (0, 0.1), (24_000, 0.1)]);
+    let mut alone = Harness::new(config());
+    alone.index.record(PromptKey::Tokens(&family), 2, NOW);
+    let d = alone.route(&new_prompt, &candidates);
+    assert_eq!(d.worker, 2, "one request: 3 s of queue is cheaper than recomputing 8,000 tokens");
+
+    let mut sampled = Harness::new(config());
+    sampled.index.record(PromptKey::Tokens(&family), 2, NOW);
+    let other = prompt(7, 3_000);
+    let first = sampled.route(&other, &candidates).worker;
+    for _ in 0..11 {
+        assert_eq!(sampled.route(&other, &candidates).worker, first, "the samples stay together");
+    }
+    let d = sampled.route(&new_prompt, &candidates);
+    assert!(d.worker != 2 && d.worker != first, "12 requests wait 3 s there: {d:?}");
+    assert_eq!(d.uncached_tokens, Some(9_000.0));
 }
