@@ -23,13 +23,13 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tokio::sync::watch as signal;
 
+pub use kube::Client;
 use kvgate_fleet::registration::Registration;
 use kvgate_fleet::registry::NewWorker;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::role::WorkerRole;
 use pod::{pod_key, pod_target, PodTarget};
 use reconcile::{Action, Reconciler};
-pub use kube::Client;
 pub use settings::{DiscoveryError, DiscoverySettings};
 
 /// The workers discovery wants registered, and those it registered itself (only those leave
