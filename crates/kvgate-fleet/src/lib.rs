@@ -5,10 +5,9 @@
 //! (`tokenize`), a large pool's load order (`pool_order`), the engines' last loads (`load_snapshot`), and the loops that keep them current:
 //! health checks (`health`), the load monitor (`monitor`), the schedule both poll on
 //! (`poll_schedule`), the KV-event subscriptions
-//! (`kv_events`), registration (`registration`) and Kubernetes discovery (`discovery`). Nothing here
-//! knows a request path or the gateway's assembled state.
+//! (`kv_events`) and registration (`registration`; Kubernetes discovery, `kvgate-discovery`, goes
+//! through it). Nothing here knows a request path or the gateway's assembled state.
 
-pub mod discovery;
 pub mod health;
 pub mod index_health;
 pub mod kv_events;

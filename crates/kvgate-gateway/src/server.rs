@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin;
 use crate::listen::{self, Surface};
-use kvgate_fleet::discovery::{Discovery, DiscoverySettings};
+use kvgate_discovery::{Discovery, DiscoverySettings};
 use kvgate_fleet::health::HealthLoop;
 use kvgate_fleet::monitor::LoadMonitor;
 use kvgate_fleet::registry::{NewWorker, Registry};
@@ -376,7 +376,7 @@ pub async fn start(config: GatewayConfig) -> Result<GatewayHandle, StartError> {
 /// discovery when they are on.
 fn spawn_background(
     state: &AppState,
-    discovery: Option<(DiscoverySettings, kube::Client)>,
+    discovery: Option<(DiscoverySettings, kvgate_discovery::Client)>,
     shutdown: &watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
     let config = &state.config;
@@ -463,12 +463,7 @@ fn spawn_background(
             events: state.metrics.discovery_events.clone(),
             pd_disaggregation: config.pd_disaggregation,
         };
-        background.push(tokio::spawn(kvgate_fleet::discovery::run(
-            discovery,
-            client,
-            settings,
-            shutdown.clone(),
-        )));
+        background.push(kvgate_discovery::spawn(discovery, client, settings, shutdown.clone()));
     }
     background
 }

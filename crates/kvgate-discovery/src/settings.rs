@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use futures_util::future::BoxFuture;
+
 use super::pod::PodRules;
 use kvgate_gateway_core::config::{label_selector, GatewayConfig};
 use kvgate_protocol::role::WorkerRole;
@@ -60,8 +62,14 @@ impl DiscoverySettings {
         })
     }
 
-    /// A client of the cluster: the kubeconfig given, else inferred.
-    pub async fn client(&self) -> Result<kube::Client, DiscoveryError> {
+    /// A client of the cluster: the kubeconfig given, else inferred. Boxed, so that kube's
+    /// generic code is compiled in this crate (optimised for size in release builds), not in the
+    /// gateway's that awaits it.
+    pub fn client(&self) -> BoxFuture<'_, Result<kube::Client, DiscoveryError>> {
+        Box::pin(self.connect())
+    }
+
+    async fn connect(&self) -> Result<kube::Client, DiscoveryError> {
         let config = match &self.kubeconfig {
             Some(path) => {
                 let kubeconfig = kube::config::Kubeconfig::read_from(path)

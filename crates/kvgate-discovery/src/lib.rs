@@ -1,7 +1,13 @@
-//! Kubernetes service discovery: one pod watch (kube-rs `watcher`: list, then watch, re-list
-//! when the watch breaks) per role's label selector. Ready pods join the registry through the
-//! same path as `POST /workers`; pods deleted or no longer Ready leave through the same path as
+//! kvgate-discovery: Kubernetes service discovery for the gateway, on `kvgate-fleet`'s
+//! registration. One pod watch (kube-rs `watcher`: list, then watch, re-list when the watch
+//! breaks) per role's label selector. Ready pods join the registry through the same path as
+//! `POST /workers`; pods deleted or no longer Ready leave through the same path as
 //! `DELETE /workers`, so requests already in flight on them finish.
+//!
+//! A crate of its own, entered through [`spawn`] and [`DiscoverySettings::client`] (neither
+//! generic nor async), so that the Kubernetes client's generic code (the watcher, the pod types'
+//! deserializers) is compiled here, optimised for size in release builds, and not in the
+//! gateway's crate, whose request path is optimised for speed (docs/BENCHMARKS.md, release build).
 
 mod pod;
 mod reconcile;
@@ -17,13 +23,14 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tokio::sync::watch as signal;
 
-use crate::registration::Registration;
-use crate::registry::NewWorker;
+pub use kube::Client;
+use kvgate_fleet::registration::Registration;
+use kvgate_fleet::registry::NewWorker;
 use kvgate_gateway_core::error::ApiError;
 use kvgate_protocol::role::WorkerRole;
 use pod::{pod_key, pod_target, PodTarget};
 use reconcile::{Action, Reconciler};
-pub use settings::DiscoverySettings;
+pub use settings::{DiscoveryError, DiscoverySettings};
 
 /// The workers discovery wants registered, and those it registered itself (only those leave
 /// with their pods; a worker given by flag or `POST /workers` is never removed by discovery).
@@ -44,8 +51,18 @@ pub struct Discovery {
     pub pd_disaggregation: bool,
 }
 
+/// Watch the pods on a task of its own until `shutdown`.
+pub fn spawn(
+    discovery: Discovery,
+    client: kube::Client,
+    settings: DiscoverySettings,
+    shutdown: signal::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(run(discovery, client, settings, shutdown))
+}
+
 /// Watch the pods until `shutdown`; the watcher retries with backoff on API errors.
-pub async fn run(
+async fn run(
     discovery: Discovery,
     client: kube::Client,
     settings: DiscoverySettings,
