@@ -52,6 +52,24 @@ struct CircuitInner {
     opened_at: Option<Instant>,
 }
 
+/// Changes, on any worker, of what the poll loops' schedules read: a request begun, an answer,
+/// its health, its circuit, its model, its load sample forgotten. While it stands still (and no
+/// worker needs a look at every tick) the health loop and the load monitor visit only the
+/// workers whose time came instead of the whole fleet (`poll_schedule::Visits`). One count for
+/// the process: another gateway's changes in the same process only cost a visit of every worker.
+static ACTIVITY: AtomicU64 = AtomicU64::new(0);
+
+/// The count of changes so far (see [`ACTIVITY`]). Read before the workers' state: a change
+/// made after the read is seen at the next one.
+pub fn activity() -> u64 {
+    ACTIVITY.load(Ordering::Acquire)
+}
+
+/// A change a poll loop's schedule reads was made (after the change itself).
+pub(crate) fn moved() {
+    ACTIVITY.fetch_add(1, Ordering::Release);
+}
+
 /// closed → open after N consecutive failures → half-open after the timeout → closed on a success,
 /// open again on a failure.
 ///
@@ -90,6 +108,7 @@ impl CircuitBreaker {
     fn update_clean(&self, inner: &CircuitInner) {
         let clean = inner.state == CircuitState::Closed && inner.consecutive_failures == 0;
         self.clean.store(clean, Ordering::Release);
+        moved();
     }
 
     /// The state at `now` (an open circuit whose timeout passed turns half-open).
@@ -365,7 +384,9 @@ impl Worker {
 
     /// Record a discovered model; returns false when one was already set.
     pub fn set_model(&self, model: String) -> bool {
-        self.model.set(model).is_ok()
+        let set = self.model.set(model).is_ok();
+        moved();
+        set
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -384,6 +405,7 @@ impl Worker {
     pub fn begin_request(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.requests_begun.fetch_add(1, Ordering::Relaxed);
+        moved();
         self.refresh_order();
     }
 
@@ -412,6 +434,7 @@ impl Worker {
     /// It answered a proxied request (with anything but a server error).
     pub fn record_answer(&self) {
         self.answers.fetch_add(1, Ordering::Relaxed);
+        moved();
     }
 
     /// Answers to proxied requests so far.
@@ -454,6 +477,7 @@ impl Worker {
         // SeqCst with the order's handle (an `ArcSwap`): a worker attached to an order while its
         // health changes is refreshed by one side or the other after the change.
         self.healthy.store(healthy, Ordering::SeqCst);
+        moved();
         self.refresh_order();
     }
 }
