@@ -90,8 +90,8 @@ struct Tick {
 }
 
 /// One tick. Once an interval (`full_round`): drop entries of workers that left or are not
-/// routable (every entry while no policy reads loads), and carry forward the samples of quiet
-/// workers. Then poll the routable workers due, concurrently: found by visiting every worker
+/// routable (every entry while no policy reads loads; only when the registry, the fleet's
+/// activity or the polling changed since), and carry forward the samples of quiet workers. Then poll the routable workers due, concurrently: found by visiting every worker
 /// once an interval and whenever anything moved, else among those whose time came.
 async fn poll_due(
     monitor: &LoadMonitor,
@@ -107,7 +107,7 @@ async fn poll_due(
     let activity = crate::worker::activity();
     let now = Instant::now();
     let snapshot = monitor.registry.snapshot();
-    if full_round {
+    if full_round && registered.trim_due(&snapshot, activity, polling) {
         let routable: HashSet<WorkerId> = if polling {
             snapshot.workers.iter().filter(|w| w.is_routable(now)).map(|w| w.id).collect()
         } else {
@@ -118,9 +118,9 @@ async fn poll_due(
         let registered = registered.current(&monitor.registry);
         sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
         schedule.retain(registered);
-        if polling {
-            carry_forward(monitor, schedule, &snapshot.workers, registered);
-        }
+    }
+    if full_round && polling {
+        carry_forward(monitor, schedule, &snapshot.workers, registered.current(&monitor.registry));
     }
     if !polling {
         return;
@@ -235,9 +235,23 @@ fn carry_forward(
 struct Registered {
     snapshot: Option<Arc<PoolSnapshot>>,
     ids: HashSet<WorkerId>,
+    /// The registry's snapshot, the fleet's activity and the polling at the last trim.
+    trimmed: Option<(Arc<PoolSnapshot>, u64, bool)>,
 }
 
 impl Registered {
+    /// Whether a full round trims the snapshot and the maps (anything they keep may have gone
+    /// since the last trim), noted as the last trim if so.
+    fn trim_due(&mut self, snapshot: &Arc<PoolSnapshot>, activity: u64, polling: bool) -> bool {
+        let same = self.trimmed.as_ref().is_some_and(|(known, at, was)| {
+            Arc::ptr_eq(known, snapshot) && *at == activity && *was == polling
+        });
+        if !same {
+            self.trimmed = Some((snapshot.clone(), activity, polling));
+        }
+        !same
+    }
+
     fn current(&mut self, registry: &Registry) -> &HashSet<WorkerId> {
         let snapshot = registry.snapshot();
         if !self.snapshot.as_ref().is_some_and(|known| Arc::ptr_eq(known, &snapshot)) {
