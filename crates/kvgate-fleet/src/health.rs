@@ -92,6 +92,9 @@ impl HealthLoop {
         let mut attention = false;
         let mut due = Vec::new();
         for worker in &visited {
+            if every {
+                worker.settle();
+            }
             let answers = worker.answers();
             // A worker out of its steady state (unhealthy, its model unknown, its circuit open or
             // half-open) is probed every interval: a half-open circuit closes at its next passed

@@ -140,6 +140,9 @@ async fn poll_due(
     let mut pending: FuturesUnordered<_> = visited
         .iter()
         .filter_map(|worker| {
+            if every {
+                worker.settle();
+            }
             let mark = worker.requests_begun();
             let routable = worker.is_routable(now);
             if routable && !published.contains_key(&worker.id) {
