@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use crate::load_snapshot::LoadSnapshot;
-use crate::poll_schedule::{Due, PollSchedule};
+use crate::poll_schedule::{Due, PollSchedule, Visits};
 use crate::registry::Registry;
 use crate::worker::{CircuitState, Worker};
 use kvgate_gateway_core::metrics::Metrics;
@@ -51,12 +51,14 @@ impl HealthLoop {
         // Each tick's probes run as one batch beside the later ticks' (a slow or hung worker
         // holds back no tick).
         let mut batches = FuturesUnordered::new();
+        let mut visits = Visits::default();
         let mut round = 0u32;
         loop {
             tokio::select! {
                 _ = interval.tick() => {
                     round = round.wrapping_add(1);
-                    let due = self.start_due(&mut schedule, round.is_multiple_of(TICKS_PER_INTERVAL));
+                    let full_round = round.is_multiple_of(TICKS_PER_INTERVAL);
+                    let due = self.start_due(&mut schedule, &mut visits, full_round);
                     if !due.is_empty() {
                         batches.push(self.check_batch(due));
                     }
@@ -69,12 +71,30 @@ impl HealthLoop {
 
     /// The workers due now, each marked in flight: a worker that answered live traffic since its
     /// last probe passes without one. Once an interval (`full_round`) every worker's gauges are
-    /// refreshed and removed workers forgotten.
-    fn start_due(&self, schedule: &mut PollSchedule, full_round: bool) -> Vec<(Arc<Worker>, u64)> {
+    /// refreshed and removed workers forgotten. Every worker is visited once an interval and
+    /// whenever anything moved, else only those whose time came (as the load monitor's ticks).
+    fn start_due(
+        &self,
+        schedule: &mut PollSchedule,
+        visits: &mut Visits,
+        full_round: bool,
+    ) -> Vec<(Arc<Worker>, u64)> {
+        // Read before any worker's state: a change made after it is seen by the next tick.
+        let activity = crate::worker::activity();
         let snapshot = self.registry.snapshot();
         let now = Instant::now();
+        let every = visits.every_worker(&snapshot, activity, full_round);
+        let visited: Vec<Arc<Worker>> = if every {
+            snapshot.workers.clone()
+        } else {
+            schedule.due_by_time(now).iter().filter_map(|id| visits.by_id.get(id).cloned()).collect()
+        };
+        let mut attention = false;
         let mut due = Vec::new();
-        for worker in &snapshot.workers {
+        for worker in &visited {
+            if every {
+                worker.settle();
+            }
             let answers = worker.answers();
             // A worker out of its steady state (unhealthy, its model unknown, its circuit open or
             // half-open) is probed every interval: a half-open circuit closes at its next passed
@@ -84,6 +104,7 @@ impl HealthLoop {
                 && worker.circuit.state(now) == CircuitState::Closed;
             if !steady {
                 schedule.hurry(worker.id);
+                attention = true;
             }
             match schedule.due(worker.id, answers, now) {
                 Due::NotYet => {}
@@ -96,6 +117,9 @@ impl HealthLoop {
                     due.push((worker.clone(), answers));
                 }
             }
+        }
+        if every {
+            visits.attention = attention;
         }
         if full_round {
             schedule.retain(&snapshot.workers.iter().map(|w| w.id).collect());

@@ -52,6 +52,7 @@ impl LoadSnapshot {
             next
         });
         self.orders.set_loads([(worker, None)]);
+        crate::worker::moved();
     }
 
     /// Keep only the entries of `workers`.

@@ -15,7 +15,7 @@ use prometheus::IntCounterVec;
 use tokio::sync::watch;
 
 use crate::load_snapshot::LoadSnapshot;
-use crate::poll_schedule::{Due, PollSchedule};
+use crate::poll_schedule::{Due, PollSchedule, Visits};
 use crate::registry::{PoolSnapshot, Registry};
 use crate::worker::Worker;
 use kvgate_gateway_core::clock::Clock;
@@ -69,33 +69,45 @@ impl LoadMonitor {
         let sources: Arc<Mutex<HashMap<WorkerId, Source>>> = Arc::default();
         let mut schedule = PollSchedule::new(interval, MAX_BACKOFF);
         let mut registered = Registered::default();
+        let mut visits = Visits::default();
         for tick in 0u32.. {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = shutdown.changed() => return,
             }
             let full_round = tick.is_multiple_of(TICKS_PER_INTERVAL);
-            poll_due(&self, &sources, &mut schedule, &mut registered, interval, full_round).await;
+            let tick = Tick { interval, full_round };
+            poll_due(&self, &sources, &mut schedule, &mut registered, &mut visits, tick).await;
         }
     }
 }
 
+/// The poll interval, and whether this tick is the interval's first (`full_round`).
+#[derive(Clone, Copy)]
+struct Tick {
+    interval: Duration,
+    full_round: bool,
+}
+
 /// One tick. Once an interval (`full_round`): drop entries of workers that left or are not
-/// routable (every entry while no policy reads loads), and carry forward the samples of quiet
-/// workers. Then poll the routable workers due, concurrently.
+/// routable (every entry while no policy reads loads; only when the registry, the fleet's
+/// activity or the polling changed since), and carry forward the samples of quiet workers. Then poll the routable workers due, concurrently: found by visiting every worker
+/// once an interval and whenever anything moved, else among those whose time came.
 async fn poll_due(
     monitor: &LoadMonitor,
     sources: &Arc<Mutex<HashMap<WorkerId, Source>>>,
     schedule: &mut PollSchedule,
     registered: &mut Registered,
-    interval: Duration,
-    full_round: bool,
+    visits: &mut Visits,
+    Tick { interval, full_round }: Tick,
 ) {
     let polling = monitor.always_poll || monitor.registry.policies_need_loads();
     monitor.loads.set_active(polling);
+    // Read before any worker's state: a change made after it is seen by the next tick.
+    let activity = crate::worker::activity();
     let now = Instant::now();
     let snapshot = monitor.registry.snapshot();
-    if full_round {
+    if full_round && registered.trim_due(&snapshot, activity, polling) {
         let routable: HashSet<WorkerId> = if polling {
             snapshot.workers.iter().filter(|w| w.is_routable(now)).map(|w| w.id).collect()
         } else {
@@ -106,9 +118,9 @@ async fn poll_due(
         let registered = registered.current(&monitor.registry);
         sources.lock().unwrap_or_else(|p| p.into_inner()).retain(|id, _| registered.contains(id));
         schedule.retain(registered);
-        if polling {
-            carry_forward(monitor, schedule, &snapshot.workers, registered);
-        }
+    }
+    if full_round && polling {
+        carry_forward(monitor, schedule, &snapshot.workers, registered.current(&monitor.registry));
     }
     if !polling {
         return;
@@ -118,15 +130,26 @@ async fn poll_due(
     // A routable worker without a sample (just added, healthy again, its circuit closed again)
     // is polled within an interval whatever its back-off: a policy has no load to read for it.
     let published = monitor.loads.load();
-    let mut pending: FuturesUnordered<_> = snapshot
-        .workers
+    let every = visits.every_worker(&snapshot, activity, full_round);
+    let visited: Vec<Arc<Worker>> = if every {
+        snapshot.workers.clone()
+    } else {
+        schedule.due_by_time(now).iter().filter_map(|id| visits.by_id.get(id).cloned()).collect()
+    };
+    let mut attention = false;
+    let mut pending: FuturesUnordered<_> = visited
         .iter()
         .filter_map(|worker| {
+            if every {
+                worker.settle();
+            }
             let mark = worker.requests_begun();
             let routable = worker.is_routable(now);
             if routable && !published.contains_key(&worker.id) {
                 schedule.hurry(worker.id);
+                attention = true;
             }
+            attention |= !routable;
             match schedule.due(worker.id, mark, now) {
                 Due::NotYet => None,
                 _ if !routable => None,
@@ -136,26 +159,41 @@ async fn poll_due(
             }
         })
         .collect();
-    drop(published);
-    // Answers are published as they arrive, a burst at a time: one copy of the snapshot per
-    // burst (not per worker, which made a round quadratic in the fleet size), and a hung worker
-    // still delays nobody.
-    let mut arrived = Vec::new();
-    while let Some(answer) = pending.next().await {
-        let mut answers = vec![answer];
-        while let Some(Some(answer)) = pending.next().now_or_never() {
-            answers.push(answer);
-        }
-        let (published, now) = (monitor.loads.load(), Instant::now());
-        for ((id, sample), mark, due) in answers {
-            let unchanged = due == Due::Quiet
-                && sample.zip(published.get(&id)).is_some_and(|(new, old)| same_load(&new, old));
-            schedule.polled(id, mark, unchanged, now);
-            arrived.extend(sample.map(|sample| (id, sample)));
-        }
-        drop(published);
-        publish(monitor, registered, &mut arrived);
+    if every {
+        visits.attention = attention;
     }
+    drop(published);
+    // Answers are published together once the tick's polls have all answered, or a tick after
+    // the first unpublished one arrived: one copy of the snapshot per tick (a copy per burst of
+    // answers, 10,000 entries at 10,000 workers, was most of an idle gateway's cost per poll),
+    // and a hung worker delays the others' samples by a tick at most.
+    let wait = (interval / TICKS_PER_INTERVAL).max(Duration::from_millis(10));
+    let mut arrived = Vec::new();
+    let mut publish_by: Option<tokio::time::Instant> = None;
+    loop {
+        let next = match publish_by {
+            Some(deadline) => match tokio::time::timeout_at(deadline, pending.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    publish(monitor, registered, &mut arrived);
+                    publish_by = None;
+                    continue;
+                }
+            },
+            None => pending.next().await,
+        };
+        let Some(((id, sample), mark, due)) = next else { break };
+        let published = monitor.loads.load();
+        let unchanged = due == Due::Quiet
+            && sample.zip(published.get(&id)).is_some_and(|(new, old)| same_load(&new, old));
+        drop(published);
+        schedule.polled(id, mark, unchanged, Instant::now());
+        if let Some(sample) = sample {
+            arrived.push((id, sample));
+            publish_by.get_or_insert_with(|| tokio::time::Instant::now() + wait);
+        }
+    }
+    publish(monitor, registered, &mut arrived);
 }
 
 /// Whether two samples say the same but for when they were taken.
@@ -200,9 +238,23 @@ fn carry_forward(
 struct Registered {
     snapshot: Option<Arc<PoolSnapshot>>,
     ids: HashSet<WorkerId>,
+    /// The registry's snapshot, the fleet's activity and the polling at the last trim.
+    trimmed: Option<(Arc<PoolSnapshot>, u64, bool)>,
 }
 
 impl Registered {
+    /// Whether a full round trims the snapshot and the maps (anything they keep may have gone
+    /// since the last trim), noted as the last trim if so.
+    fn trim_due(&mut self, snapshot: &Arc<PoolSnapshot>, activity: u64, polling: bool) -> bool {
+        let same = self.trimmed.as_ref().is_some_and(|(known, at, was)| {
+            Arc::ptr_eq(known, snapshot) && *at == activity && *was == polling
+        });
+        if !same {
+            self.trimmed = Some((snapshot.clone(), activity, polling));
+        }
+        !same
+    }
+
     fn current(&mut self, registry: &Registry) -> &HashSet<WorkerId> {
         let snapshot = registry.snapshot();
         if !self.snapshot.as_ref().is_some_and(|known| Arc::ptr_eq(known, &snapshot)) {

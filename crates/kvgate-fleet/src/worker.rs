@@ -52,6 +52,24 @@ struct CircuitInner {
     opened_at: Option<Instant>,
 }
 
+/// Changes, on any worker, of what the poll loops' schedules read: a request begun, an answer,
+/// its health, its circuit, its model, its load sample forgotten. While it stands still (and no
+/// worker needs a look at every tick) the health loop and the load monitor visit only the
+/// workers whose time came instead of the whole fleet (`poll_schedule::Visits`). One count for
+/// the process: another gateway's changes in the same process only cost a visit of every worker.
+static ACTIVITY: AtomicU64 = AtomicU64::new(0);
+
+/// The count of changes so far (see [`ACTIVITY`]). Read before the workers' state: a change
+/// made after the read is seen at the next one.
+pub fn activity() -> u64 {
+    ACTIVITY.load(Ordering::Acquire)
+}
+
+/// A change a poll loop's schedule reads was made (after the change itself).
+pub(crate) fn moved() {
+    ACTIVITY.fetch_add(1, Ordering::Release);
+}
+
 /// closed → open after N consecutive failures → half-open after the timeout → closed on a success,
 /// open again on a failure.
 ///
@@ -90,6 +108,7 @@ impl CircuitBreaker {
     fn update_clean(&self, inner: &CircuitInner) {
         let clean = inner.state == CircuitState::Closed && inner.consecutive_failures == 0;
         self.clean.store(clean, Ordering::Release);
+        moved();
     }
 
     /// The state at `now` (an open circuit whose timeout passed turns half-open).
@@ -189,6 +208,8 @@ pub struct Worker {
     /// Answers it gave to proxied requests that were not server errors, ever: passive health
     /// (the health loop need not probe a worker that answered since its last probe).
     answers: AtomicU64,
+    /// It bumped the fleet's activity count since a poll loop last visited every worker.
+    stirred: AtomicBool,
     pub circuit: CircuitBreaker,
     pub series: WorkerSeries,
     /// Keep-alive connections to this worker for proxied requests.
@@ -238,6 +259,7 @@ impl Worker {
             in_flight: AtomicU64::new(0),
             requests_begun: AtomicU64::new(0),
             answers: AtomicU64::new(0),
+            stirred: AtomicBool::new(false),
             circuit: CircuitBreaker::new(circuit),
             series,
             conns: Arc::new(ConnPool::new(&url)),
@@ -365,7 +387,9 @@ impl Worker {
 
     /// Record a discovered model; returns false when one was already set.
     pub fn set_model(&self, model: String) -> bool {
-        self.model.set(model).is_ok()
+        let set = self.model.set(model).is_ok();
+        moved();
+        set
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -383,8 +407,26 @@ impl Worker {
 
     pub fn begin_request(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.requests_begun.fetch_add(1, Ordering::Relaxed);
+        self.requests_begun.fetch_add(1, Ordering::SeqCst);
+        self.stir();
         self.refresh_order();
+    }
+
+    /// Its activity mark moved: the fleet's activity count is bumped, once until a poll loop's
+    /// next visit of every worker (`settle`), not per request (one shared count written by every
+    /// request would be a cache line bouncing between the cores).
+    fn stir(&self) {
+        // SeqCst with the mark's increment and `settle`: either the loop's visit reads the moved
+        // mark, or this sees the flag it cleared and bumps the count.
+        if !self.stirred.load(Ordering::SeqCst) && !self.stirred.swap(true, Ordering::SeqCst) {
+            moved();
+        }
+    }
+
+    /// A poll loop visits every worker: this one's next request or answer bumps the fleet's
+    /// activity count again. Called before its marks are read.
+    pub(crate) fn settle(&self) {
+        self.stirred.store(false, Ordering::SeqCst);
     }
 
     /// Its pool's load order, if the pool keeps one.
@@ -406,17 +448,18 @@ impl Worker {
 
     /// Requests sent to it so far.
     pub fn requests_begun(&self) -> u64 {
-        self.requests_begun.load(Ordering::Relaxed)
+        self.requests_begun.load(Ordering::SeqCst)
     }
 
     /// It answered a proxied request (with anything but a server error).
     pub fn record_answer(&self) {
-        self.answers.fetch_add(1, Ordering::Relaxed);
+        self.answers.fetch_add(1, Ordering::SeqCst);
+        self.stir();
     }
 
     /// Answers to proxied requests so far.
     pub fn answers(&self) -> u64 {
-        self.answers.load(Ordering::Relaxed)
+        self.answers.load(Ordering::SeqCst)
     }
 
     pub fn end_request(&self) {
@@ -454,6 +497,7 @@ impl Worker {
         // SeqCst with the order's handle (an `ArcSwap`): a worker attached to an order while its
         // health changes is refreshed by one side or the other after the change.
         self.healthy.store(healthy, Ordering::SeqCst);
+        moved();
         self.refresh_order();
     }
 }
@@ -611,5 +655,27 @@ mod tests {
         let [AccuracyChange::Raised(disagreement)] = raised[..] else { panic!("{raised:?}") };
         assert_eq!(disagreement.cause, kvgate_index::LikelyCause::IndexUnderclaims);
         assert!(disagreement.error_share < 0.01 && disagreement.wrong_share < 0.25, "{disagreement:?}");
+    }
+
+    #[test]
+    fn a_request_or_answer_bumps_the_fleet_activity_once_until_a_visit_of_every_worker() {
+        let settings =
+            CircuitSettings { enabled: false, failure_threshold: 1, open_duration: Duration::ZERO };
+        let series = kvgate_gateway_core::metrics::Metrics::new().worker_series("http://127.0.0.1:1");
+        let worker =
+            Worker::new(0, "http://127.0.0.1:1".into(), Some("m".into()), true, settings, series, None);
+        // Other tests' workers bump the same count: only "it moved" can be asserted of it.
+        let before = activity();
+        worker.begin_request();
+        assert!(activity() > before && worker.stirred.load(Ordering::SeqCst));
+        worker.begin_request();
+        worker.record_answer();
+        assert!(worker.stirred.load(Ordering::SeqCst), "stirred until a visit settles it");
+        assert_eq!((worker.requests_begun(), worker.answers()), (2, 1));
+        worker.settle();
+        assert!(!worker.stirred.load(Ordering::SeqCst));
+        let before = activity();
+        worker.record_answer();
+        assert!(activity() > before && worker.stirred.load(Ordering::SeqCst));
     }
 }
