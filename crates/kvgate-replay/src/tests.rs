@@ -257,10 +257,13 @@ async fn flushing_between_targets_keeps_the_second_run_from_reusing_the_first_ru
 #[tokio::test]
 async fn a_failed_flush_is_a_clear_error() {
     let trace = kvgate_trace::Trace::parse_mooncake(TRACE.as_bytes()).unwrap();
-    // A port nothing listens on.
+    // A server that hangs up on every connection (kept bound for the test: a port freed to mean
+    // "closed" could be taken by another test's server meanwhile).
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", listener.local_addr().unwrap())
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || listener.incoming().take(16).for_each(drop));
+        url
     };
     let fleet = spawn_fleet(fast_engines()).await.unwrap();
     let mut args = ReplayArgs::new("inline", fleet.urls()[0].clone());
