@@ -27,6 +27,23 @@ fn yaml_file_with_command_line_overrides() {
 }
 
 #[test]
+fn yaml_scalars_read_as_strings_with_flags_laid_over_as_without() {
+    // A plain scalar is a string where the field is one (`api_key: 1234`), and laying flags over
+    // the file (a second read of the merged YAML) keeps every value as the file gave it.
+    let yaml = "api_key: 1234\nkv_events_topic: 7\nrequest_timeout_secs: 30\nrouting:\n  cache_threshold: .nan\nmodels:\n  m: {policy: manual}\n";
+    let cli = GatewayConfig { port: 0, ..GatewayConfig::default() };
+    for explicit in [&[][..], &["port".to_string()][..]] {
+        let config = GatewayConfig::with_file(yaml, &cli, explicit).unwrap();
+        assert_eq!(config.api_key.as_deref(), Some("1234"), "{explicit:?}");
+        assert_eq!(config.kv_events_topic, "7");
+        assert_eq!(config.request_timeout_secs, 30.0);
+        assert!(config.routing.cache_threshold.is_nan(), "NaN reaches validation");
+        assert_eq!(config.models["m"]["policy"], serde_norway::Value::String("manual".into()));
+        assert_eq!(config.port, if explicit.is_empty() { 30000 } else { 0 });
+    }
+}
+
+#[test]
 fn yaml_unknown_keys_and_wrong_types_are_errors_named_by_path() {
     let load =
         |yaml: &str| GatewayConfig::with_file(yaml, &GatewayConfig::default(), &[]).unwrap_err().to_string();
