@@ -100,6 +100,21 @@ impl RoutedLog {
             .is_some_and(|queue| queue.iter().any(|e| e.at_ms >= since_ms && e.prompt == Some(prompt)))
     }
 
+    /// How many requests with the whole prompt of hash `prompt` were routed to `worker` at or
+    /// after `since_ms`, and the prompt tokens the first of them was expected to compute there.
+    pub fn prompt_routed(&self, worker: WorkerId, prompt: u64, since_ms: u64) -> (f64, f64) {
+        let mut found = (0.0, 0.0);
+        for entry in self.routed.get(&worker).into_iter().flatten() {
+            if entry.at_ms >= since_ms && entry.prompt == Some(prompt) {
+                if found.0 == 0.0 {
+                    found.1 = entry.tokens;
+                }
+                found.0 += entry.requests;
+            }
+        }
+        found
+    }
+
     /// Every remembered `(routed at, tokens)` of `worker`, oldest first.
     pub fn entries(&self, worker: WorkerId) -> impl Iterator<Item = (u64, f64)> + '_ {
         self.routed.get(&worker).into_iter().flat_map(|queue| queue.iter().map(|e| (e.at_ms, e.tokens)))

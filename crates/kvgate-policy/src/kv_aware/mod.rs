@@ -481,12 +481,18 @@ impl Policy for KvAwarePolicy {
             }
         }
         observe_reports(rates, &routed.candidates, log, now_ms, poll_ms);
-        let uncached = routed.decision.uncached_tokens.unwrap_or(0.0);
-        let sent = Sent { requests: 1.0, tokens: uncached };
+        let worker = routed.decision.worker;
         let prompt = prompt_key(routed.request);
         let recent_ms = now_ms.saturating_sub(poll_ms.saturating_mul(ROUTED_POLLS));
-        let follower = prompt.is_some_and(|hash| log.holds_prompt(routed.decision.worker, hash, recent_ms));
-        log.record_prompt(routed.decision.worker, now_ms, sent, prompt, poll_ms.saturating_mul(ROUTED_POLLS));
+        let follower = prompt.is_some_and(|hash| log.holds_prompt(worker, hash, recent_ms));
+        let mut uncached = routed.decision.uncached_tokens.unwrap_or(0.0);
+        if let Some(hash) = prompt.filter(|_| follower) {
+            let engine = routed.candidates.iter().find(|c| c.id == worker);
+            let rate = rates.rates(worker).prefill_tokens_per_sec;
+            uncached = uncached.max(first_follower_recompute(log, engine, hash, now_ms, poll_ms, rate));
+        }
+        let sent = Sent { requests: 1.0, tokens: uncached };
+        log.record_prompt(worker, now_ms, sent, prompt, poll_ms.saturating_mul(ROUTED_POLLS));
         arrivals.record(now_ms, poll_ms, follower);
         let inputs = favoured::Inputs { settings: &self.settings.predict, rates, routed: log };
         favoured.routed(routed.decision.worker, shortlisted, &inputs);
@@ -550,6 +556,34 @@ struct View<'a> {
     arrivals: &'a Arrivals,
     /// The pool's KV terms over every engine's report, on a shortlist of a large pool.
     pool_kv: Option<favoured::PoolKv>,
+}
+
+/// The prompt tokens the first sample to follow a prompt (of hash `prompt`, routed once to
+/// `engine` over the last four load polls) computes there again: the engine admits it while
+/// the prompt's prefill is still running, and it matches only the blocks stored so far, so it
+/// computes what is still queued of the prompt (at most the prompt's own uncached tokens). The
+/// decision charges it nothing (the prompt is pending there, and the samples go where it went),
+/// but the engine's queue holds that work and the requests routed after it wait behind it:
+/// uncounted, S10's followers computed 235K tokens (seed 1) the queue never had, against 283K
+/// for the prompts' first samples, and a task family's new prompts kept going to the family's
+/// holder as if its queue were little more than half as long as it was. Later samples are
+/// admitted once the prompt is stored (0).
+fn first_follower_recompute(
+    log: &RoutedLog,
+    engine: Option<&Candidate>,
+    prompt: u64,
+    now_ms: u64,
+    poll_ms: u64,
+    prefill_tokens_per_sec: f64,
+) -> f64 {
+    let recent_ms = now_ms.saturating_sub(poll_ms.saturating_mul(ROUTED_POLLS));
+    let Some(engine) = engine else { return 0.0 };
+    let (routed_before, leader_tokens) = log.prompt_routed(engine.id, prompt, recent_ms);
+    if routed_before != 1.0 {
+        return 0.0;
+    }
+    let load = fresh_load(engine, now_ms, poll_ms);
+    leader_tokens.min(queued_tokens(engine, load.as_ref(), log, now_ms, prefill_tokens_per_sec))
 }
 
 /// Every candidate's fresh load report, taken into account by the rate learner (once per report).

@@ -459,3 +459,41 @@ fn a_prompt_sampled_n_times_weighs_its_wait_n_times() {
     assert!(d.worker != 2 && d.worker != first, "12 requests wait 3 s there: {d:?}");
     assert_eq!(d.uncached_tokens, Some(9_000.0));
 }
+
+/// The first sample to follow a prompt is admitted while the prompt's prefill still runs and
+/// computes again what is still queued of it: the engine's queue counts that work (S10's
+/// followers computed 235K tokens the queue never had), though the decision charges it nothing
+/// (the samples go where the prompt went). Later samples, and a first one arriving once the
+/// prompt is computed, add nothing.
+#[test]
+fn the_first_sample_to_follow_a_prompt_computes_what_is_still_queued_of_it() {
+    let candidates = pool(&[(0, 0.1), (0, 0.1)]);
+    let queued_on = |h: &Harness, worker: WorkerId| {
+        let state = h.policy.lock();
+        let engine = candidates.iter().find(|c| c.id == worker).unwrap();
+        queued_tokens(engine, engine.load.as_ref(), &state.routed, h.now_ms, 8_000.0)
+    };
+    let sampled = prompt(8, 3_000);
+    let mut h = Harness::new(config());
+    let leader = h.route(&sampled, &candidates);
+    assert_eq!(leader.uncached_tokens, Some(3_000.0));
+    for _ in 0..3 {
+        let follower = h.route(&sampled, &candidates);
+        assert_eq!((follower.worker, follower.uncached_tokens), (leader.worker, Some(0.0)));
+    }
+    assert_eq!(queued_on(&h, leader.worker), 6_000.0, "the prompt, and once more for the first follower");
+
+    // 0.25 s later, 1,000 of the prompt's 3,000 tokens are still queued: the first follower
+    // computes those again.
+    let mut late = Harness::new(config());
+    let leader = late.route(&sampled, &candidates);
+    late.now_ms += 250;
+    late.route(&sampled, &candidates);
+    assert_eq!(queued_on(&late, leader.worker), 2_000.0);
+    // Once the prompt is computed, nothing.
+    let mut done = Harness::new(config());
+    let leader = done.route(&sampled, &candidates);
+    done.now_ms += 500;
+    done.route(&sampled, &candidates);
+    assert_eq!(queued_on(&done, leader.worker), 0.0);
+}
