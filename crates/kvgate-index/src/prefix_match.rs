@@ -48,6 +48,20 @@ impl PrefixMatch {
         self.entries.iter().copied()
     }
 
+    /// Iterates `(tenant, credited_len)` for every tenant with `matched_len > 0`, by tenant id
+    /// ([`Self::credited`] of each, in one pass: the discounted credits are merged in as the
+    /// entries go, not looked up one tenant at a time).
+    pub fn iter_credited(&self) -> impl Iterator<Item = (TenantId, usize)> + '_ {
+        let mut discounted = self.discounted.iter().peekable();
+        self.entries.iter().map(move |&(tenant, matched)| {
+            while discounted.next_if(|&&(id, _)| id < tenant).is_some() {}
+            match discounted.next_if(|&&(id, _)| id == tenant) {
+                Some(&(_, credited)) => (tenant, credited),
+                None => (tenant, matched),
+            }
+        })
+    }
+
     /// The largest matched length over all tenants (0 if nothing matched).
     pub fn best(&self) -> usize {
         self.best
@@ -116,4 +130,26 @@ pub(crate) fn common_prefix_len<T: Eq>(a: &[T], b: &[T]) -> usize {
         i += 1;
     }
     i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The one pass gives every tenant's credit as `credited` looks it up.
+        #[test]
+        fn iter_credited_is_credited_of_each(
+            matches in proptest::collection::btree_map(0u32..500, (1usize..100, 0usize..100), 0..60),
+        ) {
+            let mut prefix = PrefixMatch::empty(100);
+            for (&tenant, &(matched, credited)) in &matches {
+                prefix.push_credited(tenant, matched, credited.min(matched));
+            }
+            let looked_up: Vec<(TenantId, usize)> =
+                prefix.iter().map(|(tenant, _)| (tenant, prefix.credited(tenant))).collect();
+            prop_assert_eq!(prefix.iter_credited().collect::<Vec<_>>(), looked_up);
+        }
+    }
 }

@@ -3,9 +3,9 @@
 //! stale sample cannot know yet (work queued, KV taken, requests waiting: counted in requests,
 //! not only in prompt tokens, since a cached prompt still needs its KV and its decode there).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use crate::{Candidate, LoadSample, WorkerId};
+use crate::{Candidate, LoadSample, WorkerId, WorkerMap};
 
 /// What was routed to a worker since some time: requests and their (uncached) prompt tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -27,7 +27,7 @@ struct Entry {
 /// Requests and prompt tokens routed per worker, by routing time (milliseconds on the host's clock).
 #[derive(Debug, Default)]
 pub struct RoutedLog {
-    routed: HashMap<WorkerId, VecDeque<Entry>>,
+    routed: WorkerMap<VecDeque<Entry>>,
 }
 
 impl RoutedLog {
@@ -77,16 +77,22 @@ impl RoutedLog {
     /// (by its hash) counted once.
     pub fn sent_since(&self, worker: WorkerId, since_ms: u64) -> Sent {
         let mut sent = Sent::default();
-        let mut seen: Vec<u64> = Vec::new();
-        for entry in self.routed.get(&worker).into_iter().flatten().filter(|e| e.at_ms >= since_ms) {
+        let Some(queue) = self.routed.get(&worker) else { return sent };
+        // A prompt's tokens count at its first entry since `since_ms`: an entry whose prompt an
+        // earlier one since then had is skipped (looked for among those, with no set to allocate:
+        // this runs for every candidate of every kv_aware decision).
+        let (front, back) = queue.as_slices();
+        let since = |e: &&Entry| e.at_ms >= since_ms;
+        for (at, entry) in front.iter().chain(back).enumerate() {
+            if entry.at_ms < since_ms {
+                continue;
+            }
             sent.requests += entry.requests;
-            match entry.prompt {
-                Some(hash) if seen.contains(&hash) => {}
-                Some(hash) => {
-                    seen.push(hash);
-                    sent.tokens += entry.tokens;
-                }
-                None => sent.tokens += entry.tokens,
+            let repeated = entry.prompt.is_some_and(|hash| {
+                front.iter().chain(back).take(at).filter(since).any(|e| e.prompt == Some(hash))
+            });
+            if !repeated {
+                sent.tokens += entry.tokens;
             }
         }
         sent

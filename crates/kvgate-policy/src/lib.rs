@@ -58,6 +58,10 @@ use rand::RngCore;
 /// A worker as the host knows it. Ids are assigned by the host and never reused while it runs.
 pub type WorkerId = u32;
 
+/// A map keyed by worker, on a fast fixed hash (foldhash): a kv_aware decision on a 10,000-engine
+/// pool looks workers up a few hundred times, and SipHash was 3-4 % of its CPU (issue 43).
+pub type WorkerMap<V> = std::collections::HashMap<WorkerId, V, foldhash::fast::FixedState>;
+
 /// One routable worker offered to a policy: healthy, circuit closed, serving the request's model.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {

@@ -16,7 +16,10 @@
 //! `10,100,1000,10000`), `KVGATE_BENCH_CALLS` (timed calls per row, default 2000),
 //! `KVGATE_BENCH_POLICIES` (default `cache_aware,kv_aware`; also `least_load`, `round_robin`),
 //! `KVGATE_BENCH_KV_LEARN=0` (kv_aware without its rate learner), `KVGATE_BENCH_WHOLE=0` (no
-//! whole-pool decision beside each plan: the plans alone, for a profile).
+//! whole-pool decision beside each plan: the plans alone, for a profile), `KVGATE_BENCH_OFFER=0`
+//! (every timed plan on the kept order, none on the offer), `KVGATE_BENCH_PERF_CTL=FIFO` (writes
+//! `enable` and `disable` to a `perf record --control=fifo:FIFO --delay=-1` control fifo around
+//! the timed calls, so that the profile leaves out the warm-up).
 
 // Wall-clock timing belongs to the bench, not to the pure core the clippy.toml guards.
 #![allow(clippy::disallowed_types)]
@@ -139,6 +142,13 @@ fn main() {
         .filter_map(|n| n.trim().parse().ok())
         .collect();
     let skip_whole = std::env::var("KVGATE_BENCH_WHOLE").is_ok_and(|v| v == "0");
+    let skip_offer = std::env::var("KVGATE_BENCH_OFFER").is_ok_and(|v| v == "0");
+    let perf_ctl = std::env::var("KVGATE_BENCH_PERF_CTL").ok();
+    let perf = |command: &str| {
+        if let Some(path) = &perf_ctl {
+            std::fs::write(path, format!("{command}\n")).expect("perf's control fifo");
+        }
+    };
     let calls: usize = std::env::var("KVGATE_BENCH_CALLS").ok().and_then(|n| n.parse().ok()).unwrap_or(2000);
     println!(
         "| policy | workers | kept order p50 | p99 | CPU p50 | CPU p99 | offer p50 | p99 | CPU p50 | CPU p99 | whole-pool decide p50 | p99 | as good (order) | as good (offer) |\n\
@@ -154,6 +164,7 @@ fn main() {
             let (mut on_order, mut on_offer, mut whole) = (Vec::new(), Vec::new(), Vec::new());
             let (mut good_order, mut good_offer) = (0, 0);
             let (mut cpu_order, mut cpu_offer) = (Vec::new(), Vec::new());
+            perf("enable");
             for call in 0..calls {
                 let text = &prompts[call * 7919 % prompts.len()];
                 // The whole pool first, on the state the plan then decides on.
@@ -161,7 +172,7 @@ fn main() {
                 let started = Instant::now();
                 let on_whole = (!skip_whole).then(|| black_box(bench.whole(text)));
                 whole.extend(on_whole.as_ref().map(|_| started.elapsed()));
-                let read_order = call % 2 == 1;
+                let read_order = skip_offer || call % 2 == 1;
                 bench.fleet.read_order = read_order;
                 let (started, cpu_started) = (Instant::now(), thread_cpu());
                 let chosen = black_box(bench.plan(text));
@@ -174,6 +185,7 @@ fn main() {
                     false => (on_offer.push(wall), cpu_offer.push(cpu), good_offer += good),
                 };
             }
+            perf("disable");
             for times in [&mut on_order, &mut on_offer, &mut whole, &mut cpu_order, &mut cpu_offer] {
                 times.sort();
             }

@@ -3,7 +3,6 @@
 //! the fleet benchmark plan on; a host with live workers (the gateway, the simulator) implements
 //! [`Pool`] over what it keeps.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvgate_index::{ApproxIndex, IndexKind, IndexView, PrefixIndex, PrefixIndexMode, ReadOnlyTree};
@@ -20,7 +19,7 @@ pub struct FixedPool {
     pub down: Vec<WorkerId>,
     pub tree: ApproxIndex,
     /// The workers' load order ([`FixedPool::keep_order`]) and each one's place in `workers`.
-    order: Option<(LoadOrder, HashMap<WorkerId, usize>)>,
+    order: Option<(LoadOrder, kvgate_policy::WorkerMap<usize>)>,
     /// Whether a large plan reads the kept order (the fleet bench turns it off for the offer's
     /// path, on the same pool).
     pub read_order: bool,

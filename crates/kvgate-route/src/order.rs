@@ -11,10 +11,10 @@
 //! sample that has gone stale since it was keyed (time passes, the key does not change) is found
 //! through the oldest-sample order instead and keyed again by the search.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ops::Bound::{Excluded, Unbounded};
 
-use kvgate_policy::{Candidate, LoadSample, WorkerId};
+use kvgate_policy::{Candidate, LoadSample, WorkerId, WorkerMap};
 use rand::{Rng, RngCore};
 
 /// A float key of a non-negative finite value: its bits order as the value does.
@@ -61,7 +61,7 @@ pub(crate) fn stale_keys(in_flight: u64) -> Keys {
 #[derive(Clone, Debug, Default)]
 pub struct LoadOrder {
     /// Each worker as last set, and its place in `ids`.
-    workers: HashMap<WorkerId, (Candidate, usize)>,
+    workers: WorkerMap<(Candidate, usize)>,
     /// Every worker, for draws at random.
     ids: Vec<WorkerId>,
     least: BTreeSet<(LeastKey, WorkerId)>,
@@ -193,6 +193,19 @@ impl LoadOrder {
         smallest(&self.least, k, start, accept)
     }
 
+    /// Up to `k` accepted workers of the least-loaded order, from its front, looking at no more
+    /// than `limit` workers: `None` when the limit was reached first (with fewer than `k` found
+    /// and the order not walked to its end).
+    pub(crate) fn least_loaded_within(
+        &self,
+        k: usize,
+        start: WorkerId,
+        limit: usize,
+        accept: &mut dyn FnMut(WorkerId) -> bool,
+    ) -> Option<Vec<(LeastKey, WorkerId)>> {
+        smallest_within(&self.least, k, start, limit, accept)
+    }
+
     /// Up to `k` accepted workers of the lowest KV usage.
     pub(crate) fn coldest(
         &self,
@@ -233,7 +246,20 @@ fn smallest<K: Ord + Copy>(
     start: WorkerId,
     accept: &mut dyn FnMut(WorkerId) -> bool,
 ) -> Vec<(K, WorkerId)> {
+    smallest_within(set, k, start, usize::MAX, accept).unwrap_or_default()
+}
+
+/// [`smallest`], looking at no more than `limit` entries: `None` when the limit was reached
+/// with fewer than `k` found and entries left.
+fn smallest_within<K: Ord + Copy>(
+    set: &BTreeSet<(K, WorkerId)>,
+    k: usize,
+    start: WorkerId,
+    limit: usize,
+    accept: &mut dyn FnMut(WorkerId) -> bool,
+) -> Option<Vec<(K, WorkerId)>> {
     let mut found = Vec::with_capacity(k);
+    let mut looked = 0;
     let mut group = set.first().map(|&(key, _)| key);
     while let Some(key) = group {
         if found.len() >= k {
@@ -242,16 +268,20 @@ fn smallest<K: Ord + Copy>(
         let from_start = set.range((key, start)..=(key, WorkerId::MAX));
         let wrapped = set.range((key, WorkerId::MIN)..(key, start));
         for &(key, id) in from_start.chain(wrapped) {
+            if looked == limit {
+                return None;
+            }
+            looked += 1;
             if accept(id) {
                 found.push((key, id));
                 if found.len() == k {
-                    return found;
+                    return Some(found);
                 }
             }
         }
         group = set.range((Excluded((key, WorkerId::MAX)), Unbounded)).next().map(|&(key, _)| key);
     }
-    found
+    Some(found)
 }
 
 #[cfg(test)]

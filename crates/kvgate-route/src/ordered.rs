@@ -15,6 +15,8 @@
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
+use foldhash::fast::FixedState;
+
 use kvgate_policy::{fresh_load, Candidate, WorkerId};
 use rand::RngCore;
 
@@ -30,14 +32,15 @@ pub(crate) fn shortlist_ordered(
     order: &LoadOrder,
     lookup: &dyn Fn(WorkerId) -> Option<Candidate>,
     tried: &[WorkerId],
-    search: &Search<'_>,
+    search: &Search,
     rng: &mut dyn RngCore,
 ) -> Vec<Candidate> {
     let (now_ms, interval_ms) = (search.now_ms, search.load_poll_interval_ms);
     let seed = rng.next_u64();
     let start = seed as WorkerId;
     // Each worker looked at is looked up once: `None` when it is not a candidate now.
-    let mut seen: HashMap<WorkerId, Option<Candidate>> = HashMap::with_capacity(256);
+    let mut seen: HashMap<WorkerId, Option<Candidate>, FixedState> =
+        HashMap::with_capacity_and_hasher(256, FixedState::default());
     let mut look = |id: WorkerId| -> Option<Candidate> {
         *seen.entry(id).or_insert_with(|| lookup(id).filter(|c| c.id == id && !tried.contains(&id)))
     };
@@ -53,13 +56,7 @@ pub(crate) fn shortlist_ordered(
         .collect();
     let mut kept: Vec<WorkerId> = stale.first().map(|c| c.id).into_iter().collect();
 
-    let mut holders = Smallest::new(HOLDERS);
-    for &(id, credited) in &search.credited {
-        if let Some(c) = look(id) {
-            holders.offer((Reverse(credited), c.in_flight, tie(id, seed)), id as usize);
-        }
-    }
-    kept.extend(holders.positions().map(|at| at as WorkerId));
+    kept.extend(best_holders(order, search, &mut look, start, seed));
     kept.extend(search.favoured.iter().copied().filter(|&id| look(id).is_some()));
 
     let mut fresh = |id: WorkerId| look(id).is_some_and(|c| !went_stale(&c));
@@ -87,6 +84,86 @@ pub(crate) fn shortlist_ordered(
     kept.sort_unstable();
     kept.dedup();
     kept.into_iter().filter_map(&mut look).collect()
+}
+
+/// A credit held by more holders than this (a widely held opening), when some of the best
+/// holders are among them, may be searched on the least-loaded order rather than holder by holder.
+const GROUP_SCANNED: usize = 64;
+
+/// The prompt's best [`HOLDERS`] holders that `look` finds: the most credited, then the fewest
+/// in flight, as the one pass keeps them. The credits are taken level by level, most credited
+/// first, until that many are found; a level held by many (a system prompt held by a quarter of
+/// the pool, the first words of a chat template held by all) is not looked at holder by holder
+/// when walking the least-loaded order from its front meets the few needed sooner: that walk
+/// stops after about 4 times the workers it should take (ties in flight: the order's, not the
+/// one pass's random rotation), and then the level is looked at whole, as before.
+fn best_holders(
+    order: &LoadOrder,
+    search: &Search,
+    look: &mut dyn FnMut(WorkerId) -> Option<Candidate>,
+    start: WorkerId,
+    seed: u64,
+) -> Vec<WorkerId> {
+    let credited = &search.credited;
+    let mut holders = Smallest::new(HOLDERS);
+    let offer =
+        |holders: &mut Smallest<_>, look: &mut dyn FnMut(WorkerId) -> Option<Candidate>, id, credit| {
+            let found = look(id);
+            if let Some(c) = found {
+                holders.offer((Reverse(credit), c.in_flight, tie(id, seed)), id as usize);
+            }
+            usize::from(found.is_some())
+        };
+    let levels = search.levels.as_deref().filter(|_| credited.len() > HOLDERS + GROUP_SCANNED);
+    let Some(levels) = levels else {
+        for &(id, credit) in credited {
+            offer(&mut holders, look, id, credit);
+        }
+        return holders.positions().map(|at| at as WorkerId).collect();
+    };
+    // The levels above the one the best `HOLDERS` end on hold fewer than that: each looked at.
+    let mut above = 0;
+    let first = levels
+        .iter()
+        .position(|&(_, count)| {
+            above += count;
+            above >= HOLDERS
+        })
+        .unwrap_or(levels.len());
+    let top = levels.get(first).map_or(0, |&(credit, _)| credit);
+    let mut taken = 0;
+    for &(id, credit) in credited.iter().filter(|&&(_, credit)| credit > top) {
+        taken += offer(&mut holders, look, id, credit);
+    }
+    for &(level, count) in &levels[first..] {
+        if taken >= HOLDERS {
+            break;
+        }
+        let need = HOLDERS - taken;
+        let limit = 4 * need * order.len() / count.max(1) + 64;
+        let holds_level = |id: WorkerId| {
+            credited.binary_search_by_key(&id, |&(id, _)| id).is_ok_and(|at| credited[at].1 == level)
+        };
+        let walked = (count > GROUP_SCANNED && limit < count)
+            .then(|| {
+                order.least_loaded_within(need, start, limit, &mut |id| holds_level(id) && look(id).is_some())
+            })
+            .flatten()
+            .filter(|found| found.len() == need);
+        match walked {
+            Some(found) => {
+                for (_, id) in found {
+                    taken += offer(&mut holders, look, id, level);
+                }
+            }
+            None => {
+                for &(id, credit) in credited.iter().filter(|&&(_, credit)| credit == level) {
+                    taken += offer(&mut holders, look, id, credit);
+                }
+            }
+        }
+    }
+    holders.positions().map(|at| at as WorkerId).collect()
 }
 
 /// A two-part key as the three-part keys it merges with.

@@ -96,8 +96,7 @@ fn ordered<P: Pool>(
             return;
         }
         let kind = index_kind(pool, request, kept.events_flowing);
-        let holders = holders(pool, kind, request, now_ms);
-        let mut search = Search::new(holders.as_ref(), now_ms, load_poll_interval_ms);
+        let mut search = search_of(pool, kind, request, now_ms, load_poll_interval_ms);
         search.favoured = favoured(pool, request, &search);
         let candidates = shortlist_ordered(kept.order, kept.lookup, tried, &search, &mut *ctx.rng);
         found = Some((candidates, 0, pool_size, kind));
@@ -131,8 +130,7 @@ fn offered<P: Pool>(
     // coldest, the busiest, a few at random.
     let pool_size = candidates.len();
     let candidates = if pool_size > SHORTLIST_ABOVE && pool.policy().shortlists() {
-        let holders = holders(pool, kind, request, now_ms);
-        let mut search = Search::new(holders.as_ref(), now_ms, load_poll_interval_ms);
+        let mut search = search_of(pool, kind, request, now_ms, load_poll_interval_ms);
         search.favoured = favoured(pool, request, &search);
         shortlist(candidates, &search, &mut *ctx.rng)
     } else {
@@ -155,17 +153,16 @@ fn index_kind<P: Pool>(pool: &P, request: &RouteRequest<'_>, events_flowing: boo
 /// The workers the pool's policy names for the shortlist, sorted by id: its cheapest, and its
 /// cheapest among the prompt's holders that are not its best few (a holder of the prompt's
 /// opening alone, say, beyond the holders of more: its cost is a non-holder's less what it holds).
-fn favoured<P: Pool>(pool: &P, request: &RouteRequest<'_>, search: &Search<'_>) -> Vec<WorkerId> {
+fn favoured<P: Pool>(pool: &P, request: &RouteRequest<'_>, search: &Search) -> Vec<WorkerId> {
     let policy = pool.policy();
     let (now_ms, prompt) = (search.now_ms, request.prompt_tokens as f64);
     let mut favoured = policy.favoured(now_ms, prompt, &|_| Some(prompt));
     let credited = &search.credited;
-    if let Some(prefix) = search.prefix.filter(|_| credited.len() > HOLDERS) {
+    if credited.len() > HOLDERS {
         // Holders credited no more than the one after the best `HOLDERS` (kept by the search),
         // each with what it does not hold.
-        let mut credits: Vec<usize> = credited.iter().map(|&(_, credit)| credit).collect();
-        let (_, &mut below, _) = credits.select_nth_unstable_by(HOLDERS, |a, b| b.cmp(a));
-        let per_token = prompt / prefix.query_len().max(1) as f64;
+        let below = search.credit_after(HOLDERS);
+        let per_token = prompt / search.query_len.max(1) as f64;
         let uncached = |id: WorkerId| {
             let at = credited.binary_search_by_key(&id, |&(id, _)| id).ok()?;
             let credit = credited[at].1;
@@ -179,20 +176,26 @@ fn favoured<P: Pool>(pool: &P, request: &RouteRequest<'_>, search: &Search<'_>) 
     favoured
 }
 
-/// The prompt's holders on the decision's index, from a read-only match (`None`: no prompt).
-fn holders<P: Pool>(
+/// The search of a large pool for `request`: the prompt's holders on the decision's index,
+/// from a read-only match (none without a prompt), read where the index hands the match over
+/// (a copy of a match held by every worker of a 10,000-worker pool cost more than the search).
+fn search_of<P: Pool>(
     pool: &P,
     kind: IndexKind,
     request: &RouteRequest<'_>,
     now_ms: u64,
-) -> Option<PrefixMatch> {
-    request.key.prompt().map(|key| {
-        let mut matched = PrefixMatch::default();
+    load_poll_interval_ms: u64,
+) -> Search {
+    let mut search = None;
+    if let Some(key) = request.key.prompt() {
         pool.prefix_index(kind, Planning::DryRun, request).route(key, now_ms, &mut |prefix| {
-            matched = prefix.clone();
+            search = Some(Search::new(Some(prefix), now_ms, load_poll_interval_ms));
             None
         });
-        matched
+    }
+    search.unwrap_or_else(|| {
+        let matched = request.key.prompt().map(|_| PrefixMatch::default());
+        Search::new(matched.as_ref(), now_ms, load_poll_interval_ms)
     })
 }
 

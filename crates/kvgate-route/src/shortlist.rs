@@ -35,32 +35,85 @@ pub(crate) const COLDEST: usize = 8;
 pub(crate) const SAMPLED: usize = 4;
 
 /// What the search needs of the decision besides the offer.
-pub(crate) struct Search<'m> {
-    /// The prompt's match on the decision's index (`None`: no prompt or no index).
-    pub prefix: Option<&'m PrefixMatch>,
+pub(crate) struct Search {
+    /// The length of the query the prompt was matched as (0: no prompt or no index).
+    pub query_len: usize,
     /// The prompt's holders and the tokens each is credited with, by id (none without a match).
     pub credited: Vec<(WorkerId, usize)>,
     pub now_ms: u64,
     pub load_poll_interval_ms: u64,
     /// The workers the policy names ([`kvgate_policy::Policy::favoured`]), sorted by id.
     pub favoured: Vec<WorkerId>,
+    /// The holders' credits with how many hold each, most credited first (`None`: more than
+    /// [`LEVELS`] distinct credits).
+    pub levels: Option<Vec<(usize, usize)>>,
 }
 
-impl<'m> Search<'m> {
+/// Distinct credits counted in [`Search::levels`] at most.
+pub(crate) const LEVELS: usize = 64;
+
+impl Search {
     /// The search for a prompt matched as `prefix`: its holders credited once.
-    pub(crate) fn new(prefix: Option<&'m PrefixMatch>, now_ms: u64, load_poll_interval_ms: u64) -> Self {
-        let credited = prefix
+    pub(crate) fn new(prefix: Option<&PrefixMatch>, now_ms: u64, load_poll_interval_ms: u64) -> Self {
+        let credited: Vec<(WorkerId, usize)> = prefix
             .filter(|prefix| prefix.best() > 0)
-            .map(|prefix| {
-                prefix
-                    .iter()
-                    .map(|(id, _)| (id, prefix.credited(id)))
-                    .filter(|&(_, credited)| credited > 0)
-                    .collect()
-            })
+            .map(|prefix| prefix.iter_credited().filter(|&(_, credited)| credited > 0).collect())
             .unwrap_or_default();
-        Search { prefix, credited, now_ms, load_poll_interval_ms, favoured: Vec::new() }
+        let levels = credit_levels(&credited);
+        let query_len = prefix.map_or(0, PrefixMatch::query_len);
+        Search { query_len, credited, now_ms, load_poll_interval_ms, favoured: Vec::new(), levels }
     }
+
+    /// The credit of the holder after the best `k` (0 when there are no more than `k`): the
+    /// most a holder not among the best `k` by credit is credited.
+    pub(crate) fn credit_after(&self, k: usize) -> usize {
+        if self.credited.len() <= k {
+            return 0;
+        }
+        match &self.levels {
+            Some(levels) => {
+                let mut above = 0;
+                for &(credit, count) in levels {
+                    above += count;
+                    if above > k {
+                        return credit;
+                    }
+                }
+                0
+            }
+            None => {
+                let mut credits: Vec<usize> = self.credited.iter().map(|&(_, credit)| credit).collect();
+                *credits.select_nth_unstable_by(k, |a, b| b.cmp(a)).1
+            }
+        }
+    }
+}
+
+/// The distinct credits of `credited` with how many hold each, most credited first; `None` past
+/// [`LEVELS`] of them. A widely held prompt has a few levels (its opening, held by many, and
+/// the turns after it, by a few), so the count costs a read of each holder.
+fn credit_levels(credited: &[(WorkerId, usize)]) -> Option<Vec<(usize, usize)>> {
+    let mut levels: Vec<(usize, usize)> = Vec::new();
+    let mut last = 0;
+    for &(_, credit) in credited {
+        if let Some(level) = levels.get_mut(last).filter(|level| level.0 == credit) {
+            level.1 += 1;
+            continue;
+        }
+        match levels.iter().position(|level| level.0 == credit) {
+            Some(at) => {
+                levels[at].1 += 1;
+                last = at;
+            }
+            None if levels.len() == LEVELS => return None,
+            None => {
+                last = levels.len();
+                levels.push((credit, 1));
+            }
+        }
+    }
+    levels.sort_unstable_by_key(|&(credit, _)| std::cmp::Reverse(credit));
+    Some(levels)
 }
 
 /// The `k` smallest keys seen, with their positions (the worst replaced in place).
@@ -110,7 +163,7 @@ pub(crate) fn tie(id: WorkerId, seed: u64) -> u64 {
 
 /// The shortlist of `offer` (returned as it is when it is not above [`SHORTLIST_ABOVE`]), in
 /// the offer's order.
-pub(crate) fn shortlist(offer: Vec<Candidate>, search: &Search<'_>, rng: &mut dyn RngCore) -> Vec<Candidate> {
+pub(crate) fn shortlist(offer: Vec<Candidate>, search: &Search, rng: &mut dyn RngCore) -> Vec<Candidate> {
     let n = offer.len();
     if n <= SHORTLIST_ABOVE {
         return offer;
@@ -176,7 +229,7 @@ mod tests {
     use rand::rngs::SmallRng;
     use rand::SeedableRng;
 
-    fn search(prefix: Option<&PrefixMatch>) -> Search<'_> {
+    fn search(prefix: Option<&PrefixMatch>) -> Search {
         Search::new(prefix, 10_000, 1000)
     }
 

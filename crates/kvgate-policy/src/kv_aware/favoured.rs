@@ -22,12 +22,12 @@
 //! Kept only for a pool decided on shortlists (more than the search's threshold of workers):
 //! small pools are decided on whole and pay nothing here.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::predict::{predict, EngineView, PredictSettings};
 use super::rate::EngineRates;
 use crate::inflight::RoutedLog;
-use crate::{LoadSample, WorkerId};
+use crate::{LoadSample, WorkerId, WorkerMap};
 
 /// Engines named to the search, by each of its two criteria (cheapest, cheapest drained).
 pub(super) const FAVOURED: usize = 12;
@@ -84,8 +84,8 @@ type Costed = (f64, WorkerId);
 #[derive(Debug, Default)]
 pub(super) struct Favoured {
     /// Each engine's latest report.
-    reports: HashMap<WorkerId, LoadSample>,
-    keyed: HashMap<WorkerId, Keyed>,
+    reports: WorkerMap<LoadSample>,
+    keyed: WorkerMap<Keyed>,
     /// By `drained_s + idle_s`, by `idle_s`, by `slope_s` and by `relieved_slope_s`, each with
     /// the keys (read by the walk without a look-up).
     orders: [BTreeMap<(u64, WorkerId), Keyed>; 4],
@@ -199,6 +199,15 @@ impl Favoured {
             self.rekey_all(inputs);
         } else {
             self.rekey(worker, inputs);
+        }
+    }
+
+    /// Every engine keyed again if the fleet's rates moved since the keys were taken (while they
+    /// are kept): called where the rates learn from reports and answers, so that the request
+    /// sent next does not re-key 10,000 engines on its own decision's path.
+    pub(super) fn rates_learned(&mut self, inputs: &Inputs<'_>) {
+        if self.kept && inputs.rates.fleet_rates() != self.keyed_rates {
+            self.rekey_all(inputs);
         }
     }
 
@@ -329,17 +338,8 @@ fn keys(worker: WorkerId, load: &LoadSample, inputs: &Inputs<'_>, pool: PoolKv) 
     }
     let per_request = pool.per_request.unwrap_or(0.0);
     let freed_share = super::pool_freed_share(pool.generated_share, pool.finished_share);
-    let candidate = crate::Candidate { id: worker, in_flight: 0, load: Some(*load) };
     let cost = |uncached: f64| {
-        let kv_wait_s = super::kv_wait_s(
-            &candidate,
-            Some(load),
-            inputs.routed,
-            per_request,
-            freed_share,
-            rates,
-            uncached,
-        );
+        let kv_wait_s = super::kv_wait_s(Some(load), since, per_request, freed_share, rates, uncached);
         let view = EngineView {
             rates,
             queued: 0.0,

@@ -59,10 +59,8 @@
 
 mod ttft;
 
-use std::collections::HashMap;
-
 use crate::inflight::RoutedLog;
-use crate::{LoadSample, WorkerId};
+use crate::{LoadSample, WorkerId, WorkerMap};
 pub use ttft::attention_pairs;
 use ttft::{Answer, Bounds, Fitted, TtftFit};
 
@@ -227,11 +225,11 @@ impl Fleet {
 #[derive(Clone, Debug)]
 pub struct EngineRates {
     settings: RateSettings,
-    engines: HashMap<WorkerId, Learned>,
+    engines: WorkerMap<Learned>,
     prefill: Fleet,
     decode: Fleet,
     /// Each engine's answers, and the fleet's (`ttft.rs`).
-    answers: HashMap<WorkerId, TtftFit>,
+    answers: WorkerMap<TtftFit>,
     pooled: TtftFit,
 }
 
@@ -254,10 +252,10 @@ impl EngineRates {
         let decode = 1000.0 / settings.decode_ms_per_request.max(1e-9);
         Self {
             settings,
-            engines: HashMap::new(),
+            engines: WorkerMap::default(),
             prefill: Fleet::new(prefill),
             decode: Fleet::new(decode),
-            answers: HashMap::new(),
+            answers: WorkerMap::default(),
             pooled: TtftFit::default(),
         }
     }

@@ -387,6 +387,7 @@ fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
         allowed: true,
         waits_too_long: false,
         followers: 0.0,
+        held: 0,
     };
     let recompute = |scored: &[Scored]| scored.iter().map(|s| s.predicted.recompute_s).collect::<Vec<_>>();
     // Two holders waiting 20 and 30 s; without the prefix, a free engine, one waiting for KV

@@ -3,6 +3,8 @@
 //! front of an order, rotate equal keys from the start they are given and skip what they do
 //! not accept.
 
+use std::collections::HashMap;
+
 use proptest::prelude::*;
 
 use super::*;

@@ -203,3 +203,104 @@ proptest! {
         }
     }
 }
+
+/// The prompt's opening, held by many workers.
+const OPENING: &str = "a long shared prompt that a few workers hold";
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// A prompt whose opening is held by a tenth to nine tenths of the pool (and the whole of it
+    /// by a few): the kept order's best holders, found level by level and on the least-loaded
+    /// order for the widely held opening, are the best by credit then requests in flight, as
+    /// sorting every candidate finds them, and as the one pass finds them.
+    #[test]
+    fn the_best_holders_of_a_widely_held_opening_are_found(
+        case in a_case(),
+        opening_share in 1u32..10,
+        seed in 0u64..1000,
+    ) {
+        let pool = pool(&case);
+        for id in (0..case.n).filter(|id| id * 7919 % case.n % 10 < opening_share) {
+            pool.tree.route(PromptKey::Text(OPENING), NOW - 400, &mut |_| Some(id));
+        }
+        let candidates: Vec<Candidate> = pool
+            .workers
+            .iter()
+            .filter(|c| !case.tried.contains(&c.id) && !case.down.contains(&c.id))
+            .copied()
+            .collect();
+        let mut matched = PrefixMatch::default();
+        ReadOnlyTree(&pool.tree).route(PromptKey::Text(PROMPT), NOW, &mut |prefix| {
+            matched = prefix.clone();
+            None
+        });
+        let search = Search::new(Some(&matched), NOW, 1000);
+        let mut best: Vec<(std::cmp::Reverse<usize>, u64, WorkerId)> = candidates
+            .iter()
+            .map(|c| (std::cmp::Reverse(matched.credited(c.id)), c.in_flight, c.id))
+            .filter(|&(std::cmp::Reverse(credited), _, _)| credited > 0)
+            .collect();
+        best.sort_unstable();
+        best.truncate(HOLDERS);
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let one_pass = shortlist(candidates.clone(), &search, &mut rng);
+        let mut found = None;
+        pool.with_order(&mut |kept| {
+            found = Some(shortlist_ordered(kept.order, kept.lookup, &case.tried, &search, &mut rng));
+        });
+        let found = found.expect("the order is kept");
+        for (what, shortlist) in [("one pass", &one_pass), ("kept order", &found)] {
+            for &(_, _, id) in &best {
+                prop_assert!(shortlist.iter().any(|c| c.id == id), "{}: best holder {} of {:?}", what, id, best);
+            }
+        }
+    }
+}
+
+/// A pool of 2,000 whose prompt's opening is held by every other worker: the search looks up
+/// far fewer workers than hold it (the widely held opening is walked on the least-loaded order),
+/// and keeps the best holders all the same.
+#[test]
+fn a_widely_held_opening_is_not_looked_at_holder_by_holder() {
+    let case = Case {
+        n: 2000,
+        in_flight: (0..2000).map(|id| (id * 7919) % 2000).collect(),
+        stale: Vec::new(),
+        tried: Vec::new(),
+        down: Vec::new(),
+        holders: vec![5, 77],
+        favoured: Vec::new(),
+        kind: PolicyKind::KvAware,
+    };
+    let pool = pool(&case);
+    for id in (0..case.n).filter(|id| id % 2 == 0) {
+        pool.tree.route(PromptKey::Text(OPENING), NOW - 400, &mut |_| Some(id));
+    }
+    let mut matched = PrefixMatch::default();
+    ReadOnlyTree(&pool.tree).route(PromptKey::Text(PROMPT), NOW, &mut |prefix| {
+        matched = prefix.clone();
+        None
+    });
+    let search = Search::new(Some(&matched), NOW, 1000);
+    assert!(search.credited.len() >= 1000, "{} holders", search.credited.len());
+    let looked = std::cell::Cell::new(0);
+    let mut found = Vec::new();
+    pool.with_order(&mut |kept| {
+        let counted = |id: WorkerId| {
+            looked.set(looked.get() + 1);
+            (kept.lookup)(id)
+        };
+        found = shortlist_ordered(kept.order, &counted, &[], &search, &mut SmallRng::seed_from_u64(1));
+    });
+    assert!(looked.get() < 300, "{} workers looked up", looked.get());
+    // The best: the two holding the whole prompt, then the opening's holders fewest in flight.
+    let mut best: Vec<(u64, WorkerId)> =
+        (0..case.n).filter(|id| id % 2 == 0).map(|id| (case.in_flight[id as usize], id)).collect();
+    best.sort_unstable();
+    let best =
+        [5, 77].into_iter().chain(best.into_iter().map(|(_, id)| id).filter(|&id| id != 5 && id != 77));
+    for id in best.take(HOLDERS) {
+        assert!(found.iter().any(|c| c.id == id), "holder {id}");
+    }
+}
