@@ -141,23 +141,29 @@ fn check_holds(candidates: &[Candidate], found: &[Candidate], holders: &[u32], w
     }
 }
 
+/// The case's candidates (neither tried nor down) and the pool's match of `PROMPT`.
+fn candidates_and_match(pool: &FixedPool, case: &Case) -> (Vec<Candidate>, PrefixMatch) {
+    let candidates = pool
+        .workers
+        .iter()
+        .filter(|c| !case.tried.contains(&c.id) && !case.down.contains(&c.id))
+        .copied()
+        .collect();
+    let mut matched = PrefixMatch::default();
+    ReadOnlyTree(&pool.tree).route(PromptKey::Text(PROMPT), NOW, &mut |prefix| {
+        matched = prefix.clone();
+        None
+    });
+    (candidates, matched)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
     fn the_kept_order_finds_what_the_one_pass_finds(case in a_case(), seed in 0u64..1000) {
         let pool = pool(&case);
-        let candidates: Vec<Candidate> = pool
-            .workers
-            .iter()
-            .filter(|c| !case.tried.contains(&c.id) && !case.down.contains(&c.id))
-            .copied()
-            .collect();
-        let mut matched = PrefixMatch::default();
-        ReadOnlyTree(&pool.tree).route(PromptKey::Text(PROMPT), NOW, &mut |prefix| {
-            matched = prefix.clone();
-            None
-        });
+        let (candidates, matched) = candidates_and_match(&pool, &case);
         let mut search = Search::new(Some(&matched), NOW, 1000);
         search.favoured = case.favoured.clone();
         let holders: Vec<u32> = case.holders.iter().chain(&case.favoured).copied().collect();
@@ -224,17 +230,7 @@ proptest! {
         for id in (0..case.n).filter(|id| id * 7919 % case.n % 10 < opening_share) {
             pool.tree.route(PromptKey::Text(OPENING), NOW - 400, &mut |_| Some(id));
         }
-        let candidates: Vec<Candidate> = pool
-            .workers
-            .iter()
-            .filter(|c| !case.tried.contains(&c.id) && !case.down.contains(&c.id))
-            .copied()
-            .collect();
-        let mut matched = PrefixMatch::default();
-        ReadOnlyTree(&pool.tree).route(PromptKey::Text(PROMPT), NOW, &mut |prefix| {
-            matched = prefix.clone();
-            None
-        });
+        let (candidates, matched) = candidates_and_match(&pool, &case);
         let search = Search::new(Some(&matched), NOW, 1000);
         let mut best: Vec<(std::cmp::Reverse<usize>, u64, WorkerId)> = candidates
             .iter()
