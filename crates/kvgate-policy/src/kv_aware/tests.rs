@@ -95,10 +95,13 @@ fn a_cached_prefix_is_worth_its_prefill_time_and_no_more() {
     let d = h.route(&conversation, &pool(&[(0, 0.1), (0, 0.1), (0, 0.1)]));
     assert_eq!(d.worker, 2);
     assert_eq!(d.matches.unwrap().chosen_match_rate, 1.0);
+    // The conversation's next turns (not the same prompt again: a sample of the prompt routed
+    // moments ago would follow it).
+    let turn = |n: u32| -> Vec<u32> { conversation.iter().copied().chain(prompt(20 + n, 8)).collect() };
     // The holder has 0.5 s of work queued: still sooner.
-    assert_eq!(h.route(&conversation, &pool(&[(0, 0.1), (0, 0.1), (4_000, 0.1)])).worker, 2);
+    assert_eq!(h.route(&turn(1), &pool(&[(0, 0.1), (0, 0.1), (4_000, 0.1)])).worker, 2);
     // 2 s queued on the holder: prefilling elsewhere is sooner.
-    let d = h.route(&conversation, &pool(&[(0, 0.1), (1_000, 0.1), (16_000, 0.1)]));
+    let d = h.route(&turn(2), &pool(&[(0, 0.1), (1_000, 0.1), (16_000, 0.1)]));
     assert_eq!(d.worker, 0);
     assert_eq!(d.matches.unwrap().chosen_match_rate, 0.0);
 }
@@ -431,6 +434,36 @@ fn samples_of_one_prompt_follow_it_before_the_engine_reports_it() {
         let next = route();
         assert_eq!((next.worker, next.uncached_tokens), (first.worker, Some(0.0)));
     }
+}
+
+/// A sample stays with its prompt though its engine's predicted wait for KV has grown past the
+/// cost of computing the prompt elsewhere: the prompt's decision placed its samples, and a
+/// sample weighed alone left it (S10 at full size: 223 of 756 prompts' samples split over
+/// engines, a third more prompt tokens computed, the samples that left waiting longer). An
+/// engine above the overload ceiling is still left.
+#[test]
+fn a_sample_stays_with_its_prompt_while_its_engine_may_be_chosen() {
+    let sampled = prompt(10, 8_000);
+    let mut h = Harness::new(config());
+    let leader = h.route(&sampled, &kv_pool(&[(0.1, 5, 0, 500.0), (0.1, 5, 0, 500.0)]));
+    let (holder, other) = (leader.worker as usize, 1 - leader.worker as usize);
+    // The prompt's engine reports its KV taken, ten requests waiting for it (a wait of a
+    // minute and more); the other engine is idle (8,000 tokens of prefill there, ~9 s of cost).
+    let mut reports = [(0.1, 5, 0, 500.0); 2];
+    reports[holder] = (0.99, 40, 10, 2_000.0);
+    let candidates = kv_pool(&reports);
+    let sample = h.route(&sampled, &candidates);
+    assert_eq!((sample.worker as usize, sample.uncached_tokens), (holder, Some(0.0)));
+    assert!(sample.predicted.unwrap().kv_wait_s > 60.0, "{:?}", sample.predicted);
+    // A new prompt on the same reports goes to the idle engine.
+    assert_eq!(h.route(&prompt(11, 8_000), &candidates).worker as usize, other);
+    // Above the overload ceiling, the sample leaves.
+    let mut ceiling = Harness::new(PolicyConfig { overload_token_usage_threshold: 0.9, ..config() });
+    let leader = ceiling.route(&sampled, &kv_pool(&[(0.1, 5, 0, 500.0), (0.1, 5, 0, 500.0)]));
+    let mut reports = [(0.1, 5, 0, 500.0); 2];
+    reports[leader.worker as usize] = (0.99, 40, 10, 2_000.0);
+    let sample = ceiling.route(&sampled, &kv_pool(&reports));
+    assert_ne!(sample.worker, leader.worker);
 }
 
 /// A new prompt's decision places the samples that will follow it too: its predicted wait
