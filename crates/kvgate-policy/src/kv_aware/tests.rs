@@ -436,34 +436,64 @@ fn samples_of_one_prompt_follow_it_before_the_engine_reports_it() {
     }
 }
 
-/// A sample stays with its prompt though its engine's predicted wait for KV has grown past the
-/// cost of computing the prompt elsewhere: the prompt's decision placed its samples, and a
-/// sample weighed alone left it (S10 at full size: 223 of 756 prompts' samples split over
-/// engines, a third more prompt tokens computed, the samples that left waiting longer). An
-/// engine above the overload ceiling is still left.
+/// A sample stays with its prompt though another engine holding most of it is predicted
+/// sooner: the prompt's decision placed its samples, and a sample weighed alone left it (S10 at
+/// full size: 223 of 756 prompts' samples split over engines, a third more prompt tokens
+/// computed, the samples that left waiting longer). Once waiting there is predicted beyond the
+/// wait margin (4x the best + 1 s by default), or the engine is above the overload ceiling, the
+/// sample is weighed as any request: a flood of one prompt does not drown its engine.
 #[test]
 fn a_sample_stays_with_its_prompt_while_its_engine_may_be_chosen() {
-    let sampled = prompt(10, 8_000);
-    let mut h = Harness::new(config());
-    let leader = h.route(&sampled, &kv_pool(&[(0.1, 5, 0, 500.0), (0.1, 5, 0, 500.0)]));
-    let (holder, other) = (leader.worker as usize, 1 - leader.worker as usize);
-    // The prompt's engine reports its KV taken, ten requests waiting for it (a wait of a
-    // minute and more); the other engine is idle (8,000 tokens of prefill there, ~9 s of cost).
-    let mut reports = [(0.1, 5, 0, 500.0); 2];
-    reports[holder] = (0.99, 40, 10, 2_000.0);
-    let candidates = kv_pool(&reports);
-    let sample = h.route(&sampled, &candidates);
-    assert_eq!((sample.worker as usize, sample.uncached_tokens), (holder, Some(0.0)));
-    assert!(sample.predicted.unwrap().kv_wait_s > 60.0, "{:?}", sample.predicted);
-    // A new prompt on the same reports goes to the idle engine.
-    assert_eq!(h.route(&prompt(11, 8_000), &candidates).worker as usize, other);
+    // Engines 0.. with fresh samples: (queued prefill tokens, KV usage, running, waiting).
+    let engines = |samples: &[(u64, f64, u64, u64)]| -> Vec<Candidate> {
+        samples
+            .iter()
+            .enumerate()
+            .map(|(i, &(queued, usage, running, waiting))| Candidate {
+                id: i as u32,
+                in_flight: 0,
+                load: Some(LoadSample {
+                    num_waiting_uncached_tokens: queued,
+                    token_usage: usage,
+                    num_running_reqs: running,
+                    num_waiting_reqs: waiting,
+                    gen_throughput: 2_000.0,
+                    max_total_num_tokens: 1_000_000,
+                    fetched_at_ms: NOW,
+                }),
+            })
+            .collect()
+    };
+    let family = |n: u32| -> Vec<u32> { prompt(1, 7_680).into_iter().chain(prompt(10 + n, 300)).collect() };
+    let idle = (0, 0.1, 5, 0);
+    // A task family's first prompt on one engine; its second on the other (the first engine
+    // waiting a minute for KV), which then holds the prompt and the first engine its family.
+    let route_sample = |prompts_engine: (u64, f64, u64, u64), config: PolicyConfig| {
+        let mut h = Harness::new(config);
+        let first = h.route(&family(1), &engines(&[idle, idle])).worker as usize;
+        let mut reports = [idle; 2];
+        reports[first] = (0, 0.99, 40, 10);
+        let holder = h.route(&family(2), &engines(&reports)).worker as usize;
+        assert_ne!(holder, first);
+        // The family's engine has 1 s of prefill queued; the prompt's engine reports `prompts_engine`.
+        let mut reports = [(8_000, 0.1, 5, 0); 2];
+        reports[holder] = prompts_engine;
+        (holder, h.route(&family(2), &engines(&reports)))
+    };
+    // The prompt's engine: KV 90% taken, one request waiting, predicted 2.5 s against 2.0 s on
+    // the family's engine (its queue and 300 tokens to compute there, cost 2.3 s), within the
+    // margin (4 x 2.0 + 1 s).
+    let (holder, sample) = route_sample((0, 0.9, 40, 1), config());
+    let predicted = sample.predicted.unwrap();
+    assert_eq!((sample.worker as usize, sample.uncached_tokens), (holder, Some(0.0)), "{predicted:?}");
+    assert!(predicted.total() > 2.0, "{predicted:?}");
+    // Ten requests waiting for KV there: a wait of a minute and more, past the margin.
+    let (holder, sample) = route_sample((0, 0.99, 40, 10), config());
+    assert_ne!(sample.worker as usize, holder, "{:?}", sample.predicted);
     // Above the overload ceiling, the sample leaves.
-    let mut ceiling = Harness::new(PolicyConfig { overload_token_usage_threshold: 0.9, ..config() });
-    let leader = ceiling.route(&sampled, &kv_pool(&[(0.1, 5, 0, 500.0), (0.1, 5, 0, 500.0)]));
-    let mut reports = [(0.1, 5, 0, 500.0); 2];
-    reports[leader.worker as usize] = (0.99, 40, 10, 2_000.0);
-    let sample = ceiling.route(&sampled, &kv_pool(&reports));
-    assert_ne!(sample.worker, leader.worker);
+    let ceiling = PolicyConfig { overload_token_usage_threshold: 0.85, ..config() };
+    let (holder, sample) = route_sample((0, 0.9, 40, 1), ceiling);
+    assert_ne!(sample.worker as usize, holder);
 }
 
 /// A new prompt's decision places the samples that will follow it too: its predicted wait
