@@ -95,10 +95,13 @@ fn a_cached_prefix_is_worth_its_prefill_time_and_no_more() {
     let d = h.route(&conversation, &pool(&[(0, 0.1), (0, 0.1), (0, 0.1)]));
     assert_eq!(d.worker, 2);
     assert_eq!(d.matches.unwrap().chosen_match_rate, 1.0);
+    // The conversation's next turns (not the same prompt again: a sample of the prompt routed
+    // moments ago would follow it).
+    let turn = |n: u32| -> Vec<u32> { conversation.iter().copied().chain(prompt(20 + n, 8)).collect() };
     // The holder has 0.5 s of work queued: still sooner.
-    assert_eq!(h.route(&conversation, &pool(&[(0, 0.1), (0, 0.1), (4_000, 0.1)])).worker, 2);
+    assert_eq!(h.route(&turn(1), &pool(&[(0, 0.1), (0, 0.1), (4_000, 0.1)])).worker, 2);
     // 2 s queued on the holder: prefilling elsewhere is sooner.
-    let d = h.route(&conversation, &pool(&[(0, 0.1), (1_000, 0.1), (16_000, 0.1)]));
+    let d = h.route(&turn(2), &pool(&[(0, 0.1), (1_000, 0.1), (16_000, 0.1)]));
     assert_eq!(d.worker, 0);
     assert_eq!(d.matches.unwrap().chosen_match_rate, 0.0);
 }
@@ -431,6 +434,66 @@ fn samples_of_one_prompt_follow_it_before_the_engine_reports_it() {
         let next = route();
         assert_eq!((next.worker, next.uncached_tokens), (first.worker, Some(0.0)));
     }
+}
+
+/// A sample stays with its prompt though another engine holding most of it is predicted
+/// sooner: the prompt's decision placed its samples, and a sample weighed alone left it (S10 at
+/// full size: 223 of 756 prompts' samples split over engines, a third more prompt tokens
+/// computed, the samples that left waiting longer). Once waiting there is predicted beyond the
+/// wait margin (4x the best + 1 s by default), or the engine is above the overload ceiling, the
+/// sample is weighed as any request: a flood of one prompt does not drown its engine.
+#[test]
+fn a_sample_stays_with_its_prompt_while_its_engine_may_be_chosen() {
+    // Engines 0.. with fresh samples: (queued prefill tokens, KV usage, running, waiting).
+    let engines = |samples: &[(u64, f64, u64, u64)]| -> Vec<Candidate> {
+        samples
+            .iter()
+            .enumerate()
+            .map(|(i, &(queued, usage, running, waiting))| Candidate {
+                id: i as u32,
+                in_flight: 0,
+                load: Some(LoadSample {
+                    num_waiting_uncached_tokens: queued,
+                    token_usage: usage,
+                    num_running_reqs: running,
+                    num_waiting_reqs: waiting,
+                    gen_throughput: 2_000.0,
+                    max_total_num_tokens: 1_000_000,
+                    fetched_at_ms: NOW,
+                }),
+            })
+            .collect()
+    };
+    let family = |n: u32| -> Vec<u32> { prompt(1, 7_680).into_iter().chain(prompt(10 + n, 300)).collect() };
+    let idle = (0, 0.1, 5, 0);
+    // A task family's first prompt on one engine; its second on the other (the first engine
+    // waiting a minute for KV), which then holds the prompt and the first engine its family.
+    let route_sample = |prompts_engine: (u64, f64, u64, u64), config: PolicyConfig| {
+        let mut h = Harness::new(config);
+        let first = h.route(&family(1), &engines(&[idle, idle])).worker as usize;
+        let mut reports = [idle; 2];
+        reports[first] = (0, 0.99, 40, 10);
+        let holder = h.route(&family(2), &engines(&reports)).worker as usize;
+        assert_ne!(holder, first);
+        // The family's engine has 1 s of prefill queued; the prompt's engine reports `prompts_engine`.
+        let mut reports = [(8_000, 0.1, 5, 0); 2];
+        reports[holder] = prompts_engine;
+        (holder, h.route(&family(2), &engines(&reports)))
+    };
+    // The prompt's engine: KV 90% taken, one request waiting, predicted 2.5 s against 2.0 s on
+    // the family's engine (its queue and 300 tokens to compute there, cost 2.3 s), within the
+    // margin (4 x 2.0 + 1 s).
+    let (holder, sample) = route_sample((0, 0.9, 40, 1), config());
+    let predicted = sample.predicted.unwrap();
+    assert_eq!((sample.worker as usize, sample.uncached_tokens), (holder, Some(0.0)), "{predicted:?}");
+    assert!(predicted.total() > 2.0, "{predicted:?}");
+    // Ten requests waiting for KV there: a wait of a minute and more, past the margin.
+    let (holder, sample) = route_sample((0, 0.99, 40, 10), config());
+    assert_ne!(sample.worker as usize, holder, "{:?}", sample.predicted);
+    // Above the overload ceiling, the sample leaves.
+    let ceiling = PolicyConfig { overload_token_usage_threshold: 0.85, ..config() };
+    let (holder, sample) = route_sample((0, 0.9, 40, 1), ceiling);
+    assert_ne!(sample.worker as usize, holder);
 }
 
 /// A new prompt's decision places the samples that will follow it too: its predicted wait
