@@ -11,7 +11,7 @@ use crate::report::{Metrics, PdMetrics, SimReport};
 type Cell = fn(&Metrics) -> String;
 
 /// The markdown rows, in order; the first `ROW_PER_RUN_METRICS` are the columns of sweep tables.
-const METRIC_ROWS: [(&str, Cell); 19] = [
+const METRIC_ROWS: [(&str, Cell); 20] = [
     ("TTFT mean (ms)", |m| fmt_ms(m.ttft_mean_ms)),
     ("TTFT p50 (ms)", |m| fmt_ms(m.ttft_p50_ms)),
     ("TTFT p90 (ms)", |m| fmt_ms(m.ttft_p90_ms)),
@@ -34,7 +34,24 @@ const METRIC_ROWS: [(&str, Cell); 19] = [
     ("rejected by engine", |m| m.rejected.to_string()),
     ("unrouted", |m| m.unrouted.to_string()),
     ("makespan (s)", |m| format!("{:.1}", m.makespan_s)),
+    ("predicted TTFT terms, mean (ms)", predicted_terms),
 ];
+
+/// The predicted time to first token's terms, mean per decision, those that make it up and are
+/// not all zero ("-" for a policy that predicts none).
+fn predicted_terms(m: &Metrics) -> String {
+    const SHOWN: [&str; 7] = ["total", "queue", "prefill", "decode", "kv", "base", "kv_wait"];
+    let shown: Vec<String> = m
+        .predicted_mean_ms
+        .iter()
+        .filter(|(term, ms)| SHOWN.contains(&term.as_str()) && (*ms != 0.0 || term == "total"))
+        .map(|(term, ms)| format!("{term} {}", fmt_ms(*ms)))
+        .collect();
+    match shown.is_empty() {
+        true => "-".to_string(),
+        false => shown.join(", "),
+    }
+}
 
 const ROW_PER_RUN_METRICS: usize = 14;
 

@@ -146,6 +146,11 @@ pub struct Metrics {
     /// fleet order (a regular fleet's): where the tail lands.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub slowest_share_by_engine: Vec<f64>,
+    /// The policy's predicted time to first token term by term, mean over its decisions in ms
+    /// (`PredictedTtft::TERMS` order; kv_aware's: empty for a policy that predicts none), as the
+    /// gateway's `kvgate_predicted_ttft_seconds` sum over count.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub predicted_mean_ms: Vec<(String, f64)>,
     /// The decode side of a disaggregated fleet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pd: Option<PdMetrics>,
@@ -329,12 +334,23 @@ impl Metrics {
             },
             ttft_mean_ms_by_engine,
             slowest_share_by_engine,
+            predicted_mean_ms: predicted_means(outcome),
             pd,
             tenants: Vec::new(),
             sessions: outcome.sessions.clone(),
         };
         (metrics, ttft)
     }
+}
+
+/// The predicted terms' means over the decisions that predicted them, ms (none without any).
+fn predicted_means(outcome: &SimOutcome) -> Vec<(String, f64)> {
+    let decisions = outcome.predicted_decisions as f64;
+    if decisions == 0.0 {
+        return Vec::new();
+    }
+    let terms = kvgate_policy::PredictedTtft::TERMS.iter().zip(outcome.predicted_sums);
+    terms.map(|(term, sum_s)| (term.to_string(), sum_s * 1000.0 / decisions)).collect()
 }
 
 /// The finished requests one decision reason placed, and what they cost. Latencies in ms.

@@ -144,6 +144,11 @@ pub struct SimOutcome {
     pub chosen_match_sum: f64,
     pub best_match_sum: f64,
     pub match_decisions: u64,
+    /// The run's policy's predicted time to first token, term by term
+    /// ([`kvgate_policy::PredictedTtft::terms`]), summed over its decisions that predicted one
+    /// (kv_aware's), and how many: the means beside the gateway's `kvgate_predicted_ttft_seconds`.
+    pub predicted_sums: [f64; kvgate_policy::PredictedTtft::TERMS.len()],
+    pub predicted_decisions: u64,
     /// Load-monitor ticks from the first arrival until the fleet is idle.
     pub kv_ticks: Vec<KvTick>,
     pub first_arrival_us: u64,

@@ -47,11 +47,19 @@
 //!   the host measured teaches a robust least-squares fit of `base + tokens / rate + context x
 //!   pairs + running x decode` (pairs: the (new token, context token) pairs of its own
 //!   prefill, whose cost grows with the context it attends to). Engines whose load reports never
-//!   say what prefill is queued (vLLM's `/metrics`: the reports teach no prefill rate,
-//!   fleet-wide or, per engine, that engine's) are predicted at the fit's rates and context cost
-//!   once it has 8 answers; it converges within 32-64 (`ttft.rs`'s tests: 10% on the rate with
-//!   20% noise on each answer, 15% on each coefficient with 10%). The fit's `base` (what no rate
-//!   explains: the engine's server and a forward pass's fixed cost) is every engine's fixed term.
+//!   say what prefill is queued (vLLM's `/metrics`; fleet-wide: no engine's reports, per engine:
+//!   that engine's) are predicted at the fit's rates and context cost once it has 8 answers; it
+//!   converges within 32-64 (`ttft.rs`'s tests: 10% on the rate with 20% noise on each answer,
+//!   15% on each coefficient with 10%). The fit's `base` (what no rate explains: the engine's
+//!   server and a forward pass's fixed cost) is every engine's fixed term.
+//! - An engine whose reports say what prefill is queued (SGLang's `/v1/loads`: some report
+//!   showed prefill queued) is predicted at the reports' rates, the configured ones until busy
+//!   intervals teach them, never at the fit's, however few busy intervals were observed. Asking
+//!   instead whether a rate had been measured from its reports sent S10's rollouts (a burst a
+//!   step, reports observed only when a request is sent: no busy interval in 1,000 requests)
+//!   to the fit, meant for vLLM, whose four coefficients, fitted on a few bursts of answers,
+//!   changed from run to run over HTTP (the mean predicted decode term 143 ms in one run, 6 ms
+//!   in the next) and differed from the simulator's.
 //!
 //! Only prompts this host routed are counted as arrivals, so with several gateway replicas in
 //! front of one fleet the estimate is low (the others' prompts are computed too): leave learning
@@ -168,6 +176,9 @@ struct Learned {
     kv_bound: bool,
     /// Requests running or waiting at the last report.
     in_system: f64,
+    /// Whether some report said prefill was queued: its reports say what is queued (SGLang's
+    /// `num_waiting_uncached_tokens`; vLLM's reports never do).
+    shows_queue: bool,
     /// Requests finished per second: those routed there between two reports less the growth
     /// of its running and waiting requests.
     finished: Running,
@@ -231,6 +242,8 @@ pub struct EngineRates {
     /// Each engine's answers, and the fleet's (`ttft.rs`).
     answers: WorkerMap<TtftFit>,
     pooled: TtftFit,
+    /// Engines whose reports say what prefill is queued (`Learned::shows_queue`).
+    showing_queue: usize,
 }
 
 /// What the prediction uses for one engine.
@@ -257,6 +270,7 @@ impl EngineRates {
             decode: Fleet::new(decode),
             answers: WorkerMap::default(),
             pooled: TtftFit::default(),
+            showing_queue: 0,
         }
     }
 
@@ -318,8 +332,8 @@ impl EngineRates {
         fleet.used * self.settings.grid_step.powi(steps)
     }
 
-    /// The rates to predict `worker` with: from the load reports where they teach the prefill
-    /// rate, else from the measured times to first token once there are enough (module doc).
+    /// The rates to predict `worker` with: from the load reports where they say what prefill is
+    /// queued, else from the measured times to first token once there are enough (module doc).
     pub fn rates(&self, worker: WorkerId) -> Rates {
         let reported = Rates {
             prefill_tokens_per_sec: self.rate(worker, &self.prefill, |l| &l.prefill),
@@ -331,7 +345,7 @@ impl EngineRates {
             return reported;
         }
         let Some(fit) = self.answers_of(worker) else { return reported };
-        if self.reports_teach_prefill(worker) {
+        if self.reports_show_queue(worker) {
             let rates = Fitted {
                 base_s: 0.0,
                 prefill_tokens_per_sec: reported.prefill_tokens_per_sec,
@@ -361,20 +375,14 @@ impl EngineRates {
         }
     }
 
-    /// Whether the load reports teach `worker`'s prefill rate: per engine, its own reports
-    /// showed enough busy intervals; fleet-wide, some engine's did.
-    fn reports_teach_prefill(&self, worker: WorkerId) -> bool {
-        let measured =
-            |learned: &Learned| learned.prefill.running.observations >= self.settings.min_observations;
+    /// Whether the load reports say what prefill `worker` has queued, so that they teach its
+    /// prefill rate (the configured one until they do): per engine, some report of its own
+    /// showed prefill queued; fleet-wide, some engine's did (a count kept as reports come, not
+    /// a walk over every engine for every candidate of every decision).
+    fn reports_show_queue(&self, worker: WorkerId) -> bool {
         match self.settings.per_engine {
-            true => self.engines.get(&worker).is_some_and(measured),
-            // Some engine measured: with at least one observation required, the engines counted
-            // in the fleet's mean (an observation always has a positive time), without walking
-            // every engine for every candidate of every decision.
-            false => match self.settings.min_observations {
-                0 => !self.engines.is_empty(),
-                _ => self.prefill.measured > 0,
-            },
+            true => self.engines.get(&worker).is_some_and(|learned| learned.shows_queue),
+            false => self.showing_queue > 0,
         }
     }
 
@@ -445,10 +453,15 @@ impl EngineRates {
             queued,
             kv_bound,
             in_system,
+            shows_queue: false,
             finished: Running::default(),
             prefill: Speed::default(),
             decode: Speed::default(),
         });
+        if queued > 0.0 && !entry.shows_queue {
+            entry.shows_queue = true;
+            self.showing_queue += 1;
+        }
         if report.fetched_at_ms <= entry.at_ms {
             return;
         }
@@ -512,6 +525,7 @@ impl EngineRates {
     pub fn forget(&mut self, worker: WorkerId) {
         let min = self.settings.min_observations;
         if let Some(learned) = self.engines.remove(&worker) {
+            self.showing_queue -= usize::from(learned.shows_queue);
             self.prefill.replace(Fleet::part(&learned.prefill, min), None);
             self.decode.replace(Fleet::part(&learned.decode, min), None);
         }

@@ -130,6 +130,12 @@ impl Simulation<'_> {
         if let Some(kind) = decision.index {
             self.outcome.index_decisions[IndexKind::ALL.iter().position(|&k| k == kind).unwrap_or(0)] += 1;
         }
+        if let Some(predicted) = decision.predicted {
+            for (sum, term) in self.outcome.predicted_sums.iter_mut().zip(predicted.terms()) {
+                *sum += term;
+            }
+            self.outcome.predicted_decisions += 1;
+        }
         if let Some(matches) = decision.matches {
             self.outcome.chosen_match_sum += matches.chosen_match_rate;
             self.outcome.best_match_sum += matches.best_match_rate;

@@ -75,3 +75,23 @@ fn every_answer_is_handed_to_the_policy_that_predicted_it() {
     }
     assert!(cached > 0, "the engines served some prompts from cache: {cached}");
 }
+
+#[test]
+fn the_report_gives_the_predicted_terms_mean_per_decision() {
+    let args = args("round_robin", 3);
+    let trace = shared_prefix_trace(24, 40.0);
+    let fleet = args.fleet().unwrap();
+    let engines = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
+    let setup = crate::sim_setup(&args, fleet, engines, &trace).unwrap();
+    let outcome =
+        simulate_with_policy(&trace, &setup, &PolicyConfig::default(), Arc::new(Answers::default()));
+    // Decision k predicted a queue of k seconds: 0..=23, a mean of 11.5 s, which is the total.
+    let (metrics, _) = crate::report::Metrics::from_outcome(&outcome, 1.0, 1.0);
+    let term =
+        |name: &str| metrics.predicted_mean_ms.iter().find(|(term, _)| term == name).map(|&(_, ms)| ms);
+    assert_eq!(metrics.predicted_mean_ms.len(), PredictedTtft::TERMS.len());
+    assert_eq!((term("queue"), term("total"), term("decode")), (Some(11_500.0), Some(11_500.0), Some(0.0)));
+    // A policy that predicts nothing: no terms.
+    let (none, _) = crate::report::Metrics::from_outcome(&crate::sim::SimOutcome::default(), 1.0, 1.0);
+    assert!(none.predicted_mean_ms.is_empty());
+}

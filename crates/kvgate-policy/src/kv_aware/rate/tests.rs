@@ -295,3 +295,49 @@ fn requests_finished_are_those_routed_less_the_growth_of_running_and_waiting() {
     assert_eq!(rates.finished_per_sec_of(1), Some(3.0));
     assert_eq!(rates.finished_per_sec_of(2), None);
 }
+
+#[test]
+fn an_engine_whose_reports_show_its_queue_is_predicted_at_their_rates_not_at_the_answers_fit() {
+    // S10's rollouts: a burst a step, the reports observed only when a request is sent, so one
+    // showed prefill queued but no observed interval had it queued at both ends (no busy
+    // interval: no rate measured). The answers, as a wall clock measured them, say 4,000
+    // tokens/s.
+    let learn = |per_engine: bool, queued: u64| {
+        let routed = RoutedLog::default();
+        let mut rates = EngineRates::new(settings(per_engine));
+        for (at_ms, queued) in [(0, 0), (1_000, queued), (45_000, 0)] {
+            rates.observe(1, &report(at_ms, queued), &routed, 1_000);
+        }
+        assert_eq!(rates.engines[&1].prefill.running.observations, 0, "no busy interval");
+        let used = Rates { prefill_tokens_per_sec: 8_000.0, decode_ms_per_request: 0.35, ..Rates::default() };
+        for i in 0..32u32 {
+            let prompt = 2_000 + 500 * i;
+            let answer = crate::Answered {
+                worker: 1,
+                predicted: crate::kv_aware::PredictedTtft { rates: used, ..Default::default() },
+                prompt_tokens: prompt,
+                cached_tokens: 0,
+                ttft_s: 0.05 + f64::from(prompt) / 4_000.0,
+            };
+            rates.observe_answer(1, &answer);
+        }
+        rates.rates(1)
+    };
+    for per_engine in [false, true] {
+        let got = learn(per_engine, 9_000);
+        // The configured rates; the base what they leave unexplained (the median answer's).
+        assert_eq!((got.prefill_tokens_per_sec, got.decode_ms_per_request), (8_000.0, 0.35), "{got:?}");
+        assert_eq!(got.context_ns_per_pair, 0.0, "{got:?}");
+        assert!((got.base_s - (0.05 + 10_000.0 / 8_000.0)).abs() < 1e-9, "{got:?}");
+        // Reports that never say what is queued (vLLM's): the answers' fit.
+        let fitted = learn(per_engine, 0);
+        assert!((fitted.prefill_tokens_per_sec - 4_000.0).abs() < 200.0, "{fitted:?}");
+        assert!(fitted.base_s < 0.1, "{fitted:?}");
+    }
+    // Forgotten, an engine no longer counts as one whose reports show the queue.
+    let mut rates = EngineRates::new(settings(false));
+    rates.observe(1, &report(1_000, 9_000), &RoutedLog::default(), 1_000);
+    assert!(rates.reports_show_queue(2));
+    rates.forget(1);
+    assert!(!rates.reports_show_queue(2));
+}
