@@ -549,15 +549,10 @@ impl Policy for KvAwarePolicy {
         favoured.rates_learned(&favoured::Inputs { settings: &self.settings.predict, rates, routed });
     }
 
-    /// The engines predicted cheapest for the uncached tokens asked (`favoured.rs`), while the
-    /// pool is decided on shortlists.
-    fn favoured(
-        &self,
-        now_ms: u64,
-        least_uncached: f64,
-        uncached: &dyn Fn(WorkerId) -> Option<f64>,
-    ) -> Vec<WorkerId> {
-        self.lock().favoured.cheapest(now_ms, least_uncached, uncached, favoured::FAVOURED)
+    /// The engines predicted cheapest for the uncached tokens asked, over every group asked
+    /// (`favoured.rs`), while the pool is decided on shortlists.
+    fn favoured(&self, now_ms: u64, asks: &[crate::FavouredAsk<'_>]) -> Vec<WorkerId> {
+        self.lock().favoured.cheapest(now_ms, asks, favoured::FAVOURED)
     }
 
     /// The engine's measured time to first token teaches its rates (`rate.rs`).
