@@ -387,12 +387,13 @@ fn keys(worker: WorkerId, load: &LoadSample, inputs: &Inputs<'_>, pool: PoolKv) 
     let rates = inputs.rates.rates(worker);
     let per_ms = rates.prefill_tokens_per_sec.max(1e-9) / 1000.0;
     let (mut queue, mut at_ms) = (load.num_waiting_uncached_tokens as f64, load.fetched_at_ms);
-    for (routed_at, tokens) in inputs.routed.entries(worker).filter(|&(t, _)| t >= load.fetched_at_ms) {
+    let log = inputs.routed.of(worker);
+    for (routed_at, tokens) in log.entries().filter(|&(t, _)| t >= load.fetched_at_ms) {
         queue = (queue - per_ms * routed_at.saturating_sub(at_ms) as f64).max(0.0) + tokens;
         at_ms = routed_at;
     }
     let drained_s = (at_ms as f64 + queue / per_ms) / 1000.0;
-    let since = inputs.routed.sent_since(worker, load.fetched_at_ms);
+    let since = log.sent_since(load.fetched_at_ms);
     let running = load.num_running_reqs.max(since.requests as u64);
     let mut usage = load.token_usage;
     if load.max_total_num_tokens > 0 {
