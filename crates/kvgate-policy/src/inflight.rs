@@ -76,8 +76,58 @@ impl RoutedLog {
     /// Requests and tokens routed to `worker` at or after `since_ms`, the tokens of one prompt
     /// (by its hash) counted once.
     pub fn sent_since(&self, worker: WorkerId, since_ms: u64) -> Sent {
+        self.of(worker).sent_since(since_ms)
+    }
+
+    /// Whether a request with the whole prompt of hash `prompt` was routed to `worker` at or
+    /// after `since_ms` (and is still remembered).
+    pub fn holds_prompt(&self, worker: WorkerId, prompt: u64, since_ms: u64) -> bool {
+        self.of(worker).holds_prompt(prompt, since_ms)
+    }
+
+    /// How many requests with the whole prompt of hash `prompt` were routed to `worker` at or
+    /// after `since_ms`, and the prompt tokens the first of them was expected to compute there.
+    pub fn prompt_routed(&self, worker: WorkerId, prompt: u64, since_ms: u64) -> (f64, f64) {
+        let mut found = (0.0, 0.0);
+        for entry in self.routed.get(&worker).into_iter().flatten() {
+            if entry.at_ms >= since_ms && entry.prompt == Some(prompt) {
+                if found.0 == 0.0 {
+                    found.1 = entry.tokens;
+                }
+                found.0 += entry.requests;
+            }
+        }
+        found
+    }
+
+    /// What was routed to `worker`, looked up once for several questions (a decision asks
+    /// three of each candidate).
+    pub fn of(&self, worker: WorkerId) -> WorkerLog<'_> {
+        WorkerLog { queue: self.routed.get(&worker) }
+    }
+
+    /// Every remembered `(routed at, tokens)` of `worker`, oldest first.
+    pub fn entries(&self, worker: WorkerId) -> impl Iterator<Item = (u64, f64)> + '_ {
+        self.of(worker).entries()
+    }
+
+    pub fn forget(&mut self, worker: WorkerId) {
+        self.routed.remove(&worker);
+    }
+}
+
+/// One worker's part of a [`RoutedLog`] (empty when nothing was routed there).
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerLog<'a> {
+    queue: Option<&'a VecDeque<Entry>>,
+}
+
+impl<'a> WorkerLog<'a> {
+    /// Requests and tokens routed there at or after `since_ms`, the tokens of one prompt (by
+    /// its hash) counted once.
+    pub fn sent_since(&self, since_ms: u64) -> Sent {
         let mut sent = Sent::default();
-        let Some(queue) = self.routed.get(&worker) else { return sent };
+        let Some(queue) = self.queue else { return sent };
         // A prompt's tokens count at its first entry since `since_ms`: an entry whose prompt an
         // earlier one since then had is skipped (looked for among those, with no set to allocate:
         // this runs for every candidate of every kv_aware decision).
@@ -98,36 +148,15 @@ impl RoutedLog {
         sent
     }
 
-    /// Whether a request with the whole prompt of hash `prompt` was routed to `worker` at or
-    /// after `since_ms` (and is still remembered).
-    pub fn holds_prompt(&self, worker: WorkerId, prompt: u64, since_ms: u64) -> bool {
-        self.routed
-            .get(&worker)
-            .is_some_and(|queue| queue.iter().any(|e| e.at_ms >= since_ms && e.prompt == Some(prompt)))
+    /// Whether a request with the whole prompt of hash `prompt` was routed there at or after
+    /// `since_ms` (and is still remembered).
+    pub fn holds_prompt(&self, prompt: u64, since_ms: u64) -> bool {
+        self.queue.is_some_and(|queue| queue.iter().any(|e| e.at_ms >= since_ms && e.prompt == Some(prompt)))
     }
 
-    /// How many requests with the whole prompt of hash `prompt` were routed to `worker` at or
-    /// after `since_ms`, and the prompt tokens the first of them was expected to compute there.
-    pub fn prompt_routed(&self, worker: WorkerId, prompt: u64, since_ms: u64) -> (f64, f64) {
-        let mut found = (0.0, 0.0);
-        for entry in self.routed.get(&worker).into_iter().flatten() {
-            if entry.at_ms >= since_ms && entry.prompt == Some(prompt) {
-                if found.0 == 0.0 {
-                    found.1 = entry.tokens;
-                }
-                found.0 += entry.requests;
-            }
-        }
-        found
-    }
-
-    /// Every remembered `(routed at, tokens)` of `worker`, oldest first.
-    pub fn entries(&self, worker: WorkerId) -> impl Iterator<Item = (u64, f64)> + '_ {
-        self.routed.get(&worker).into_iter().flat_map(|queue| queue.iter().map(|e| (e.at_ms, e.tokens)))
-    }
-
-    pub fn forget(&mut self, worker: WorkerId) {
-        self.routed.remove(&worker);
+    /// Every remembered `(routed at, tokens)`, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, f64)> + 'a {
+        self.queue.into_iter().flat_map(|queue| queue.iter().map(|e| (e.at_ms, e.tokens)))
     }
 }
 

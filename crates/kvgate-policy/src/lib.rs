@@ -319,6 +319,19 @@ pub enum NoRoute {
     NoCandidates,
 }
 
+/// A group of workers [`Policy::favoured`] is asked about, with the request's uncached prompt
+/// tokens on each.
+#[derive(Clone, Copy)]
+pub struct FavouredAsk<'a> {
+    /// The fewest uncached prompt tokens any worker of the group has (what bounds the search).
+    pub least_uncached: f64,
+    /// The request's uncached prompt tokens on a worker (`None`: not in the group).
+    pub uncached: &'a dyn Fn(WorkerId) -> Option<f64>,
+    /// The group's workers, when they are few and known (`None`: every worker is looked at
+    /// through `uncached`).
+    pub listed: Option<&'a [WorkerId]>,
+}
+
 /// A routing policy. Implementations keep their own state behind interior mutability so that one
 /// instance can serve concurrent requests; they never do I/O, read clocks or spawn threads.
 ///
@@ -379,16 +392,12 @@ pub trait Policy: Send + Sync {
     /// For a large pool's candidate search: up to a few workers the policy predicts cheapest for
     /// a request whatever its prompt, by terms the search's load orders do not see (kv_aware: its
     /// predicted queue, what was routed since the reports, its learned rates), cheapest first.
-    /// The search adds them to the shortlist; it asks for those `uncached` gives the request's
-    /// uncached prompt tokens on (`None`: not asked for; at least `least_uncached` on each):
-    /// every worker with the whole prompt, then the prompt's holders beyond its best few with
-    /// what each does not hold. None by default.
-    fn favoured(
-        &self,
-        _now_ms: u64,
-        _least_uncached: f64,
-        _uncached: &dyn Fn(WorkerId) -> Option<f64>,
-    ) -> Vec<WorkerId> {
+    /// The search adds them to the shortlist; it asks about the groups of workers in `asks`,
+    /// each with the request's uncached prompt tokens there ([`FavouredAsk`]): every worker with
+    /// the whole prompt, then the prompt's holders beyond its best few level by level, with what
+    /// each level does not hold. The cheapest are taken over all the asks together. None by
+    /// default.
+    fn favoured(&self, _now_ms: u64, _asks: &[FavouredAsk<'_>]) -> Vec<WorkerId> {
         Vec::new()
     }
 

@@ -21,7 +21,7 @@ use kvgate_policy::{fresh_load, Candidate, WorkerId};
 use rand::RngCore;
 
 use crate::order::{stale_keys, LoadOrder};
-use crate::shortlist::{tie, Search, Smallest, COLDEST, HOLDERS, LEAST_LOADED, SAMPLED};
+use crate::shortlist::{tie, Level, Search, Smallest, COLDEST, HOLDERS, LEAST_LOADED, SAMPLED};
 
 /// Workers whose sample went stale kept as candidates of the search (keyed with no load).
 pub const STALE_KEPT: usize = 8;
@@ -125,25 +125,25 @@ fn best_holders(
     let mut above = 0;
     let first = levels
         .iter()
-        .position(|&(_, count)| {
-            above += count;
+        .position(|level| {
+            above += level.count;
             above >= HOLDERS
         })
         .unwrap_or(levels.len());
-    let top = levels.get(first).map_or(0, |&(credit, _)| credit);
     let mut taken = 0;
-    for &(id, credit) in credited.iter().filter(|&&(_, credit)| credit > top) {
-        taken += offer(&mut holders, look, id, credit);
+    // Fewer than `HOLDERS` hold them, so they are listed.
+    for above in &levels[..first] {
+        for &id in &above.listed {
+            taken += offer(&mut holders, look, id, above.credit);
+        }
     }
-    for &(level, count) in &levels[first..] {
+    for &Level { credit: level, count, .. } in &levels[first..] {
         if taken >= HOLDERS {
             break;
         }
         let need = HOLDERS - taken;
         let limit = 4 * need * order.len() / count.max(1) + 64;
-        let holds_level = |id: WorkerId| {
-            credited.binary_search_by_key(&id, |&(id, _)| id).is_ok_and(|at| credited[at].1 == level)
-        };
+        let holds_level = |id: WorkerId| search.credit_of(id) == Some(level);
         let walked = (count > GROUP_SCANNED && limit < count)
             .then(|| {
                 order.least_loaded_within(need, start, limit, &mut |id| holds_level(id) && look(id).is_some())

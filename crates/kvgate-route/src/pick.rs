@@ -9,14 +9,14 @@ use std::hash::{Hash, Hasher};
 
 use kvgate_index::{choose_index, IndexInputs, IndexKind, PrefixIndex, PrefixMatch};
 use kvgate_policy::{
-    admit_under_overload, Admitted, Candidate, Candidates, Decision, Reason, RouteRequest, RoutingKey,
-    SelectContext, WorkerId,
+    admit_under_overload, Admitted, Candidate, Candidates, Decision, FavouredAsk, Reason, RouteRequest,
+    RoutingKey, SelectContext, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use crate::ordered::shortlist_ordered;
-use crate::shortlist::{shortlist, Search, HOLDERS, SHORTLIST_ABOVE};
+use crate::shortlist::{shortlist, Level, Search, HOLDERS, LISTED, SHORTLIST_ABOVE};
 use crate::{NoPlan, Pick, PlanContext, Planning, Pool, Side};
 
 /// The worker `pool`'s policy chooses for `request` among the routable workers not in `tried`
@@ -152,24 +152,57 @@ fn index_kind<P: Pool>(pool: &P, request: &RouteRequest<'_>, events_flowing: boo
 
 /// The workers the pool's policy names for the shortlist, sorted by id: its cheapest, and its
 /// cheapest among the prompt's holders that are not its best few (a holder of the prompt's
-/// opening alone, say, beyond the holders of more: its cost is a non-holder's less what it holds).
+/// opening alone, say, beyond the holders of more: its cost is a non-holder's less what it holds),
+/// asked level by level of their credit, most credited first, each level with what it does not
+/// hold (so that the policy's search for a level held by most of the pool is bound by that
+/// level's own uncached tokens, and a level that cannot come near a more credited one is left
+/// at once).
 fn favoured<P: Pool>(pool: &P, request: &RouteRequest<'_>, search: &Search) -> Vec<WorkerId> {
     let policy = pool.policy();
     let (now_ms, prompt) = (search.now_ms, request.prompt_tokens as f64);
-    let mut favoured = policy.favoured(now_ms, prompt, &|_| Some(prompt));
+    let every = |_: WorkerId| Some(prompt);
+    let mut favoured =
+        policy.favoured(now_ms, &[FavouredAsk { least_uncached: prompt, uncached: &every, listed: None }]);
     let credited = &search.credited;
     if credited.len() > HOLDERS {
         // Holders credited no more than the one after the best `HOLDERS` (kept by the search),
         // each with what it does not hold.
         let below = search.credit_after(HOLDERS);
         let per_token = prompt / search.query_len.max(1) as f64;
-        let uncached = |id: WorkerId| {
-            let at = credited.binary_search_by_key(&id, |&(id, _)| id).ok()?;
-            let credit = credited[at].1;
-            (credit <= below).then(|| (prompt - per_token * credit as f64).max(0.0))
-        };
-        let least = (prompt - per_token * below as f64).max(0.0);
-        favoured.extend(policy.favoured(now_ms, least, &uncached));
+        let uncached_at = |credit: usize| (prompt - per_token * credit as f64).max(0.0);
+        let credit_of = |id: WorkerId| search.credit_of(id);
+        match &search.levels {
+            Some(levels) => {
+                let levels: Vec<&Level> = levels.iter().filter(|level| level.credit <= below).collect();
+                let uncached: Vec<Box<dyn Fn(WorkerId) -> Option<f64> + '_>> = levels
+                    .iter()
+                    .map(|level| {
+                        let (credit, tokens) = (level.credit, uncached_at(level.credit));
+                        Box::new(move |id| match level.count <= LISTED {
+                            true => Some(tokens),
+                            false => (credit_of(id) == Some(credit)).then_some(tokens),
+                        }) as Box<dyn Fn(WorkerId) -> Option<f64>>
+                    })
+                    .collect();
+                let asks: Vec<FavouredAsk<'_>> = levels
+                    .iter()
+                    .zip(&uncached)
+                    .map(|(level, uncached)| FavouredAsk {
+                        least_uncached: uncached_at(level.credit),
+                        uncached: &**uncached,
+                        listed: (level.count <= LISTED).then_some(&level.listed[..]),
+                    })
+                    .collect();
+                favoured.extend(policy.favoured(now_ms, &asks));
+            }
+            None => {
+                let uncached =
+                    |id: WorkerId| credit_of(id).filter(|&credit| credit <= below).map(uncached_at);
+                let ask =
+                    FavouredAsk { least_uncached: uncached_at(below), uncached: &uncached, listed: None };
+                favoured.extend(policy.favoured(now_ms, &[ask]));
+            }
+        }
     }
     favoured.sort_unstable();
     favoured.dedup();

@@ -46,11 +46,31 @@ pub(crate) struct Search {
     pub favoured: Vec<WorkerId>,
     /// The holders' credits with how many hold each, most credited first (`None`: more than
     /// [`LEVELS`] distinct credits).
-    pub levels: Option<Vec<(usize, usize)>>,
+    pub levels: Option<Vec<Level>>,
+    /// Each holder's place in `levels`, by id ([`NO_LEVEL`]: not a holder), when the ids are
+    /// dense enough (else empty, and a holder's credit is found by a binary search).
+    level_of: Vec<u8>,
 }
+
+/// Not a holder, in [`Search::level_of`].
+const NO_LEVEL: u8 = u8::MAX;
 
 /// Distinct credits counted in [`Search::levels`] at most.
 pub(crate) const LEVELS: usize = 64;
+/// A level's holders are listed when they are at most this many: the policy's search for its
+/// cheapest then costs each of them rather than walking its orders (at most 128 steps of five
+/// fronts each, where a level held by a few of 10,000 engines is rarely met).
+pub(crate) const LISTED: usize = 512;
+
+/// The holders of the prompt credited with one number of its elements.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Level {
+    pub credit: usize,
+    /// How many hold it.
+    pub count: usize,
+    /// Its holders by id, when they are at most [`LISTED`] (else empty).
+    pub listed: Vec<WorkerId>,
+}
 
 impl Search {
     /// The search for a prompt matched as `prefix`: its holders credited once.
@@ -59,9 +79,26 @@ impl Search {
             .filter(|prefix| prefix.best() > 0)
             .map(|prefix| prefix.iter_credited().filter(|&(_, credited)| credited > 0).collect())
             .unwrap_or_default();
-        let levels = credit_levels(&credited);
+        let (levels, level_of) = match credit_levels(&credited) {
+            Some((levels, level_of)) => (Some(levels), level_of),
+            None => (None, Vec::new()),
+        };
         let query_len = prefix.map_or(0, PrefixMatch::query_len);
-        Search { query_len, credited, now_ms, load_poll_interval_ms, favoured: Vec::new(), levels }
+        Search { query_len, credited, now_ms, load_poll_interval_ms, favoured: Vec::new(), levels, level_of }
+    }
+
+    /// The tokens `id` is credited with, if it holds some of the prompt.
+    pub(crate) fn credit_of(&self, id: WorkerId) -> Option<usize> {
+        match (&self.levels, self.level_of.is_empty()) {
+            (Some(levels), false) => {
+                let at = *self.level_of.get(id as usize)?;
+                (at != NO_LEVEL).then(|| levels[at as usize].credit)
+            }
+            _ => {
+                let credited = &self.credited;
+                credited.binary_search_by_key(&id, |&(id, _)| id).ok().map(|at| credited[at].1)
+            }
+        }
     }
 
     /// The credit of the holder after the best `k` (0 when there are no more than `k`): the
@@ -73,10 +110,10 @@ impl Search {
         match &self.levels {
             Some(levels) => {
                 let mut above = 0;
-                for &(credit, count) in levels {
-                    above += count;
+                for level in levels {
+                    above += level.count;
                     if above > k {
-                        return credit;
+                        return level.credit;
                     }
                 }
                 0
@@ -89,31 +126,59 @@ impl Search {
     }
 }
 
-/// The distinct credits of `credited` with how many hold each, most credited first; `None` past
-/// [`LEVELS`] of them. A widely held prompt has a few levels (its opening, held by many, and
-/// the turns after it, by a few), so the count costs a read of each holder.
-fn credit_levels(credited: &[(WorkerId, usize)]) -> Option<Vec<(usize, usize)>> {
-    let mut levels: Vec<(usize, usize)> = Vec::new();
+/// The distinct credits of `credited` with how many hold each (and which, up to [`LISTED`]),
+/// most credited first, and each holder's place among them by id when the ids are dense (at
+/// most four times as many as the holders, plus 4,096: a byte per id); `None` past [`LEVELS`] of
+/// them. A widely held prompt has a few levels (its opening, held by many, and the turns after
+/// it, by a few), so the count costs a read of each holder.
+fn credit_levels(credited: &[(WorkerId, usize)]) -> Option<(Vec<Level>, Vec<u8>)> {
+    let dense = credited.last().is_some_and(|&(id, _)| (id as usize) < 4 * credited.len() + 4096);
+    let mut level_of = match dense {
+        true => vec![NO_LEVEL; credited.last().map_or(0, |&(id, _)| id as usize + 1)],
+        false => Vec::new(),
+    };
+    let mut levels: Vec<Level> = Vec::new();
     let mut last = 0;
-    for &(_, credit) in credited {
-        if let Some(level) = levels.get_mut(last).filter(|level| level.0 == credit) {
-            level.1 += 1;
-            continue;
+    for &(id, credit) in credited {
+        let at = match levels.get(last).is_some_and(|level| level.credit == credit) {
+            true => last,
+            false => match levels.iter().position(|level| level.credit == credit) {
+                Some(at) => at,
+                None if levels.len() == LEVELS => return None,
+                None => {
+                    levels.push(Level { credit, count: 0, listed: Vec::new() });
+                    levels.len() - 1
+                }
+            },
+        };
+        let level = &mut levels[at];
+        level.count += 1;
+        match level.count.cmp(&LISTED) {
+            std::cmp::Ordering::Greater if level.count == LISTED + 1 => level.listed = Vec::new(),
+            std::cmp::Ordering::Greater => {}
+            _ => level.listed.push(id),
         }
-        match levels.iter().position(|level| level.0 == credit) {
-            Some(at) => {
-                levels[at].1 += 1;
-                last = at;
-            }
-            None if levels.len() == LEVELS => return None,
-            None => {
-                last = levels.len();
-                levels.push((credit, 1));
-            }
+        if dense {
+            level_of[id as usize] = at as u8;
         }
+        last = at;
     }
-    levels.sort_unstable_by_key(|&(credit, _)| std::cmp::Reverse(credit));
-    Some(levels)
+    // Most credited first, and each holder's place moved with its level.
+    let mut by_credit: Vec<usize> = (0..levels.len()).collect();
+    by_credit.sort_unstable_by_key(|&at| std::cmp::Reverse(levels[at].credit));
+    let mut moved_to = vec![0u8; levels.len()];
+    for (to, &from) in by_credit.iter().enumerate() {
+        moved_to[from] = to as u8;
+    }
+    for at in level_of.iter_mut().filter(|at| **at != NO_LEVEL) {
+        *at = moved_to[*at as usize];
+    }
+    let mut sorted: Vec<Level> = Vec::with_capacity(levels.len());
+    let mut levels: Vec<Option<Level>> = levels.into_iter().map(Some).collect();
+    for from in by_credit {
+        sorted.extend(levels[from].take());
+    }
+    Some((sorted, level_of))
 }
 
 /// The `k` smallest keys seen, with their positions (the worst replaced in place).
@@ -246,6 +311,43 @@ mod tests {
                 }),
             })
             .collect()
+    }
+
+    proptest::proptest! {
+        /// The credit levels count every holder, list the holders of a level of at most
+        /// [`LISTED`], and find each holder's credit (by its place, for dense ids; by a binary
+        /// search, else) as the match says it.
+        #[test]
+        fn the_levels_count_list_and_find_every_holder(
+            holders in proptest::collection::btree_map(0u32..5_000, 1usize..6, 1..1500),
+            spread in 1u32..4,
+        ) {
+            let credited: Vec<(WorkerId, usize)> =
+                holders.iter().map(|(&id, &level)| (id * spread, level * 100 + (id % 3) as usize)).collect();
+            let (levels, level_of) = credit_levels(&credited).expect("at most 15 levels");
+            let search = Search {
+                query_len: 600,
+                credited: credited.clone(),
+                now_ms: 0,
+                load_poll_interval_ms: 1000,
+                favoured: Vec::new(),
+                levels: Some(levels.clone()),
+                level_of,
+            };
+            proptest::prop_assert!(levels.windows(2).all(|w| w[0].credit > w[1].credit));
+            proptest::prop_assert_eq!(levels.iter().map(|l| l.count).sum::<usize>(), credited.len());
+            for level in &levels {
+                let ids: Vec<WorkerId> =
+                    credited.iter().filter(|&&(_, c)| c == level.credit).map(|&(id, _)| id).collect();
+                proptest::prop_assert_eq!(level.count, ids.len());
+                let listed: &[WorkerId] = if ids.len() <= LISTED { &ids } else { &[] };
+                proptest::prop_assert_eq!(&level.listed[..], listed);
+            }
+            for id in 0..5_000 * spread + 10 {
+                let want = credited.binary_search_by_key(&id, |&(id, _)| id).ok().map(|at| credited[at].1);
+                proptest::prop_assert_eq!(search.credit_of(id), want);
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //! orders, by `drained_s + idle_s`, by `idle_s` and by `slope_s`, and the cheapest few are found
 //! by walking the three fronts until no engine further on can be cheaper (a threshold walk: an
 //! engine not reached has each key at least its order's front), at most [`WALK`] steps each; the
-//! cheapest drained too. The requests arriving behind it and the context's attention (kv_aware's
+//! cheapest drained too, on a fourth order by the slope less the duplicate's charge, and a fifth
+//! by `drained_s` whose front says when no engine left has drained (a few drained of 10,000 kept
+//! every walk to its last step). The requests arriving behind it and the context's attention (kv_aware's
 //! other terms) are left out of the keys.
 //!
 //! Kept only for a pool decided on shortlists (more than the search's threshold of workers):
@@ -27,11 +29,11 @@ use std::collections::BTreeMap;
 use super::predict::{predict, EngineView, PredictSettings};
 use super::rate::EngineRates;
 use crate::inflight::RoutedLog;
-use crate::{LoadSample, WorkerId, WorkerMap};
+use crate::{FavouredAsk, LoadSample, WorkerId, WorkerMap};
 
 /// Engines named to the search, by each of its two criteria (cheapest, cheapest drained).
 pub(super) const FAVOURED: usize = 12;
-/// Steps of each order's walk, at most.
+/// Steps of the orders' walks for one request, at most, over every group asked about.
 const WALK: usize = 128;
 
 /// A non-negative finite time as a key that orders as the time does.
@@ -56,13 +58,14 @@ struct Keyed {
 }
 
 impl Keyed {
-    /// The engine's entries in the four orders.
-    fn entries(&self, id: WorkerId) -> [(u64, WorkerId); 4] {
+    /// The engine's entries in the five orders.
+    fn entries(&self, id: WorkerId) -> [(u64, WorkerId); 5] {
         [
             (time_key(self.drained_s + self.idle_s), id),
             (time_key(self.idle_s), id),
             (time_key(self.slope_s), id),
             (time_key(self.relieved_slope_s), id),
+            (time_key(self.drained_s), id),
         ]
     }
 
@@ -80,7 +83,7 @@ impl Keyed {
 /// An engine with its cost by the keys.
 type Costed = (f64, WorkerId);
 
-/// The engines' keys and their four orders.
+/// The engines' keys and their five orders.
 #[derive(Debug, Default)]
 pub(super) struct Favoured {
     /// Each engine's latest report.
@@ -88,7 +91,7 @@ pub(super) struct Favoured {
     keyed: WorkerMap<Keyed>,
     /// By `drained_s + idle_s`, by `idle_s`, by `slope_s` and by `relieved_slope_s`, each with
     /// the keys (read by the walk without a look-up).
-    orders: [BTreeMap<(u64, WorkerId), Keyed>; 4],
+    orders: [BTreeMap<(u64, WorkerId), Keyed>; 5],
     /// Whether the pool is decided on shortlists (the keys are kept only then).
     kept: bool,
     /// The fleet's rates the keys were taken with ([`EngineRates::fleet_rates`]).
@@ -256,63 +259,122 @@ impl Favoured {
         self.unkey(worker);
     }
 
-    /// Up to `k` engines cheapest at `now_ms` by their keys for a request of `uncached(id)`
-    /// tokens on each (`None`: not asked for; at least `least_uncached` on every one), cheapest
-    /// first, then up to `k` more cheapest among those whose queue has drained (none while the
-    /// keys are not kept). With no prefill queued ahead, an engine is not
-    /// charged the duplicate's cost of a prefix every holder waits for KV to serve
-    /// (`relieve_waiting_holders`), so one a little costlier by the keys can be far cheaper.
-    pub(super) fn cheapest(
-        &self,
-        now_ms: u64,
-        least_uncached: f64,
-        uncached: &dyn Fn(WorkerId) -> Option<f64>,
-        k: usize,
-    ) -> Vec<WorkerId> {
+    /// Up to `k` engines cheapest at `now_ms` by their keys over every group of `asks`, each
+    /// engine with the uncached tokens its group gives it, cheapest first, then up to `k` more
+    /// cheapest among those whose queue has drained (none while the keys are not kept). With no
+    /// prefill queued ahead, an engine is not charged the duplicate's cost of a prefix every
+    /// holder waits for KV to serve (`relieve_waiting_holders`), so one a little costlier by the
+    /// keys can be far cheaper.
+    ///
+    /// The groups are taken one after the other, the cheapest so far kept across them: a listed
+    /// group is costed engine by engine; any other is a threshold walk of the five orders, bound
+    /// by its own fewest uncached tokens, which stops as soon as no engine further on can beat
+    /// the `k`-th cheapest found over the groups so far (a group that cannot is left after one
+    /// step), at most [`WALK`] steps over every group. Asked with the fewest uncached tokens first (the prompt's
+    /// most credited holders), a group that cannot come near them is left at once.
+    pub(super) fn cheapest(&self, now_ms: u64, asks: &[FavouredAsk<'_>], k: usize) -> Vec<WorkerId> {
+        self.cheapest_within(now_ms, asks, k, WALK)
+    }
+
+    /// [`Favoured::cheapest`] with `walk` steps at most.
+    fn cheapest_within(&self, now_ms: u64, asks: &[FavouredAsk<'_>], k: usize, walk: usize) -> Vec<WorkerId> {
         if !self.kept || k == 0 {
             return Vec::new();
         }
-        let (now_s, least) = (now_ms as f64 / 1000.0, least_uncached.max(0.0));
+        let now_s = now_ms as f64 / 1000.0;
+        let mut found = Cheapest { k, top: Vec::new(), drained: Vec::new() };
+        // The walks' steps, over every group asked.
+        let mut steps = walk;
+        for ask in asks {
+            match ask.listed {
+                Some(listed) => {
+                    for &id in listed {
+                        if let (Some(keyed), Some(tokens)) = (self.keyed.get(&id), (ask.uncached)(id)) {
+                            found.offer(id, keyed, now_s, tokens.max(ask.least_uncached.max(0.0)));
+                        }
+                    }
+                }
+                None => self.walk(now_s, ask, &mut found, &mut steps),
+            }
+        }
+        let mut cheapest: Vec<WorkerId> = found.top.into_iter().map(|(_, id)| id).collect();
+        for (_, id) in found.drained {
+            if !cheapest.contains(&id) {
+                cheapest.push(id);
+            }
+        }
+        cheapest
+    }
+
+    /// The threshold walk of the five orders for the engines of `ask` (see [`Favoured::cheapest`]).
+    fn walk(&self, now_s: f64, ask: &FavouredAsk<'_>, found: &mut Cheapest, steps: &mut usize) {
+        let least = ask.least_uncached.max(0.0);
         let mut walks = self.orders.each_ref().map(|order| order.iter());
-        // The cheapest found so far, cheapest first: of all, and of those drained (relieved).
-        let (mut top, mut drained): (Vec<Costed>, Vec<Costed>) = (Vec::new(), Vec::new());
-        let keep = |top: &mut Vec<Costed>, cost: f64, id: WorkerId| {
+        while *steps > 0 {
+            *steps -= 1;
+            let fronts = walks.each_mut().map(|walk| walk.next().map(|(&(_, id), keyed)| (id, keyed)));
+            // An engine not reached has each key at least its order's front, and a queue's part
+            // of at least 0: its cost is at least the bound.
+            let [Some((_, a)), Some((_, b)), Some((_, c)), Some((_, d)), Some((_, e))] = fronts else {
+                for (id, keyed) in fronts.into_iter().flatten() {
+                    if let Some(tokens) = (ask.uncached)(id) {
+                        found.offer(id, keyed, now_s, tokens.max(least));
+                    }
+                }
+                break;
+            };
+            let bound = (a.drained_s + a.idle_s).max(now_s + b.idle_s) + least * c.slope_s;
+            // Past the drained order's front, no engine has drained: none left to find there.
+            let relieved_bound = match e.drained_s > now_s {
+                true => f64::INFINITY,
+                false => now_s + b.idle_s + least * d.relieved_slope_s,
+            };
+            // Fronts at or past the bound already found are no better: the walk ends before
+            // looking them up.
+            if found.done(bound, relieved_bound) {
+                break;
+            }
+            for (id, keyed) in fronts.into_iter().flatten() {
+                if let Some(tokens) = (ask.uncached)(id) {
+                    found.offer(id, keyed, now_s, tokens.max(least));
+                }
+            }
+            if found.done(bound, relieved_bound) {
+                break;
+            }
+        }
+    }
+}
+
+/// The cheapest engines found so far, cheapest first: of all, and of those drained (relieved of
+/// the duplicate's charge).
+struct Cheapest {
+    k: usize,
+    top: Vec<Costed>,
+    drained: Vec<Costed>,
+}
+
+impl Cheapest {
+    fn offer(&mut self, id: WorkerId, keyed: &Keyed, now_s: f64, tokens: f64) {
+        let k = self.k;
+        let keep = |top: &mut Vec<Costed>, cost: f64| {
             if (top.len() < k || cost < top[k - 1].0) && !top.iter().any(|&(_, kept)| kept == id) {
                 let at = top.partition_point(|&(c, _)| c <= cost);
                 top.insert(at, (cost, id));
                 top.truncate(k);
             }
         };
-        for _ in 0..WALK {
-            let fronts = walks.each_mut().map(|walk| walk.next().map(|(&(_, id), keyed)| (id, keyed)));
-            if fronts.iter().all(Option::is_none) {
-                break;
-            }
-            for (id, keyed) in fronts.into_iter().flatten() {
-                let Some(tokens) = uncached(id) else { continue };
-                let tokens = tokens.max(least);
-                keep(&mut top, keyed.at(now_s, tokens), id);
-                if keyed.drained_s <= now_s {
-                    keep(&mut drained, keyed.relieved(now_s, tokens), id);
-                }
-            }
-            // An engine not reached has each key at least its order's front, and a queue's part
-            // of at least 0: its cost is at least the bound.
-            let [Some((_, a)), Some((_, b)), Some((_, c)), Some((_, d))] = fronts else { break };
-            let bound = (a.drained_s + a.idle_s).max(now_s + b.idle_s) + least * c.slope_s;
-            let relieved_bound = now_s + b.idle_s + least * d.relieved_slope_s;
-            let done = |top: &Vec<Costed>, bound: f64| top.len() == k && top[k - 1].0 <= bound;
-            if done(&top, bound) && done(&drained, relieved_bound) {
-                break;
-            }
+        keep(&mut self.top, keyed.at(now_s, tokens));
+        if keyed.drained_s <= now_s {
+            keep(&mut self.drained, keyed.relieved(now_s, tokens));
         }
-        let mut cheapest: Vec<WorkerId> = top.into_iter().map(|(_, id)| id).collect();
-        for (_, id) in drained {
-            if !cheapest.contains(&id) {
-                cheapest.push(id);
-            }
-        }
-        cheapest
+    }
+
+    /// Whether no engine costing at least `bound` (at least `relieved_bound` drained, infinite
+    /// when none left is drained) can be among the cheapest.
+    fn done(&self, bound: f64, relieved_bound: f64) -> bool {
+        let full = |top: &Vec<Costed>, bound: f64| top.len() == self.k && top[self.k - 1].0 <= bound;
+        full(&self.top, bound) && (relieved_bound == f64::INFINITY || full(&self.drained, relieved_bound))
     }
 }
 
@@ -325,12 +387,13 @@ fn keys(worker: WorkerId, load: &LoadSample, inputs: &Inputs<'_>, pool: PoolKv) 
     let rates = inputs.rates.rates(worker);
     let per_ms = rates.prefill_tokens_per_sec.max(1e-9) / 1000.0;
     let (mut queue, mut at_ms) = (load.num_waiting_uncached_tokens as f64, load.fetched_at_ms);
-    for (routed_at, tokens) in inputs.routed.entries(worker).filter(|&(t, _)| t >= load.fetched_at_ms) {
+    let log = inputs.routed.of(worker);
+    for (routed_at, tokens) in log.entries().filter(|&(t, _)| t >= load.fetched_at_ms) {
         queue = (queue - per_ms * routed_at.saturating_sub(at_ms) as f64).max(0.0) + tokens;
         at_ms = routed_at;
     }
     let drained_s = (at_ms as f64 + queue / per_ms) / 1000.0;
-    let since = inputs.routed.sent_since(worker, load.fetched_at_ms);
+    let since = log.sent_since(load.fetched_at_ms);
     let running = load.num_running_reqs.max(since.requests as u64);
     let mut usage = load.token_usage;
     if load.max_total_num_tokens > 0 {

@@ -31,7 +31,7 @@ pub use rate::{EngineRates, RateSettings, Rates};
 use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
 use crate::hashing::prompt_key;
-use crate::inflight::{fresh_load, RoutedLog, Sent};
+use crate::inflight::{fresh_load, RoutedLog, Sent, WorkerLog};
 use crate::kv_wait::{kv_finished_share, kv_freed_share, kv_per_request, KvView};
 use crate::pick::pick_min_by;
 use crate::{
@@ -314,13 +314,16 @@ impl KvAwarePolicy {
         let routed = state.routed;
         let loads: Vec<_> = candidates.iter().map(|c| fresh_load(c, now_ms, poll_ms)).collect();
         let kv_known = kv_usable(&candidates, now_ms, poll_ms);
+        // What was routed to each candidate, looked up once for its queue, what was sent there
+        // since its report and whether its prompt was.
+        let logs: Vec<WorkerLog<'_>> = candidates.iter().map(|c| routed.of(c.id)).collect();
         // What was sent to each candidate since its usable report (none without one), taken once
         // for its KV usage and its wait for KV.
-        let sent: Vec<Sent> = candidates
+        let sent: Vec<Sent> = logs
             .iter()
             .zip(&loads)
-            .map(|(c, load)| match load.as_ref().filter(|_| kv_known) {
-                Some(load) => routed.sent_since(c.id, load.fetched_at_ms),
+            .map(|(log, load)| match load.as_ref().filter(|_| kv_known) {
+                Some(load) => log.sent_since(load.fetched_at_ms),
                 None => Sent::default(),
             })
             .collect();
@@ -362,9 +365,9 @@ impl KvAwarePolicy {
         let arrivals_per_sec = per_sec / candidates.pool_size() as f64;
         // A request whose whole prompt no candidate was sent moments ago leads: the samples of
         // its prompt that follow go where it goes.
-        let pending: Vec<bool> = candidates
+        let pending: Vec<bool> = logs
             .iter()
-            .map(|c| whole_prompt.is_some_and(|hash| routed.holds_prompt(c.id, hash, recent_ms)))
+            .map(|log| whole_prompt.is_some_and(|hash| log.holds_prompt(hash, recent_ms)))
             .collect();
         let leads = !pending.contains(&true);
         let followers = match leads && whole_prompt.is_some() {
@@ -384,8 +387,12 @@ impl KvAwarePolicy {
                     prompt * prefix.credited(c.id) as f64 / prefix.query_len() as f64
                 };
                 let rates = state.rates.rates(c.id);
-                let queued =
-                    queued_tokens(c, loads[i].as_ref(), routed, now_ms, rates.prefill_tokens_per_sec);
+                let queued = predict::queued_tokens_in(
+                    logs[i],
+                    loads[i].as_ref(),
+                    now_ms,
+                    rates.prefill_tokens_per_sec,
+                );
                 let running = loads[i].map_or(c.in_flight, |l| l.num_running_reqs.max(c.in_flight));
                 // A prompt routed there moments ago (a sample of the same prompt) is computed
                 // there once, ahead of this one, though the engine has not reported it yet: on
@@ -577,15 +584,10 @@ impl Policy for KvAwarePolicy {
         favoured.rates_learned(&favoured::Inputs { settings: &self.settings.predict, rates, routed });
     }
 
-    /// The engines predicted cheapest for the uncached tokens asked (`favoured.rs`), while the
-    /// pool is decided on shortlists.
-    fn favoured(
-        &self,
-        now_ms: u64,
-        least_uncached: f64,
-        uncached: &dyn Fn(WorkerId) -> Option<f64>,
-    ) -> Vec<WorkerId> {
-        self.lock().favoured.cheapest(now_ms, least_uncached, uncached, favoured::FAVOURED)
+    /// The engines predicted cheapest for the uncached tokens asked, over every group asked
+    /// (`favoured.rs`), while the pool is decided on shortlists.
+    fn favoured(&self, now_ms: u64, asks: &[crate::FavouredAsk<'_>]) -> Vec<WorkerId> {
+        self.lock().favoured.cheapest(now_ms, asks, favoured::FAVOURED)
     }
 
     /// The engine's measured time to first token teaches its rates (`rate.rs`).

@@ -7,7 +7,7 @@
 
 use super::rate::attention_pairs;
 use super::Rates;
-use crate::inflight::RoutedLog;
+use crate::inflight::{RoutedLog, WorkerLog};
 use crate::{Candidate, LoadSample};
 
 /// The terms of a predicted time to first token, in seconds, and what the request's prefill
@@ -101,13 +101,23 @@ pub fn queued_tokens(
     now_ms: u64,
     rate: f64,
 ) -> f64 {
+    queued_tokens_in(routed.of(candidate.id), load, now_ms, rate)
+}
+
+/// [`queued_tokens`] on the engine's part of the log, looked up by the caller.
+pub(crate) fn queued_tokens_in(
+    routed: WorkerLog<'_>,
+    load: Option<&LoadSample>,
+    now_ms: u64,
+    rate: f64,
+) -> f64 {
     let (mut queue, mut at_ms) = match load {
         Some(load) => (load.num_waiting_uncached_tokens as f64, load.fetched_at_ms),
         None => (0.0, 0),
     };
     let per_ms = rate / 1000.0;
     let since = at_ms;
-    for (routed_at, tokens) in routed.entries(candidate.id).filter(|&(t, _)| t >= since) {
+    for (routed_at, tokens) in routed.entries().filter(|&(t, _)| t >= since) {
         queue = (queue - per_ms * routed_at.saturating_sub(at_ms) as f64).max(0.0) + tokens;
         at_ms = routed_at;
     }
