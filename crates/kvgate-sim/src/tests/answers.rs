@@ -49,15 +49,20 @@ impl Policy for Answers {
     }
 }
 
-#[test]
-fn every_answer_is_handed_to_the_policy_that_predicted_it() {
+/// 24 requests sharing a prefix on 3 engines, decided by `policy` (round_robin's plan).
+fn run_shared_prefix(policy: Arc<Answers>) -> crate::sim::SimOutcome {
     let args = args("round_robin", 3);
     let trace = shared_prefix_trace(24, 40.0);
     let fleet = args.fleet().unwrap();
     let engines = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
     let setup = crate::sim_setup(&args, fleet, engines, &trace).unwrap();
+    simulate_with_policy(&trace, &setup, &PolicyConfig::default(), policy)
+}
+
+#[test]
+fn every_answer_is_handed_to_the_policy_that_predicted_it() {
     let policy = Arc::new(Answers::default());
-    let outcome = simulate_with_policy(&trace, &setup, &PolicyConfig::default(), policy.clone());
+    let outcome = run_shared_prefix(policy.clone());
 
     let answers = policy.answers.lock().unwrap().clone();
     assert_eq!(outcome.finished.len(), 24);
@@ -78,13 +83,7 @@ fn every_answer_is_handed_to_the_policy_that_predicted_it() {
 
 #[test]
 fn the_report_gives_the_predicted_terms_mean_per_decision() {
-    let args = args("round_robin", 3);
-    let trace = shared_prefix_trace(24, 40.0);
-    let fleet = args.fleet().unwrap();
-    let engines = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
-    let setup = crate::sim_setup(&args, fleet, engines, &trace).unwrap();
-    let outcome =
-        simulate_with_policy(&trace, &setup, &PolicyConfig::default(), Arc::new(Answers::default()));
+    let outcome = run_shared_prefix(Arc::new(Answers::default()));
     // Decision k predicted a queue of k seconds: 0..=23, a mean of 11.5 s, which is the total.
     let (metrics, _) = crate::report::Metrics::from_outcome(&outcome, 1.0, 1.0);
     let term =
