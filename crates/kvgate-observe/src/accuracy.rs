@@ -88,17 +88,26 @@ pub struct Learn {
     pub predicted: kvgate_policy::PredictedTtft,
     /// The prompt's tokens as the gateway counted them (when the engine does not say).
     pub prompt_tokens: u32,
+    /// Seconds from the request's arrival at the gateway to its decision (the tokenizer's
+    /// queue, admission): left out of the answer's time to first token, which the policy
+    /// compares with a prediction made at the decision (`Answered::ttft_s`).
+    pub decided_s: f64,
 }
 
 impl std::fmt::Debug for Learn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Learn").field("worker", &self.worker).field("predicted", &self.predicted).finish()
+        f.debug_struct("Learn")
+            .field("worker", &self.worker)
+            .field("predicted", &self.predicted)
+            .field("decided_s", &self.decided_s)
+            .finish()
     }
 }
 
 impl Learn {
-    /// Hands the answer to the policy: its time to first token `ttft_s` and the engine's usage
-    /// (an answer whose usage did not say what was cached teaches nothing).
+    /// Hands the answer to the policy: its time to first token from the decision (`ttft_s`,
+    /// from the request's arrival, less `decided_s`) and the engine's usage (an answer whose
+    /// usage did not say what was cached teaches nothing).
     fn answered(self, usage: Option<EngineUsage>, ttft_s: f64) {
         let Some(usage) = usage else { return };
         let Some(cached_tokens) = usage.cached_tokens else { return };
@@ -108,7 +117,7 @@ impl Learn {
             predicted: self.predicted,
             prompt_tokens,
             cached_tokens: cached_tokens.min(prompt_tokens),
-            ttft_s,
+            ttft_s: (ttft_s - self.decided_s).max(0.0),
         });
     }
 }
@@ -367,6 +376,54 @@ mod tests {
             cached_tokens: Some(cached_tokens),
             completion_tokens: Some(1),
         })
+    }
+
+    /// A policy that keeps the answers it is told of.
+    #[derive(Default)]
+    struct Told(std::sync::Mutex<Vec<kvgate_policy::Answered>>);
+
+    impl kvgate_policy::Policy for Told {
+        fn name(&self) -> &'static str {
+            "told"
+        }
+
+        fn decide(
+            &self,
+            _request: &kvgate_policy::RouteRequest<'_>,
+            _candidates: kvgate_policy::Candidates<'_>,
+            _ctx: &mut kvgate_policy::SelectContext<'_>,
+        ) -> Result<kvgate_policy::Decision, kvgate_policy::NoRoute> {
+            Err(kvgate_policy::NoRoute::NoCandidates)
+        }
+
+        fn on_answered(&self, answered: &kvgate_policy::Answered) {
+            self.0.lock().unwrap().push(*answered);
+        }
+    }
+
+    /// A request that waited 300 ms before its decision (a burst of samples in the tokenizer's
+    /// queue) and got its first byte 500 ms after it arrived teaches 200 ms: what the decision's
+    /// prediction predicted. Timed from the arrival, the queue read as the engine's fixed cost.
+    #[test]
+    fn an_answer_is_timed_from_its_decision_not_from_the_arrival() {
+        let told = Arc::new(Told::default());
+        let learn = |decided_s: f64| Learn {
+            policy: told.clone(),
+            worker: 3,
+            predicted: kvgate_policy::PredictedTtft { base_s: 0.05, ..Default::default() },
+            prompt_tokens: 1_000,
+            decided_s,
+        };
+        learn(0.3).answered(usage(1_000, 900), 0.5);
+        learn(0.0).answered(usage(1_000, 900), 0.5);
+        // A clock read out of order never teaches a negative time.
+        learn(0.6).answered(usage(1_000, 900), 0.5);
+        let answers = told.0.lock().unwrap();
+        let ttfts: Vec<f64> = answers.iter().map(|answer| answer.ttft_s).collect();
+        assert_eq!(ttfts.len(), 3);
+        assert!((ttfts[0] - 0.2).abs() < 1e-9, "{ttfts:?}");
+        assert_eq!(&ttfts[1..], &[0.5, 0.0]);
+        assert_eq!((answers[0].worker, answers[0].prompt_tokens, answers[0].cached_tokens), (3, 1_000, 900));
     }
 
     /// An agent's turn: a 100K-token context routed on its first 26K tokens (what

@@ -99,6 +99,7 @@ impl LeastLoadPolicy {
                     per_request,
                     freed_share,
                     s.default_throughput,
+                    None,
                 )
             })
             .collect();
@@ -170,7 +171,7 @@ impl Policy for LeastLoadPolicy {
     /// The request counts on its worker until the next load sample: its prompt tokens (or the
     /// mean prompt when unknown) as queued prefill, and itself as a request taking KV.
     fn on_routed(&self, routed: &Routed<'_>) {
-        let sent = Sent { requests: 1.0, tokens: self.prompt_tokens(routed.request) };
+        let sent = Sent { requests: 1.0, tokens: self.prompt_tokens(routed.request), samples: 0.0 };
         let keep_ms = routed.load_poll_interval_ms.saturating_mul(KEEP_POLLS);
         let prompt = prompt_key(routed.request);
         self.lock().record_prompt(routed.decision.worker, routed.now_ms, sent, prompt, keep_ms);

@@ -307,8 +307,11 @@ pub struct Answered {
     /// The prompt's tokens and those the engine reported cached (`usage`).
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
-    /// The time to first token the host measured, in seconds: from the request's arrival to the
-    /// first byte of a streamed answer.
+    /// The time to first token the host measured, in seconds: from the decision (the request
+    /// sent on to its engine) to the first byte of a streamed answer. What the prediction, made
+    /// at the decision, predicts: the time before it (the gateway's tokenizer queue, admission)
+    /// is the same wherever the request goes, and left in it read as the engine's fixed cost
+    /// (`PredictedTtft::base_s`), which then moved with the bursts the tokenizer queued.
     pub ttft_s: f64,
 }
 

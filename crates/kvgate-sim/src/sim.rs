@@ -564,7 +564,7 @@ impl<'a> Simulation<'a> {
                     let submitted_us = stats.arrival_us;
                     if self.pd.is_none() {
                         stats.arrival_us = stats.arrival_us.min(self.arrival_us[id as usize]);
-                        self.pools[pool].answered(worker, id, &stats);
+                        self.pools[pool].answered(worker, id, &stats, submitted_us);
                     }
                     self.pools[pool].ended(worker, id);
                     if let Some(outside) = self.outside.as_mut() {

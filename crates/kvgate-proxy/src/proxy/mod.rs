@@ -287,6 +287,7 @@ where
         request: &route_request,
         namespace: prepared.namespace,
         tenant,
+        started,
     };
 
     let retries_allowed = if state.config.disable_retries { 0 } else { state.config.retry_max_retries };
@@ -429,7 +430,7 @@ async fn single(ex: &pd::Exchange<'_>, pick: plan::Pick) -> Outcome {
         }
         Probe { tenant: Some(ex.tenant.to_string()), ..probe }
     });
-    let learn = pick.learn(ex.request);
+    let learn = pick.learn(ex.request, ex.started.elapsed().as_secs_f64());
     let prompt = pick.in_flight_prompt(ex.request, ex.namespace);
     let result =
         attempt(ex.state, &pick.worker, ex.path_and_query, ex.headers, ex.body.clone(), prompt).await;

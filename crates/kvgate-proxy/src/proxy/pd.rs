@@ -9,6 +9,7 @@
 //! ([`transfer_failed`]).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -38,6 +39,8 @@ pub(super) struct Exchange<'a> {
     pub namespace: Namespace<'a>,
     /// The request's tenant, as its series name it (`Admission::tenant_label`).
     pub tenant: &'a str,
+    /// When the request arrived at the gateway.
+    pub started: Instant,
 }
 
 /// The request body with `edits` applied (`kvgate_protocol::transfer`'s writers).

@@ -331,14 +331,16 @@ impl Pick {
     }
 
     /// What kv_aware predicted for the request on the chosen worker, for its policy to learn
-    /// from the answer's time to first token (`accuracy::Learn`).
-    pub(super) fn learn(&self, request: &RouteRequest<'_>) -> Option<Learn> {
+    /// from the answer's time to first token (`accuracy::Learn`), timed from the decision,
+    /// `decided_s` seconds after the request arrived.
+    pub(super) fn learn(&self, request: &RouteRequest<'_>, decided_s: f64) -> Option<Learn> {
         let predicted = self.decision.predicted?;
         Some(Learn {
             policy: self.pool.policy.clone(),
             worker: self.decision.worker,
             predicted,
             prompt_tokens: u32::try_from(request.prompt_tokens).unwrap_or(u32::MAX),
+            decided_s,
         })
     }
 

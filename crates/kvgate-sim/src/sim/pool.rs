@@ -155,19 +155,21 @@ impl SimPool {
         self.predicted.insert(id, predicted);
     }
 
-    /// Request `id` finished on `worker` (`stats`: the engine's, its arrival the gateway's): the
-    /// policy learns from the answer what the gateway's usage tap teaches it when a stream ends
-    /// (`kvgate_observe::accuracy::Learn`: the decision's prediction, the prompt and cached
-    /// tokens the engine reported, the time from arrival to the first token). Only requests
-    /// whose decision predicted a time to first token.
-    pub(super) fn answered(&mut self, worker: usize, id: u64, stats: &RequestStats) {
+    /// Request `id` finished on `worker` (`stats`: the engine's, its arrival the gateway's;
+    /// `decided_us`: when it was decided and sent to the engine, after any wait in the
+    /// gateway's admission queue): the policy learns from the answer what the gateway's usage
+    /// tap teaches it when a stream ends (`kvgate_observe::accuracy::Learn`: the decision's
+    /// prediction, the prompt and cached tokens the engine reported, the time from the decision
+    /// to the first token, `Answered::ttft_s`). Only requests whose decision predicted a time to
+    /// first token.
+    pub(super) fn answered(&mut self, worker: usize, id: u64, stats: &RequestStats, decided_us: u64) {
         let Some(predicted) = self.predicted.remove(&id) else { return };
         self.policy.on_answered(&Answered {
             worker: worker as WorkerId,
             predicted,
             prompt_tokens: stats.prompt_tokens,
             cached_tokens: stats.cached_tokens.min(stats.prompt_tokens),
-            ttft_s: stats.ttft_us() as f64 / 1e6,
+            ttft_s: stats.first_token_us.saturating_sub(decided_us) as f64 / 1e6,
         });
     }
 

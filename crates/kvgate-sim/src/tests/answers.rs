@@ -1,6 +1,6 @@
 //! The simulator's host tells a predicting policy of each answer as the gateway does: when a
 //! request finishes, `Policy::on_answered` with its decision's prediction, the engine's prompt
-//! and cached tokens, and the time from its arrival to its first token (the gateway's usage tap,
+//! and cached tokens, and the time from its decision to its first token (the gateway's usage tap,
 //! `kvgate_observe::accuracy::Learn`, at the end of a stream). kv_aware learns its fixed cost and,
 //! until the load reports teach them, its rates from these answers: without them the simulator
 //! ran a kv_aware that never learned what the gateway's learns.
@@ -51,7 +51,14 @@ impl Policy for Answers {
 
 /// 24 requests sharing a prefix on 3 engines, decided by `policy` (round_robin's plan).
 fn run_shared_prefix(policy: Arc<Answers>) -> crate::sim::SimOutcome {
-    let args = args("round_robin", 3);
+    run_shared_prefix_with(policy, None)
+}
+
+/// [`run_shared_prefix`] with the gateway's concurrency cap `max_concurrent` (its admission
+/// queue holds the rest).
+fn run_shared_prefix_with(policy: Arc<Answers>, max_concurrent: Option<usize>) -> crate::sim::SimOutcome {
+    let mut args = args("round_robin", 3);
+    args.max_concurrent_requests = max_concurrent;
     let trace = shared_prefix_trace(24, 40.0);
     let fleet = args.fleet().unwrap();
     let engines = (0..fleet.n_engines()).map(|engine| args.engine_config_for(engine)).collect();
@@ -75,10 +82,31 @@ fn every_answer_is_handed_to_the_policy_that_predicted_it() {
         assert_eq!(answer.worker as usize, outcome.finished_engines[i], "the worker it decided");
         assert_eq!(answer.prompt_tokens, stats.prompt_tokens);
         assert_eq!(answer.cached_tokens, stats.cached_tokens);
-        assert_eq!(answer.ttft_s, stats.ttft_us() as f64 / 1e6, "arrival to first token");
+        assert_eq!(answer.ttft_s, stats.ttft_us() as f64 / 1e6, "no admission queue: arrival to first token");
         cached += stats.cached_tokens;
     }
     assert!(cached > 0, "the engines served some prompts from cache: {cached}");
+}
+
+/// The answer is timed from the decision, as the gateway's (`Answered::ttft_s`): a request held
+/// in the gateway's admission queue is decided when it leaves it, and its wait there, which no
+/// engine's prediction includes, is no part of what the policy learns.
+#[test]
+fn an_answer_is_timed_from_its_decision_not_from_its_arrival() {
+    let policy = Arc::new(Answers::default());
+    let outcome = run_shared_prefix_with(policy.clone(), Some(1));
+    let answers = policy.answers.lock().unwrap().clone();
+    assert_eq!(answers.len(), 24);
+    let mut queued = 0;
+    for (i, stats) in outcome.finished.iter().enumerate() {
+        let number = outcome.finished_requests[i] as f64;
+        let answer = answers.iter().find(|a| a.predicted.queue_s == number).expect("its answer");
+        let gateway_wait_us = outcome.ttft_parts[i].gateway_wait_us;
+        let from_decision_us = stats.ttft_us() - gateway_wait_us;
+        assert_eq!(answer.ttft_s, from_decision_us as f64 / 1e6, "request {number}");
+        queued += u64::from(gateway_wait_us > 0);
+    }
+    assert!(queued > 0, "some requests waited in the admission queue");
 }
 
 #[test]

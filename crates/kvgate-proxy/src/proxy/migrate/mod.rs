@@ -347,6 +347,8 @@ async fn resume_elsewhere(
         request: &request,
         namespace: prepared.namespace,
         tenant: &resume.tenant,
+        // A continuation's answer teaches no policy (`streamed` keeps its response alone).
+        started: std::time::Instant::now(),
     };
     let attempts = if state.config.disable_retries { 1 } else { 1 + state.config.retry_max_retries };
     let mut last = String::from("no other engine serves the model");
