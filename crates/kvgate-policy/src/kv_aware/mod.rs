@@ -172,6 +172,11 @@ struct Scored {
     followers: f64,
     /// The prompt's elements the candidate holds (the match, before tiers are weighed).
     held: usize,
+    /// Requests running or in flight there.
+    running: u64,
+    /// The uncached prompt tokens routed there over the last [`ROUTED_POLLS`] load polls over
+    /// what it prefills in that time: at 1 or more its queue grows.
+    routed_load: f64,
 }
 
 impl Scored {
@@ -294,6 +299,20 @@ fn pool_freed_share(generated: Option<f64>, finished: Option<f64>) -> Option<f64
 /// there 27 s on average. An engine with prefill queued does not admit the request now: relieved
 /// too, S2's conversations (every engine backlogged) lost 12% of their cache hits (8.4% of the
 /// prompt tokens against 9.5%).
+///
+/// The same holds when every holder is overloaded ([`Scored::routed_load`] at least 1: more
+/// uncached prompt tokens were routed to it over the last four load polls than it prefills in
+/// that time, so its queue grows) and an idle engine (nothing running or in flight, no prefill
+/// queued, no wait for KV) would give the request its first token sooner, recomputing the whole
+/// prompt, than any holder: the holder's queue is fed faster than it drains, and the copy moves
+/// work to an engine doing nothing (an agent's later calls follow their context). Charged the
+/// duplicate there, agents' sessions of a popular application all started on its holder and
+/// stayed with their contexts while 1-4 of 8 engines got no request in a whole run, the calls
+/// queued 3-16 s there against 3-8 s of recomputing elsewhere (issue 41's own shape, open loop:
+/// TTFT mean up to 2.2x cache_aware's; docs/BENCHMARKS.md). A holder that is not overloaded
+/// keeps the charge: its queue is a burst that drains (S8's re-ask behind one long document,
+/// S2, S6 and S7's chats), and copying there, relieved whenever the copy was sooner, cost S8 7%
+/// of its hits and S6 and S7 5-55% of their TTFT mean or p99.
 fn relieve_waiting_holders(
     scored: &mut [Scored],
     matched: impl Iterator<Item = usize>,
@@ -302,12 +321,20 @@ fn relieve_waiting_holders(
     let matched: Vec<usize> = matched.collect();
     let most = matched.iter().copied().max().unwrap_or(0);
     let holders = || (0..scored.len()).filter(|&i| matched[i] == most);
-    if most == 0 || !holders().all(|i| scored[i].predicted.kv_wait_s > 0.0) {
+    if most == 0 {
+        return;
+    }
+    let wait_for_kv = holders().all(|i| scored[i].predicted.kv_wait_s > 0.0);
+    let overloaded = holders().all(|i| scored[i].routed_load >= 1.0);
+    let soonest_holder = holders().map(|i| scored[i].predicted.total()).fold(f64::INFINITY, f64::min);
+    if !wait_for_kv && !overloaded {
         return;
     }
     for (held, candidate) in matched.iter().zip(scored.iter_mut()) {
+        let idle = candidate.running == 0;
         let p = &mut candidate.predicted;
-        if *held < most && p.kv_wait_s == 0.0 && p.queue_s <= 0.0 {
+        let admits_now = *held < most && p.kv_wait_s == 0.0 && p.queue_s <= 0.0;
+        if admits_now && (wait_for_kv || (idle && p.total() < soonest_holder)) {
             p.recompute_s = (p.recompute_s - p.prefill_s * settings.prefill_cost_weight).max(0.0);
         }
     }
@@ -379,6 +406,7 @@ impl KvAwarePolicy {
         let prompt = request.prompt_tokens as f64;
         let whole_prompt = prompt_key(request);
         let recent_ms = now_ms.saturating_sub(poll_ms.saturating_mul(ROUTED_POLLS));
+        let window_s = poll_ms.saturating_mul(ROUTED_POLLS).max(1) as f64 / 1000.0;
         let (per_sec, followers_per_leader) = state.arrivals.per_sec_and_followers(now_ms, poll_ms);
         let arrivals_per_sec = per_sec / candidates.pool_size() as f64;
         // A request whose whole prompt no candidate was sent moments ago leads: the samples of
@@ -439,7 +467,18 @@ impl KvAwarePolicy {
                 };
                 let predicted = predict(&s.predict, &view);
                 let allowed = !below_exists || kv[i].is_none_or(|k| k <= s.overload);
-                Scored { predicted, uncached, allowed, waits_too_long: false, followers, held }
+                let routed_load = logs[i].sent_since(recent_ms).tokens
+                    / (rates.prefill_tokens_per_sec * window_s).max(f64::MIN_POSITIVE);
+                Scored {
+                    predicted,
+                    uncached,
+                    allowed,
+                    waits_too_long: false,
+                    followers,
+                    held,
+                    running,
+                    routed_load,
+                }
             })
             .collect::<Vec<_>>();
         let held: Vec<usize> = scored.iter().map(|scored| scored.held).collect();

@@ -434,6 +434,8 @@ fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
         waits_too_long: false,
         followers: 0.0,
         held: 0,
+        running: 1,
+        routed_load: 0.0,
     };
     let recompute = |scored: &[Scored]| scored.iter().map(|s| s.predicted.recompute_s).collect::<Vec<_>>();
     // Two holders waiting 20 and 30 s; without the prefix, a free engine, one waiting for KV
@@ -453,6 +455,56 @@ fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
     let mut nobody_holds = vec![scored(20.0, 4.0), scored(0.0, 4.0)];
     relieve_waiting_holders(&mut nobody_holds, [0, 0].into_iter(), settings);
     assert_eq!(recompute(&nobody_holds), vec![40.0, 40.0]);
+}
+
+/// An overloaded holder (more prefill routed to it over the last four polls than it computes in
+/// that time) does not keep its sessions from an idle engine that would answer sooner, the whole
+/// prompt recomputed: the copy there is not charged the duplicate (issue 41's agents, open loop:
+/// every session of a popular application stayed on its holder, engines idle beside it). A
+/// holder whose queue drains, a busy engine, or a copy slower than the holder keep the charge.
+#[test]
+fn an_overloaded_holder_is_relieved_by_an_idle_engine_that_answers_sooner() {
+    let settings = PredictSettings {
+        kv_pressure_weight: 0.0,
+        prefill_cost_weight: 8.0,
+        queue_cost_weight: 1.0,
+        decode_stall_weight: 0.0,
+    };
+    let scored = |queue_s: f64, prefill_s: f64, running: u64, routed_load: f64| Scored {
+        predicted: PredictedTtft {
+            queue_s,
+            prefill_s,
+            recompute_s: prefill_s * 10.0,
+            ..PredictedTtft::default()
+        },
+        uncached: 0.0,
+        allowed: true,
+        waits_too_long: false,
+        followers: 0.0,
+        held: 0,
+        running,
+        routed_load,
+    };
+    let recompute = |scored: &[Scored]| scored.iter().map(|s| s.predicted.recompute_s).collect::<Vec<_>>();
+    // The holder: 11 s queued, 0.5 s of its own prefill, 1.5x its prefill rate routed to it.
+    // Without the context: an idle engine (6 s to recompute it), a busy one, a slow idle one.
+    let mut all = vec![
+        scored(11.0, 0.5, 30, 1.5),
+        scored(0.0, 6.0, 0, 0.0),
+        scored(0.0, 6.0, 3, 0.2),
+        scored(0.0, 12.0, 0, 0.0),
+    ];
+    relieve_waiting_holders(&mut all, [100, 0, 0, 0].into_iter(), settings);
+    assert_eq!(recompute(&all), vec![5.0, 12.0, 60.0, 120.0], "only the idle engine that answers sooner");
+    // The same queue on a holder that drains it (half its rate routed to it): charged as ever.
+    let mut drains = vec![scored(11.0, 0.5, 30, 0.5), scored(0.0, 6.0, 0, 0.0)];
+    relieve_waiting_holders(&mut drains, [100, 0].into_iter(), settings);
+    assert_eq!(recompute(&drains), vec![5.0, 60.0]);
+    // Two holders, one of them not overloaded: no relief.
+    let mut one_drains =
+        vec![scored(11.0, 0.5, 30, 1.5), scored(11.0, 0.5, 30, 0.9), scored(0.0, 6.0, 0, 0.0)];
+    relieve_waiting_holders(&mut one_drains, [100, 100, 0].into_iter(), settings);
+    assert_eq!(recompute(&one_drains), vec![5.0, 5.0, 60.0]);
 }
 
 /// The samples of one prompt routed at once stay together: the prompt routed to an engine
