@@ -12,10 +12,6 @@ use crate::{Candidate, LoadSample, WorkerId, WorkerMap};
 pub struct Sent {
     pub requests: f64,
     pub tokens: f64,
-    /// Of `requests`, the samples: requests whose whole prompt a request routed to the worker
-    /// before them had (still remembered, since or not). The engine holds that prompt once for
-    /// all of them (prefix caching), so each takes KV for its answer alone.
-    pub samples: f64,
 }
 
 /// One routing: when, how many requests (a request asking for `n` choices counts `n`), the
@@ -38,7 +34,7 @@ impl RoutedLog {
     /// Record one request of `tokens` prompt tokens routed to `worker` at `now_ms`, forgetting
     /// entries older than `keep_ms`.
     pub fn record(&mut self, worker: WorkerId, now_ms: u64, tokens: f64, keep_ms: u64) {
-        self.record_sent(worker, now_ms, Sent { requests: 1.0, tokens, samples: 0.0 }, keep_ms);
+        self.record_sent(worker, now_ms, Sent { requests: 1.0, tokens }, keep_ms);
     }
 
     /// Record `sent` routed to `worker` at `now_ms`, forgetting entries older than `keep_ms`.
@@ -142,14 +138,11 @@ impl<'a> WorkerLog<'a> {
                 continue;
             }
             sent.requests += entry.requests;
-            let earlier = || front.iter().chain(back).take(at);
-            let repeated =
-                entry.prompt.is_some_and(|hash| earlier().filter(since).any(|e| e.prompt == Some(hash)));
+            let repeated = entry.prompt.is_some_and(|hash| {
+                front.iter().chain(back).take(at).filter(since).any(|e| e.prompt == Some(hash))
+            });
             if !repeated {
                 sent.tokens += entry.tokens;
-            }
-            if repeated || entry.prompt.is_some_and(|hash| earlier().any(|e| e.prompt == Some(hash))) {
-                sent.samples += entry.requests;
             }
         }
         sent
@@ -195,10 +188,10 @@ mod tests {
     fn a_cached_prompt_still_counts_as_a_request() {
         let mut log = RoutedLog::default();
         log.record(1, 100, 0.0, 1000);
-        log.record_sent(1, 120, Sent { requests: 16.0, tokens: 0.0, samples: 0.0 }, 1000);
+        log.record_sent(1, 120, Sent { requests: 16.0, tokens: 0.0 }, 1000);
         log.record(1, 130, 400.0, 1000);
-        assert_eq!(log.sent_since(1, 100), Sent { requests: 18.0, tokens: 400.0, samples: 0.0 });
-        assert_eq!(log.sent_since(1, 125), Sent { requests: 1.0, tokens: 400.0, samples: 0.0 });
+        assert_eq!(log.sent_since(1, 100), Sent { requests: 18.0, tokens: 400.0 });
+        assert_eq!(log.sent_since(1, 125), Sent { requests: 1.0, tokens: 400.0 });
         assert_eq!(log.entries(1).map(|(_, tokens)| tokens).sum::<f64>(), 400.0);
     }
 
@@ -206,21 +199,14 @@ mod tests {
     fn one_prompt_routed_many_times_counts_its_tokens_once() {
         let mut log = RoutedLog::default();
         for at in [100, 110, 120] {
-            log.record_prompt(1, at, Sent { requests: 1.0, tokens: 9_000.0, samples: 0.0 }, Some(7), 1000);
+            log.record_prompt(1, at, Sent { requests: 1.0, tokens: 9_000.0 }, Some(7), 1000);
         }
-        log.record_prompt(1, 130, Sent { requests: 1.0, tokens: 500.0, samples: 0.0 }, Some(8), 1000);
+        log.record_prompt(1, 130, Sent { requests: 1.0, tokens: 500.0 }, Some(8), 1000);
         log.record(1, 140, 300.0, 1000);
-        // The second and third of prompt 7 are its samples: the engine holds it once.
-        assert_eq!(log.sent_since(1, 0), Sent { requests: 5.0, tokens: 9_800.0, samples: 2.0 });
-        // Since 115 the first of prompt 7 is before the report: its tokens count again (a
-        // report does not say which prompts it holds), but the one sent since is its sample.
-        assert_eq!(log.sent_since(1, 115), Sent { requests: 3.0, tokens: 9_800.0, samples: 1.0 });
+        assert_eq!(log.sent_since(1, 0), Sent { requests: 5.0, tokens: 9_800.0 });
+        assert_eq!(log.sent_since(1, 115), Sent { requests: 3.0, tokens: 9_800.0 });
         assert!(log.holds_prompt(1, 7, 120) && !log.holds_prompt(1, 7, 121) && !log.holds_prompt(2, 7, 0));
         log.record(1, 2_000, 1.0, 1000);
-        assert_eq!(
-            log.sent_since(1, 0),
-            Sent { requests: 1.0, tokens: 1.0, samples: 0.0 },
-            "forgotten after keep_ms"
-        );
+        assert_eq!(log.sent_since(1, 0), Sent { requests: 1.0, tokens: 1.0 }, "forgotten after keep_ms");
     }
 }

@@ -12,17 +12,6 @@
 //!   its cached prompt's share, its uncached prompt and its answer. A request routed or waiting
 //!   needs that much, or its uncached prompt when that is larger (the mean already counts a
 //!   mean prompt: adding the two would count a prompt twice);
-//! - a sample of a prompt routed to the engine before it (the samples of one prompt, sent
-//!   together: S10's rollouts) shares that prompt's KV (prefix caching): it takes its answer's
-//!   KV alone, once the reports say what an answer takes ([`kv_answer_tokens`]: the tokens
-//!   generated per request finished), uncounted before (no request finished yet: as what a
-//!   request holds is while no report shows one running). Counted at what a running request
-//!   holds (prompt and answer), a burst's samples sent since a report were each a whole
-//!   prompt, so the wait predicted for the burst's engines hung on where the reports fell
-//!   against the burst: over HTTP (polls at any phase) a report landing in the first burst
-//!   showed its first samples running (8K tokens each: prompt and answer) and every later
-//!   sample counted at that, 14 s of predicted wait a decision in S10's first step; the
-//!   simulator (polls at the steps' phase) had no report in the burst and predicted none;
 //! - KV is freed about as fast as tokens are generated: each running request frees what it holds
 //!   when its last token is out, and holds at least its answer's tokens, so tokens freed per
 //!   second are at least the tokens generated per second (the same when the prompt is cached,
@@ -57,25 +46,6 @@ pub struct KvView {
     pub per_request: f64,
     /// KV tokens freed per second (the pool's freed share of the capacity).
     pub freed_per_sec: f64,
-    /// KV tokens a sample of a prompt held there takes: its answer ([`kv_answer_tokens`]; 0
-    /// while the reports do not say).
-    pub per_sample: f64,
-}
-
-/// The KV tokens a request's answer takes: the tokens generated per request finished, from the
-/// pool's shares (`generated_share` of the KV in use generated per second, see
-/// [`kv_freed_share`]; `finished_share` of the running requests finished per second, see
-/// [`kv_finished_share`]) and `per_request`, the KV in use per running request:
-/// generated / used over finished / running, times used / running, is generated / finished.
-/// At most `per_request` (a request holds its answer and more). `None` without both shares.
-pub fn kv_answer_tokens(
-    per_request: f64,
-    generated_share: Option<f64>,
-    finished_share: Option<f64>,
-) -> Option<f64> {
-    let (generated, finished) = (generated_share?, finished_share?);
-    (per_request > 0.0 && generated > 0.0 && finished > 0.0 && (generated / finished).is_finite())
-        .then(|| (per_request * generated / finished).clamp(1.0, per_request))
 }
 
 /// What the pool's fresh reports say of the share of the KV in use freed per second: tokens
@@ -133,7 +103,7 @@ pub fn waits_for_kv(load: &LoadSample) -> bool {
     }
     let own = LoadSample { gen_throughput: 0.0, ..*load };
     let Some(per_request) = kv_per_request([&own]) else { return false };
-    KvView::of(load, Sent::default(), per_request, None, 1.0, None).is_some_and(|view| !view.admits(0.0))
+    KvView::of(load, Sent::default(), per_request, None, 1.0).is_some_and(|view| !view.admits(0.0))
 }
 
 impl KvView {
@@ -141,16 +111,12 @@ impl KvView {
     /// tokens already the uncached estimate), `per_request` (see [`kv_per_request`]), the pool's
     /// `freed_share` (see [`kv_freed_share`]) and `fallback_freed_per_sec`, the least rate (and
     /// the rate when the pool gives none). `None` when the report does not give the capacity.
-    /// The samples routed since (`Sent::samples`) take their `answer` each (see
-    /// [`kv_answer_tokens`]; at most `per_request`; none while it is unknown), the others what a
-    /// running request holds (or their uncached prompt when larger).
     pub fn of(
         load: &LoadSample,
         since: Sent,
         per_request: f64,
         freed_share: Option<f64>,
         fallback_freed_per_sec: f64,
-        answer: Option<f64>,
     ) -> Option<Self> {
         if load.max_total_num_tokens == 0 || !load.token_usage.is_finite() {
             return None;
@@ -160,18 +126,12 @@ impl KvView {
         let in_use = load.token_usage.clamp(0.0, 1.0) * capacity;
         let freed_per_sec =
             freed_share.map_or(fallback_freed_per_sec, |share| share * capacity).max(fallback_freed_per_sec);
-        // The samples routed since take their answers' KV, unknown (uncounted, as what a
-        // request holds is while no report shows one running) until the reports say.
-        let answer = answer.map_or(0.0, |answer| answer.clamp(0.0, per_request));
-        let samples = since.samples.clamp(0.0, since.requests);
-        let routed = since.tokens.max((since.requests - samples) * per_request) + samples * answer;
         Some(Self {
             capacity,
-            taken: in_use + routed,
+            taken: in_use + since.tokens.max(since.requests * per_request),
             queued: load.num_waiting_reqs as f64 * per_request,
             per_request,
             freed_per_sec: freed_per_sec.max(1e-9),
-            per_sample: answer,
         })
     }
 
@@ -179,12 +139,6 @@ impl KvView {
     /// uncached prompt when larger.
     pub fn need(&self, uncached: f64) -> f64 {
         uncached.max(self.per_request)
-    }
-
-    /// The KV a sample of a prompt routed there before it needs (`uncached`: what it computes
-    /// there): its answer, or its uncached prompt when larger.
-    pub fn need_of_sample(&self, uncached: f64) -> f64 {
-        uncached.max(self.per_sample)
     }
 
     /// KV tokens that must be freed before a request needing `need` is admitted (0: it fits now).
@@ -227,70 +181,28 @@ mod tests {
         // 1,000 tokens a second generated over 100,000 in use: a hundredth freed each second.
         let share = kv_freed_share([&full]);
         assert_eq!(share, Some(0.01));
-        let view = KvView::of(&full, Sent::default(), per_request, share, 500.0, None).unwrap();
+        let view = KvView::of(&full, Sent::default(), per_request, share, 500.0).unwrap();
         let need = view.need(0.0);
         assert!(!view.admits(need));
         // Ten ahead and this one: 11 x 2,000 tokens at 1,000 tokens a second.
         assert_eq!(view.wait_s(need), 22.0);
         // Routed since the report: counted in requests, though their prompts are cached.
-        let later = KvView::of(
-            &full,
-            Sent { requests: 5.0, tokens: 0.0, samples: 0.0 },
-            per_request,
-            share,
-            500.0,
-            None,
-        )
-        .unwrap();
+        let later =
+            KvView::of(&full, Sent { requests: 5.0, tokens: 0.0 }, per_request, share, 500.0).unwrap();
         assert_eq!(later.wait_s(need), 32.0);
         // A long uncached prompt needs its own length, not the mean request's on top.
         assert_eq!(view.wait_s(view.need(8_000.0)), 28.0);
-    }
-
-    /// Samples of one prompt routed since the report share its KV: once the reports say what an
-    /// answer takes, each counts at that, the others as before (a running request's prompt and
-    /// answer, or their uncached prompt when larger).
-    #[test]
-    fn samples_routed_since_the_report_take_their_answers_kv() {
-        let half = load(0.5, 50, 0, 1_000.0);
-        // One prompt of 6,000 uncached tokens and its 15 samples, and one other request.
-        let since = Sent { requests: 17.0, tokens: 6_500.0, samples: 15.0 };
-        let unknown = KvView::of(&half, since, 8_000.0, None, 500.0, None).unwrap();
-        assert_eq!(unknown.taken, 50_000.0 + 2.0 * 8_000.0, "no answer known: the samples uncounted");
-        assert_eq!(unknown.need_of_sample(0.0), 0.0);
-        assert_eq!(unknown.need_of_sample(2_000.0), 2_000.0, "what it computes there");
-        let known = KvView::of(&half, since, 8_000.0, None, 500.0, Some(1_500.0)).unwrap();
-        assert_eq!(known.taken, 50_000.0 + 2.0 * 8_000.0 + 15.0 * 1_500.0);
-        assert_eq!(
-            (known.need_of_sample(0.0), known.need_of_sample(2_000.0), known.need(0.0)),
-            (1_500.0, 2_000.0, 8_000.0)
-        );
-        // Counted as requests (186,000 taken + 8,000 needed of 100,000), the samples left
-        // 94,000 to free at 500 a second; at their answers they leave room (88,500 + 8,000),
-        // but for a request whose own answer is 4,000 more.
-        assert_eq!(known.wait_s(known.need(0.0)), 0.0);
-        assert_eq!(known.wait_s(known.need(12_000.0)), 1.0);
-        // An answer said larger than a running request's whole KV is taken at that.
-        let capped = KvView::of(&half, since, 8_000.0, None, 500.0, Some(20_000.0)).unwrap();
-        assert_eq!(capped.taken, 50_000.0 + 17.0 * 8_000.0);
-        // Without samples, as ever: every request what a running request holds.
-        let others = KvView::of(&half, Sent { samples: 0.0, ..since }, 8_000.0, None, 500.0, Some(1_500.0));
-        assert_eq!(others.unwrap().taken, 50_000.0 + 17.0 * 8_000.0);
-        // What an answer takes: the tokens generated per request finished.
-        assert_eq!(kv_answer_tokens(8_000.0, Some(0.01), Some(0.05)), Some(1_600.0));
-        assert_eq!(kv_answer_tokens(8_000.0, Some(0.01), None), None);
-        assert_eq!(kv_answer_tokens(8_000.0, Some(0.5), Some(0.05)), Some(8_000.0));
     }
 
     #[test]
     fn an_engine_with_room_admits_until_what_was_routed_since_fills_it() {
         let half = load(0.5, 10, 0, 1_000.0);
         let share = kv_freed_share([&half]);
-        let view = KvView::of(&half, Sent::default(), 5_000.0, share, 500.0, None).unwrap();
+        let view = KvView::of(&half, Sent::default(), 5_000.0, share, 500.0).unwrap();
         assert!(view.admits(view.need(20_000.0)));
         assert_eq!(view.wait_s(view.need(20_000.0)), 0.0);
-        let since = Sent { requests: 9.0, tokens: 10_000.0, samples: 0.0 };
-        let filled = KvView::of(&half, since, 5_000.0, share, 500.0, None).unwrap();
+        let since = Sent { requests: 9.0, tokens: 10_000.0 };
+        let filled = KvView::of(&half, since, 5_000.0, share, 500.0).unwrap();
         // 50,000 in use + 45,000 for the nine routed since (their 10,000 prompt tokens within
         // what nine requests hold): a request of 5,000 waits for 0 tokens; one of 6,000 for
         // 1,000, at a fiftieth of the capacity a second (1,000 generated over 50,000 in use).
@@ -300,10 +212,10 @@ mod tests {
         // Without throughput reported anywhere in the pool, the fallback rate.
         let quiet = load(0.5, 10, 0, 0.0);
         assert_eq!(kv_freed_share([&quiet]), None);
-        let quiet = KvView::of(&quiet, since, 5_000.0, None, 500.0, None).unwrap();
+        let quiet = KvView::of(&quiet, since, 5_000.0, None, 500.0).unwrap();
         assert_eq!(quiet.wait_s(quiet.need(6_000.0)), 2.0);
         // Nor below it when the pool generates little (its engines busy with prefill).
-        let slow = KvView::of(&half, since, 5_000.0, Some(1e-6), 500.0, None).unwrap();
+        let slow = KvView::of(&half, since, 5_000.0, Some(1e-6), 500.0).unwrap();
         assert_eq!(slow.freed_per_sec, 500.0);
     }
 
@@ -314,9 +226,9 @@ mod tests {
         // running requests do not say how fast the burst's requests will finish.
         let (idle, busy) = (load(0.05, 2, 0, 150.0), load(0.95, 60, 0, 2_150.0));
         let share = kv_freed_share([&idle, &busy]);
-        let burst = Sent { requests: 9.0, tokens: 0.0, samples: 0.0 };
-        let idle = KvView::of(&idle, burst, 10_000.0, share, 500.0, None).unwrap();
-        let busy = KvView::of(&busy, Sent::default(), 10_000.0, share, 500.0, None).unwrap();
+        let burst = Sent { requests: 9.0, tokens: 0.0 };
+        let idle = KvView::of(&idle, burst, 10_000.0, share, 500.0).unwrap();
+        let busy = KvView::of(&busy, Sent::default(), 10_000.0, share, 500.0).unwrap();
         assert_eq!(idle.shortfall(idle.need(0.0)), busy.shortfall(busy.need(0.0)));
         assert_eq!(idle.wait_s(idle.need(0.0)), busy.wait_s(busy.need(0.0)));
     }
@@ -340,6 +252,6 @@ mod tests {
         assert_eq!(kv_per_request([&b]), None, "no running request: unknown");
         let unknown = LoadSample { max_total_num_tokens: 0, ..a };
         assert_eq!(kv_per_request([&unknown]), None);
-        assert!(KvView::of(&unknown, Sent::default(), 1.0, None, 1.0, None).is_none());
+        assert!(KvView::of(&unknown, Sent::default(), 1.0, None, 1.0).is_none());
     }
 }

@@ -99,7 +99,6 @@ impl LeastLoadPolicy {
                     per_request,
                     freed_share,
                     s.default_throughput,
-                    None,
                 )
             })
             .collect();
@@ -171,7 +170,7 @@ impl Policy for LeastLoadPolicy {
     /// The request counts on its worker until the next load sample: its prompt tokens (or the
     /// mean prompt when unknown) as queued prefill, and itself as a request taking KV.
     fn on_routed(&self, routed: &Routed<'_>) {
-        let sent = Sent { requests: 1.0, tokens: self.prompt_tokens(routed.request), samples: 0.0 };
+        let sent = Sent { requests: 1.0, tokens: self.prompt_tokens(routed.request) };
         let keep_ms = routed.load_poll_interval_ms.saturating_mul(KEEP_POLLS);
         let prompt = prompt_key(routed.request);
         self.lock().record_prompt(routed.decision.worker, routed.now_ms, sent, prompt, keep_ms);
@@ -272,6 +271,38 @@ mod tests {
         // Without the prompt's identity, sixteen prompts of 8,000 tokens.
         let unknown = burst(crate::RoutingKey::None);
         assert!(unknown > 60.0, "{unknown}");
+    }
+
+    /// The samples of one prompt routed since the report each take what a running request
+    /// holds in KV (prompt shared, answers not; SMG's expected wait knows no answer's size):
+    /// counted at nothing, S10's bursts of samples all looked admitted on one engine.
+    #[test]
+    fn the_samples_of_one_prompt_each_take_kv() {
+        let mut pool = candidates(&[0, 0]);
+        for candidate in &mut pool {
+            // 10 running in 50,000 tokens: 5,000 a request.
+            candidate.load = Some(LoadSample {
+                token_usage: 0.5,
+                num_running_reqs: 10,
+                gen_throughput: 1000.0,
+                max_total_num_tokens: 100_000,
+                fetched_at_ms: 1000,
+                ..LoadSample::default()
+            });
+        }
+        let policy = LeastLoadPolicy::new(LeastLoadSettings { default_throughput: 1000.0, ..SETTINGS });
+        let mut rng = ctx_rng(7);
+        let mut ctx =
+            SelectContext { now_ms: 1200, load_poll_interval_ms: 1000, rng: &mut rng, prefix_index: None };
+        let prompt: Vec<u32> = (0..8000).collect();
+        let request =
+            RouteRequest { key: crate::RoutingKey::Tokens(&prompt), prompt_tokens: 8000, session: None };
+        for _ in 0..24 {
+            route(&policy, &request, Candidates::new(&pool).unwrap(), &mut ctx);
+        }
+        // Twelve on each: 50,000 + 12 x 5,000 taken of 100,000, so the next one waits for KV.
+        let waits = policy.expected_waits(&request, &pool, &policy.lock(), &ctx);
+        assert!(waits.iter().all(|w| !w.admits), "{waits:?}");
     }
 
     #[test]

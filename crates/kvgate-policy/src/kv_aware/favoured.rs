@@ -400,14 +400,9 @@ fn keys(worker: WorkerId, load: &LoadSample, inputs: &Inputs<'_>, pool: PoolKv) 
         usage += since.tokens / load.max_total_num_tokens as f64;
     }
     let per_request = pool.per_request.unwrap_or(0.0);
-    let terms = super::KvTerms {
-        per_request,
-        freed_share: super::pool_freed_share(pool.generated_share, pool.finished_share),
-        answer: crate::kv_wait::kv_answer_tokens(per_request, pool.generated_share, pool.finished_share),
-    };
-    // For a prompt none holds (what the favoured engines are asked for): no sample.
+    let freed_share = super::pool_freed_share(pool.generated_share, pool.finished_share);
     let cost = |uncached: f64| {
-        let kv_wait_s = super::kv_wait_s(Some(load), since, terms, rates, uncached, false);
+        let kv_wait_s = super::kv_wait_s(Some(load), since, per_request, freed_share, rates, uncached);
         let view = EngineView {
             rates,
             queued: 0.0,

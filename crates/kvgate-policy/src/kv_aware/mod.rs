@@ -32,7 +32,7 @@ use crate::cache_aware::kv_usable;
 use crate::config::PolicyConfig;
 use crate::hashing::prompt_key;
 use crate::inflight::{fresh_load, RoutedLog, Sent, WorkerLog};
-use crate::kv_wait::{kv_answer_tokens, kv_finished_share, kv_freed_share, kv_per_request, KvView};
+use crate::kv_wait::{kv_finished_share, kv_freed_share, kv_per_request, KvView};
 use crate::pick::pick_min_by;
 use crate::{
     Candidate, Candidates, Decision, MatchInfo, NoRoute, Policy, Reason, RouteRequest, Routed, SelectContext,
@@ -236,16 +236,6 @@ fn follow_the_prompt(scored: &mut [Scored], pending: &[bool], margin: f64, slack
     }
 }
 
-/// The pool's KV terms a decision's wait for KV is predicted from: what a running request
-/// holds ([`kv_per_request`]), the share of a full engine's KV freed per second
-/// ([`pool_freed_share`]) and what a request's answer takes ([`kv_answer_tokens`]).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct KvTerms {
-    pub per_request: f64,
-    pub freed_share: Option<f64>,
-    pub answer: Option<f64>,
-}
-
 /// Seconds a request with `uncached` prompt tokens on `candidate` waits there for KV
 /// ([`KvView`]): 0 without a usable report. KV is freed at least as fast as the engine decodes
 /// a full batch (its decode rate, `1000 / decode_ms_per_request` tokens a second). The requests
@@ -253,24 +243,20 @@ pub(crate) struct KvTerms {
 /// prompt when larger): each takes KV for its answer, even a sample of a prompt held there
 /// (S10: counted only when the report showed requests waiting for KV, a burst of samples of
 /// one prompt went to its holder, 150 in flight there with its report at 71% KV, and waited
-/// 48 s for KV predicted at 0), though a sample (`Sent::samples`; `sample`: this request is
-/// one there) takes only its answer's once the reports say what an answer takes
-/// (`terms.answer`): its prompt is held there once for all its samples. `since` is what was
-/// sent there since the report ([`RoutedLog::sent_since`], taken once by the caller).
+/// 48 s for KV predicted at 0). `freed_share` is [`pool_freed_share`]; `since` what was sent
+/// there since the report ([`RoutedLog::sent_since`], taken once by the caller).
 fn kv_wait_s(
     load: Option<&crate::LoadSample>,
     since: Sent,
-    terms: KvTerms,
+    per_request: f64,
+    freed_share: Option<f64>,
     rates: Rates,
     uncached: f64,
-    sample: bool,
 ) -> f64 {
     let Some(load) = load else { return 0.0 };
     let floor = 1000.0 / rates.decode_ms_per_request.max(1e-3);
-    KvView::of(load, since, terms.per_request, terms.freed_share, floor, terms.answer).map_or(0.0, |view| {
-        let need = if sample { view.need_of_sample(uncached) } else { view.need(uncached) };
-        view.wait_s(need)
-    })
+    KvView::of(load, since, per_request, freed_share, floor)
+        .map_or(0.0, |view| view.wait_s(view.need(uncached)))
 }
 
 /// The share of a full engine's KV freed per second: the share of the pool's running requests
@@ -384,23 +370,19 @@ impl KvAwarePolicy {
         // and the share of KV in use freed per second, over the pool's fresh reports.
         // On a shortlist of a large pool, over every engine's latest report (the shortlist's own,
         // chosen for being cold or idle, would say a request holds less and waits less).
-        let (per_request, generated, finished) = match state.pool_kv {
-            Some(pool) => (pool.per_request.unwrap_or(0.0), pool.generated_share, pool.finished_share),
+        let (per_request, freed_share) = match state.pool_kv {
+            Some(pool) => {
+                (pool.per_request.unwrap_or(0.0), pool_freed_share(pool.generated_share, pool.finished_share))
+            }
             None => {
                 let finished = candidates.iter().zip(&loads).filter_map(|(c, load)| {
                     load.as_ref().map(|load| (load, state.rates.finished_per_sec_of(c.id)))
                 });
                 (
                     kv_per_request(loads.iter().flatten()).unwrap_or(0.0),
-                    kv_freed_share(loads.iter().flatten()),
-                    kv_finished_share(finished),
+                    pool_freed_share(kv_freed_share(loads.iter().flatten()), kv_finished_share(finished)),
                 )
             }
-        };
-        let kv_terms = KvTerms {
-            per_request,
-            freed_share: pool_freed_share(generated, finished),
-            answer: kv_answer_tokens(per_request, generated, finished),
         };
         let below_exists = kv.iter().any(|k| k.is_none_or(|k| k <= s.overload));
         let prompt = request.prompt_tokens as f64;
@@ -450,10 +432,10 @@ impl KvAwarePolicy {
                 let kv_wait_s = kv_wait_s(
                     loads[i].as_ref().filter(|_| kv_known),
                     sent[i],
-                    kv_terms,
+                    per_request,
+                    freed_share,
                     rates,
                     uncached,
-                    pending[i],
                 );
                 let view = EngineView {
                     rates,
@@ -600,7 +582,7 @@ impl Policy for KvAwarePolicy {
             let rate = rates.rates(worker).prefill_tokens_per_sec;
             uncached = uncached.max(first_follower_recompute(log, engine, hash, now_ms, poll_ms, rate));
         }
-        let sent = Sent { requests: 1.0, tokens: uncached, samples: 0.0 };
+        let sent = Sent { requests: 1.0, tokens: uncached };
         log.record_prompt(worker, now_ms, sent, prompt, poll_ms.saturating_mul(ROUTED_POLLS));
         arrivals.record(now_ms, poll_ms, follower);
         let inputs = favoured::Inputs { settings: &self.settings.predict, rates, routed: log };

@@ -322,9 +322,8 @@ fn an_agent_stays_with_its_context_unless_waiting_for_kv_there_costs_more_than_r
 }
 
 /// Requests routed to an engine since its report count at what a running request holds, on an
-/// engine with room too, though their prompts are short: each takes KV for its answer (S10: a
-/// burst piled onto one engine, its wait predicted at 0). Samples of one prompt take their
-/// answers' (below).
+/// engine with room too: each takes KV for its answer, even a sample of a prompt cached there
+/// (S10: a burst of samples piled onto the holder of their prompt, its wait predicted at 0).
 #[test]
 fn requests_routed_since_the_report_take_kv_on_every_engine() {
     let mut h = Harness::new(config());
@@ -333,58 +332,16 @@ fn requests_routed_since_the_report_take_kv_on_every_engine() {
     // 900,000 in use by 30 running (30,000 each), nothing waiting: three more fit in the
     // 100,000 free, the fourth waits for 20,000 to be freed.
     let room = kv_pool(&[(0.9, 30, 0, 2_000.0)]);
-    let waits: Vec<f64> =
-        (0..5).map(|k| h.route(&prompt(10 + k, 100), &room).predicted.unwrap().kv_wait_s).collect();
+    let waits: Vec<f64> = (0..5).map(|_| h.route(&question, &room).predicted.unwrap().kv_wait_s).collect();
     assert_eq!(&waits[..3], &[0.0; 3], "{waits:?}");
     assert!(waits[3] > 0.0 && waits[4] > waits[3], "{waits:?}");
     // Four waiting need 120,000 of the 100,000 free: each request routed since queues behind them.
     let mut h = Harness::new(config());
     h.index.record(PromptKey::Tokens(&question), 0, NOW);
     let taken = kv_pool(&[(0.9, 30, 4, 2_000.0)]);
-    let waits: Vec<f64> =
-        (0..3).map(|k| h.route(&prompt(20 + k, 100), &taken).predicted.unwrap().kv_wait_s).collect();
+    let waits: Vec<f64> = (0..3).map(|_| h.route(&question, &taken).predicted.unwrap().kv_wait_s).collect();
     assert!(waits[0] > 0.0 && waits[1] > waits[0] && waits[2] > waits[1], "{waits:?}");
     assert!((waits[1] - waits[0] - 30_000.0 / 2_857.1).abs() < 0.01, "{waits:?}");
-}
-
-/// A burst of samples of one prompt routed to an engine since its report takes the prompt's KV
-/// once and each sample's answer, once the reports say what an answer takes (issue 41, S10
-/// over HTTP): each counted at a running request's prompt and answer, the wait predicted for
-/// the next prompt there hung on whether a report had landed in the burst.
-#[test]
-fn a_burst_of_samples_routed_since_the_report_takes_its_prompt_once_and_their_answers() {
-    let mut log = RoutedLog::default();
-    for i in 0..16u64 {
-        let tokens = if i == 0 { 6_000.0 } else { 0.0 };
-        log.record_prompt(0, NOW + i, Sent { requests: 1.0, tokens, samples: 0.0 }, Some(42), 4 * POLL_MS);
-    }
-    let since = log.sent_since(0, NOW);
-    assert_eq!((since.requests, since.tokens, since.samples), (16.0, 6_000.0, 15.0));
-    // 500,000 of 1,000,000 in use; a running request holds 30,000 (prompt and answer), an
-    // answer 3,000; KV freed at the decode rate's floor, 2,857 tokens a second.
-    let load = kv_pool(&[(0.5, 10, 0, 2_000.0)])[0].load.unwrap();
-    let rates = Rates { decode_ms_per_request: 0.35, ..Rates::default() };
-    let terms = |answer| KvTerms { per_request: 30_000.0, freed_share: None, answer };
-    let floor = 1000.0 / 0.35;
-    // Counted as requests, 16 x 30,000 routed since: 980,000 taken and a new prompt's 30,000,
-    // 10,000 short. The prompt's first sample at 30,000, the 15 others at 3,000: room.
-    let as_requests = Sent { samples: 0.0, ..since };
-    let counted = kv_wait_s(Some(&load), as_requests, terms(Some(3_000.0)), rates, 0.0, false);
-    assert!((counted - 10_000.0 / floor).abs() < 1e-9, "{counted}");
-    assert_eq!(kv_wait_s(Some(&load), since, terms(Some(3_000.0)), rates, 0.0, false), 0.0);
-    // Answers unknown (no request finished yet): the samples are not counted.
-    let nearly_full = kv_pool(&[(0.97, 10, 0, 2_000.0)])[0].load.unwrap();
-    let unknown = kv_wait_s(Some(&nearly_full), since, terms(None), rates, 0.0, false);
-    assert!((unknown - 30_000.0 / floor).abs() < 1e-9, "{unknown}");
-    // Nearly full (970,000 in use): a new prompt needs 30,000, a sample of one held there its
-    // answer, 3,000 (and what it computes there when more).
-    let full = kv_pool(&[(0.97, 10, 0, 2_000.0)])[0].load.unwrap();
-    let prompt_wait = kv_wait_s(Some(&full), since, terms(Some(3_000.0)), rates, 0.0, false);
-    let sample_wait = kv_wait_s(Some(&full), since, terms(Some(3_000.0)), rates, 0.0, true);
-    assert!((prompt_wait - 75_000.0 / floor).abs() < 1e-9, "{prompt_wait}");
-    assert!((sample_wait - 48_000.0 / floor).abs() < 1e-9, "{sample_wait}");
-    let computing = kv_wait_s(Some(&full), since, terms(Some(3_000.0)), rates, 5_000.0, true);
-    assert!((computing - 50_000.0 / floor).abs() < 1e-9, "{computing}");
 }
 
 /// A full engine frees the KV its running requests hold as fast as the pool finishes them
