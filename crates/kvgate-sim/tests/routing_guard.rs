@@ -11,7 +11,7 @@ fn guard(baseline: &Path, extra: &[&str]) -> Output {
             "--baseline",
             baseline.to_str().unwrap(),
             "--scenarios",
-            "S10",
+            "S8",
             "--policies",
             "round_robin,cache_aware",
         ])
@@ -24,7 +24,7 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// The baseline with S10's cache_aware TTFT p99 divided by `factor`.
+/// The baseline with S8's cache_aware TTFT p99 divided by `factor`.
 fn doctored(baseline: &Path, factor: f64, name: &str) -> PathBuf {
     let mut value: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(baseline).unwrap()).unwrap();
@@ -45,7 +45,7 @@ fn a_scenario_five_percent_worse_than_its_baseline_fails_the_guard() {
     assert!(update.status.success(), "{}{}", stdout(&update), String::from_utf8_lossy(&update.stderr));
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&baseline).unwrap()).unwrap();
-    assert_eq!(written["scenarios"][0]["id"], "S10");
+    assert_eq!(written["scenarios"][0]["id"], "S8");
     assert!(written["scenarios"][0]["policies"]["round_robin"]["ttft_mean_ms"].as_f64().unwrap() > 0.0);
 
     let same = guard(&baseline, &[]);
@@ -57,7 +57,7 @@ fn a_scenario_five_percent_worse_than_its_baseline_fails_the_guard() {
     assert_eq!(five.status.code(), Some(1), "{}", stdout(&five));
     let table = stdout(&five);
     assert!(
-        table.contains("| S10 | cache_aware | ttft_p99_ms |")
+        table.contains("| S8 | cache_aware | ttft_p99_ms |")
             && table.contains("| +5.00% | **worse: fails** |"),
         "{table}"
     );
