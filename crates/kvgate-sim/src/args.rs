@@ -48,7 +48,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "POLICY", default_value = "least_load")]
     pub decode_policy: String,
     /// Policies to compare, comma-separated. Each is a policy name, optionally followed by
-    /// `:flag=value` overrides of the policy flags below (snake_case names), e.g.
+    /// `:flag=value` overrides of the policy flags below (snake_case or command-line names), e.g.
     /// `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9`, and
     /// optionally by `@LABEL`, the run's name in the report (default: the name and overrides).
     /// (`--policy` is ignored: every run takes its policy from this list.)
@@ -135,7 +135,8 @@ pub struct SimArgs {
     /// Draw TTFT CDFs and per-engine KV usage over time into this PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Sweep a policy flag over values, `NAME=V1,V2,...` (snake_case name); repeat for a grid.
+    /// Sweep a policy flag over values, `NAME=V1,V2,...` (snake_case or command-line name);
+    /// repeat for a grid.
     /// Every listed policy runs at every grid point; the report names the best setting per metric.
     #[arg(long = "sweep", value_name = "NAME=V1,V2,...")]
     pub sweep: Vec<String>,
@@ -251,8 +252,25 @@ impl SimArgs {
             .iter()
             .filter_map(|text| SweepAxis::parse(text, "--sweep").map_err(|e| problems.push(e)).ok())
             .collect();
+        // An unknown flag is reported once, not once per grid point and entry it appears in.
+        let fields = serde_json::to_value(&self.policy).expect("PolicyConfig serializes to an object");
+        let fields = fields.as_object().expect("PolicyConfig serializes to an object");
+        let mut unknown: Vec<&str> = entries
+            .iter()
+            .flat_map(|entry| entry.entry.overrides.iter().map(|(key, _)| key.as_str()))
+            .chain(axes.iter().map(|axis| axis.name.as_str()))
+            .filter(|key| *key == "policy" || !fields.contains_key(*key))
+            .collect();
+        unknown.sort_unstable();
+        unknown.dedup();
+        if !unknown.is_empty() {
+            let mut known: Vec<&str> = fields.keys().map(String::as_str).filter(|k| *k != "policy").collect();
+            known.sort_unstable();
+            let names: Vec<String> = unknown.iter().map(|key| format!("`{key}`")).collect();
+            problems.push(format!("unknown policy flag {} (known: {})", names.join(", "), known.join(", ")));
+        }
         let mut runs = Vec::new();
-        for point in grid(&axes) {
+        for point in grid(&axes).into_iter().filter(|_| unknown.is_empty()) {
             for PolicyEntry { entry, kind } in &entries {
                 let (label, overrides) = entry.at(&point);
                 match policy_config(&self.policy, *kind, &overrides) {
@@ -469,6 +487,22 @@ mod tests {
         for needle in ["--workers", "unknown policy `nope`", "unknown policy flag `no_such_flag`"] {
             assert!(all.contains(needle), "{all}");
         }
+        // Once, however many runs it would have reached; named as written on the command line,
+        // a flag is the same field.
+        let Err(SimError::InvalidOptions(problems)) = runs(&[
+            "--policies",
+            "round_robin,cache_aware:kv-aware-wait-margin=2",
+            "--sweep",
+            "no_such_flag=1,2,3",
+        ]) else {
+            panic!("expected invalid options");
+        };
+        assert_eq!(problems.to_string().matches("no_such_flag").count(), 1, "{problems}");
+        assert!(!problems.to_string().contains("kv_aware_wait_margin`"), "{problems}");
+        let dashed =
+            runs(&["--policies", "kv_aware:kv-aware-wait-margin=2", "--sweep", "block-size=32,64"]).unwrap();
+        assert_eq!((dashed[1].policy.kv_aware_wait_margin, dashed[1].policy.block_size), (2.0, 64));
+        assert_eq!(dashed[1].label, "kv_aware kv_aware_wait_margin=2 block_size=64");
         let Err(SimError::InvalidOptions(problems)) =
             runs(&["--policies", "cache_aware:cache_threshold=2", "--sweep", "block_size=0.5"])
         else {

@@ -3,6 +3,14 @@
 /// A flag override, `(snake_case name, value as written)`.
 pub type Override = (String, String);
 
+/// A flag's name as the overrides key it: written as in a config file (`kv_aware_wait_margin`)
+/// or as on the command line (`kv-aware-wait-margin`, `--kv-aware-wait-margin`), both mean the
+/// same field.
+pub fn flag_name(written: &str) -> String {
+    let written = written.trim();
+    written.strip_prefix("--").unwrap_or(written).replace('-', "_")
+}
+
 /// A `--policies` entry split into its parts; the name and flags are checked by whoever runs it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
@@ -25,7 +33,7 @@ impl Entry {
         let name = parts.next().unwrap_or_default().trim().to_string();
         let overrides = parts
             .map(|part| match part.split_once('=') {
-                Some((key, value)) => Ok((key.trim().to_string(), value.trim().to_string())),
+                Some((key, value)) => Ok((flag_name(key), value.trim().to_string())),
                 None => Err(format!("`{part}` in --policies entry `{text}` is not flag=value")),
             })
             .collect::<Result<_, _>>()?;
@@ -62,7 +70,7 @@ impl SweepAxis {
         if values.is_empty() {
             return Err(format!("{option} `{text}` lists no value"));
         }
-        Ok(SweepAxis { name: name.trim().to_string(), values })
+        Ok(SweepAxis { name: flag_name(name), values })
     }
 }
 
@@ -118,5 +126,14 @@ mod tests {
         assert!(Entry::parse("dynamo:w").unwrap_err().contains("not flag=value"));
         assert!(Entry::parse("dynamo@").unwrap_err().contains("empty @label"));
         assert!(SweepAxis::parse("w=", "--dynamo-sweep").unwrap_err().starts_with("--dynamo-sweep"));
+    }
+
+    #[test]
+    fn a_flag_may_be_written_as_on_the_command_line() {
+        let entry = Entry::parse("kv_aware:kv-aware-wait-margin=2:--kv-aware-wait-slack-ms=0").unwrap();
+        let keys: Vec<&str> = entry.overrides.iter().map(|(key, _)| key.as_str()).collect();
+        assert_eq!(keys, ["kv_aware_wait_margin", "kv_aware_wait_slack_ms"]);
+        assert_eq!(SweepAxis::parse(" --block-size =16,32", "--sweep").unwrap().name, "block_size");
+        assert_eq!(flag_name("cache_threshold"), "cache_threshold");
     }
 }
