@@ -256,7 +256,7 @@ fn kv_wait_s(
     let Some(load) = load else { return 0.0 };
     let floor = 1000.0 / rates.decode_ms_per_request.max(1e-3);
     KvView::of(load, since, per_request, freed_share, floor)
-        .map_or(0.0, |view| view.wait_s(view.need(uncached)))
+        .map_or(0.0, |view| view.wait_s(view.need(uncached)) * rates.kv_wait_scale)
 }
 
 /// The share of a full engine's KV freed per second: the share of the pool's running requests

@@ -65,10 +65,12 @@
 //! front of one fleet the estimate is low (the others' prompts are computed too): leave learning
 //! off there, or configure the rate.
 
+mod kv_wait_scale;
 mod ttft;
 
 use crate::inflight::RoutedLog;
 use crate::{LoadSample, WorkerId, WorkerMap};
+use kv_wait_scale::KvWaitScale;
 pub use ttft::attention_pairs;
 use ttft::{Answer, Bounds, Fitted, TtftFit};
 
@@ -244,10 +246,12 @@ pub struct EngineRates {
     pooled: TtftFit,
     /// Engines whose reports say what prefill is queued (`Learned::shows_queue`).
     showing_queue: usize,
+    /// The fleet's measured waits for KV over the predicted ones.
+    kv_wait: KvWaitScale,
 }
 
 /// What the prediction uses for one engine.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rates {
     pub prefill_tokens_per_sec: f64,
     pub decode_ms_per_request: f64,
@@ -257,6 +261,21 @@ pub struct Rates {
     /// Nanoseconds each (new token, context token) pair of a prefill adds ([`attention_pairs`];
     /// learned from measured times to first token, 0 until then).
     pub context_ns_per_pair: f64,
+    /// What the wait for KV the model predicts ([`crate::kv_wait::KvView::wait_s`]) is
+    /// multiplied by: the waits measured over those predicted ([`KvWaitScale`]; 1 until learned).
+    pub kv_wait_scale: f64,
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Self {
+            prefill_tokens_per_sec: 0.0,
+            decode_ms_per_request: 0.0,
+            base_s: 0.0,
+            context_ns_per_pair: 0.0,
+            kv_wait_scale: 1.0,
+        }
+    }
 }
 
 impl EngineRates {
@@ -271,6 +290,7 @@ impl EngineRates {
             answers: WorkerMap::default(),
             pooled: TtftFit::default(),
             showing_queue: 0,
+            kv_wait: KvWaitScale::default(),
         }
     }
 
@@ -335,15 +355,17 @@ impl EngineRates {
     /// The rates to predict `worker` with: from the load reports where they say what prefill is
     /// queued, else from the measured times to first token once there are enough (module doc).
     pub fn rates(&self, worker: WorkerId) -> Rates {
-        let reported = Rates {
+        let mut reported = Rates {
             prefill_tokens_per_sec: self.rate(worker, &self.prefill, |l| &l.prefill),
             decode_ms_per_request: 1000.0 / self.rate(worker, &self.decode, |l| &l.decode),
             base_s: 0.0,
             context_ns_per_pair: 0.0,
+            kv_wait_scale: 1.0,
         };
         if !self.settings.learn {
             return reported;
         }
+        reported.kv_wait_scale = self.kv_wait.scale();
         let Some(fit) = self.answers_of(worker) else { return reported };
         if self.reports_show_queue(worker) {
             let rates = Fitted {
@@ -360,6 +382,7 @@ impl EngineRates {
                 decode_ms_per_request: fitted.decode_s_per_request * 1000.0,
                 base_s: fitted.base_s,
                 context_ns_per_pair: fitted.context_s_per_pair * 1e9,
+                kv_wait_scale: reported.kv_wait_scale,
             },
             None => reported,
         }
@@ -422,6 +445,15 @@ impl EngineRates {
         // engine whose requests queue for KV as a slow one (an answer the prediction says was
         // all wait teaches nothing).
         let ttft_s = answer.ttft_s - answer.predicted.kv_wait_s.max(0.0);
+        // The wait for KV the model predicted, against what the answer took beyond the rest of
+        // its prediction: only where the wait is most of the prediction, so that the other
+        // terms' error (a queue drained sooner, the hop to the engine) is not read as a wait.
+        let p = &answer.predicted;
+        let rest = p.queue_s + p.prefill_s + p.decode_s + p.base_s;
+        let model_wait = p.kv_wait_s / used.kv_wait_scale.max(1.0);
+        if model_wait > 0.0 && model_wait >= rest {
+            self.kv_wait.observe(answer.ttft_s - rest, model_wait);
+        }
         let sample = Answer { tokens: ahead + own, pairs, running, ttft_s };
         let bounds = self.bounds();
         self.answers.entry(worker).or_default().observe(sample, &bounds);

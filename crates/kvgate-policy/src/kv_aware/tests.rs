@@ -613,3 +613,25 @@ fn the_first_sample_to_follow_a_prompt_computes_what_is_still_queued_of_it() {
     done.route(&sampled, &candidates);
     assert_eq!(queued_on(&done, leader.worker), 0.0);
 }
+
+#[test]
+fn the_learned_kv_wait_scale_multiplies_the_models_wait() {
+    // A full engine (50 running, 10 waiting): the model's wait is what kv_wait.rs says; the
+    // learned scale (rate/kv_wait_scale.rs) multiplies it.
+    let load = LoadSample {
+        token_usage: 1.0,
+        num_running_reqs: 50,
+        num_waiting_reqs: 10,
+        gen_throughput: 1_000.0,
+        max_total_num_tokens: 100_000,
+        ..LoadSample::default()
+    };
+    let rates = Rates { prefill_tokens_per_sec: 8_000.0, decode_ms_per_request: 2.0, ..Rates::default() };
+    let wait = |scale: f64| {
+        let rates = Rates { kv_wait_scale: scale, ..rates };
+        kv_wait_s(Some(&load), Sent::default(), 2_000.0, Some(0.01), rates, 0.0)
+    };
+    assert_eq!(wait(1.0), 22.0, "22 requests' KV short, one request's freed a second");
+    assert_eq!(wait(2.0), 44.0);
+    assert_eq!(kv_wait_s(None, Sent::default(), 2_000.0, Some(0.01), rates, 0.0), 0.0);
+}

@@ -341,3 +341,47 @@ fn an_engine_whose_reports_show_its_queue_is_predicted_at_their_rates_not_at_the
     rates.forget(1);
     assert!(!rates.reports_show_queue(2));
 }
+
+#[test]
+fn answers_that_waited_longer_for_kv_than_predicted_lengthen_the_predicted_wait() {
+    let mut rates = EngineRates::new(settings(false));
+    assert_eq!(rates.rates(1).kv_wait_scale, 1.0);
+    let answered = |predicted: Rates, kv_wait_s: f64, ttft_s: f64| crate::Answered {
+        worker: 1,
+        predicted: crate::kv_aware::PredictedTtft {
+            queue_s: 0.5,
+            prefill_s: 0.25,
+            kv_wait_s,
+            rates: predicted,
+            ..Default::default()
+        },
+        prompt_tokens: 2_000,
+        cached_tokens: 0,
+        ttft_s,
+    };
+    // Predicted 4 s for KV after 0.75 s of queue and prefill; each took 8 s more than those.
+    for _ in 0..16 {
+        let used = rates.rates(1);
+        rates.observe_answer(1, &answered(used, 4.0 * used.kv_wait_scale, 0.75 + 8.0));
+    }
+    let learned = rates.rates(1).kv_wait_scale;
+    assert!((learned - 2.0).abs() < 1e-9, "the scale the answers say: {learned}");
+    assert_eq!(rates.rates(2).kv_wait_scale, learned, "the fleet's, for every engine");
+    // Predicted at the learned scale, the same waits teach the same scale (the model's wait is
+    // what is compared, not the scaled one).
+    for _ in 0..64 {
+        let used = rates.rates(1);
+        rates.observe_answer(1, &answered(used, 4.0 * used.kv_wait_scale, 0.75 + 8.0));
+    }
+    assert!((rates.rates(1).kv_wait_scale - 2.0).abs() < 1e-9);
+    // Answers that predicted no wait teach nothing of it, nor those whose predicted wait is less
+    // than the rest of their prediction (0.75 s): their time beyond it is that rest's error.
+    for _ in 0..64 {
+        rates.observe_answer(1, &answered(rates.rates(1), 0.0, 0.5));
+        let used = rates.rates(1);
+        rates.observe_answer(1, &answered(used, 0.5 * used.kv_wait_scale, 0.75 + 8.0));
+    }
+    assert!((rates.rates(1).kv_wait_scale - 2.0).abs() < 1e-9);
+    let off = EngineRates::new(RateSettings { learn: false, ..settings(false) });
+    assert_eq!(off.rates(1).kv_wait_scale, 1.0, "not learned when learning is off");
+}
