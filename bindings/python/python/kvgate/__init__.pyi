@@ -775,10 +775,10 @@ def simulate(
 
     trace: Trace file.
     policies: Policies to compare, comma-separated. Each is a policy name, optionally followed
-        by `:flag=value` overrides of the policy flags below (snake_case names), e.g.
-        `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9`, and
-        optionally by `@LABEL`, the run's name in the report (default: the name and overrides).
-        (`--policy` is ignored: every run takes its policy from this list.)
+        by `:flag=value` overrides of the policy flags below (snake_case or command-line names),
+        e.g. `cache_aware:balance_token_usage_threshold=0.2:overload_token_usage_threshold=0.9`,
+        and optionally by `@LABEL`, the run's name in the report (default: the name and
+        overrides). (`--policy` is ignored: every run takes its policy from this list.)
     trace_format: Trace file format
     workers: Number of simulated engines (workers). Ignored with --prefill-workers / --decode-
         workers
@@ -999,7 +999,7 @@ def simulate(
         stored block's token ids as one 64-bit digest (block_digests). The index bench replays
         it (benches/dynamo-index, BENCH_EVENTS=FILE)
     plot: Draw TTFT CDFs and per-engine KV usage over time into this PNG file
-    sweep: Sweep a policy flag over values, `NAME=V1,V2,...` (snake_case name); repeat for a
-        grid. Every listed policy runs at every grid point; the report names the best setting
-        per metric
+    sweep: Sweep a policy flag over values, `NAME=V1,V2,...` (snake_case or command-line name);
+        repeat for a grid. Every listed policy runs at every grid point; the report names the
+        best setting per metric
     """
