@@ -270,7 +270,9 @@ impl SimArgs {
             problems.push(format!("unknown policy flag {} (known: {})", names.join(", "), known.join(", ")));
         }
         let mut runs = Vec::new();
-        for point in grid(&axes).into_iter().filter(|_| unknown.is_empty()) {
+        // No run is expanded while a flag is unknown: each would repeat the same problem.
+        let points = if unknown.is_empty() { grid(&axes) } else { Vec::new() };
+        for point in points {
             for PolicyEntry { entry, kind } in &entries {
                 let (label, overrides) = entry.at(&point);
                 match policy_config(&self.policy, *kind, &overrides) {

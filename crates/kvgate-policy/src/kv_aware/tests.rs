@@ -368,33 +368,45 @@ fn kv_is_freed_as_fast_as_the_pool_finishes_requests() {
     assert_eq!(pool_freed_share(None, None), None);
 }
 
-/// While every holder of the prompt waits for KV, an engine that admits the request now (no
-/// wait for KV, no prefill queued) is not charged for duplicating the prefix (the queue behind
-/// its prefill still is); a holder that admits it now keeps the charge everywhere.
-#[test]
-fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
-    let settings = PredictSettings {
+/// The settings of the relief tests: the duplicate charged 8x its prefill.
+fn relief_settings() -> PredictSettings {
+    PredictSettings {
         kv_pressure_weight: 0.0,
         prefill_cost_weight: 8.0,
         queue_cost_weight: 1.0,
         decode_stall_weight: 0.0,
-    };
-    let scored = |kv_wait_s: f64, prefill_s: f64| Scored {
-        predicted: PredictedTtft {
-            prefill_s,
-            kv_wait_s,
-            recompute_s: prefill_s * 10.0,
-            ..PredictedTtft::default()
-        },
+    }
+}
+
+/// A scored candidate of the relief tests, charged 10x its prefill for recomputing it.
+fn relief_candidate(predicted: PredictedTtft, running: u64, routed_load: f64) -> Scored {
+    let predicted = PredictedTtft { recompute_s: predicted.prefill_s * 10.0, ..predicted };
+    Scored {
+        predicted,
         uncached: 0.0,
         allowed: true,
         waits_too_long: false,
         followers: 0.0,
         held: 0,
-        running: 1,
-        routed_load: 0.0,
+        running,
+        routed_load,
+    }
+}
+
+/// Each candidate's recompute charge after the relief.
+fn recompute(scored: &[Scored]) -> Vec<f64> {
+    scored.iter().map(|s| s.predicted.recompute_s).collect()
+}
+
+/// While every holder of the prompt waits for KV, an engine that admits the request now (no
+/// wait for KV, no prefill queued) is not charged for duplicating the prefix (the queue behind
+/// its prefill still is); a holder that admits it now keeps the charge everywhere.
+#[test]
+fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
+    let settings = relief_settings();
+    let scored = |kv_wait_s: f64, prefill_s: f64| {
+        relief_candidate(PredictedTtft { prefill_s, kv_wait_s, ..PredictedTtft::default() }, 1, 0.0)
     };
-    let recompute = |scored: &[Scored]| scored.iter().map(|s| s.predicted.recompute_s).collect::<Vec<_>>();
     // Two holders waiting 20 and 30 s; without the prefix, a free engine, one waiting for KV
     // and one with prefill queued.
     let mut queued = scored(0.0, 4.0);
@@ -421,28 +433,14 @@ fn a_prefix_whose_holders_wait_for_kv_is_worth_copying() {
 /// holder whose queue drains, a busy engine, or a copy slower than the holder keep the charge.
 #[test]
 fn an_overloaded_holder_is_relieved_by_an_idle_engine_that_answers_sooner() {
-    let settings = PredictSettings {
-        kv_pressure_weight: 0.0,
-        prefill_cost_weight: 8.0,
-        queue_cost_weight: 1.0,
-        decode_stall_weight: 0.0,
+    let settings = relief_settings();
+    let scored = |queue_s: f64, prefill_s: f64, running: u64, routed_load: f64| {
+        relief_candidate(
+            PredictedTtft { queue_s, prefill_s, ..PredictedTtft::default() },
+            running,
+            routed_load,
+        )
     };
-    let scored = |queue_s: f64, prefill_s: f64, running: u64, routed_load: f64| Scored {
-        predicted: PredictedTtft {
-            queue_s,
-            prefill_s,
-            recompute_s: prefill_s * 10.0,
-            ..PredictedTtft::default()
-        },
-        uncached: 0.0,
-        allowed: true,
-        waits_too_long: false,
-        followers: 0.0,
-        held: 0,
-        running,
-        routed_load,
-    };
-    let recompute = |scored: &[Scored]| scored.iter().map(|s| s.predicted.recompute_s).collect::<Vec<_>>();
     // The holder: 11 s queued, 0.5 s of its own prefill, 1.5x its prefill rate routed to it.
     // Without the context: an idle engine (6 s to recompute it), a busy one, a slow idle one.
     let mut all = vec![
