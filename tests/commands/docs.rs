@@ -1,5 +1,8 @@
 //! docs/CONFIG.md is generated from the one configuration schema (the clap + serde structs); this
 //! test fails when the two drift. Regenerate with `KVGATE_UPDATE_DOCS=1 cargo test --test commands docs`.
+//! The Python stubs (`bindings/python/python/kvgate/__init__.pyi`) are rendered from the same
+//! schema by `python3 bindings/python/gen_stubs.py` (with the extension built): after a change
+//! to a flag's help, regenerate both (CI's `tests/test_stubs.py` checks the stubs).
 
 use clap::{Args, Command};
 use kvgate_gateway::GatewayConfig;
@@ -76,7 +79,8 @@ fn config_reference_matches_the_schema() {
     let actual = std::fs::read_to_string(path).unwrap_or_default();
     assert!(
         actual == expected,
-        "docs/CONFIG.md is out of date: run `KVGATE_UPDATE_DOCS=1 cargo test --test commands docs` and commit it"
+        "docs/CONFIG.md is out of date: run `KVGATE_UPDATE_DOCS=1 cargo test --test commands docs` and commit it \
+         (the Python stubs follow the same schema: also run `python3 bindings/python/gen_stubs.py`)"
     );
 }
 
