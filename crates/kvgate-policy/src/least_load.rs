@@ -234,19 +234,26 @@ mod tests {
         assert_eq!(counts, [5, 5], "the same stale sample, yet the burst alternates");
     }
 
-    #[test]
-    fn the_samples_of_one_prompt_count_its_prefill_once_per_engine() {
+    /// Two engines, each reported at 1,000 ms running 10 requests that generate 1,000 tokens a
+    /// second, at `usage` of `capacity` KV tokens.
+    fn decoding_pair(usage: f64, capacity: u64) -> Vec<Candidate> {
         let mut pool = candidates(&[0, 0]);
         for candidate in &mut pool {
             candidate.load = Some(LoadSample {
-                token_usage: 0.1,
+                token_usage: usage,
                 num_running_reqs: 10,
                 gen_throughput: 1000.0,
-                max_total_num_tokens: 1_000_000,
+                max_total_num_tokens: capacity,
                 fetched_at_ms: 1000,
                 ..LoadSample::default()
             });
         }
+        pool
+    }
+
+    #[test]
+    fn the_samples_of_one_prompt_count_its_prefill_once_per_engine() {
+        let pool = decoding_pair(0.1, 1_000_000);
         let prompt: Vec<u32> = (0..8000).collect();
         let burst = |key| {
             let policy = LeastLoadPolicy::new(LeastLoadSettings { default_throughput: 1000.0, ..SETTINGS });
@@ -278,18 +285,8 @@ mod tests {
     /// counted at nothing, S10's bursts of samples all looked admitted on one engine.
     #[test]
     fn the_samples_of_one_prompt_each_take_kv() {
-        let mut pool = candidates(&[0, 0]);
-        for candidate in &mut pool {
-            // 10 running in 50,000 tokens: 5,000 a request.
-            candidate.load = Some(LoadSample {
-                token_usage: 0.5,
-                num_running_reqs: 10,
-                gen_throughput: 1000.0,
-                max_total_num_tokens: 100_000,
-                fetched_at_ms: 1000,
-                ..LoadSample::default()
-            });
-        }
+        // 10 running in 50,000 tokens: 5,000 a request.
+        let pool = decoding_pair(0.5, 100_000);
         let policy = LeastLoadPolicy::new(LeastLoadSettings { default_throughput: 1000.0, ..SETTINGS });
         let mut rng = ctx_rng(7);
         let mut ctx =
