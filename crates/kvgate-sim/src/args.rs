@@ -259,15 +259,12 @@ impl SimArgs {
             .iter()
             .flat_map(|entry| entry.entry.overrides.iter().map(|(key, _)| key.as_str()))
             .chain(axes.iter().map(|axis| axis.name.as_str()))
-            .filter(|key| *key == "policy" || !fields.contains_key(*key))
+            .filter(|key| !is_policy_flag(fields, key))
             .collect();
         unknown.sort_unstable();
         unknown.dedup();
         if !unknown.is_empty() {
-            let mut known: Vec<&str> = fields.keys().map(String::as_str).filter(|k| *k != "policy").collect();
-            known.sort_unstable();
-            let names: Vec<String> = unknown.iter().map(|key| format!("`{key}`")).collect();
-            problems.push(format!("unknown policy flag {} (known: {})", names.join(", "), known.join(", ")));
+            problems.push(unknown_flags(fields, &unknown));
         }
         let mut runs = Vec::new();
         // No run is expanded while a flag is unknown: each would repeat the same problem.
@@ -332,6 +329,20 @@ impl PolicyEntry {
     }
 }
 
+/// Whether `key` names a policy flag of `fields` (the serialized `PolicyConfig`; `policy` is
+/// chosen by the entry's name, not overridden).
+fn is_policy_flag(fields: &serde_json::Map<String, serde_json::Value>, key: &str) -> bool {
+    key != "policy" && fields.contains_key(key)
+}
+
+/// The problem for flags `unknown`, with the known ones listed.
+fn unknown_flags(fields: &serde_json::Map<String, serde_json::Value>, unknown: &[&str]) -> String {
+    let mut known: Vec<&str> = fields.keys().map(String::as_str).filter(|k| *k != "policy").collect();
+    known.sort_unstable();
+    let names: Vec<String> = unknown.iter().map(|key| format!("`{key}`")).collect();
+    format!("unknown policy flag {} (known: {})", names.join(", "), known.join(", "))
+}
+
 /// `base` with `policy` and the overrides applied (by serialized field name), validated. Every
 /// problem is reported, separated by "; ".
 pub fn policy_config(
@@ -343,10 +354,8 @@ pub fn policy_config(
     let mut problems = Vec::new();
     for (key, raw) in overrides {
         let fields = value.as_object_mut().expect("PolicyConfig serializes to an object");
-        if key == "policy" || !fields.contains_key(key) {
-            let mut known: Vec<&str> = fields.keys().map(String::as_str).filter(|k| *k != "policy").collect();
-            known.sort_unstable();
-            problems.push(format!("unknown policy flag `{key}` (known: {})", known.join(", ")));
+        if !is_policy_flag(fields, key) {
+            problems.push(unknown_flags(fields, &[key.as_str()]));
             continue;
         }
         let previous = fields.insert(key.clone(), parse_value(raw));

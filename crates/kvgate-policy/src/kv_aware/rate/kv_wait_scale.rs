@@ -2,11 +2,14 @@
 //! predicted ([`crate::kv_wait::KvView::wait_s`]: the KV short over the rate running requests
 //! free it), which the prediction's wait is multiplied by when the model says too little.
 //!
-//! The model misses the KV running requests grow into: where reasoning answers of thousands of
-//! tokens grew on engines holding 12K-40K-token contexts (S11 at the guard's size, seed 1,
-//! without the KV-pressure term), the 58 answers routed to a predicted wait for KV were
-//! predicted 4.0 s and took 7.9 s beyond their queue and prefill, 69% of the
-//! run's whole time to first token. Learned, S11's TTFT mean fell from 483 to 287 ms and its p99
+//! The model says too little where an engine frees KV slower than the pool's finished share
+//! says: on S11's holders of 12K-40K-token contexts (at the guard's size, seed 1, without the
+//! KV-pressure term), the 58 answers routed to a predicted wait for KV were predicted 4.0 s and
+//! took 7.9 s beyond their queue and prefill, 69% of the run's whole time to first token. The
+//! simulated engines reserve an answer's KV when they admit it, so nothing grows there; those
+//! holders ran 48-62 reasoning answers of thousands of tokens in 23-27 ms decode steps, about
+//! twice the pool's, so their requests finish slower than the pool's share says (a per-engine
+//! rate measured instead cost S2, S3 and S7: docs/BENCHMARKS.md). Learned, S11's TTFT mean fell from 483 to 287 ms and its p99
 //! from 11.3 to 5.7 s (seed 0); no other scenario moved. Where the model says too much (S7's
 //! bursts of short chats: 10.8 s predicted, 3.6 s taken) a scale below 1 changed no choice that
 //! mattered (S7 within 1%) and cost S6 23% of its p99 and S10 3% of its mean, so the scale is
